@@ -1,0 +1,72 @@
+// The attention problem a user asks for, its validation, and the pattern arithmetic that
+// every layer shares (which positions a dilated pattern selects, how many key/query pairs a
+// configuration attends). Semantics are written down in docs/SEMANTICS.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ringattn {
+
+inline constexpr int64_t kMaxHeadDim = 256;
+
+enum class AttentionKind { dense, dilated };
+enum class Combine { grouped, mixture };
+
+const char* to_string(AttentionKind k);
+const char* to_string(Combine c);
+
+// Tensors are [batch, seq_len, heads, head_dim], row-major (C order).
+struct Shape4 {
+  int64_t batch = 0, seq_len = 0, heads = 0, head_dim = 0;
+  int64_t numel() const { return batch * seq_len * heads * head_dim; }
+  bool operator==(const Shape4&) const = default;
+};
+
+std::string to_string(const Shape4& s);
+
+struct AttentionConfig {
+  Shape4 shape;
+  AttentionKind attention = AttentionKind::dense;
+  Combine combine = Combine::grouped;
+  std::vector<int64_t> segments;   // w_i, dilated only
+  std::vector<int64_t> dilations;  // r_i, dilated only
+  bool causal = false;
+  std::optional<double> scale;     // default 1/sqrt(head_dim)
+
+  double effective_scale() const;
+};
+
+// Throws InputError naming the option ("--segments", "--heads", ...) that is wrong.
+void validate(const AttentionConfig& cfg);
+
+// One dilated pattern: segments of `segment` tokens, every `dilation`-th position from
+// `offset` (offset < dilation). Dense attention is the single pattern {N, 1, 0}.
+struct DilatedPattern {
+  int64_t segment = 0;
+  int64_t dilation = 1;
+};
+
+// Dense → one pattern covering the whole sequence; dilated → one per (segment, dilation).
+std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg);
+
+// Grouped combine: the contiguous head range [first, first+count) of group i.
+struct HeadRange {
+  int64_t first = 0, count = 0;
+};
+HeadRange group_heads(int64_t heads, int64_t groups, int64_t group);
+
+// Offset of pattern i for head h: grouped uses i % r_i (for heads of group i only),
+// mixture uses h % r_i.
+int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head);
+
+// Number of positions a pattern selects in one segment: ceil((w - o) / r), 0 if o >= w.
+int64_t selected_per_segment(const DilatedPattern& p, int64_t offset);
+
+// Sum over batch, heads and query rows of the number of keys each query attends
+// (causal counted as attended). Forward FLOPs are 4 * head_dim * attended_pairs.
+double attended_pairs(const AttentionConfig& cfg);
+
+}  // namespace ringattn

@@ -1,0 +1,31 @@
+// Typed errors that carry the process exit code the CLI must use.
+// InputError (exit 2) always names the option or file at fault; RuntimeFailure (exit 3)
+// covers everything that goes wrong after the input was accepted.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace ringattn {
+
+enum class ExitCode : int { ok = 0, bad_input = 2, runtime_failure = 3 };
+
+// Bad options, bad files, bad shapes: the user can fix it. `subject` is the option
+// (e.g. "--segments") or the file path the message is about.
+class InputError : public std::runtime_error {
+ public:
+  InputError(std::string subject, const std::string& problem)
+      : std::runtime_error(subject + ": " + problem), subject_(std::move(subject)) {}
+  const std::string& subject() const noexcept { return subject_; }
+
+ private:
+  std::string subject_;
+};
+
+// Failures after validation: allocation, I/O while writing results, library errors.
+class RuntimeFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace ringattn

@@ -1,0 +1,45 @@
+// A Plan is built once from a validated AttentionConfig: it decides tiling, builds the
+// schedule of subsequence tasks, and allocates every workspace the kernels need. forward()
+// and backward() then allocate nothing. This replaces the old project's memory pools and
+// pattern caches: the schedule *is* the cached pattern, and the workspace is the pool.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "ringattn/config.hpp"
+
+namespace ringattn {
+
+struct PlanOptions {
+  int threads = 0;  // 0: OpenMP's default
+};
+
+class Plan {
+ public:
+  Plan(const AttentionConfig& cfg, PlanOptions opts = {});
+  ~Plan();
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+
+  const AttentionConfig& config() const noexcept;
+  int threads() const noexcept;
+
+  // q, k, v, out: [B, N, H, D]; lse: [B, H, N]. All float32, C order.
+  void forward(const float* q, const float* k, const float* v, float* out, float* lse);
+
+  // Gradients of sum(out * dout). `out` and `lse` must come from forward() on the same
+  // inputs. dq, dk, dv: [B, N, H, D]; they are overwritten.
+  void backward(const float* q, const float* k, const float* v, const float* out,
+                const float* lse, const float* dout, float* dq, float* dk, float* dv);
+
+  // Bytes the plan holds beyond the caller's tensors (per-thread tiles and schedule).
+  std::size_t workspace_bytes() const noexcept;
+  std::size_t workspace_bytes_per_thread() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ringattn

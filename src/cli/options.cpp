@@ -1,0 +1,232 @@
+// Option parsing for `ringattn run`. Boost.Program_options does the syntax (command line
+// and config file); this file turns its errors into InputErrors that name the option, and
+// checks what Boost cannot (lists, ranges, combinations).
+#include "cli/options.hpp"
+
+#include <boost/program_options.hpp>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "ringattn/errors.hpp"
+
+namespace po = boost::program_options;
+
+namespace ringattn::cli {
+
+namespace {
+
+std::vector<int64_t> parse_int_list(const std::string& option, const std::string& text) {
+  std::vector<int64_t> values;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size())
+      throw InputError(option, "'" + item + "' in '" + text +
+                                   "' is not an integer (expected a comma-separated list "
+                                   "like 2048,4096,8192)");
+    values.push_back(v);
+  }
+  if (!text.empty() && text.back() == ',')
+    throw InputError(option, "trailing comma in '" + text + "'");
+  return values;
+}
+
+po::options_description run_description() {
+  po::options_description input("Input");
+  input.add_options()
+    ("q", po::value<std::string>(), "queries, .npy float32/float16 [B,N,H,D] (with --k, --v)")
+    ("k", po::value<std::string>(), "keys, .npy, same shape as --q")
+    ("v", po::value<std::string>(), "values, .npy, same shape as --q")
+    ("batch", po::value<int64_t>(), "synthetic inputs: batch B (default 1)")
+    ("seq-len", po::value<int64_t>(), "synthetic inputs: sequence length N (default 4096)")
+    ("heads", po::value<int64_t>(), "synthetic inputs: heads H (default 8)")
+    ("head-dim", po::value<int64_t>(), "synthetic inputs: head dim D (default 64, max 256)")
+    ("seed", po::value<uint64_t>()->default_value(0), "seed for synthetic inputs");
+
+  po::options_description pattern("Pattern");
+  pattern.add_options()
+    ("attention", po::value<std::string>()->default_value("dense"), "dense | dilated")
+    ("segments", po::value<std::string>(), "dilated: segment lengths, e.g. 2048,4096,8192")
+    ("dilations", po::value<std::string>(), "dilated: dilation per segment, e.g. 1,2,4")
+    ("combine", po::value<std::string>()->default_value("grouped"),
+     "dilated: grouped (head groups, output / G) | mixture (LongNet, lse-weighted)")
+    ("causal", po::bool_switch(), "causal masking (t <= p by original position)")
+    ("scale", po::value<double>(), "softmax scale (default 1/sqrt(D))");
+
+  po::options_description backward("Backward");
+  backward.add_options()
+    ("dout", po::value<std::string>(), "upstream gradient .npy [B,N,H,D]; runs the backward pass")
+    ("backward", po::bool_switch(), "run the backward pass with a synthetic dout")
+    ("dq-out", po::value<std::string>(), "write dQ (.npy float32 [B,N,H,D])")
+    ("dk-out", po::value<std::string>(), "write dK")
+    ("dv-out", po::value<std::string>(), "write dV");
+
+  po::options_description output("Output");
+  output.add_options()
+    ("out", po::value<std::string>(), "write the output (.npy float32 [B,N,H,D])")
+    ("lse-out", po::value<std::string>(), "write the log-sum-exp (.npy float32 [B,H,N])")
+    ("json", po::bool_switch(), "print one JSON object as the last stdout line");
+
+  po::options_description control("Run control");
+  control.add_options()
+    ("device", po::value<std::string>()->default_value("auto"), "cpu | cuda | auto")
+    ("threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")
+    ("warmup", po::value<int>()->default_value(1), "untimed iterations")
+    ("iters", po::value<int>()->default_value(3), "timed iterations (median reported)")
+    ("check", po::bool_switch(), "compare with the float64 reference (small problems)")
+    ("config", po::value<std::string>(), "read options from FILE (name = value lines)")
+    ("help,h", "show this help");
+
+  po::options_description all("ringattn run [options]");
+  all.add(input).add(pattern).add(backward).add(output).add(control);
+  return all;
+}
+
+std::string option_name(const po::error_with_option_name& e) {
+  std::string name = e.get_option_name();
+  if (name.empty()) return "options";
+  return name.rfind("--", 0) == 0 || name.rfind('-', 0) == 0 ? name : "--" + name;
+}
+
+template <typename F>
+void translating_errors(const std::string& where, F&& f) {
+  try {
+    f();
+  } catch (const po::unknown_option& e) {
+    throw InputError(e.get_option_name(), "unknown option" + where +
+                                              " (see 'ringattn run --help')");
+  } catch (const po::error_with_option_name& e) {
+    throw InputError(option_name(e), std::string(e.what()) + where);
+  } catch (const po::error& e) {
+    throw InputError("options", std::string(e.what()) + where);
+  }
+}
+
+std::string require_choice(const std::string& option, const std::string& value,
+                           std::initializer_list<const char*> choices) {
+  std::string list;
+  for (const char* c : choices) {
+    if (value == c) return value;
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  throw InputError(option, "unknown value '" + value + "' (choose one of: " + list + ")");
+}
+
+}  // namespace
+
+RunOptions demo_options() {
+  RunOptions o;
+  o.demo = true;
+  o.cfg.shape = {1, 4096, 8, 64};
+  o.shape_from_options = true;
+  o.cfg.attention = AttentionKind::dilated;
+  o.cfg.combine = Combine::grouped;
+  o.cfg.segments = {1024, 2048, 4096};
+  o.cfg.dilations = {1, 2, 4};
+  o.backward = true;
+  o.check = true;
+  o.iters = 3;
+  o.warmup = 1;
+  return o;
+}
+
+bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
+                       std::ostream& help_out) {
+  if (args.empty()) {
+    opts = demo_options();
+    return true;
+  }
+  const po::options_description desc = run_description();
+  po::variables_map vm;
+  translating_errors("", [&] {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+  });
+  if (vm.count("help")) {
+    help_out << desc << '\n';
+    return false;
+  }
+  if (vm.count("config")) {
+    const std::string path = vm["config"].as<std::string>();
+    std::ifstream f(path);
+    if (!f) throw InputError("--config", "cannot open config file '" + path + "'");
+    translating_errors(" in config file '" + path + "'", [&] {
+      po::store(po::parse_config_file(f, desc, /*allow_unregistered=*/false), vm);
+    });
+  }
+  translating_errors("", [&] { po::notify(vm); });
+
+  RunOptions o;
+  auto str = [&](const char* name) {
+    return vm.count(name) ? vm[name].as<std::string>() : std::string();
+  };
+  o.q_path = str("q");
+  o.k_path = str("k");
+  o.v_path = str("v");
+  o.dout_path = str("dout");
+  o.out_path = str("out");
+  o.lse_out_path = str("lse-out");
+  o.dq_out_path = str("dq-out");
+  o.dk_out_path = str("dk-out");
+  o.dv_out_path = str("dv-out");
+  o.seed = vm["seed"].as<uint64_t>();
+
+  const bool any_file = !o.q_path.empty() || !o.k_path.empty() || !o.v_path.empty();
+  if (any_file) {
+    for (const auto& [name, path] : {std::pair{"--q", o.q_path}, {"--k", o.k_path},
+                                     {"--v", o.v_path}})
+      if (path.empty())
+        throw InputError(name, "missing: --q, --k and --v must be given together");
+  }
+  auto dim = [&](const char* name, int64_t fallback) {
+    return vm.count(name) ? vm[name].as<int64_t>() : fallback;
+  };
+  o.shape_from_options = !any_file;
+  o.cfg.shape = {dim("batch", 1), dim("seq-len", 4096), dim("heads", 8), dim("head-dim", 64)};
+  if (any_file) {
+    // Shape options are then only a cross-check; remember which were given (0 = absent).
+    o.cfg.shape = {dim("batch", 0), dim("seq-len", 0), dim("heads", 0), dim("head-dim", 0)};
+  }
+
+  const std::string attention =
+      require_choice("--attention", vm["attention"].as<std::string>(), {"dense", "dilated"});
+  o.cfg.attention = attention == "dense" ? AttentionKind::dense : AttentionKind::dilated;
+  const std::string combine =
+      require_choice("--combine", vm["combine"].as<std::string>(), {"grouped", "mixture"});
+  o.cfg.combine = combine == "grouped" ? Combine::grouped : Combine::mixture;
+  if (vm.count("segments")) o.cfg.segments = parse_int_list("--segments", str("segments"));
+  if (vm.count("dilations")) o.cfg.dilations = parse_int_list("--dilations", str("dilations"));
+  if (o.cfg.attention == AttentionKind::dense &&
+      (vm.count("segments") || vm.count("dilations")))
+    throw InputError(vm.count("segments") ? "--segments" : "--dilations",
+                     "only applies to --attention dilated");
+  o.cfg.causal = vm["causal"].as<bool>();
+  if (vm.count("scale")) o.cfg.scale = vm["scale"].as<double>();
+
+  o.backward = vm["backward"].as<bool>() || !o.dout_path.empty();
+  for (const auto& [name, path] : {std::pair{"--dq-out", o.dq_out_path},
+                                   {"--dk-out", o.dk_out_path}, {"--dv-out", o.dv_out_path}})
+    if (!path.empty() && !o.backward)
+      throw InputError(name, "needs the backward pass: give --dout FILE (or --backward)");
+
+  o.device = require_choice("--device", vm["device"].as<std::string>(), {"cpu", "cuda", "auto"});
+  o.threads = vm["threads"].as<int>();
+  if (o.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
+  o.warmup = vm["warmup"].as<int>();
+  if (o.warmup < 0) throw InputError("--warmup", "must be >= 0");
+  o.iters = vm["iters"].as<int>();
+  if (o.iters < 1) throw InputError("--iters", "must be >= 1");
+  o.check = vm["check"].as<bool>();
+  o.json = vm["json"].as<bool>();
+  opts = std::move(o);
+  return true;
+}
+
+}  // namespace ringattn::cli

@@ -1,0 +1,38 @@
+// `ringattn run` options: parsed with Boost.Program_options from the command line and an
+// optional --config file, then checked; every problem is an InputError naming the option.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "ringattn/config.hpp"
+
+namespace ringattn::cli {
+
+struct RunOptions {
+  AttentionConfig cfg;  // shape filled from files when --q/--k/--v are given
+  bool shape_from_options = false;
+  std::string q_path, k_path, v_path, dout_path;
+  std::string out_path, lse_out_path, dq_out_path, dk_out_path, dv_out_path;
+  uint64_t seed = 0;
+  bool backward = false;  // --dout or --backward
+  std::string device = "auto";
+  int threads = 0;
+  int warmup = 1;
+  int iters = 3;
+  bool check = false;
+  bool json = false;
+  bool demo = false;  // no options at all: the embedded demo config
+};
+
+// Parses `args` (the words after "run"). Returns false when --help was asked for (help is
+// then written to `help_out`). Throws InputError on any bad option or value.
+bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
+                       std::ostream& help_out);
+
+// The embedded demo: what `ringattn run` with no options runs.
+RunOptions demo_options();
+
+}  // namespace ringattn::cli

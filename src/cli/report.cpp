@@ -1,0 +1,123 @@
+// Formatting of a RunReport: the human summary and the one-line JSON object.
+#include "cli/report.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+
+namespace ringattn::cli {
+
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (auto x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+std::string human_bytes(std::size_t b) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (b >= (1ull << 30)) os << static_cast<double>(b) / (1ull << 30) << " GiB";
+  else if (b >= (1ull << 20)) os << static_cast<double>(b) / (1ull << 20) << " MiB";
+  else os << static_cast<double>(b) / 1024.0 << " KiB";
+  return os.str();
+}
+
+}  // namespace
+
+double RunReport::fwd_gflops() const {
+  return fwd_ms > 0 ? 4.0 * static_cast<double>(cfg.shape.head_dim) * attended_pairs / (fwd_ms * 1e6)
+                    : 0.0;
+}
+
+std::optional<double> RunReport::bwd_gflops() const {
+  if (!bwd_ms || *bwd_ms <= 0) return std::nullopt;
+  return 2.5 * 4.0 * static_cast<double>(cfg.shape.head_dim) * attended_pairs / (*bwd_ms * 1e6);
+}
+
+bool RunReport::check_passed() const {
+  for (const auto& c : checks)
+    if (!(c.rel_error <= check_tolerance)) return false;
+  return true;
+}
+
+void print_table(const RunReport& r, std::ostream& os) {
+  const AttentionConfig& c = r.cfg;
+  os << "ringattn " << RINGATTN_VERSION << ": " << to_string(c.attention) << " attention";
+  if (c.attention == AttentionKind::dilated) os << " (" << to_string(c.combine) << ")";
+  os << " on " << r.device << " [" << r.device_detail << "], world size " << r.world_size
+     << "\n";
+  os << "  shape [B,N,H,D]  " << to_string(c.shape) << "   causal " << (c.causal ? "yes" : "no")
+     << "   scale " << c.effective_scale() << "\n";
+  if (c.attention == AttentionKind::dilated)
+    os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations)
+       << "\n";
+  os << std::fixed << std::setprecision(3);
+  os << "  attended pairs   " << std::setprecision(0) << r.attended_pairs << "\n";
+  os << std::setprecision(3);
+  os << "  forward          " << std::setw(10) << r.fwd_ms << " ms  (median of " << r.iters
+     << ")  " << std::setprecision(1) << r.fwd_gflops() << " GFLOP/s\n";
+  if (r.bwd_ms)
+    os << "  backward         " << std::setw(10) << std::setprecision(3) << *r.bwd_ms
+       << " ms  (median of " << r.iters << ")  " << std::setprecision(1) << *r.bwd_gflops()
+       << " GFLOP/s\n";
+  os << "  workspace        " << human_bytes(r.workspace_bytes) << " ("
+     << human_bytes(r.workspace_bytes_per_thread) << " per thread)   peak tracked "
+     << human_bytes(r.peak_bytes) << "   peak RSS " << human_bytes(r.peak_rss_bytes) << "\n";
+  if (!r.checks.empty()) {
+    os << "  check vs float64 reference (relative Frobenius error, tolerance " << std::scientific
+       << std::setprecision(0) << r.check_tolerance << "):\n   ";
+    os << std::setprecision(2);
+    for (const auto& ch : r.checks) os << " " << ch.tensor << " " << ch.rel_error;
+    os << "  -> " << (r.check_passed() ? "OK" : "NOT OK") << "\n";
+  }
+  for (const auto& f : r.outputs_written) os << "  wrote " << f << "\n";
+  os << std::defaultfloat;
+}
+
+void print_json(const RunReport& r, std::ostream& os) {
+  const AttentionConfig& c = r.cfg;
+  nlohmann::json j;
+  j["version"] = RINGATTN_VERSION;
+  j["seq_len"] = c.shape.seq_len;
+  j["batch"] = c.shape.batch;
+  j["heads"] = c.shape.heads;
+  j["head_dim"] = c.shape.head_dim;
+  j["attention"] = to_string(c.attention);
+  if (c.attention == AttentionKind::dilated) {
+    j["combine"] = to_string(c.combine);
+    j["segments"] = c.segments;
+    j["dilations"] = c.dilations;
+  }
+  j["causal"] = c.causal;
+  j["scale"] = c.effective_scale();
+  j["world_size"] = r.world_size;
+  j["device"] = r.device;
+  j["threads"] = r.threads;
+  j["iters"] = r.iters;
+  j["attended_pairs"] = r.attended_pairs;
+  j["fwd_ms"] = r.fwd_ms;
+  j["fwd_gflops"] = r.fwd_gflops();
+  if (r.bwd_ms) {
+    j["bwd_ms"] = *r.bwd_ms;
+    j["bwd_gflops"] = *r.bwd_gflops();
+  }
+  j["workspace_bytes"] = r.workspace_bytes;
+  j["workspace_bytes_per_thread"] = r.workspace_bytes_per_thread;
+  j["peak_bytes"] = r.peak_bytes;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["bytes_sent"] = r.bytes_sent;
+  if (!r.checks.empty()) {
+    nlohmann::json ch;
+    for (const auto& x : r.checks) ch[x.tensor] = x.rel_error;
+    ch["tolerance"] = r.check_tolerance;
+    ch["passed"] = r.check_passed();
+    j["check"] = ch;
+  }
+  os << j.dump() << "\n";
+}
+
+}  // namespace ringattn::cli

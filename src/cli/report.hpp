@@ -1,0 +1,46 @@
+// What a run measured, and how it is shown: a readable table for people and, with --json,
+// one JSON object on the last stdout line for machines.
+#pragma once
+
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringattn/config.hpp"
+
+namespace ringattn::cli {
+
+struct CheckResult {
+  std::string tensor;  // "out", "lse", "dq", "dk", "dv"
+  double rel_error = 0;
+};
+
+struct RunReport {
+  AttentionConfig cfg;
+  std::string device = "cpu";
+  std::string device_detail;
+  int threads = 1;
+  int world_size = 1;
+  int iters = 0;
+  double attended_pairs = 0;
+  double fwd_ms = 0;
+  std::optional<double> bwd_ms;
+  std::size_t workspace_bytes = 0;
+  std::size_t workspace_bytes_per_thread = 0;
+  std::size_t peak_bytes = 0;
+  std::size_t peak_rss_bytes = 0;
+  std::size_t bytes_sent = 0;
+  std::vector<CheckResult> checks;
+  double check_tolerance = 0;
+  std::vector<std::string> outputs_written;
+
+  double fwd_gflops() const;
+  std::optional<double> bwd_gflops() const;
+  bool check_passed() const;
+};
+
+void print_table(const RunReport& r, std::ostream& os);
+void print_json(const RunReport& r, std::ostream& os);
+
+}  // namespace ringattn::cli

@@ -1,0 +1,120 @@
+// Validation of AttentionConfig and the pattern arithmetic shared by every layer:
+// which positions a dilated pattern selects and how many pairs a configuration attends.
+#include "ringattn/config.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "ringattn/errors.hpp"
+
+namespace ringattn {
+
+const char* to_string(AttentionKind k) { return k == AttentionKind::dense ? "dense" : "dilated"; }
+const char* to_string(Combine c) { return c == Combine::grouped ? "grouped" : "mixture"; }
+
+std::string to_string(const Shape4& s) {
+  std::ostringstream os;
+  os << '[' << s.batch << ", " << s.seq_len << ", " << s.heads << ", " << s.head_dim << ']';
+  return os.str();
+}
+
+double AttentionConfig::effective_scale() const {
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
+}
+
+void validate(const AttentionConfig& cfg) {
+  const Shape4& s = cfg.shape;
+  if (s.batch <= 0) throw InputError("--batch", "must be positive, got " + std::to_string(s.batch));
+  if (s.seq_len <= 0)
+    throw InputError("--seq-len", "must be positive, got " + std::to_string(s.seq_len));
+  if (s.heads <= 0) throw InputError("--heads", "must be positive, got " + std::to_string(s.heads));
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim)
+    throw InputError("--head-dim", "must be in 1.." + std::to_string(kMaxHeadDim) + ", got " +
+                                       std::to_string(s.head_dim));
+  // Index arithmetic is int64 throughout; refuse shapes whose element count overflows it.
+  if (s.batch > INT64_MAX / s.seq_len || s.batch * s.seq_len > INT64_MAX / s.heads ||
+      s.batch * s.seq_len * s.heads > INT64_MAX / s.head_dim)
+    throw InputError("--seq-len", "shape " + to_string(s) + " has too many elements");
+  if (cfg.scale && !(std::isfinite(*cfg.scale) && *cfg.scale > 0.0))
+    throw InputError("--scale", "must be a positive finite number");
+
+  if (cfg.attention == AttentionKind::dense) return;
+
+  if (cfg.segments.empty()) throw InputError("--segments", "empty: dilated attention needs at least one segment length");
+  if (cfg.dilations.empty()) throw InputError("--dilations", "empty: dilated attention needs one dilation per segment");
+  if (cfg.segments.size() != cfg.dilations.size())
+    throw InputError("--segments", std::to_string(cfg.segments.size()) +
+                                       " segment lengths but " +
+                                       std::to_string(cfg.dilations.size()) +
+                                       " dilations (--dilations); they must pair up");
+  for (std::size_t i = 0; i < cfg.segments.size(); ++i) {
+    if (cfg.segments[i] <= 0)
+      throw InputError("--segments", "segment " + std::to_string(i) + " is " +
+                                         std::to_string(cfg.segments[i]) + "; must be positive");
+    if (cfg.dilations[i] <= 0)
+      throw InputError("--dilations", "dilation " + std::to_string(i) + " is " +
+                                          std::to_string(cfg.dilations[i]) +
+                                          "; must be positive");
+    if (s.seq_len % cfg.segments[i] != 0)
+      throw InputError("--segments", "segment length " + std::to_string(cfg.segments[i]) +
+                                         " does not divide the sequence length " +
+                                         std::to_string(s.seq_len));
+  }
+  const auto groups = static_cast<int64_t>(cfg.segments.size());
+  if (cfg.combine == Combine::grouped && s.heads < groups)
+    throw InputError("--heads", std::to_string(s.heads) + " heads cannot be split into " +
+                                    std::to_string(groups) +
+                                    " groups (one per segment); use at least as many heads as "
+                                    "segments, or --combine mixture");
+}
+
+std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {
+  if (cfg.attention == AttentionKind::dense) return {{cfg.shape.seq_len, 1}};
+  std::vector<DilatedPattern> out;
+  for (std::size_t i = 0; i < cfg.segments.size(); ++i)
+    out.push_back({cfg.segments[i], cfg.dilations[i]});
+  return out;
+}
+
+HeadRange group_heads(int64_t heads, int64_t groups, int64_t group) {
+  const int64_t base = heads / groups, extra = heads % groups;
+  const int64_t first = group * base + std::min(group, extra);
+  return {first, base + (group < extra ? 1 : 0)};
+}
+
+int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head) {
+  if (cfg.attention == AttentionKind::dense) return 0;
+  const int64_t r = cfg.dilations[static_cast<std::size_t>(pattern)];
+  return (cfg.combine == Combine::grouped ? pattern : head) % r;
+}
+
+int64_t selected_per_segment(const DilatedPattern& p, int64_t offset) {
+  if (offset >= p.segment) return 0;
+  return (p.segment - offset + p.dilation - 1) / p.dilation;
+}
+
+double attended_pairs(const AttentionConfig& cfg) {
+  const auto pats = patterns_of(cfg);
+  const int64_t groups = static_cast<int64_t>(pats.size());
+  const Shape4& s = cfg.shape;
+  auto pairs_in_pattern = [&](int64_t i, int64_t head) {
+    const auto& p = pats[static_cast<std::size_t>(i)];
+    const double m = static_cast<double>(selected_per_segment(p, pattern_offset(cfg, i, head)));
+    const double per_segment = cfg.causal ? m * (m + 1) / 2 : m * m;
+    return per_segment * static_cast<double>(s.seq_len / p.segment);
+  };
+  double total = 0;
+  for (int64_t h = 0; h < s.heads; ++h) {
+    if (cfg.combine == Combine::grouped || cfg.attention == AttentionKind::dense) {
+      for (int64_t i = 0; i < groups; ++i) {
+        const HeadRange r = group_heads(s.heads, groups, i);
+        if (h >= r.first && h < r.first + r.count) total += pairs_in_pattern(i, h);
+      }
+    } else {
+      for (int64_t i = 0; i < groups; ++i) total += pairs_in_pattern(i, h);
+    }
+  }
+  return total * static_cast<double>(s.batch);
+}
+
+}  // namespace ringattn

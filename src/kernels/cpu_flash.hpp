@@ -1,0 +1,82 @@
+// The CPU flash-attention kernels' interface. A kernel call runs a list of subsequence
+// tasks: each task is n_q query rows against n_k key rows, every one of them a strided view
+// into [B, N, H, D] tensors (so a dilated pattern is read in place, no gathers). Kernels know
+// nothing of patterns or ranks: the schedule that builds the tasks does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace ringattn::kernels {
+
+struct SubseqTask {
+  int64_t q_row0 = 0, q_stride = 0;  // floats; into q, out, dout, dq
+  int64_t lse0 = 0, lse_stride = 0;  // floats; into lse
+  int64_t k_row0 = 0, k_stride = 0;  // floats; into k, v, dk, dv
+  int64_t n_q = 0, n_k = 0;
+  // When causal, key j is allowed for query i iff j <= i + causal_offset (index units of
+  // the two strided views). 0 for a subsequence attending to itself.
+  int64_t causal_offset = 0;
+};
+
+// One unit of forward work: query rows [q_begin, q_begin + q_tile) of one task.
+struct ForwardItem {
+  int64_t task = 0;
+  int64_t q_begin = 0;
+};
+
+struct TileConfig {
+  int64_t q_tile = 128;
+  int64_t k_tile = 256;
+};
+
+struct ForwardParams {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* out = nullptr;
+  float* lse = nullptr;
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  bool causal = false;
+  // false: write out = out_scale * softmax(S) V and lse (overwriting).
+  // true: merge this result into the (out, lse) already there, by log-sum-exp weights.
+  bool accumulate = false;
+  float out_scale = 1.0f;
+};
+
+struct BackwardParams {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* out = nullptr;   // as written by the forward (including out_scale)
+  const float* lse = nullptr;   // the final lse of each row
+  const float* dout = nullptr;
+  float* dq = nullptr;          // accumulated into (+=)
+  float* dk = nullptr;          // accumulated into (+=)
+  float* dv = nullptr;          // accumulated into (+=)
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  bool causal = false;
+  float out_scale = 1.0f;   // the forward's out_scale: true O = out / out_scale
+  float dout_scale = 1.0f;  // true dO = dout * dout_scale
+};
+
+// Floats of scratch one thread needs for the given tiles and head dim.
+std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim);
+std::size_t backward_workspace_floats(const TileConfig& t, int64_t head_dim);
+
+// Runs every item in parallel on `threads` OpenMP threads. `workspace` holds
+// threads * forward_workspace_floats() floats, 64-byte aligned.
+void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
+                   std::span<const ForwardItem> items, const TileConfig& tiles, int threads,
+                   float* workspace);
+
+// Runs every task in parallel (one task per thread at a time, so that a task's dK/dV rows
+// and dQ rows have one writer). Tasks passed in one call must not share key rows or query
+// rows. `workspace` holds threads * backward_workspace_floats() floats.
+void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
+                    const TileConfig& tiles, int threads, float* workspace);
+
+}  // namespace ringattn::kernels

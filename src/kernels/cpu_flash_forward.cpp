@@ -1,0 +1,140 @@
+// The CPU flash-attention forward: for each tile of queries, stream tiles of keys with an
+// online softmax (running max and sum per row), fp32 accumulation, and finish with out and
+// the natural-log lse. Score and P·V products are OpenBLAS sgemm calls on strided views;
+// no N×N matrix exists at any time, only one q_tile × k_tile score tile per thread.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu_flash.hpp"
+#include "kernels/cpu_math.hpp"
+#include "kernels/merge_lse.hpp"
+
+namespace ringattn::kernels {
+
+namespace {
+
+constexpr std::size_t round_up16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+struct ForwardScratch {
+  float* s;    // q_tile × k_tile scores, then probabilities
+  float* acc;  // q_tile × head_dim unnormalised output
+  float* m;    // q_tile running max
+  float* l;    // q_tile running sum
+};
+
+ForwardScratch carve(float* base, const TileConfig& t, int64_t d) {
+  ForwardScratch s{};
+  s.s = base;
+  base += round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile));
+  s.acc = base;
+  base += round_up16(static_cast<std::size_t>(t.q_tile * d));
+  s.m = base;
+  base += round_up16(static_cast<std::size_t>(t.q_tile));
+  s.l = base;
+  return s;
+}
+
+// Number of keys query rows [i0, i0+bq) can see at all.
+int64_t visible_keys(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
+  if (!causal) return t.n_k;
+  return std::clamp<int64_t>(i0 + bq + t.causal_offset, 0, t.n_k);
+}
+
+void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0,
+                  const TileConfig& tiles, const ForwardScratch& w) {
+  const int64_t d = p.head_dim;
+  const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+  const int64_t ldS = tiles.k_tile;
+  const float* q = p.q + t.q_row0 + i0 * t.q_stride;
+  const int64_t kmax = visible_keys(t, p.causal, i0, bq);
+
+  std::fill(w.m, w.m + bq, kNegInf);
+  std::fill(w.l, w.l + bq, 0.0f);
+  std::fill(w.acc, w.acc + bq * d, 0.0f);
+
+  for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
+    const int64_t bk = std::min(tiles.k_tile, kmax - j0);
+    const float* k = p.k + t.k_row0 + j0 * t.k_stride;
+    const float* v = p.v + t.k_row0 + j0 * t.k_stride;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(bq),
+                static_cast<int>(bk), static_cast<int>(d), p.scale, q,
+                static_cast<int>(t.q_stride), k, static_cast<int>(t.k_stride), 0.0f, w.s,
+                static_cast<int>(ldS));
+    const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
+    for (int64_t i = 0; i < bq; ++i) {
+      float* srow = w.s + i * ldS;
+      // Keys past `limit` in this tile are in the query's future.
+      const int64_t limit =
+          crosses_diagonal ? std::min<int64_t>(bk, i0 + i + t.causal_offset - j0 + 1) : bk;
+      const float row_max = max_of(srow, limit);
+      const float m_new = std::max(w.m[i], row_max);
+      if (m_new == kNegInf) {  // nothing visible yet for this row
+        std::fill(srow, srow + bk, 0.0f);
+        continue;
+      }
+      const float alpha = exp_approx(w.m[i] - m_new);
+      const float row_sum = exp_shift_sum(srow, limit, m_new);
+      for (int64_t j = std::max<int64_t>(limit, 0); j < bk; ++j) srow[j] = 0.0f;
+      w.l[i] = w.l[i] * alpha + row_sum;
+      w.m[i] = m_new;
+      if (alpha != 1.0f) {
+        float* arow = w.acc + i * d;
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) arow[c] *= alpha;
+      }
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(bq),
+                static_cast<int>(d), static_cast<int>(bk), 1.0f, w.s, static_cast<int>(ldS), v,
+                static_cast<int>(t.k_stride), 1.0f, w.acc, static_cast<int>(d));
+  }
+
+  for (int64_t i = 0; i < bq; ++i) {
+    float* arow = w.acc + i * d;
+    float* orow = p.out + t.q_row0 + (i0 + i) * t.q_stride;
+    float* lse = p.lse + t.lse0 + (i0 + i) * t.lse_stride;
+    const bool empty = w.l[i] == 0.0f;
+    const float row_lse = empty ? kNegInf : w.m[i] + std::log(w.l[i]);
+    const float inv = empty ? 0.0f : 1.0f / w.l[i];
+    if (p.accumulate) {
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) arow[c] *= inv;
+      merge_lse_row(orow, lse, arow, row_lse, d);
+    } else {
+      const float f = inv * p.out_scale;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) orow[c] = arow[c] * f;
+      *lse = row_lse;
+    }
+  }
+}
+
+}  // namespace
+
+std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim) {
+  return round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile)) +
+         round_up16(static_cast<std::size_t>(t.q_tile * head_dim)) +
+         2 * round_up16(static_cast<std::size_t>(t.q_tile));
+}
+
+void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
+                   std::span<const ForwardItem> items, const TileConfig& tiles, int threads,
+                   float* workspace) {
+  const std::size_t per_thread = forward_workspace_floats(tiles, p.head_dim);
+  const auto n_items = static_cast<int64_t>(items.size());
+#pragma omp parallel num_threads(threads)
+  {
+    const ForwardScratch w =
+        carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles,
+              p.head_dim);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const ForwardItem& item = items[static_cast<std::size_t>(it)];
+      forward_tile(p, tasks[static_cast<std::size_t>(item.task)], item.q_begin, tiles, w);
+    }
+  }
+}
+
+}  // namespace ringattn::kernels

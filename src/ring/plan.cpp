@@ -1,0 +1,126 @@
+// The single-process engine behind Plan: validates the config, builds the schedule and the
+// per-thread workspace once, then runs kernel passes for forward and backward without
+// allocating.
+#include "ringattn/plan.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "kernels/cpu_flash.hpp"
+#include "ring/schedule.hpp"
+#include "ringattn/errors.hpp"
+#include "ringattn/tensor.hpp"
+
+namespace ringattn {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+kernels::TileConfig choose_tiles(const AttentionConfig& cfg) {
+  kernels::TileConfig t;
+  // Score tiles of 128 × 256 floats (128 KiB) stay in L2 next to the K/V tile.
+  t.q_tile = 128;
+  t.k_tile = cfg.shape.head_dim > 128 ? 128 : 256;
+  if (const char* e = std::getenv("RINGATTN_TILES")) std::sscanf(e, "%ld,%ld", &t.q_tile, &t.k_tile);
+  return t;
+}
+}  // namespace
+
+struct Plan::Impl {
+  AttentionConfig cfg;
+  int threads = 1;
+  kernels::TileConfig tiles;
+  ring::LocalSchedule schedule;
+  std::size_t per_thread_floats = 0;
+  std::unique_ptr<float[], AlignedFree> workspace;
+};
+
+Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_unique<Impl>()) {
+  validate(cfg);
+  impl_->cfg = cfg;
+  impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
+  impl_->tiles = choose_tiles(cfg);
+  impl_->schedule = ring::build_local_schedule(cfg, impl_->tiles);
+  impl_->per_thread_floats =
+      std::max(kernels::forward_workspace_floats(impl_->tiles, cfg.shape.head_dim),
+               kernels::backward_workspace_floats(impl_->tiles, cfg.shape.head_dim));
+  impl_->workspace = aligned_floats(
+      impl_->per_thread_floats * static_cast<std::size_t>(impl_->threads), "plan workspace");
+}
+
+Plan::~Plan() = default;
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+
+const AttentionConfig& Plan::config() const noexcept { return impl_->cfg; }
+int Plan::threads() const noexcept { return impl_->threads; }
+
+std::size_t Plan::workspace_bytes_per_thread() const noexcept {
+  return impl_->per_thread_floats * sizeof(float);
+}
+
+std::size_t Plan::workspace_bytes() const noexcept {
+  return workspace_bytes_per_thread() * static_cast<std::size_t>(impl_->threads) +
+         ring::schedule_bytes(impl_->schedule);
+}
+
+void Plan::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
+  const Impl& m = *impl_;
+  const Shape4& s = m.cfg.shape;
+  if (m.schedule.clear_outputs_first) {
+    const auto n = static_cast<std::size_t>(s.numel());
+    const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+    for (std::size_t i = 0; i < n; ++i) out[i] = 0.0f;
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+    for (std::size_t i = 0; i < rows; ++i) lse[i] = kNegInf;
+  }
+  kernels::ForwardParams p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.head_dim = s.head_dim;
+  p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.causal = m.cfg.causal;
+  for (const auto& pass : m.schedule.passes) {
+    p.accumulate = pass.accumulate;
+    p.out_scale = pass.out_scale;
+    kernels::flash_forward(p, pass.tasks, pass.items, m.tiles, m.threads, m.workspace.get());
+  }
+}
+
+void Plan::backward(const float* q, const float* k, const float* v, const float* out,
+                    const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  const Impl& m = *impl_;
+  const Shape4& s = m.cfg.shape;
+  const auto n = static_cast<std::size_t>(s.numel());
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+  for (std::size_t i = 0; i < n; ++i) dq[i] = dk[i] = dv[i] = 0.0f;
+  kernels::BackwardParams p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.dout = dout;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.head_dim = s.head_dim;
+  p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.causal = m.cfg.causal;
+  for (const auto& pass : m.schedule.passes) {
+    p.out_scale = pass.out_scale;
+    p.dout_scale = pass.out_scale;
+    kernels::flash_backward(p, pass.tasks, m.tiles, m.threads, m.workspace.get());
+  }
+}
+
+}  // namespace ringattn

@@ -1,0 +1,93 @@
+// Builds the single-rank schedule: one task per (batch, head, pattern, segment) that
+// selects at least one position, as a strided view with stride dilation·H·D.
+#include "ring/schedule.hpp"
+
+#include <algorithm>
+
+namespace ringattn::ring {
+
+namespace {
+
+void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head,
+                       std::vector<kernels::SubseqTask>& tasks) {
+  const Shape4& s = cfg.shape;
+  const DilatedPattern pat = patterns_of(cfg)[static_cast<std::size_t>(pattern)];
+  const int64_t offset = pattern_offset(cfg, pattern, head);
+  const int64_t m = selected_per_segment(pat, offset);
+  if (m == 0) return;
+  const int64_t row = s.heads * s.head_dim;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t seg = 0; seg < s.seq_len / pat.segment; ++seg) {
+      const int64_t p0 = seg * pat.segment + offset;
+      kernels::SubseqTask t;
+      t.q_row0 = t.k_row0 = (b * s.seq_len + p0) * row + head * s.head_dim;
+      t.q_stride = t.k_stride = pat.dilation * row;
+      t.lse0 = (b * s.heads + head) * s.seq_len + p0;
+      t.lse_stride = pat.dilation;
+      t.n_q = t.n_k = m;
+      t.causal_offset = 0;
+      tasks.push_back(t);
+    }
+  }
+}
+
+void add_items(KernelPass& pass, bool causal, const kernels::TileConfig& tiles) {
+  struct Costed {
+    kernels::ForwardItem item;
+    int64_t cost;
+  };
+  std::vector<Costed> costed;
+  for (std::size_t ti = 0; ti < pass.tasks.size(); ++ti) {
+    const auto& t = pass.tasks[ti];
+    for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
+      const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+      const int64_t keys =
+          causal ? std::clamp<int64_t>(i0 + bq + t.causal_offset, 0, t.n_k) : t.n_k;
+      costed.push_back({{static_cast<int64_t>(ti), i0}, bq * keys});
+    }
+  }
+  // Longest first, so that dynamic scheduling ends with the short items (LPT balance).
+  std::stable_sort(costed.begin(), costed.end(),
+                   [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
+  pass.items.reserve(costed.size());
+  for (const auto& c : costed) pass.items.push_back(c.item);
+}
+
+}  // namespace
+
+LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t) {
+  LocalSchedule sched;
+  const auto n_patterns = static_cast<int64_t>(patterns_of(cfg).size());
+  const int64_t heads = cfg.shape.heads;
+  if (cfg.attention == AttentionKind::dense || cfg.combine == Combine::grouped) {
+    KernelPass pass;
+    pass.out_scale = 1.0f / static_cast<float>(n_patterns);
+    for (int64_t g = 0; g < n_patterns; ++g) {
+      const HeadRange r = group_heads(heads, n_patterns, g);
+      for (int64_t h = r.first; h < r.first + r.count; ++h) add_pattern_tasks(cfg, g, h, pass.tasks);
+    }
+    add_items(pass, cfg.causal, t);
+    sched.passes.push_back(std::move(pass));
+    sched.clear_outputs_first = cfg.attention == AttentionKind::dilated;
+  } else {
+    for (int64_t i = 0; i < n_patterns; ++i) {
+      KernelPass pass;
+      pass.accumulate = true;
+      for (int64_t h = 0; h < heads; ++h) add_pattern_tasks(cfg, i, h, pass.tasks);
+      add_items(pass, cfg.causal, t);
+      sched.passes.push_back(std::move(pass));
+    }
+    sched.clear_outputs_first = true;
+  }
+  return sched;
+}
+
+std::size_t schedule_bytes(const LocalSchedule& s) {
+  std::size_t bytes = 0;
+  for (const auto& p : s.passes)
+    bytes += p.tasks.size() * sizeof(kernels::SubseqTask) +
+             p.items.size() * sizeof(kernels::ForwardItem);
+  return bytes;
+}
+
+}  // namespace ringattn::ring

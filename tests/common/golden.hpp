@@ -1,0 +1,26 @@
+// Loads the golden cases copied from the replaced project's reference (tests/data/golden).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringattn/config.hpp"
+
+namespace ringattn::testing {
+
+struct GoldenCase {
+  std::string name;   // folder name, e.g. "g01_two_groups"
+  std::string dir;    // absolute folder path
+  std::string mode;   // "grouped", "mixture" or "blockmask"
+  AttentionConfig cfg;  // attention=dilated for grouped/mixture (a single {N,1} pattern too)
+  int64_t block_size = 0;
+  std::vector<float> q, k, v, dout, out, dq, dk, dv;
+  std::vector<uint8_t> block_mask;  // blockmask cases only
+};
+
+std::string golden_dir();
+std::vector<std::string> golden_case_names(const std::string& mode_filter = "");
+GoldenCase load_golden(const std::string& name);
+
+}  // namespace ringattn::testing
