@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "ringattn/config.hpp"
@@ -13,6 +14,10 @@ namespace ringattn {
 
 struct PlanOptions {
   int threads = 0;  // 0: OpenMP's default
+  // Tile sizes in rows (0: chosen from the head dim). Tests use small tiles to exercise
+  // tile boundaries; benchmarks to tune.
+  int64_t q_tile = 0;
+  int64_t k_tile = 0;
 };
 
 class Plan {

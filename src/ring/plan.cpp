@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 
 #include "kernels/cpu_flash.hpp"
@@ -21,12 +19,14 @@ namespace ringattn {
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-kernels::TileConfig choose_tiles(const AttentionConfig& cfg) {
+kernels::TileConfig choose_tiles(const AttentionConfig& cfg, const PlanOptions& opts) {
   kernels::TileConfig t;
-  // Score tiles of 128 × 256 floats (128 KiB) stay in L2 next to the K/V tile.
+  // Score tiles of 128 × 256 floats (128 KiB) stay in L2 next to the K/V tile; at large D
+  // the K/V tile grows, so the score tile shrinks.
   t.q_tile = 128;
   t.k_tile = cfg.shape.head_dim > 128 ? 128 : 256;
-  if (const char* e = std::getenv("RINGATTN_TILES")) std::sscanf(e, "%ld,%ld", &t.q_tile, &t.k_tile);
+  if (opts.q_tile > 0) t.q_tile = opts.q_tile;
+  if (opts.k_tile > 0) t.k_tile = opts.k_tile;
   return t;
 }
 }  // namespace
@@ -44,7 +44,9 @@ Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_uniqu
   validate(cfg);
   impl_->cfg = cfg;
   impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
-  impl_->tiles = choose_tiles(cfg);
+  if (opts.threads < 0) throw InputError("--threads", "must be >= 0");
+  if (opts.q_tile < 0 || opts.k_tile < 0) throw InputError("tiles", "must be >= 0 (0: automatic)");
+  impl_->tiles = choose_tiles(cfg, opts);
   impl_->schedule = ring::build_local_schedule(cfg, impl_->tiles);
   impl_->per_thread_floats =
       std::max(kernels::forward_workspace_floats(impl_->tiles, cfg.shape.head_dim),

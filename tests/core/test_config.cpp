@@ -1,0 +1,119 @@
+// Config validation (each error names its option) and the pattern arithmetic, checked
+// against brute-force evaluation of the definitions.
+#include <gtest/gtest.h>
+
+#include "ringattn/config.hpp"
+#include "ringattn/errors.hpp"
+
+namespace ringattn {
+namespace {
+
+AttentionConfig dilated(Shape4 s, std::vector<int64_t> w, std::vector<int64_t> r, Combine c,
+                        bool causal = false) {
+  AttentionConfig cfg;
+  cfg.shape = s;
+  cfg.attention = AttentionKind::dilated;
+  cfg.combine = c;
+  cfg.segments = std::move(w);
+  cfg.dilations = std::move(r);
+  cfg.causal = causal;
+  return cfg;
+}
+
+std::string subject_of(const AttentionConfig& cfg) {
+  try {
+    validate(cfg);
+  } catch (const InputError& e) {
+    return e.subject();
+  }
+  return "";
+}
+
+TEST(ConfigValidation, EachBadFieldNamesItsOption) {
+  const Shape4 s{1, 64, 4, 16};
+  EXPECT_EQ(subject_of(dilated(s, {16, 32}, {1}, Combine::grouped)), "--segments");
+  EXPECT_EQ(subject_of(dilated(s, {}, {}, Combine::grouped)), "--segments");
+  EXPECT_EQ(subject_of(dilated(s, {16}, {}, Combine::grouped)), "--dilations");
+  EXPECT_EQ(subject_of(dilated(s, {0}, {1}, Combine::grouped)), "--segments");
+  EXPECT_EQ(subject_of(dilated(s, {16}, {-1}, Combine::grouped)), "--dilations");
+  EXPECT_EQ(subject_of(dilated(s, {24}, {1}, Combine::grouped)), "--segments");
+  EXPECT_EQ(subject_of(dilated({1, 64, 2, 16}, {16, 32, 64}, {1, 2, 4}, Combine::grouped)), "--heads");
+  EXPECT_EQ(subject_of(dilated({1, 64, 2, 16}, {16, 32, 64}, {1, 2, 4}, Combine::mixture)), "");
+  EXPECT_EQ(subject_of(dilated({1, 64, 4, 0}, {64}, {1}, Combine::grouped)), "--head-dim");
+  EXPECT_EQ(subject_of(dilated({1, 64, 4, kMaxHeadDim + 1}, {64}, {1}, Combine::grouped)), "--head-dim");
+  EXPECT_EQ(subject_of(dilated({0, 64, 4, 8}, {64}, {1}, Combine::grouped)), "--batch");
+  EXPECT_EQ(subject_of(dilated(s, {16}, {17}, Combine::grouped)), "");  // dilation > segment: legal
+  AttentionConfig bad_scale = dilated(s, {16}, {1}, Combine::grouped);
+  bad_scale.scale = -1.0;
+  EXPECT_EQ(subject_of(bad_scale), "--scale");
+}
+
+TEST(ConfigValidation, MessageSaysWhatIsWrong) {
+  try {
+    validate(dilated({1, 100, 4, 16}, {32}, {1}, Combine::grouped));
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not divide the sequence length 100"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PatternArithmetic, GroupHeadsSplitsLikeTheReplacedProject) {
+  // 5 heads over 3 groups: 2, 2, 1 (the first H % G groups get one more).
+  EXPECT_EQ(group_heads(5, 3, 0).first, 0);
+  EXPECT_EQ(group_heads(5, 3, 0).count, 2);
+  EXPECT_EQ(group_heads(5, 3, 1).first, 2);
+  EXPECT_EQ(group_heads(5, 3, 1).count, 2);
+  EXPECT_EQ(group_heads(5, 3, 2).first, 4);
+  EXPECT_EQ(group_heads(5, 3, 2).count, 1);
+}
+
+TEST(PatternArithmetic, SelectedPerSegmentMatchesBruteForce) {
+  for (int64_t w = 1; w <= 40; ++w)
+    for (int64_t r = 1; r <= 45; ++r)
+      for (int64_t o = 0; o < r; ++o) {
+        int64_t brute = 0;
+        for (int64_t p = 0; p < w; ++p) brute += (p % r) == o;
+        ASSERT_EQ(selected_per_segment({w, r}, o), brute) << w << " " << r << " " << o;
+      }
+}
+
+TEST(PatternArithmetic, AttendedPairsMatchesBruteForce) {
+  const Shape4 s{2, 48, 5, 8};
+  for (Combine c : {Combine::grouped, Combine::mixture})
+    for (bool causal : {false, true}) {
+      const AttentionConfig cfg = dilated(s, {8, 16, 48}, {1, 3, 5}, c, causal);
+      const auto pats = patterns_of(cfg);
+      double brute = 0;
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t i = 0; i < 3; ++i) {
+          if (c == Combine::grouped) {
+            const HeadRange hr = group_heads(s.heads, 3, i);
+            if (h < hr.first || h >= hr.first + hr.count) continue;
+          }
+          const int64_t w = pats[static_cast<std::size_t>(i)].segment;
+          const int64_t r = pats[static_cast<std::size_t>(i)].dilation;
+          const int64_t o = pattern_offset(cfg, i, h);
+          for (int64_t p = 0; p < s.seq_len; ++p)
+            for (int64_t t = 0; t < s.seq_len; ++t) {
+              const bool sel = (p % w) % r == o && (t % w) % r == o && p / w == t / w;
+              if (sel && (!causal || t <= p)) brute += 1;
+            }
+        }
+      EXPECT_DOUBLE_EQ(attended_pairs(cfg), brute * static_cast<double>(s.batch));
+    }
+}
+
+TEST(PatternArithmetic, DenseIsOneFullPattern) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 64, 2, 8};
+  ASSERT_EQ(patterns_of(cfg).size(), 1u);
+  EXPECT_EQ(patterns_of(cfg)[0].segment, 64);
+  EXPECT_DOUBLE_EQ(attended_pairs(cfg), 2.0 * 64 * 64);
+  cfg.causal = true;
+  EXPECT_DOUBLE_EQ(attended_pairs(cfg), 2.0 * 64 * 65 / 2);
+}
+
+}  // namespace
+}  // namespace ringattn
