@@ -186,7 +186,15 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
         throw InputError(name, "missing: --q, --k and --v must be given together");
   }
   auto dim = [&](const char* name, int64_t fallback) {
-    return vm.count(name) ? vm[name].as<int64_t>() : fallback;
+    if (!vm.count(name)) return fallback;
+    const int64_t value = vm[name].as<int64_t>();
+    if (value <= 0)
+      throw InputError(std::string("--") + name,
+                       (std::string(name) == "head-dim"
+                            ? "must be in 1.." + std::to_string(kMaxHeadDim)
+                            : std::string("must be positive")) +
+                           ", got " + std::to_string(value));
+    return value;
   };
   o.shape_from_options = !any_file;
   o.cfg.shape = {dim("batch", 1), dim("seq-len", 4096), dim("heads", 8), dim("head-dim", 64)};

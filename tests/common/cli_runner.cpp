@@ -24,6 +24,8 @@ std::string slurp(const std::string& path) {
 CliResult run_cli(const std::vector<std::string>& args) {
   TempDir tmp;
   const std::string out_path = tmp.file("stdout"), err_path = tmp.file("stderr");
+  // Buffered output of the test itself would otherwise be flushed by the child too.
+  std::fflush(nullptr);
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {

@@ -1,0 +1,218 @@
+// CPU benchmark: dense and dilated attention, forward and backward, over sequence lengths,
+// in GFLOP/s beside the same run's single-precision GEMM rate on the same threads. Prints a
+// table and, last, one JSON object. Not a test: goals are judged by reading its output.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ringattn/plan.hpp"
+#include "ringattn/tensor.hpp"
+
+namespace po = boost::program_options;
+using namespace ringattn;
+
+namespace {
+
+struct Series {
+  std::string name;  // e.g. "dilated 2048,4096,8192/1,2,4 grouped"
+  AttentionKind attention;
+  Combine combine;
+  std::vector<int64_t> segments, dilations;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Median of `iters` runs, after one warm-up; long runs (> 3 s) are timed once.
+template <typename F>
+double time_ms(F&& f, int iters) {
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  const double first = seconds_since(t0);
+  if (first > 3.0) return first * 1e3;
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(seconds_since(t0) * 1e3);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double sgemm_gflops(int n, int threads) {
+  std::vector<float> a(static_cast<std::size_t>(n) * n), b(a.size()), c(a.size());
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (auto& x : a) x = d(gen);
+  for (auto& x : b) x = d(gen);
+  omp_set_num_threads(threads);
+  const double ms = time_ms(
+      [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n,
+                    b.data(), n, 0.0f, c.data(), n);
+      },
+      5);
+  return 2.0 * n * static_cast<double>(n) * n / (ms * 1e6);
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    std::size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    v.push_back(std::stoll(s.substr(pos, end - pos)));
+    pos = end + 1;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  po::options_description desc("cpu_bench [options]");
+  desc.add_options()
+    ("dense-n", po::value<std::string>()->default_value("4096,8192,16384,32768,65536"), "dense sequence lengths")
+    ("dilated-n", po::value<std::string>()->default_value("8192,16384,32768,65536,131072,262144"), "dilated sequence lengths (default config)")
+    ("legacy-n", po::value<std::string>()->default_value("4096,16384,65536"), "sequence lengths for the replaced project's configs")
+    ("heads", po::value<int64_t>()->default_value(8), "heads")
+    ("head-dim", po::value<int64_t>()->default_value(64), "head dim")
+    ("threads", po::value<int>()->default_value(0), "threads (0: all)")
+    ("iters", po::value<int>()->default_value(3), "timed iterations (median)")
+    ("no-backward", po::bool_switch(), "forward only")
+    ("commit", po::value<std::string>()->default_value("unknown"), "commit id to print")
+    ("help,h", "help");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "cpu_bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  const int threads = vm["threads"].as<int>() > 0 ? vm["threads"].as<int>() : omp_get_max_threads();
+  const int iters = vm["iters"].as<int>();
+  const int64_t heads = vm["heads"].as<int64_t>(), dim = vm["head-dim"].as<int64_t>();
+  const bool backward = !vm["no-backward"].as<bool>();
+
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+  char date[64];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+
+  const double gemm = sgemm_gflops(2048, threads);
+  std::printf("# ringattn CPU benchmark\n# command: %s\n# machine: %s, %d threads\n# date: %s\n"
+              "# commit: %s\n# same-run SGEMM (OpenBLAS, 2048^3, %d threads): %.1f GFLOP/s\n"
+              "# FLOPs: forward 4*B*H*D*(attended pairs); backward 2.5x that\n\n",
+              cmd.c_str(), cpu_model().c_str(), threads, date,
+              vm["commit"].as<std::string>().c_str(), threads, gemm);
+  std::printf("%-42s %8s %6s %11s %9s %6s %11s %9s %6s\n", "config", "N", "causal", "fwd ms",
+              "GFLOP/s", "%gemm", "bwd ms", "GFLOP/s", "%gemm");
+
+  std::vector<std::pair<Series, std::vector<int64_t>>> plan;
+  plan.push_back({{"dense", AttentionKind::dense, Combine::grouped, {}, {}},
+                  parse_list(vm["dense-n"].as<std::string>())});
+  for (Combine c : {Combine::grouped, Combine::mixture})
+    plan.push_back({{std::string("dilated 2048,4096,8192/1,2,4 ") + to_string(c),
+                     AttentionKind::dilated, c, {2048, 4096, 8192}, {1, 2, 4}},
+                    parse_list(vm["dilated-n"].as<std::string>())});
+  const auto legacy_n = parse_list(vm["legacy-n"].as<std::string>());
+  plan.push_back({{"legacy 1024,2048/1,2", AttentionKind::dilated, Combine::grouped, {1024, 2048}, {1, 2}}, legacy_n});
+  plan.push_back({{"legacy 512,1024,2048/1,2,4", AttentionKind::dilated, Combine::grouped, {512, 1024, 2048}, {1, 2, 4}}, legacy_n});
+  plan.push_back({{"legacy 512..4096/1,4,16,64", AttentionKind::dilated, Combine::grouped, {512, 1024, 2048, 4096}, {1, 4, 16, 64}}, legacy_n});
+
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [series, ns] : plan) {
+    for (int64_t n : ns) {
+      for (bool causal : {false, true}) {
+        AttentionConfig cfg;
+        cfg.shape = {1, n, heads, dim};
+        cfg.attention = series.attention;
+        cfg.combine = series.combine;
+        cfg.segments = series.segments;
+        cfg.dilations = series.dilations;
+        cfg.causal = causal;
+        Plan p(cfg, PlanOptions{threads});
+        HostTensor q(cfg.shape, "q"), k(cfg.shape, "k"), v(cfg.shape, "v"), o(cfg.shape, "out"),
+            lse(std::vector<int64_t>{1, heads, n}, "lse");
+        std::mt19937 gen(static_cast<unsigned>(n));
+        std::normal_distribution<float> dist;
+        for (auto* t : {&q, &k, &v})
+          for (std::size_t i = 0; i < t->size(); ++i) t->data()[i] = dist(gen);
+        const double pairs = attended_pairs(cfg);
+        const double fwd_flops = 4.0 * static_cast<double>(dim) * pairs;
+        const double fwd_ms = time_ms([&] { p.forward(q.data(), k.data(), v.data(), o.data(), lse.data()); }, iters);
+        double bwd_ms = 0;
+        if (backward) {
+          HostTensor dout(cfg.shape, "dout"), dq(cfg.shape, "dq"), dk(cfg.shape, "dk"), dv(cfg.shape, "dv");
+          for (std::size_t i = 0; i < dout.size(); ++i) dout.data()[i] = dist(gen);
+          bwd_ms = time_ms([&] {
+            p.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+          }, iters);
+        }
+        const double fwd_gf = fwd_flops / (fwd_ms * 1e6);
+        const double bwd_gf = backward ? 2.5 * fwd_flops / (bwd_ms * 1e6) : 0.0;
+        std::printf("%-42s %8lld %6s %11.2f %9.1f %5.0f%% %11.2f %9.1f %5.0f%%\n", series.name.c_str(),
+                    static_cast<long long>(n), causal ? "yes" : "no", fwd_ms, fwd_gf, 100 * fwd_gf / gemm,
+                    bwd_ms, bwd_gf, 100 * bwd_gf / gemm);
+        std::fflush(stdout);
+        rows.push_back({{"config", series.name}, {"seq_len", n}, {"batch", 1}, {"heads", heads},
+                        {"head_dim", dim}, {"causal", causal}, {"attended_pairs", pairs},
+                        {"fwd_ms", fwd_ms}, {"fwd_gflops", fwd_gf}, {"bwd_ms", bwd_ms},
+                        {"bwd_gflops", bwd_gf}, {"workspace_bytes", p.workspace_bytes()}});
+      }
+    }
+  }
+
+  // Log-log slope of dilated forward time from 16K up to the largest N measured.
+  nlohmann::json slopes = nlohmann::json::object();
+  for (const auto& [series, ns] : plan) {
+    if (series.attention != AttentionKind::dilated) continue;
+    double t16 = 0, tmax = 0;
+    int64_t nmax = 0;
+    for (const auto& r : rows)
+      if (r["config"] == series.name && !r["causal"].get<bool>()) {
+        const int64_t n = r["seq_len"];
+        if (n == 16384) t16 = r["fwd_ms"];
+        if (n > nmax) nmax = n, tmax = r["fwd_ms"];
+      }
+    if (t16 > 0 && nmax > 16384) {
+      const double slope = std::log(tmax / t16) / std::log(static_cast<double>(nmax) / 16384.0);
+      slopes[series.name] = slope;
+      std::printf("# %s: forward time log-log slope 16K->%lldK = %.3f\n", series.name.c_str(),
+                  static_cast<long long>(nmax / 1024), slope);
+    }
+  }
+  nlohmann::json j{{"machine", cpu_model()}, {"threads", threads}, {"date", date},
+                   {"commit", vm["commit"].as<std::string>()}, {"command", cmd},
+                   {"sgemm_gflops", gemm}, {"rows", rows}, {"dilated_slopes", slopes}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ringattn builds and tests with, when any is missing.
+# Safe to run repeatedly: with everything present it only checks and returns.
+set -euo pipefail
+packages=(
+  cmake ninja-build g++ make
+  libboost-program-options-dev libgtest-dev nlohmann-json3-dev libopenblas-openmp-dev
+  libopenmpi-dev openmpi-bin
+)
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "ringattn: installing missing packages: ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then sudo="sudo"; else
+    echo "ringattn: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
