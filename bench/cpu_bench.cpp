@@ -62,8 +62,8 @@ double sgemm_gflops(int n, int threads) {
   omp_set_num_threads(threads);
   const double ms = time_ms(
       [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n,
-                    b.data(), n, 0.0f, c.data(), n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                    n, 0.0f, c.data(), n);
       },
       5);
   return 2.0 * n * static_cast<double>(n) * n / (ms * 1e6);
@@ -93,17 +93,20 @@ std::vector<int64_t> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
   po::options_description desc("cpu_bench [options]");
-  desc.add_options()
-    ("dense-n", po::value<std::string>()->default_value("4096,8192,16384,32768,65536"), "dense sequence lengths")
-    ("dilated-n", po::value<std::string>()->default_value("8192,16384,32768,65536,131072,262144"), "dilated sequence lengths (default config)")
-    ("legacy-n", po::value<std::string>()->default_value("4096,16384,65536"), "sequence lengths for the replaced project's configs")
-    ("heads", po::value<int64_t>()->default_value(8), "heads")
-    ("head-dim", po::value<int64_t>()->default_value(64), "head dim")
-    ("threads", po::value<int>()->default_value(0), "threads (0: all)")
-    ("iters", po::value<int>()->default_value(3), "timed iterations (median)")
-    ("no-backward", po::bool_switch(), "forward only")
-    ("commit", po::value<std::string>()->default_value("unknown"), "commit id to print")
-    ("help,h", "help");
+  desc.add_options()("dense-n",
+                     po::value<std::string>()->default_value("4096,8192,16384,32768,65536"),
+                     "dense sequence lengths")(
+      "dilated-n", po::value<std::string>()->default_value("8192,16384,32768,65536,131072,262144"),
+      "dilated sequence lengths (default config)")(
+      "legacy-n", po::value<std::string>()->default_value("4096,16384,65536"),
+      "sequence lengths for the replaced project's configs")(
+      "heads", po::value<int64_t>()->default_value(8), "heads")(
+      "head-dim", po::value<int64_t>()->default_value(64), "head dim")(
+      "threads", po::value<int>()->default_value(0), "threads (0: all)")(
+      "iters", po::value<int>()->default_value(3), "timed iterations (median)")(
+      "no-backward", po::bool_switch(), "forward only")(
+      "commit", po::value<std::string>()->default_value("unknown"), "commit id to print")("help,h",
+                                                                                          "help");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -128,11 +131,12 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
 
   const double gemm = sgemm_gflops(2048, threads);
-  std::printf("# ringattn CPU benchmark\n# command: %s\n# machine: %s, %d threads\n# date: %s\n"
-              "# commit: %s\n# same-run SGEMM (OpenBLAS, 2048^3, %d threads): %.1f GFLOP/s\n"
-              "# FLOPs: forward 4*B*H*D*(attended pairs); backward 2.5x that\n\n",
-              cmd.c_str(), cpu_model().c_str(), threads, date,
-              vm["commit"].as<std::string>().c_str(), threads, gemm);
+  std::printf(
+      "# ringattn CPU benchmark\n# command: %s\n# machine: %s, %d threads\n# date: %s\n"
+      "# commit: %s\n# same-run SGEMM (OpenBLAS, 2048^3, %d threads): %.1f GFLOP/s\n"
+      "# FLOPs: forward 4*B*H*D*(attended pairs); backward 2.5x that\n\n",
+      cmd.c_str(), cpu_model().c_str(), threads, date, vm["commit"].as<std::string>().c_str(),
+      threads, gemm);
   std::printf("%-42s %8s %6s %11s %9s %6s %11s %9s %6s\n", "config", "N", "causal", "fwd ms",
               "GFLOP/s", "%gemm", "bwd ms", "GFLOP/s", "%gemm");
 
@@ -141,12 +145,27 @@ int main(int argc, char** argv) {
                   parse_list(vm["dense-n"].as<std::string>())});
   for (Combine c : {Combine::grouped, Combine::mixture})
     plan.push_back({{std::string("dilated 2048,4096,8192/1,2,4 ") + to_string(c),
-                     AttentionKind::dilated, c, {2048, 4096, 8192}, {1, 2, 4}},
+                     AttentionKind::dilated,
+                     c,
+                     {2048, 4096, 8192},
+                     {1, 2, 4}},
                     parse_list(vm["dilated-n"].as<std::string>())});
   const auto legacy_n = parse_list(vm["legacy-n"].as<std::string>());
-  plan.push_back({{"legacy 1024,2048/1,2", AttentionKind::dilated, Combine::grouped, {1024, 2048}, {1, 2}}, legacy_n});
-  plan.push_back({{"legacy 512,1024,2048/1,2,4", AttentionKind::dilated, Combine::grouped, {512, 1024, 2048}, {1, 2, 4}}, legacy_n});
-  plan.push_back({{"legacy 512..4096/1,4,16,64", AttentionKind::dilated, Combine::grouped, {512, 1024, 2048, 4096}, {1, 4, 16, 64}}, legacy_n});
+  plan.push_back(
+      {{"legacy 1024,2048/1,2", AttentionKind::dilated, Combine::grouped, {1024, 2048}, {1, 2}},
+       legacy_n});
+  plan.push_back({{"legacy 512,1024,2048/1,2,4",
+                   AttentionKind::dilated,
+                   Combine::grouped,
+                   {512, 1024, 2048},
+                   {1, 2, 4}},
+                  legacy_n});
+  plan.push_back({{"legacy 512..4096/1,4,16,64",
+                   AttentionKind::dilated,
+                   Combine::grouped,
+                   {512, 1024, 2048, 4096},
+                   {1, 4, 16, 64}},
+                  legacy_n});
 
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& [series, ns] : plan) {
@@ -168,25 +187,38 @@ int main(int argc, char** argv) {
           for (std::size_t i = 0; i < t->size(); ++i) t->data()[i] = dist(gen);
         const double pairs = attended_pairs(cfg);
         const double fwd_flops = 4.0 * static_cast<double>(dim) * pairs;
-        const double fwd_ms = time_ms([&] { p.forward(q.data(), k.data(), v.data(), o.data(), lse.data()); }, iters);
+        const double fwd_ms =
+            time_ms([&] { p.forward(q.data(), k.data(), v.data(), o.data(), lse.data()); }, iters);
         double bwd_ms = 0;
         if (backward) {
-          HostTensor dout(cfg.shape, "dout"), dq(cfg.shape, "dq"), dk(cfg.shape, "dk"), dv(cfg.shape, "dv");
+          HostTensor dout(cfg.shape, "dout"), dq(cfg.shape, "dq"), dk(cfg.shape, "dk"),
+              dv(cfg.shape, "dv");
           for (std::size_t i = 0; i < dout.size(); ++i) dout.data()[i] = dist(gen);
-          bwd_ms = time_ms([&] {
-            p.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
-          }, iters);
+          bwd_ms = time_ms(
+              [&] {
+                p.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
+                           dq.data(), dk.data(), dv.data());
+              },
+              iters);
         }
         const double fwd_gf = fwd_flops / (fwd_ms * 1e6);
         const double bwd_gf = backward ? 2.5 * fwd_flops / (bwd_ms * 1e6) : 0.0;
-        std::printf("%-42s %8lld %6s %11.2f %9.1f %5.0f%% %11.2f %9.1f %5.0f%%\n", series.name.c_str(),
-                    static_cast<long long>(n), causal ? "yes" : "no", fwd_ms, fwd_gf, 100 * fwd_gf / gemm,
-                    bwd_ms, bwd_gf, 100 * bwd_gf / gemm);
+        std::printf("%-42s %8lld %6s %11.2f %9.1f %5.0f%% %11.2f %9.1f %5.0f%%\n",
+                    series.name.c_str(), static_cast<long long>(n), causal ? "yes" : "no", fwd_ms,
+                    fwd_gf, 100 * fwd_gf / gemm, bwd_ms, bwd_gf, 100 * bwd_gf / gemm);
         std::fflush(stdout);
-        rows.push_back({{"config", series.name}, {"seq_len", n}, {"batch", 1}, {"heads", heads},
-                        {"head_dim", dim}, {"causal", causal}, {"attended_pairs", pairs},
-                        {"fwd_ms", fwd_ms}, {"fwd_gflops", fwd_gf}, {"bwd_ms", bwd_ms},
-                        {"bwd_gflops", bwd_gf}, {"workspace_bytes", p.workspace_bytes()}});
+        rows.push_back({{"config", series.name},
+                        {"seq_len", n},
+                        {"batch", 1},
+                        {"heads", heads},
+                        {"head_dim", dim},
+                        {"causal", causal},
+                        {"attended_pairs", pairs},
+                        {"fwd_ms", fwd_ms},
+                        {"fwd_gflops", fwd_gf},
+                        {"bwd_ms", bwd_ms},
+                        {"bwd_gflops", bwd_gf},
+                        {"workspace_bytes", p.workspace_bytes()}});
       }
     }
   }
@@ -210,9 +242,10 @@ int main(int argc, char** argv) {
                   static_cast<long long>(nmax / 1024), slope);
     }
   }
-  nlohmann::json j{{"machine", cpu_model()}, {"threads", threads}, {"date", date},
-                   {"commit", vm["commit"].as<std::string>()}, {"command", cmd},
-                   {"sgemm_gflops", gemm}, {"rows", rows}, {"dilated_slopes", slopes}};
+  nlohmann::json j{{"machine", cpu_model()}, {"threads", threads},
+                   {"date", date},           {"commit", vm["commit"].as<std::string>()},
+                   {"command", cmd},         {"sgemm_gflops", gemm},
+                   {"rows", rows},           {"dilated_slopes", slopes}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -34,7 +34,7 @@ struct AttentionConfig {
   std::vector<int64_t> segments;   // w_i, dilated only
   std::vector<int64_t> dilations;  // r_i, dilated only
   bool causal = false;
-  std::optional<double> scale;     // default 1/sqrt(head_dim)
+  std::optional<double> scale;  // default 1/sqrt(head_dim)
 
   double effective_scale() const;
 };

@@ -35,8 +35,8 @@ class Plan {
 
   // Gradients of sum(out * dout). `out` and `lse` must come from forward() on the same
   // inputs. dq, dk, dv: [B, N, H, D]; they are overwritten.
-  void backward(const float* q, const float* k, const float* v, const float* out,
-                const float* lse, const float* dout, float* dq, float* dk, float* dv);
+  void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                const float* dout, float* dq, float* dk, float* dv);
 
   // Bytes the plan holds beyond the caller's tensors (per-thread tiles and schedule).
   std::size_t workspace_bytes() const noexcept;

@@ -23,8 +23,8 @@ ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, c
                                    const float* v);
 
 // Gradients of sum(out * dout) with respect to q, k and v.
-ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q,
-                                      const float* k, const float* v, const float* dout);
+ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q, const float* k,
+                                      const float* v, const float* dout);
 
 // ||got - want||_F / ||want||_F (0 when both are zero); infinite entries must match exactly
 // in position and sign, else the result is +inf.

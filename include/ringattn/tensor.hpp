@@ -25,7 +25,7 @@ std::size_t tracked_bytes_peak();
 class HostTensor {
  public:
   HostTensor() = default;
-  HostTensor(Shape4 shape, const char* what);  // zero-filled
+  HostTensor(Shape4 shape, const char* what);               // zero-filled
   HostTensor(std::vector<int64_t> dims, const char* what);  // any rank (lse is [B,H,N])
 
   float* data() noexcept { return data_.get(); }

@@ -106,18 +106,24 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 const char* dtype_name(NpyDtype dtype) {
   switch (dtype) {
-    case NpyDtype::float32: return "float32";
-    case NpyDtype::float16: return "float16";
-    case NpyDtype::bool8: return "bool";
+    case NpyDtype::float32:
+      return "float32";
+    case NpyDtype::float16:
+      return "float16";
+    case NpyDtype::bool8:
+      return "bool";
   }
   return "?";
 }
 
 int64_t dtype_bytes(NpyDtype dtype) {
   switch (dtype) {
-    case NpyDtype::float32: return 4;
-    case NpyDtype::float16: return 2;
-    case NpyDtype::bool8: return 1;
+    case NpyDtype::float32:
+      return 4;
+    case NpyDtype::float16:
+      return 2;
+    case NpyDtype::bool8:
+      return 1;
   }
   return 1;
 }

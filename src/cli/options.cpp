@@ -41,49 +41,49 @@ std::vector<int64_t> parse_int_list(const std::string& option, const std::string
 
 po::options_description run_description() {
   po::options_description input("Input");
-  input.add_options()
-    ("q", po::value<std::string>(), "queries, .npy float32/float16 [B,N,H,D] (with --k, --v)")
-    ("k", po::value<std::string>(), "keys, .npy, same shape as --q")
-    ("v", po::value<std::string>(), "values, .npy, same shape as --q")
-    ("batch", po::value<int64_t>(), "synthetic inputs: batch B (default 1)")
-    ("seq-len", po::value<int64_t>(), "synthetic inputs: sequence length N (default 4096)")
-    ("heads", po::value<int64_t>(), "synthetic inputs: heads H (default 8)")
-    ("head-dim", po::value<int64_t>(), "synthetic inputs: head dim D (default 64, max 256)")
-    ("seed", po::value<uint64_t>()->default_value(0), "seed for synthetic inputs");
+  input.add_options()("q", po::value<std::string>(),
+                      "queries, .npy float32/float16 [B,N,H,D] (with --k, --v)")(
+      "k", po::value<std::string>(), "keys, .npy, same shape as --q")(
+      "v", po::value<std::string>(), "values, .npy, same shape as --q")(
+      "batch", po::value<int64_t>(), "synthetic inputs: batch B (default 1)")(
+      "seq-len", po::value<int64_t>(), "synthetic inputs: sequence length N (default 4096)")(
+      "heads", po::value<int64_t>(), "synthetic inputs: heads H (default 8)")(
+      "head-dim", po::value<int64_t>(), "synthetic inputs: head dim D (default 64, max 256)")(
+      "seed", po::value<uint64_t>()->default_value(0), "seed for synthetic inputs");
 
   po::options_description pattern("Pattern");
-  pattern.add_options()
-    ("attention", po::value<std::string>()->default_value("dense"), "dense | dilated")
-    ("segments", po::value<std::string>(), "dilated: segment lengths, e.g. 2048,4096,8192")
-    ("dilations", po::value<std::string>(), "dilated: dilation per segment, e.g. 1,2,4")
-    ("combine", po::value<std::string>()->default_value("grouped"),
-     "dilated: grouped (head groups, output / G) | mixture (LongNet, lse-weighted)")
-    ("causal", po::bool_switch(), "causal masking (t <= p by original position)")
-    ("scale", po::value<double>(), "softmax scale (default 1/sqrt(D))");
+  pattern.add_options()("attention", po::value<std::string>()->default_value("dense"),
+                        "dense | dilated")("segments", po::value<std::string>(),
+                                           "dilated: segment lengths, e.g. 2048,4096,8192")(
+      "dilations", po::value<std::string>(), "dilated: dilation per segment, e.g. 1,2,4")(
+      "combine", po::value<std::string>()->default_value("grouped"),
+      "dilated: grouped (head groups, output / G) | mixture (LongNet, lse-weighted)")(
+      "causal", po::bool_switch(), "causal masking (t <= p by original position)")(
+      "scale", po::value<double>(), "softmax scale (default 1/sqrt(D))");
 
   po::options_description backward("Backward");
-  backward.add_options()
-    ("dout", po::value<std::string>(), "upstream gradient .npy [B,N,H,D]; runs the backward pass")
-    ("backward", po::bool_switch(), "run the backward pass with a synthetic dout")
-    ("dq-out", po::value<std::string>(), "write dQ (.npy float32 [B,N,H,D])")
-    ("dk-out", po::value<std::string>(), "write dK")
-    ("dv-out", po::value<std::string>(), "write dV");
+  backward.add_options()("dout", po::value<std::string>(),
+                         "upstream gradient .npy [B,N,H,D]; runs the backward pass")(
+      "backward", po::bool_switch(), "run the backward pass with a synthetic dout")(
+      "dq-out", po::value<std::string>(), "write dQ (.npy float32 [B,N,H,D])")(
+      "dk-out", po::value<std::string>(), "write dK")("dv-out", po::value<std::string>(),
+                                                      "write dV");
 
   po::options_description output("Output");
-  output.add_options()
-    ("out", po::value<std::string>(), "write the output (.npy float32 [B,N,H,D])")
-    ("lse-out", po::value<std::string>(), "write the log-sum-exp (.npy float32 [B,H,N])")
-    ("json", po::bool_switch(), "print one JSON object as the last stdout line");
+  output.add_options()("out", po::value<std::string>(),
+                       "write the output (.npy float32 [B,N,H,D])")(
+      "lse-out", po::value<std::string>(), "write the log-sum-exp (.npy float32 [B,H,N])")(
+      "json", po::bool_switch(), "print one JSON object as the last stdout line");
 
   po::options_description control("Run control");
-  control.add_options()
-    ("device", po::value<std::string>()->default_value("auto"), "cpu | cuda | auto")
-    ("threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")
-    ("warmup", po::value<int>()->default_value(1), "untimed iterations")
-    ("iters", po::value<int>()->default_value(3), "timed iterations (median reported)")
-    ("check", po::bool_switch(), "compare with the float64 reference (small problems)")
-    ("config", po::value<std::string>(), "read options from FILE (name = value lines)")
-    ("help,h", "show this help");
+  control.add_options()("device", po::value<std::string>()->default_value("auto"),
+                        "cpu | cuda | auto")("threads", po::value<int>()->default_value(0),
+                                             "OpenMP threads (0: all cores)")(
+      "warmup", po::value<int>()->default_value(1), "untimed iterations")(
+      "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
+      "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
+      "config", po::value<std::string>(), "read options from FILE (name = value lines)")(
+      "help,h", "show this help");
 
   po::options_description all("ringattn run [options]");
   all.add(input).add(pattern).add(backward).add(output).add(control);
@@ -101,8 +101,8 @@ void translating_errors(const std::string& where, F&& f) {
   try {
     f();
   } catch (const po::unknown_option& e) {
-    throw InputError(e.get_option_name(), "unknown option" + where +
-                                              " (see 'ringattn run --help')");
+    throw InputError(e.get_option_name(),
+                     "unknown option" + where + " (see 'ringattn run --help')");
   } catch (const po::error_with_option_name& e) {
     throw InputError(option_name(e), std::string(e.what()) + where);
   } catch (const po::error& e) {
@@ -146,9 +146,7 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   }
   const po::options_description desc = run_description();
   po::variables_map vm;
-  translating_errors("", [&] {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-  });
+  translating_errors("", [&] { po::store(po::command_line_parser(args).options(desc).run(), vm); });
   if (vm.count("help")) {
     help_out << desc << '\n';
     return false;
@@ -180,20 +178,19 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
 
   const bool any_file = !o.q_path.empty() || !o.k_path.empty() || !o.v_path.empty();
   if (any_file) {
-    for (const auto& [name, path] : {std::pair{"--q", o.q_path}, {"--k", o.k_path},
-                                     {"--v", o.v_path}})
-      if (path.empty())
-        throw InputError(name, "missing: --q, --k and --v must be given together");
+    for (const auto& [name, path] :
+         {std::pair{"--q", o.q_path}, {"--k", o.k_path}, {"--v", o.v_path}})
+      if (path.empty()) throw InputError(name, "missing: --q, --k and --v must be given together");
   }
   auto dim = [&](const char* name, int64_t fallback) {
     if (!vm.count(name)) return fallback;
     const int64_t value = vm[name].as<int64_t>();
     if (value <= 0)
-      throw InputError(std::string("--") + name,
-                       (std::string(name) == "head-dim"
-                            ? "must be in 1.." + std::to_string(kMaxHeadDim)
-                            : std::string("must be positive")) +
-                           ", got " + std::to_string(value));
+      throw InputError(
+          std::string("--") + name,
+          (std::string(name) == "head-dim" ? "must be in 1.." + std::to_string(kMaxHeadDim)
+                                           : std::string("must be positive")) +
+              ", got " + std::to_string(value));
     return value;
   };
   o.shape_from_options = !any_file;
@@ -211,8 +208,7 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   o.cfg.combine = combine == "grouped" ? Combine::grouped : Combine::mixture;
   if (vm.count("segments")) o.cfg.segments = parse_int_list("--segments", str("segments"));
   if (vm.count("dilations")) o.cfg.dilations = parse_int_list("--dilations", str("dilations"));
-  if (o.cfg.attention == AttentionKind::dense &&
-      (vm.count("segments") || vm.count("dilations")))
+  if (o.cfg.attention == AttentionKind::dense && (vm.count("segments") || vm.count("dilations")))
     throw InputError(vm.count("segments") ? "--segments" : "--dilations",
                      "only applies to --attention dilated");
   o.cfg.causal = vm["causal"].as<bool>();
@@ -220,7 +216,8 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
 
   o.backward = vm["backward"].as<bool>() || !o.dout_path.empty();
   for (const auto& [name, path] : {std::pair{"--dq-out", o.dq_out_path},
-                                   {"--dk-out", o.dk_out_path}, {"--dv-out", o.dv_out_path}})
+                                   {"--dk-out", o.dk_out_path},
+                                   {"--dv-out", o.dv_out_path}})
     if (!path.empty() && !o.backward)
       throw InputError(name, "needs the backward pass: give --dout FILE (or --backward)");
 

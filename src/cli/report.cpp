@@ -20,17 +20,21 @@ std::string join(const std::vector<int64_t>& v) {
 std::string human_bytes(std::size_t b) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1);
-  if (b >= (1ull << 30)) os << static_cast<double>(b) / (1ull << 30) << " GiB";
-  else if (b >= (1ull << 20)) os << static_cast<double>(b) / (1ull << 20) << " MiB";
-  else os << static_cast<double>(b) / 1024.0 << " KiB";
+  if (b >= (1ull << 30))
+    os << static_cast<double>(b) / (1ull << 30) << " GiB";
+  else if (b >= (1ull << 20))
+    os << static_cast<double>(b) / (1ull << 20) << " MiB";
+  else
+    os << static_cast<double>(b) / 1024.0 << " KiB";
   return os.str();
 }
 
 }  // namespace
 
 double RunReport::fwd_gflops() const {
-  return fwd_ms > 0 ? 4.0 * static_cast<double>(cfg.shape.head_dim) * attended_pairs / (fwd_ms * 1e6)
-                    : 0.0;
+  return fwd_ms > 0
+             ? 4.0 * static_cast<double>(cfg.shape.head_dim) * attended_pairs / (fwd_ms * 1e6)
+             : 0.0;
 }
 
 std::optional<double> RunReport::bwd_gflops() const {
@@ -48,18 +52,16 @@ void print_table(const RunReport& r, std::ostream& os) {
   const AttentionConfig& c = r.cfg;
   os << "ringattn " << RINGATTN_VERSION << ": " << to_string(c.attention) << " attention";
   if (c.attention == AttentionKind::dilated) os << " (" << to_string(c.combine) << ")";
-  os << " on " << r.device << " [" << r.device_detail << "], world size " << r.world_size
-     << "\n";
+  os << " on " << r.device << " [" << r.device_detail << "], world size " << r.world_size << "\n";
   os << "  shape [B,N,H,D]  " << to_string(c.shape) << "   causal " << (c.causal ? "yes" : "no")
      << "   scale " << c.effective_scale() << "\n";
   if (c.attention == AttentionKind::dilated)
-    os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations)
-       << "\n";
+    os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations) << "\n";
   os << std::fixed << std::setprecision(3);
   os << "  attended pairs   " << std::setprecision(0) << r.attended_pairs << "\n";
   os << std::setprecision(3);
-  os << "  forward          " << std::setw(10) << r.fwd_ms << " ms  (median of " << r.iters
-     << ")  " << std::setprecision(1) << r.fwd_gflops() << " GFLOP/s\n";
+  os << "  forward          " << std::setw(10) << r.fwd_ms << " ms  (median of " << r.iters << ")  "
+     << std::setprecision(1) << r.fwd_gflops() << " GFLOP/s\n";
   if (r.bwd_ms)
     os << "  backward         " << std::setw(10) << std::setprecision(3) << *r.bwd_ms
        << " ms  (median of " << r.iters << ")  " << std::setprecision(1) << *r.bwd_gflops()

@@ -31,8 +31,8 @@ constexpr double kCheckMaxWork = 4e9;
 double reference_work(const AttentionConfig& cfg) {
   const Shape4& s = cfg.shape;
   const double n = static_cast<double>(s.seq_len);
-  const double visits = static_cast<double>(s.batch * s.heads) * n * n *
-                        static_cast<double>(patterns_of(cfg).size());
+  const double visits =
+      static_cast<double>(s.batch * s.heads) * n * n * static_cast<double>(patterns_of(cfg).size());
   return visits + attended_pairs(cfg) * static_cast<double>(s.head_dim);
 }
 
@@ -61,8 +61,8 @@ void fill_synthetic(HostTensor& t, uint64_t seed, uint64_t stream) {
   const auto n = static_cast<int64_t>(t.size());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull +
-                 static_cast<uint64_t>(i);
+    uint64_t z =
+        seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull + static_cast<uint64_t>(i);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
@@ -104,8 +104,9 @@ int run_command(const RunOptions& opts, std::ostream& out) {
   AttentionConfig cfg = opts.cfg;
 
   if (opts.device == "cuda")
-    throw InputError("--device", "'cuda' is not available: this build of ringattn has CPU "
-                                 "kernels only (use --device cpu or auto)");
+    throw InputError("--device",
+                     "'cuda' is not available: this build of ringattn has CPU "
+                     "kernels only (use --device cpu or auto)");
 
   // 1. Input shapes (headers only) and the config they imply.
   if (!opts.q_path.empty()) {
@@ -113,27 +114,31 @@ int run_command(const RunOptions& opts, std::ostream& out) {
     const Shape4 sk = shape_of("--k", opts.k_path, read_npy_header(opts.k_path));
     const Shape4 sv = shape_of("--v", opts.v_path, read_npy_header(opts.v_path));
     if (!(sk == sq))
-      throw InputError(opts.k_path, "shape " + to_string(sk) + " differs from --q's " +
-                                        to_string(sq));
+      throw InputError(opts.k_path,
+                       "shape " + to_string(sk) + " differs from --q's " + to_string(sq));
     if (!(sv == sq))
-      throw InputError(opts.v_path, "shape " + to_string(sv) + " differs from --q's " +
-                                        to_string(sq));
+      throw InputError(opts.v_path,
+                       "shape " + to_string(sv) + " differs from --q's " + to_string(sq));
     const Shape4& given = opts.cfg.shape;  // 0 where the option was not given
     const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
-        {"--batch", {given.batch, sq.batch}}, {"--seq-len", {given.seq_len, sq.seq_len}},
-        {"--heads", {given.heads, sq.heads}}, {"--head-dim", {given.head_dim, sq.head_dim}}};
+        {"--batch", {given.batch, sq.batch}},
+        {"--seq-len", {given.seq_len, sq.seq_len}},
+        {"--heads", {given.heads, sq.heads}},
+        {"--head-dim", {given.head_dim, sq.head_dim}}};
     for (const auto& [name, v] : dims)
       if (v.first != 0 && v.first != v.second)
-        throw InputError(name, std::to_string(v.first) + " does not match " + opts.q_path +
-                                   " (" + std::to_string(v.second) + ")");
+        throw InputError(name, std::to_string(v.first) + " does not match " + opts.q_path + " (" +
+                                   std::to_string(v.second) + ")");
     cfg.shape = sq;
   }
   validate(cfg);
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path, read_npy_header(opts.dout_path));
     if (!(sd == cfg.shape))
-      throw InputError(opts.dout_path, "shape " + to_string(sd) + " differs from the input "
-                                       "shape " + to_string(cfg.shape) + " (--dout)");
+      throw InputError(opts.dout_path, "shape " + to_string(sd) +
+                                           " differs from the input "
+                                           "shape " +
+                                           to_string(cfg.shape) + " (--dout)");
   }
   const double ref_work = reference_work(cfg);
   if (opts.check && ref_work > kCheckMaxWork)
@@ -144,10 +149,11 @@ int run_command(const RunOptions& opts, std::ostream& out) {
                                     "); use a smaller --seq-len, --batch or --heads");
 
   // 2. Output paths, before any work, so a typo costs nothing and leaves nothing.
-  const std::pair<const char*, const std::string*> outputs[] = {
-      {"--out", &opts.out_path},       {"--lse-out", &opts.lse_out_path},
-      {"--dq-out", &opts.dq_out_path}, {"--dk-out", &opts.dk_out_path},
-      {"--dv-out", &opts.dv_out_path}};
+  const std::pair<const char*, const std::string*> outputs[] = {{"--out", &opts.out_path},
+                                                                {"--lse-out", &opts.lse_out_path},
+                                                                {"--dq-out", &opts.dq_out_path},
+                                                                {"--dk-out", &opts.dk_out_path},
+                                                                {"--dv-out", &opts.dv_out_path}};
   for (const auto& [name, path] : outputs)
     if (!path->empty()) check_output_path(name, *path);
 
@@ -172,8 +178,10 @@ int run_command(const RunOptions& opts, std::ostream& out) {
     dq = HostTensor(s, "dq");
     dk = HostTensor(s, "dk");
     dv = HostTensor(s, "dv");
-    if (!opts.dout_path.empty()) load_into(opts.dout_path, dout);
-    else fill_synthetic(dout, opts.seed, 4);
+    if (!opts.dout_path.empty())
+      load_into(opts.dout_path, dout);
+    else
+      fill_synthetic(dout, opts.seed, 4);
   }
 
   // 4. Plan once, run many.

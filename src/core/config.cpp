@@ -40,11 +40,12 @@ void validate(const AttentionConfig& cfg) {
 
   if (cfg.attention == AttentionKind::dense) return;
 
-  if (cfg.segments.empty()) throw InputError("--segments", "empty: dilated attention needs at least one segment length");
-  if (cfg.dilations.empty()) throw InputError("--dilations", "empty: dilated attention needs one dilation per segment");
+  if (cfg.segments.empty())
+    throw InputError("--segments", "empty: dilated attention needs at least one segment length");
+  if (cfg.dilations.empty())
+    throw InputError("--dilations", "empty: dilated attention needs one dilation per segment");
   if (cfg.segments.size() != cfg.dilations.size())
-    throw InputError("--segments", std::to_string(cfg.segments.size()) +
-                                       " segment lengths but " +
+    throw InputError("--segments", std::to_string(cfg.segments.size()) + " segment lengths but " +
                                        std::to_string(cfg.dilations.size()) +
                                        " dilations (--dilations); they must pair up");
   for (std::size_t i = 0; i < cfg.segments.size(); ++i) {
@@ -53,8 +54,7 @@ void validate(const AttentionConfig& cfg) {
                                          std::to_string(cfg.segments[i]) + "; must be positive");
     if (cfg.dilations[i] <= 0)
       throw InputError("--dilations", "dilation " + std::to_string(i) + " is " +
-                                          std::to_string(cfg.dilations[i]) +
-                                          "; must be positive");
+                                          std::to_string(cfg.dilations[i]) + "; must be positive");
     if (s.seq_len % cfg.segments[i] != 0)
       throw InputError("--segments", "segment length " + std::to_string(cfg.segments[i]) +
                                          " does not divide the sequence length " +

@@ -50,12 +50,12 @@ struct BackwardParams {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
-  const float* out = nullptr;   // as written by the forward (including out_scale)
-  const float* lse = nullptr;   // the final lse of each row
+  const float* out = nullptr;  // as written by the forward (including out_scale)
+  const float* lse = nullptr;  // the final lse of each row
   const float* dout = nullptr;
-  float* dq = nullptr;          // accumulated into (+=)
-  float* dk = nullptr;          // accumulated into (+=)
-  float* dv = nullptr;          // accumulated into (+=)
+  float* dq = nullptr;  // accumulated into (+=)
+  float* dk = nullptr;  // accumulated into (+=)
+  float* dv = nullptr;  // accumulated into (+=)
   int64_t head_dim = 0;
   float scale = 1.0f;
   bool causal = false;

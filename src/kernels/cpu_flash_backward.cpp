@@ -75,15 +75,14 @@ void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfi
       float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
       const int ibq = static_cast<int>(bq), ibk = static_cast<int>(bk), id = static_cast<int>(d);
 
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k,
-                  ld_k, 0.0f, w.p, static_cast<int>(ld));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k, ld_k,
+                  0.0f, w.p, static_cast<int>(ld));
       const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
       for (int64_t i = 0; i < bq; ++i) {
         float* prow = w.p + i * ld;
         const float l = w.lse[i];
         const int64_t limit =
-            crosses_diagonal ? std::clamp<int64_t>(i0 + i + t.causal_offset - j0 + 1, 0, bk)
-                             : bk;
+            crosses_diagonal ? std::clamp<int64_t>(i0 + i + t.causal_offset - j0 + 1, 0, bk) : bk;
         if (l == kNegInf) {
           std::fill(prow, prow + bk, 0.0f);
           continue;
@@ -95,8 +94,8 @@ void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfi
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ibk, id, ibq, p.dout_scale, w.p,
                   static_cast<int>(ld), dout, ld_q, 1.0f, dv, ld_k);
       // dP = dout_scale · dO Vᵀ
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ibq, ibk, id, p.dout_scale, dout,
-                  ld_q, v, ld_k, 0.0f, w.ds, static_cast<int>(ld));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ibq, ibk, id, p.dout_scale, dout, ld_q,
+                  v, ld_k, 0.0f, w.ds, static_cast<int>(ld));
       for (int64_t i = 0; i < bq; ++i) {
         float* dsrow = w.ds + i * ld;
         const float* prow = w.p + i * ld;
@@ -133,9 +132,8 @@ void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
   const auto n_tasks = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(threads)
   {
-    const BackwardScratch w =
-        carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles,
-              p.head_dim);
+    const BackwardScratch w = carve(
+        workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles, p.head_dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_tasks; ++i)
       backward_task(p, tasks[static_cast<std::size_t>(i)], tiles, w);

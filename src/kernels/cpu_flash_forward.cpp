@@ -43,8 +43,8 @@ int64_t visible_keys(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
   return std::clamp<int64_t>(i0 + bq + t.causal_offset, 0, t.n_k);
 }
 
-void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0,
-                  const TileConfig& tiles, const ForwardScratch& w) {
+void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const TileConfig& tiles,
+                  const ForwardScratch& w) {
   const int64_t d = p.head_dim;
   const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
   const int64_t ldS = tiles.k_tile;
@@ -59,10 +59,9 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0,
     const int64_t bk = std::min(tiles.k_tile, kmax - j0);
     const float* k = p.k + t.k_row0 + j0 * t.k_stride;
     const float* v = p.v + t.k_row0 + j0 * t.k_stride;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(bq),
-                static_cast<int>(bk), static_cast<int>(d), p.scale, q,
-                static_cast<int>(t.q_stride), k, static_cast<int>(t.k_stride), 0.0f, w.s,
-                static_cast<int>(ldS));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(bq), static_cast<int>(bk),
+                static_cast<int>(d), p.scale, q, static_cast<int>(t.q_stride), k,
+                static_cast<int>(t.k_stride), 0.0f, w.s, static_cast<int>(ldS));
     const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
     for (int64_t i = 0; i < bq; ++i) {
       float* srow = w.s + i * ldS;
@@ -126,9 +125,8 @@ void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
   const auto n_items = static_cast<int64_t>(items.size());
 #pragma omp parallel num_threads(threads)
   {
-    const ForwardScratch w =
-        carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles,
-              p.head_dim);
+    const ForwardScratch w = carve(
+        workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles, p.head_dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const ForwardItem& item = items[static_cast<std::size_t>(it)];

@@ -1,14 +1,14 @@
 // The float64 reference for dense, grouped and mixture attention, and relative_error.
 // Everything is built straight from the definitions (tests/data/golden/README.md), naively,
 // and on purpose shares no pattern arithmetic with src/core/config.cpp: it is the check on it.
-#include "ringattn/reference.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+
+#include "ringattn/reference.hpp"
 
 namespace ringattn {
 namespace {
@@ -50,8 +50,7 @@ HeadPlan plan_heads(const AttentionConfig& cfg) {
   require(!cfg.segments.empty() && cfg.segments.size() == cfg.dilations.size(),
           "dilated attention needs as many segments as dilations, at least one");
   for (std::size_t i = 0; i < cfg.segments.size(); ++i)
-    require(cfg.segments[i] > 0 && cfg.dilations[i] > 0,
-            "segments and dilations must be positive");
+    require(cfg.segments[i] > 0 && cfg.dilations[i] > 0, "segments and dilations must be positive");
   const auto num_patterns = static_cast<int64_t>(cfg.segments.size());
 
   if (cfg.combine == Combine::grouped) {
@@ -84,8 +83,7 @@ bool selects(const HeadPattern& pat, int64_t position) {
 
 // How many of a head's patterns let query p see key t: the multiplicity of t in p's multiset
 // of keys (mixture counts a key that two patterns select twice; grouped is 0 or 1).
-int64_t multiplicity(const std::vector<HeadPattern>& patterns, bool causal, int64_t p,
-                     int64_t t) {
+int64_t multiplicity(const std::vector<HeadPattern>& patterns, bool causal, int64_t p, int64_t t) {
   if (causal && t > p) return 0;
   int64_t count = 0;
   for (const auto& pat : patterns)
@@ -210,8 +208,8 @@ ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, c
   return result;
 }
 
-ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q,
-                                      const float* k, const float* v, const float* dout) {
+ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q, const float* k,
+                                      const float* v, const float* dout) {
   const Problem prob(cfg, q, k);
   const Shape4& s = cfg.shape;
   const int64_t dim = s.head_dim;

@@ -64,7 +64,8 @@ LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::Ti
     pass.out_scale = 1.0f / static_cast<float>(n_patterns);
     for (int64_t g = 0; g < n_patterns; ++g) {
       const HeadRange r = group_heads(heads, n_patterns, g);
-      for (int64_t h = r.first; h < r.first + r.count; ++h) add_pattern_tasks(cfg, g, h, pass.tasks);
+      for (int64_t h = r.first; h < r.first + r.count; ++h)
+        add_pattern_tasks(cfg, g, h, pass.tasks);
     }
     add_items(pass, cfg.causal, t);
     sched.passes.push_back(std::move(pass));

@@ -14,8 +14,8 @@ namespace ringattn::ring {
 struct KernelPass {
   std::vector<kernels::SubseqTask> tasks;
   std::vector<kernels::ForwardItem> items;  // forward work, most expensive first
-  bool accumulate = false;  // mixture: merge into what earlier passes wrote
-  float out_scale = 1.0f;   // grouped: 1/G
+  bool accumulate = false;                  // mixture: merge into what earlier passes wrote
+  float out_scale = 1.0f;                   // grouped: 1/G
 };
 
 struct LocalSchedule {

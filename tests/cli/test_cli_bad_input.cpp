@@ -50,10 +50,10 @@ void expect_bad_input(const TempDir& dir, const Args& args, const std::string& s
   const CliResult r = run_cli(args);
   EXPECT_EQ(r.signal, 0) << describe(r);
   EXPECT_EQ(r.exit_code, 2) << describe(r);
-  EXPECT_NE(r.err.find(subject), std::string::npos)
-      << "stderr does not name '" << subject << "'\n" << describe(r);
-  EXPECT_NE(r.err.find(problem), std::string::npos)
-      << "stderr does not say '" << problem << "'\n" << describe(r);
+  EXPECT_NE(r.err.find(subject), std::string::npos) << "stderr does not name '" << subject << "'\n"
+                                                    << describe(r);
+  EXPECT_NE(r.err.find(problem), std::string::npos) << "stderr does not say '" << problem << "'\n"
+                                                    << describe(r);
   EXPECT_FALSE(fs::exists(dir.file("out.npy"))) << "--out was written despite the error";
   EXPECT_EQ(listing(dir.path()), before) << "files appeared or vanished in " << dir.path();
 }
@@ -101,8 +101,20 @@ struct Base {
   std::string iters = "1";
 };
 Args base_args(const TempDir& dir, const Base& b = {}) {
-  return {"run", "--q", dir.file("q.npy"), "--k", dir.file("k.npy"), "--v", dir.file("v.npy"),
-          "--attention", b.attention, "--iters", b.iters, "--warmup", "0", "--out",
+  return {"run",
+          "--q",
+          dir.file("q.npy"),
+          "--k",
+          dir.file("k.npy"),
+          "--v",
+          dir.file("v.npy"),
+          "--attention",
+          b.attention,
+          "--iters",
+          b.iters,
+          "--warmup",
+          "0",
+          "--out",
           b.out.empty() ? dir.file("out.npy") : b.out};
 }
 
@@ -119,8 +131,9 @@ const Args kPattern = {"--segments", "16,32", "--dilations", "1,2"};
 TEST(CliBadInput, BaselineRunOnTheSameInputsSucceeds) {
   TempDir dir;
   write_inputs(dir);
-  const CliResult r = run_cli(with(base_args(dir), with(kPattern, {"--dout", dir.file("dout.npy"),
-                                                                   "--dq-out", dir.file("dq.npy")})));
+  const CliResult r = run_cli(
+      with(base_args(dir),
+           with(kPattern, {"--dout", dir.file("dout.npy"), "--dq-out", dir.file("dq.npy")})));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_TRUE(fs::exists(dir.file("out.npy")));
   EXPECT_TRUE(fs::exists(dir.file("dq.npy")));
@@ -138,8 +151,8 @@ TEST(CliBadInput, SegmentsAndDilationsOfDifferentLengthsAreRejected) {
 TEST(CliBadInput, EmptySegmentListIsRejected) {
   TempDir dir;
   write_inputs(dir);
-  expect_bad_input(dir, with(base_args(dir), {"--segments", "", "--dilations", "1"}),
-                   "--segments", "empty");
+  expect_bad_input(dir, with(base_args(dir), {"--segments", "", "--dilations", "1"}), "--segments",
+                   "empty");
 }
 
 TEST(CliBadInput, ZeroSegmentIsRejected) {
@@ -189,8 +202,8 @@ TEST(CliBadInput, FewerHeadsThanGroupsIsRejectedForGroupedCombine) {
   for (const char* name : {"q.npy", "k.npy", "v.npy"})
     write_float32(dir.file(name), {1, 64, 2, 16}, 5);
   expect_bad_input(dir,
-                   with(base_args(dir), {"--combine", "grouped", "--segments", "16,32,64",
-                                         "--dilations", "1,2,4"}),
+                   with(base_args(dir),
+                        {"--combine", "grouped", "--segments", "16,32,64", "--dilations", "1,2,4"}),
                    "--heads", "2 heads cannot be split into 3 groups");
 }
 
@@ -199,15 +212,14 @@ TEST(CliBadInput, UnknownAttentionValueIsRejected) {
   write_inputs(dir);
   Base b;
   b.attention = "sparse";
-  expect_bad_input(dir, with(base_args(dir, b), kPattern), "--attention",
-                   "unknown value 'sparse'");
+  expect_bad_input(dir, with(base_args(dir, b), kPattern), "--attention", "unknown value 'sparse'");
 }
 
 TEST(CliBadInput, UnknownCombineValueIsRejected) {
   TempDir dir;
   write_inputs(dir);
-  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--combine", "average"})),
-                   "--combine", "unknown value 'average'");
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--combine", "average"})), "--combine",
+                   "unknown value 'average'");
 }
 
 // ---- shapes ----------------------------------------------------------------------------
@@ -273,8 +285,9 @@ TEST(CliBadInput, UnreadableInputFileIsRejected) {
   fs::permissions(dir.file("q.npy"), fs::perms::none);
   if (::geteuid() == 0) {
     // root reads mode-000 files anyway, so the error cannot be provoked; still no crash.
-    std::printf("  [skip] running as root: chmod 000 does not stop root from reading; "
-                "only checking that the run does not crash\n");
+    std::printf(
+        "  [skip] running as root: chmod 000 does not stop root from reading; "
+        "only checking that the run does not crash\n");
     std::fflush(stdout);  // run_cli forks; an unflushed buffer would be printed twice
     const CliResult r = run_cli(with(base_args(dir), kPattern));
     EXPECT_EQ(r.signal, 0) << describe(r);
@@ -288,8 +301,8 @@ TEST(CliBadInput, UnreadableInputFileIsRejected) {
 TEST(CliBadInput, TruncatedInputFileIsRejected) {
   TempDir dir;
   write_inputs(dir);
-  const std::string full = npy_bytes(dict_for("<f4", "(1, 64, 4, 16)"),
-                                     std::string(kCount * 4, '\0'));
+  const std::string full =
+      npy_bytes(dict_for("<f4", "(1, 64, 4, 16)"), std::string(kCount * 4, '\0'));
   write_bytes(dir.file("k.npy"), full.substr(0, full.size() - 100));
   expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("k.npy"),
                    "but the file holds 16284 bytes of data");
@@ -342,8 +355,8 @@ TEST(CliBadInput, Rank3InputIsRejected) {
 TEST(CliBadInput, FortranOrderInputIsRejected) {
   TempDir dir;
   write_inputs(dir);
-  write_bytes(dir.file("k.npy"), npy_bytes(dict_for("<f4", "(1, 64, 4, 16)", "True"),
-                                           std::string(kCount * 4, '\0')));
+  write_bytes(dir.file("k.npy"),
+              npy_bytes(dict_for("<f4", "(1, 64, 4, 16)", "True"), std::string(kCount * 4, '\0')));
   expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("k.npy"),
                    "Fortran-order arrays are not supported");
 }
@@ -352,8 +365,8 @@ TEST(CliBadInput, FortranOrderInputIsRejected) {
 TEST(CliBadInput, HeaderClaimingFarMoreDataThanTheFileHoldsFailsFast) {
   TempDir dir;
   write_inputs(dir);
-  write_bytes(dir.file("q.npy"), npy_bytes(dict_for("<f4", "(1, 4194304, 4096, 16384)"),
-                                           std::string(1024, '\0')));
+  write_bytes(dir.file("q.npy"),
+              npy_bytes(dict_for("<f4", "(1, 4194304, 4096, 16384)"), std::string(1024, '\0')));
   const auto t0 = std::chrono::steady_clock::now();
   expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("q.npy"),
                    "but the file holds 1024 bytes of data");
@@ -420,8 +433,8 @@ TEST(CliBadInput, DqOutWithoutBackwardPassIsRejected) {
 TEST(CliBadInput, UnknownOptionIsRejected) {
   TempDir dir;
   write_inputs(dir);
-  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--frobnicate", "3"})),
-                   "--frobnicate", "unknown option");
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--frobnicate", "3"})), "--frobnicate",
+                   "unknown option");
 }
 
 TEST(CliBadInput, NonNumericSeqLenIsRejected) {

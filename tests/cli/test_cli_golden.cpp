@@ -68,13 +68,40 @@ void check_golden_case(const std::string& name) {
   std::ostringstream scale;
   scale.precision(17);  // round-trips the double exactly
   scale << *c.cfg.scale;
-  std::vector<std::string> args = {
-      "run", "--q", c.dir + "/q.npy", "--k", c.dir + "/k.npy", "--v", c.dir + "/v.npy",
-      "--dout", c.dir + "/dout.npy", "--attention", "dilated", "--combine", c.mode,
-      "--segments", join(c.cfg.segments), "--dilations", join(c.cfg.dilations),
-      "--scale", scale.str(), "--out", tmp.file("out.npy"), "--dq-out", tmp.file("dq.npy"),
-      "--dk-out", tmp.file("dk.npy"), "--dv-out", tmp.file("dv.npy"),
-      "--lse-out", tmp.file("lse.npy"), "--iters", "1", "--warmup", "0", "--json"};
+  std::vector<std::string> args = {"run",
+                                   "--q",
+                                   c.dir + "/q.npy",
+                                   "--k",
+                                   c.dir + "/k.npy",
+                                   "--v",
+                                   c.dir + "/v.npy",
+                                   "--dout",
+                                   c.dir + "/dout.npy",
+                                   "--attention",
+                                   "dilated",
+                                   "--combine",
+                                   c.mode,
+                                   "--segments",
+                                   join(c.cfg.segments),
+                                   "--dilations",
+                                   join(c.cfg.dilations),
+                                   "--scale",
+                                   scale.str(),
+                                   "--out",
+                                   tmp.file("out.npy"),
+                                   "--dq-out",
+                                   tmp.file("dq.npy"),
+                                   "--dk-out",
+                                   tmp.file("dk.npy"),
+                                   "--dv-out",
+                                   tmp.file("dv.npy"),
+                                   "--lse-out",
+                                   tmp.file("lse.npy"),
+                                   "--iters",
+                                   "1",
+                                   "--warmup",
+                                   "0",
+                                   "--json"};
   if (c.cfg.causal) args.push_back("--causal");
   const CliResult r = run_cli(args);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -96,8 +123,7 @@ void check_golden_case(const std::string& name) {
 
   const nlohmann::json j = last_line_json(r.out);
   for (const char* key : {"seq_len", "batch", "heads", "head_dim", "attention", "world_size",
-                          "device", "fwd_ms", "bwd_ms", "fwd_gflops", "peak_bytes",
-                          "bytes_sent"})
+                          "device", "fwd_ms", "bwd_ms", "fwd_gflops", "peak_bytes", "bytes_sent"})
     EXPECT_TRUE(j.contains(key)) << "JSON lacks '" << key << "': " << j.dump();
   EXPECT_EQ(j.value("seq_len", -1), s.seq_len);
   EXPECT_EQ(j.value("batch", -1), s.batch);
@@ -177,10 +203,10 @@ TEST(CliGolden, VersionPrintsTheBuildVersion) {
 }
 
 TEST(CliGolden, CheckOnSmallSyntheticDilatedCausalProblemPasses) {
-  const CliResult r = run_cli({"run", "--seq-len", "64", "--heads", "4", "--head-dim", "16",
-                               "--attention", "dilated", "--segments", "16,32", "--dilations",
-                               "1,2", "--causal", "--backward", "--check", "--iters", "1",
-                               "--warmup", "0"});
+  const CliResult r = run_cli({"run",        "--seq-len",   "64",          "--heads",  "4",
+                               "--head-dim", "16",          "--attention", "dilated",  "--segments",
+                               "16,32",      "--dilations", "1,2",         "--causal", "--backward",
+                               "--check",    "--iters",     "1",           "--warmup", "0"});
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   // "-> OK" rather than "OK": the failure text "NOT OK" contains "OK" too.
   EXPECT_NE(r.out.find("-> OK"), std::string::npos) << r.out;
@@ -246,10 +272,12 @@ TEST(CliGolden, Float16InputsGiveTheSameResultAsFloat32InputsOfTheRoundedValues)
   // One thread, so both runs take the identical arithmetic path and must agree bit for bit.
   const std::vector<std::string> common = {
       "--attention", "dilated", "--segments", "16,32", "--dilations", "1,2", "--causal",
-      "--threads", "1", "--iters", "1", "--warmup", "0"};
-  const std::pair<const char*, const char*> outputs[] = {
-      {"--out", "out"}, {"--lse-out", "lse"}, {"--dq-out", "dq"}, {"--dk-out", "dk"},
-      {"--dv-out", "dv"}};
+      "--threads",   "1",       "--iters",    "1",     "--warmup",    "0"};
+  const std::pair<const char*, const char*> outputs[] = {{"--out", "out"},
+                                                         {"--lse-out", "lse"},
+                                                         {"--dq-out", "dq"},
+                                                         {"--dk-out", "dk"},
+                                                         {"--dv-out", "dv"}};
   for (const auto& [option, stem] : outputs) {
     f16_args.insert(f16_args.end(), {option, tmp.file(std::string(stem) + "_from16.npy")});
     f32_args.insert(f32_args.end(), {option, tmp.file(std::string(stem) + "_from32.npy")});

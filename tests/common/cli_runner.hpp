@@ -7,8 +7,8 @@
 namespace ringattn::testing {
 
 struct CliResult {
-  int exit_code = -1;   // -1 when the child died from a signal
-  int signal = 0;       // the signal number in that case
+  int exit_code = -1;  // -1 when the child died from a signal
+  int signal = 0;      // the signal number in that case
   std::string out, err;
 };
 

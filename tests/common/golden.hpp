@@ -10,9 +10,9 @@
 namespace ringattn::testing {
 
 struct GoldenCase {
-  std::string name;   // folder name, e.g. "g01_two_groups"
-  std::string dir;    // absolute folder path
-  std::string mode;   // "grouped", "mixture" or "blockmask"
+  std::string name;     // folder name, e.g. "g01_two_groups"
+  std::string dir;      // absolute folder path
+  std::string mode;     // "grouped", "mixture" or "blockmask"
   AttentionConfig cfg;  // attention=dilated for grouped/mixture (a single {N,1} pattern too)
   int64_t block_size = 0;
   std::vector<float> q, k, v, dout, out, dq, dk, dv;

@@ -37,10 +37,12 @@ TEST(ConfigValidation, EachBadFieldNamesItsOption) {
   EXPECT_EQ(subject_of(dilated(s, {0}, {1}, Combine::grouped)), "--segments");
   EXPECT_EQ(subject_of(dilated(s, {16}, {-1}, Combine::grouped)), "--dilations");
   EXPECT_EQ(subject_of(dilated(s, {24}, {1}, Combine::grouped)), "--segments");
-  EXPECT_EQ(subject_of(dilated({1, 64, 2, 16}, {16, 32, 64}, {1, 2, 4}, Combine::grouped)), "--heads");
+  EXPECT_EQ(subject_of(dilated({1, 64, 2, 16}, {16, 32, 64}, {1, 2, 4}, Combine::grouped)),
+            "--heads");
   EXPECT_EQ(subject_of(dilated({1, 64, 2, 16}, {16, 32, 64}, {1, 2, 4}, Combine::mixture)), "");
   EXPECT_EQ(subject_of(dilated({1, 64, 4, 0}, {64}, {1}, Combine::grouped)), "--head-dim");
-  EXPECT_EQ(subject_of(dilated({1, 64, 4, kMaxHeadDim + 1}, {64}, {1}, Combine::grouped)), "--head-dim");
+  EXPECT_EQ(subject_of(dilated({1, 64, 4, kMaxHeadDim + 1}, {64}, {1}, Combine::grouped)),
+            "--head-dim");
   EXPECT_EQ(subject_of(dilated({0, 64, 4, 8}, {64}, {1}, Combine::grouped)), "--batch");
   EXPECT_EQ(subject_of(dilated(s, {16}, {17}, Combine::grouped)), "");  // dilation > segment: legal
   AttentionConfig bad_scale = dilated(s, {16}, {1}, Combine::grouped);

@@ -31,8 +31,7 @@ struct RandomCase {
 std::string name_of(const RandomCase& c) {
   std::ostringstream os;
   os << (c.attention == AttentionKind::dense ? "dense" : to_string(c.combine)) << "_B"
-     << c.shape.batch << "N" << c.shape.seq_len << "H" << c.shape.heads << "D"
-     << c.shape.head_dim;
+     << c.shape.batch << "N" << c.shape.seq_len << "H" << c.shape.heads << "D" << c.shape.head_dim;
   for (std::size_t i = 0; i < c.segments.size(); ++i)
     os << "_w" << c.segments[i] << "r" << c.dilations[i];
   if (c.causal) os << "_causal";
@@ -68,7 +67,8 @@ std::vector<RandomCase> cases() {
       // a dilation larger than its segment (selects at most one position per segment)
       v.push_back({{1, 64, 4, 24}, A::dilated, comb, {8, 16}, {1, 32}, causal, 0, 0, {}});
       // segments spanning many tiles, head dim 128
-      v.push_back({{1, 512, 3, 128}, A::dilated, comb, {128, 256, 512}, {1, 2, 4}, causal, 32, 64, {}});
+      v.push_back(
+          {{1, 512, 3, 128}, A::dilated, comb, {128, 256, 512}, {1, 2, 4}, causal, 32, 64, {}});
       // head dim 32, 7 heads over 3 groups, default tiles
       v.push_back({{1, 192, 7, 32}, A::dilated, comb, {64, 96, 192}, {2, 3, 5}, causal, 0, 0, {}});
     }
@@ -132,7 +132,8 @@ TEST(FlashDeterminism, ResultsAreBitwiseIdenticalAcrossThreadCounts) {
     results.push_back(std::move(all));
   }
   for (std::size_t i = 1; i < results.size(); ++i)
-    EXPECT_EQ(0, std::memcmp(results[0].data(), results[i].data(), results[0].size() * sizeof(float)));
+    EXPECT_EQ(0,
+              std::memcmp(results[0].data(), results[i].data(), results[0].size() * sizeof(float)));
 }
 
 // Inputs large in magnitude push scores far from 0: the online softmax must stay finite.

@@ -3,9 +3,9 @@
 // equals attention over all keys.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <algorithm>
 #include <numeric>
 #include <random>
 
@@ -71,13 +71,15 @@ TEST_P(MergeSplits, MergedPiecesEqualUnsplitAttention) {
     // Random cut points, possibly empty pieces, pieces in random order.
     std::vector<int64_t> cuts{0, n};
     const int pieces = 1 + trial % 5;
-    for (int i = 1; i < pieces; ++i) cuts.push_back(std::uniform_int_distribution<int64_t>(0, n)(gen));
+    for (int i = 1; i < pieces; ++i)
+      cuts.push_back(std::uniform_int_distribution<int64_t>(0, n)(gen));
     std::sort(cuts.begin(), cuts.end());
     std::vector<std::size_t> order(cuts.size() - 1);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), gen);
 
-    std::vector<float> acc(static_cast<std::size_t>(n * d), 0.0f), acc_lse(static_cast<std::size_t>(n), kNegInf);
+    std::vector<float> acc(static_cast<std::size_t>(n * d), 0.0f),
+        acc_lse(static_cast<std::size_t>(n), kNegInf);
     for (std::size_t pi : order) {
       const int64_t j0 = cuts[pi], nk = cuts[pi + 1] - cuts[pi];
       std::vector<float> part(acc.size()), part_lse(acc_lse.size());

@@ -18,8 +18,8 @@
 namespace ringattn {
 namespace {
 
-using testing::GoldenCase;
 using testing::golden_case_names;
+using testing::GoldenCase;
 using testing::load_golden;
 using testing::random_normal;
 
@@ -52,8 +52,8 @@ TEST_P(ReferenceGolden, ForwardAndGradientsMatch) {
   const double err_dq = relative_error(c.dq.data(), grads.dq.data(), n);
   const double err_dk = relative_error(c.dk.data(), grads.dk.data(), n);
   const double err_dv = relative_error(c.dv.data(), grads.dv.data(), n);
-  std::printf("[ relerr   ] %-26s out %.2e  dq %.2e  dk %.2e  dv %.2e\n", c.name.c_str(),
-              err_out, err_dq, err_dk, err_dv);
+  std::printf("[ relerr   ] %-26s out %.2e  dq %.2e  dk %.2e  dv %.2e\n", c.name.c_str(), err_out,
+              err_dq, err_dk, err_dv);
   EXPECT_LT(err_out, kGoldenTolerance);
   EXPECT_LT(err_dq, kGoldenTolerance);
   EXPECT_LT(err_dk, kGoldenTolerance);
@@ -130,10 +130,10 @@ TEST(Reference, DenseEqualsGroupedWithOneFullSegment) {
     EXPECT_LE(max_abs_diff(fd.lse, fg.lse), 1e-14);
     for (double l : fd.lse) EXPECT_TRUE(std::isfinite(l));  // dense: every row attends
 
-    const auto gd = reference_backward(dense, in.q.data(), in.k.data(), in.v.data(),
-                                       in.dout.data());
-    const auto gg = reference_backward(grouped, in.q.data(), in.k.data(), in.v.data(),
-                                       in.dout.data());
+    const auto gd =
+        reference_backward(dense, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+    const auto gg =
+        reference_backward(grouped, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
     EXPECT_LE(max_abs_diff(gd.dq, gg.dq), 1e-14);
     EXPECT_LE(max_abs_diff(gd.dk, gg.dk), 1e-14);
     EXPECT_LE(max_abs_diff(gd.dv, gg.dv), 1e-14);
