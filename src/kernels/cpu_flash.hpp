@@ -63,6 +63,16 @@ struct BackwardParams {
   float dout_scale = 1.0f;  // true dO = dout * dout_scale
 };
 
+// Number of keys (a prefix of the key view) that query rows [i0, i0 + bq) can see at all.
+inline int64_t visible_keys(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
+  if (!causal) return t.n_k;
+  const int64_t k = i0 + bq + t.causal_offset;
+  return k < 0 ? 0 : (k > t.n_k ? t.n_k : k);
+}
+
+// Scratch buffers start on 64-byte boundaries.
+constexpr std::size_t round_up16(std::size_t n) { return (n + 15) / 16 * 16; }
+
 // Floats of scratch one thread needs for the given tiles and head dim.
 std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim);
 std::size_t backward_workspace_floats(const TileConfig& t, int64_t head_dim);

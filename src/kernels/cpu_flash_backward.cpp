@@ -15,8 +15,6 @@ namespace ringattn::kernels {
 
 namespace {
 
-constexpr std::size_t round_up16(std::size_t n) { return (n + 15) / 16 * 16; }
-
 struct BackwardScratch {
   float* p;    // q_tile × k_tile probabilities
   float* ds;   // q_tile × k_tile dP, then dS
@@ -63,8 +61,7 @@ void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfi
       w.dd[i] = acc * d_factor;
     }
     if (!any_row) continue;
-    const int64_t kmax =
-        p.causal ? std::clamp<int64_t>(i0 + bq + t.causal_offset, 0, t.n_k) : t.n_k;
+    const int64_t kmax = visible_keys(t, p.causal, i0, bq);
     std::fill(w.dq, w.dq + bq * d, 0.0f);
 
     for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {

@@ -16,8 +16,6 @@ namespace ringattn::kernels {
 
 namespace {
 
-constexpr std::size_t round_up16(std::size_t n) { return (n + 15) / 16 * 16; }
-
 struct ForwardScratch {
   float* s;    // q_tile × k_tile scores, then probabilities
   float* acc;  // q_tile × head_dim unnormalised output
@@ -35,12 +33,6 @@ ForwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   base += round_up16(static_cast<std::size_t>(t.q_tile));
   s.l = base;
   return s;
-}
-
-// Number of keys query rows [i0, i0+bq) can see at all.
-int64_t visible_keys(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
-  if (!causal) return t.n_k;
-  return std::clamp<int64_t>(i0 + bq + t.causal_offset, 0, t.n_k);
 }
 
 void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const TileConfig& tiles,

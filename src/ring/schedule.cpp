@@ -41,8 +41,7 @@ void add_items(KernelPass& pass, bool causal, const kernels::TileConfig& tiles) 
     const auto& t = pass.tasks[ti];
     for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
       const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-      const int64_t keys =
-          causal ? std::clamp<int64_t>(i0 + bq + t.causal_offset, 0, t.n_k) : t.n_k;
+      const int64_t keys = kernels::visible_keys(t, causal, i0, bq);
       costed.push_back({{static_cast<int64_t>(ti), i0}, bq * keys});
     }
   }
