@@ -1,0 +1,68 @@
+// The communicator interface the ring engine talks to: one step's point-to-point sends and
+// receives are posted together (so no pairing can deadlock), plus the few collectives the
+// CLI needs. Backends: a single-rank one (no MPI at all) and MPI over host memory; NCCL
+// comes later behind the same interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ringattn::ring {
+
+struct Transfer {
+  int peer = -1;
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// A posted group of sends and receives.
+class PendingExchange {
+ public:
+  virtual ~PendingExchange() = default;
+  virtual bool test() = 0;  // true once every send and receive has completed
+};
+
+struct RankInfo {
+  std::string host;
+  int pid = 0;
+  int local_rank = 0;
+  std::string device;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_rank() const = 0;
+  virtual std::string library_version() const = 0;
+
+  // Posts every send and receive of one step together; `tag` separates message kinds.
+  virtual std::unique_ptr<PendingExchange> start(std::span<const Transfer> sends,
+                                                 std::span<const Transfer> recvs, int tag) = 0;
+
+  virtual void barrier() = 0;
+  virtual int64_t max(int64_t v) = 0;
+  virtual double max(double v) = 0;
+  // Gathers `bytes` from every rank to rank 0 (rank-major into `out`, which only rank 0 needs).
+  virtual void gather(const void* data, std::size_t bytes, void* out) = 0;
+  virtual std::vector<RankInfo> gather_info(const RankInfo& mine) = 0;
+  // Ends every rank of the job now (a failing rank must not leave the others waiting).
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+};
+
+// The single-rank backend: no peers, collectives are identities.
+std::unique_ptr<Communicator> make_local_communicator();
+
+// True when this process was started by an MPI launcher (mpirun/mpiexec or srun with PMI).
+bool launched_by_mpi();
+
+// The MPI backend. Initialises MPI (thread level MULTIPLE) and finalises it on destruction.
+// Throws RuntimeFailure when this build has no MPI.
+std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv);
+
+}  // namespace ringattn::ring

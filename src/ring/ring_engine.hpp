@@ -1,0 +1,48 @@
+// The distributed engine: each rank holds its shard ([B, N/P, H, D] local tensors, in the
+// layout of ring/sharding.hpp) and runs the ring schedule: local block first, then at each
+// step the packed rows of one peer, received while the previous step computes, merged into
+// (out, lse) with the log-sum-exp update. The backward sends fp32 dK/dV partials back to the
+// ranks that own those rows. Built once; forward/backward allocate nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ring/communicator.hpp"
+#include "ring/ring_schedule.hpp"
+#include "ring/sharding.hpp"
+#include "ringattn/plan.hpp"
+
+namespace ringattn::ring {
+
+struct RingTimings {
+  double compute_ms = 0;   // kernels, packing and unpacking on this rank
+  double comm_ms = 0;      // sum over exchanges of the time from posting to completion
+  double exposed_ms = 0;   // time the compute threads waited for a transfer
+  int64_t bytes_sent = 0;  // payload bytes this rank sent
+};
+
+class RingPlan {
+ public:
+  RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions opts = {});
+  ~RingPlan();
+
+  const ShardLayout& layout() const noexcept;
+  const RingSchedule& schedule() const noexcept;
+  int threads() const noexcept;
+
+  // Local shards: q, k, v, out, dout, dq, dk, dv [B, N/P, H, D]; lse [B, H, N/P].
+  void forward(const float* q, const float* k, const float* v, float* out, float* lse);
+  void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                const float* dout, float* dq, float* dk, float* dv);
+
+  const RingTimings& last_forward() const noexcept;
+  const RingTimings& last_backward() const noexcept;
+  std::size_t workspace_bytes() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ringattn::ring

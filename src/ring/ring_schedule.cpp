@@ -1,0 +1,240 @@
+// Builds each rank's ring schedule from the pattern arithmetic: selected rows of every
+// (pattern, head, batch, segment) intersected with the shard chunks, paired query run by key
+// run into kernel tasks, and grouped into waves that a kernel call may run in parallel.
+#include "ring/ring_schedule.hpp"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace ringattn::ring {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+std::vector<int64_t> heads_of(const AttentionConfig& cfg, int64_t pattern, int64_t n_patterns) {
+  std::vector<int64_t> heads;
+  if (cfg.combine == Combine::mixture && cfg.attention == AttentionKind::dilated) {
+    for (int64_t h = 0; h < cfg.shape.heads; ++h) heads.push_back(h);
+  } else {
+    const HeadRange r = group_heads(cfg.shape.heads, n_patterns, pattern);
+    for (int64_t h = r.first; h < r.first + r.count; ++h) heads.push_back(h);
+  }
+  return heads;
+}
+
+// Selected rows of (pattern, head, batch, segment) in each chunk of `rank`.
+std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
+                         int pattern, const DilatedPattern& pat, int64_t head, int64_t batch,
+                         int64_t segment) {
+  const Shape4& s = cfg.shape;
+  const int64_t offset = pattern_offset(cfg, pattern, head);
+  const int64_t m = selected_per_segment(pat, offset);
+  const int64_t first = segment * pat.segment + offset;  // position of selection index 0
+  std::vector<Run> runs;
+  const auto chunks = layout.chunks(rank);
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const Chunk& ch = chunks[c];
+    const int64_t k_lo = std::max<int64_t>(0, ceil_div(ch.begin - first, pat.dilation));
+    const int64_t k_hi = std::min<int64_t>(m, ceil_div(ch.begin + ch.length - first, pat.dilation));
+    if (k_lo >= k_hi) continue;
+    Run r;
+    r.pattern = pattern;
+    r.chunk = static_cast<int>(c);
+    r.head = head;
+    r.batch = batch;
+    r.segment = segment;
+    r.k_begin = k_lo;
+    r.k_end = k_hi;
+    const int64_t local_row = ch.local_begin + (first + k_lo * pat.dilation - ch.begin);
+    r.row0 = ((batch * layout.local_len + local_row) * s.heads + head) * s.head_dim;
+    r.stride = pat.dilation * s.heads * s.head_dim;
+    r.lse0 = (batch * s.heads + head) * layout.local_len + local_row;
+    r.lse_stride = pat.dilation;
+    runs.push_back(r);
+  }
+  return runs;
+}
+
+// Segments of `pat` that overlap any chunk of `rank`, ascending.
+std::vector<int64_t> segments_touching(const ShardLayout& layout, int rank, int64_t w) {
+  std::vector<int64_t> segs;
+  for (const Chunk& ch : layout.chunks(rank))
+    for (int64_t s = ch.begin / w; s <= (ch.begin + ch.length - 1) / w; ++s) segs.push_back(s);
+  std::sort(segs.begin(), segs.end());
+  segs.erase(std::unique(segs.begin(), segs.end()), segs.end());
+  return segs;
+}
+
+struct PairTask {
+  Run query;
+  std::size_t key_run = 0;  // index into the pair's key runs
+};
+
+struct PairWork {
+  std::vector<Run> key_runs;  // src-side rows dest needs, in packing order
+  std::vector<PairTask> tasks;
+};
+
+// What rank `dest`'s queries need from rank `src`'s keys and values.
+PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int dest, int src) {
+  PairWork work;
+  const auto pats = patterns_of(cfg);
+  const auto n_patterns = static_cast<int64_t>(pats.size());
+  for (int i = 0; i < static_cast<int>(pats.size()); ++i) {
+    const DilatedPattern& pat = pats[static_cast<std::size_t>(i)];
+    const auto dest_segs = segments_touching(layout, dest, pat.segment);
+    const auto src_segs = segments_touching(layout, src, pat.segment);
+    std::vector<int64_t> segs;
+    std::set_intersection(dest_segs.begin(), dest_segs.end(), src_segs.begin(), src_segs.end(),
+                          std::back_inserter(segs));
+    for (int64_t h : heads_of(cfg, i, n_patterns))
+      for (int64_t b = 0; b < cfg.shape.batch; ++b)
+        for (int64_t seg : segs) {
+          const auto qruns = runs_in(cfg, layout, dest, i, pat, h, b, seg);
+          if (qruns.empty()) continue;
+          int64_t max_q = 0;  // one past the last selected query index of dest here
+          for (const Run& q : qruns) max_q = std::max(max_q, q.k_end);
+          for (Run kr : runs_in(cfg, layout, src, i, pat, h, b, seg)) {
+            if (cfg.causal) kr.k_end = std::min(kr.k_end, max_q);
+            if (kr.k_end <= kr.k_begin) continue;
+            work.key_runs.push_back(kr);
+            for (const Run& q : qruns) {
+              if (cfg.causal && kr.k_begin > q.k_end - 1) continue;  // all keys in its future
+              work.tasks.push_back({q, work.key_runs.size() - 1});
+            }
+          }
+        }
+  }
+  return work;
+}
+
+void order_items(Wave& w, bool causal, const kernels::TileConfig& tiles) {
+  std::vector<std::pair<int64_t, kernels::ForwardItem>> costed;
+  for (std::size_t ti = 0; ti < w.tasks.size(); ++ti) {
+    const auto& t = w.tasks[ti];
+    for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
+      const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+      costed.push_back(
+          {bq * kernels::visible_keys(t, causal, i0, bq), {static_cast<int64_t>(ti), i0}});
+    }
+  }
+  std::stable_sort(costed.begin(), costed.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& c : costed) w.items.push_back(c.second);
+}
+
+}  // namespace
+
+RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
+                                 const kernels::TileConfig& tiles) {
+  RingSchedule sched;
+  const int world = layout.world;
+  const int64_t d = cfg.shape.head_dim;
+  const bool per_pattern_waves =
+      cfg.combine == Combine::mixture && cfg.attention == AttentionKind::dilated;
+  for (int t = 0; t < world; ++t) {
+    RingStep step;
+    const int dest = (rank + t) % world, src = (rank - t + world) % world;
+    if (t > 0) {
+      step.send_runs = pair_work(cfg, layout, dest, rank).key_runs;
+      for (const Run& r : step.send_runs) step.send_rows += r.rows();
+      if (step.send_rows > 0) step.send_to = dest;
+    }
+    PairWork work = pair_work(cfg, layout, rank, src);
+    std::vector<int64_t> packed_base;  // first packed row of each key run
+    for (const Run& r : work.key_runs) {
+      packed_base.push_back(step.recv_rows);
+      step.recv_rows += r.rows();
+    }
+    if (t > 0) {
+      step.recv_runs = work.key_runs;
+      if (step.recv_rows > 0) step.recv_from = src;
+    } else {
+      step.recv_from = rank;
+    }
+    // Waves: tasks of one wave share no query rows (one query chunk, one pattern under
+    // mixture) and no key rows (one key chunk).
+    std::map<std::tuple<int, int, int>, std::size_t> wave_of;
+    for (const PairTask& pt : work.tasks) {
+      const Run& q = pt.query;
+      const Run& k = work.key_runs[pt.key_run];
+      const auto key = std::make_tuple(per_pattern_waves ? q.pattern : 0, q.chunk, k.chunk);
+      auto it = wave_of.find(key);
+      if (it == wave_of.end()) {
+        it = wave_of.emplace(key, step.waves.size()).first;
+        step.waves.emplace_back();
+      }
+      kernels::SubseqTask task;
+      task.q_row0 = q.row0;
+      task.q_stride = q.stride;
+      task.lse0 = q.lse0;
+      task.lse_stride = q.lse_stride;
+      if (t == 0) {
+        task.k_row0 = k.row0;
+        task.k_stride = k.stride;
+      } else {
+        task.k_row0 = packed_base[pt.key_run] * d;
+        task.k_stride = d;
+      }
+      task.n_q = q.rows();
+      task.n_k = k.rows();
+      task.causal_offset = q.k_begin - k.k_begin;
+      step.waves[it->second].tasks.push_back(task);
+    }
+    for (Wave& w : step.waves) order_items(w, cfg.causal, tiles);
+    sched.max_send_rows = std::max(sched.max_send_rows, step.send_rows);
+    sched.max_recv_rows = std::max(sched.max_recv_rows, step.recv_rows);
+    sched.bytes_sent += step.send_rows * 2 * d * static_cast<int64_t>(sizeof(float));
+    sched.steps.push_back(std::move(step));
+  }
+  return sched;
+}
+
+int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank) {
+  const Shape4& s = cfg.shape;
+  const auto pats = patterns_of(cfg);
+  const auto n_patterns = static_cast<int64_t>(pats.size());
+  // Selected positions of (w, r, offset) in segment `seg` that lie in [x, y).
+  auto count_in = [](const DilatedPattern& p, int64_t offset, int64_t seg, int64_t x, int64_t y) {
+    const int64_t first = seg * p.segment + offset;
+    const int64_t m = selected_per_segment(p, offset);
+    const int64_t lo = std::max<int64_t>(0, ceil_div(x - first, p.dilation));
+    const int64_t hi = std::min<int64_t>(m, ceil_div(y - first, p.dilation));
+    return std::max<int64_t>(0, hi - lo);
+  };
+  int64_t rows = 0;
+  for (int dest = 0; dest < layout.world; ++dest) {
+    if (dest == rank) continue;
+    for (int i = 0; i < static_cast<int>(pats.size()); ++i) {
+      const DilatedPattern& p = pats[static_cast<std::size_t>(i)];
+      for (int64_t h : heads_of(cfg, i, n_patterns)) {
+        const int64_t o = pattern_offset(cfg, i, h);
+        if (selected_per_segment(p, o) == 0) continue;
+        for (int64_t seg = 0; seg < s.seq_len / p.segment; ++seg) {
+          const int64_t seg_lo = seg * p.segment, seg_hi = seg_lo + p.segment;
+          // The last selected position dest holds in this segment (-1: none).
+          int64_t last_q = -1;
+          for (const Chunk& c : layout.chunks(dest)) {
+            const int64_t x = std::max(seg_lo, c.begin), y = std::min(seg_hi, c.begin + c.length);
+            if (x >= y || count_in(p, o, seg, x, y) == 0) continue;
+            const int64_t first = seg * p.segment + o;
+            const int64_t k_last = (y - 1 - first) / p.dilation;  // y-1 >= first here
+            last_q = std::max(last_q, first + k_last * p.dilation);
+          }
+          if (last_q < 0) continue;
+          const int64_t limit = cfg.causal ? last_q + 1 : seg_hi;
+          for (const Chunk& c : layout.chunks(rank)) {
+            const int64_t x = std::max(seg_lo, c.begin);
+            const int64_t y = std::min({seg_hi, c.begin + c.length, limit});
+            if (x < y) rows += count_in(p, o, seg, x, y);
+          }
+        }
+      }
+    }
+  }
+  return rows * s.batch * 2 * s.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace ringattn::ring

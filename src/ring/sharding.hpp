@@ -1,0 +1,45 @@
+// How the sequence is split over ranks. Each rank owns N/P tokens as one or two chunks of
+// consecutive positions, stored back to back in its local [B, N/P, H, D] tensors. Causal runs
+// use the zigzag layout (2P chunks; rank r holds chunks r and 2P-1-r) so that every rank
+// has the same amount of causal work; other runs use one contiguous chunk per rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ringattn/config.hpp"
+
+namespace ringattn::ring {
+
+struct Chunk {
+  int64_t begin = 0;        // first global position
+  int64_t length = 0;       // positions
+  int64_t local_begin = 0;  // first local row
+};
+
+struct ShardLayout {
+  int world = 1;
+  int64_t seq_len = 0;
+  int64_t local_len = 0;  // N / P
+  bool zigzag = false;
+
+  std::vector<Chunk> chunks(int rank) const;
+  // Global position of local row `row` on `rank`.
+  int64_t global_position(int rank, int64_t row) const;
+};
+
+// Throws InputError("--seq-len", ...) when P ranks cannot split N evenly (N % P, or N % 2P
+// for causal runs).
+ShardLayout make_layout(const AttentionConfig& cfg, int world);
+
+// Copies `rank`'s rows between a full tensor and its local one. `inner` is the number of
+// floats per (batch, position): H*D for [B, N, H, D] tensors. For lse [B, H, N] use the
+// _lse variants (positions are the last axis there).
+void extract_rows(const ShardLayout& l, int rank, int64_t batch, int64_t inner, const float* full,
+                  float* local);
+void insert_rows(const ShardLayout& l, int rank, int64_t batch, int64_t inner, const float* local,
+                 float* full);
+void insert_lse(const ShardLayout& l, int rank, int64_t batch, int64_t heads, const float* local,
+                float* full);
+
+}  // namespace ringattn::ring

@@ -1,0 +1,175 @@
+// The ring schedule, checked for all ranks of a job inside one process: senders and
+// receivers agree on every packed run, every attended (query, key) pair is computed exactly
+// once somewhere, and the traffic equals the minimum computed independently (and that
+// minimum equals a per-position brute-force count).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "ring/ring_schedule.hpp"
+#include "ring/sharding.hpp"
+#include "ringattn/errors.hpp"
+
+namespace ringattn::ring {
+namespace {
+
+struct Case {
+  const char* name;
+  AttentionConfig cfg;
+};
+
+AttentionConfig make(Shape4 s, AttentionKind a, Combine c, std::vector<int64_t> w,
+                     std::vector<int64_t> r, bool causal) {
+  AttentionConfig cfg;
+  cfg.shape = s;
+  cfg.attention = a;
+  cfg.combine = c;
+  cfg.segments = std::move(w);
+  cfg.dilations = std::move(r);
+  cfg.causal = causal;
+  return cfg;
+}
+
+std::vector<Case> cases() {
+  using A = AttentionKind;
+  using C = Combine;
+  std::vector<Case> v;
+  for (bool causal : {false, true}) {
+    v.push_back({"dense", make({2, 96, 3, 8}, A::dense, C::grouped, {}, {}, causal)});
+    // segments straddling shard boundaries, shards holding several segments, both at once
+    v.push_back(
+        {"grouped", make({1, 96, 5, 8}, A::dilated, C::grouped, {8, 24, 96}, {1, 3, 5}, causal)});
+    v.push_back(
+        {"mixture", make({1, 96, 4, 8}, A::dilated, C::mixture, {12, 32, 96}, {2, 3, 4}, causal)});
+    v.push_back({"bigdil", make({1, 48, 2, 8}, A::dilated, C::grouped, {16, 48}, {32, 7}, causal)});
+  }
+  return v;
+}
+
+// Brute force: rows (position, head, pattern) of `src` that some query of `dest` attends.
+int64_t brute_rows(const AttentionConfig& cfg, const ShardLayout& l, int dest, int src) {
+  const auto pats = patterns_of(cfg);
+  const auto G = static_cast<int64_t>(pats.size());
+  auto owner = [&](int64_t pos) {
+    for (int r = 0; r < l.world; ++r)
+      for (const Chunk& c : l.chunks(r))
+        if (pos >= c.begin && pos < c.begin + c.length) return r;
+    return -1;
+  };
+  int64_t rows = 0;
+  for (int64_t i = 0; i < G; ++i)
+    for (int64_t h = 0; h < cfg.shape.heads; ++h) {
+      if (cfg.combine == Combine::grouped || cfg.attention == AttentionKind::dense) {
+        const HeadRange hr = group_heads(cfg.shape.heads, G, i);
+        if (h < hr.first || h >= hr.first + hr.count) continue;
+      }
+      const int64_t w = pats[static_cast<std::size_t>(i)].segment;
+      const int64_t r = pats[static_cast<std::size_t>(i)].dilation;
+      const int64_t o = pattern_offset(cfg, i, h);
+      for (int64_t t = 0; t < cfg.shape.seq_len; ++t) {
+        if (owner(t) != src || (t % w) % r != o) continue;
+        bool needed = false;
+        for (int64_t p = 0; p < cfg.shape.seq_len && !needed; ++p)
+          needed =
+              owner(p) == dest && (p % w) % r == o && p / w == t / w && (!cfg.causal || t <= p);
+        rows += needed;
+      }
+    }
+  return rows * cfg.shape.batch;
+}
+
+class RingScheduleAllRanks : public ::testing::TestWithParam<std::tuple<Case, int>> {};
+
+TEST_P(RingScheduleAllRanks, AgreesCoversEveryPairOnceAndMovesTheMinimum) {
+  const auto& [c, world] = GetParam();
+  const ShardLayout layout = make_layout(c.cfg, world);
+  const kernels::TileConfig tiles{16, 32};
+  std::vector<RingSchedule> s;
+  for (int r = 0; r < world; ++r) s.push_back(build_ring_schedule(c.cfg, layout, r, tiles));
+
+  double pairs = 0;
+  for (int r = 0; r < world; ++r) {
+    int64_t sent = 0;
+    for (int t = 0; t < world; ++t) {
+      const RingStep& st = s[static_cast<std::size_t>(r)].steps[static_cast<std::size_t>(t)];
+      if (t > 0) {
+        const int dest = (r + t) % world;
+        const RingStep& peer = s[static_cast<std::size_t>(dest)].steps[static_cast<std::size_t>(t)];
+        ASSERT_EQ(st.send_rows, peer.recv_rows) << "rank " << r << " step " << t;
+        ASSERT_EQ(st.send_to >= 0, peer.recv_from >= 0);
+        ASSERT_EQ(st.send_runs.size(), peer.recv_runs.size());
+        for (std::size_t i = 0; i < st.send_runs.size(); ++i)
+          ASSERT_EQ(st.send_runs[i].row0, peer.recv_runs[i].row0);
+        EXPECT_EQ(st.send_rows, brute_rows(c.cfg, layout, dest, r))
+            << "rank " << r << " step " << t;
+        sent += st.send_rows;
+      }
+      for (const Wave& w : st.waves) {
+        std::set<int64_t> q_rows, k_rows;
+        for (const auto& task : w.tasks) {
+          // one wave: no shared query rows, no shared key rows
+          EXPECT_TRUE(q_rows.insert(task.q_row0).second);
+          EXPECT_TRUE(k_rows.insert(task.k_row0).second);
+          for (int64_t i = 0; i < task.n_q; ++i)
+            for (int64_t j = 0; j < task.n_k; ++j)
+              pairs += !c.cfg.causal || j <= i + task.causal_offset;
+        }
+      }
+    }
+    const int64_t bytes = sent * 2 * c.cfg.shape.head_dim * 4;
+    EXPECT_EQ(bytes, s[static_cast<std::size_t>(r)].bytes_sent);
+    EXPECT_EQ(bytes, minimum_bytes_sent(c.cfg, layout, r)) << "rank " << r;
+  }
+  EXPECT_DOUBLE_EQ(pairs, attended_pairs(c.cfg));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, RingScheduleAllRanks,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<0>(p.param).cfg.causal ? "_causal" : "") + "_P" +
+                                  std::to_string(std::get<1>(p.param));
+                         });
+
+TEST(Sharding, ZigzagBalancesCausalWork) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 4096, 1, 8};
+  cfg.causal = true;
+  const ShardLayout l = make_layout(cfg, 4);
+  const kernels::TileConfig tiles{128, 256};
+  std::vector<double> work;
+  for (int r = 0; r < 4; ++r) {
+    const RingSchedule s = build_ring_schedule(cfg, l, r, tiles);
+    double pairs = 0;
+    for (const auto& st : s.steps)
+      for (const auto& w : st.waves)
+        for (const auto& t : w.tasks)
+          for (int64_t i = 0; i < t.n_q; ++i)
+            pairs += static_cast<double>(std::clamp<int64_t>(i + t.causal_offset + 1, 0, t.n_k));
+    work.push_back(pairs);
+  }
+  const double mx = *std::max_element(work.begin(), work.end());
+  double mean = 0;
+  for (double w : work) mean += w / 4;
+  EXPECT_LE(mx / mean, 1.01);
+}
+
+TEST(Sharding, UnevenSplitIsAnInputErrorNamingSeqLen) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 100, 1, 8};
+  try {
+    make_layout(cfg, 3);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.subject(), "--seq-len");
+  }
+  cfg.causal = true;
+  EXPECT_THROW(make_layout(cfg, 4), InputError);  // 100 % 8 != 0 under zigzag
+  EXPECT_NO_THROW(make_layout(cfg, 2));
+}
+
+}  // namespace
+}  // namespace ringattn::ring
