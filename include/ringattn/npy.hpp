@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ringattn {
@@ -24,6 +25,12 @@ NpyHeader read_npy_header(const std::string& path);
 // Reads a float32 or float16 array as float32. Throws InputError as above, and also when
 // the array is bool.
 std::vector<float> read_npy_float(const std::string& path, NpyHeader* header_out = nullptr);
+
+// Reads only the given element ranges {first, count} of a float32/float16 array, in order,
+// as float32 (how a rank reads its shard without loading the whole file).
+std::vector<float> read_npy_float_ranges(const std::string& path,
+                                        const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                        NpyHeader* header_out = nullptr);
 
 // Reads a bool array (one byte per element, 0 or 1).
 std::vector<uint8_t> read_npy_bool(const std::string& path, NpyHeader* header_out = nullptr);

@@ -1,12 +1,17 @@
-// The ringattn executable: dispatches subcommands and turns every failure into a message
-// on stderr and an exit code (2 bad input, 3 runtime failure); nothing escapes as a crash.
+// The ringattn executable: starts MPI when an MPI launcher started it, dispatches
+// subcommands, and turns every failure into a message on stderr and an exit code (2 bad
+// input, 3 runtime failure); nothing escapes as a crash, and no rank is left waiting.
+#include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <new>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/options.hpp"
 #include "cli/run_command.hpp"
+#include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
 
 namespace {
@@ -14,7 +19,8 @@ namespace {
 void print_usage(std::ostream& os) {
   os << "ringattn " << RINGATTN_VERSION
      << ": exact dense and dilated attention over long sequences\n\n"
-        "usage: ringattn <command> [options]\n\n"
+        "usage: ringattn <command> [options]\n"
+        "       mpirun -np P ringattn run [options]     (or srun --mpi=pmix; see launch/)\n\n"
         "commands:\n"
         "  run      compute attention (forward, optionally backward); with no options it\n"
         "           runs an embedded demo and checks it against the float64 reference\n\n"
@@ -28,42 +34,60 @@ int fail(ringattn::ExitCode code, const std::string& msg) {
   return static_cast<int>(code);
 }
 
+// A job that was clearly meant to be parallel but sees one rank is a launch mistake
+// (ringattn run straight from an sbatch script, or srun without --mpi=pmix).
+void check_launch(const ringattn::ring::Communicator& comm) {
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  if (ntasks && std::atoi(ntasks) > 1 && comm.size() == 1)
+    throw ringattn::InputError(
+        "launch", std::string("SLURM_NTASKS=") + ntasks +
+                      " but MPI reports 1 rank: start ringattn with 'srun --mpi=pmix' (or "
+                      "mpirun) inside the allocation, not directly (see launch/)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using ringattn::ExitCode;
+  std::unique_ptr<ringattn::ring::Communicator> comm;
   try {
-    std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty()) {
-      print_usage(std::cerr);
-      return fail(ExitCode::bad_input, "missing command (try 'ringattn run')");
-    }
-    const std::string cmd = args.front();
-    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-      print_usage(std::cout);
-      return 0;
-    }
-    if (cmd == "--version") {
-      std::cout << "ringattn " << RINGATTN_VERSION << "\n";
-      return 0;
-    }
-    if (cmd != "run")
-      return fail(ExitCode::bad_input, "unknown command '" + cmd + "' (try 'ringattn --help')");
-    args.erase(args.begin());
-    ringattn::cli::RunOptions opts;
-    if (!ringattn::cli::parse_run_options(args, opts, std::cout)) return 0;
-    return ringattn::cli::run_command(opts, std::cout);
-  } catch (const ringattn::InputError& e) {
-    return fail(ExitCode::bad_input, e.what());
-  } catch (const ringattn::RuntimeFailure& e) {
-    return fail(ExitCode::runtime_failure, e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(ExitCode::runtime_failure,
-                "out of memory; use a smaller --seq-len/--batch/--heads (more ranks arrive with "
-                "the distributed ring)");
+    comm = ringattn::ring::launched_by_mpi() ? ringattn::ring::make_mpi_communicator(&argc, &argv)
+                                             : ringattn::ring::make_local_communicator();
   } catch (const std::exception& e) {
     return fail(ExitCode::runtime_failure, e.what());
-  } catch (...) {
-    return fail(ExitCode::runtime_failure, "unknown internal error");
   }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    if (comm->rank() == 0) print_usage(std::cerr);
+    return comm->rank() == 0 ? fail(ExitCode::bad_input, "missing command (try 'ringattn run')")
+                             : static_cast<int>(ExitCode::bad_input);
+  }
+  const std::string cmd = args.front();
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    if (comm->rank() == 0) print_usage(std::cout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    if (comm->rank() == 0) std::cout << "ringattn " << RINGATTN_VERSION << "\n";
+    return 0;
+  }
+  if (cmd != "run") {
+    return comm->rank() == 0
+               ? fail(ExitCode::bad_input, "unknown command '" + cmd + "' (try 'ringattn --help')")
+               : static_cast<int>(ExitCode::bad_input);
+  }
+  args.erase(args.begin());
+  ringattn::cli::RunOptions opts;
+  bool help = false;
+  std::ostringstream help_text;
+  const int parse_code = ringattn::cli::agree_on_errors(*comm, [&] {
+    check_launch(*comm);
+    help = !ringattn::cli::parse_run_options(args, opts, help_text);
+  });
+  if (parse_code) return parse_code;
+  if (help) {
+    if (comm->rank() == 0) std::cout << help_text.str();
+    return 0;
+  }
+  return ringattn::cli::run_command(opts, *comm, std::cout);
 }

@@ -480,6 +480,54 @@ NpyHeader read_npy_header(const std::string& path) {
   return npy.header;
 }
 
+std::vector<float> read_npy_float_ranges(const std::string& path,
+                                         const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                         NpyHeader* header_out) {
+  static_assert(std::endian::native == std::endian::little, "ranged reads assume little-endian");
+  OpenNpy npy;
+  open_and_parse(path, &npy);
+  if (npy.header.dtype == NpyDtype::bool8)
+    throw InputError(path, "dtype bool, expected float32 or float16");
+  const std::size_t item = npy.header.dtype == NpyDtype::float32 ? 4 : 2;
+  std::size_t total = 0;
+  for (const auto& [first, count] : ranges) {
+    if (first < 0 || count < 0 || first + count > npy.element_count)
+      throw InputError(path, "internal error: element range outside the array");
+    total += static_cast<std::size_t>(count);
+  }
+  std::vector<float> values(total);
+  std::vector<unsigned char> chunk;
+  std::size_t at = 0;
+  for (const auto& [first, count] : ranges) {
+    std::size_t done = 0;
+    while (done < static_cast<std::size_t>(count)) {
+      const std::size_t n = std::min(static_cast<std::size_t>(count) - done, kIoChunkBytes / item);
+      chunk.resize(n * item);
+      const auto offset = static_cast<off_t>(npy.header.data_offset +
+                                             (static_cast<std::size_t>(first) + done) * item);
+      std::size_t got = 0;
+      while (got < chunk.size()) {
+        const ssize_t r = ::pread(npy.fd.get(), chunk.data() + got, chunk.size() - got,
+                                  offset + static_cast<off_t>(got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) throw InputError(path, "truncated data (the file shrank while it was read)");
+        got += static_cast<std::size_t>(r);
+      }
+      float* out = values.data() + at + done;
+      if (item == 4) {
+        std::memcpy(out, chunk.data(), chunk.size());
+      } else {
+        for (std::size_t i = 0; i < n; ++i)
+          out[i] = half_to_float(static_cast<uint16_t>(chunk[2 * i] | (chunk[2 * i + 1] << 8)));
+      }
+      done += n;
+    }
+    at += static_cast<std::size_t>(count);
+  }
+  if (header_out) *header_out = npy.header;
+  return values;
+}
+
 std::vector<float> read_npy_float(const std::string& path, NpyHeader* header_out) {
   OpenNpy npy;
   open_and_parse(path, &npy);

@@ -69,6 +69,18 @@ void print_table(const RunReport& r, std::ostream& os) {
   os << "  workspace        " << human_bytes(r.workspace_bytes) << " ("
      << human_bytes(r.workspace_bytes_per_thread) << " per thread)   peak tracked "
      << human_bytes(r.peak_bytes) << "   peak RSS " << human_bytes(r.peak_rss_bytes) << "\n";
+  if (r.world_size > 1) {
+    os << "  ring             " << r.world_size << " ranks, forward bytes sent (max over ranks) "
+       << r.bytes_sent << " (computed minimum " << r.bytes_sent_min << ")\n";
+    auto per_rank = [&](const char* pass, const std::vector<RankFigures>& v) {
+      for (std::size_t i = 0; i < v.size(); ++i)
+        os << "    " << pass << " rank " << i << ": compute " << std::fixed << std::setprecision(2)
+           << v[i].compute_ms << " ms, communication " << v[i].comm_ms << " ms, exposed "
+           << v[i].exposed_ms << " ms, sent " << v[i].bytes_sent << " bytes\n";
+    };
+    per_rank("fwd", r.fwd_ranks);
+    per_rank("bwd", r.bwd_ranks);
+  }
   if (!r.checks.empty()) {
     os << "  check vs float64 reference (relative Frobenius error, tolerance " << std::scientific
        << std::setprecision(0) << r.check_tolerance << "):\n   ";
@@ -112,6 +124,19 @@ void print_json(const RunReport& r, std::ostream& os) {
   j["peak_bytes"] = r.peak_bytes;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["bytes_sent"] = r.bytes_sent;
+  j["bytes_sent_min"] = r.bytes_sent_min;
+  auto ranks_json = [](const std::vector<RankFigures>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (std::size_t i = 0; i < v.size(); ++i)
+      a.push_back({{"rank", i},
+                   {"compute_ms", v[i].compute_ms},
+                   {"comm_ms", v[i].comm_ms},
+                   {"exposed_ms", v[i].exposed_ms},
+                   {"bytes_sent", v[i].bytes_sent}});
+    return a;
+  };
+  if (!r.fwd_ranks.empty()) j["fwd_ranks"] = ranks_json(r.fwd_ranks);
+  if (!r.bwd_ranks.empty()) j["bwd_ranks"] = ranks_json(r.bwd_ranks);
   if (!r.checks.empty()) {
     nlohmann::json ch;
     for (const auto& x : r.checks) ch[x.tensor] = x.rel_error;

@@ -2,6 +2,7 @@
 // one JSON object on the last stdout line for machines.
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -14,6 +15,12 @@ namespace ringattn::cli {
 struct CheckResult {
   std::string tensor;  // "out", "lse", "dq", "dk", "dv"
   double rel_error = 0;
+};
+
+// One rank's figures for one pass (forward or backward), from the last timed iteration.
+struct RankFigures {
+  double compute_ms = 0, comm_ms = 0, exposed_ms = 0;
+  int64_t bytes_sent = 0;
 };
 
 struct RunReport {
@@ -30,7 +37,9 @@ struct RunReport {
   std::size_t workspace_bytes_per_thread = 0;
   std::size_t peak_bytes = 0;
   std::size_t peak_rss_bytes = 0;
-  std::size_t bytes_sent = 0;
+  std::size_t bytes_sent = 0;      // forward K/V payload, max over ranks
+  std::size_t bytes_sent_min = 0;  // the computed minimum for the config, max over ranks
+  std::vector<RankFigures> fwd_ranks, bwd_ranks;  // per rank, world_size > 1 only
   std::vector<CheckResult> checks;
   double check_tolerance = 0;
   std::vector<std::string> outputs_written;

@@ -1,5 +1,7 @@
-// The run command's steps, in the order that keeps failures cheap and outputs all-or-
-// nothing: validate every input and output path first, compute, check, then write.
+// The run command's steps, in the order that keeps failures cheap, collective and
+// all-or-nothing: validate every input and output path and load the shards (any failure is
+// agreed on by all ranks: exit 2 everywhere, no hang), then compute (a failure now aborts the
+// whole job), then check and write on rank 0.
 #include "cli/run_command.hpp"
 
 #include <omp.h>
@@ -8,11 +10,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "cli/report.hpp"
+#include "ring/ring_engine.hpp"
+#include "ring/ring_schedule.hpp"
+#include "ring/sharding.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/npy.hpp"
 #include "ringattn/plan.hpp"
@@ -43,31 +50,49 @@ Shape4 shape_of(const std::string& option, const std::string& path, const NpyHea
   return {h.shape[0], h.shape[1], h.shape[2], h.shape[3]};
 }
 
-void load_into(const std::string& path, HostTensor& t) {
-  NpyHeader h;
-  std::vector<float> data = read_npy_float(path, &h);
-  for (std::size_t i = 0; i < data.size(); ++i)
-    if (!std::isfinite(data[i]))
-      throw InputError(path, "element " + std::to_string(i) + " is " +
-                                 (std::isnan(data[i]) ? "NaN" : "infinite") +
-                                 "; inputs must be finite");
+// Element ranges of `rank`'s shard in a [B, N, H, D] file, in local order.
+std::vector<std::pair<int64_t, int64_t>> shard_ranges(const ring::ShardLayout& l, int rank,
+                                                      const Shape4& s) {
+  std::vector<std::pair<int64_t, int64_t>> r;
+  const int64_t inner = s.heads * s.head_dim;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (const ring::Chunk& c : l.chunks(rank))
+      r.push_back({(b * s.seq_len + c.begin) * inner, c.length * inner});
+  return r;
+}
+
+void load_shard(const std::string& path, const ring::ShardLayout& l, int rank, const Shape4& s,
+                HostTensor& t) {
+  const auto ranges = shard_ranges(l, rank, s);
+  const std::vector<float> data = read_npy_float_ranges(path, ranges);
+  std::size_t i = 0;
+  for (const auto& [first, count] : ranges)
+    for (int64_t j = 0; j < count; ++j, ++i)
+      if (!std::isfinite(data[i]))
+        throw InputError(path, "element " + std::to_string(first + j) + " is " +
+                                   (std::isnan(data[i]) ? "NaN" : "infinite") +
+                                   "; inputs must be finite");
   std::copy(data.begin(), data.end(), t.data());
 }
 
-// Uniform on [-sqrt(3), sqrt(3)] (unit variance) from a counter-based hash, so synthetic
-// inputs are the same for any thread count and cheap at any size.
-void fill_synthetic(HostTensor& t, uint64_t seed, uint64_t stream) {
+// Uniform on [-sqrt(3), sqrt(3)] (unit variance) from a counter-based hash of the global
+// element index, so every rank generates its own shard of the same tensor, for any thread
+// count and any number of ranks.
+void fill_synthetic(HostTensor& t, const ring::ShardLayout& l, int rank, const Shape4& s,
+                    uint64_t seed, uint64_t stream) {
   float* p = t.data();
-  const auto n = static_cast<int64_t>(t.size());
+  for (const auto& [first, count] : shard_ranges(l, rank, s)) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t z =
-        seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull + static_cast<uint64_t>(i);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const double u = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
-    p[i] = static_cast<float>((2.0 * u - 1.0) * 1.7320508075688772);
+    for (int64_t i = 0; i < count; ++i) {
+      uint64_t z = seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull +
+                   static_cast<uint64_t>(first + i);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const double u = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
+      p[i] = static_cast<float>((2.0 * u - 1.0) * 1.7320508075688772);
+    }
+    p += count;
   }
 }
 
@@ -98,17 +123,23 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
+// Everything the run needs, made during setup.
+struct RunState {
+  AttentionConfig cfg;
+  ring::ShardLayout layout;
+  Shape4 local;  // [B, N/P, H, D]
+  std::vector<int64_t> lse_dims;
+  HostTensor q, k, v, o, lse, dout, dq, dk, dv;
+  std::optional<Plan> plan;            // world size 1
+  std::optional<ring::RingPlan> ring;  // world size > 1
+};
 
-int run_command(const RunOptions& opts, std::ostream& out) {
+void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   AttentionConfig cfg = opts.cfg;
-
   if (opts.device == "cuda")
     throw InputError("--device",
                      "'cuda' is not available: this build of ringattn has CPU "
                      "kernels only (use --device cpu or auto)");
-
-  // 1. Input shapes (headers only) and the config they imply.
   if (!opts.q_path.empty()) {
     const Shape4 sq = shape_of("--q", opts.q_path, read_npy_header(opts.q_path));
     const Shape4 sk = shape_of("--k", opts.k_path, read_npy_header(opts.k_path));
@@ -135,9 +166,7 @@ int run_command(const RunOptions& opts, std::ostream& out) {
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path, read_npy_header(opts.dout_path));
     if (!(sd == cfg.shape))
-      throw InputError(opts.dout_path, "shape " + to_string(sd) +
-                                           " differs from the input "
-                                           "shape " +
+      throw InputError(opts.dout_path, "shape " + to_string(sd) + " differs from the input shape " +
                                            to_string(cfg.shape) + " (--dout)");
   }
   const double ref_work = reference_work(cfg);
@@ -147,110 +176,226 @@ int run_command(const RunOptions& opts, std::ostream& out) {
                                     " operations > " +
                                     std::to_string(static_cast<long long>(kCheckMaxWork)) +
                                     "); use a smaller --seq-len, --batch or --heads");
-
-  // 2. Output paths, before any work, so a typo costs nothing and leaves nothing.
-  const std::pair<const char*, const std::string*> outputs[] = {{"--out", &opts.out_path},
-                                                                {"--lse-out", &opts.lse_out_path},
-                                                                {"--dq-out", &opts.dq_out_path},
-                                                                {"--dk-out", &opts.dk_out_path},
-                                                                {"--dv-out", &opts.dv_out_path}};
-  for (const auto& [name, path] : outputs)
-    if (!path->empty()) check_output_path(name, *path);
-
+  st.layout = ring::make_layout(cfg, comm.size());
+  // Only rank 0 writes; it checks the paths before any work.
+  if (comm.rank() == 0)
+    for (const auto& [name, path] : {std::pair{"--out", &opts.out_path},
+                                     {"--lse-out", &opts.lse_out_path},
+                                     {"--dq-out", &opts.dq_out_path},
+                                     {"--dk-out", &opts.dk_out_path},
+                                     {"--dv-out", &opts.dv_out_path}})
+      if (!path->empty()) check_output_path(name, *path);
   if (opts.threads > 0) omp_set_num_threads(opts.threads);
 
-  // 3. Inputs.
-  const Shape4 s = cfg.shape;
-  const std::vector<int64_t> lse_dims{s.batch, s.heads, s.seq_len};
-  HostTensor q(s, "q"), k(s, "k"), v(s, "v"), o(s, "out"), lse(lse_dims, "lse");
+  const Shape4& s = cfg.shape;
+  st.cfg = cfg;
+  st.local = {s.batch, st.layout.local_len, s.heads, s.head_dim};
+  st.lse_dims = {s.batch, s.heads, st.layout.local_len};
+  st.q = HostTensor(st.local, "q");
+  st.k = HostTensor(st.local, "k");
+  st.v = HostTensor(st.local, "v");
+  st.o = HostTensor(st.local, "out");
+  st.lse = HostTensor(st.lse_dims, "lse");
+  const int rank = comm.rank();
   if (!opts.q_path.empty()) {
-    load_into(opts.q_path, q);
-    load_into(opts.k_path, k);
-    load_into(opts.v_path, v);
+    load_shard(opts.q_path, st.layout, rank, s, st.q);
+    load_shard(opts.k_path, st.layout, rank, s, st.k);
+    load_shard(opts.v_path, st.layout, rank, s, st.v);
   } else {
-    fill_synthetic(q, opts.seed, 1);
-    fill_synthetic(k, opts.seed, 2);
-    fill_synthetic(v, opts.seed, 3);
+    fill_synthetic(st.q, st.layout, rank, s, opts.seed, 1);
+    fill_synthetic(st.k, st.layout, rank, s, opts.seed, 2);
+    fill_synthetic(st.v, st.layout, rank, s, opts.seed, 3);
   }
-  HostTensor dout, dq, dk, dv;
   if (opts.backward) {
-    dout = HostTensor(s, "dout");
-    dq = HostTensor(s, "dq");
-    dk = HostTensor(s, "dk");
-    dv = HostTensor(s, "dv");
+    st.dout = HostTensor(st.local, "dout");
+    st.dq = HostTensor(st.local, "dq");
+    st.dk = HostTensor(st.local, "dk");
+    st.dv = HostTensor(st.local, "dv");
     if (!opts.dout_path.empty())
-      load_into(opts.dout_path, dout);
+      load_shard(opts.dout_path, st.layout, rank, s, st.dout);
     else
-      fill_synthetic(dout, opts.seed, 4);
+      fill_synthetic(st.dout, st.layout, rank, s, opts.seed, 4);
+  }
+  if (comm.size() == 1)
+    st.plan.emplace(cfg, PlanOptions{opts.threads});
+  else
+    st.ring.emplace(cfg, comm, PlanOptions{opts.threads});
+}
+
+// Gathers a local [B, N/P, H, D] (or lse [B, H, N/P]) tensor into the full one on rank 0.
+std::vector<float> gather_full(ring::Communicator& comm, const RunState& st, const HostTensor& t,
+                               bool is_lse) {
+  const Shape4& s = st.cfg.shape;
+  std::vector<float> all(comm.rank() == 0 ? t.size() * static_cast<std::size_t>(comm.size()) : 0);
+  comm.gather(t.data(), t.size() * sizeof(float), all.data());
+  std::vector<float> full;
+  if (comm.rank() != 0) return full;
+  full.resize(t.size() * static_cast<std::size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) {
+    const float* part = all.data() + static_cast<std::size_t>(r) * t.size();
+    if (is_lse)
+      ring::insert_lse(st.layout, r, s.batch, s.heads, part, full.data());
+    else
+      ring::insert_rows(st.layout, r, s.batch, s.heads * s.head_dim, part, full.data());
+  }
+  return full;
+}
+
+int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& st,
+                   std::ostream& out) {
+  const int rank = comm.rank(), world = comm.size();
+  const int threads = st.plan ? st.plan->threads() : st.ring->threads();
+  if (world > 1) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    const auto infos = comm.gather_info({host, static_cast<int>(getpid()), comm.local_rank(),
+                                         "cpu (" + std::to_string(threads) + " threads)"});
+    if (rank == 0) {
+      out << "ringattn: world size " << world << ", MPI library: " << comm.library_version()
+          << "\n";
+      for (std::size_t r = 0; r < infos.size(); ++r)
+        out << "  rank " << r << ": host " << infos[r].host << ", pid " << infos[r].pid
+            << ", local rank " << infos[r].local_rank << ", device " << infos[r].device << "\n";
+    }
   }
 
-  // 4. Plan once, run many.
-  Plan plan(cfg, PlanOptions{opts.threads});
+  auto forward = [&] {
+    if (st.plan)
+      st.plan->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
+    else
+      st.ring->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
+  };
+  auto backward = [&] {
+    if (st.plan)
+      st.plan->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
+                        st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
+    else
+      st.ring->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
+                        st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
+  };
   std::vector<double> fwd_times, bwd_times;
   for (int it = 0; it < opts.warmup + opts.iters; ++it) {
+    comm.barrier();
     auto t0 = std::chrono::steady_clock::now();
-    plan.forward(q.data(), k.data(), v.data(), o.data(), lse.data());
+    forward();
     if (it >= opts.warmup) fwd_times.push_back(ms_since(t0));
     if (opts.backward) {
+      comm.barrier();
       t0 = std::chrono::steady_clock::now();
-      plan.backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
-                    dk.data(), dv.data());
+      backward();
       if (it >= opts.warmup) bwd_times.push_back(ms_since(t0));
     }
   }
 
   RunReport rep;
-  rep.cfg = cfg;
+  rep.cfg = st.cfg;
   rep.device = "cpu";
-  rep.device_detail = cpu_model() + ", " + std::to_string(plan.threads()) + " threads";
-  rep.threads = plan.threads();
+  rep.device_detail = cpu_model() + ", " + std::to_string(threads) + " threads per rank";
+  rep.threads = threads;
+  rep.world_size = world;
   rep.iters = opts.iters;
-  rep.attended_pairs = attended_pairs(cfg);
-  rep.fwd_ms = median(fwd_times);
-  if (opts.backward) rep.bwd_ms = median(bwd_times);
-  rep.workspace_bytes = plan.workspace_bytes();
-  rep.workspace_bytes_per_thread = plan.workspace_bytes_per_thread();
+  rep.attended_pairs = attended_pairs(st.cfg);
+  rep.fwd_ms = comm.max(median(fwd_times));
+  if (opts.backward) rep.bwd_ms = comm.max(median(bwd_times));
+  if (st.plan) {
+    rep.workspace_bytes = st.plan->workspace_bytes();
+    rep.workspace_bytes_per_thread = st.plan->workspace_bytes_per_thread();
+  } else {
+    rep.workspace_bytes =
+        static_cast<std::size_t>(comm.max(static_cast<int64_t>(st.ring->workspace_bytes())));
+    rep.bytes_sent = static_cast<std::size_t>(comm.max(st.ring->last_forward().bytes_sent));
+    rep.bytes_sent_min =
+        static_cast<std::size_t>(comm.max(ring::minimum_bytes_sent(st.cfg, st.layout, rank)));
+    auto gather_figures = [&](const ring::RingTimings& t) {
+      const RankFigures mine{t.compute_ms, t.comm_ms, t.exposed_ms, t.bytes_sent};
+      std::vector<RankFigures> all(rank == 0 ? static_cast<std::size_t>(world) : 0);
+      comm.gather(&mine, sizeof mine, all.data());
+      return all;
+    };
+    rep.fwd_ranks = gather_figures(st.ring->last_forward());
+    if (opts.backward) rep.bwd_ranks = gather_figures(st.ring->last_backward());
+  }
 
-  // 5. Check.
-  if (opts.check) {
-    rep.check_tolerance = kCheckTolerance;
-    const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
-    rep.checks.push_back({"out", relative_error(o.data(), ref.out.data(), o.size())});
-    rep.checks.push_back({"lse", relative_error(lse.data(), ref.lse.data(), lse.size())});
-    if (opts.backward) {
-      const ReferenceGradients g =
-          reference_backward(cfg, q.data(), k.data(), v.data(), dout.data());
-      rep.checks.push_back({"dq", relative_error(dq.data(), g.dq.data(), dq.size())});
-      rep.checks.push_back({"dk", relative_error(dk.data(), g.dk.data(), dk.size())});
-      rep.checks.push_back({"dv", relative_error(dv.data(), g.dv.data(), dv.size())});
+  // Full tensors on rank 0 (the local ones are the full ones on a single rank).
+  const bool need_full = opts.check || !opts.out_path.empty() || !opts.lse_out_path.empty() ||
+                         !opts.dq_out_path.empty() || !opts.dk_out_path.empty() ||
+                         !opts.dv_out_path.empty();
+  auto full = [&](const HostTensor& t, bool is_lse, bool wanted) {
+    if (!wanted || !need_full) return std::vector<float>();
+    if (world == 1) return std::vector<float>(t.data(), t.data() + t.size());
+    return gather_full(comm, st, t, is_lse);
+  };
+  const auto o = full(st.o, false, true);
+  const auto lse = full(st.lse, true, true);
+  const auto dq = full(st.dq, false, opts.backward);
+  const auto dk = full(st.dk, false, opts.backward);
+  const auto dv = full(st.dv, false, opts.backward);
+  const auto q = full(st.q, false, opts.check);
+  const auto k = full(st.k, false, opts.check);
+  const auto v = full(st.v, false, opts.check);
+  const auto dout = full(st.dout, false, opts.check && opts.backward);
+
+  int code = 0;
+  if (rank == 0) {
+    if (opts.check) {
+      rep.check_tolerance = kCheckTolerance;
+      const ReferenceForward ref = reference_forward(st.cfg, q.data(), k.data(), v.data());
+      rep.checks.push_back({"out", relative_error(o.data(), ref.out.data(), o.size())});
+      rep.checks.push_back({"lse", relative_error(lse.data(), ref.lse.data(), lse.size())});
+      if (opts.backward) {
+        const ReferenceGradients g =
+            reference_backward(st.cfg, q.data(), k.data(), v.data(), dout.data());
+        rep.checks.push_back({"dq", relative_error(dq.data(), g.dq.data(), dq.size())});
+        rep.checks.push_back({"dk", relative_error(dk.data(), g.dk.data(), dk.size())});
+        rep.checks.push_back({"dv", relative_error(dv.data(), g.dv.data(), dv.size())});
+      }
+    }
+    rep.peak_bytes = tracked_bytes_peak();
+    rep.peak_rss_bytes = peak_rss_bytes();
+    if (opts.check && !rep.check_passed()) {
+      print_table(rep, out);
+      if (opts.json) print_json(rep, out);
+      std::cerr << "ringattn: error: --check: result differs from the float64 reference beyond "
+                   "the tolerance; no output files written\n";
+      code = static_cast<int>(ExitCode::runtime_failure);
+    } else {
+      const Shape4& s = st.cfg.shape;
+      const std::vector<int64_t> dims4{s.batch, s.seq_len, s.heads, s.head_dim};
+      const std::vector<int64_t> lse_dims{s.batch, s.heads, s.seq_len};
+      AtomicOutputs files;
+      if (!opts.out_path.empty()) files.stage(opts.out_path, dims4, o.data());
+      if (!opts.lse_out_path.empty()) files.stage(opts.lse_out_path, lse_dims, lse.data());
+      if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, dq.data());
+      if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, dims4, dk.data());
+      if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, dims4, dv.data());
+      files.commit();
+      for (const auto* p : {&opts.out_path, &opts.lse_out_path, &opts.dq_out_path,
+                            &opts.dk_out_path, &opts.dv_out_path})
+        if (!p->empty()) rep.outputs_written.push_back(*p);
+      print_table(rep, out);
+      if (opts.json) print_json(rep, out);
     }
   }
-  rep.peak_bytes = tracked_bytes_peak();
-  rep.peak_rss_bytes = peak_rss_bytes();
+  return static_cast<int>(comm.max(static_cast<int64_t>(code)));
+}
 
-  if (opts.check && !rep.check_passed()) {
-    print_table(rep, out);
-    if (opts.json) print_json(rep, out);
-    std::cerr << "ringattn: error: --check: result differs from the float64 reference beyond "
-                 "the tolerance; no output files written\n";
+}  // namespace
+
+int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& out) {
+  RunState st;
+  if (const int code = agree_on_errors(comm, [&] { setup(opts, comm, st); })) return code;
+  try {
+    return run_and_report(opts, comm, st, out);
+  } catch (const std::exception& e) {
+    std::cerr << "ringattn: "
+              << (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "")
+              << "error: " << e.what() << "\n";
+    if (comm.size() > 1) {
+      std::cerr.flush();
+      comm.abort(static_cast<int>(ExitCode::runtime_failure));
+    }
     return static_cast<int>(ExitCode::runtime_failure);
   }
-
-  // 6. Outputs, all or nothing.
-  AtomicOutputs files;
-  const std::vector<int64_t> dims4{s.batch, s.seq_len, s.heads, s.head_dim};
-  if (!opts.out_path.empty()) files.stage(opts.out_path, dims4, o.data());
-  if (!opts.lse_out_path.empty()) files.stage(opts.lse_out_path, lse_dims, lse.data());
-  if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, dq.data());
-  if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, dims4, dk.data());
-  if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, dims4, dv.data());
-  files.commit();
-  for (const auto& [name, path] : outputs)
-    if (!path->empty()) rep.outputs_written.push_back(*path);
-
-  print_table(rep, out);
-  if (opts.json) print_json(rep, out);
-  return 0;
 }
 
 }  // namespace ringattn::cli

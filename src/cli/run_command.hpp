@@ -1,15 +1,25 @@
-// `ringattn run`: load or synthesise inputs, plan, time forward (and backward), optionally
-// check against the float64 reference, write outputs atomically, report.
+// `ringattn run`: load (each rank its own shard) or synthesise inputs, plan, time forward
+// (and backward), optionally check against the float64 reference, gather and write outputs
+// atomically on rank 0, report.
 #pragma once
 
 #include <iosfwd>
 
 #include "cli/options.hpp"
+#include "ring/communicator.hpp"
 
 namespace ringattn::cli {
 
-// Returns the process exit code (0, or 3 when --check finds a wrong result). Throws
-// InputError / RuntimeFailure for the caller to turn into exit codes 2 / 3.
-int run_command(const RunOptions& opts, std::ostream& out);
+// Returns the process exit code. Setup errors (bad input, on any rank) are agreed on by all
+// ranks, printed once, and returned as 2 (or 3) everywhere. An error after setup ends the
+// whole job through Communicator::abort, naming the rank.
+int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& out);
+
+// Runs `f`; if it throws on any rank, every rank learns it (no rank is left waiting) and the
+// lowest failing rank prints its message. Returns the exit code all ranks agree on.
+template <typename F>
+int agree_on_errors(ring::Communicator& comm, F&& f);
 
 }  // namespace ringattn::cli
+
+#include "cli/agree_on_errors.ipp"
