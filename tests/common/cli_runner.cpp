@@ -22,6 +22,11 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 CliResult run_cli(const std::vector<std::string>& args) {
+  return run_program(RINGATTN_CLI_PATH, args);
+}
+
+CliResult run_program(const std::string& program, const std::vector<std::string>& args,
+                      const std::vector<std::string>& env) {
   TempDir tmp;
   const std::string out_path = tmp.file("stdout"), err_path = tmp.file("stderr");
   // Buffered output of the test itself would otherwise be flushed by the child too.
@@ -31,13 +36,14 @@ CliResult run_cli(const std::vector<std::string>& args) {
   if (pid == 0) {
     if (!freopen(out_path.c_str(), "w", stdout) || !freopen(err_path.c_str(), "w", stderr))
       _exit(127);
+    for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> argv;
-    std::string prog = RINGATTN_CLI_PATH;
+    std::string prog = program;
     argv.push_back(prog.data());
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(prog.c_str(), argv.data());
+    execvp(prog.c_str(), argv.data());
     _exit(127);
   }
   int status = 0;

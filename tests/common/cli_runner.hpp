@@ -15,6 +15,11 @@ struct CliResult {
 // args exclude the program name; e.g. {"run", "--seq-len", "64"}.
 CliResult run_cli(const std::vector<std::string>& args);
 
+// Runs any program (e.g. mpiexec) with `args`; `env` entries ("NAME=value") are added to the
+// child's environment.
+CliResult run_program(const std::string& program, const std::vector<std::string>& args,
+                      const std::vector<std::string>& env = {});
+
 // A fresh empty directory under the system temp dir, removed by the destructor.
 class TempDir {
  public:
