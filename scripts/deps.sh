@@ -6,6 +6,7 @@ packages=(
   cmake ninja-build g++ make
   libboost-program-options-dev libgtest-dev nlohmann-json3-dev libopenblas-openmp-dev
   libopenmpi-dev openmpi-bin
+  slurm-wlm munge
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -139,6 +139,14 @@ TEST(CliMpi, InjectedFaultEndsTheWholeJobPromptlyNamingTheRank) {
   EXPECT_LT(s, 30.0);
 }
 
+TEST(CliMpi, SlurmJobThatSeesOneRankIsRefused) {
+  // `ringattn run` started straight from a batch script with several tasks: MPI sees one rank.
+  const CliResult r =
+      testing::run_program(RINGATTN_CLI_PATH, {"run", "--seq-len", "64"}, {"SLURM_NTASKS=4"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("SLURM_NTASKS=4 but MPI reports 1 rank"), std::string::npos) << r.err;
+}
+
 TEST(CliMpi, SyntheticRunIsIdenticalForAnyRankCount) {
   // The same seed gives the same tensors on any number of ranks, so outputs must agree.
   std::vector<std::vector<float>> outs;
