@@ -320,34 +320,40 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   const bool need_full = opts.check || !opts.out_path.empty() || !opts.lse_out_path.empty() ||
                          !opts.dq_out_path.empty() || !opts.dk_out_path.empty() ||
                          !opts.dv_out_path.empty();
-  auto full = [&](const HostTensor& t, bool is_lse, bool wanted) {
-    if (!wanted || !need_full) return std::vector<float>();
-    if (world == 1) return std::vector<float>(t.data(), t.data() + t.size());
-    return gather_full(comm, st, t, is_lse);
+  // On one rank the local tensors are the full ones; on several, rank 0 gathers copies.
+  std::vector<std::vector<float>> gathered;
+  gathered.reserve(9);
+  auto full = [&](const HostTensor& t, bool is_lse, bool wanted) -> const float* {
+    if (!wanted || !need_full) return nullptr;
+    if (world == 1) return t.data();
+    gathered.push_back(gather_full(comm, st, t, is_lse));
+    return gathered.back().data();
   };
-  const auto o = full(st.o, false, true);
-  const auto lse = full(st.lse, true, true);
-  const auto dq = full(st.dq, false, opts.backward);
-  const auto dk = full(st.dk, false, opts.backward);
-  const auto dv = full(st.dv, false, opts.backward);
-  const auto q = full(st.q, false, opts.check);
-  const auto k = full(st.k, false, opts.check);
-  const auto v = full(st.v, false, opts.check);
-  const auto dout = full(st.dout, false, opts.check && opts.backward);
+  const float* o = full(st.o, false, true);
+  const float* lse = full(st.lse, true, true);
+  const float* dq = full(st.dq, false, opts.backward);
+  const float* dk = full(st.dk, false, opts.backward);
+  const float* dv = full(st.dv, false, opts.backward);
+  const float* q = full(st.q, false, opts.check);
+  const float* k = full(st.k, false, opts.check);
+  const float* v = full(st.v, false, opts.check);
+  const float* dout = full(st.dout, false, opts.check && opts.backward);
+  const auto n_full = static_cast<std::size_t>(st.cfg.shape.numel());
+  const auto n_lse =
+      static_cast<std::size_t>(st.cfg.shape.batch * st.cfg.shape.heads * st.cfg.shape.seq_len);
 
   int code = 0;
   if (rank == 0) {
     if (opts.check) {
       rep.check_tolerance = kCheckTolerance;
-      const ReferenceForward ref = reference_forward(st.cfg, q.data(), k.data(), v.data());
-      rep.checks.push_back({"out", relative_error(o.data(), ref.out.data(), o.size())});
-      rep.checks.push_back({"lse", relative_error(lse.data(), ref.lse.data(), lse.size())});
+      const ReferenceForward ref = reference_forward(st.cfg, q, k, v);
+      rep.checks.push_back({"out", relative_error(o, ref.out.data(), n_full)});
+      rep.checks.push_back({"lse", relative_error(lse, ref.lse.data(), n_lse)});
       if (opts.backward) {
-        const ReferenceGradients g =
-            reference_backward(st.cfg, q.data(), k.data(), v.data(), dout.data());
-        rep.checks.push_back({"dq", relative_error(dq.data(), g.dq.data(), dq.size())});
-        rep.checks.push_back({"dk", relative_error(dk.data(), g.dk.data(), dk.size())});
-        rep.checks.push_back({"dv", relative_error(dv.data(), g.dv.data(), dv.size())});
+        const ReferenceGradients g = reference_backward(st.cfg, q, k, v, dout);
+        rep.checks.push_back({"dq", relative_error(dq, g.dq.data(), n_full)});
+        rep.checks.push_back({"dk", relative_error(dk, g.dk.data(), n_full)});
+        rep.checks.push_back({"dv", relative_error(dv, g.dv.data(), n_full)});
       }
     }
     rep.peak_bytes = tracked_bytes_peak();
@@ -363,11 +369,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       const std::vector<int64_t> dims4{s.batch, s.seq_len, s.heads, s.head_dim};
       const std::vector<int64_t> lse_dims{s.batch, s.heads, s.seq_len};
       AtomicOutputs files;
-      if (!opts.out_path.empty()) files.stage(opts.out_path, dims4, o.data());
-      if (!opts.lse_out_path.empty()) files.stage(opts.lse_out_path, lse_dims, lse.data());
-      if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, dq.data());
-      if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, dims4, dk.data());
-      if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, dims4, dv.data());
+      if (!opts.out_path.empty()) files.stage(opts.out_path, dims4, o);
+      if (!opts.lse_out_path.empty()) files.stage(opts.lse_out_path, lse_dims, lse);
+      if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, dq);
+      if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, dims4, dk);
+      if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, dims4, dv);
       files.commit();
       for (const auto* p : {&opts.out_path, &opts.lse_out_path, &opts.dq_out_path,
                             &opts.dk_out_path, &opts.dv_out_path})
