@@ -27,12 +27,6 @@ namespace {
 
 constexpr double kTolerance = 1e-5;  // the golden README's acceptance bound
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (auto x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
 // Full diagnostics on failure: a CLI test that only says "exit 2 != 0" is useless.
 std::string describe(const CliResult& r) {
   return "exit " + std::to_string(r.exit_code) + ", signal " + std::to_string(r.signal) +
@@ -65,44 +59,10 @@ void check_golden_case(const std::string& name) {
   const GoldenCase c = ringattn::testing::load_golden(name);
   const auto& s = c.cfg.shape;
   TempDir tmp;
-  std::ostringstream scale;
-  scale.precision(17);  // round-trips the double exactly
-  scale << *c.cfg.scale;
-  std::vector<std::string> args = {"run",
-                                   "--q",
-                                   c.dir + "/q.npy",
-                                   "--k",
-                                   c.dir + "/k.npy",
-                                   "--v",
-                                   c.dir + "/v.npy",
-                                   "--dout",
-                                   c.dir + "/dout.npy",
-                                   "--attention",
-                                   "dilated",
-                                   "--combine",
-                                   c.mode,
-                                   "--segments",
-                                   join(c.cfg.segments),
-                                   "--dilations",
-                                   join(c.cfg.dilations),
-                                   "--scale",
-                                   scale.str(),
-                                   "--out",
-                                   tmp.file("out.npy"),
-                                   "--dq-out",
-                                   tmp.file("dq.npy"),
-                                   "--dk-out",
-                                   tmp.file("dk.npy"),
-                                   "--dv-out",
-                                   tmp.file("dv.npy"),
-                                   "--lse-out",
-                                   tmp.file("lse.npy"),
-                                   "--iters",
-                                   "1",
-                                   "--warmup",
-                                   "0",
-                                   "--json"};
-  if (c.cfg.causal) args.push_back("--causal");
+  std::vector<std::string> args = ringattn::testing::golden_run_args(c);
+  args.insert(args.end(), {"--out", tmp.file("out.npy"), "--dq-out", tmp.file("dq.npy"), "--dk-out",
+                           tmp.file("dk.npy"), "--dv-out", tmp.file("dv.npy"), "--lse-out",
+                           tmp.file("lse.npy"), "--iters", "1", "--warmup", "0", "--json"});
   const CliResult r = run_cli(args);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   ASSERT_EQ(r.signal, 0);

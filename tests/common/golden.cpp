@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "ringattn/npy.hpp"
 
@@ -54,6 +55,38 @@ GoldenCase load_golden(const std::string& name) {
   c.dk = load("dk.npy");
   c.dv = load("dv.npy");
   return c;
+}
+
+std::vector<std::string> golden_run_args(const GoldenCase& c) {
+  auto join = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (auto x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  };
+  std::ostringstream scale;
+  scale.precision(17);  // round-trips the double exactly
+  scale << *c.cfg.scale;
+  std::vector<std::string> a = {"run",
+                                "--q",
+                                c.dir + "/q.npy",
+                                "--k",
+                                c.dir + "/k.npy",
+                                "--v",
+                                c.dir + "/v.npy",
+                                "--dout",
+                                c.dir + "/dout.npy",
+                                "--attention",
+                                "dilated",
+                                "--combine",
+                                c.mode,
+                                "--segments",
+                                join(c.cfg.segments),
+                                "--dilations",
+                                join(c.cfg.dilations),
+                                "--scale",
+                                scale.str()};
+  if (c.cfg.causal) a.push_back("--causal");
+  return a;
 }
 
 }  // namespace ringattn::testing

@@ -23,4 +23,8 @@ std::string golden_dir();
 std::vector<std::string> golden_case_names(const std::string& mode_filter = "");
 GoldenCase load_golden(const std::string& name);
 
+// `ringattn run` arguments for a grouped/mixture case: its files (q, k, v, dout), pattern,
+// causal flag and exact scale; callers append outputs and run control.
+std::vector<std::string> golden_run_args(const GoldenCase& c);
+
 }  // namespace ringattn::testing

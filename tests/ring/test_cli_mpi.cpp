@@ -34,39 +34,9 @@ CliResult mpirun(int ranks, std::vector<std::string> args, const std::string& ex
   return testing::run_program(RINGATTN_MPIEXEC, full, env);
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (auto x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
 std::vector<std::string> golden_args(const testing::GoldenCase& c) {
-  std::vector<std::string> a = {"run",
-                                "--q",
-                                c.dir + "/q.npy",
-                                "--k",
-                                c.dir + "/k.npy",
-                                "--v",
-                                c.dir + "/v.npy",
-                                "--dout",
-                                c.dir + "/dout.npy",
-                                "--attention",
-                                "dilated",
-                                "--combine",
-                                c.mode,
-                                "--segments",
-                                join(c.cfg.segments),
-                                "--dilations",
-                                join(c.cfg.dilations),
-                                "--scale",
-                                std::to_string(*c.cfg.scale),
-                                "--iters",
-                                "1",
-                                "--warmup",
-                                "0",
-                                "--threads",
-                                "1"};
-  if (c.cfg.causal) a.push_back("--causal");
+  auto a = testing::golden_run_args(c);
+  a.insert(a.end(), {"--iters", "1", "--warmup", "0", "--threads", "1"});
   return a;
 }
 
