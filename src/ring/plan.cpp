@@ -19,16 +19,6 @@ namespace ringattn {
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-kernels::TileConfig choose_tiles(const AttentionConfig& cfg, const PlanOptions& opts) {
-  kernels::TileConfig t;
-  // Score tiles of 128 × 256 floats (128 KiB) stay in L2 next to the K/V tile; at large D
-  // the K/V tile grows, so the score tile shrinks.
-  t.q_tile = 128;
-  t.k_tile = cfg.shape.head_dim > 128 ? 128 : 256;
-  if (opts.q_tile > 0) t.q_tile = opts.q_tile;
-  if (opts.k_tile > 0) t.k_tile = opts.k_tile;
-  return t;
-}
 }  // namespace
 
 struct Plan::Impl {
@@ -46,7 +36,7 @@ Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_uniqu
   impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   if (opts.threads < 0) throw InputError("--threads", "must be >= 0");
   if (opts.q_tile < 0 || opts.k_tile < 0) throw InputError("tiles", "must be >= 0 (0: automatic)");
-  impl_->tiles = choose_tiles(cfg, opts);
+  impl_->tiles = ring::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
   impl_->schedule = ring::build_local_schedule(cfg, impl_->tiles);
   impl_->per_thread_floats =
       std::max(kernels::forward_workspace_floats(impl_->tiles, cfg.shape.head_dim),

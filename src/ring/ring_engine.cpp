@@ -15,6 +15,7 @@
 
 #include "kernels/cpu_flash.hpp"
 #include "ring/progress_thread.hpp"
+#include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
 
@@ -141,8 +142,7 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   m.cfg = cfg;
   m.comm = &comm;
   m.threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
-  m.tiles.q_tile = opts.q_tile > 0 ? opts.q_tile : 128;
-  m.tiles.k_tile = opts.k_tile > 0 ? opts.k_tile : (cfg.shape.head_dim > 128 ? 128 : 256);
+  m.tiles = choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
   m.layout = make_layout(cfg, comm.size());
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles);
   m.fault = FaultInjection::from_env();

@@ -7,6 +7,8 @@
 #include <map>
 #include <tuple>
 
+#include "ring/schedule.hpp"
+
 namespace ringattn::ring {
 
 namespace {
@@ -110,21 +112,6 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
   return work;
 }
 
-void order_items(Wave& w, bool causal, const kernels::TileConfig& tiles) {
-  std::vector<std::pair<int64_t, kernels::ForwardItem>> costed;
-  for (std::size_t ti = 0; ti < w.tasks.size(); ++ti) {
-    const auto& t = w.tasks[ti];
-    for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
-      const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-      costed.push_back(
-          {bq * kernels::visible_keys(t, causal, i0, bq), {static_cast<int64_t>(ti), i0}});
-    }
-  }
-  std::stable_sort(costed.begin(), costed.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& c : costed) w.items.push_back(c.second);
-}
-
 }  // namespace
 
 RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
@@ -183,7 +170,7 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
       task.causal_offset = q.k_begin - k.k_begin;
       step.waves[it->second].tasks.push_back(task);
     }
-    for (Wave& w : step.waves) order_items(w, cfg.causal, tiles);
+    for (Wave& w : step.waves) w.items = forward_items(w.tasks, cfg.causal, tiles);
     sched.max_send_rows = std::max(sched.max_send_rows, step.send_rows);
     sched.max_recv_rows = std::max(sched.max_recv_rows, step.recv_rows);
     sched.bytes_sent += step.send_rows * 2 * d * static_cast<int64_t>(sizeof(float));

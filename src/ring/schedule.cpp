@@ -31,27 +31,6 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
   }
 }
 
-void add_items(KernelPass& pass, bool causal, const kernels::TileConfig& tiles) {
-  struct Costed {
-    kernels::ForwardItem item;
-    int64_t cost;
-  };
-  std::vector<Costed> costed;
-  for (std::size_t ti = 0; ti < pass.tasks.size(); ++ti) {
-    const auto& t = pass.tasks[ti];
-    for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
-      const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-      const int64_t keys = kernels::visible_keys(t, causal, i0, bq);
-      costed.push_back({{static_cast<int64_t>(ti), i0}, bq * keys});
-    }
-  }
-  // Longest first, so that dynamic scheduling ends with the short items (LPT balance).
-  std::stable_sort(costed.begin(), costed.end(),
-                   [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
-  pass.items.reserve(costed.size());
-  for (const auto& c : costed) pass.items.push_back(c.item);
-}
-
 }  // namespace
 
 LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t) {
@@ -66,7 +45,7 @@ LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::Ti
       for (int64_t h = r.first; h < r.first + r.count; ++h)
         add_pattern_tasks(cfg, g, h, pass.tasks);
     }
-    add_items(pass, cfg.causal, t);
+    pass.items = forward_items(pass.tasks, cfg.causal, t);
     sched.passes.push_back(std::move(pass));
     sched.clear_outputs_first = cfg.attention == AttentionKind::dilated;
   } else {
@@ -74,12 +53,32 @@ LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::Ti
       KernelPass pass;
       pass.accumulate = true;
       for (int64_t h = 0; h < heads; ++h) add_pattern_tasks(cfg, i, h, pass.tasks);
-      add_items(pass, cfg.causal, t);
+      pass.items = forward_items(pass.tasks, cfg.causal, t);
       sched.passes.push_back(std::move(pass));
     }
     sched.clear_outputs_first = true;
   }
   return sched;
+}
+
+std::vector<kernels::ForwardItem> forward_items(std::span<const kernels::SubseqTask> tasks,
+                                                bool causal, const kernels::TileConfig& tiles) {
+  std::vector<std::pair<int64_t, kernels::ForwardItem>> costed;
+  for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
+    const auto& t = tasks[ti];
+    for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
+      const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+      costed.push_back(
+          {bq * kernels::visible_keys(t, causal, i0, bq), {static_cast<int64_t>(ti), i0}});
+    }
+  }
+  // Longest first, so that dynamic scheduling ends with the short items (LPT balance).
+  std::stable_sort(costed.begin(), costed.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<kernels::ForwardItem> items;
+  items.reserve(costed.size());
+  for (const auto& c : costed) items.push_back(c.second);
+  return items;
 }
 
 std::size_t schedule_bytes(const LocalSchedule& s) {

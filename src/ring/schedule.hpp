@@ -3,6 +3,7 @@
 // the replaced project: computed once, reused by every call).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "kernels/cpu_flash.hpp"
@@ -26,6 +27,20 @@ struct LocalSchedule {
 };
 
 LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t);
+
+// Forward work items (task, query tile) of `tasks`, most expensive first.
+std::vector<kernels::ForwardItem> forward_items(std::span<const kernels::SubseqTask> tasks,
+                                                bool causal, const kernels::TileConfig& tiles);
+
+// Tiles for a head dim, unless the caller asks for others (0: automatic): score tiles of
+// 128 × 256 floats (128 KiB) stay in L2 beside the K/V tile; past D = 128 the score tile
+// shrinks to leave room for the larger K/V rows.
+inline kernels::TileConfig choose_tiles(int64_t head_dim, int64_t q_tile, int64_t k_tile) {
+  kernels::TileConfig t;
+  t.q_tile = q_tile > 0 ? q_tile : 128;
+  t.k_tile = k_tile > 0 ? k_tile : (head_dim > 128 ? 128 : 256);
+  return t;
+}
 
 // Bytes the schedule occupies (reported as part of the plan's workspace).
 std::size_t schedule_bytes(const LocalSchedule& s);
