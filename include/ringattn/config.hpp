@@ -12,7 +12,9 @@ namespace ringattn {
 
 inline constexpr int64_t kMaxHeadDim = 256;
 
-enum class AttentionKind { dense, dilated };
+// block_sparse: the key blocks each query block attends come from a block mask or a
+// pattern generator (src/sparse/); the config holds only the block size.
+enum class AttentionKind { dense, dilated, block_sparse };
 enum class Combine { grouped, mixture };
 
 const char* to_string(AttentionKind k);
@@ -35,6 +37,7 @@ struct AttentionConfig {
   std::vector<int64_t> dilations;  // r_i, dilated only
   bool causal = false;
   std::optional<double> scale;  // default 1/sqrt(head_dim)
+  int64_t block_size = 128;     // block_sparse only: tokens per block, divides seq_len
 
   double effective_scale() const;
 };
@@ -50,6 +53,7 @@ struct DilatedPattern {
 };
 
 // Dense → one pattern covering the whole sequence; dilated → one per (segment, dilation).
+// Throws std::logic_error for block_sparse (its pattern lives in the sparse layer).
 std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg);
 
 // Grouped combine: the contiguous head range [first, first+count) of group i.
@@ -67,6 +71,7 @@ int64_t selected_per_segment(const DilatedPattern& p, int64_t offset);
 
 // Sum over batch, heads and query rows of the number of keys each query attends
 // (causal counted as attended). Forward FLOPs are 4 * head_dim * attended_pairs.
+// Dense and dilated only: block-sparse plans count their own from the block lists.
 double attended_pairs(const AttentionConfig& cfg);
 
 }  // namespace ringattn

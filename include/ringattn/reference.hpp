@@ -4,6 +4,8 @@
 // (out/dq/dk/dv [B, N, H, D], lse [B, H, N]).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ringattn/config.hpp"
@@ -25,6 +27,30 @@ ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, c
 // Gradients of sum(out * dout) with respect to q, k and v.
 ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q, const float* k,
                                       const float* v, const float* dout);
+
+// Block-sparse attention (docs/SEMANTICS.md): query p of head h attends key t when key block
+// t / bs is among key_blocks(h, p / bs) (and t <= p when causal); one softmax per row over
+// every allowed key; rows with none output 0 and lse -inf. The callback is the caller's
+// statement of the mask (tests read it straight from a bool mask).
+struct BlockReferenceProblem {
+  Shape4 shape;
+  int64_t block_size = 0;
+  bool causal = false;
+  double scale = 0;  // 0: 1/sqrt(D)
+  std::function<std::vector<int64_t>(int64_t head, int64_t qblock)> key_blocks;
+};
+
+ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const float* q,
+                                          const float* k, const float* v);
+ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, const float* q,
+                                             const float* k, const float* v, const float* dout);
+// One query row (head h, position p) from rows the caller fetches: key_row(t) and
+// value_row(t) return head h's D floats at position t. Writes out [D] and *lse. This is how
+// a huge run is checked on sampled rows without the full tensors.
+void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p,
+                          const float* q_row, const std::function<const float*(int64_t)>& key_row,
+                          const std::function<const float*(int64_t)>& value_row, double* out,
+                          double* lse);
 
 // ||got - want||_F / ||want||_F (0 when both are zero); infinite entries must match exactly
 // in position and sign, else the result is +inf.

@@ -3,13 +3,22 @@
 #include "ringattn/config.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <stdexcept>
 #include <sstream>
 
 #include "ringattn/errors.hpp"
 
 namespace ringattn {
 
-const char* to_string(AttentionKind k) { return k == AttentionKind::dense ? "dense" : "dilated"; }
+const char* to_string(AttentionKind k) {
+  switch (k) {
+    case AttentionKind::dense: return "dense";
+    case AttentionKind::dilated: return "dilated";
+    case AttentionKind::block_sparse: return "block-sparse";
+  }
+  return "?";
+}
 const char* to_string(Combine c) { return c == Combine::grouped ? "grouped" : "mixture"; }
 
 std::string to_string(const Shape4& s) {
@@ -39,6 +48,19 @@ void validate(const AttentionConfig& cfg) {
     throw InputError("--scale", "must be a positive finite number");
 
   if (cfg.attention == AttentionKind::dense) return;
+  if (cfg.attention == AttentionKind::block_sparse) {
+    if (cfg.block_size <= 0)
+      throw InputError("--block-size", "must be positive, got " + std::to_string(cfg.block_size));
+    if (s.seq_len % cfg.block_size != 0)
+      throw InputError("--block-size", "block size " + std::to_string(cfg.block_size) +
+                                           " does not divide the sequence length " +
+                                           std::to_string(s.seq_len));
+    if (s.seq_len / cfg.block_size > INT32_MAX)
+      throw InputError("--block-size", "too many blocks (" +
+                                           std::to_string(s.seq_len / cfg.block_size) +
+                                           "); use a larger block size");
+    return;
+  }
 
   if (cfg.segments.empty())
     throw InputError("--segments", "empty: dilated attention needs at least one segment length");
@@ -70,6 +92,8 @@ void validate(const AttentionConfig& cfg) {
 
 std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {
   if (cfg.attention == AttentionKind::dense) return {{cfg.shape.seq_len, 1}};
+  if (cfg.attention == AttentionKind::block_sparse)
+    throw std::logic_error("patterns_of: block-sparse patterns live in the sparse layer");
   std::vector<DilatedPattern> out;
   for (std::size_t i = 0; i < cfg.segments.size(); ++i)
     out.push_back({cfg.segments[i], cfg.dilations[i]});

@@ -1,0 +1,283 @@
+// The CPU block-sparse kernels: the flash-attention forward and FA2-style backward of
+// cpu_flash_*.cpp, walking lists of key spans (or, for dK/dV, query spans) instead of one
+// contiguous key range. sgemm on strided views throughout; one score tile per thread.
+#include "kernels/cpu_block_sparse.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu_math.hpp"
+#include "kernels/merge_lse.hpp"
+
+namespace ringattn::kernels {
+
+namespace {
+
+struct Scratch {
+  float* s;    // q_tile × k_tile: scores / probabilities
+  float* ds;   // q_tile × k_tile: dP, then dS
+  float* acc;  // q_tile × D: output or dQ accumulator
+  float* dk;   // k_tile × D
+  float* dv;   // k_tile × D
+  float* m;    // q_tile: running max, or lse
+  float* l;    // q_tile: running sum, or delta
+};
+
+Scratch carve(float* base, const TileConfig& t, int64_t d) {
+  const auto st = round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile));
+  const auto qd = round_up16(static_cast<std::size_t>(t.q_tile * d));
+  const auto kd = round_up16(static_cast<std::size_t>(t.k_tile * d));
+  const auto q1 = round_up16(static_cast<std::size_t>(t.q_tile));
+  Scratch s{};
+  s.s = base;
+  s.ds = s.s + st;
+  s.acc = s.ds + st;
+  s.dk = s.acc + qd;
+  s.dv = s.dk + kd;
+  s.m = s.dv + kd;
+  s.l = s.m + q1;
+  return s;
+}
+
+int sz(int64_t v) { return static_cast<int>(v); }
+
+// Keys of a span that query rows [i0, i0 + bq) can see at all (a prefix).
+int64_t visible(const KeySpan& sp, bool causal, int64_t i0, int64_t bq) {
+  if (!causal) return sp.n_k;
+  return std::clamp<int64_t>(i0 + bq + sp.causal_offset, 0, sp.n_k);
+}
+
+// Sets P = exp(S - lse) row by row on a bq × bk tile, zero past each row's causal limit
+// (key j visible iff j <= i + diag). Rows with lse = -inf attend nothing: zeros.
+void probabilities(float* p, int64_t ld, int64_t bq, int64_t bk, const float* lse, bool causal,
+                   int64_t diag) {
+  for (int64_t i = 0; i < bq; ++i) {
+    float* row = p + i * ld;
+    const int64_t limit = causal ? std::clamp<int64_t>(i + diag + 1, 0, bk) : bk;
+    if (lse[i] == kNegInf) {
+      std::fill(row, row + bk, 0.0f);
+      continue;
+    }
+    exp_shift_sum(row, limit, lse[i]);
+    std::fill(row + limit, row + bk, 0.0f);
+  }
+}
+
+void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const KeySpan> spans,
+                  int64_t i0, const TileConfig& tc, const Scratch& w) {
+  const int64_t d = p.head_dim, ld = tc.k_tile;
+  const int64_t bq = std::min(tc.q_tile, t.n_q - i0);
+  const float* q = p.q + t.q_row0 + i0 * p.q_stride;
+  std::fill(w.m, w.m + bq, kNegInf);
+  std::fill(w.l, w.l + bq, 0.0f);
+  std::fill(w.acc, w.acc + bq * d, 0.0f);
+
+  for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
+    const KeySpan& sp = spans[static_cast<std::size_t>(s)];
+    const int64_t kmax = visible(sp, p.causal, i0, bq);
+    for (int64_t j0 = 0; j0 < kmax; j0 += tc.k_tile) {
+      const int64_t bk = std::min(tc.k_tile, kmax - j0);
+      const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
+      const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q,
+                  sz(p.q_stride), k, sz(sp.k_stride), 0.0f, w.s, sz(ld));
+      const int64_t diag = i0 + sp.causal_offset - j0;  // key j visible to row i iff j <= i+diag
+      const bool crosses = p.causal && bk - 1 > diag;
+      for (int64_t i = 0; i < bq; ++i) {
+        float* srow = w.s + i * ld;
+        const int64_t limit = crosses ? std::clamp<int64_t>(i + diag + 1, 0, bk) : bk;
+        const float m_new = std::max(w.m[i], max_of(srow, limit));
+        if (m_new == kNegInf) {
+          std::fill(srow, srow + bk, 0.0f);
+          continue;
+        }
+        const float alpha = exp_approx(w.m[i] - m_new);
+        const float row_sum = exp_shift_sum(srow, limit, m_new);
+        std::fill(srow + limit, srow + bk, 0.0f);
+        w.l[i] = w.l[i] * alpha + row_sum;
+        w.m[i] = m_new;
+        if (alpha != 1.0f) {
+          float* arow = w.acc + i * d;
+#pragma omp simd
+          for (int64_t c = 0; c < d; ++c) arow[c] *= alpha;
+        }
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), 1.0f, w.s,
+                  sz(ld), v, sz(sp.k_stride), 1.0f, w.acc, sz(d));
+    }
+  }
+
+  for (int64_t i = 0; i < bq; ++i) {
+    float* arow = w.acc + i * d;
+    float* orow = p.out + t.q_row0 + (i0 + i) * p.q_stride;
+    float* lse = p.lse + t.lse0 + (i0 + i) * p.lse_stride;
+    const bool empty = w.l[i] == 0.0f;
+    const float row_lse = empty ? kNegInf : w.m[i] + std::log(w.l[i]);
+    const float inv = empty ? 0.0f : 1.0f / w.l[i];
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) arow[c] *= inv;
+    if (p.accumulate) {
+      merge_lse_row(orow, lse, arow, row_lse, d);
+    } else {
+      std::copy(arow, arow + d, orow);
+      *lse = row_lse;
+    }
+  }
+}
+
+void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const KeySpan> spans,
+             int64_t i0, const TileConfig& tc, const Scratch& w) {
+  const int64_t d = p.head_dim, ld = tc.k_tile;
+  const int64_t bq = std::min(tc.q_tile, t.n_q - i0);
+  const float* q = p.q + t.q_row0 + i0 * p.q_stride;
+  const float* dout = p.dout + t.q_row0 + i0 * p.q_stride;
+  bool any = false;
+  for (int64_t i = 0; i < bq; ++i) {
+    w.m[i] = p.lse[t.lse0 + (i0 + i) * p.lse_stride];
+    w.l[i] = p.delta[t.lse0 + (i0 + i) * p.lse_stride];
+    any |= w.m[i] != kNegInf;
+  }
+  if (!any) return;
+  std::fill(w.acc, w.acc + bq * d, 0.0f);
+  for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
+    const KeySpan& sp = spans[static_cast<std::size_t>(s)];
+    const int64_t kmax = visible(sp, p.causal, i0, bq);
+    for (int64_t j0 = 0; j0 < kmax; j0 += tc.k_tile) {
+      const int64_t bk = std::min(tc.k_tile, kmax - j0);
+      const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
+      const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
+      const int ldk = sz(sp.k_stride);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q,
+                  sz(p.q_stride), k, ldk, 0.0f, w.s, sz(ld));
+      probabilities(w.s, ld, bq, bk, w.m, p.causal, i0 + sp.causal_offset - j0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout,
+                  sz(p.q_stride), v, ldk, 0.0f, w.ds, sz(ld));
+      for (int64_t i = 0; i < bq; ++i) {
+        float* dsrow = w.ds + i * ld;
+        const float* prow = w.s + i * ld;
+        const float di = w.l[i];
+#pragma omp simd
+        for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), p.scale, w.ds,
+                  sz(ld), k, ldk, 1.0f, w.acc, sz(d));
+    }
+  }
+  for (int64_t i = 0; i < bq; ++i) {
+    float* dqrow = p.dq + t.q_row0 + (i0 + i) * p.q_stride;
+    const float* a = w.acc + i * d;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) dqrow[c] += a[c];
+  }
+}
+
+void dkdv_tile(const SparseParams& p, const SparseKeyTile& t, std::span<const QuerySpan> spans,
+               int64_t j0, const TileConfig& tc, const Scratch& w) {
+  const int64_t d = p.head_dim, ld = tc.k_tile;
+  const int64_t bk = std::min(tc.k_tile, t.n_k - j0);
+  const int ldk = sz(t.k_stride), ldq = sz(p.q_stride);
+  const float* k = p.k + t.k_row0 + j0 * t.k_stride;
+  const float* v = p.v + t.k_row0 + j0 * t.k_stride;
+  std::fill(w.dk, w.dk + bk * d, 0.0f);
+  std::fill(w.dv, w.dv + bk * d, 0.0f);
+  for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
+    const QuerySpan& sp = spans[static_cast<std::size_t>(s)];
+    for (int64_t i0 = 0; i0 < sp.n_q; i0 += tc.q_tile) {
+      const int64_t bq = std::min(tc.q_tile, sp.n_q - i0);
+      const int64_t diag = i0 + sp.causal_offset - j0;  // key j visible to row i iff j <= i+diag
+      if (p.causal && diag + bq - 1 < 0) continue;      // every key in the rows' future
+      bool any = false;
+      for (int64_t i = 0; i < bq; ++i) {
+        w.m[i] = p.lse[sp.lse0 + (i0 + i) * p.lse_stride];
+        w.l[i] = p.delta[sp.lse0 + (i0 + i) * p.lse_stride];
+        any |= w.m[i] != kNegInf;
+      }
+      if (!any) continue;
+      const float* q = p.q + sp.q_row0 + i0 * p.q_stride;
+      const float* dout = p.dout + sp.q_row0 + i0 * p.q_stride;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, ldq,
+                  k, ldk, 0.0f, w.s, sz(ld));
+      probabilities(w.s, ld, bq, bk, w.m, p.causal, diag);
+      // dV += Pᵀ dO ; dP = dO Vᵀ ; dS = P ∘ (dP − delta) ; dK += scale · dSᵀ Q
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), 1.0f, w.s,
+                  sz(ld), dout, ldq, 1.0f, w.dv, sz(d));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, ldq,
+                  v, ldk, 0.0f, w.ds, sz(ld));
+      for (int64_t i = 0; i < bq; ++i) {
+        float* dsrow = w.ds + i * ld;
+        const float* prow = w.s + i * ld;
+        const float di = w.l[i];
+#pragma omp simd
+        for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
+      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), p.scale, w.ds,
+                  sz(ld), q, ldq, 1.0f, w.dk, sz(d));
+    }
+  }
+  for (int64_t j = 0; j < bk; ++j) {
+    float* dkrow = p.dk + t.k_row0 + (j0 + j) * t.k_stride;
+    float* dvrow = p.dv + t.k_row0 + (j0 + j) * t.k_stride;
+    const float* a = w.dk + j * d;
+    const float* b = w.dv + j * d;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) {
+      dkrow[c] += a[c];
+      dvrow[c] += b[c];
+    }
+  }
+}
+
+template <typename Tile, typename Fn>
+void run_tiles(std::span<const Tile> tiles, int64_t rows_per_tile_step, const TileConfig& tc,
+               int64_t d, int threads, float* workspace, Fn&& fn) {
+  const std::size_t per_thread = sparse_workspace_floats(tc, d);
+  const auto n = static_cast<int64_t>(tiles.size());
+#pragma omp parallel num_threads(threads)
+  {
+    const Scratch w =
+        carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tc, d);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) fn(tiles[static_cast<std::size_t>(i)], rows_per_tile_step, w);
+  }
+}
+
+}  // namespace
+
+std::size_t sparse_workspace_floats(const TileConfig& t, int64_t head_dim) {
+  return 2 * round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile)) +
+         round_up16(static_cast<std::size_t>(t.q_tile * head_dim)) +
+         2 * round_up16(static_cast<std::size_t>(t.k_tile * head_dim)) +
+         2 * round_up16(static_cast<std::size_t>(t.q_tile));
+}
+
+void sparse_forward(const SparseParams& p, std::span<const SparseQueryTile> tiles,
+                    std::span<const KeySpan> spans, const TileConfig& tc, int threads,
+                    float* workspace) {
+  run_tiles(tiles, tc.q_tile, tc, p.head_dim, threads, workspace,
+            [&](const SparseQueryTile& t, int64_t step, const Scratch& w) {
+              for (int64_t i0 = 0; i0 < t.n_q; i0 += step) forward_tile(p, t, spans, i0, tc, w);
+            });
+}
+
+void sparse_backward_dq(const SparseParams& p, std::span<const SparseQueryTile> tiles,
+                        std::span<const KeySpan> spans, const TileConfig& tc, int threads,
+                        float* workspace) {
+  run_tiles(tiles, tc.q_tile, tc, p.head_dim, threads, workspace,
+            [&](const SparseQueryTile& t, int64_t step, const Scratch& w) {
+              for (int64_t i0 = 0; i0 < t.n_q; i0 += step) dq_tile(p, t, spans, i0, tc, w);
+            });
+}
+
+void sparse_backward_dkdv(const SparseParams& p, std::span<const SparseKeyTile> tiles,
+                          std::span<const QuerySpan> spans, const TileConfig& tc, int threads,
+                          float* workspace) {
+  run_tiles(tiles, tc.k_tile, tc, p.head_dim, threads, workspace,
+            [&](const SparseKeyTile& t, int64_t step, const Scratch& w) {
+              for (int64_t j0 = 0; j0 < t.n_k; j0 += step) dkdv_tile(p, t, spans, j0, tc, w);
+            });
+}
+
+}  // namespace ringattn::kernels

@@ -1,0 +1,79 @@
+// The CPU block-sparse kernels' interface. Work is described by lists, not masks: a query
+// tile walks the key spans its block lists name (runs of consecutive key rows, each with its
+// own base and stride, so local rows and rows received from other ranks mix freely), and
+// skipped blocks cost nothing. The backward runs two passes so that every output row has one
+// writer and the result is deterministic: one over query tiles (dQ), one over key tiles
+// (dK, dV), each recomputing the probabilities from the saved lse.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/cpu_flash.hpp"
+
+namespace ringattn::kernels {
+
+// n_k consecutive key rows from k_row0, k_stride floats apart (into k, v, dk, dv). When
+// causal, key j is allowed for query i of the tile iff j <= i + causal_offset.
+struct KeySpan {
+  int64_t k_row0 = 0, k_stride = 0, n_k = 0, causal_offset = 0;
+};
+
+// One query tile: n_q rows from q_row0 (the call's q_stride apart), lse from lse0 (the
+// call's lse_stride apart), attending spans [first_span, first_span + n_spans).
+struct SparseQueryTile {
+  int64_t q_row0 = 0, lse0 = 0, n_q = 0;
+  int64_t first_span = 0, n_spans = 0;
+};
+
+// n_q consecutive query rows that attend one key tile; causal as for KeySpan.
+struct QuerySpan {
+  int64_t q_row0 = 0, lse0 = 0, n_q = 0, causal_offset = 0;
+};
+
+// One key tile (a block's rows) and the query spans that attend it.
+struct SparseKeyTile {
+  int64_t k_row0 = 0, k_stride = 0, n_k = 0;
+  int64_t first_span = 0, n_spans = 0;
+};
+
+struct SparseParams {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* out = nullptr;           // forward
+  float* lse = nullptr;           // forward: written; backward: read (as const)
+  const float* delta = nullptr;   // backward: rowsum(dO ∘ O), laid out like lse
+  const float* dout = nullptr;    // backward
+  float* dq = nullptr;            // backward, += (query-tile pass)
+  float* dk = nullptr;            // backward, += (key-tile pass)
+  float* dv = nullptr;            // backward, += (key-tile pass)
+  int64_t head_dim = 0;
+  int64_t q_stride = 0;  // floats between consecutive query rows (q, out, dout, dq)
+  int64_t lse_stride = 1;
+  float scale = 1.0f;
+  bool causal = false;
+  // Forward: false overwrites out/lse; true merges into them by log-sum-exp weights.
+  bool accumulate = false;
+};
+
+// Floats of scratch one thread needs for any of the three calls.
+std::size_t sparse_workspace_floats(const TileConfig& t, int64_t head_dim);
+
+// Forward over query tiles (most expensive first is best), in parallel.
+void sparse_forward(const SparseParams& p, std::span<const SparseQueryTile> tiles,
+                    std::span<const KeySpan> spans, const TileConfig& tc, int threads,
+                    float* workspace);
+
+// dQ += over the query tiles' key spans. Tiles must not share query rows.
+void sparse_backward_dq(const SparseParams& p, std::span<const SparseQueryTile> tiles,
+                        std::span<const KeySpan> spans, const TileConfig& tc, int threads,
+                        float* workspace);
+
+// dK, dV += over the key tiles' query spans. Tiles must not share key rows.
+void sparse_backward_dkdv(const SparseParams& p, std::span<const SparseKeyTile> tiles,
+                          std::span<const QuerySpan> spans, const TileConfig& tc, int threads,
+                          float* workspace);
+
+}  // namespace ringattn::kernels

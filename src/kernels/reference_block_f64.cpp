@@ -1,0 +1,139 @@
+// The float64 reference for block-sparse attention, straight from the definition: for each
+// query row, the allowed keys are every position of every listed key block (and t <= p when
+// causal); one softmax over them. Naive on purpose: no tiling, no lists shared with the fast
+// path (the mask comes from the caller's callback).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "ringattn/reference.hpp"
+
+namespace ringattn {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double scale_of(const BlockReferenceProblem& pb) {
+  return pb.scale > 0 ? pb.scale : 1.0 / std::sqrt(static_cast<double>(pb.shape.head_dim));
+}
+
+std::vector<int64_t> allowed_keys(const BlockReferenceProblem& pb, int64_t h, int64_t p) {
+  const int64_t bs = pb.block_size, n = pb.shape.seq_len;
+  if (bs <= 0 || n % bs != 0) throw std::invalid_argument("reference: bad block size");
+  std::vector<int64_t> blocks = pb.key_blocks(h, p / bs);
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  std::vector<int64_t> keys;
+  for (int64_t kb : blocks)
+    for (int64_t t = kb * bs; t < (kb + 1) * bs; ++t)
+      if (!pb.causal || t <= p) keys.push_back(t);
+  return keys;
+}
+
+double dot(const float* a, const float* b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+  return s;
+}
+
+// Probabilities of one row over `keys`; returns the lse (-inf when there are none).
+double softmax_row(const BlockReferenceProblem& pb, const float* q_row,
+                   const std::vector<int64_t>& keys,
+                   const std::function<const float*(int64_t)>& key_row,
+                   std::vector<double>& prob) {
+  const int64_t d = pb.shape.head_dim;
+  const double sc = scale_of(pb);
+  prob.resize(keys.size());
+  double mx = -kInf;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    prob[i] = sc * dot(q_row, key_row(keys[i]), d);
+    mx = std::max(mx, prob[i]);
+  }
+  if (keys.empty()) return -kInf;
+  double sum = 0;
+  for (double& x : prob) sum += (x = std::exp(x - mx));
+  for (double& x : prob) x /= sum;
+  return mx + std::log(sum);
+}
+
+struct At {
+  int64_t n, h, d;
+  std::size_t row(int64_t b, int64_t p, int64_t head) const {
+    return static_cast<std::size_t>(((b * n + p) * h + head) * d);
+  }
+};
+
+}  // namespace
+
+void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p,
+                          const float* q_row, const std::function<const float*(int64_t)>& key_row,
+                          const std::function<const float*(int64_t)>& value_row, double* out,
+                          double* lse) {
+  const int64_t d = pb.shape.head_dim;
+  const std::vector<int64_t> keys = allowed_keys(pb, h, p);
+  std::vector<double> prob;
+  *lse = softmax_row(pb, q_row, keys, key_row, prob);
+  std::fill(out, out + d, 0.0);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const float* v = value_row(keys[i]);
+    for (int64_t c = 0; c < d; ++c) out[c] += prob[i] * static_cast<double>(v[c]);
+  }
+}
+
+ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const float* q,
+                                          const float* k, const float* v) {
+  const Shape4& s = pb.shape;
+  const At at{s.seq_len, s.heads, s.head_dim};
+  ReferenceForward r;
+  r.out.assign(static_cast<std::size_t>(s.numel()), 0.0);
+  r.lse.assign(static_cast<std::size_t>(s.batch * s.heads * s.seq_len), -kInf);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t p = 0; p < s.seq_len; ++p)
+        reference_row_blocks(
+            pb, h, p, q + at.row(b, p, h), [&](int64_t t) { return k + at.row(b, t, h); },
+            [&](int64_t t) { return v + at.row(b, t, h); }, r.out.data() + at.row(b, p, h),
+            &r.lse[static_cast<std::size_t>((b * s.heads + h) * s.seq_len + p)]);
+  return r;
+}
+
+ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, const float* q,
+                                             const float* k, const float* v, const float* dout) {
+  const Shape4& s = pb.shape;
+  const int64_t d = s.head_dim;
+  const double sc = scale_of(pb);
+  const At at{s.seq_len, s.heads, d};
+  ReferenceGradients g;
+  g.dq.assign(static_cast<std::size_t>(s.numel()), 0.0);
+  g.dk.assign(static_cast<std::size_t>(s.numel()), 0.0);
+  g.dv.assign(static_cast<std::size_t>(s.numel()), 0.0);
+  std::vector<double> prob, dprob;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t p = 0; p < s.seq_len; ++p) {
+        const std::vector<int64_t> keys = allowed_keys(pb, h, p);
+        if (keys.empty()) continue;
+        const std::size_t pa = at.row(b, p, h);
+        softmax_row(pb, q + pa, keys, [&](int64_t t) { return k + at.row(b, t, h); }, prob);
+        dprob.assign(keys.size(), 0.0);
+        double row_dot = 0;
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          dprob[i] = dot(dout + pa, v + at.row(b, keys[i], h), d);
+          row_dot += prob[i] * dprob[i];
+        }
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          const std::size_t ta = at.row(b, keys[i], h);
+          const double ds = prob[i] * (dprob[i] - row_dot);
+          for (int64_t c = 0; c < d; ++c) {
+            g.dq[pa + c] += sc * ds * static_cast<double>(k[ta + c]);
+            g.dk[ta + c] += sc * ds * static_cast<double>(q[pa + c]);
+            g.dv[ta + c] += prob[i] * static_cast<double>(dout[pa + c]);
+          }
+        }
+      }
+  return g;
+}
+
+}  // namespace ringattn
