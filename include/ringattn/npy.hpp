@@ -54,6 +54,7 @@ class AtomicOutputs {
   ~AtomicOutputs();
 
   void stage(const std::string& path, const std::vector<int64_t>& shape, const float* data);
+  void stage_bool(const std::string& path, const std::vector<int64_t>& shape, const uint8_t* data);
   void commit();
 
  private:

@@ -395,9 +395,9 @@ void read_data(OpenNpy& npy, const std::string& path, void* out, std::size_t byt
     throw InputError(path, "truncated data (the file shrank while it was read)");
 }
 
-std::string make_header(const std::vector<int64_t>& shape) {
-  const std::string dict =
-      "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_text(shape) + ", }";
+std::string make_header(const std::vector<int64_t>& shape, const char* descr = "<f4") {
+  const std::string dict = std::string("{'descr': '") + descr +
+                           "', 'fortran_order': False, 'shape': " + shape_text(shape) + ", }";
   // Version 1.0 is readable by every numpy; 2.0 only if the dict outgrows its 16-bit length.
   const bool version1 = dict.size() + 1 + 64 <= 0xffff;
   const std::size_t preamble_bytes = version1 ? 10 : 12;
@@ -453,6 +453,33 @@ std::string write_temp_npy(const std::string& path, const std::vector<int64_t>& 
       first += n;
     }
   }
+  const int close_err = fd.close_checked();
+  if (err == 0) err = close_err;
+  if (err != 0) {
+    ::unlink(temp.c_str());
+    throw RuntimeFailure("cannot write '" + path + "' (temporary file '" + temp +
+                         "'): " + errno_text(err));
+  }
+  return temp;
+}
+
+// The same for a bool array (one byte per element, no byte order).
+std::string write_temp_npy_bool(const std::string& path, const std::vector<int64_t>& shape,
+                                const uint8_t* data) {
+  int64_t count = 1;
+  for (const int64_t dim : shape)
+    if (dim < 0 || !checked_mul(count, dim, &count))
+      throw RuntimeFailure("cannot write '" + path + "': invalid shape " + shape_text(shape));
+  const std::string header = make_header(shape, "|b1");
+  static std::atomic<unsigned long long> bool_counter{0};
+  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + ".b" +
+                           std::to_string(bool_counter.fetch_add(1));
+  FileDescriptor fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  if (fd.get() < 0)
+    throw RuntimeFailure("cannot write '" + path + "': cannot create temporary file '" + temp +
+                         "': " + errno_text(errno));
+  int err = write_fully(fd.get(), header.data(), header.size());
+  if (err == 0 && count > 0) err = write_fully(fd.get(), data, static_cast<std::size_t>(count));
   const int close_err = fd.close_checked();
   if (err == 0) err = close_err;
   if (err != 0) {
@@ -623,6 +650,14 @@ void AtomicOutputs::stage(const std::string& path, const std::vector<int64_t>& s
   staged_.reserve(staged_.size() + 1);
   std::string final_path = path;
   std::string temp = write_temp_npy(path, shape, data);
+  staged_.emplace_back(std::move(temp), std::move(final_path));
+}
+
+void AtomicOutputs::stage_bool(const std::string& path, const std::vector<int64_t>& shape,
+                               const uint8_t* data) {
+  staged_.reserve(staged_.size() + 1);
+  std::string final_path = path;
+  std::string temp = write_temp_npy_bool(path, shape, data);
   staged_.emplace_back(std::move(temp), std::move(final_path));
 }
 

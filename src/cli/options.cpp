@@ -53,13 +53,28 @@ po::options_description run_description() {
 
   po::options_description pattern("Pattern");
   pattern.add_options()("attention", po::value<std::string>()->default_value("dense"),
-                        "dense | dilated")("segments", po::value<std::string>(),
+                        "dense | dilated | block-sparse | auto (dense/dilated up to "
+                        "--sparse-threshold tokens, block-sparse dilated-blocks above)")("segments", po::value<std::string>(),
                                            "dilated: segment lengths, e.g. 2048,4096,8192")(
       "dilations", po::value<std::string>(), "dilated: dilation per segment, e.g. 1,2,4")(
       "combine", po::value<std::string>()->default_value("grouped"),
       "dilated: grouped (head groups, output / G) | mixture (LongNet, lse-weighted)")(
       "causal", po::bool_switch(), "causal masking (t <= p by original position)")(
       "scale", po::value<double>(), "softmax scale (default 1/sqrt(D))");
+
+  po::options_description sparse("Block-sparse");
+  sparse.add_options()("block-size", po::value<int64_t>(),
+                       "block-sparse: tokens per block (default 128; must divide N)")(
+      "pattern", po::value<std::string>(),
+      "block-sparse: generated pattern, terms joined by '+': local:window=W, global:blocks=G, "
+      "random:blocks=K,seed=S, strided:stride=S, dilated-blocks (from --segments/--dilations), "
+      "bigbird:window=W,global=G,random=K,seed=S")(
+      "block-mask", po::value<std::string>(),
+      "block-sparse: explicit mask, .npy bool [H,nb,nb] or [nb,nb] (nb = N / block size)")(
+      "pattern-out", po::value<std::string>(),
+      "write the block mask used (.npy bool [H,nb,nb]; small N only)")(
+      "sparse-threshold", po::value<int64_t>(),
+      "auto: sequence length above which block-sparse runs (default 1048576)");
 
   po::options_description backward("Backward");
   backward.add_options()("dout", po::value<std::string>(),
@@ -86,7 +101,7 @@ po::options_description run_description() {
       "help,h", "show this help");
 
   po::options_description all("ringattn run [options]");
-  all.add(input).add(pattern).add(backward).add(output).add(control);
+  all.add(input).add(pattern).add(sparse).add(backward).add(output).add(control);
   return all;
 }
 
@@ -200,17 +215,58 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
     o.cfg.shape = {dim("batch", 0), dim("seq-len", 0), dim("heads", 0), dim("head-dim", 0)};
   }
 
-  const std::string attention =
-      require_choice("--attention", vm["attention"].as<std::string>(), {"dense", "dilated"});
-  o.cfg.attention = attention == "dense" ? AttentionKind::dense : AttentionKind::dilated;
+  const std::string attention = require_choice("--attention", vm["attention"].as<std::string>(),
+                                               {"dense", "dilated", "block-sparse", "auto"});
+  o.attention_auto = attention == "auto";
+  if (attention == "dense") o.cfg.attention = AttentionKind::dense;
+  if (attention == "dilated") o.cfg.attention = AttentionKind::dilated;
+  if (attention == "block-sparse") o.cfg.attention = AttentionKind::block_sparse;
+  // auto: dilated when segments are given, else dense; setup switches to block-sparse past
+  // the threshold, once N is known (it may come from the input files).
+  if (o.attention_auto)
+    o.cfg.attention = vm.count("segments") ? AttentionKind::dilated : AttentionKind::dense;
+  const bool sparse = attention == "block-sparse";
+  o.pattern = str("pattern");
+  o.block_mask_path = str("block-mask");
+  o.pattern_out_path = str("pattern-out");
+  if (vm.count("block-size")) {
+    if (!sparse && !o.attention_auto)
+      throw InputError("--block-size", "only applies to --attention block-sparse or auto");
+    o.cfg.block_size = vm["block-size"].as<int64_t>();
+    if (o.cfg.block_size <= 0)
+      throw InputError("--block-size", "must be positive, got " + std::to_string(o.cfg.block_size));
+  }
+  for (const auto& [name, given] : {std::pair{"--pattern", vm.count("pattern") > 0},
+                                    {"--block-mask", vm.count("block-mask") > 0}}) {
+    if (given && !sparse)
+      throw InputError(name, o.attention_auto
+                                 ? "not used by --attention auto (it derives the dilated-blocks "
+                                   "pattern from --segments/--dilations)"
+                                 : "only applies to --attention block-sparse");
+  }
+  if (vm.count("pattern-out") && !sparse && !o.attention_auto)
+    throw InputError("--pattern-out", "only applies to --attention block-sparse or auto");
+  if (sparse && o.pattern.empty() && o.block_mask_path.empty())
+    throw InputError("--pattern",
+                     "block-sparse attention needs a pattern: --pattern TEXT or --block-mask FILE");
+  if (sparse && !o.pattern.empty() && !o.block_mask_path.empty())
+    throw InputError("--block-mask", "give either --pattern or --block-mask, not both");
+  if (vm.count("sparse-threshold")) {
+    if (!o.attention_auto)
+      throw InputError("--sparse-threshold", "only applies to --attention auto");
+    o.sparse_threshold = vm["sparse-threshold"].as<int64_t>();
+    if (o.sparse_threshold <= 0)
+      throw InputError("--sparse-threshold",
+                       "must be positive, got " + std::to_string(o.sparse_threshold));
+  }
   const std::string combine =
       require_choice("--combine", vm["combine"].as<std::string>(), {"grouped", "mixture"});
   o.cfg.combine = combine == "grouped" ? Combine::grouped : Combine::mixture;
   if (vm.count("segments")) o.cfg.segments = parse_int_list("--segments", str("segments"));
   if (vm.count("dilations")) o.cfg.dilations = parse_int_list("--dilations", str("dilations"));
-  if (o.cfg.attention == AttentionKind::dense && (vm.count("segments") || vm.count("dilations")))
+  if (attention == "dense" && (vm.count("segments") || vm.count("dilations")))
     throw InputError(vm.count("segments") ? "--segments" : "--dilations",
-                     "only applies to --attention dilated");
+                     "only applies to --attention dilated (or block-sparse's dilated-blocks)");
   o.cfg.causal = vm["causal"].as<bool>();
   if (vm.count("scale")) o.cfg.scale = vm["scale"].as<double>();
 

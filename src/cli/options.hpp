@@ -18,6 +18,12 @@ struct RunOptions {
   std::string out_path, lse_out_path, dq_out_path, dk_out_path, dv_out_path;
   uint64_t seed = 0;
   bool backward = false;  // --dout or --backward
+  // Block-sparse (--attention block-sparse, or auto past --sparse-threshold tokens).
+  bool attention_auto = false;
+  int64_t sparse_threshold = 1048576;
+  std::string pattern;          // --pattern text
+  std::string block_mask_path;  // --block-mask FILE
+  std::string pattern_out_path; // --pattern-out FILE
   std::string device = "auto";
   int threads = 0;
   int warmup = 1;

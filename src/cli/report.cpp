@@ -57,6 +57,11 @@ void print_table(const RunReport& r, std::ostream& os) {
      << "   scale " << c.effective_scale() << "\n";
   if (c.attention == AttentionKind::dilated)
     os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations) << "\n";
+  if (!r.attention_note.empty()) os << "  auto             " << r.attention_note << "\n";
+  if (c.attention == AttentionKind::block_sparse)
+    os << "  pattern          " << r.pattern << "   block size " << c.block_size
+       << "   sparsity " << std::fixed << std::setprecision(2) << 100.0 * r.sparsity
+       << "% of block pairs skipped" << std::defaultfloat << "\n";
   os << std::fixed << std::setprecision(3);
   os << "  attended pairs   " << std::setprecision(0) << r.attended_pairs << "\n";
   os << std::setprecision(3);
@@ -66,8 +71,10 @@ void print_table(const RunReport& r, std::ostream& os) {
     os << "  backward         " << std::setw(10) << std::setprecision(3) << *r.bwd_ms
        << " ms  (median of " << r.iters << ")  " << std::setprecision(1) << *r.bwd_gflops()
        << " GFLOP/s\n";
-  os << "  workspace        " << human_bytes(r.workspace_bytes) << " ("
-     << human_bytes(r.workspace_bytes_per_thread) << " per thread)   peak tracked "
+  os << "  workspace        " << human_bytes(r.workspace_bytes);
+  if (r.workspace_bytes_per_thread > 0)
+    os << " (" << human_bytes(r.workspace_bytes_per_thread) << " per thread)";
+  os << "   peak tracked "
      << human_bytes(r.peak_bytes) << "   peak RSS " << human_bytes(r.peak_rss_bytes) << "\n";
   if (r.world_size > 1) {
     os << "  ring             " << r.world_size << " ranks, forward bytes sent (max over ranks) "
@@ -82,8 +89,9 @@ void print_table(const RunReport& r, std::ostream& os) {
     per_rank("bwd", r.bwd_ranks);
   }
   if (!r.checks.empty()) {
-    os << "  check vs float64 reference (relative Frobenius error, tolerance " << std::scientific
-       << std::setprecision(0) << r.check_tolerance << "):\n   ";
+    os << "  check vs float64 reference (" << r.check_mode
+       << "; relative Frobenius error, tolerance " << std::scientific << std::setprecision(0)
+       << r.check_tolerance << "):\n   ";
     os << std::setprecision(2);
     for (const auto& ch : r.checks) os << " " << ch.tensor << " " << ch.rel_error;
     os << "  -> " << (r.check_passed() ? "OK" : "NOT OK") << "\n";
@@ -106,6 +114,13 @@ void print_json(const RunReport& r, std::ostream& os) {
     j["segments"] = c.segments;
     j["dilations"] = c.dilations;
   }
+  if (c.attention == AttentionKind::block_sparse) {
+    j["block_size"] = c.block_size;
+    j["pattern"] = r.pattern;
+    j["sparsity"] = r.sparsity;
+    j["peers"] = r.peers;
+  }
+  if (!r.attention_note.empty()) j["attention_auto"] = r.attention_note;
   j["causal"] = c.causal;
   j["scale"] = c.effective_scale();
   j["world_size"] = r.world_size;
@@ -142,6 +157,7 @@ void print_json(const RunReport& r, std::ostream& os) {
     for (const auto& x : r.checks) ch[x.tensor] = x.rel_error;
     ch["tolerance"] = r.check_tolerance;
     ch["passed"] = r.check_passed();
+    ch["mode"] = r.check_mode;
     j["check"] = ch;
   }
   os << j.dump() << "\n";

@@ -40,7 +40,13 @@ struct RunReport {
   std::size_t bytes_sent = 0;      // forward K/V payload, max over ranks
   std::size_t bytes_sent_min = 0;  // the computed minimum for the config, max over ranks
   std::vector<RankFigures> fwd_ranks, bwd_ranks;  // per rank, world_size > 1 only
+  std::string attention_note;  // what --attention auto decided
+  // Block-sparse runs.
+  std::string pattern;  // canonical pattern text, or "mask FILE"
+  double sparsity = -1;  // fraction of the dense run's block pairs skipped
+  int peers = 0;         // most peers one rank exchanges with
   std::vector<CheckResult> checks;
+  std::string check_mode;  // "full" or how rows were sampled
   double check_tolerance = 0;
   std::vector<std::string> outputs_written;
 

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <memory>
 #include <optional>
 
 #include "cli/report.hpp"
@@ -25,6 +27,10 @@
 #include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
 #include "ringattn/tensor.hpp"
+#include "sparse/block_lists.hpp"
+#include "sparse/pattern.hpp"
+#include "sparse/pattern_cache.hpp"
+#include "sparse/sparse_plan.hpp"
 
 namespace ringattn::cli {
 
@@ -77,21 +83,23 @@ void load_shard(const std::string& path, const ring::ShardLayout& l, int rank, c
 
 // Uniform on [-sqrt(3), sqrt(3)] (unit variance) from a counter-based hash of the global
 // element index, so every rank generates its own shard of the same tensor, for any thread
-// count and any number of ranks.
+// count and any number of ranks (and a sampled check can regenerate any row).
+float synthetic_value(uint64_t seed, uint64_t stream, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull + index;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const double u = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
+  return static_cast<float>((2.0 * u - 1.0) * 1.7320508075688772);
+}
+
 void fill_synthetic(HostTensor& t, const ring::ShardLayout& l, int rank, const Shape4& s,
                     uint64_t seed, uint64_t stream) {
   float* p = t.data();
   for (const auto& [first, count] : shard_ranges(l, rank, s)) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      uint64_t z = seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull +
-                   static_cast<uint64_t>(first + i);
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      z ^= z >> 31;
-      const double u = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
-      p[i] = static_cast<float>((2.0 * u - 1.0) * 1.7320508075688772);
-    }
+    for (int64_t i = 0; i < count; ++i)
+      p[i] = synthetic_value(seed, stream, static_cast<uint64_t>(first + i));
     p += count;
   }
 }
@@ -132,7 +140,64 @@ struct RunState {
   HostTensor q, k, v, o, lse, dout, dq, dk, dv;
   std::optional<Plan> plan;            // world size 1
   std::optional<ring::RingPlan> ring;  // world size > 1
+  // Block-sparse runs (any world size).
+  std::shared_ptr<const sparse::BlockLists> lists;
+  std::optional<sparse::SparsePlan> sparse;
+  std::string pattern_text;  // canonical pattern, or "mask FILE"
+  std::string auto_note;     // what --attention auto decided
+  bool sampled_check = false;
 };
+
+// Rows per (batch, head) and rank that a sampled check compares.
+constexpr int64_t kSampledRows = 16;
+// Past these sizes a block-sparse --check samples rows instead of gathering everything.
+constexpr int64_t kFullCheckMaxElements = int64_t{1} << 24;
+
+// The block lists of a block-sparse run: from --block-mask, or generated from --pattern
+// through the process-wide pattern cache.
+std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
+                                                      const AttentionConfig& cfg,
+                                                      const std::string& pattern,
+                                                      std::string& description) {
+  const Shape4& s = cfg.shape;
+  const int64_t nb = s.seq_len / cfg.block_size;
+  if (!opts.block_mask_path.empty()) {
+    const std::string& path = opts.block_mask_path;
+    NpyHeader h = read_npy_header(path);
+    if (h.dtype != NpyDtype::bool8)
+      throw InputError(path, "block mask must be a bool array (numpy dtype bool, '|b1') "
+                             "(--block-mask)");
+    const bool shared = h.shape.size() == 2 && h.shape[0] == nb && h.shape[1] == nb;
+    const bool per_head = h.shape.size() == 3 && h.shape[0] == s.heads && h.shape[1] == nb &&
+                          h.shape[2] == nb;
+    if (!shared && !per_head) {
+      std::string got;
+      for (int64_t d : h.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      throw InputError(path, "block mask shape [" + got + "] does not match " +
+                                 std::to_string(s.heads) + " heads and N / block size = " +
+                                 std::to_string(s.seq_len) + " / " +
+                                 std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
+                                 " blocks: expected [" + std::to_string(s.heads) + ", " +
+                                 std::to_string(nb) + ", " + std::to_string(nb) + "] or [" +
+                                 std::to_string(nb) + ", " + std::to_string(nb) +
+                                 "] (--block-mask, --block-size)");
+    }
+    const std::vector<uint8_t> mask = read_npy_bool(path);
+    description = "mask " + path;
+    return std::make_shared<const sparse::BlockLists>(sparse::lists_from_mask(
+        mask.data(), shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
+  }
+  const sparse::Geometry g{s.seq_len, cfg.block_size, s.heads};
+  const sparse::Pattern p =
+      sparse::parse_pattern(pattern, g, cfg.segments, cfg.dilations, opts.seed);
+  if (!cfg.segments.empty() && p.canonical.find("dilated-blocks") == std::string::npos)
+    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern '" +
+                                       pattern + "' has none)");
+  description = p.canonical;
+  return sparse::PatternCache::global().get(
+      sparse::cache_key(s.seq_len, cfg.block_size, s.heads, p.canonical),
+      [&] { return sparse::build_lists(p, g); });
+}
 
 void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   AttentionConfig cfg = opts.cfg;
@@ -162,6 +227,29 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
                                    std::to_string(v.second) + ")");
     cfg.shape = sq;
   }
+  std::string pattern = opts.pattern;
+  if (opts.attention_auto) {
+    const int64_t n = cfg.shape.seq_len;
+    if (n > opts.sparse_threshold) {
+      if (cfg.segments.empty())
+        throw InputError("--attention", "auto: N = " + std::to_string(n) +
+                                            " is above --sparse-threshold " +
+                                            std::to_string(opts.sparse_threshold) +
+                                            ", where block-sparse runs the dilated-blocks pattern; "
+                                            "give --segments and --dilations for it");
+      cfg.attention = AttentionKind::block_sparse;
+      pattern = "dilated-blocks";
+      st.auto_note = "--attention auto: N = " + std::to_string(n) + " > --sparse-threshold " +
+                     std::to_string(opts.sparse_threshold) + ": block-sparse";
+    } else {
+      st.auto_note = "--attention auto: N = " + std::to_string(n) + " <= --sparse-threshold " +
+                     std::to_string(opts.sparse_threshold) + ": " + to_string(cfg.attention);
+    }
+  }
+  const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
+  if (!block_sparse && !opts.pattern_out_path.empty())
+    throw InputError("--pattern-out", "this run is " + std::string(to_string(cfg.attention)) +
+                                          ", not block-sparse: there is no block mask to write");
   validate(cfg);
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path, read_npy_header(opts.dout_path));
@@ -169,18 +257,36 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
       throw InputError(opts.dout_path, "shape " + to_string(sd) + " differs from the input shape " +
                                            to_string(cfg.shape) + " (--dout)");
   }
-  const double ref_work = reference_work(cfg);
+  if (block_sparse) {
+    st.lists = block_lists(opts, cfg, pattern, st.pattern_text);
+    const double work = sparse::attended_token_pairs(*st.lists, cfg.causal) *
+                        static_cast<double>(cfg.shape.batch * cfg.shape.head_dim);
+    st.sampled_check = opts.check && (work > kCheckMaxWork ||
+                                      cfg.shape.numel() > kFullCheckMaxElements);
+    if (!opts.pattern_out_path.empty()) {
+      const double bytes = static_cast<double>(st.lists->heads) *
+                           static_cast<double>(st.lists->blocks) *
+                           static_cast<double>(st.lists->blocks);
+      if (bytes > static_cast<double>(int64_t{1} << 28))
+        throw InputError("--pattern-out", "the dense mask would take " +
+                                              std::to_string(static_cast<long long>(bytes)) +
+                                              " bytes (H x nb x nb); it is for small N only");
+    }
+  }
+  const double ref_work = block_sparse ? 0.0 : reference_work(cfg);
   if (opts.check && ref_work > kCheckMaxWork)
     throw InputError("--check", "problem too large for the float64 reference (" +
                                     std::to_string(static_cast<long long>(ref_work)) +
                                     " operations > " +
                                     std::to_string(static_cast<long long>(kCheckMaxWork)) +
                                     "); use a smaller --seq-len, --batch or --heads");
-  st.layout = ring::make_layout(cfg, comm.size());
+  st.layout = block_sparse ? sparse::sparse_layout(cfg, comm.size())
+                           : ring::make_layout(cfg, comm.size());
   // Only rank 0 writes; it checks the paths before any work.
   if (comm.rank() == 0)
     for (const auto& [name, path] : {std::pair{"--out", &opts.out_path},
                                      {"--lse-out", &opts.lse_out_path},
+                                     {"--pattern-out", &opts.pattern_out_path},
                                      {"--dq-out", &opts.dq_out_path},
                                      {"--dk-out", &opts.dk_out_path},
                                      {"--dv-out", &opts.dv_out_path}})
@@ -216,10 +322,90 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     else
       fill_synthetic(st.dout, st.layout, rank, s, opts.seed, 4);
   }
-  if (comm.size() == 1)
+  if (block_sparse)
+    st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads});
+  else if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
     st.ring.emplace(cfg, comm, PlanOptions{opts.threads});
+}
+
+// Block-sparse --check on huge runs: every rank compares kSampledRows rows per (batch, head)
+// of its shard with the float64 reference, fetching the K/V rows each needs (regenerated for
+// synthetic inputs, read from the files otherwise). Forward only. Returns {out, lse} errors.
+std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicator& comm,
+                                        const RunState& st) {
+  const Shape4& s = st.cfg.shape;
+  const int64_t D = s.head_dim, H = s.heads, NL = st.layout.local_len, bs = st.cfg.block_size;
+  const int rank = comm.rank();
+  BlockReferenceProblem pb;
+  pb.shape = s;
+  pb.block_size = bs;
+  pb.causal = st.cfg.causal;
+  pb.scale = st.cfg.effective_scale();
+  pb.key_blocks = [&](int64_t h, int64_t i) {
+    const auto row = st.lists->of_head(h).row(i);
+    return std::vector<int64_t>(row.begin(), row.end());
+  };
+  double out_diff = 0, out_want = 0, lse_diff = 0, lse_want = 0;
+  bool inf_mismatch = false;
+  const int64_t rows = std::min(kSampledRows, NL);
+  std::vector<double> ref(static_cast<std::size_t>(D));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t k = 0; k < rows; ++k) {
+        const int64_t r = rows == 1 ? 0 : k * (NL - 1) / (rows - 1);
+        const int64_t p = st.layout.global_position(rank, r);
+        // Positions of every listed key block (the reference applies causality itself).
+        std::vector<int64_t> keys;
+        for (int32_t j : st.lists->of_head(h).row(p / bs))
+          for (int64_t t = j * bs; t < (j + 1) * bs; ++t) keys.push_back(t);
+        auto element = [&](int64_t t) { return ((b * s.seq_len + t) * H + h) * D; };
+        std::vector<float> kv[2];
+        for (int which = 0; which < 2; ++which) {
+          const std::string& path = which == 0 ? opts.k_path : opts.v_path;
+          if (path.empty()) {
+            kv[which].resize(keys.size() * static_cast<std::size_t>(D));
+            for (std::size_t i = 0; i < keys.size(); ++i)
+              for (int64_t c = 0; c < D; ++c)
+                kv[which][i * static_cast<std::size_t>(D) + static_cast<std::size_t>(c)] =
+                    synthetic_value(opts.seed, static_cast<uint64_t>(2 + which),
+                                    static_cast<uint64_t>(element(keys[i]) + c));
+          } else {
+            std::vector<std::pair<int64_t, int64_t>> ranges;
+            for (int64_t t : keys) ranges.push_back({element(t), D});
+            kv[which] = read_npy_float_ranges(path, ranges);
+          }
+        }
+        auto index_of = [&](int64_t t) {
+          return static_cast<std::size_t>(std::lower_bound(keys.begin(), keys.end(), t) -
+                                          keys.begin()) *
+                 static_cast<std::size_t>(D);
+        };
+        double ref_lse = 0;
+        const std::size_t at = static_cast<std::size_t>(((b * NL + r) * H + h) * D);
+        reference_row_blocks(
+            pb, h, p, st.q.data() + at, [&](int64_t t) { return kv[0].data() + index_of(t); },
+            [&](int64_t t) { return kv[1].data() + index_of(t); }, ref.data(), &ref_lse);
+        for (int64_t c = 0; c < D; ++c) {
+          const double g = st.o.data()[at + static_cast<std::size_t>(c)];
+          out_diff += (g - ref[static_cast<std::size_t>(c)]) * (g - ref[static_cast<std::size_t>(c)]);
+          out_want += ref[static_cast<std::size_t>(c)] * ref[static_cast<std::size_t>(c)];
+        }
+        const double got_lse = st.lse.data()[(b * H + h) * NL + r];
+        if (std::isinf(ref_lse) || std::isinf(got_lse)) {
+          inf_mismatch |= got_lse != ref_lse;
+        } else {
+          lse_diff += (got_lse - ref_lse) * (got_lse - ref_lse);
+          lse_want += ref_lse * ref_lse;
+        }
+      }
+  auto rel = [](double diff, double want) {
+    return want == 0 ? std::sqrt(diff) : std::sqrt(diff) / std::sqrt(want);
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  return {comm.max(rel(out_diff, out_want)),
+          comm.max(inf_mismatch ? inf : rel(lse_diff, lse_want))};
 }
 
 // Gathers a local [B, N/P, H, D] (or lse [B, H, N/P]) tensor into the full one on rank 0.
@@ -244,7 +430,9 @@ std::vector<float> gather_full(ring::Communicator& comm, const RunState& st, con
 int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& st,
                    std::ostream& out) {
   const int rank = comm.rank(), world = comm.size();
-  const int threads = st.plan ? st.plan->threads() : st.ring->threads();
+  const int threads =
+      st.sparse ? st.sparse->threads() : st.plan ? st.plan->threads() : st.ring->threads();
+  if (rank == 0 && !st.auto_note.empty()) out << "ringattn: " << st.auto_note << "\n";
   if (world > 1) {
     char host[256] = {};
     gethostname(host, sizeof host - 1);
@@ -260,13 +448,18 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   }
 
   auto forward = [&] {
-    if (st.plan)
+    if (st.sparse)
+      st.sparse->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
+    else if (st.plan)
       st.plan->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
     else
       st.ring->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
   };
   auto backward = [&] {
-    if (st.plan)
+    if (st.sparse)
+      st.sparse->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
+                          st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
+    else if (st.plan)
       st.plan->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
                         st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
     else
@@ -294,30 +487,52 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   rep.threads = threads;
   rep.world_size = world;
   rep.iters = opts.iters;
-  rep.attended_pairs = attended_pairs(st.cfg);
+  rep.attention_note = st.auto_note;
   rep.fwd_ms = comm.max(median(fwd_times));
   if (opts.backward) rep.bwd_ms = comm.max(median(bwd_times));
-  if (st.plan) {
+  auto gather_figures = [&](const ring::RingTimings& t) {
+    const RankFigures mine{t.compute_ms, t.comm_ms, t.exposed_ms, t.bytes_sent};
+    std::vector<RankFigures> all(rank == 0 ? static_cast<std::size_t>(world) : 0);
+    comm.gather(&mine, sizeof mine, all.data());
+    return all;
+  };
+  if (st.sparse) {
+    const sparse::BlockLists& l = *st.lists;
+    rep.attended_pairs =
+        sparse::attended_token_pairs(l, st.cfg.causal) * static_cast<double>(st.cfg.shape.batch);
+    rep.pattern = st.pattern_text;
+    rep.sparsity = sparse::sparsity(l, st.cfg.causal);
+    rep.workspace_bytes =
+        static_cast<std::size_t>(comm.max(static_cast<int64_t>(st.sparse->workspace_bytes())));
+    rep.peers = static_cast<int>(comm.max(static_cast<int64_t>(st.sparse->peers())));
+    if (world > 1) {
+      rep.bytes_sent = static_cast<std::size_t>(comm.max(st.sparse->last_forward().bytes_sent));
+      rep.bytes_sent_min = static_cast<std::size_t>(
+          comm.max(sparse::minimum_bytes_sent(st.cfg, l, st.layout, rank)));
+      rep.fwd_ranks = gather_figures(st.sparse->last_forward());
+      if (opts.backward) rep.bwd_ranks = gather_figures(st.sparse->last_backward());
+    }
+  } else if (st.plan) {
+    rep.attended_pairs = attended_pairs(st.cfg);
     rep.workspace_bytes = st.plan->workspace_bytes();
     rep.workspace_bytes_per_thread = st.plan->workspace_bytes_per_thread();
   } else {
+    rep.attended_pairs = attended_pairs(st.cfg);
     rep.workspace_bytes =
         static_cast<std::size_t>(comm.max(static_cast<int64_t>(st.ring->workspace_bytes())));
     rep.bytes_sent = static_cast<std::size_t>(comm.max(st.ring->last_forward().bytes_sent));
     rep.bytes_sent_min =
         static_cast<std::size_t>(comm.max(ring::minimum_bytes_sent(st.cfg, st.layout, rank)));
-    auto gather_figures = [&](const ring::RingTimings& t) {
-      const RankFigures mine{t.compute_ms, t.comm_ms, t.exposed_ms, t.bytes_sent};
-      std::vector<RankFigures> all(rank == 0 ? static_cast<std::size_t>(world) : 0);
-      comm.gather(&mine, sizeof mine, all.data());
-      return all;
-    };
     rep.fwd_ranks = gather_figures(st.ring->last_forward());
     if (opts.backward) rep.bwd_ranks = gather_figures(st.ring->last_backward());
   }
 
+  // A sampled check runs on every rank, on its own shard.
+  std::pair<double, double> sampled{0, 0};
+  if (st.sampled_check) sampled = sampled_check(opts, comm, st);
+  const bool full_check = opts.check && !st.sampled_check;
   // Full tensors on rank 0 (the local ones are the full ones on a single rank).
-  const bool need_full = opts.check || !opts.out_path.empty() || !opts.lse_out_path.empty() ||
+  const bool need_full = full_check || !opts.out_path.empty() || !opts.lse_out_path.empty() ||
                          !opts.dq_out_path.empty() || !opts.dk_out_path.empty() ||
                          !opts.dv_out_path.empty();
   // On one rank the local tensors are the full ones; on several, rank 0 gathers copies.
@@ -334,18 +549,46 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   const float* dq = full(st.dq, false, opts.backward);
   const float* dk = full(st.dk, false, opts.backward);
   const float* dv = full(st.dv, false, opts.backward);
-  const float* q = full(st.q, false, opts.check);
-  const float* k = full(st.k, false, opts.check);
-  const float* v = full(st.v, false, opts.check);
-  const float* dout = full(st.dout, false, opts.check && opts.backward);
+  const float* q = full(st.q, false, full_check);
+  const float* k = full(st.k, false, full_check);
+  const float* v = full(st.v, false, full_check);
+  const float* dout = full(st.dout, false, full_check && opts.backward);
   const auto n_full = static_cast<std::size_t>(st.cfg.shape.numel());
   const auto n_lse =
       static_cast<std::size_t>(st.cfg.shape.batch * st.cfg.shape.heads * st.cfg.shape.seq_len);
 
   int code = 0;
   if (rank == 0) {
-    if (opts.check) {
+    if (st.sampled_check) {
       rep.check_tolerance = kCheckTolerance;
+      rep.check_mode = "sampled: " + std::to_string(kSampledRows) +
+                       " rows per (batch, head) on every rank, forward only";
+      rep.checks.push_back({"out", sampled.first});
+      rep.checks.push_back({"lse", sampled.second});
+    } else if (opts.check && st.sparse) {
+      rep.check_tolerance = kCheckTolerance;
+      rep.check_mode = "full";
+      BlockReferenceProblem pb;
+      pb.shape = st.cfg.shape;
+      pb.block_size = st.cfg.block_size;
+      pb.causal = st.cfg.causal;
+      pb.scale = st.cfg.effective_scale();
+      pb.key_blocks = [&](int64_t h, int64_t i) {
+        const auto row = st.lists->of_head(h).row(i);
+        return std::vector<int64_t>(row.begin(), row.end());
+      };
+      const ReferenceForward ref = reference_forward_blocks(pb, q, k, v);
+      rep.checks.push_back({"out", relative_error(o, ref.out.data(), n_full)});
+      rep.checks.push_back({"lse", relative_error(lse, ref.lse.data(), n_lse)});
+      if (opts.backward) {
+        const ReferenceGradients g = reference_backward_blocks(pb, q, k, v, dout);
+        rep.checks.push_back({"dq", relative_error(dq, g.dq.data(), n_full)});
+        rep.checks.push_back({"dk", relative_error(dk, g.dk.data(), n_full)});
+        rep.checks.push_back({"dv", relative_error(dv, g.dv.data(), n_full)});
+      }
+    } else if (opts.check) {
+      rep.check_tolerance = kCheckTolerance;
+      rep.check_mode = "full";
       const ReferenceForward ref = reference_forward(st.cfg, q, k, v);
       rep.checks.push_back({"out", relative_error(o, ref.out.data(), n_full)});
       rep.checks.push_back({"lse", relative_error(lse, ref.lse.data(), n_lse)});
@@ -374,9 +617,14 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, dq);
       if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, dims4, dk);
       if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, dims4, dv);
+      if (!opts.pattern_out_path.empty()) {
+        const std::vector<uint8_t> mask = sparse::mask_from_lists(*st.lists);
+        files.stage_bool(opts.pattern_out_path,
+                         {st.lists->heads, st.lists->blocks, st.lists->blocks}, mask.data());
+      }
       files.commit();
       for (const auto* p : {&opts.out_path, &opts.lse_out_path, &opts.dq_out_path,
-                            &opts.dk_out_path, &opts.dv_out_path})
+                            &opts.dk_out_path, &opts.dv_out_path, &opts.pattern_out_path})
         if (!p->empty()) rep.outputs_written.push_back(*p);
       print_table(rep, out);
       if (opts.json) print_json(rep, out);
