@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -132,6 +133,37 @@ TEST(CliMpi, SyntheticRunIsIdenticalForAnyRankCount) {
   }
   for (std::size_t i = 1; i < outs.size(); ++i)
     EXPECT_LE(relative_error(outs[i].data(), outs[0].data(), outs[0].size()), 1e-6);
+}
+
+// The million-token run CI keeps: block-sparse local + global over two ranks. It must finish,
+// match the float64 reference on rows sampled on every rank, send exactly the computed
+// minimum, and keep each rank's memory within a small factor of its inputs (nothing N²).
+TEST(CliMpi, MillionTokenBlockSparseOnTwoRanks) {
+  const int64_t n = 1 << 20, heads = 2, dim = 32;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r = mpirun(
+      2, {"run", "--attention", "block-sparse", "--pattern", "local:window=512+global:blocks=1",
+          "--seq-len", std::to_string(n), "--heads", std::to_string(heads), "--head-dim",
+          std::to_string(dim), "--check", "--threads", "1", "--iters", "1", "--warmup", "0",
+          "--json"});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j.dump();
+  EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]);
+  EXPECT_GT(j["sparsity"].get<double>(), 0.99);
+  // Each rank's q, k and v: N/2 rows of H·D floats. The rank also holds out, lse and the
+  // K/V blocks its global query block needs from the other rank (all of them, once).
+  const double inputs = 3.0 * static_cast<double>(n / 2 * heads * dim) * sizeof(float);
+  const double rss = j["peak_rss_bytes"].get<double>();
+  EXPECT_LT(rss, 4.0 * inputs) << "peak RSS " << rss / 1048576 << " MiB vs inputs "
+                               << inputs / 1048576 << " MiB";
+  std::printf("  N=%lld on 2 ranks: %.1f s wall, forward %.0f ms, sparsity %.4f, peak RSS "
+              "%.0f MiB (inputs %.0f MiB per rank), sent %lld bytes\n",
+              static_cast<long long>(n), seconds, j["fwd_ms"].get<double>(),
+              j["sparsity"].get<double>(), rss / 1048576, inputs / 1048576,
+              static_cast<long long>(j["bytes_sent"].get<int64_t>()));
 }
 
 }  // namespace
