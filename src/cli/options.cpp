@@ -82,6 +82,8 @@ po::options_description run_description() {
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
       "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
+      "timeout", po::value<double>()->default_value(300),
+      "seconds a ring step may wait for its exchange before the job is aborted")(
       "config", po::value<std::string>(), "read options from FILE (name = value lines)")(
       "help,h", "show this help");
 
@@ -228,6 +230,12 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   if (o.warmup < 0) throw InputError("--warmup", "must be >= 0");
   o.iters = vm["iters"].as<int>();
   if (o.iters < 1) throw InputError("--iters", "must be >= 1");
+  o.timeout_s = vm["timeout"].as<double>();
+  if (!(o.timeout_s > 0) || o.timeout_s > 1e6) {
+    std::ostringstream got;
+    got << o.timeout_s;
+    throw InputError("--timeout", "must be a number of seconds in (0, 1e6], got " + got.str());
+  }
   o.check = vm["check"].as<bool>();
   o.json = vm["json"].as<bool>();
   opts = std::move(o);

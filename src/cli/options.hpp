@@ -22,6 +22,7 @@ struct RunOptions {
   int threads = 0;
   int warmup = 1;
   int iters = 3;
+  double timeout_s = 300;  // watchdog: longest wait for one ring exchange (--timeout)
   bool check = false;
   bool json = false;
   bool demo = false;  // no options at all: the embedded demo config

@@ -219,7 +219,8 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
-    st.ring.emplace(cfg, comm, PlanOptions{opts.threads});
+    st.ring.emplace(cfg, comm, PlanOptions{opts.threads},
+                    ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
 }
 
 // Gathers a local [B, N/P, H, D] (or lse [B, H, N/P]) tensor into the full one on rank 0.
@@ -393,13 +394,12 @@ int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& 
   try {
     return run_and_report(opts, comm, st, out);
   } catch (const std::exception& e) {
-    std::cerr << "ringattn: "
-              << (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "")
-              << "error: " << e.what() << "\n";
-    if (comm.size() > 1) {
-      std::cerr.flush();
-      comm.abort(static_cast<int>(ExitCode::runtime_failure));
-    }
+    // One write, so that ranks sharing a stderr (threads) do not interleave.
+    std::cerr << ("ringattn: " +
+                  (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "") +
+                  "error: " + e.what() + "\n")
+              << std::flush;
+    if (comm.size() > 1) comm.abort(static_cast<int>(ExitCode::runtime_failure));
     return static_cast<int>(ExitCode::runtime_failure);
   }
 }

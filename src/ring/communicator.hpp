@@ -53,6 +53,16 @@ class Communicator {
   virtual std::vector<RankInfo> gather_info(const RankInfo& mine) = 0;
   // Ends every rank of the job now (a failing rank must not leave the others waiting).
   [[noreturn]] virtual void abort(int exit_code) = 0;
+
+  // The watchdog's hooks (see ProgressThread). cancel_in_flight() is called by the
+  // communication thread when an exchange missed its deadline, before the job is aborted:
+  // a backend that can, stops its in-flight transfers (NCCL: ncclCommAbort) and returns the
+  // library's own account of the failure (NCCL: ncclGetLastError), else "".
+  virtual std::string cancel_in_flight() { return {}; }
+  // Throws if another rank has aborted the job. Only in-process ranks need it (an MPI abort
+  // ends the process); a rank that loops outside the communicator (an injected stall) calls
+  // it so that it, too, ends.
+  virtual void check_aborted() {}
 };
 
 // The single-rank backend: no peers, collectives are identities.

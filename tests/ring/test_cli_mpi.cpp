@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -107,6 +108,27 @@ TEST(CliMpi, InjectedFaultEndsTheWholeJobPromptlyNamingTheRank) {
   EXPECT_NE(r.err.find("fault injected at ring step 1"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
   EXPECT_LT(s, 30.0);
+}
+
+TEST(CliMpi, StalledRankIsDetectedByTheWatchdogWhichEndsTheJobNamingTheStep) {
+  // Rank 1 stops participating before posting step 1; rank 0 waits for its rows, and after
+  // --timeout 2 s the watchdog aborts the job (MPI_Abort), naming rank, step and peer.
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r = mpirun(2,
+                             {"run", "--seq-len", "256", "--heads", "2", "--head-dim", "16",
+                              "--threads", "1", "--timeout", "2", "--out", dir.file("out.npy")},
+                             "RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("  stalled job ended after %.2f s with exit code %d\n", s, r.exit_code);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("rank 0: error: ring step 1 (forward K/V) did not complete within 2 s"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("from rank 1"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  EXPECT_GE(s, 2.0);
+  EXPECT_LT(s, 10.0);
 }
 
 TEST(CliMpi, SlurmJobThatSeesOneRankIsRefused) {
