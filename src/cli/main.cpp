@@ -45,6 +45,17 @@ void check_launch(const ringattn::ring::Communicator& comm) {
                       "mpirun) inside the allocation, not directly (see launch/)");
 }
 
+// Under a launcher the ring is the job's ranks; --ring-size may only confirm it.
+void check_ring_size(const ringattn::ring::Communicator& comm,
+                     const ringattn::cli::RunOptions& opts) {
+  if (ringattn::ring::launched_by_mpi() && opts.ring_size != 0 && opts.ring_size != comm.size())
+    throw ringattn::InputError(
+        "--ring-size", std::to_string(opts.ring_size) + " differs from the " +
+                           std::to_string(comm.size()) +
+                           " ranks this MPI job was started with (under a launcher the ring is "
+                           "the job's ranks; omit --ring-size or start that many)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,11 +94,14 @@ int main(int argc, char** argv) {
   const int parse_code = ringattn::cli::agree_on_errors(*comm, [&] {
     check_launch(*comm);
     help = !ringattn::cli::parse_run_options(args, opts, help_text);
+    if (!help) check_ring_size(*comm, opts);
   });
   if (parse_code) return parse_code;
   if (help) {
     if (comm->rank() == 0) std::cout << help_text.str();
     return 0;
   }
+  if (!ringattn::ring::launched_by_mpi() && opts.ring_size > 1)
+    return ringattn::cli::run_command_virtual_ranks(opts, std::cout);
   return ringattn::cli::run_command(opts, *comm, std::cout);
 }

@@ -82,6 +82,9 @@ po::options_description run_description() {
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
       "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
+      "ring-size", po::value<int>()->default_value(0),
+      "ranks in the ring; without an MPI launcher P > 1 runs P virtual ranks in this process "
+      "(0: the launcher's world size, else 1)")(
       "timeout", po::value<double>()->default_value(300),
       "seconds a ring step may wait for its exchange before the job is aborted")(
       "config", po::value<std::string>(), "read options from FILE (name = value lines)")(
@@ -230,6 +233,10 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   if (o.warmup < 0) throw InputError("--warmup", "must be >= 0");
   o.iters = vm["iters"].as<int>();
   if (o.iters < 1) throw InputError("--iters", "must be >= 1");
+  o.ring_size = vm["ring-size"].as<int>();
+  if (o.ring_size < 0 || o.ring_size > kMaxVirtualRanks)
+    throw InputError("--ring-size", "must be in 0.." + std::to_string(kMaxVirtualRanks) + ", got " +
+                                        std::to_string(o.ring_size));
   o.timeout_s = vm["timeout"].as<double>();
   if (!(o.timeout_s > 0) || o.timeout_s > 1e6) {
     std::ostringstream got;

@@ -131,6 +131,45 @@ TEST(CliMpi, StalledRankIsDetectedByTheWatchdogWhichEndsTheJobNamingTheStep) {
   EXPECT_LT(s, 10.0);
 }
 
+TEST(CliMpi, VirtualRanksGiveTheSameAnswerAndReportFieldsAsMpiexec) {
+  for (const int p : {2, 3}) {
+    SCOPED_TRACE("P=" + std::to_string(p));
+    TempDir dir;
+    std::vector<std::string> args = {
+        "run",      "--seq-len",  "3072",      "--heads", "2",       "--head-dim", "32",
+        "--causal", "--backward", "--threads", "1",       "--iters", "1",          "--json"};
+    auto mpi_args = args, virt_args = args;
+    mpi_args.insert(mpi_args.end(), {"--out", dir.file("mpi.npy")});
+    virt_args.insert(virt_args.end(),
+                     {"--ring-size", std::to_string(p), "--out", dir.file("virtual.npy")});
+    const CliResult m = mpirun(p, mpi_args);
+    const CliResult v = testing::run_cli(virt_args);
+    ASSERT_EQ(m.exit_code, 0) << m.err;
+    ASSERT_EQ(v.exit_code, 0) << v.err;
+    auto json = [](const std::string& out) {
+      const std::string t = out.substr(0, out.find_last_not_of('\n') + 1);
+      return nlohmann::json::parse(t.substr(t.rfind('\n') + 1));
+    };
+    const auto jm = json(m.out), jv = json(v.out);
+    std::vector<std::string> km, kv;
+    for (const auto& [k, val] : jm.items()) km.push_back(k);
+    for (const auto& [k, val] : jv.items()) kv.push_back(k);
+    EXPECT_EQ(km, kv);
+    for (const char* k : {"world_size", "bytes_sent", "bytes_sent_min", "attended_pairs"})
+      EXPECT_EQ(jm[k], jv[k]) << k;
+    for (int r = 0; r < p; ++r)
+      EXPECT_EQ(jm["fwd_ranks"][r]["bytes_sent"], jv["fwd_ranks"][r]["bytes_sent"]) << r;
+    // The same engine, schedule and thread count: the same bits.
+    EXPECT_EQ(read_npy_float(dir.file("mpi.npy")), read_npy_float(dir.file("virtual.npy")));
+  }
+}
+
+TEST(CliMpi, RingSizeOtherThanTheWorldSizeIsRefusedOnEveryRank) {
+  const CliResult r = mpirun(2, {"run", "--seq-len", "64", "--ring-size", "3"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--ring-size: 3 differs from the 2 ranks"), std::string::npos) << r.err;
+}
+
 TEST(CliMpi, SlurmJobThatSeesOneRankIsRefused) {
   // `ringattn run` started straight from a batch script with several tasks: MPI sees one rank.
   const CliResult r =
