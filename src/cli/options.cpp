@@ -82,6 +82,9 @@ po::options_description run_description() {
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
       "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
+      "comm", po::value<std::string>()->default_value("auto"),
+      "auto | nccl | mpi | local: how ranks exchange K/V (auto: nccl on cuda when built, "
+      "else mpi under a launcher, else local)")(
       "ring-size", po::value<int>()->default_value(0),
       "ranks in the ring; without an MPI launcher P > 1 runs P virtual ranks in this process "
       "(0: the launcher's world size, else 1)")(
@@ -233,6 +236,7 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   if (o.warmup < 0) throw InputError("--warmup", "must be >= 0");
   o.iters = vm["iters"].as<int>();
   if (o.iters < 1) throw InputError("--iters", "must be >= 1");
+  o.comm = require_choice("--comm", vm["comm"].as<std::string>(), {"auto", "nccl", "mpi", "local"});
   o.ring_size = vm["ring-size"].as<int>();
   if (o.ring_size < 0 || o.ring_size > kMaxVirtualRanks)
     throw InputError("--ring-size", "must be in 0.." + std::to_string(kMaxVirtualRanks) + ", got " +

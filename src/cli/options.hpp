@@ -25,8 +25,9 @@ struct RunOptions {
   int threads = 0;
   int warmup = 1;
   int iters = 3;
-  int ring_size = 0;       // --ring-size: 0 = the launcher's world size (1 without one)
-  double timeout_s = 300;  // watchdog: longest wait for one ring exchange (--timeout)
+  std::string comm = "auto";  // --comm: auto | nccl | mpi | local (see cli/comm_choice.hpp)
+  int ring_size = 0;          // --ring-size: 0 = the launcher's world size (1 without one)
+  double timeout_s = 300;     // watchdog: longest wait for one ring exchange (--timeout)
   bool check = false;
   bool json = false;
   bool demo = false;  // no options at all: the embedded demo config

@@ -170,6 +170,14 @@ TEST(CliMpi, RingSizeOtherThanTheWorldSizeIsRefusedOnEveryRank) {
   EXPECT_NE(r.err.find("--ring-size: 3 differs from the 2 ranks"), std::string::npos) << r.err;
 }
 
+TEST(CliMpi, CommLocalWithSeveralRanksIsRefusedOnEveryRank) {
+  const CliResult r = mpirun(2, {"run", "--seq-len", "64", "--comm", "local"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--comm: 'local' runs the whole ring in one process, but this job has 2"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(CliMpi, SlurmJobThatSeesOneRankIsRefused) {
   // `ringattn run` started straight from a batch script with several tasks: MPI sees one rank.
   const CliResult r =
