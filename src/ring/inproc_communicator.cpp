@@ -256,6 +256,11 @@ class InprocCommunicator final : public Communicator {
     });
     return out;
   }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    world_.rendezvous(rank_, data, [&](const std::vector<const void*>& all) {
+      if (rank_ != root && bytes) std::memcpy(data, all[static_cast<std::size_t>(root)], bytes);
+    });
+  }
   [[noreturn]] void abort(int exit_code) override { world_.abort(exit_code); }
   void check_aborted() override { world_.check_aborted(); }
 

@@ -90,6 +90,9 @@ TEST(VirtualRanks, CollectivesAndPointToPointFollowTheCommunicatorContract) {
     while (!a->test() || !b->test()) std::this_thread::yield();
     EXPECT_EQ(in1[0], float((r + p - 1) % p));
     EXPECT_EQ(in2[3], float(10 + (r + p - 1) % p));
+    int64_t token = r == 2 ? 4242 : 0;
+    comm.broadcast(&token, sizeof token, 2);
+    EXPECT_EQ(token, 4242);
     comm.barrier();
     return r;  // the job's code is the largest
   });

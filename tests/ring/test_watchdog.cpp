@@ -41,6 +41,7 @@ class StuckCommunicator final : public Communicator {
   double max(double v) override { return v; }
   void gather(const void*, std::size_t, void*) override {}
   std::vector<RankInfo> gather_info(const RankInfo& mine) override { return {mine}; }
+  void broadcast(void*, std::size_t, int) override {}
   [[noreturn]] void abort(int) override { std::abort(); }
   std::string cancel_in_flight() override {
     ++cancels;
