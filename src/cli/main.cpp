@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/comm_choice.hpp"
 #include "cli/options.hpp"
 #include "cli/run_command.hpp"
 #include "ring/communicator.hpp"
@@ -43,6 +44,17 @@ void check_launch(const ringattn::ring::Communicator& comm) {
         "launch", std::string("SLURM_NTASKS=") + ntasks +
                       " but MPI reports 1 rank: start ringattn with 'srun --mpi=pmix' (or "
                       "mpirun) inside the allocation, not directly (see launch/)");
+}
+
+// Under a launcher the ring is the job's ranks; --ring-size may only confirm it.
+void check_ring_size(const ringattn::ring::Communicator& comm,
+                     const ringattn::cli::RunOptions& opts) {
+  if (ringattn::ring::launched_by_mpi() && opts.ring_size != 0 && opts.ring_size != comm.size())
+    throw ringattn::InputError(
+        "--ring-size", std::to_string(opts.ring_size) + " differs from the " +
+                           std::to_string(comm.size()) +
+                           " ranks this MPI job was started with (under a launcher the ring is "
+                           "the job's ranks; omit --ring-size or start that many)");
 }
 
 }  // namespace
@@ -80,14 +92,28 @@ int main(int argc, char** argv) {
   ringattn::cli::RunOptions opts;
   bool help = false;
   std::ostringstream help_text;
+  ringattn::cli::CommKind kind = ringattn::cli::CommKind::local;
   const int parse_code = ringattn::cli::agree_on_errors(*comm, [&] {
     check_launch(*comm);
     help = !ringattn::cli::parse_run_options(args, opts, help_text);
+    if (help) return;
+    check_ring_size(*comm, opts);
+    ringattn::cli::CommContext c = ringattn::cli::this_build();
+    c.requested = opts.comm;
+    c.device = opts.device == "cuda" ? "cuda" : "cpu";  // auto is cpu until issue 4
+    c.launched_by_mpi = ringattn::ring::launched_by_mpi();
+    c.world_size = comm->size();
+    c.ring_size = opts.ring_size;
+    kind = ringattn::cli::choose_comm(c);
   });
   if (parse_code) return parse_code;
   if (help) {
     if (comm->rank() == 0) std::cout << help_text.str();
     return 0;
   }
+  // NCCL is chosen only with --device cuda, which choose_comm refuses until this build has
+  // CUDA kernels (issue 4); the GPU engine will wrap `comm` in make_nccl_communicator here.
+  if (kind == ringattn::cli::CommKind::local && opts.ring_size > 1)
+    return ringattn::cli::run_command_virtual_ranks(opts, std::cout);
   return ringattn::cli::run_command(opts, *comm, std::cout);
 }

@@ -97,6 +97,14 @@ po::options_description run_description() {
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
       "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
+      "comm", po::value<std::string>()->default_value("auto"),
+      "auto | nccl | mpi | local: how ranks exchange K/V (auto: nccl on cuda when built, "
+      "else mpi under a launcher, else local)")(
+      "ring-size", po::value<int>()->default_value(0),
+      "ranks in the ring; without an MPI launcher P > 1 runs P virtual ranks in this process "
+      "(0: the launcher's world size, else 1)")(
+      "timeout", po::value<double>()->default_value(300),
+      "seconds a ring step may wait for its exchange before the job is aborted")(
       "config", po::value<std::string>(), "read options from FILE (name = value lines)")(
       "help,h", "show this help");
 
@@ -284,6 +292,17 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   if (o.warmup < 0) throw InputError("--warmup", "must be >= 0");
   o.iters = vm["iters"].as<int>();
   if (o.iters < 1) throw InputError("--iters", "must be >= 1");
+  o.comm = require_choice("--comm", vm["comm"].as<std::string>(), {"auto", "nccl", "mpi", "local"});
+  o.ring_size = vm["ring-size"].as<int>();
+  if (o.ring_size < 0 || o.ring_size > kMaxVirtualRanks)
+    throw InputError("--ring-size", "must be in 0.." + std::to_string(kMaxVirtualRanks) + ", got " +
+                                        std::to_string(o.ring_size));
+  o.timeout_s = vm["timeout"].as<double>();
+  if (!(o.timeout_s > 0) || o.timeout_s > 1e6) {
+    std::ostringstream got;
+    got << o.timeout_s;
+    throw InputError("--timeout", "must be a number of seconds in (0, 1e6], got " + got.str());
+  }
   o.check = vm["check"].as<bool>();
   o.json = vm["json"].as<bool>();
   opts = std::move(o);

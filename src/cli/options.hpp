@@ -11,6 +11,9 @@
 
 namespace ringattn::cli {
 
+// Virtual ranks are threads of one process; beyond this many the run is a mistake.
+inline constexpr int kMaxVirtualRanks = 1024;
+
 struct RunOptions {
   AttentionConfig cfg;  // shape filled from files when --q/--k/--v are given
   bool shape_from_options = false;
@@ -28,6 +31,9 @@ struct RunOptions {
   int threads = 0;
   int warmup = 1;
   int iters = 3;
+  std::string comm = "auto";  // --comm: auto | nccl | mpi | local (see cli/comm_choice.hpp)
+  int ring_size = 0;          // --ring-size: 0 = the launcher's world size (1 without one)
+  double timeout_s = 300;     // watchdog: longest wait for one ring exchange (--timeout)
   bool check = false;
   bool json = false;
   bool demo = false;  // no options at all: the embedded demo config

@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "cli/report.hpp"
+#include "ring/inproc_communicator.hpp"
 #include "ring/ring_engine.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
@@ -323,11 +324,13 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
       fill_synthetic(st.dout, st.layout, rank, s, opts.seed, 4);
   }
   if (block_sparse)
-    st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads});
+    st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads},
+                      ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
   else if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
-    st.ring.emplace(cfg, comm, PlanOptions{opts.threads});
+    st.ring.emplace(cfg, comm, PlanOptions{opts.threads},
+                    ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
 }
 
 // Block-sparse --check on huge runs: every rank compares kSampledRows rows per (batch, head)
@@ -439,7 +442,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     const auto infos = comm.gather_info({host, static_cast<int>(getpid()), comm.local_rank(),
                                          "cpu (" + std::to_string(threads) + " threads)"});
     if (rank == 0) {
-      out << "ringattn: world size " << world << ", MPI library: " << comm.library_version()
+      out << "ringattn: world size " << world << ", communicator: " << comm.library_version()
           << "\n";
       for (std::size_t r = 0; r < infos.size(); ++r)
         out << "  rank " << r << ": host " << infos[r].host << ", pid " << infos[r].pid
@@ -641,15 +644,24 @@ int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& 
   try {
     return run_and_report(opts, comm, st, out);
   } catch (const std::exception& e) {
-    std::cerr << "ringattn: "
-              << (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "")
-              << "error: " << e.what() << "\n";
-    if (comm.size() > 1) {
-      std::cerr.flush();
-      comm.abort(static_cast<int>(ExitCode::runtime_failure));
-    }
+    // A rank that failed because another one already aborted (in-process ranks) stays quiet.
+    comm.check_aborted();
+    // One write, so that ranks sharing a stderr (threads) do not interleave.
+    std::cerr << ("ringattn: " +
+                  (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "") +
+                  "error: " + e.what() + "\n")
+              << std::flush;
+    if (comm.size() > 1) comm.abort(static_cast<int>(ExitCode::runtime_failure));
     return static_cast<int>(ExitCode::runtime_failure);
   }
+}
+
+int run_command_virtual_ranks(const RunOptions& opts, std::ostream& out) {
+  RunOptions per_rank = opts;
+  const int ranks = std::max(1, opts.ring_size);
+  if (per_rank.threads == 0) per_rank.threads = std::max(1, omp_get_max_threads() / ranks);
+  return ring::run_virtual_ranks(
+      ranks, [&](ring::Communicator& comm) { return run_command(per_rank, comm, out); });
 }
 
 }  // namespace ringattn::cli

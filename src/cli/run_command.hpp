@@ -15,6 +15,12 @@ namespace ringattn::cli {
 // whole job through Communicator::abort, naming the rank.
 int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& out);
 
+// run_command on opts.ring_size virtual ranks in this process (threads; see
+// ring/inproc_communicator.hpp). --threads is per rank, as under MPI; 0 shares this
+// process's OpenMP threads out (at least one per rank). Same output and exit codes as
+// `mpiexec -n P ringattn run`.
+int run_command_virtual_ranks(const RunOptions& opts, std::ostream& out);
+
 // Runs `f`; if it throws on any rank, every rank learns it (no rank is left waiting) and the
 // lowest failing rank prints its message. Returns the exit code all ranks agree on.
 template <typename F>

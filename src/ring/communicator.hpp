@@ -1,7 +1,14 @@
 // The communicator interface the ring engine talks to: one step's point-to-point sends and
 // receives are posted together (so no pairing can deadlock), plus the few collectives the
-// CLI needs. Backends: a single-rank one (no MPI at all) and MPI over host memory; NCCL
-// comes later behind the same interface.
+// CLI needs. Backends: a single-rank one (no MPI at all), MPI over host memory, in-process
+// virtual ranks (inproc_communicator.hpp) and NCCL over device memory
+// (nccl_communicator.hpp).
+//
+// Device memory (NCCL): memory_space() says where Transfer::data must point. A device
+// backend runs transfers on its own communication stream; stream_wait() orders the next
+// start() after an event of the caller's compute stream (send buffers written, receive
+// buffers free), and PendingExchange::device_event() lets a compute stream wait for the
+// transfer without the host. Host backends ignore both. Collectives always take host memory.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +19,8 @@
 #include <vector>
 
 namespace ringattn::ring {
+
+enum class MemorySpace { host, device };
 
 struct Transfer {
   int peer = -1;
@@ -24,6 +33,10 @@ class PendingExchange {
  public:
   virtual ~PendingExchange() = default;
   virtual bool test() = 0;  // true once every send and receive has completed
+  // Device backends: a cudaEvent_t recorded on the communication stream after the exchange,
+  // or null while the exchange is not yet enqueued (NCCL's nonblocking group end; test()
+  // enqueues it). Host backends: always null.
+  virtual void* device_event() const { return nullptr; }
 };
 
 struct RankInfo {
@@ -45,14 +58,30 @@ class Communicator {
   virtual std::unique_ptr<PendingExchange> start(std::span<const Transfer> sends,
                                                  std::span<const Transfer> recvs, int tag) = 0;
 
+  virtual MemorySpace memory_space() const { return MemorySpace::host; }
+  // Device backends: the next start() waits (on the device) for this cudaEvent_t.
+  virtual void stream_wait(void* cuda_event) { (void)cuda_event; }
+
   virtual void barrier() = 0;
   virtual int64_t max(int64_t v) = 0;
   virtual double max(double v) = 0;
   // Gathers `bytes` from every rank to rank 0 (rank-major into `out`, which only rank 0 needs).
   virtual void gather(const void* data, std::size_t bytes, void* out) = 0;
   virtual std::vector<RankInfo> gather_info(const RankInfo& mine) = 0;
+  // Copies `bytes` at `data` on rank `root` to `data` on every rank.
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   // Ends every rank of the job now (a failing rank must not leave the others waiting).
   [[noreturn]] virtual void abort(int exit_code) = 0;
+
+  // The watchdog's hooks (see ProgressThread). cancel_in_flight() is called by the
+  // communication thread when an exchange missed its deadline, before the job is aborted:
+  // a backend that can, stops its in-flight transfers (NCCL: ncclCommAbort) and returns the
+  // library's own account of the failure (NCCL: ncclGetLastError), else "".
+  virtual std::string cancel_in_flight() { return {}; }
+  // Throws if another rank has aborted the job. Only in-process ranks need it (an MPI abort
+  // ends the process); a rank that loops outside the communicator (an injected stall) calls
+  // it so that it, too, ends.
+  virtual void check_aborted() {}
 };
 
 // The single-rank backend: no peers, collectives are identities.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ring/communicator.hpp"
+#include "ring/nccl_communicator.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::ring {
@@ -35,6 +36,7 @@ class LocalCommunicator final : public Communicator {
     if (bytes) std::memcpy(out, data, bytes);
   }
   std::vector<RankInfo> gather_info(const RankInfo& mine) override { return {mine}; }
+  void broadcast(void*, std::size_t, int) override {}
   [[noreturn]] void abort(int exit_code) override { std::_Exit(exit_code); }
 };
 
@@ -56,6 +58,16 @@ std::unique_ptr<Communicator> make_mpi_communicator(int*, char***) {
   throw RuntimeFailure(
       "this process was started by an MPI launcher, but this build of ringattn has no MPI "
       "support (install libopenmpi-dev and rebuild)");
+}
+#endif
+
+#ifndef RINGATTN_HAVE_NCCL
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, const NcclOptions&) {
+  throw RuntimeFailure("this build of ringattn has no NCCL (install NCCL and rebuild)");
+}
+std::string nccl_version_string() { return "none (built without NCCL)"; }
+std::string describe_cuda_device(int device) {
+  return "CUDA device " + std::to_string(device) + " (built without CUDA)";
 }
 #endif
 

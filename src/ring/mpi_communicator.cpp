@@ -133,6 +133,12 @@ class MpiCommunicator final : public Communicator {
                                     static_cast<int>(std::min(kPiece, bytes - off)), MPI_BYTE, src,
                                     kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
   }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    auto* p = static_cast<char*>(data);
+    for (std::size_t off = 0; off < bytes; off += kPiece)
+      RINGATTN_MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(kPiece, bytes - off)),
+                                   MPI_BYTE, root, MPI_COMM_WORLD));
+  }
   std::vector<RankInfo> gather_info(const RankInfo& mine) override {
     constexpr std::size_t kField = 128;
     char buf[kField * 2] = {};

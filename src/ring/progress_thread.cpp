@@ -1,8 +1,14 @@
 // Polling communication thread: starts queued exchanges, tests active ones every ~20 µs
-// (cheap enough not to steal a core from compute), sleeps when idle.
+// (cheap enough not to steal a core from compute), sleeps when idle. The deadline of an
+// exchange starts when a compute thread begins to wait for it (not when it was posted: a
+// step posted early legitimately stays in flight while the previous step computes).
 #include "ring/progress_thread.hpp"
 
 #include <chrono>
+#include <sstream>
+#include <utility>
+
+#include "ringattn/errors.hpp"
 
 namespace ringattn::ring {
 
@@ -12,9 +18,13 @@ double now_ms() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+// How long wait() gives the communication thread to report a missed deadline itself (it may
+// be inside a library call) before wait() reports it alone.
+constexpr double kGraceMs = 1000;
 }  // namespace
 
-ProgressThread::ProgressThread(Communicator& comm) : comm_(comm), thread_([this] { loop(); }) {}
+ProgressThread::ProgressThread(Communicator& comm, double timeout_s)
+    : comm_(comm), timeout_ms_(timeout_s * 1000.0), thread_([this] { loop(); }) {}
 
 ProgressThread::~ProgressThread() {
   {
@@ -25,27 +35,51 @@ ProgressThread::~ProgressThread() {
   thread_.join();
 }
 
-int ProgressThread::post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag) {
+int ProgressThread::post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag,
+                         int step, const char* what) {
   if (sends.empty() && recvs.empty()) return -1;
   std::lock_guard lock(mu_);
   Job j;
   j.sends = std::move(sends);
   j.recvs = std::move(recvs);
   j.tag = tag;
+  j.step = step;
+  j.what = what;
   j.posted_at = now_ms();
   jobs_.push_back(std::move(j));
   cv_.notify_all();
   return first_ticket_ + static_cast<int>(jobs_.size()) - 1;
 }
 
+std::string ProgressThread::timeout_message(const Job& j) const {
+  std::ostringstream os;
+  os << "ring step " << j.step << " (" << j.what << ") did not complete within "
+     << timeout_ms_ / 1000.0 << " s (--timeout): ";
+  const char* sep = "";
+  for (const Transfer& t : j.recvs)
+    os << std::exchange(sep, ", ") << "receiving " << t.bytes << " bytes from rank " << t.peer;
+  for (const Transfer& t : j.sends)
+    os << std::exchange(sep, ", ") << "sending " << t.bytes << " bytes to rank " << t.peer;
+  os << "; a peer has stalled or died";
+  return os.str();
+}
+
 double ProgressThread::wait(int ticket) {
   if (ticket < 0) return 0.0;
   std::unique_lock lock(mu_);
-  auto idx = [&] { return static_cast<std::size_t>(ticket - first_ticket_); };
-  cv_.wait(lock, [&] { return error_ || jobs_[idx()].done; });
+  auto job = [&]() -> Job& { return jobs_[static_cast<std::size_t>(ticket - first_ticket_)]; };
+  const double deadline = now_ms() + timeout_ms_;
+  job().deadline = deadline;
+  cv_.notify_all();
+  const auto backstop = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double, std::milli>(timeout_ms_ + kGraceMs));
+  if (!cv_.wait_until(lock, backstop, [&] { return error_ || job().done; }))
+    throw RuntimeFailure(timeout_message(job()) +
+                         " (the communication thread did not respond either)");
   if (error_) std::rethrow_exception(error_);
-  const double ms = jobs_[idx()].done_at - jobs_[idx()].posted_at;
-  jobs_[idx()].waited = true;
+  const double ms = job().done_at - job().posted_at;
+  job().waited = true;
   // Drop waited-for jobs from the front so the queue stays short.
   while (!jobs_.empty() && jobs_.front().waited) {
     jobs_.pop_front();
@@ -67,6 +101,10 @@ void ProgressThread::loop() {
           j.done_at = now_ms();
           j.pending.reset();
           cv_.notify_all();
+        } else if (now_ms() > j.deadline) {
+          std::string msg = timeout_message(j);
+          if (std::string lib = comm_.cancel_in_flight(); !lib.empty()) msg += "; " + lib;
+          throw RuntimeFailure(msg);
         } else {
           active = true;
         }

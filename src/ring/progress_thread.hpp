@@ -2,12 +2,17 @@
 // polling them while the compute threads work, so transfers make progress during compute
 // (MPI does not progress a nonblocking transfer that nobody tests). During the ring loop it
 // is the only thread that calls the communicator, which needs MPI_THREAD_SERIALIZED only.
+// It is also the watchdog: an exchange that a compute thread has waited on for longer than
+// the timeout is cancelled and reported (rank, step, peers, library error), never waited on
+// forever.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,31 +20,42 @@
 
 namespace ringattn::ring {
 
+inline constexpr double kDefaultTimeoutSeconds = 300;
+
 class ProgressThread {
  public:
-  explicit ProgressThread(Communicator& comm);
+  // `timeout_s`: how long wait() may block on one exchange before the watchdog fires.
+  ProgressThread(Communicator& comm, double timeout_s = kDefaultTimeoutSeconds);
   ~ProgressThread();
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
 
   // Queues one step's exchange; returns a ticket for wait(). Empty exchanges get ticket -1.
-  int post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag);
+  // `step` and `what` (a string literal, e.g. "forward K/V") only label error messages.
+  int post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag, int step = -1,
+           const char* what = "exchange");
   // Blocks until the exchange completed; returns the milliseconds it was in flight.
-  // Rethrows an error the communication thread met.
+  // Rethrows an error the communication thread met; throws RuntimeFailure naming the step
+  // and peers when the exchange did not complete within the timeout.
   double wait(int ticket);
 
  private:
   struct Job {
     std::vector<Transfer> sends, recvs;
     int tag = 0;
+    int step = -1;
+    const char* what = "";
     std::unique_ptr<PendingExchange> pending;
     double posted_at = 0, done_at = 0;
+    double deadline = std::numeric_limits<double>::infinity();  // set when waited on
     bool done = false;
     bool waited = false;
   };
   void loop();
+  std::string timeout_message(const Job& j) const;
 
   Communicator& comm_;
+  double timeout_ms_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;  // indexed by ticket - first_ticket_

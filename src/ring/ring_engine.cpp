@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -31,22 +30,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// RINGATTN_FAULT_INJECT=rank=R,step=S (tests only): rank R throws at ring step S.
-struct FaultInjection {
-  int rank = -1, step = -1;
-  static FaultInjection from_env() {
-    FaultInjection f;
-    if (const char* e = std::getenv("RINGATTN_FAULT_INJECT"))
-      if (std::sscanf(e, "rank=%d,step=%d", &f.rank, &f.step) != 2) f = {};
-    return f;
-  }
-  void check(int my_rank, int my_step) const {
-    if (my_rank == rank && my_step == step)
-      throw RuntimeFailure("fault injected at ring step " + std::to_string(my_step) +
-                           " (RINGATTN_FAULT_INJECT)");
-  }
-};
-
 }  // namespace
 
 struct RingPlan::Impl {
@@ -57,6 +40,7 @@ struct RingPlan::Impl {
   ShardLayout layout;
   RingSchedule sched;
   FaultInjection fault;
+  double timeout_s = kDefaultTimeoutSeconds;
   float grouped_scale = 1.0f;  // 1/G for grouped (and dense: G = 1), 1 for mixture
   std::unique_ptr<float[], AlignedFree> workspace;
   std::size_t workspace_floats = 0;
@@ -111,6 +95,7 @@ struct RingPlan::Impl {
   }
 
   int post_kv(int t, const float* k, const float* v, Tag tag, RingTimings& tm) {
+    fault.stall_if_due(comm->rank(), t, *comm);
     const RingStep& st = sched.steps[static_cast<std::size_t>(t)];
     std::vector<Transfer> sends, recvs;
     const auto bytes = [&](int64_t rows) {
@@ -125,7 +110,8 @@ struct RingPlan::Impl {
     }
     if (st.recv_from >= 0)
       recvs.push_back({st.recv_from, recv_buf[t % 2].get(), bytes(st.recv_rows)});
-    return progress->post(std::move(sends), std::move(recvs), tag_of(t, tag));
+    return progress->post(std::move(sends), std::move(recvs), tag_of(t, tag), t,
+                          tag == kKvForward ? "forward K/V" : "backward K/V");
   }
 
   void wait(int ticket, RingTimings& tm) {
@@ -135,7 +121,8 @@ struct RingPlan::Impl {
   }
 };
 
-RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions opts)
+RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions opts,
+                   RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
   Impl& m = *impl_;
@@ -145,7 +132,8 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   m.tiles = choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
   m.layout = make_layout(cfg, comm.size());
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles);
-  m.fault = FaultInjection::from_env();
+  m.fault = ring_opts.fault;
+  m.timeout_s = ring_opts.timeout_s;
   const bool mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;
   m.grouped_scale = mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
   m.workspace_floats = std::max(kernels::forward_workspace_floats(m.tiles, m.d()),
@@ -160,7 +148,7 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
     m.recv_buf[i] = aligned_floats(rows_recv, "ring receive buffer");
     m.part_buf[i] = aligned_floats(rows_recv, "ring gradient partial buffer");
   }
-  if (comm.size() > 1) m.progress = std::make_unique<ProgressThread>(comm);
+  if (comm.size() > 1) m.progress = std::make_unique<ProgressThread>(comm, m.timeout_s);
 }
 
 RingPlan::~RingPlan() = default;
@@ -206,12 +194,12 @@ void RingPlan::forward(const float* q, const float* k, const float* v, float* ou
   };
 
   int ticket = world > 1 ? m.post_kv(1, k, v, kKvForward, m.fwd) : -1;
-  m.fault.check(rank, 0);
+  m.fault.fail_if_due(rank, 0);
   compute(0, k, v);
   for (int t = 1; t < world; ++t) {
     m.wait(ticket, m.fwd);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvForward, m.fwd) : -1;
-    m.fault.check(rank, t);
+    m.fault.fail_if_due(rank, t);
     const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
     if (st.recv_from >= 0) {
       const float* buf = m.recv_buf[t % 2].get();
@@ -269,13 +257,13 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
   };
 
   int ticket = world > 1 ? m.post_kv(1, k, v, kKvBackward, m.bwd) : -1;
-  m.fault.check(rank, 0);
+  m.fault.fail_if_due(rank, 0);
   compute(0, k, v, dk, dv);
   for (int t = 1; t < world; ++t) {
     m.wait(ticket, m.bwd);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvBackward, m.bwd) : -1;
     finish_return(t - 2);  // frees part_buf/ret_buf[t % 2] for this step
-    m.fault.check(rank, t);
+    m.fault.fail_if_due(rank, t);
     const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
     float* part = m.part_buf[t % 2].get();
     std::vector<Transfer> sends, recvs;
@@ -290,8 +278,8 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
     if (st.send_to >= 0)
       recvs.push_back({st.send_to, m.ret_buf[t % 2].get(),
                        static_cast<std::size_t>(st.send_rows * 2 * dd) * sizeof(float)});
-    ret_ticket[static_cast<std::size_t>(t)] =
-        m.progress->post(std::move(sends), std::move(recvs), tag_of(t, kGradReturn));
+    ret_ticket[static_cast<std::size_t>(t)] = m.progress->post(
+        std::move(sends), std::move(recvs), tag_of(t, kGradReturn), t, "dK/dV return");
   }
   for (int t = std::max(1, world - 2); t < world; ++t) finish_return(t);
 }

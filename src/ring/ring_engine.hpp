@@ -9,6 +9,8 @@
 #include <memory>
 
 #include "ring/communicator.hpp"
+#include "ring/fault_injection.hpp"
+#include "ring/progress_thread.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/plan.hpp"
@@ -22,9 +24,16 @@ struct RingTimings {
   int64_t bytes_sent = 0;  // payload bytes this rank sent
 };
 
+// What the ring adds to PlanOptions.
+struct RingOptions {
+  double timeout_s = kDefaultTimeoutSeconds;  // watchdog: longest wait for one exchange
+  FaultInjection fault = FaultInjection::from_env();
+};
+
 class RingPlan {
  public:
-  RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions opts = {});
+  RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions opts = {},
+           RingOptions ring_opts = {});
   ~RingPlan();
 
   const ShardLayout& layout() const noexcept;

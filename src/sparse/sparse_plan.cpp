@@ -143,6 +143,7 @@ struct SparsePlan::Impl {
       ret_k, ret_v, delta;
   std::size_t workspace_floats = 0;
   std::unique_ptr<ring::ProgressThread> progress;
+  ring::FaultInjection fault;
   ring::RingTimings fwd, bwd;
 
   int64_t row(int64_t b, int64_t local_row, int64_t h) const {
@@ -343,7 +344,9 @@ struct SparsePlan::Impl {
   // Posts K and V of each peer's range, from `kb`/`vb` laid out by `from` ranges, into
   // `rk`/`rv` laid out by `into` ranges.
   int post(const std::vector<PeerRange>& from, float* kb, float* vb,
-           const std::vector<PeerRange>& into, float* rk, float* rv, int tag, int64_t& bytes) {
+           const std::vector<PeerRange>& into, float* rk, float* rv, int tag, int64_t& bytes,
+           const char* what) {
+    fault.stall_if_due(me, 1, *comm);
     std::vector<ring::Transfer> sends, recvs;
     for (const PeerRange& r : from) {
       const auto n = static_cast<std::size_t>(slab_floats(r.count)) * sizeof(float);
@@ -356,7 +359,7 @@ struct SparsePlan::Impl {
       recvs.push_back({r.peer, rk + slab(r.first, 0), n});
       recvs.push_back({r.peer, rv + slab(r.first, 0), n});
     }
-    return progress->post(std::move(sends), std::move(recvs), tag);
+    return progress->post(std::move(sends), std::move(recvs), tag, 1, what);
   }
 
   void wait(int ticket, ring::RingTimings& tm) {
@@ -379,7 +382,7 @@ struct SparsePlan::Impl {
 };
 
 SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
-                       ring::Communicator& comm, PlanOptions opts)
+                       ring::Communicator& comm, PlanOptions opts, ring::RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
   if (cfg.attention != AttentionKind::block_sparse)
@@ -420,7 +423,8 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.grad_k = aligned_floats(n_recv, "block-sparse dK partials");
   m.grad_v = aligned_floats(n_recv, "block-sparse dV partials");
   m.delta = aligned_floats(static_cast<std::size_t>(m.B * m.H * m.NL), "block-sparse delta rows");
-  if (m.world > 1) m.progress = std::make_unique<ring::ProgressThread>(comm);
+  m.fault = ring_opts.fault;
+  if (m.world > 1) m.progress = std::make_unique<ring::ProgressThread>(comm, ring_opts.timeout_s);
 }
 
 SparsePlan::~SparsePlan() = default;
@@ -460,8 +464,9 @@ void SparsePlan::forward(const float* q, const float* k, const float* v, float* 
     m.pack(k, v);
     m.fwd.compute_ms += ms_since(t0);
     ticket = m.post(m.send_ranges, m.send_k.get(), m.send_v.get(), m.recv_ranges, m.recv_k.get(),
-                    m.recv_v.get(), kFwdKv, m.fwd.bytes_sent);
+                    m.recv_v.get(), kFwdKv, m.fwd.bytes_sent, "block-sparse forward K/V");
   }
+  m.fault.fail_if_due(m.me, 0);
   kernels::SparseParams p = m.params();
   p.q = q;
   p.out = out;
@@ -473,6 +478,7 @@ void SparsePlan::forward(const float* q, const float* k, const float* v, float* 
   m.fwd.compute_ms += ms_since(t0);
   if (ticket >= 0) {
     m.wait(ticket, m.fwd);
+    m.fault.fail_if_due(m.me, 1);
     t0 = std::chrono::steady_clock::now();
     p.k = m.recv_k.get();
     p.v = m.recv_v.get();
@@ -493,7 +499,7 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   if (m.world > 1 && m.exchanges()) {
     m.pack(k, v);
     ticket = m.post(m.send_ranges, m.send_k.get(), m.send_v.get(), m.recv_ranges, m.recv_k.get(),
-                    m.recv_v.get(), kBwdKv, m.bwd.bytes_sent);
+                    m.recv_v.get(), kBwdKv, m.bwd.bytes_sent, "block-sparse backward K/V");
   }
   std::fill(dq, dq + n, 0.0f);
   std::fill(dk, dk + n, 0.0f);
@@ -544,7 +550,7 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   m.bwd.compute_ms += ms_since(t0);
   // Partials go back to the blocks' owners, the reverse of the K/V exchange.
   ticket = m.post(m.recv_ranges, m.grad_k.get(), m.grad_v.get(), m.send_ranges, m.ret_k.get(),
-                  m.ret_v.get(), kGradReturn, m.bwd.bytes_sent);
+                  m.ret_v.get(), kGradReturn, m.bwd.bytes_sent, "block-sparse dK/dV return");
   m.wait(ticket, m.bwd);
   t0 = std::chrono::steady_clock::now();
   const auto groups = static_cast<int64_t>(m.ret_group_ptr.size()) - 1;

@@ -34,8 +34,10 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
 class SparsePlan {
  public:
   // `cfg.attention` must be block_sparse; `lists` must match its heads, N and block size.
+  // `ring_opts`: the watchdog's timeout and test fault injection, as for the ring (step 0 is
+  // the local compute, step 1 the exchange and the remote compute).
   SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
-             ring::Communicator& comm, PlanOptions opts = {});
+             ring::Communicator& comm, PlanOptions opts = {}, ring::RingOptions ring_opts = {});
   ~SparsePlan();
 
   const ring::ShardLayout& layout() const noexcept;

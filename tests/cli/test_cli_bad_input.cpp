@@ -465,6 +465,14 @@ TEST(CliBadInput, ZeroIterationsIsRejected) {
   expect_bad_input(dir, with(base_args(dir, b), kPattern), "--iters", "must be >= 1");
 }
 
+TEST(CliBadInput, NonPositiveTimeoutIsRejected) {
+  TempDir dir;
+  write_inputs(dir);
+  for (const char* t : {"0", "-2"})
+    expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--timeout", t})), "--timeout",
+                     std::string("must be a number of seconds in (0, 1e6], got ") + t);
+}
+
 TEST(CliBadInput, MissingConfigFileIsRejected) {
   TempDir dir;
   write_inputs(dir);

@@ -110,6 +110,20 @@ TEST(CliSparse, AutoSwitchesPastTheThresholdAndSaysSo) {
   EXPECT_EQ(last_json(ra)["pattern"], "dilated-blocks:segments=128/256,dilations=1/2");
 }
 
+TEST(CliSparse, VirtualRanksRunTheDistributedPlanExactly) {
+  for (const char* p : {"2", "3", "4"}) {
+    const CliResult r = run_cli({"run", "--attention", "block-sparse", "--pattern", "bigbird",
+                                 "--seq-len", "6144", "--heads", "2", "--head-dim", "32",
+                                 "--block-size", "64", "--causal", "--ring-size", p, "--check",
+                                 "--backward", "--iters", "1", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const auto j = last_json(r);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << "P=" << p;
+    EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]) << "P=" << p;
+    EXPECT_GT(j["bytes_sent"].get<int64_t>(), 0) << "P=" << p;
+  }
+}
+
 struct Bad {
   Args args;
   std::string subject, problem;

@@ -110,6 +110,98 @@ TEST(CliMpi, InjectedFaultEndsTheWholeJobPromptlyNamingTheRank) {
   EXPECT_LT(s, 30.0);
 }
 
+TEST(CliMpi, StalledRankIsDetectedByTheWatchdogWhichEndsTheJobNamingTheStep) {
+  // Rank 1 stops participating before posting step 1; rank 0 waits for its rows, and after
+  // --timeout 2 s the watchdog aborts the job (MPI_Abort), naming rank, step and peer.
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r = mpirun(2,
+                             {"run", "--seq-len", "256", "--heads", "2", "--head-dim", "16",
+                              "--threads", "1", "--timeout", "2", "--out", dir.file("out.npy")},
+                             "RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("  stalled job ended after %.2f s with exit code %d\n", s, r.exit_code);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("rank 0: error: ring step 1 (forward K/V) did not complete within 2 s"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("from rank 1"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  EXPECT_GE(s, 2.0);
+  EXPECT_LT(s, 10.0);
+}
+
+TEST(CliMpi, BlockSparseStallOrFaultEndsTheJobPromptly) {
+  const std::vector<std::string> args = {
+      "run", "--attention", "block-sparse", "--pattern", "local:window=128", "--block-size",
+      "32", "--seq-len", "512", "--heads", "2", "--head-dim", "16", "--threads", "1",
+      "--timeout", "2"};
+  for (const std::string mode : {"stall", "fail"}) {
+    TempDir dir;
+    auto a = args;
+    a.insert(a.end(), {"--out", dir.file("out.npy")});
+    const auto t0 = std::chrono::steady_clock::now();
+    const CliResult r = mpirun(2, a, "RINGATTN_FAULT_INJECT=rank=1,step=1,mode=" + mode);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  block-sparse %s: job ended after %.2f s with exit code %d\n", mode.c_str(), s,
+                r.exit_code);
+    EXPECT_NE(r.exit_code, 0) << r.err;
+    const std::string want = mode == "stall"
+                                 ? "did not complete within 2 s"
+                                 : "rank 1: error: fault injected at ring step 1";
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+    EXPECT_LT(s, 10.0);
+  }
+}
+
+TEST(CliMpi, VirtualRanksGiveTheSameAnswerAndReportFieldsAsMpiexec) {
+  for (const int p : {2, 3}) {
+    SCOPED_TRACE("P=" + std::to_string(p));
+    TempDir dir;
+    std::vector<std::string> args = {
+        "run",      "--seq-len",  "3072",      "--heads", "2",       "--head-dim", "32",
+        "--causal", "--backward", "--threads", "1",       "--iters", "1",          "--json"};
+    auto mpi_args = args, virt_args = args;
+    mpi_args.insert(mpi_args.end(), {"--out", dir.file("mpi.npy")});
+    virt_args.insert(virt_args.end(),
+                     {"--ring-size", std::to_string(p), "--out", dir.file("virtual.npy")});
+    const CliResult m = mpirun(p, mpi_args);
+    const CliResult v = testing::run_cli(virt_args);
+    ASSERT_EQ(m.exit_code, 0) << m.err;
+    ASSERT_EQ(v.exit_code, 0) << v.err;
+    auto json = [](const std::string& out) {
+      const std::string t = out.substr(0, out.find_last_not_of('\n') + 1);
+      return nlohmann::json::parse(t.substr(t.rfind('\n') + 1));
+    };
+    const auto jm = json(m.out), jv = json(v.out);
+    std::vector<std::string> km, kv;
+    for (const auto& [k, val] : jm.items()) km.push_back(k);
+    for (const auto& [k, val] : jv.items()) kv.push_back(k);
+    EXPECT_EQ(km, kv);
+    for (const char* k : {"world_size", "bytes_sent", "bytes_sent_min", "attended_pairs"})
+      EXPECT_EQ(jm[k], jv[k]) << k;
+    for (int r = 0; r < p; ++r)
+      EXPECT_EQ(jm["fwd_ranks"][r]["bytes_sent"], jv["fwd_ranks"][r]["bytes_sent"]) << r;
+    // The same engine, schedule and thread count: the same bits.
+    EXPECT_EQ(read_npy_float(dir.file("mpi.npy")), read_npy_float(dir.file("virtual.npy")));
+  }
+}
+
+TEST(CliMpi, RingSizeOtherThanTheWorldSizeIsRefusedOnEveryRank) {
+  const CliResult r = mpirun(2, {"run", "--seq-len", "64", "--ring-size", "3"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--ring-size: 3 differs from the 2 ranks"), std::string::npos) << r.err;
+}
+
+TEST(CliMpi, CommLocalWithSeveralRanksIsRefusedOnEveryRank) {
+  const CliResult r = mpirun(2, {"run", "--seq-len", "64", "--comm", "local"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--comm: 'local' runs the whole ring in one process, but this job has 2"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(CliMpi, SlurmJobThatSeesOneRankIsRefused) {
   // `ringattn run` started straight from a batch script with several tasks: MPI sees one rank.
   const CliResult r =

@@ -1,0 +1,279 @@
+// NCCL behind the Communicator interface. Everything NCCL does here is nonblocking: init,
+// group end and finalize return ncclInProgress and are polled (ncclCommGetAsyncError) by
+// the communication thread, so the watchdog can always act: cancel_in_flight() aborts the
+// communicator (ncclCommAbort) and reports ncclGetLastError. One step is one NCCL group, so
+// the sends and receives of a step cannot deadlock against each other's ordering.
+#include "ring/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "ringattn/errors.hpp"
+
+namespace ringattn::ring {
+
+namespace {
+
+[[noreturn]] void nccl_fail(ncclResult_t rc, ncclComm_t comm, int rank, const char* what,
+                            const char* file, int line) {
+  const char* last = ncclGetLastError(comm);
+  throw RuntimeFailure(std::string(file) + ":" + std::to_string(line) + ": rank " +
+                       std::to_string(rank) + ": " + what + " failed: " + ncclGetErrorString(rc) +
+                       (last && *last ? std::string(" (NCCL: ") + last + ")" : std::string()));
+}
+
+[[noreturn]] void cuda_fail(cudaError_t rc, int rank, const char* what, const char* file,
+                            int line) {
+  throw RuntimeFailure(std::string(file) + ":" + std::to_string(line) + ": rank " +
+                       std::to_string(rank) + ": " + what + " failed: " + cudaGetErrorName(rc) +
+                       ": " + cudaGetErrorString(rc));
+}
+
+}  // namespace
+
+// Both need `rank_` (or a local `rank`) in scope; NCCL_CHECK also `comm_` (may be null).
+#define RINGATTN_NCCL_CHECK(call)                                                \
+  do {                                                                           \
+    const ncclResult_t rc_ = (call);                                             \
+    if (rc_ != ncclSuccess && rc_ != ncclInProgress)                             \
+      ::ringattn::ring::nccl_fail(rc_, comm_, rank_, #call, __FILE__, __LINE__); \
+  } while (0)
+#define RINGATTN_NCCL_CUDA_CHECK(call)                                                          \
+  do {                                                                                          \
+    const cudaError_t rc_ = (call);                                                             \
+    if (rc_ != cudaSuccess) ::ringattn::ring::cuda_fail(rc_, rank_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string version_of(int code) {
+  // Since 2.9 the code is major*10000 + minor*100 + patch (before: major*1000 + minor*100).
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
+  return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
+         std::to_string(code % 100);
+}
+
+class NcclCommunicator;
+
+class NcclExchange final : public PendingExchange {
+ public:
+  NcclExchange(NcclCommunicator& c, cudaEvent_t ev, bool enqueued)
+      : c_(c), event_(ev), enqueued_(enqueued) {}
+  ~NcclExchange() override;
+  bool test() override;
+  void* device_event() const override { return enqueued_ ? event_ : nullptr; }
+
+ private:
+  NcclCommunicator& c_;
+  cudaEvent_t event_;
+  bool enqueued_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& control, const NcclOptions& opts)
+      : control_(control), rank_(control.rank()), timeout_s_(opts.timeout_s) {
+    int count = 0;
+    RINGATTN_NCCL_CUDA_CHECK(cudaGetDeviceCount(&count));
+    const int local = control.local_rank();
+    // One visible GPU: the launcher bound this rank to it (CUDA_VISIBLE_DEVICES per task).
+    if (count == 1)
+      device_ = 0;
+    else if (local < count)
+      device_ = local;
+    else
+      throw RuntimeFailure("rank " + std::to_string(rank_) + ": node-local rank " +
+                           std::to_string(local) + " but only " + std::to_string(count) +
+                           " visible GPUs; NCCL refuses two ranks on one GPU (start at most one "
+                           "rank per GPU, or use --comm local for virtual ranks on one GPU)");
+    RINGATTN_NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    RINGATTN_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank_ == 0) RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
+    control.broadcast(&id, sizeof id, 0);
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    RINGATTN_NCCL_CHECK(ncclCommInitRankConfig(&comm_, control.size(), id, rank_, &config));
+    wait_until_idle("ncclCommInitRankConfig");
+  }
+
+  ~NcclCommunicator() override {
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    if (comm_ && !aborted_) {
+      // Finalize flushes outstanding work; if that fails or cannot finish in time, abort.
+      bool clean = true;
+      try {
+        RINGATTN_NCCL_CHECK(ncclCommFinalize(comm_));
+        wait_until_idle("ncclCommFinalize");  // aborts by itself past the timeout
+      } catch (const std::exception&) {
+        clean = false;
+      }
+      if (clean)
+        ncclCommDestroy(comm_);
+      else if (!aborted_)
+        ncclCommAbort(comm_);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return control_.size(); }
+  int local_rank() const override { return control_.local_rank(); }
+  std::string library_version() const override {
+    return nccl_version_string() + " on " + describe_cuda_device(device_) +
+           " (control: " + control_.library_version() + ")";
+  }
+  MemorySpace memory_space() const override { return MemorySpace::device; }
+  void stream_wait(void* cuda_event) override {
+    RINGATTN_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(cuda_event), 0));
+  }
+
+  std::unique_ptr<PendingExchange> start(std::span<const Transfer> sends,
+                                         std::span<const Transfer> recvs, int) override {
+    // Tags are not needed: NCCL matches sends and receives between a pair of ranks in
+    // issue order, and both sides issue the ring's exchanges in the same order.
+    RINGATTN_NCCL_CHECK(ncclGroupStart());
+    for (const Transfer& t : recvs)
+      RINGATTN_NCCL_CHECK(ncclRecv(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_));
+    for (const Transfer& t : sends)
+      RINGATTN_NCCL_CHECK(ncclSend(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_));
+    const ncclResult_t end = ncclGroupEnd();
+    if (end != ncclSuccess && end != ncclInProgress)
+      nccl_fail(end, comm_, rank_, "ncclGroupEnd", __FILE__, __LINE__);
+    cudaEvent_t ev = take_event();
+    const bool enqueued = end == ncclSuccess;
+    if (enqueued) RINGATTN_NCCL_CUDA_CHECK(cudaEventRecord(ev, stream_));
+    return std::make_unique<NcclExchange>(*this, ev, enqueued);
+  }
+
+  // ncclInProgress while a nonblocking call is still being carried out; throws on an error.
+  bool busy() {
+    ncclResult_t state = ncclSuccess;
+    RINGATTN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state == ncclInProgress) return true;
+    if (state != ncclSuccess)
+      nccl_fail(state, comm_, rank_, "asynchronous NCCL operation", __FILE__, __LINE__);
+    return false;
+  }
+  void record(cudaEvent_t ev) { RINGATTN_NCCL_CUDA_CHECK(cudaEventRecord(ev, stream_)); }
+  bool query(cudaEvent_t ev) {
+    const cudaError_t rc = cudaEventQuery(ev);
+    if (rc == cudaSuccess) return true;
+    if (rc != cudaErrorNotReady) cuda_fail(rc, rank_, "cudaEventQuery", __FILE__, __LINE__);
+    busy();  // surfaces a failed transfer (network error, peer abort) instead of waiting
+    return false;
+  }
+  void give_back(cudaEvent_t ev) { free_events_.push_back(ev); }
+
+  void barrier() override { control_.barrier(); }
+  int64_t max(int64_t v) override { return control_.max(v); }
+  double max(double v) override { return control_.max(v); }
+  void gather(const void* data, std::size_t bytes, void* out) override {
+    control_.gather(data, bytes, out);
+  }
+  std::vector<RankInfo> gather_info(const RankInfo& mine) override {
+    return control_.gather_info(mine);
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    control_.broadcast(data, bytes, root);
+  }
+
+  std::string cancel_in_flight() override {
+    if (aborted_) return "NCCL communicator already aborted";
+    const char* last = ncclGetLastError(comm_);
+    const std::string why = last && *last ? last : "no NCCL error recorded";
+    ncclCommAbort(comm_);
+    aborted_ = true;
+    return "NCCL communicator aborted (ncclCommAbort); ncclGetLastError: " + why;
+  }
+  [[noreturn]] void abort(int exit_code) override {
+    if (!aborted_ && comm_) ncclCommAbort(comm_);
+    aborted_ = true;
+    control_.abort(exit_code);
+    std::_Exit(exit_code);  // not reached: control_.abort ends the job
+  }
+
+ private:
+  cudaEvent_t take_event() {
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    RINGATTN_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  // Polls a nonblocking NCCL call to completion; past the timeout, aborts and throws.
+  void wait_until_idle(const char* what) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    while (busy()) {
+      if (Clock::now() > deadline) {
+        const std::string reason = cancel_in_flight();
+        throw RuntimeFailure("rank " + std::to_string(rank_) + ": " + what +
+                             " did not complete within " + std::to_string(timeout_s_) +
+                             " s (--timeout); " + reason);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  Communicator& control_;
+  int rank_ = 0;
+  double timeout_s_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+  std::vector<cudaEvent_t> free_events_;
+};
+
+NcclExchange::~NcclExchange() { c_.give_back(event_); }
+
+bool NcclExchange::test() {
+  if (!enqueued_) {
+    if (c_.busy()) return false;  // the group is still being issued
+    c_.record(event_);
+    enqueued_ = true;
+  }
+  return c_.query(event_);
+}
+
+}  // namespace
+
+std::string nccl_version_string() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "NCCL (unknown version)";
+  return version_of(code);
+}
+
+std::string describe_cuda_device(int device) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess)
+    return "CUDA device " + std::to_string(device) + " (no properties)";
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) std::strcpy(bus, "unknown");
+  return "cuda:" + std::to_string(device) + " " + p.name + " (PCI " + bus + ", sm_" +
+         std::to_string(p.major) + std::to_string(p.minor) + ", " +
+         std::to_string(p.totalGlobalMem >> 20) + " MiB)";
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& control,
+                                                     const NcclOptions& opts) {
+  return std::make_unique<NcclCommunicator>(control, opts);
+}
+
+}  // namespace ringattn::ring

@@ -1,0 +1,32 @@
+// The NCCL backend: K/V and gradient transfers between GPUs with grouped ncclSend/ncclRecv
+// on a communication stream; collectives, the unique id's broadcast and abort go through a
+// host "control" communicator (MPI, or the single-rank one). Built only with NCCL
+// (RINGATTN_HAVE_NCCL); without it, make_nccl_communicator throws.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ring/communicator.hpp"
+#include "ring/progress_thread.hpp"
+
+namespace ringattn::ring {
+
+struct NcclOptions {
+  double timeout_s = kDefaultTimeoutSeconds;  // bounds the nonblocking init and finalize
+};
+
+// Chooses this rank's GPU from its node-local rank (cudaSetDevice, before NCCL sees it),
+// makes the unique id on rank 0 and broadcasts it over `control`, and initialises NCCL
+// nonblocking (ncclCommInitRankConfig, config.blocking = 0), polling for at most
+// opts.timeout_s. `control` must outlive the result. Throws RuntimeFailure naming the rank
+// and NCCL's own message (ncclGetErrorString and ncclGetLastError).
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& control,
+                                                     const NcclOptions& opts = {});
+
+// For the device report: "NCCL 2.28.9" (ncclGetVersion), and one GPU's name, PCI bus id,
+// compute capability and memory.
+std::string nccl_version_string();
+std::string describe_cuda_device(int device);
+
+}  // namespace ringattn::ring

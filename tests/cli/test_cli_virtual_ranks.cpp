@@ -1,0 +1,144 @@
+// `ringattn run --ring-size P` without a launcher (labels `cli`, `ring`): P virtual ranks in
+// one process give the golden answers through files, the same output for any P, the same
+// report fields as under MPI (bytes sent equal to the minimum, per-rank figures), and the
+// failure contract: bad input exits 2 naming the option, an injected fault or a stalled rank
+// ends the run promptly with exit 3 naming the rank and step, and no output file appears.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.hpp"
+#include "golden.hpp"
+#include "ringattn/npy.hpp"
+#include "ringattn/reference.hpp"
+
+namespace ringattn {
+namespace {
+
+using testing::CliResult;
+using testing::TempDir;
+
+std::string describe(const CliResult& r) {
+  return "exit " + std::to_string(r.exit_code) + ", signal " + std::to_string(r.signal) +
+         "\n--- stdout ---\n" + r.out + "--- stderr ---\n" + r.err;
+}
+
+nlohmann::json last_line_json(const std::string& out) {
+  std::string text = out;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  const auto nl = text.rfind('\n');
+  return nlohmann::json::parse(nl == std::string::npos ? text : text.substr(nl + 1));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Callers add --seq-len.
+const std::vector<std::string> kSmallRun = {"run", "--heads",   "2", "--head-dim",
+                                            "16",  "--threads", "1", "--iters",
+                                            "1",   "--warmup",  "0", "--backward"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+TEST(CliVirtualRanks, GoldenCasesThroughFilesMatchGoldenOnTwoAndFourRanks) {
+  for (const std::string name : {"g01_two_groups", "g02_three_groups_causal", "m02_mixture_causal"})
+    for (const char* p : {"2", "4"}) {
+      SCOPED_TRACE(name + " --ring-size " + p);
+      const auto c = testing::load_golden(name);
+      if (c.cfg.shape.seq_len % ((c.cfg.causal ? 2 : 1) * std::stoi(p)) != 0) continue;
+      TempDir dir;
+      auto args = testing::golden_run_args(c);
+      args = with(args, {"--ring-size", p, "--threads", "1", "--iters", "1", "--warmup", "0",
+                         "--json", "--out", dir.file("out.npy"), "--dq-out", dir.file("dq.npy"),
+                         "--dk-out", dir.file("dk.npy"), "--dv-out", dir.file("dv.npy")});
+      const CliResult r = testing::run_cli(args);
+      ASSERT_EQ(r.exit_code, 0) << describe(r);
+      const auto n = c.out.size();
+      for (const auto& [file, want] :
+           {std::pair{"out.npy", &c.out}, {"dq.npy", &c.dq}, {"dk.npy", &c.dk}, {"dv.npy", &c.dv}})
+        EXPECT_LE(relative_error(read_npy_float(dir.file(file)).data(), want->data(), n), 1e-5)
+            << file;
+      const auto j = last_line_json(r.out);
+      EXPECT_EQ(j["world_size"], std::stoi(p));
+      EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]);
+      EXPECT_EQ(j["fwd_ranks"].size(), static_cast<std::size_t>(std::stoi(p)));
+      EXPECT_EQ(j["bwd_ranks"].size(), static_cast<std::size_t>(std::stoi(p)));
+      EXPECT_NE(r.out.find("in-process (" + std::string(p) + " virtual ranks"), std::string::npos)
+          << r.out;
+    }
+}
+
+TEST(CliVirtualRanks, SyntheticRunGivesTheSameOutputForAnyRingSize) {
+  std::vector<std::vector<float>> outs;
+  for (const char* p : {"1", "2", "3", "4"}) {
+    TempDir dir;
+    const CliResult r =
+        testing::run_cli(with(kSmallRun, {"--seq-len", "384", "--attention", "dilated",
+                                          "--segments", "48,384", "--dilations", "1,3", "--causal",
+                                          "--ring-size", p, "--out", dir.file("out.npy")}));
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    outs.push_back(read_npy_float(dir.file("out.npy")));
+  }
+  for (std::size_t i = 1; i < outs.size(); ++i)
+    EXPECT_LE(relative_error(outs[i].data(), outs[0].data(), outs[0].size()), 1e-6) << i + 1;
+}
+
+TEST(CliVirtualRanks, UnevenSplitIsBadInputNamingTheOption) {
+  TempDir dir;
+  const CliResult r = testing::run_cli(
+      with(kSmallRun, {"--seq-len", "64", "--ring-size", "3", "--out", dir.file("out.npy")}));
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--seq-len: 64 tokens cannot be split evenly over 3 ranks"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+}
+
+TEST(CliVirtualRanks, NegativeRingSizeIsBadInput) {
+  const CliResult r = testing::run_cli(with(kSmallRun, {"--seq-len", "256", "--ring-size", "-2"}));
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--ring-size: must be in 0..1024, got -2"), std::string::npos)
+      << describe(r);
+}
+
+TEST(CliVirtualRanks, InjectedFaultEndsEveryVirtualRankNamingTheRankAndStep) {
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r = testing::run_program(
+      RINGATTN_CLI_PATH,
+      with(kSmallRun, {"--seq-len", "3072", "--ring-size", "3", "--out", dir.file("out.npy")}),
+      {"RINGATTN_FAULT_INJECT=rank=1,step=1"});
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_NE(r.err.find("rank 1: error: fault injected at ring step 1"), std::string::npos)
+      << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  EXPECT_LT(seconds_since(t0), 10.0);
+}
+
+TEST(CliVirtualRanks, StalledVirtualRankIsCaughtByTheWatchdogNamingTheStep) {
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r =
+      testing::run_program(RINGATTN_CLI_PATH,
+                           with(kSmallRun, {"--seq-len", "256", "--ring-size", "2", "--timeout",
+                                            "1", "--out", dir.file("out.npy")}),
+                           {"RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall"});
+  const double s = seconds_since(t0);
+  std::printf("  stalled virtual rank: run ended after %.2f s, exit %d\n", s, r.exit_code);
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_NE(r.err.find("rank 0: error: ring step 1 (forward K/V) did not complete within 1 s"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  EXPECT_GE(s, 1.0);
+  EXPECT_LT(s, 10.0);
+}
+
+}  // namespace
+}  // namespace ringattn

@@ -1,0 +1,45 @@
+// The distributed engine against the single-process Plan, shared by the MPI test and the
+// virtual-rank test: the same golden and randomized configs, each rank checking its shard.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ring/communicator.hpp"
+#include "ringattn/config.hpp"
+
+namespace ringattn::testing {
+
+inline constexpr double kRingTolerance = 1e-5;
+
+struct RingInputs {
+  std::vector<float> q, k, v, dout;
+};
+struct FullResult {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+// Forward and backward with the single-process Plan.
+FullResult single_process(const AttentionConfig& cfg, const RingInputs& in);
+
+// Runs RingPlan on this rank of `comm` (small tiles, `threads` threads) and EXPECTs its shard of
+// out, lse, dq, dk, dv within kRingTolerance of `want`, and its forward bytes equal to the minimum.
+void expect_ring_matches(const AttentionConfig& cfg, const RingInputs& in, const FullResult& want,
+                         ring::Communicator& comm, const std::string& what, int threads);
+
+// Golden grouped and mixture cases (names for load_golden).
+std::vector<std::string> ring_golden_cases();
+
+struct RandomRingCase {
+  const char* name;
+  Shape4 shape;
+  AttentionKind attention;
+  Combine combine;
+  std::vector<int64_t> segments, dilations;
+};
+// N = 240 splits over 1..4 ranks (and 2P for zigzag: 2, 4, 6, 8); segments straddle shards.
+std::vector<RandomRingCase> random_ring_cases();
+AttentionConfig config_of(const RandomRingCase& c, bool causal);
+RingInputs random_inputs(const AttentionConfig& cfg);
+
+}  // namespace ringattn::testing

@@ -1,0 +1,157 @@
+// Virtual ranks (label `ring`): the real RingPlan on P = 1..4 in-process ranks gives the
+// single-process result within 1e-5 for every golden case and the randomized configs,
+// forward and gradients, with forward bytes equal to the minimum on every rank; and the
+// abort semantics: a failing or stalled virtual rank ends all of them promptly, with the
+// reason, and never hangs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "golden.hpp"
+#include "ring/inproc_communicator.hpp"
+#include "ring/ring_engine.hpp"
+#include "ring_compare.hpp"
+#include "ringattn/errors.hpp"
+
+namespace ringattn::ring {
+namespace {
+
+using testing::expect_ring_matches;
+
+// The reference once, then the ring on P = 1..4 virtual ranks (one thread each).
+void expect_all_ring_sizes_match(const AttentionConfig& cfg, const testing::RingInputs& in,
+                                 const std::string& what) {
+  const testing::FullResult want = testing::single_process(cfg, in);
+  for (int p = 1; p <= 4; ++p) {
+    if (cfg.shape.seq_len % ((cfg.causal ? 2 : 1) * p) != 0) continue;
+    const int code = run_virtual_ranks(p, [&](Communicator& comm) {
+      expect_ring_matches(cfg, in, want, comm, what, 1);
+      return 0;
+    });
+    EXPECT_EQ(code, 0) << what << " P=" << p;
+  }
+}
+
+class VirtualRingGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(VirtualRingGolden, EqualsSingleProcessForRingSizes1To4) {
+  const auto c = testing::load_golden(GetParam());
+  expect_all_ring_sizes_match(c.cfg, {c.q, c.k, c.v, c.dout}, c.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, VirtualRingGolden,
+                         ::testing::ValuesIn(testing::ring_golden_cases()),
+                         [](const auto& p) { return p.param; });
+
+class VirtualRingRandom
+    : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {};
+
+TEST_P(VirtualRingRandom, EqualsSingleProcessForRingSizes1To4) {
+  const auto& [rc, causal] = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc, causal);
+  expect_all_ring_sizes_match(cfg, testing::random_inputs(cfg),
+                              std::string(rc.name) + (causal ? "_causal" : ""));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingRandom,
+                         ::testing::Combine(::testing::ValuesIn(testing::random_ring_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) ? "_causal" : "");
+                         });
+
+// ---- the communicator itself ------------------------------------------------------------
+
+TEST(VirtualRanks, CollectivesAndPointToPointFollowTheCommunicatorContract) {
+  const int code = run_virtual_ranks(3, [](Communicator& comm) {
+    const int r = comm.rank(), p = comm.size();
+    EXPECT_EQ(p, 3);
+    EXPECT_EQ(comm.max(int64_t{10 * r}), 20);
+    EXPECT_EQ(comm.max(-1.5 * r), 0.0);
+    const int64_t mine = 100 + r;
+    std::vector<int64_t> all(r == 0 ? 3 : 0);
+    comm.gather(&mine, sizeof mine, all.data());
+    if (r == 0) {
+      EXPECT_EQ(all, (std::vector<int64_t>{100, 101, 102}));
+    }
+    const auto infos = comm.gather_info({"host", 1, r, "dev" + std::to_string(r)});
+    if (r == 0) {
+      EXPECT_EQ(infos.size(), 3u);
+      EXPECT_EQ(infos[2].device, "dev2");
+    }
+    // Two messages with the same tag from the same peer match in posting order.
+    std::vector<float> out1(4, float(r)), out2(4, float(10 + r)), in1(4), in2(4);
+    const Transfer s1{(r + 1) % p, out1.data(), 16}, s2{(r + 1) % p, out2.data(), 16};
+    const Transfer r1{(r + p - 1) % p, in1.data(), 16}, r2{(r + p - 1) % p, in2.data(), 16};
+    auto a = comm.start(std::span(&s1, 1), std::span(&r1, 1), 5);
+    auto b = comm.start(std::span(&s2, 1), std::span(&r2, 1), 5);
+    while (!a->test() || !b->test()) std::this_thread::yield();
+    EXPECT_EQ(in1[0], float((r + p - 1) % p));
+    EXPECT_EQ(in2[3], float(10 + (r + p - 1) % p));
+    int64_t token = r == 2 ? 4242 : 0;
+    comm.broadcast(&token, sizeof token, 2);
+    EXPECT_EQ(token, 4242);
+    comm.barrier();
+    return r;  // the job's code is the largest
+  });
+  EXPECT_EQ(code, 2);
+}
+
+TEST(VirtualRanks, OneFailingRankEndsAllOfThemPromptlyWithItsCode) {
+  // Rank 1 aborts while the others wait in a collective and in an exchange that can never
+  // complete: all of them must return.
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = run_virtual_ranks(3, [](Communicator& comm) {
+    if (comm.rank() == 1) comm.abort(7);
+    if (comm.rank() == 0) comm.barrier();
+    float x = 0;
+    const Transfer never{1, &x, sizeof x};
+    auto ex = comm.start({}, std::span(&never, 1), 9);
+    for (;;) ex->test();
+    return 0;
+  });
+  EXPECT_EQ(code, 7);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+}
+
+TEST(VirtualRanks, AnExceptionEscapingARankAbortsTheJobWithExit3) {
+  const int code = run_virtual_ranks(2, [](Communicator& comm) -> int {
+    if (comm.rank() == 0) throw RuntimeFailure("boom");
+    comm.barrier();
+    return 0;
+  });
+  EXPECT_EQ(code, 3);
+}
+
+TEST(VirtualRanks, StalledRankIsCaughtByTheWatchdogAndReleasedByTheAbort) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 64, 2, 16};
+  const testing::RingInputs in = testing::random_inputs(cfg);
+  std::string reason;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = run_virtual_ranks(2, [&](Communicator& comm) {
+    RingOptions opts;
+    opts.timeout_s = 0.5;
+    opts.fault = FaultInjection::parse("rank=1,step=1,mode=stall");
+    RingPlan ring(cfg, comm, PlanOptions{1}, opts);
+    std::vector<float> out(in.q.size() / 2), lse(64);
+    try {
+      ring.forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data());
+    } catch (const RuntimeFailure& e) {
+      reason = e.what();  // rank 0's watchdog
+      comm.abort(3);
+    }
+    return 0;
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(code, 3);
+  EXPECT_NE(reason.find("ring step 1 (forward K/V) did not complete within 0.5 s"),
+            std::string::npos)
+      << reason;
+  EXPECT_LT(s, 2.0);
+}
+
+}  // namespace
+}  // namespace ringattn::ring
