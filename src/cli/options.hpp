@@ -18,7 +18,9 @@ struct RunOptions {
   std::string out_path, lse_out_path, dq_out_path, dk_out_path, dv_out_path;
   uint64_t seed = 0;
   bool backward = false;  // --dout or --backward
-  std::string device = "auto";
+  std::string device = "auto";  // cpu | cuda | auto (cuda when one rank and a usable GPU)
+  std::string kernel = "auto";  // auto | native | cudnn (CUDA forward kernel)
+  std::string dtype;            // bf16 | fp16 | fp32; empty: bf16 on cuda, fp32 on cpu
   int threads = 0;
   int warmup = 1;
   int iters = 3;

@@ -43,6 +43,11 @@ struct RunReport {
   std::vector<CheckResult> checks;
   double check_tolerance = 0;
   std::vector<std::string> outputs_written;
+  std::string kernel = "cpu";  // cpu | native | cudnn
+  std::string dtype = "fp32";  // the precision the kernels read inputs in
+  std::size_t device_peak_bytes = 0;       // cuda: device memory held at most
+  std::size_t device_workspace_bytes = 0;  // cuda: the plan's part of it
+  std::vector<std::string> notes;          // e.g. a kernel fallback
 
   double fwd_gflops() const;
   std::optional<double> bwd_gflops() const;

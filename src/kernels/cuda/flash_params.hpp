@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cpu_flash.hpp"
+#include "kernels/cuda/tiles.hpp"
 
 namespace ringattn::kernels::cuda {
 
@@ -18,16 +19,6 @@ enum class Elem { bf16, fp16, fp32 };
 
 const char* to_string(Elem e);
 inline int elem_bytes(Elem e) { return e == Elem::fp32 ? 4 : 2; }
-
-// Tile shapes of the tensor-core kernels: 4 warps of 16 query rows each (64 rows per block),
-// and 64 keys per step. Items for forward and dQ cover kQueryTile query rows of a task;
-// items for dK/dV cover kKeyTile key rows.
-constexpr int kQueryTile = 64;
-constexpr int kKeyTile = 64;
-
-// Head dims with a tensor-core instantiation; other head dims run on the next larger one,
-// with the extra columns read as zeros and never written.
-constexpr int padded_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 struct FlashForwardParams {
   const void* q = nullptr;
