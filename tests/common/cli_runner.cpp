@@ -22,7 +22,9 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 CliResult run_cli(const std::vector<std::string>& args) {
-  return run_program(RINGATTN_CLI_PATH, args);
+  // RINGATTN_CLI_PATH in the environment overrides the compiled-in path (carried builds).
+  const char* env = std::getenv("RINGATTN_CLI_PATH");
+  return run_program(env && *env ? env : RINGATTN_CLI_PATH, args);
 }
 
 CliResult run_program(const std::string& program, const std::vector<std::string>& args,
