@@ -42,6 +42,9 @@ kc::Elem elem_of(DeviceDType t) {
   return kc::Elem::bf16;
 }
 
+// 16-byte copies also need 16-byte aligned base pointers (a caller may pass offset views).
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 template <typename T>
 kc::DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, int device,
                                    cudaStream_t stream) {
@@ -209,7 +212,7 @@ struct CudaPlan::Impl {
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
-    p.vector_loads = vector_loads;
+    p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v);
     for (const ring::DevicePass& pass : sched.passes) {
       p.items = q_items.as<kernels::ForwardItem>() + pass.q_item0;
       p.n_items = pass.n_q_items;
@@ -403,7 +406,8 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   p.head_dim = static_cast<int>(s.head_dim);
   p.scale = static_cast<float>(m.cfg.effective_scale());
   p.causal = m.cfg.causal;
-  p.vector_loads = m.vector_loads;
+  p.vector_loads = m.vector_loads && aligned16(q) && aligned16(k) && aligned16(v) &&
+                   aligned16(dout);
   for (const ring::DevicePass& pass : m.sched.passes) {
     p.q_items = m.q_items.as<kernels::ForwardItem>() + pass.q_item0;
     p.n_q_items = pass.n_q_items;
