@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ON the lent GPU machine, from a copy of the repository, with the build that
-# scripts/gpu_build_for_device.sh packed here into .gpu-carry/ (name `.gpu-carry` in the
-# device tool's `carry`). Nothing is compiled there.
+# scripts/gpu_build_for_device.sh packed into .gpu-carry/ringattn-gpu.tar.xz (name
+# `.gpu-carry` in the device tool's `carry`); it is unpacked to /tmp. Nothing is compiled.
 #
 #   bash bench/gpu/device_run.sh check   # the gpu-labelled tests, then compute-sanitizer
 #                                         # memcheck and racecheck over the kernel tests
@@ -14,20 +14,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
-CARRY=$ROOT/.gpu-carry
 OUT=${OUT:-/tmp/ringattn-gpu}
 STAGE=${1:-all}
 BUDGET_S=${BUDGET_S:-420}
 mkdir -p "$OUT"
-if [ ! -x "$CARRY/bin/gpu_bench" ]; then
-  echo "device_run: no carried build in $CARRY (run scripts/gpu_build_for_device.sh here and carry .gpu-carry)"
+ARCHIVE=$ROOT/.gpu-carry/ringattn-gpu.tar.xz
+if [ ! -f "$ARCHIVE" ]; then
+  echo "device_run: no carried build at $ARCHIVE (run scripts/gpu_build_for_device.sh here and carry .gpu-carry)"
   exit 2
 fi
+CARRY=/tmp/ringattn-carry
+rm -rf "$CARRY" && mkdir -p "$CARRY"
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$ARCHIVE" "$CARRY" ||
+  { echo "device_run: cannot unpack $ARCHIVE"; exit 2; }
 export LD_LIBRARY_PATH="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The tests' compiled-in paths point at the build machine; these override them.
 export RINGATTN_TEST_DATA_DIR="$ROOT/tests/data"
 export RINGATTN_CLI_PATH="$CARRY/bin/ringattn"
 export PYTHONUNBUFFERED=1
+export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 {
   echo "== date"; date -u
   echo "== carried build"; cat "$CARRY/build_info.txt"
