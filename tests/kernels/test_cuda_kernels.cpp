@@ -197,6 +197,10 @@ std::string name_of(const RandomCase& c) {
   return os.str();
 }
 
+// gtest prints parameters into the discovered test names; without this it would print the
+// struct's raw bytes (pointers included), which change from build to build.
+void PrintTo(const RandomCase& c, std::ostream* os) { *os << name_of(c); }
+
 AttentionConfig config_of(const RandomCase& c) {
   AttentionConfig cfg;
   cfg.shape = c.shape;
