@@ -76,29 +76,46 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw InputError(k, "needs a value");
       return argv[++i];
     };
-    if (k == "--batch") a.cfg.shape.batch = std::stoll(val());
-    else if (k == "--seq-len") a.cfg.shape.seq_len = std::stoll(val());
-    else if (k == "--heads") a.cfg.shape.heads = std::stoll(val());
-    else if (k == "--head-dim") a.cfg.shape.head_dim = std::stoll(val());
-    else if (k == "--attention") a.cfg.attention = val() == "dilated" ? AttentionKind::dilated : AttentionKind::dense;
-    else if (k == "--combine") a.cfg.combine = val() == "mixture" ? Combine::mixture : Combine::grouped;
-    else if (k == "--segments") a.cfg.segments = ints(val());
-    else if (k == "--dilations") a.cfg.dilations = ints(val());
-    else if (k == "--causal") a.cfg.causal = true;
+    if (k == "--batch")
+      a.cfg.shape.batch = std::stoll(val());
+    else if (k == "--seq-len")
+      a.cfg.shape.seq_len = std::stoll(val());
+    else if (k == "--heads")
+      a.cfg.shape.heads = std::stoll(val());
+    else if (k == "--head-dim")
+      a.cfg.shape.head_dim = std::stoll(val());
+    else if (k == "--attention")
+      a.cfg.attention = val() == "dilated" ? AttentionKind::dilated : AttentionKind::dense;
+    else if (k == "--combine")
+      a.cfg.combine = val() == "mixture" ? Combine::mixture : Combine::grouped;
+    else if (k == "--segments")
+      a.cfg.segments = ints(val());
+    else if (k == "--dilations")
+      a.cfg.dilations = ints(val());
+    else if (k == "--causal")
+      a.cfg.causal = true;
     else if (k == "--dtype") {
       const std::string t = val();
-      a.dtype = t == "fp16" ? DeviceDType::fp16 : t == "fp32" ? DeviceDType::fp32 : DeviceDType::bf16;
+      a.dtype = t == "fp16"   ? DeviceDType::fp16
+                : t == "fp32" ? DeviceDType::fp32
+                              : DeviceDType::bf16;
     } else if (k == "--kernel") {
       const std::string t = val();
-      a.kernel = t == "cudnn" ? KernelChoice::cudnn : t == "auto" ? KernelChoice::automatic : KernelChoice::native;
+      a.kernel = t == "cudnn"  ? KernelChoice::cudnn
+                 : t == "auto" ? KernelChoice::automatic
+                               : KernelChoice::native;
     } else if (k == "--pass") {
       const std::string t = val();
       a.fwd = t != "bwd";
       a.bwd = t != "fwd";
-    } else if (k == "--warmup") a.warmup = std::stoi(val());
-    else if (k == "--iters") a.iters = std::stoi(val());
-    else if (k == "--max-n") a.max_n = true;
-    else throw InputError(k, "unknown option (see the head of bench/gpu/gpu_bench.cu)");
+    } else if (k == "--warmup")
+      a.warmup = std::stoi(val());
+    else if (k == "--iters")
+      a.iters = std::stoi(val());
+    else if (k == "--max-n")
+      a.max_n = true;
+    else
+      throw InputError(k, "unknown option (see the head of bench/gpu/gpu_bench.cu)");
   }
   return a;
 }
@@ -149,7 +166,9 @@ int bench(const Args& a) {
     fill(dout.data(), static_cast<int64_t>(n), a.dtype, 4);
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  auto run_fwd = [&] { plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>()); };
+  auto run_fwd = [&] {
+    plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+  };
   auto run_bwd = [&] {
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                   dq.as<float>(), dk.as<float>(), dv.as<float>());
@@ -205,10 +224,10 @@ int max_n(Args a) {
   const Shape4 s = a.cfg.shape;
   std::size_t free_b = 0, total_b = 0;
   RINGATTN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const double per_token = static_cast<double>(s.batch) *
-                           (static_cast<double>(s.heads * s.head_dim) *
-                                (3.0 * (a.dtype == DeviceDType::fp32 ? 4 : 2) + 4.0) +
-                            4.0 * static_cast<double>(s.heads));
+  const double per_token =
+      static_cast<double>(s.batch) * (static_cast<double>(s.heads * s.head_dim) *
+                                          (3.0 * (a.dtype == DeviceDType::fp32 ? 4 : 2) + 4.0) +
+                                      4.0 * static_cast<double>(s.heads));
   int64_t step = 1;
   for (int64_t w : a.cfg.segments) step = std::max(step, w);
   if (a.cfg.attention == AttentionKind::dense) step = 1024;

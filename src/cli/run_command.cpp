@@ -156,17 +156,21 @@ bool resolve_cuda(const RunOptions& opts, const ring::Communicator& comm) {
                                      "(issue 5). Run one rank, or use --device cpu");
   const CudaDeviceStatus s = probe_cuda_device();
   if (!s.usable)
-    throw InputError("--device", "'cuda' cannot be used: " + s.reason + " (use --device cpu or auto)");
+    throw InputError("--device",
+                     "'cuda' cannot be used: " + s.reason + " (use --device cpu or auto)");
   return true;
 }
 
 DeviceDType dtype_of(const std::string& name) {
-  return name == "fp16" ? DeviceDType::fp16 : name == "fp32" ? DeviceDType::fp32 : DeviceDType::bf16;
+  return name == "fp16"   ? DeviceDType::fp16
+         : name == "fp32" ? DeviceDType::fp32
+                          : DeviceDType::bf16;
 }
 
 KernelChoice kernel_of(const std::string& name) {
-  return name == "native" ? KernelChoice::native
-                          : name == "cudnn" ? KernelChoice::cudnn : KernelChoice::automatic;
+  return name == "native"  ? KernelChoice::native
+         : name == "cudnn" ? KernelChoice::cudnn
+                           : KernelChoice::automatic;
 }
 
 // The CUDA plan and device tensors; host inputs are rounded in place to what the device
@@ -201,8 +205,10 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     throw InputError("--kernel", "'cudnn' is a CUDA kernel, but this run uses the CPU (--device " +
                                      opts.device + "); use --device cuda");
   if (!use_cuda && !opts.dtype.empty() && opts.dtype != "fp32")
-    throw InputError("--dtype", "'" + opts.dtype + "' needs the GPU, but this run uses the CPU "
-                                "(--device " + opts.device + "); the CPU kernels compute in fp32");
+    throw InputError("--dtype", "'" + opts.dtype +
+                                    "' needs the GPU, but this run uses the CPU "
+                                    "(--device " +
+                                    opts.device + "); the CPU kernels compute in fp32");
   if (!opts.q_path.empty()) {
     const Shape4 sq = shape_of("--q", opts.q_path, read_npy_header(opts.q_path));
     const Shape4 sk = shape_of("--k", opts.k_path, read_npy_header(opts.k_path));
@@ -379,8 +385,8 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     rep.device = "cuda";
     rep.kernel = st.cuda->kernel_name();
     rep.dtype = to_string(st.dtype);
-    rep.device_detail = st.cuda->device_description() + ", " + rep.dtype + " inputs, kernel " +
-                        rep.kernel;
+    rep.device_detail =
+        st.cuda->device_description() + ", " + rep.dtype + " inputs, kernel " + rep.kernel;
     rep.notes = st.cuda->notes();
   }
   rep.threads = threads;

@@ -50,8 +50,8 @@ kc::DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, in
                                    cudaStream_t stream) {
   kc::DeviceAllocation a(v.size() * sizeof(T), what, device, stream);
   if (!v.empty())
-    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(a.get(), v.data(), v.size() * sizeof(T),
-                                        cudaMemcpyHostToDevice, stream));
+    RINGATTN_CUDA_CHECK(
+        cudaMemcpyAsync(a.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
   return a;
 }
 
@@ -79,8 +79,8 @@ CudaDeviceStatus probe_cuda_device(int device) noexcept {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    s.reason = std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(err) +
-               ": " + cudaGetErrorString(err) + ")";
+    s.reason = std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(err) + ": " +
+               cudaGetErrorString(err) + ")";
     return s;
   }
   s.device_count = count;
@@ -226,8 +226,8 @@ struct CudaPlan::Impl {
                    float* lse) {
     const Shape4& s = cfg.shape;
     if (sched.clear_outputs_first) {
-      RINGATTN_CUDA_CHECK(cudaMemsetAsync(
-          out, 0, static_cast<std::size_t>(s.numel()) * sizeof(float), stream));
+      RINGATTN_CUDA_CHECK(
+          cudaMemsetAsync(out, 0, static_cast<std::size_t>(s.numel()) * sizeof(float), stream));
       kc::fill_floats(lse, s.batch * s.heads * s.seq_len, -std::numeric_limits<float>::infinity(),
                       stream);
     }
@@ -287,19 +287,18 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
 
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
-  m.sched = ring::flatten_schedule(ring::build_local_schedule(cfg, tiles), cfg.causal,
-                                   kc::kKeyTile);
+  m.sched =
+      ring::flatten_schedule(ring::build_local_schedule(cfg, tiles), cfg.causal, kc::kKeyTile);
   m.tasks = upload_vector(m.sched.tasks, "the task list", opts.device, m.stream);
   m.q_items = upload_vector(m.sched.q_items, "the query work items", opts.device, m.stream);
   m.k_items = upload_vector(m.sched.k_items, "the key work items", opts.device, m.stream);
   const Shape4& s = cfg.shape;
-  m.delta = kc::DeviceAllocation(static_cast<std::size_t>(s.batch * s.heads * s.seq_len) *
-                                     sizeof(float),
-                                 "the backward's row sums D = rowsum(out * dout)", opts.device,
-                                 m.stream);
+  m.delta =
+      kc::DeviceAllocation(static_cast<std::size_t>(s.batch * s.heads * s.seq_len) * sizeof(float),
+                           "the backward's row sums D = rowsum(out * dout)", opts.device, m.stream);
   // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim.
-  m.vector_loads = m.elem != kc::Elem::fp32 &&
-                   s.head_dim == kc::padded_head_dim(s.head_dim) && ring::rows_aligned(m.sched, 8);
+  m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
+                   ring::rows_aligned(m.sched, 8);
 
   if (opts.kernel != KernelChoice::native) {
 #if RINGATTN_HAVE_CUDNN
@@ -406,8 +405,8 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   p.head_dim = static_cast<int>(s.head_dim);
   p.scale = static_cast<float>(m.cfg.effective_scale());
   p.causal = m.cfg.causal;
-  p.vector_loads = m.vector_loads && aligned16(q) && aligned16(k) && aligned16(v) &&
-                   aligned16(dout);
+  p.vector_loads =
+      m.vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
   for (const ring::DevicePass& pass : m.sched.passes) {
     p.q_items = m.q_items.as<kernels::ForwardItem>() + pass.q_item0;
     p.n_q_items = pass.n_q_items;

@@ -5,8 +5,8 @@
 
 namespace ringattn::ring {
 
-std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask> tasks,
-                                            bool causal, int64_t k_tile) {
+std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask> tasks, bool causal,
+                                            int64_t k_tile) {
   std::vector<std::pair<int64_t, kernels::ForwardItem>> costed;
   for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
     const auto& t = tasks[ti];

@@ -34,8 +34,8 @@ FlatSchedule flatten_schedule(const LocalSchedule& s, bool causal, int64_t k_til
 
 // Key items (task, first key row) of `tasks`, k_tile keys each, most expensive first (cost:
 // keys × queries that can see the tile's first key).
-std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask> tasks,
-                                            bool causal, int64_t k_tile);
+std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask> tasks, bool causal,
+                                            int64_t k_tile);
 
 // True when every row start and row stride of every task is a multiple of `multiple`
 // elements (8 for 16-byte copies of 2-byte elements).

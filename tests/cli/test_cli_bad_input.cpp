@@ -466,7 +466,8 @@ TEST(CliBadInput, CudnnKernelWithTheCpuDeviceIsRejected) {
 TEST(CliBadInput, HalfPrecisionWithTheCpuDeviceIsRejected) {
   TempDir dir;
   write_inputs(dir);
-  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--device", "cpu", "--dtype", "bf16"})),
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "cpu", "--dtype", "bf16"})),
                    "--dtype", "CPU kernels compute in fp32");
 }
 

@@ -41,9 +41,9 @@ TEST_P(CliCuda, GoldenCaseRunsOnTheGpuAndPassesCheck) {
   for (const char* dtype : {"bf16", "fp16", "fp32"}) {
     TempDir dir;
     auto args = testing::golden_run_args(c);
-    args.insert(args.end(), {"--device", "cuda", "--dtype", dtype, "--check", "--json", "--iters",
-                             "1", "--warmup", "0", "--out", dir.file("out.npy"), "--dq-out",
-                             dir.file("dq.npy")});
+    args.insert(args.end(),
+                {"--device", "cuda", "--dtype", dtype, "--check", "--json", "--iters", "1",
+                 "--warmup", "0", "--out", dir.file("out.npy"), "--dq-out", dir.file("dq.npy")});
     const CliResult r = testing::run_cli(args);
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     const nlohmann::json j = last_line_json(r.out);

@@ -27,10 +27,10 @@
 namespace ringattn {
 namespace {
 
-#define REQUIRE_GPU()                                                              \
-  do {                                                                             \
-    const CudaDeviceStatus gpu_ = probe_cuda_device();                             \
-    if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason;                  \
+#define REQUIRE_GPU()                                             \
+  do {                                                            \
+    const CudaDeviceStatus gpu_ = probe_cuda_device();            \
+    if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason; \
   } while (0)
 
 double tolerance(DeviceDType t) { return t == DeviceDType::fp32 ? 1e-4 : 1e-2; }
@@ -91,8 +91,8 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
 
 // Runs the device and the float64 reference on the same (rounded) inputs and checks every
 // tensor; prints the errors so a passing run still shows how close it was.
-void expect_matches_reference(const std::string& label, const AttentionConfig& cfg,
-                              DeviceDType t, KernelChoice kernel, Inputs in, bool backward) {
+void expect_matches_reference(const std::string& label, const AttentionConfig& cfg, DeviceDType t,
+                              KernelChoice kernel, Inputs in, bool backward) {
   const DeviceResult got = run_on_device(cfg, t, kernel, in, backward);
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     if (!x->empty()) round_to_device_dtype(x->data(), x->size(), t);
@@ -103,8 +103,8 @@ void expect_matches_reference(const std::string& label, const AttentionConfig& c
   auto check = [&](const char* name, const std::vector<float>& g, const std::vector<double>& w) {
     const double e = relative_error(g.data(), w.data(), g.size());
     report << " " << name << " " << e;
-    EXPECT_LE(e, tol) << label << ": " << name << " relative error " << e << " > " << tol
-                      << " (" << to_string(t) << ", kernel " << got.kernel << ")";
+    EXPECT_LE(e, tol) << label << ": " << name << " relative error " << e << " > " << tol << " ("
+                      << to_string(t) << ", kernel " << got.kernel << ")";
   };
   check("out", got.out, ref.out);
   check("lse", got.lse, ref.lse);
@@ -241,8 +241,10 @@ TEST(CudaKernels, BackwardIsBitwiseDeterministic) {
   const Inputs in = random_inputs(cfg.shape, 99);
   const DeviceResult a = run_on_device(cfg, DeviceDType::bf16, KernelChoice::native, in, true);
   const DeviceResult b = run_on_device(cfg, DeviceDType::bf16, KernelChoice::native, in, true);
-  for (auto [x, y, name] : {std::tuple{&a.dq, &b.dq, "dq"}, {&a.dk, &b.dk, "dk"},
-                            {&a.dv, &b.dv, "dv"}, {&a.out, &b.out, "out"}})
+  for (auto [x, y, name] : {std::tuple{&a.dq, &b.dq, "dq"},
+                            {&a.dk, &b.dk, "dk"},
+                            {&a.dv, &b.dv, "dv"},
+                            {&a.out, &b.out, "out"}})
     EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0)
         << name << " differs between two identical runs";
 }
@@ -320,8 +322,8 @@ TEST(CudaKernels, DeviceLseMergeMatchesTheHostMerge) {
   d_ob.upload(ob.data(), ob.size(), DeviceDType::fp32);
   d_la.upload(la.data(), la.size(), DeviceDType::fp32);
   d_lb.upload(lb.data(), lb.size(), DeviceDType::fp32);
-  kernels::MergeRows dev{d_oa.as<float>(), d_la.as<float>(), d_ob.as<float>(), d_lb.as<float>(),
-                         rows, d, d, 1, d, 1};
+  kernels::MergeRows dev{
+      d_oa.as<float>(), d_la.as<float>(), d_ob.as<float>(), d_lb.as<float>(), rows, d, d, 1, d, 1};
   kernels::cuda::launch_merge_lse(dev, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got_o(oa.size()), got_l(la.size());

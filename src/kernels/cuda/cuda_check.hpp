@@ -20,21 +20,19 @@ namespace ringattn::kernels::cuda {
 
 }  // namespace ringattn::kernels::cuda
 
-#define RINGATTN_CUDA_CHECK(expr)                                                        \
-  do {                                                                                   \
-    const cudaError_t ringattn_cuda_err_ = (expr);                                       \
-    if (ringattn_cuda_err_ != cudaSuccess)                                               \
-      ::ringattn::kernels::cuda::throw_cuda_error(ringattn_cuda_err_, #expr, __FILE__,   \
-                                                  __LINE__);                             \
+#define RINGATTN_CUDA_CHECK(expr)                                                                 \
+  do {                                                                                            \
+    const cudaError_t ringattn_cuda_err_ = (expr);                                                \
+    if (ringattn_cuda_err_ != cudaSuccess)                                                        \
+      ::ringattn::kernels::cuda::throw_cuda_error(ringattn_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After a <<<...>>> launch: a bad configuration shows up in cudaGetLastError at once; faults
 // inside the kernel surface at the next synchronising call, which is checked too.
-#define RINGATTN_CUDA_CHECK_LAUNCH(kernel_name)                                          \
-  do {                                                                                   \
-    const cudaError_t ringattn_cuda_err_ = cudaGetLastError();                           \
-    if (ringattn_cuda_err_ != cudaSuccess)                                               \
-      ::ringattn::kernels::cuda::throw_cuda_error(ringattn_cuda_err_,                    \
-                                                  "launch of " kernel_name, __FILE__,    \
-                                                  __LINE__);                             \
+#define RINGATTN_CUDA_CHECK_LAUNCH(kernel_name)                                                 \
+  do {                                                                                          \
+    const cudaError_t ringattn_cuda_err_ = cudaGetLastError();                                  \
+    if (ringattn_cuda_err_ != cudaSuccess)                                                      \
+      ::ringattn::kernels::cuda::throw_cuda_error(ringattn_cuda_err_, "launch of " kernel_name, \
+                                                  __FILE__, __LINE__);                          \
   } while (0)

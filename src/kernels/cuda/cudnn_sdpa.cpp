@@ -79,8 +79,7 @@ const CudnnApi& api() {
   return a;
 }
 
-[[noreturn]] void throw_cudnn_error(cudnnStatus_t s, const char* what, const char* file,
-                                    int line) {
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t s, const char* what, const char* file, int line) {
   const CudnnApi& a = api();
   std::string msg = std::string("cuDNN error at ") + file + ":" + std::to_string(line) + ": " +
                     what + ": " + a.GetErrorString(s);
@@ -92,11 +91,11 @@ const CudnnApi& api() {
   throw RuntimeFailure(msg);
 }
 
-#define RINGATTN_CUDNN_CHECK(expr)                                                  \
-  do {                                                                              \
-    const cudnnStatus_t ringattn_cudnn_status_ = (expr);                            \
-    if (ringattn_cudnn_status_ != CUDNN_STATUS_SUCCESS)                             \
-      throw_cudnn_error(ringattn_cudnn_status_, #expr, __FILE__, __LINE__);         \
+#define RINGATTN_CUDNN_CHECK(expr)                                          \
+  do {                                                                      \
+    const cudnnStatus_t ringattn_cudnn_status_ = (expr);                    \
+    if (ringattn_cudnn_status_ != CUDNN_STATUS_SUCCESS)                     \
+      throw_cudnn_error(ringattn_cudnn_status_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // An owned backend descriptor.
@@ -151,7 +150,7 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale };
 
 // One strided view of the problem and the cuDNN plan that runs it.
 struct View {
-  ViewResultParams place;  // where its rows go in out/lse (pointers filled per call)
+  ViewResultParams place;   // where its rows go in out/lse (pointers filled per call)
   int64_t elem_offset = 0;  // of its first element in q/k/v/o ([B, N, H, D])
   int64_t stats_rows = 0;
   std::unique_ptr<Desc> plan;
@@ -221,7 +220,8 @@ class CudnnSdpaImpl final : public CudnnSdpa {
       const int64_t bs = s.batch * (s.seq_len / r.segment);
       // [B·S, Hg, m, D]: segments w·H·D apart, heads step·D, rows r·H·D, columns 1.
       const std::array<int64_t, 4> dims{bs, r.head_count, r.rows, D};
-      const std::array<int64_t, 4> strides{r.segment * H * D, r.head_step * D, r.dilation * H * D, 1};
+      const std::array<int64_t, 4> strides{r.segment * H * D, r.head_step * D, r.dilation * H * D,
+                                           1};
       const std::array<int64_t, 4> stat_dims{bs, r.head_count, r.rows, 1};
       const std::array<int64_t, 4> stat_strides{r.head_count * r.rows, r.rows, 1, 1};
       Desc q = tensor(kQ, type, dims, strides), k = tensor(kK, type, dims, strides),
@@ -250,8 +250,8 @@ class CudnnSdpaImpl final : public CudnnSdpa {
     o_scratch_ = DeviceAllocation(o_bytes, "the cuDNN output scratch", device, stream);
     stats_ = DeviceAllocation(static_cast<std::size_t>(max_stats) * sizeof(float),
                               "the cuDNN softmax stats", device, stream);
-    workspace_ = DeviceAllocation(static_cast<std::size_t>(max_ws), "the cuDNN workspace", device,
-                                  stream);
+    workspace_ =
+        DeviceAllocation(static_cast<std::size_t>(max_ws), "the cuDNN workspace", device, stream);
     version_ = api().GetVersion();
   }
 
@@ -271,9 +271,12 @@ class CudnnSdpaImpl final : public CudnnSdpa {
     };
     for (const View& view : views_) {
       std::array<int64_t, 6> uids{kQ, kK, kV, kO, kStats, kScale};
-      std::array<void*, 6> ptrs{at(q, view.elem_offset), at(k, view.elem_offset),
-                                at(v, view.elem_offset), at(o_scratch_.get(), view.elem_offset),
-                                stats_.get(), const_cast<float*>(&scale)};
+      std::array<void*, 6> ptrs{at(q, view.elem_offset),
+                                at(k, view.elem_offset),
+                                at(v, view.elem_offset),
+                                at(o_scratch_.get(), view.elem_offset),
+                                stats_.get(),
+                                const_cast<float*>(&scale)};
       void* ws = workspace_.get();
       Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
       pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 6, uids.data());

@@ -55,9 +55,8 @@ void* device_allocate(std::size_t bytes, const char* what, int device, cudaStrea
     (void)cudaMemGetInfo(&free_b, &total_b);
     throw RuntimeFailure(
         "out of device memory: asked for " + std::to_string(bytes) + " bytes (" + gib(bytes) +
-        ") for " + what + " on device " + std::to_string(device) + ", with " +
-        gib(g_now.load()) + " already held by ringattn and " + gib(free_b) + " free of " +
-        gib(total_b) +
+        ") for " + what + " on device " + std::to_string(device) + ", with " + gib(g_now.load()) +
+        " already held by ringattn and " + gib(free_b) + " free of " + gib(total_b) +
         ". To fit: spread the sequence over more ranks (the multi-GPU ring), use block-sparse "
         "attention, or run a smaller --batch or --seq-len");
   }

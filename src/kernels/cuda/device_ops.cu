@@ -1,10 +1,9 @@
 // Small device kernels around the attention kernels (see device_ops.hpp): grid-stride
 // loops or one warp per row; all launches checked.
-#include "kernels/cuda/device_ops.hpp"
-
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
 
@@ -50,8 +49,8 @@ __global__ void row_dot_kernel(const RowDotParams p) {
 __global__ void merge_lse_kernel(const MergeRows m) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-       r < m.rows; r += warps) {
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < m.rows;
+       r += warps) {
     float* oa = m.acc_out + r * m.acc_out_stride;
     float* la_ptr = m.acc_lse + r * m.acc_lse_stride;
     const float* ob = m.part_out + r * m.part_out_stride;

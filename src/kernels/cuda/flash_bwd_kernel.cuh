@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   const T* v = static_cast<const T*>(p.v) + t.k_row0;
 
   load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
-      sQ, static_cast<const T*>(p.q) + t.q_row0, t.q_stride, i0, t.n_q, p.head_dim,
-      p.vector_loads);
+      sQ, static_cast<const T*>(p.q) + t.q_row0, t.q_stride, i0, t.n_q, p.head_dim, p.vector_loads);
   load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
       sdO, static_cast<const T*>(p.dout) + t.q_row0, t.q_stride, i0, t.n_q, p.head_dim,
       p.vector_loads);
@@ -107,8 +106,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
-        const bool masked =
-            key >= t.n_k || (p.causal && key > row[e >> 1] + t.causal_offset);
+        const bool masked = key >= t.n_k || (p.causal && key > row[e >> 1] + t.causal_offset);
         const float pr = masked ? 0.0f : exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
         s[n][e] = pr * (dp[n][e] * p.dout_scale - dlt[e >> 1]);  // dS
       }
@@ -144,7 +142,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   T* sQ = sV + Tiles::kRows * kPitch;
   T* sdO = sQ + kStep * kPitch;
   float* sL = reinterpret_cast<float*>(sdO + kStep * kPitch);  // lse·log2e (+inf: P = 0)
-  float* sD = sL + kStep;                                       // D · dout_scale/out_scale
+  float* sD = sL + kStep;                                      // D · dout_scale/out_scale
 
   const ForwardItem item = p.k_items[blockIdx.x];
   const SubseqTask t = p.tasks[item.task];
@@ -155,11 +153,9 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   const T* dout = static_cast<const T*>(p.dout) + t.q_row0;
 
   load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
-      sK, static_cast<const T*>(p.k) + t.k_row0, t.k_stride, j0, t.n_k, p.head_dim,
-      p.vector_loads);
+      sK, static_cast<const T*>(p.k) + t.k_row0, t.k_stride, j0, t.n_k, p.head_dim, p.vector_loads);
   load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
-      sV, static_cast<const T*>(p.v) + t.k_row0, t.k_stride, j0, t.n_k, p.head_dim,
-      p.vector_loads);
+      sV, static_cast<const T*>(p.v) + t.k_row0, t.k_stride, j0, t.n_k, p.head_dim, p.vector_loads);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -179,8 +175,8 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   for (int64_t i0 = first_query; i0 < t.n_q; i0 += kStep) {
     load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sQ, q, t.q_stride, i0, t.n_q, p.head_dim,
                                                     p.vector_loads);
-    load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, dout, t.q_stride, i0, t.n_q,
-                                                    p.head_dim, p.vector_loads);
+    load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, dout, t.q_stride, i0, t.n_q, p.head_dim,
+                                                    p.vector_loads);
     cp_async_commit();
     for (int idx = static_cast<int>(threadIdx.x); idx < kStep; idx += kThreads) {
       const int64_t qi = i0 + idx;
@@ -210,7 +206,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
         const int64_t kj = key[e >> 1];
         const bool masked = kj >= t.n_k || (p.causal && kj > i0 + c + t.causal_offset);
         const float pr = masked ? 0.0f : exp2f(pt[n][e] * scale_log2 - sL[c]);
-        pt[n][e] = pr;                                            // Pᵀ
+        pt[n][e] = pr;                                        // Pᵀ
         dst[n][e] = pr * (dst[n][e] * p.dout_scale - sD[c]);  // dSᵀ
       }
     warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dv, pt, sdO, lane);

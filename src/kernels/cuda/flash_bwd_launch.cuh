@@ -31,10 +31,10 @@ void launch_flash_backward(const FlashBackwardParams& p, cudaStream_t stream) {
 
 }  // namespace ringattn::kernels::cuda
 
-#define RINGATTN_INSTANTIATE_FLASH_BACKWARD(D)                                               \
-  template void ringattn::kernels::cuda::launch_flash_backward<                              \
-      ringattn::kernels::cuda::Elem::bf16, D>(const ringattn::kernels::cuda::FlashBackwardParams&, \
-                                              cudaStream_t);                                 \
-  template void ringattn::kernels::cuda::launch_flash_backward<                              \
-      ringattn::kernels::cuda::Elem::fp16, D>(const ringattn::kernels::cuda::FlashBackwardParams&, \
-                                              cudaStream_t);
+#define RINGATTN_INSTANTIATE_FLASH_BACKWARD(D)                                            \
+  template void                                                                           \
+  ringattn::kernels::cuda::launch_flash_backward<ringattn::kernels::cuda::Elem::bf16, D>( \
+      const ringattn::kernels::cuda::FlashBackwardParams&, cudaStream_t);                 \
+  template void                                                                           \
+  ringattn::kernels::cuda::launch_flash_backward<ringattn::kernels::cuda::Elem::fp16, D>( \
+      const ringattn::kernels::cuda::FlashBackwardParams&, cudaStream_t);

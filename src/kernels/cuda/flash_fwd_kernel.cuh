@@ -17,7 +17,7 @@ struct ForwardTiles {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = kQueryTile;                // 16 per warp
   static constexpr int kKeys = kHeadDim > 128 ? 32 : 64;  // keys per step (registers)
-  static constexpr int kPitch = kHeadDim + 8;  // +16 bytes: conflict-free ldmatrix rows
+  static constexpr int kPitch = kHeadDim + 8;             // +16 bytes: conflict-free ldmatrix rows
   static_assert(kRows == kWarps * 16, "one 16-row mma tile per warp");
   template <typename T>
   static constexpr int smem_bytes() {
@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   const T* k = static_cast<const T*>(p.k) + t.k_row0;
   const T* v = static_cast<const T*>(p.v) + t.k_row0;
 
-  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sQ, q, t.q_stride, i0, t.n_q,
-                                                          p.head_dim, p.vector_loads);
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sQ, q, t.q_stride, i0, t.n_q, p.head_dim,
+                                                         p.vector_loads);
   cp_async_commit();
 
   const int64_t bq = t.n_q - i0 < Tiles::kRows ? t.n_q - i0 : Tiles::kRows;

@@ -26,10 +26,10 @@ void launch_flash_forward(const FlashForwardParams& p, cudaStream_t stream) {
 }  // namespace ringattn::kernels::cuda
 
 // One explicit instantiation per element type for a head dim (used by flash_fwd_hdim*.cu).
-#define RINGATTN_INSTANTIATE_FLASH_FORWARD(D)                                                    \
-  template void ringattn::kernels::cuda::launch_flash_forward<ringattn::kernels::cuda::Elem::bf16, \
-                                                              D>(                                \
-      const ringattn::kernels::cuda::FlashForwardParams&, cudaStream_t);                         \
-  template void ringattn::kernels::cuda::launch_flash_forward<ringattn::kernels::cuda::Elem::fp16, \
-                                                              D>(                                \
+#define RINGATTN_INSTANTIATE_FLASH_FORWARD(D)                                            \
+  template void                                                                          \
+  ringattn::kernels::cuda::launch_flash_forward<ringattn::kernels::cuda::Elem::bf16, D>( \
+      const ringattn::kernels::cuda::FlashForwardParams&, cudaStream_t);                 \
+  template void                                                                          \
+  ringattn::kernels::cuda::launch_flash_forward<ringattn::kernels::cuda::Elem::fp16, D>( \
       const ringattn::kernels::cuda::FlashForwardParams&, cudaStream_t);

@@ -26,7 +26,7 @@ struct FlashForwardParams {
   const void* v = nullptr;
   float* out = nullptr;
   float* lse = nullptr;
-  const SubseqTask* tasks = nullptr;  // device
+  const SubseqTask* tasks = nullptr;   // device
   const ForwardItem* items = nullptr;  // device: (task, first query row), kQueryTile rows each
   int64_t n_items = 0;
   int head_dim = 0;
@@ -43,8 +43,8 @@ struct FlashBackwardParams {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  const float* out = nullptr;   // as the forward wrote it (including out_scale)
-  const float* lse = nullptr;   // the final lse of each row
+  const float* out = nullptr;  // as the forward wrote it (including out_scale)
+  const float* lse = nullptr;  // the final lse of each row
   const void* dout = nullptr;
   const float* delta = nullptr;  // rowsum(out ∘ dout) per lse row, from launch_row_dot
   float* dq = nullptr;           // accumulated into (+=)

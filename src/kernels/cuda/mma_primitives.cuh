@@ -23,8 +23,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // and nothing is read (src-size 0).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_size)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -96,8 +95,8 @@ __device__ __forceinline__ float to_float(T x) {
 // kK contiguous, row pitch kPitch elements) and B stored as kN rows of kK (the same layout):
 // S = Q Kᵀ and its relatives. Both operands come in through ldmatrix without transposition.
 template <typename T, int kN, int kK, int kPitch>
-__device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], const T* sA,
-                                                   const T* sB, int lane) {
+__device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], const T* sA, const T* sB,
+                                                   int lane) {
   static_assert(kN % 16 == 0 && kK % 16 == 0, "tile sizes must be multiples of 16");
   // A: matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
   // (rows 8-15, cols 8-15) from lanes 0-7, 8-15, 16-23, 24-31 → registers a0..a3.
@@ -126,8 +125,8 @@ __device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], const 
 // shared memory (V, K, Q or dO), read through transposing ldmatrix: O += P V and relatives.
 template <typename T, int kN, int kK, int kPitch>
 __device__ __forceinline__ void warp_mma_regs_rows(float (&c)[kN / 8][4],
-                                                   const float (&a_frag)[kK / 8][4],
-                                                   const T* sB, int lane) {
+                                                   const float (&a_frag)[kK / 8][4], const T* sB,
+                                                   int lane) {
   static_assert(kN % 16 == 0 && kK % 16 == 0, "tile sizes must be multiples of 16");
   // B (transposed): matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
   // → b0, b1 of n-tile 2j and b0, b1 of n-tile 2j+1.
@@ -170,8 +169,7 @@ __device__ __forceinline__ void load_rows(T* dst, const T* base, int64_t stride,
       cp_async_16(smem_u32(d), src, valid);
     } else {
 #pragma unroll
-      for (int u = 0; u < 8; ++u)
-        d[u] = (valid && col + u < head_dim) ? src[u] : T(0.0f);
+      for (int u = 0; u < 8; ++u) d[u] = (valid && col + u < head_dim) ? src[u] : T(0.0f);
     }
   }
 }

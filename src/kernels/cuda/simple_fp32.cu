@@ -29,8 +29,8 @@ __device__ __forceinline__ void load_row(float (&r)[kPerLane], const float* src,
   }
 }
 
-__device__ __forceinline__ float dot_row(const float (&a)[kPerLane], const float* b,
-                                         int head_dim, int lane) {
+__device__ __forceinline__ float dot_row(const float (&a)[kPerLane], const float* b, int head_dim,
+                                         int lane) {
   float s = 0.0f;
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
