@@ -486,10 +486,12 @@ TEST(CliBadInput, CudaOnlyOptionsUnderAutoWithoutAGpuAreRejected) {
     GTEST_SKIP() << "SKIPPED: a CUDA device is usable here, so --device auto picks it";
   TempDir dir;
   write_inputs(dir);
-  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--kernel", "cudnn"})), "--kernel",
-                   "this run uses the CPU (--device auto)");
-  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--dtype", "fp16"})), "--dtype",
-                   "this run uses the CPU (--device auto)");
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "auto", "--kernel", "cudnn"})),
+                   "--kernel", "this run uses the CPU (--device auto)");
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "auto", "--dtype", "fp16"})),
+                   "--dtype", "this run uses the CPU (--device auto)");
 }
 
 TEST(CliBadInput, NegativeThreadCountIsRejected) {

@@ -73,8 +73,9 @@ INSTANTIATE_TEST_SUITE_P(Golden, CliCuda, ::testing::ValuesIn(golden_names()),
 TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
-  const CliResult r = testing::run_cli({"run", "--seq-len", "512", "--heads", "4", "--causal",
-                                        "--kernel", "cudnn", "--check", "--backward", "--json"});
+  const CliResult r =
+      testing::run_cli({"run", "--device", "auto", "--seq-len", "512", "--heads", "4", "--causal",
+                        "--kernel", "cudnn", "--check", "--backward", "--json"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   const nlohmann::json j = last_line_json(r.out);
   EXPECT_EQ(j.value("device", ""), "cuda");
