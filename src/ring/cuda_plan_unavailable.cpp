@@ -9,7 +9,7 @@ namespace ringattn {
 namespace {
 const char* kNoCuda =
     "this build of ringattn has no CUDA kernels (the CUDA toolkit was not found at configure "
-    "time, or RINGATTN_WITH_CUDA=OFF); use --device cpu";
+    "time, or RINGATTN_WITH_CUDA=OFF)";
 [[noreturn]] void no_cuda() { throw InputError("--device", kNoCuda); }
 }  // namespace
 
