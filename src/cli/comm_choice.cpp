@@ -6,7 +6,10 @@ namespace ringattn::cli {
 
 CommContext this_build() {
   CommContext c;
-  c.have_cuda_kernels = false;  // issue 4: true once the CUDA kernels are built
+#ifdef RINGATTN_HAVE_CUDA_TOOLKIT
+  c.have_cuda_kernels = true;  // src/kernels/cuda/ is built (whether a device exists is
+                               // checked when the run resolves --device)
+#endif
 #ifdef RINGATTN_HAVE_NCCL
   c.have_nccl = true;
 #endif

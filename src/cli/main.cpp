@@ -100,7 +100,9 @@ int main(int argc, char** argv) {
     check_ring_size(*comm, opts);
     ringattn::cli::CommContext c = ringattn::cli::this_build();
     c.requested = opts.comm;
-    c.device = opts.device == "cuda" ? "cuda" : "cpu";  // auto is cpu until issue 4
+    // auto: the communicator is chosen as for the CPU; the run resolves auto to the GPU
+    // only on a single rank (the multi-rank GPU engine is issue 5's remaining part).
+    c.device = opts.device == "cuda" ? "cuda" : "cpu";
     c.launched_by_mpi = ringattn::ring::launched_by_mpi();
     c.world_size = comm->size();
     c.ring_size = opts.ring_size;
@@ -111,8 +113,9 @@ int main(int argc, char** argv) {
     if (comm->rank() == 0) std::cout << help_text.str();
     return 0;
   }
-  // NCCL is chosen only with --device cuda, which choose_comm refuses until this build has
-  // CUDA kernels (issue 4); the GPU engine will wrap `comm` in make_nccl_communicator here.
+  // NCCL is chosen only with --device cuda. Until the GPU ring engine exists (issue 5), the
+  // run itself refuses --device cuda on several ranks; one rank runs CudaPlan directly. The
+  // GPU engine will wrap `comm` in make_nccl_communicator here.
   if (kind == ringattn::cli::CommKind::local && opts.ring_size > 1)
     return ringattn::cli::run_command_virtual_ranks(opts, std::cout);
   return ringattn::cli::run_command(opts, *comm, std::cout);

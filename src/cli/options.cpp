@@ -92,8 +92,12 @@ po::options_description run_description() {
 
   po::options_description control("Run control");
   control.add_options()("device", po::value<std::string>()->default_value("auto"),
-                        "cpu | cuda | auto")("threads", po::value<int>()->default_value(0),
-                                             "OpenMP threads (0: all cores)")(
+                        "cpu | cuda | auto (cuda on one rank when a GPU is usable)")(
+      "kernel", po::value<std::string>()->default_value("auto"),
+      "cuda forward kernel: auto (the faster, timed on the first call) | native | cudnn")(
+      "dtype", po::value<std::string>(),
+      "device input precision: bf16 (cuda default) | fp16 | fp32 (cpu: fp32 only)")(
+      "threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")(
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
       "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
@@ -286,6 +290,17 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
       throw InputError(name, "needs the backward pass: give --dout FILE (or --backward)");
 
   o.device = require_choice("--device", vm["device"].as<std::string>(), {"cpu", "cuda", "auto"});
+  o.kernel =
+      require_choice("--kernel", vm["kernel"].as<std::string>(), {"auto", "native", "cudnn"});
+  if (vm.count("dtype"))
+    o.dtype = require_choice("--dtype", vm["dtype"].as<std::string>(), {"bf16", "fp16", "fp32"});
+  if (o.device == "cpu" && o.kernel == "cudnn")
+    throw InputError("--kernel",
+                     "'cudnn' is a CUDA kernel; it needs --device cuda (or auto on a "
+                     "machine with a GPU), not --device cpu");
+  if (o.device == "cpu" && !o.dtype.empty() && o.dtype != "fp32")
+    throw InputError("--dtype",
+                     "'" + o.dtype + "' needs --device cuda; the CPU kernels compute in fp32");
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
   o.warmup = vm["warmup"].as<int>();

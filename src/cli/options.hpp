@@ -27,7 +27,9 @@ struct RunOptions {
   std::string pattern;          // --pattern text
   std::string block_mask_path;  // --block-mask FILE
   std::string pattern_out_path; // --pattern-out FILE
-  std::string device = "auto";
+  std::string device = "auto";  // cpu | cuda | auto (cuda when one rank and a usable GPU)
+  std::string kernel = "auto";  // auto | native | cudnn (CUDA forward kernel)
+  std::string dtype;            // bf16 | fp16 | fp32; empty: bf16 on cuda, fp32 on cpu
   int threads = 0;
   int warmup = 1;
   int iters = 3;

@@ -76,6 +76,11 @@ void print_table(const RunReport& r, std::ostream& os) {
     os << " (" << human_bytes(r.workspace_bytes_per_thread) << " per thread)";
   os << "   peak tracked "
      << human_bytes(r.peak_bytes) << "   peak RSS " << human_bytes(r.peak_rss_bytes) << "\n";
+  if (r.device == "cuda")
+    os << "  device memory    peak " << human_bytes(r.device_peak_bytes) << " (plan workspace "
+       << human_bytes(r.device_workspace_bytes) << ")   kernel " << r.kernel << ", inputs "
+       << r.dtype << "\n";
+  for (const auto& n : r.notes) os << "  note: " << n << "\n";
   if (r.world_size > 1) {
     os << "  ring             " << r.world_size << " ranks, forward bytes sent (max over ranks) "
        << r.bytes_sent << " (computed minimum " << r.bytes_sent_min << ")\n";
@@ -138,6 +143,9 @@ void print_json(const RunReport& r, std::ostream& os) {
   j["workspace_bytes_per_thread"] = r.workspace_bytes_per_thread;
   j["peak_bytes"] = r.peak_bytes;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["kernel"] = r.kernel;
+  j["dtype"] = r.dtype;
+  j["device_peak_bytes"] = r.device_peak_bytes;
   j["bytes_sent"] = r.bytes_sent;
   j["bytes_sent_min"] = r.bytes_sent_min;
   auto ranks_json = [](const std::vector<RankFigures>& v) {

@@ -49,6 +49,11 @@ struct RunReport {
   std::string check_mode;  // "full" or how rows were sampled
   double check_tolerance = 0;
   std::vector<std::string> outputs_written;
+  std::string kernel = "cpu";  // cpu | native | cudnn
+  std::string dtype = "fp32";  // the precision the kernels read inputs in
+  std::size_t device_peak_bytes = 0;       // cuda: device memory held at most
+  std::size_t device_workspace_bytes = 0;  // cuda: the plan's part of it
+  std::vector<std::string> notes;          // e.g. a kernel fallback
 
   double fwd_gflops() const;
   std::optional<double> bwd_gflops() const;

@@ -23,6 +23,7 @@
 #include "ring/ring_engine.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
+#include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/npy.hpp"
 #include "ringattn/plan.hpp"
@@ -38,6 +39,11 @@ namespace ringattn::cli {
 namespace {
 
 constexpr double kCheckTolerance = 1e-5;
+// On CUDA the check compares with the float64 reference of the inputs as the device holds
+// them (rounded to --dtype); what remains is the kernels' own rounding (bf16/fp16 P and dS
+// in the tensor-core products, fp32 accumulation).
+constexpr double kCheckToleranceHalf = 1e-2;
+constexpr double kCheckToleranceFp32 = 1e-4;
 // The float64 reference visits every (query, key) pair of every head and pattern and does
 // O(D) work per attended pair; past this budget it takes minutes.
 constexpr double kCheckMaxWork = 4e9;
@@ -147,6 +153,10 @@ struct RunState {
   std::string pattern_text;  // canonical pattern, or "mask FILE"
   std::string auto_note;     // what --attention auto decided
   bool sampled_check = false;
+  // --device cuda (one rank): the plan and the device copies of the tensors.
+  std::optional<CudaPlan> cuda;
+  DeviceDType dtype = DeviceDType::bf16;
+  DeviceBuffer d_q, d_k, d_v, d_o, d_lse, d_dout, d_dq, d_dk, d_dv;
 };
 
 // Rows per (batch, head) and rank that a sampled check compares.
@@ -200,12 +210,71 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
       [&] { return sparse::build_lists(p, g); });
 }
 
+// Whether this run uses the GPU: --device cuda (checked: one rank, CUDA built in, a usable
+// device), or auto with one rank and a usable device. Everything else runs on the CPU.
+bool resolve_cuda(const RunOptions& opts, const ring::Communicator& comm) {
+  if (opts.device == "cpu") return false;
+  if (opts.device == "auto") return comm.size() == 1 && probe_cuda_device().usable;
+  if (comm.size() > 1)
+    throw InputError("--device", "'cuda' runs on a single rank in this version (this job has " +
+                                     std::to_string(comm.size()) +
+                                     " ranks); the multi-rank GPU path comes with the NCCL ring "
+                                     "(issue 5). Run one rank, or use --device cpu");
+  const CudaDeviceStatus s = probe_cuda_device();
+  if (!s.usable)
+    throw InputError("--device",
+                     "'cuda' cannot be used: " + s.reason + " (use --device cpu or auto)");
+  return true;
+}
+
+DeviceDType dtype_of(const std::string& name) {
+  return name == "fp16"   ? DeviceDType::fp16
+         : name == "fp32" ? DeviceDType::fp32
+                          : DeviceDType::bf16;
+}
+
+KernelChoice kernel_of(const std::string& name) {
+  return name == "native"  ? KernelChoice::native
+         : name == "cudnn" ? KernelChoice::cudnn
+                           : KernelChoice::automatic;
+}
+
+// The CUDA plan and device tensors; host inputs are rounded in place to what the device
+// holds, so that --check and the written outputs describe the same computation.
+void setup_cuda(const RunOptions& opts, RunState& st) {
+  st.dtype = dtype_of(opts.dtype.empty() ? "bf16" : opts.dtype);
+  st.cuda.emplace(st.cfg, CudaPlanOptions{st.dtype, kernel_of(opts.kernel), 0});
+  const std::size_t n = st.q.size(), n_lse = st.lse.size();
+  const std::size_t in_bytes = n * (st.dtype == DeviceDType::fp32 ? 4 : 2);
+  auto upload = [&](DeviceBuffer& d, HostTensor& h, const char* what) {
+    d = DeviceBuffer(in_bytes, what);
+    d.upload(h.data(), n, st.dtype);
+    if (st.dtype != DeviceDType::fp32) round_to_device_dtype(h.data(), n, st.dtype);
+  };
+  upload(st.d_q, st.q, "q");
+  upload(st.d_k, st.k, "k");
+  upload(st.d_v, st.v, "v");
+  st.d_o = DeviceBuffer(n * sizeof(float), "out");
+  st.d_lse = DeviceBuffer(n_lse * sizeof(float), "lse");
+  if (opts.backward) {
+    upload(st.d_dout, st.dout, "dout");
+    st.d_dq = DeviceBuffer(n * sizeof(float), "dq");
+    st.d_dk = DeviceBuffer(n * sizeof(float), "dk");
+    st.d_dv = DeviceBuffer(n * sizeof(float), "dv");
+  }
+}
+
 void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   AttentionConfig cfg = opts.cfg;
-  if (opts.device == "cuda")
-    throw InputError("--device",
-                     "'cuda' is not available: this build of ringattn has CPU "
-                     "kernels only (use --device cpu or auto)");
+  bool use_cuda = resolve_cuda(opts, comm);
+  if (!use_cuda && opts.kernel == "cudnn")
+    throw InputError("--kernel", "'cudnn' is a CUDA kernel, but this run uses the CPU (--device " +
+                                     opts.device + "); use --device cuda");
+  if (!use_cuda && !opts.dtype.empty() && opts.dtype != "fp32")
+    throw InputError("--dtype", "'" + opts.dtype +
+                                    "' needs the GPU, but this run uses the CPU "
+                                    "(--device " +
+                                    opts.device + "); the CPU kernels compute in fp32");
   if (!opts.q_path.empty()) {
     const Shape4 sq = shape_of("--q", opts.q_path, read_npy_header(opts.q_path));
     const Shape4 sk = shape_of("--k", opts.k_path, read_npy_header(opts.k_path));
@@ -248,6 +317,17 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     }
   }
   const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
+  if (block_sparse && use_cuda) {
+    if (opts.device == "cuda")
+      throw InputError("--device", "block-sparse attention runs on the CPU in this version (its "
+                                   "CUDA kernel is not written yet); use --device cpu or auto");
+    use_cuda = false;  // auto: the CPU block-sparse plan
+    if (!opts.dtype.empty() && opts.dtype != "fp32")
+      throw InputError("--dtype", "'" + opts.dtype + "' needs the GPU, but block-sparse runs on "
+                                                     "the CPU, in fp32");
+    if (opts.kernel == "cudnn")
+      throw InputError("--kernel", "'cudnn' is a CUDA kernel, but block-sparse runs on the CPU");
+  }
   if (!block_sparse && !opts.pattern_out_path.empty())
     throw InputError("--pattern-out", "this run is " + std::string(to_string(cfg.attention)) +
                                           ", not block-sparse: there is no block mask to write");
@@ -326,6 +406,8 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   if (block_sparse)
     st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads},
                       ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
+  else if (use_cuda)
+    setup_cuda(opts, st);
   else if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
@@ -433,8 +515,10 @@ std::vector<float> gather_full(ring::Communicator& comm, const RunState& st, con
 int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& st,
                    std::ostream& out) {
   const int rank = comm.rank(), world = comm.size();
-  const int threads =
-      st.sparse ? st.sparse->threads() : st.plan ? st.plan->threads() : st.ring->threads();
+  const int threads = st.sparse ? st.sparse->threads()
+                      : st.plan ? st.plan->threads()
+                      : st.ring ? st.ring->threads()
+                                : 1;
   if (rank == 0 && !st.auto_note.empty()) out << "ringattn: " << st.auto_note << "\n";
   if (world > 1) {
     char host[256] = {};
@@ -453,7 +537,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   auto forward = [&] {
     if (st.sparse)
       st.sparse->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
-    else if (st.plan)
+    else if (st.cuda) {
+      st.cuda->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
+                       st.d_lse.as<float>());
+      st.cuda->synchronize();
+    } else if (st.plan)
       st.plan->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
     else
       st.ring->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
@@ -462,7 +550,12 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     if (st.sparse)
       st.sparse->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
                           st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
-    else if (st.plan)
+    else if (st.cuda) {
+      st.cuda->backward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
+                        st.d_lse.as<float>(), st.d_dout.data(), st.d_dq.as<float>(),
+                        st.d_dk.as<float>(), st.d_dv.as<float>());
+      st.cuda->synchronize();
+    } else if (st.plan)
       st.plan->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
                         st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
     else
@@ -483,10 +576,28 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     }
   }
 
+  if (st.cuda) {  // results back to the host tensors (the local ones are the full ones)
+    st.d_o.download(st.o.data(), st.o.size());
+    st.d_lse.download(st.lse.data(), st.lse.size());
+    if (opts.backward) {
+      st.d_dq.download(st.dq.data(), st.dq.size());
+      st.d_dk.download(st.dk.data(), st.dk.size());
+      st.d_dv.download(st.dv.data(), st.dv.size());
+    }
+  }
+
   RunReport rep;
   rep.cfg = st.cfg;
   rep.device = "cpu";
   rep.device_detail = cpu_model() + ", " + std::to_string(threads) + " threads per rank";
+  if (st.cuda) {
+    rep.device = "cuda";
+    rep.kernel = st.cuda->kernel_name();
+    rep.dtype = to_string(st.dtype);
+    rep.device_detail =
+        st.cuda->device_description() + ", " + rep.dtype + " inputs, kernel " + rep.kernel;
+    rep.notes = st.cuda->notes();
+  }
   rep.threads = threads;
   rep.world_size = world;
   rep.iters = opts.iters;
@@ -515,6 +626,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       rep.fwd_ranks = gather_figures(st.sparse->last_forward());
       if (opts.backward) rep.bwd_ranks = gather_figures(st.sparse->last_backward());
     }
+  } else if (st.cuda) {
+    rep.attended_pairs = attended_pairs(st.cfg);
+    rep.workspace_bytes = st.cuda->workspace_bytes();
+    rep.device_workspace_bytes = st.cuda->workspace_bytes();
+    rep.device_peak_bytes = device_bytes_peak();
   } else if (st.plan) {
     rep.attended_pairs = attended_pairs(st.cfg);
     rep.workspace_bytes = st.plan->workspace_bytes();
@@ -590,8 +706,10 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
         rep.checks.push_back({"dv", relative_error(dv, g.dv.data(), n_full)});
       }
     } else if (opts.check) {
-      rep.check_tolerance = kCheckTolerance;
       rep.check_mode = "full";
+      rep.check_tolerance = !st.cuda                        ? kCheckTolerance
+                            : st.dtype == DeviceDType::fp32 ? kCheckToleranceFp32
+                                                            : kCheckToleranceHalf;
       const ReferenceForward ref = reference_forward(st.cfg, q, k, v);
       rep.checks.push_back({"out", relative_error(o, ref.out.data(), n_full)});
       rep.checks.push_back({"lse", relative_error(lse, ref.lse.data(), n_lse)});

@@ -16,6 +16,7 @@
 
 #include "cli_runner.hpp"
 #include "random.hpp"
+#include "ringattn/cuda_plan.hpp"
 #include "ringattn/npy.hpp"
 
 using ringattn::testing::CliResult;
@@ -443,11 +444,54 @@ TEST(CliBadInput, NonNumericSeqLenIsRejected) {
                    "('abc')");
 }
 
-TEST(CliBadInput, CudaDeviceIsRejectedInACpuOnlyBuild) {
+// On a machine (or build) without a usable GPU, --device cuda is bad input that says why;
+// where a GPU is usable the run is legal and test_cli_cuda.cpp covers it.
+TEST(CliBadInput, CudaDeviceWithoutAUsableGpuIsRejectedNamingTheReason) {
+  const ringattn::CudaDeviceStatus gpu = ringattn::probe_cuda_device();
+  if (gpu.usable) GTEST_SKIP() << "SKIPPED: a CUDA device is usable here (" << gpu.name << ")";
   TempDir dir;
   write_inputs(dir);
   expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--device", "cuda"})), "--device",
-                   "CPU kernels only");
+                   "'cuda' cannot be used: " + gpu.reason);
+}
+
+TEST(CliBadInput, CudnnKernelWithTheCpuDeviceIsRejected) {
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "cpu", "--kernel", "cudnn"})),
+                   "--kernel", "needs --device cuda");
+}
+
+TEST(CliBadInput, HalfPrecisionWithTheCpuDeviceIsRejected) {
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "cpu", "--dtype", "bf16"})),
+                   "--dtype", "CPU kernels compute in fp32");
+}
+
+TEST(CliBadInput, UnknownKernelAndDtypeNamesAreRejected) {
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--kernel", "flash3"})), "--kernel",
+                   "unknown value 'flash3'");
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--dtype", "fp8"})), "--dtype",
+                   "unknown value 'fp8'");
+}
+
+// --device auto on a machine without a GPU is the CPU path, and cudnn/bf16 then say so.
+TEST(CliBadInput, CudaOnlyOptionsUnderAutoWithoutAGpuAreRejected) {
+  if (ringattn::probe_cuda_device().usable)
+    GTEST_SKIP() << "SKIPPED: a CUDA device is usable here, so --device auto picks it";
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "auto", "--kernel", "cudnn"})),
+                   "--kernel", "this run uses the CPU (--device auto)");
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "auto", "--dtype", "fp16"})),
+                   "--dtype", "this run uses the CPU (--device auto)");
 }
 
 TEST(CliBadInput, NegativeThreadCountIsRejected) {

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,7 +23,17 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 CliResult run_cli(const std::vector<std::string>& args) {
-  return run_program(RINGATTN_CLI_PATH, args);
+  // RINGATTN_CLI_PATH in the environment overrides the compiled-in path (carried builds).
+  const char* env = std::getenv("RINGATTN_CLI_PATH");
+  std::vector<std::string> a = args;
+  // `--device auto` (the default) picks a GPU where one is usable; the CLI tests that name
+  // no device test the CPU path, on any machine. (The bare `run`, the demo, stays as is.)
+  const bool names_device = std::find_if(a.begin(), a.end(), [](const std::string& x) {
+                              return x == "--device" || x.rfind("--device=", 0) == 0 ||
+                                     x == "--help" || x == "-h" || x == "--config";
+                            }) != a.end();
+  if (a.size() > 1 && a.front() == "run" && !names_device) a.insert(a.end(), {"--device", "cpu"});
+  return run_program(env && *env ? env : RINGATTN_CLI_PATH, a);
 }
 
 CliResult run_program(const std::string& program, const std::vector<std::string>& args,

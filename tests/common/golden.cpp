@@ -1,6 +1,7 @@
 #include "golden.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,7 +11,12 @@
 
 namespace ringattn::testing {
 
-std::string golden_dir() { return std::string(RINGATTN_TEST_DATA_DIR) + "/golden"; }
+// The data dir is compiled in; RINGATTN_TEST_DATA_DIR in the environment overrides it, so a
+// build carried to another machine (the GPU runs, bench/gpu/device_run.sh) finds its data.
+std::string golden_dir() {
+  const char* env = std::getenv("RINGATTN_TEST_DATA_DIR");
+  return std::string(env && *env ? env : RINGATTN_TEST_DATA_DIR) + "/golden";
+}
 
 std::vector<std::string> golden_case_names(const std::string& mode_filter) {
   std::vector<std::string> names;

@@ -87,6 +87,16 @@ TEST(CliMpi, UnevenSplitFailsOnEveryRankWithExit2AndNoOutput) {
   EXPECT_LT(s, 30.0);
 }
 
+// The multi-rank GPU path comes with the NCCL ring (issue 5); until then --device cuda on
+// several ranks is refused on every rank, before any device is touched.
+TEST(CliMpi, CudaDeviceOnSeveralRanksIsRefusedWithExit2) {
+  const CliResult r = mpirun(2, {"run", "--seq-len", "128", "--device", "cuda"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("single rank"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("NCCL ring"), std::string::npos) << r.err;
+}
+
 TEST(CliMpi, MissingFileFailsOnEveryRankWithExit2) {
   TempDir dir;
   const CliResult r = mpirun(2, {"run", "--q", dir.file("nope.npy"), "--k", dir.file("nope.npy"),

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU machine, from a copy of the repository, with the build that
+# scripts/gpu_build_for_device.sh packed into .gpu-carry/ringattn-gpu.tar.xz (name
+# `.gpu-carry` in the device tool's `carry`); it is unpacked to /tmp. Nothing is compiled.
+#
+#   bash bench/gpu/device_run.sh check   # the gpu-labelled tests, then compute-sanitizer
+#                                         # memcheck and racecheck over the kernel tests
+#   bash bench/gpu/device_run.sh bench   # the benchmark sweep (run_bench.py) and max N
+#   bash bench/gpu/device_run.sh all     # both (may not fit one 10-minute device call)
+#
+# Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset), at most five
+# files: device.txt, tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt.
+# Exit status: 0 when every stage run passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+ROOT=$PWD
+OUT=${OUT:-/tmp/ringattn-gpu}
+STAGE=${1:-all}
+BUDGET_S=${BUDGET_S:-420}
+mkdir -p "$OUT"
+ARCHIVE=$ROOT/.gpu-carry/ringattn-gpu.tar.xz
+if [ ! -f "$ARCHIVE" ]; then
+  echo "device_run: no carried build at $ARCHIVE (run scripts/gpu_build_for_device.sh here and carry .gpu-carry)"
+  exit 2
+fi
+CARRY=/tmp/ringattn-carry
+rm -rf "$CARRY" && mkdir -p "$CARRY"
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$ARCHIVE" "$CARRY" ||
+  { echo "device_run: cannot unpack $ARCHIVE"; exit 2; }
+export LD_LIBRARY_PATH="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The tests' compiled-in paths point at the build machine; these override them.
+export RINGATTN_TEST_DATA_DIR="$ROOT/tests/data"
+export RINGATTN_CLI_PATH="$CARRY/bin/ringattn"
+export PYTHONUNBUFFERED=1
+export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
+{
+  echo "== date"; date -u
+  echo "== carried build"; cat "$CARRY/build_info.txt"
+  echo "== nvidia-smi"; nvidia-smi
+  echo "== compute-sanitizer"; compute-sanitizer --version 2>&1 | head -2
+} >"$OUT/device.txt" 2>&1
+status=0
+
+run_check() {
+  : >"$OUT/tests.log"
+  for t in test_cuda_kernels test_cli_cuda; do
+    echo "== $t" | tee -a "$OUT/tests.log"
+    "$CARRY/bin/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
+    rc=$?
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/tests.log" | tail -4
+    [ $rc -eq 0 ] || status=1
+  done
+  if grep -q "SKIPPED: " "$OUT/tests.log"; then
+    echo "device_run: tests were SKIPPED, so nothing was verified:"; grep -m3 "SKIPPED: " "$OUT/tests.log"
+    status=1
+  fi
+  : >"$OUT/sanitizer.log"
+  # memcheck over the golden cases and the properties; racecheck (slower) over the golden
+  # forward/backward of the native kernels, which exercise every shared-memory stage.
+  echo "== memcheck" | tee -a "$OUT/sanitizer.log"
+  compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$CARRY/bin/test_cuda_kernels" --gtest_color=no \
+    --gtest_filter='Golden/*:CudaKernels.*:-*OutOfMemory*' >>"$OUT/sanitizer.log" 2>&1
+  rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
+  echo "== racecheck" | tee -a "$OUT/sanitizer.log"
+  compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
+    "$CARRY/bin/test_cuda_kernels" --gtest_color=no \
+    --gtest_filter='Golden/CudaGolden.Native*' >>"$OUT/sanitizer.log" 2>&1
+  rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
+}
+
+run_bench() {
+  python3 bench/gpu/run_bench.py --gpu-bench "$CARRY/bin/gpu_bench" --out "$OUT" \
+    --budget-s "$BUDGET_S" ${QUICK:+--quick} || status=1
+}
+
+case "$STAGE" in
+  check) run_check ;;
+  bench) run_bench ;;
+  all) run_check; run_bench ;;
+  *) echo "device_run: unknown stage '$STAGE' (check | bench | all)"; exit 2 ;;
+esac
+echo "device_run: stage $STAGE finished with status $status; results in $OUT"
+exit $status

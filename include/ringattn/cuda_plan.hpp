@@ -1,0 +1,115 @@
+// CudaPlan: the single-device plan on a CUDA GPU. Built once from the same AttentionConfig
+// and the same schedule as the CPU Plan; it uploads the task list once, takes its workspace
+// once from a stream-ordered device pool, and then runs forward/backward on device pointers
+// without allocating. Inputs (q, k, v, dout) are bf16, fp16 or fp32 on the device; outputs
+// (out, lse, dq, dk, dv) are fp32. In a build without the CUDA toolkit the same interface
+// exists and reports, as an InputError naming --device, that CUDA is not built in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringattn/config.hpp"
+
+namespace ringattn {
+
+enum class DeviceDType { bf16, fp16, fp32 };
+enum class KernelChoice { automatic, native, cudnn };
+
+const char* to_string(DeviceDType t);
+const char* to_string(KernelChoice k);
+
+// Whether a CUDA device can be used, and if not why (never throws).
+struct CudaDeviceStatus {
+  bool usable = false;
+  int device_count = 0;
+  std::string reason;  // why not usable, e.g. "no CUDA device (cudaGetDeviceCount: ...)"
+  std::string name;    // e.g. "NVIDIA H100 80GB HBM3"
+  int cc_major = 0, cc_minor = 0;
+  std::size_t total_bytes = 0;
+};
+bool cuda_built() noexcept;  // this build has CUDA kernels
+CudaDeviceStatus probe_cuda_device(int device = 0) noexcept;
+
+// Device memory from ringattn's pool (the CLI's tensors), counted in device_bytes_peak().
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(std::size_t bytes, const char* what, int device = 0);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&&) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&&) noexcept;
+
+  void* data() const noexcept { return ptr_; }
+  template <typename T>
+  T* as() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
+  std::size_t bytes() const noexcept { return bytes_; }
+
+  // Host fp32 → this buffer as `t` (converted on the host, round to nearest even).
+  void upload(const float* host, std::size_t count, DeviceDType t);
+  // This buffer (fp32) → host.
+  void download(float* host, std::size_t count) const;
+  // Sets every byte to zero.
+  void zero();
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Bytes of device memory ringattn holds now / has held at most (tensors and workspace).
+std::size_t device_bytes_now() noexcept;
+std::size_t device_bytes_peak() noexcept;
+
+// data[i] = float(t(data[i])): the values a device tensor of type t holds.
+void round_to_device_dtype(float* data, std::size_t count, DeviceDType t);
+
+struct CudaPlanOptions {
+  DeviceDType dtype = DeviceDType::bf16;
+  // automatic: cuDNN's fused SDPA where it applies and times faster than the native kernel
+  // (decided on the first forward, on the caller's tensors); native: ours; cudnn: cuDNN
+  // where it applies (otherwise native, with a note).
+  KernelChoice kernel = KernelChoice::automatic;
+  int device = 0;
+};
+
+class CudaPlan {
+ public:
+  CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts = {});
+  ~CudaPlan();
+  CudaPlan(CudaPlan&&) noexcept;
+  CudaPlan& operator=(CudaPlan&&) noexcept;
+
+  const AttentionConfig& config() const noexcept;
+  DeviceDType dtype() const noexcept;
+
+  // Device pointers. q, k, v: [B, N, H, D] of dtype(); out: fp32 [B, N, H, D]; lse: fp32
+  // [B, H, N]. Asynchronous on the plan's stream (call synchronize() before reading).
+  void forward(const void* q, const void* k, const void* v, float* out, float* lse);
+
+  // Gradients of sum(out * dout); dout of dtype(); dq, dk, dv fp32, overwritten.
+  void backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
+                const void* dout, float* dq, float* dk, float* dv);
+
+  void synchronize();
+
+  // "native" or "cudnn": the forward kernel in use (after the first forward for automatic).
+  std::string kernel_name() const;
+  // Lines worth printing once: fallbacks, the automatic choice and its timings.
+  const std::vector<std::string>& notes() const noexcept;
+  // Device bytes the plan holds beyond the caller's tensors (task lists, workspace).
+  std::size_t workspace_bytes() const noexcept;
+  // E.g. "NVIDIA H100 80GB HBM3 (sm_90)".
+  std::string device_description() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ringattn

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On the development machine (no GPU needed): configure and build a Release tree with the
+# CUDA kernels, then pack what the lent GPU machine needs into .gpu-carry/ringattn-gpu.tar.xz
+# at the repository root (git-ignored through .git/info/exclude): the CLI, the gpu-labelled
+# test binaries, gpu_bench, and the shared libraries they load that a bare CUDA image may lack. Then call
+# the device tool with carry [".gpu-carry"] and `bash bench/gpu/device_run.sh check` (and
+# `... bench`). Environment: BUILD (build dir, default /tmp/build-gpu-carry), ARCHS
+# (CMAKE_CUDA_ARCHITECTURES, default "80-real;90"; "90" alone builds faster for an H100),
+# JOBS (default 2).
+set -euo pipefail
+ROOT=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
+BUILD=${BUILD:-/tmp/build-gpu-carry}
+ARCHS=${ARCHS:-80-real;90}
+JOBS=${JOBS:-2}
+# -march=native off: the GPU machine's CPU may lack this machine's vector extensions.
+# MPI off: the multi-rank path is not what runs there, and the image has no MPI library.
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERROR=ON \
+  -DRINGATTN_NATIVE=OFF -DRINGATTN_WITH_MPI=OFF -DRINGATTN_BUILD_BENCH=ON \
+  "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
+start=$(date +%s)
+ninja -C "$BUILD" -j"$JOBS" ringattn test_cuda_kernels test_cli_cuda gpu_bench
+echo "gpu_build_for_device: built in $(( $(date +%s) - start )) s"
+
+# Staged here, then packed as one xz archive: the device tool carries at most 64 MiB with the
+# working tree, and the binaries (two GPU architectures each) plus OpenBLAS are ~70 MiB raw.
+STAGE=$(mktemp -d /tmp/ringattn-gpu-pack.XXXXXX)
+trap 'rm -rf "$STAGE"' EXIT
+CARRY=$STAGE
+mkdir -p "$CARRY/bin" "$CARRY/lib"
+cp "$BUILD/ringattn" "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cli_cuda" \
+  "$BUILD/bench/gpu_bench" "$CARRY/bin/"
+strip --strip-unneeded "$CARRY"/bin/*
+# Shared libraries other than glibc and the C++ runtime (the GPU image's are newer).
+for b in "$CARRY"/bin/*; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |
+  grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
+  while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
+{
+  echo "commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (with uncommitted changes)')"
+  echo "built: $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
+  echo "cuda architectures: $ARCHS"
+  /usr/local/cuda/bin/nvcc --version | tail -1
+} >"$CARRY/build_info.txt"
+OUTDIR=$ROOT/.gpu-carry
+rm -rf "$OUTDIR"
+mkdir -p "$OUTDIR"
+tar -C "$STAGE" -cf - . | xz -T"$JOBS" -6 >"$OUTDIR/ringattn-gpu.tar.xz"
+cp "$STAGE/build_info.txt" "$OUTDIR/"
+exclude=$(git -C "$ROOT" rev-parse --git-path info/exclude)
+grep -qx '/.gpu-carry/' "$exclude" 2>/dev/null || echo '/.gpu-carry/' >>"$exclude"
+du -sh "$OUTDIR"
+echo "gpu_build_for_device: now run on the device (carry .gpu-carry):"
+echo "  bash bench/gpu/device_run.sh check     then     bash bench/gpu/device_run.sh bench"

@@ -1,0 +1,38 @@
+// The CUDA check macro: every runtime call and every launch goes through it, and a failure
+// becomes a RuntimeFailure (exit 3) that names the file, the line, the call and CUDA's own
+// message. Out-of-memory from an allocation is reported by device_memory.cpp instead, with
+// the size asked and what to change.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "ringattn/errors.hpp"
+
+namespace ringattn::kernels::cuda {
+
+[[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file,
+                                          int line) {
+  throw RuntimeFailure(std::string("CUDA error at ") + file + ":" + std::to_string(line) + ": " +
+                       what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace ringattn::kernels::cuda
+
+#define RINGATTN_CUDA_CHECK(expr)                                                                 \
+  do {                                                                                            \
+    const cudaError_t ringattn_cuda_err_ = (expr);                                                \
+    if (ringattn_cuda_err_ != cudaSuccess)                                                        \
+      ::ringattn::kernels::cuda::throw_cuda_error(ringattn_cuda_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// After a <<<...>>> launch: a bad configuration shows up in cudaGetLastError at once; faults
+// inside the kernel surface at the next synchronising call, which is checked too.
+#define RINGATTN_CUDA_CHECK_LAUNCH(kernel_name)                                                 \
+  do {                                                                                          \
+    const cudaError_t ringattn_cuda_err_ = cudaGetLastError();                                  \
+    if (ringattn_cuda_err_ != cudaSuccess)                                                      \
+      ::ringattn::kernels::cuda::throw_cuda_error(ringattn_cuda_err_, "launch of " kernel_name, \
+                                                  __FILE__, __LINE__);                          \
+  } while (0)

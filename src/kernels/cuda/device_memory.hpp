@@ -1,0 +1,68 @@
+// Device memory: one stream-ordered pool per device (cudaMallocAsync from a cudaMemPool_t
+// whose release threshold keeps freed memory in the pool, so a second plan reuses what the
+// first gave back), counted like host allocations so that --json can report the peak.
+// Out-of-memory is a RuntimeFailure (exit 3) that says how much was asked and what to do.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace ringattn::kernels::cuda {
+
+// Allocates `bytes` on `device` from its pool, ordered on `stream`. `what` names the buffer
+// in the out-of-memory message.
+void* device_allocate(std::size_t bytes, const char* what, int device, cudaStream_t stream);
+// Returns memory to the pool, ordered on `stream` (never throws; errors are ignored because
+// it runs in destructors).
+void device_free(void* p, std::size_t bytes, cudaStream_t stream) noexcept;
+
+// Bytes held through device_allocate now, and the most ever held (all devices).
+std::size_t device_bytes_now() noexcept;
+std::size_t device_bytes_peak() noexcept;
+
+// An owned device allocation (move-only).
+class DeviceAllocation {
+ public:
+  DeviceAllocation() = default;
+  DeviceAllocation(std::size_t bytes, const char* what, int device, cudaStream_t stream)
+      : ptr_(device_allocate(bytes, what, device, stream)), bytes_(bytes), stream_(stream) {}
+  ~DeviceAllocation() { reset(); }
+  DeviceAllocation(DeviceAllocation&& o) noexcept
+      : ptr_(o.ptr_), bytes_(o.bytes_), stream_(o.stream_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceAllocation& operator=(DeviceAllocation&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      stream_ = o.stream_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceAllocation(const DeviceAllocation&) = delete;
+  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
+
+  void* get() const noexcept { return ptr_; }
+  template <typename T>
+  T* as() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
+  std::size_t bytes() const noexcept { return bytes_; }
+  void reset() noexcept {
+    if (ptr_) device_free(ptr_, bytes_, stream_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace ringattn::kernels::cuda

@@ -1,0 +1,181 @@
+// Small device kernels around the attention kernels (see device_ops.hpp): grid-stride
+// loops or one warp per row; all launches checked.
+#include <cmath>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/elem_type.cuh"
+#include "kernels/cuda/mma_primitives.cuh"
+
+namespace ringattn::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n, int64_t per_block) {
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 65535 * 16 ? (b < 1 ? 1 : b) : 65535 * 16);
+}
+
+__global__ void fill_kernel(float* data, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    data[i] = value;
+}
+
+// One warp per lse row (b, h, n).
+template <typename T>
+__global__ void row_dot_kernel(const RowDotParams p) {
+  const int64_t rows = p.batch * p.heads * p.seq_len;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += warps) {
+    const int64_t n = r % p.seq_len, bh = r / p.seq_len;
+    const int64_t h = bh % p.heads, b = bh / p.heads;
+    const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
+    const T* g = static_cast<const T*>(p.dout) + at;
+    const float* o = p.out + at;
+    float s = 0.0f;
+    for (int64_t d = lane; d < p.head_dim; d += 32) s += o[d] * to_float(g[d]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) p.delta[r] = s;
+  }
+}
+
+// One warp per row: the same arithmetic as merge_lse_row.
+__global__ void merge_lse_kernel(const MergeRows m) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < m.rows;
+       r += warps) {
+    float* oa = m.acc_out + r * m.acc_out_stride;
+    float* la_ptr = m.acc_lse + r * m.acc_lse_stride;
+    const float* ob = m.part_out + r * m.part_out_stride;
+    const float lb = m.part_lse[r * m.part_lse_stride];
+    const float la = *la_ptr;
+    __syncwarp();
+    if (lb == -INFINITY) continue;
+    if (la == -INFINITY) {
+      for (int64_t d = lane; d < m.d; d += 32) oa[d] = ob[d];
+      if (lane == 0) *la_ptr = lb;
+      continue;
+    }
+    const float mx = fmaxf(la, lb);
+    const float wa = expf(la - mx), wb = expf(lb - mx);
+    const float inv = 1.0f / (wa + wb);
+    const float ca = wa * inv, cb = wb * inv;
+    for (int64_t d = lane; d < m.d; d += 32) oa[d] = ca * oa[d] + cb * ob[d];
+    if (lane == 0) *la_ptr = mx + logf(wa + wb);
+  }
+}
+
+// One warp per row of the view.
+template <typename T>
+__global__ void store_view_result_kernel(const ViewResultParams p) {
+  const int64_t segs = p.seq_len / p.segment;
+  const int64_t rows = p.batch * segs * p.head_count * p.rows;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += warps) {
+    // stats is [B·S, Hg, m] in this order.
+    const int64_t i = r % p.rows;
+    const int64_t hh = (r / p.rows) % p.head_count;
+    const int64_t bs = r / (p.rows * p.head_count);
+    const int64_t b = bs / segs, seg = bs % segs;
+    const int64_t n = seg * p.segment + p.offset + i * p.dilation;
+    const int64_t h = p.first_head + hh * p.head_step;
+    const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
+    const T* src = static_cast<const T*>(p.o_scratch) + at;
+    float* dst = p.out + at;
+    float* lse = p.lse + (b * p.heads + h) * p.seq_len + n;
+    const float lb = p.stats[r];
+    if (!p.accumulate) {
+      for (int64_t d = lane; d < p.head_dim; d += 32) dst[d] = to_float(src[d]) * p.out_scale;
+      if (lane == 0) *lse = lb;
+      continue;
+    }
+    const float la = *lse;
+    __syncwarp();
+    if (lb == -INFINITY) continue;
+    float ca = 0.0f, cb = 1.0f, new_lse = lb;
+    if (la != -INFINITY) {
+      const float mx = fmaxf(la, lb);
+      const float wa = expf(la - mx), wb = expf(lb - mx);
+      const float inv = 1.0f / (wa + wb);
+      ca = wa * inv;
+      cb = wb * inv;
+      new_lse = mx + logf(wa + wb);
+    }
+    for (int64_t d = lane; d < p.head_dim; d += 32)
+      dst[d] = (ca == 0.0f ? 0.0f : ca * dst[d]) + cb * to_float(src[d]);
+    if (lane == 0) *lse = new_lse;
+  }
+}
+
+}  // namespace
+
+const char* to_string(Elem e) {
+  switch (e) {
+    case Elem::bf16:
+      return "bf16";
+    case Elem::fp16:
+      return "fp16";
+    case Elem::fp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+void fill_floats(float* data, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_kernel<<<blocks_for(n, kThreads * 4), kThreads, 0, stream>>>(data, n, value);
+  RINGATTN_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.heads * p.seq_len;
+  if (rows == 0) return;
+  const unsigned blocks = blocks_for(rows, kThreads / 32);
+  switch (e) {
+    case Elem::bf16:
+      row_dot_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+    case Elem::fp16:
+      row_dot_kernel<__half><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+    case Elem::fp32:
+      row_dot_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+  }
+  RINGATTN_CUDA_CHECK_LAUNCH("row_dot_kernel");
+}
+
+void launch_merge_lse(const MergeRows& m, cudaStream_t stream) {
+  if (m.rows == 0) return;
+  merge_lse_kernel<<<blocks_for(m.rows, kThreads / 32), kThreads, 0, stream>>>(m);
+  RINGATTN_CUDA_CHECK_LAUNCH("merge_lse_kernel");
+}
+
+void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t stream) {
+  const int64_t rows = p.batch * (p.seq_len / p.segment) * p.head_count * p.rows;
+  if (rows == 0) return;
+  const unsigned blocks = blocks_for(rows, kThreads / 32);
+  switch (e) {
+    case Elem::bf16:
+      store_view_result_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+    case Elem::fp16:
+      store_view_result_kernel<__half><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+    case Elem::fp32:
+      store_view_result_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+  }
+  RINGATTN_CUDA_CHECK_LAUNCH("store_view_result_kernel");
+}
+
+}  // namespace ringattn::kernels::cuda

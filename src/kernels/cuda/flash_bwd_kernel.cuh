@@ -1,0 +1,236 @@
+// The tensor-core flash backward (FlashAttention-2 identities, see docs/SEMANTICS.md), as
+// two kernels so that every output element has exactly one writer and the result is
+// deterministic (no atomics):
+//   dq pass, one block per kQueryTile query rows: recompute P = exp(s·QKᵀ − lse) and
+//     dP = dO Vᵀ tile by tile, dS = P ∘ (dP − D), dQ += s·dS K;
+//   dk/dv pass, one block per kKeyTile key rows: the same products transposed,
+//     dV += Pᵀ dO and dK += s·dSᵀ Q, accumulated in fp32 registers.
+// Both add (+=) into fp32 dq/dk/dv, as the CPU kernels do.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/cuda/flash_fwd_kernel.cuh"
+#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/mma_primitives.cuh"
+
+namespace ringattn::kernels::cuda {
+
+template <int kHeadDim>
+struct BackwardTiles {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = 64;  // rows a block owns (16 per warp): queries or keys
+  static constexpr int kStep = kHeadDim > 128 ? 32 : 64;  // rows of the other side per step
+  static constexpr int kPitch = kHeadDim + 8;
+  static_assert(kRows == kQueryTile && kRows == kKeyTile, "items are made for these tiles");
+  template <typename T>
+  static constexpr int smem_bytes() {
+    return (2 * kRows + 2 * kStep) * kPitch * static_cast<int>(sizeof(T)) +
+           2 * kStep * static_cast<int>(sizeof(float));
+  }
+};
+
+// ---- dQ -----------------------------------------------------------------------------------
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
+    flash_backward_dq_kernel(const FlashBackwardParams p) {
+  using Tiles = BackwardTiles<kHeadDim>;
+  constexpr int kStep = Tiles::kStep, kPitch = Tiles::kPitch, kThreads = Tiles::kThreads;
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + Tiles::kRows * kPitch;
+  T* sK = sdO + Tiles::kRows * kPitch;
+  T* sV = sK + kStep * kPitch;
+
+  const ForwardItem item = p.q_items[blockIdx.x];
+  const SubseqTask t = p.tasks[item.task];
+  const int64_t i0 = item.q_begin;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane >> 2, tig = lane & 3;
+  const T* k = static_cast<const T*>(p.k) + t.k_row0;
+  const T* v = static_cast<const T*>(p.v) + t.k_row0;
+
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
+      sQ, static_cast<const T*>(p.q) + t.q_row0, t.q_stride, i0, t.n_q, p.head_dim, p.vector_loads);
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
+      sdO, static_cast<const T*>(p.dout) + t.q_row0, t.q_stride, i0, t.n_q, p.head_dim,
+      p.vector_loads);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const float d_factor = p.dout_scale / p.out_scale;
+  const int64_t row[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+  float lse2[2], dlt[2];  // lse in the log2 domain (+inf: P = 0) and D, per row
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool valid = row[r] < t.n_q;
+    const int64_t at = t.lse0 + row[r] * t.lse_stride;
+    const float L = valid ? p.lse[at] : kNegInf;
+    lse2[r] = L == kNegInf ? INFINITY : L * kLog2e;
+    dlt[r] = valid ? p.delta[at] * d_factor : 0.0f;
+  }
+
+  const int64_t bq = t.n_q - i0 < Tiles::kRows ? t.n_q - i0 : Tiles::kRows;
+  int64_t n_keys = t.n_k;
+  if (p.causal) {
+    const int64_t last = i0 + bq + t.causal_offset;
+    n_keys = last < 0 ? 0 : (last < t.n_k ? last : t.n_k);
+  }
+
+  float dq[kHeadDim / 8][4];
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kStep) {
+    load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sK, k, t.k_stride, j0, t.n_k, p.head_dim,
+                                                    p.vector_loads);
+    load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sV, v, t.k_stride, j0, t.n_k, p.head_dim,
+                                                    p.vector_loads);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float s[kStep / 8][4], dp[kStep / 8][4];
+#pragma unroll
+    for (int n = 0; n < kStep / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+    warp_mma_rows_rows<T, kStep, kHeadDim, kPitch>(s, sQ + warp * 16 * kPitch, sK, lane);
+    warp_mma_rows_rows<T, kStep, kHeadDim, kPitch>(dp, sdO + warp * 16 * kPitch, sV, lane);
+
+#pragma unroll
+    for (int n = 0; n < kStep / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
+        const bool masked = key >= t.n_k || (p.causal && key > row[e >> 1] + t.causal_offset);
+        const float pr = masked ? 0.0f : exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
+        s[n][e] = pr * (dp[n][e] * p.dout_scale - dlt[e >> 1]);  // dS
+      }
+    warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dq, s, sK, lane);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= t.n_q) continue;
+    float* dst = p.dq + t.q_row0 + row[r] * t.q_stride;
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      const int col = d * 8 + tig * 2;
+      if (col < p.head_dim) dst[col] += dq[d][2 * r] * p.scale;
+      if (col + 1 < p.head_dim) dst[col + 1] += dq[d][2 * r + 1] * p.scale;
+    }
+  }
+}
+
+// ---- dK, dV -------------------------------------------------------------------------------
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
+    flash_backward_dkdv_kernel(const FlashBackwardParams p) {
+  using Tiles = BackwardTiles<kHeadDim>;
+  constexpr int kStep = Tiles::kStep, kPitch = Tiles::kPitch, kThreads = Tiles::kThreads;
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + Tiles::kRows * kPitch;
+  T* sQ = sV + Tiles::kRows * kPitch;
+  T* sdO = sQ + kStep * kPitch;
+  float* sL = reinterpret_cast<float*>(sdO + kStep * kPitch);  // lse·log2e (+inf: P = 0)
+  float* sD = sL + kStep;                                      // D · dout_scale/out_scale
+
+  const ForwardItem item = p.k_items[blockIdx.x];
+  const SubseqTask t = p.tasks[item.task];
+  const int64_t j0 = item.q_begin;  // first key row of this block
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane >> 2, tig = lane & 3;
+  const T* q = static_cast<const T*>(p.q) + t.q_row0;
+  const T* dout = static_cast<const T*>(p.dout) + t.q_row0;
+
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
+      sK, static_cast<const T*>(p.k) + t.k_row0, t.k_stride, j0, t.n_k, p.head_dim, p.vector_loads);
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(
+      sV, static_cast<const T*>(p.v) + t.k_row0, t.k_stride, j0, t.n_k, p.head_dim, p.vector_loads);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const float d_factor = p.dout_scale / p.out_scale;
+  const int64_t key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
+  // Query i sees key j iff j <= i + causal_offset: the block's first key is seen from
+  // query j0 - causal_offset on.
+  int64_t first_query = 0;
+  if (p.causal) first_query = j0 - t.causal_offset > 0 ? j0 - t.causal_offset : 0;
+
+  float dk[kHeadDim / 8][4], dv[kHeadDim / 8][4];
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.0f;
+
+  for (int64_t i0 = first_query; i0 < t.n_q; i0 += kStep) {
+    load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sQ, q, t.q_stride, i0, t.n_q, p.head_dim,
+                                                    p.vector_loads);
+    load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, dout, t.q_stride, i0, t.n_q, p.head_dim,
+                                                    p.vector_loads);
+    cp_async_commit();
+    for (int idx = static_cast<int>(threadIdx.x); idx < kStep; idx += kThreads) {
+      const int64_t qi = i0 + idx;
+      const bool valid = qi < t.n_q;
+      const int64_t at = t.lse0 + qi * t.lse_stride;
+      const float L = valid ? p.lse[at] : kNegInf;
+      sL[idx] = L == kNegInf ? INFINITY : L * kLog2e;
+      sD[idx] = valid ? p.delta[at] * d_factor : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Transposed tiles: rows are this warp's 16 keys, columns kStep queries.
+    float pt[kStep / 8][4], dst[kStep / 8][4];
+#pragma unroll
+    for (int n = 0; n < kStep / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pt[n][e] = dst[n][e] = 0.0f;
+    warp_mma_rows_rows<T, kStep, kHeadDim, kPitch>(pt, sK + warp * 16 * kPitch, sQ, lane);
+    warp_mma_rows_rows<T, kStep, kHeadDim, kPitch>(dst, sV + warp * 16 * kPitch, sdO, lane);
+
+#pragma unroll
+    for (int n = 0; n < kStep / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + tig * 2 + (e & 1);
+        const int64_t kj = key[e >> 1];
+        const bool masked = kj >= t.n_k || (p.causal && kj > i0 + c + t.causal_offset);
+        const float pr = masked ? 0.0f : exp2f(pt[n][e] * scale_log2 - sL[c]);
+        pt[n][e] = pr;                                        // Pᵀ
+        dst[n][e] = pr * (dst[n][e] * p.dout_scale - sD[c]);  // dSᵀ
+      }
+    warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dv, pt, sdO, lane);
+    warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dk, dst, sQ, lane);
+    __syncthreads();  // before the next step overwrites sQ, sdO, sL, sD
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] >= t.n_k) continue;
+    float* dk_row = p.dk + t.k_row0 + key[r] * t.k_stride;
+    float* dv_row = p.dv + t.k_row0 + key[r] * t.k_stride;
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int col = d * 8 + tig * 2 + u;
+        if (col >= p.head_dim) continue;
+        dk_row[col] += dk[d][2 * r + u] * p.scale;
+        dv_row[col] += dv[d][2 * r + u] * p.dout_scale;
+      }
+    }
+  }
+}
+
+}  // namespace ringattn::kernels::cuda

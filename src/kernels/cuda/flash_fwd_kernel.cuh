@@ -1,0 +1,195 @@
+// The tensor-core flash forward, one block per work item (kQueryTile query rows of one
+// task): Q stays in shared memory, K and V tiles stream through it, each warp keeps its 16
+// rows' running max, running sum and fp32 output accumulator in registers (online softmax
+// in the log2 domain), and the epilogue writes out/lse or merges into them by log-sum-exp.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/mma_primitives.cuh"
+
+namespace ringattn::kernels::cuda {
+
+template <int kHeadDim>
+struct ForwardTiles {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = kQueryTile;                // 16 per warp
+  static constexpr int kKeys = kHeadDim > 128 ? 32 : 64;  // keys per step (registers)
+  static constexpr int kPitch = kHeadDim + 8;             // +16 bytes: conflict-free ldmatrix rows
+  static_assert(kRows == kWarps * 16, "one 16-row mma tile per warp");
+  template <typename T>
+  static constexpr int smem_bytes() {
+    return (kRows + 2 * kKeys) * kPitch * static_cast<int>(sizeof(T));
+  }
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Sum and max over the 4 threads of a quad (the threads holding one accumulator row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
+    flash_forward_kernel(const FlashForwardParams p) {
+  using Tiles = ForwardTiles<kHeadDim>;
+  constexpr int kKeys = Tiles::kKeys, kPitch = Tiles::kPitch, kThreads = Tiles::kThreads;
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + Tiles::kRows * kPitch;
+  T* sV = sK + kKeys * kPitch;
+
+  const ForwardItem item = p.items[blockIdx.x];
+  const SubseqTask t = p.tasks[item.task];
+  const int64_t i0 = item.q_begin;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane >> 2, tig = lane & 3;
+  const T* q = static_cast<const T*>(p.q) + t.q_row0;
+  const T* k = static_cast<const T*>(p.k) + t.k_row0;
+  const T* v = static_cast<const T*>(p.v) + t.k_row0;
+
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sQ, q, t.q_stride, i0, t.n_q, p.head_dim,
+                                                         p.vector_loads);
+  cp_async_commit();
+
+  const int64_t bq = t.n_q - i0 < Tiles::kRows ? t.n_q - i0 : Tiles::kRows;
+  int64_t n_keys = t.n_k;
+  if (p.causal) {
+    const int64_t last = i0 + bq + t.causal_offset;  // keys [0, last) are visible to someone
+    n_keys = last < 0 ? 0 : (last < t.n_k ? last : t.n_k);
+  }
+  // This thread's two rows (task query indices).
+  const int64_t row[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+  const float scale_log2 = p.scale * kLog2e;
+
+  float m[2] = {kNegInf, kNegInf};  // running max of scale·log2e·s
+  float l[2] = {0.0f, 0.0f};        // this thread's part of the running sum
+  float acc[kHeadDim / 8][4];
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
+    load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK, k, t.k_stride, j0, t.n_k, p.head_dim,
+                                                    p.vector_loads);
+    cp_async_commit();
+    load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sV, v, t.k_stride, j0, t.n_k, p.head_dim,
+                                                    p.vector_loads);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and K have landed; V may still be in flight
+    __syncthreads();
+
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    warp_mma_rows_rows<T, kKeys, kHeadDim, kPitch>(s, sQ + warp * 16 * kPitch, sK, lane);
+
+    // Keys past the view's end, and (causal) keys in a row's future, get -inf. Only tiles
+    // that reach past the end or across the diagonal need the per-element test.
+    const bool tail = j0 + kKeys > t.n_k;
+    const bool diagonal = p.causal && j0 + kKeys - 1 > i0 + t.causal_offset;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e] * scale_log2;
+        if (tail || diagonal) {
+          const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
+          const int64_t qi = row[e >> 1];
+          if (key >= t.n_k || (p.causal && key > qi + t.causal_offset)) x = kNegInf;
+        }
+        s[n][e] = x;
+      }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      const float m_new = fmaxf(m[r], quad_max(mx));
+      // A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0.
+      const float base = m_new == kNegInf ? 0.0f : m_new;
+      const float alpha = exp2f(m[r] - base);  // 0 when m was -inf
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        s[n][2 * r] = exp2f(s[n][2 * r] - base);
+        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int d = 0; d < kHeadDim / 8; ++d) {
+        acc[d][2 * r] *= alpha;
+        acc[d][2 * r + 1] *= alpha;
+      }
+    }
+
+    cp_async_wait<0>();  // V has landed
+    __syncthreads();
+    warp_mma_regs_rows<T, kHeadDim, kKeys, kPitch>(acc, s, sV, lane);
+    __syncthreads();  // every warp is done with sK and sV before the next tile lands
+  }
+  cp_async_wait<0>();  // a block with no visible keys still waits for its Q copy
+
+  // Epilogue. Reads of the old (out, lse) happen before any write of lse, so that the four
+  // threads of a row see the same old value.
+  float row_lse[2], inv[2], old_lse[2];
+  bool valid[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float total = quad_sum(l[r]);
+    const bool empty = total == 0.0f;
+    row_lse[r] = empty ? kNegInf : m[r] * kLn2 + logf(total);
+    inv[r] = empty ? 0.0f : 1.0f / total;
+    valid[r] = row[r] < t.n_q;
+    old_lse[r] = (p.accumulate && valid[r]) ? p.lse[t.lse0 + row[r] * t.lse_stride] : kNegInf;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!valid[r]) continue;
+    float* orow = p.out + t.q_row0 + row[r] * t.q_stride;
+    float* lse = p.lse + t.lse0 + row[r] * t.lse_stride;
+    float ca = 0.0f, cb = inv[r] * p.out_scale, new_lse = row_lse[r];
+    if (p.accumulate) {
+      // merge_lse_row: (old, la) and (mine, lb) over disjoint key sets.
+      const float la = old_lse[r], lb = row_lse[r];
+      if (lb == kNegInf) continue;  // nothing to add: leave out and lse as they are
+      if (la == kNegInf) {
+        cb = inv[r];
+      } else {
+        const float mx = fmaxf(la, lb);
+        const float wa = expf(la - mx), wb = expf(lb - mx);
+        const float norm = 1.0f / (wa + wb);
+        ca = wa * norm;
+        cb = wb * norm * inv[r];
+        new_lse = mx + logf(wa + wb);
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      const int col = d * 8 + tig * 2;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (col + u >= p.head_dim) continue;
+        const float mine = acc[d][2 * r + u] * cb;
+        orow[col + u] = ca == 0.0f ? mine : ca * orow[col + u] + mine;
+      }
+    }
+    if (tig == 0) *lse = new_lse;
+  }
+}
+
+}  // namespace ringattn::kernels::cuda

@@ -1,0 +1,421 @@
+// CudaPlan (see include/ringattn/cuda_plan.hpp): the CPU Plan's schedule, flattened and
+// uploaded once, run by the CUDA kernels on one device and one stream. The kernel choice
+// (native or cuDNN) is made here; the kernels know nothing of patterns or ranks.
+#include "ringattn/cuda_plan.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_memory.hpp"
+#include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/host_convert.hpp"
+#include "ring/device_schedule.hpp"
+#include "ring/schedule.hpp"
+#include "ringattn/errors.hpp"
+#if RINGATTN_HAVE_CUDNN
+#include "kernels/cuda/cudnn_sdpa.hpp"
+#endif
+
+namespace ringattn {
+
+namespace kc = kernels::cuda;
+
+namespace {
+
+kc::Elem elem_of(DeviceDType t) {
+  switch (t) {
+    case DeviceDType::bf16:
+      return kc::Elem::bf16;
+    case DeviceDType::fp16:
+      return kc::Elem::fp16;
+    case DeviceDType::fp32:
+      return kc::Elem::fp32;
+  }
+  return kc::Elem::bf16;
+}
+
+// 16-byte copies also need 16-byte aligned base pointers (a caller may pass offset views).
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T>
+kc::DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, int device,
+                                   cudaStream_t stream) {
+  kc::DeviceAllocation a(v.size() * sizeof(T), what, device, stream);
+  if (!v.empty())
+    RINGATTN_CUDA_CHECK(
+        cudaMemcpyAsync(a.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+  return a;
+}
+
+}  // namespace
+
+const char* to_string(DeviceDType t) { return kc::to_string(elem_of(t)); }
+
+const char* to_string(KernelChoice k) {
+  switch (k) {
+    case KernelChoice::automatic:
+      return "auto";
+    case KernelChoice::native:
+      return "native";
+    case KernelChoice::cudnn:
+      return "cudnn";
+  }
+  return "?";
+}
+
+bool cuda_built() noexcept { return true; }
+
+CudaDeviceStatus probe_cuda_device(int device) noexcept {
+  CudaDeviceStatus s;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    s.reason = std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(err) + ": " +
+               cudaGetErrorString(err) + ")";
+    return s;
+  }
+  s.device_count = count;
+  if (count == 0) {
+    s.reason = "no CUDA device (cudaGetDeviceCount: 0 devices)";
+    return s;
+  }
+  if (device < 0 || device >= count) {
+    s.reason = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+               " visible)";
+    return s;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s.reason = "cannot read the properties of device " + std::to_string(device);
+    return s;
+  }
+  s.name = prop.name;
+  s.cc_major = prop.major;
+  s.cc_minor = prop.minor;
+  s.total_bytes = prop.totalGlobalMem;
+  if (prop.major < 8) {
+    s.reason = s.name + " has compute capability " + std::to_string(prop.major) + "." +
+               std::to_string(prop.minor) + "; the kernels need 8.0 or newer (mma.sync bf16)";
+    return s;
+  }
+  s.usable = true;
+  return s;
+}
+
+// ---- DeviceBuffer -------------------------------------------------------------------------
+DeviceBuffer::DeviceBuffer(std::size_t bytes, const char* what, int device)
+    : ptr_(kc::device_allocate(bytes, what, device, nullptr)), bytes_(bytes) {
+  // Allocated on the legacy default stream: usable by any stream once that is done.
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) kc::device_free(ptr_, bytes_, nullptr);
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) kc::device_free(ptr_, bytes_, nullptr);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const float* host, std::size_t count, DeviceDType t) {
+  const kc::Elem e = elem_of(t);
+  const std::size_t bytes = count * static_cast<std::size_t>(kc::elem_bytes(e));
+  if (bytes > bytes_) throw RuntimeFailure("DeviceBuffer::upload: buffer too small");
+  if (e == kc::Elem::fp32) {
+    RINGATTN_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice));
+    return;
+  }
+  // Converted in pieces so the host copy stays small.
+  constexpr std::size_t kChunk = std::size_t{1} << 24;
+  std::vector<uint16_t> staging(std::min(count, kChunk));
+  for (std::size_t i = 0; i < count; i += kChunk) {
+    const std::size_t n = std::min(kChunk, count - i);
+    kc::convert_from_float(host + i, staging.data(), n, e);
+    RINGATTN_CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(ptr_) + i, staging.data(),
+                                   n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  }
+}
+
+void DeviceBuffer::download(float* host, std::size_t count) const {
+  if (count * sizeof(float) > bytes_) throw RuntimeFailure("DeviceBuffer::download: too many");
+  RINGATTN_CUDA_CHECK(cudaMemcpy(host, ptr_, count * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::zero() { RINGATTN_CUDA_CHECK(cudaMemset(ptr_, 0, bytes_)); }
+
+std::size_t device_bytes_now() noexcept { return kc::device_bytes_now(); }
+std::size_t device_bytes_peak() noexcept { return kc::device_bytes_peak(); }
+
+void round_to_device_dtype(float* data, std::size_t count, DeviceDType t) {
+  kc::round_through(data, count, elem_of(t));
+}
+
+// ---- CudaPlan -----------------------------------------------------------------------------
+struct CudaPlan::Impl {
+  AttentionConfig cfg;
+  CudaPlanOptions opts;
+  kc::Elem elem = kc::Elem::bf16;
+  cudaStream_t stream = nullptr;
+  CudaDeviceStatus device;
+  ring::FlatSchedule sched;
+  kc::DeviceAllocation tasks, q_items, k_items, delta;
+  bool vector_loads = false;
+  bool use_cudnn = false;
+  bool decide_on_first_forward = false;
+#if RINGATTN_HAVE_CUDNN
+  std::unique_ptr<kc::CudnnSdpa> cudnn;
+#endif
+  std::vector<std::string> notes;
+
+  ~Impl() {
+    // Device memory goes back to the pool, ordered after the plan's work; then the stream.
+    tasks.reset();
+    q_items.reset();
+    k_items.reset();
+    delta.reset();
+#if RINGATTN_HAVE_CUDNN
+    cudnn.reset();
+#endif
+    if (stream) {
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaStreamDestroy(stream);
+    }
+  }
+
+  void native_forward(const void* q, const void* k, const void* v, float* out, float* lse) {
+    kc::FlashForwardParams p;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.out = out;
+    p.lse = lse;
+    p.tasks = tasks.as<kernels::SubseqTask>();
+    p.head_dim = static_cast<int>(cfg.shape.head_dim);
+    p.scale = static_cast<float>(cfg.effective_scale());
+    p.causal = cfg.causal;
+    p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v);
+    for (const ring::DevicePass& pass : sched.passes) {
+      p.items = q_items.as<kernels::ForwardItem>() + pass.q_item0;
+      p.n_items = pass.n_q_items;
+      p.accumulate = pass.accumulate;
+      p.out_scale = pass.out_scale;
+      kc::flash_forward(elem, p, stream);
+    }
+  }
+
+  void run_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
+                   float* lse) {
+    const Shape4& s = cfg.shape;
+    if (sched.clear_outputs_first) {
+      RINGATTN_CUDA_CHECK(
+          cudaMemsetAsync(out, 0, static_cast<std::size_t>(s.numel()) * sizeof(float), stream));
+      kc::fill_floats(lse, s.batch * s.heads * s.seq_len, -std::numeric_limits<float>::infinity(),
+                      stream);
+    }
+#if RINGATTN_HAVE_CUDNN
+    if (cudnn_path) {
+      cudnn->forward(q, k, v, out, lse, stream);
+      return;
+    }
+#else
+    (void)cudnn_path;
+#endif
+    native_forward(q, k, v, out, lse);
+  }
+
+  // Median of `reps` timed runs of one path, after one warm-up run.
+  double time_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
+                      float* lse) {
+    cudaEvent_t a, b;
+    RINGATTN_CUDA_CHECK(cudaEventCreate(&a));
+    RINGATTN_CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    try {
+      run_forward(cudnn_path, q, k, v, out, lse);
+      for (int i = 0; i < 5; ++i) {
+        RINGATTN_CUDA_CHECK(cudaEventRecord(a, stream));
+        run_forward(cudnn_path, q, k, v, out, lse);
+        RINGATTN_CUDA_CHECK(cudaEventRecord(b, stream));
+        RINGATTN_CUDA_CHECK(cudaEventSynchronize(b));
+        float t = 0;
+        RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t);
+      }
+    } catch (...) {
+      (void)cudaEventDestroy(a);
+      (void)cudaEventDestroy(b);
+      throw;
+    }
+    (void)cudaEventDestroy(a);
+    (void)cudaEventDestroy(b);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
+};
+
+CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
+    : impl_(std::make_unique<Impl>()) {
+  validate(cfg);
+  Impl& m = *impl_;
+  m.cfg = cfg;
+  m.opts = opts;
+  m.elem = elem_of(opts.dtype);
+  m.device = probe_cuda_device(opts.device);
+  if (!m.device.usable) throw InputError("--device", "'cuda' cannot be used: " + m.device.reason);
+  RINGATTN_CUDA_CHECK(cudaSetDevice(opts.device));
+  // A blocking stream: work on the legacy default stream (DeviceBuffer's copies) orders
+  // against it.
+  RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
+
+  const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
+  m.sched =
+      ring::flatten_schedule(ring::build_local_schedule(cfg, tiles), cfg.causal, kc::kKeyTile);
+  m.tasks = upload_vector(m.sched.tasks, "the task list", opts.device, m.stream);
+  m.q_items = upload_vector(m.sched.q_items, "the query work items", opts.device, m.stream);
+  m.k_items = upload_vector(m.sched.k_items, "the key work items", opts.device, m.stream);
+  const Shape4& s = cfg.shape;
+  m.delta =
+      kc::DeviceAllocation(static_cast<std::size_t>(s.batch * s.heads * s.seq_len) * sizeof(float),
+                           "the backward's row sums D = rowsum(out * dout)", opts.device, m.stream);
+  // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim.
+  m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
+                   ring::rows_aligned(m.sched, 8);
+
+  if (opts.kernel != KernelChoice::native) {
+#if RINGATTN_HAVE_CUDNN
+    try {
+      m.cudnn = kc::CudnnSdpa::create(cfg, m.elem, opts.device, m.stream);
+      m.use_cudnn = opts.kernel == KernelChoice::cudnn;
+      m.decide_on_first_forward = opts.kernel == KernelChoice::automatic;
+    } catch (const kc::CudnnUnavailable& e) {
+      if (opts.kernel == KernelChoice::cudnn)
+        m.notes.push_back(std::string("--kernel cudnn: cuDNN cannot run this configuration (") +
+                          e.what() + "); using the native kernels");
+    }
+#else
+    if (opts.kernel == KernelChoice::cudnn)
+      m.notes.push_back(
+          "--kernel cudnn: this build has no cuDNN support (cudnn.h was not found at "
+          "configure time); using the native kernels");
+#endif
+  }
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+}
+
+CudaPlan::~CudaPlan() = default;
+CudaPlan::CudaPlan(CudaPlan&&) noexcept = default;
+CudaPlan& CudaPlan::operator=(CudaPlan&&) noexcept = default;
+
+const AttentionConfig& CudaPlan::config() const noexcept { return impl_->cfg; }
+DeviceDType CudaPlan::dtype() const noexcept { return impl_->opts.dtype; }
+const std::vector<std::string>& CudaPlan::notes() const noexcept { return impl_->notes; }
+std::string CudaPlan::kernel_name() const { return impl_->use_cudnn ? "cudnn" : "native"; }
+
+std::size_t CudaPlan::workspace_bytes() const noexcept {
+  const Impl& m = *impl_;
+  std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.delta.bytes();
+#if RINGATTN_HAVE_CUDNN
+  if (m.cudnn) b += m.cudnn->workspace_bytes();
+#endif
+  return b;
+}
+
+std::string CudaPlan::device_description() const {
+  const CudaDeviceStatus& d = impl_->device;
+  return d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) + ")";
+}
+
+void CudaPlan::synchronize() { RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
+  Impl& m = *impl_;
+  if (m.decide_on_first_forward) {
+    m.decide_on_first_forward = false;
+#if RINGATTN_HAVE_CUDNN
+    const double native_ms = m.time_forward(false, q, k, v, out, lse);
+    double cudnn_ms = std::numeric_limits<double>::infinity();
+    try {
+      cudnn_ms = m.time_forward(true, q, k, v, out, lse);
+    } catch (const RuntimeFailure& e) {
+      m.notes.push_back(std::string("--kernel auto: cuDNN failed when run (") + e.what() +
+                        "); using the native kernels");
+      (void)cudaGetLastError();
+    }
+    m.use_cudnn = cudnn_ms < native_ms;
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(3) << "--kernel auto: forward native " << native_ms
+       << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
+       << (m.use_cudnn ? "cudnn" : "native");
+    m.notes.push_back(os.str());
+    if (!m.use_cudnn) m.cudnn.reset();
+#endif
+  }
+  m.run_forward(m.use_cudnn, q, k, v, out, lse);
+}
+
+void CudaPlan::backward(const void* q, const void* k, const void* v, const float* out,
+                        const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+  Impl& m = *impl_;
+  const Shape4& s = m.cfg.shape;
+  const std::size_t bytes = static_cast<std::size_t>(s.numel()) * sizeof(float);
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, m.stream));
+  kc::RowDotParams rd;
+  rd.out = out;
+  rd.dout = dout;
+  rd.delta = m.delta.as<float>();
+  rd.batch = s.batch;
+  rd.seq_len = s.seq_len;
+  rd.heads = s.heads;
+  rd.head_dim = s.head_dim;
+  kc::launch_row_dot(m.elem, rd, m.stream);
+
+  kc::FlashBackwardParams p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.dout = dout;
+  p.delta = m.delta.as<float>();
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.tasks = m.tasks.as<kernels::SubseqTask>();
+  p.head_dim = static_cast<int>(s.head_dim);
+  p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.causal = m.cfg.causal;
+  p.vector_loads =
+      m.vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
+  for (const ring::DevicePass& pass : m.sched.passes) {
+    p.q_items = m.q_items.as<kernels::ForwardItem>() + pass.q_item0;
+    p.n_q_items = pass.n_q_items;
+    p.k_items = m.k_items.as<kernels::ForwardItem>() + pass.k_item0;
+    p.n_k_items = pass.n_k_items;
+    p.out_scale = pass.out_scale;
+    p.dout_scale = pass.out_scale;
+    kc::flash_backward(m.elem, p, m.stream);
+  }
+}
+
+}  // namespace ringattn

@@ -1,0 +1,89 @@
+// `ringattn run --device cuda` end to end (label `gpu`): every grouped/mixture golden case
+// through files with --check against the float64 reference, in each dtype, with the JSON
+// report naming the device, the kernel and the device memory peak. Skipped, with the reason,
+// where no CUDA device is usable.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_runner.hpp"
+#include "golden.hpp"
+#include "ringattn/cuda_plan.hpp"
+#include "ringattn/npy.hpp"
+#include "ringattn/reference.hpp"
+
+namespace ringattn {
+namespace {
+
+using testing::CliResult;
+using testing::TempDir;
+
+std::string describe(const CliResult& r) {
+  return "exit " + std::to_string(r.exit_code) + ", signal " + std::to_string(r.signal) +
+         "\n--- stdout ---\n" + r.out + "--- stderr ---\n" + r.err;
+}
+
+nlohmann::json last_line_json(const std::string& out) {
+  std::string text = out;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  const auto nl = text.rfind('\n');
+  return nlohmann::json::parse(nl == std::string::npos ? text : text.substr(nl + 1));
+}
+
+class CliCuda : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliCuda, GoldenCaseRunsOnTheGpuAndPassesCheck) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  const testing::GoldenCase c = testing::load_golden(GetParam());
+  for (const char* dtype : {"bf16", "fp16", "fp32"}) {
+    TempDir dir;
+    auto args = testing::golden_run_args(c);
+    args.insert(args.end(),
+                {"--device", "cuda", "--dtype", dtype, "--check", "--json", "--iters", "1",
+                 "--warmup", "0", "--out", dir.file("out.npy"), "--dq-out", dir.file("dq.npy")});
+    const CliResult r = testing::run_cli(args);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const nlohmann::json j = last_line_json(r.out);
+    EXPECT_EQ(j.value("device", ""), "cuda");
+    EXPECT_EQ(j.value("dtype", ""), dtype);
+    EXPECT_TRUE(j.contains("kernel"));
+    EXPECT_GT(j.value("device_peak_bytes", 0ull), 0ull);
+    EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
+    // The file written is the device's result and agrees with the golden output.
+    const std::vector<float> out = read_npy_float(dir.file("out.npy"));
+    const double tol = std::string(dtype) == "fp32" ? 1e-4 : 1e-2;
+    EXPECT_LE(relative_error(out.data(), c.out.data(), out.size()), tol) << dtype;
+    const std::vector<float> dq = read_npy_float(dir.file("dq.npy"));
+    EXPECT_LE(relative_error(dq.data(), c.dq.data(), dq.size()), tol) << dtype;
+  }
+}
+
+std::vector<std::string> golden_names() {
+  std::vector<std::string> v = testing::golden_case_names("grouped");
+  for (const auto& m : testing::golden_case_names("mixture")) v.push_back(m);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CliCuda, ::testing::ValuesIn(golden_names()),
+                         [](const auto& p) { return p.param; });
+
+TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  const CliResult r =
+      testing::run_cli({"run", "--device", "auto", "--seq-len", "512", "--heads", "4", "--causal",
+                        "--kernel", "cudnn", "--check", "--backward", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const nlohmann::json j = last_line_json(r.out);
+  EXPECT_EQ(j.value("device", ""), "cuda");
+  EXPECT_EQ(j.value("dtype", ""), "bf16");
+  // The unified SDPA operation has no causal mask: native, and the table says why.
+  EXPECT_EQ(j.value("kernel", ""), "native");
+  EXPECT_NE(r.out.find("note: --kernel cudnn"), std::string::npos) << describe(r);
+}
+
+}  // namespace
+}  // namespace ringattn

@@ -1,0 +1,338 @@
+// The CUDA kernels (label `gpu`) against the float64 reference: every grouped/mixture golden
+// case and randomized shapes (head dims 32..256 including unaligned ones, partial tiles,
+// causal, dense, both combine modes), forward and gradients, bf16/fp16 (relative error
+// <= 1e-2) and fp32 (<= 1e-4), native and cuDNN kernels. The reference is computed from the
+// inputs as the device holds them (rounded to the dtype), so the bound measures the kernels.
+// Outputs are poisoned with NaN before each call, so an unwritten element fails. Without a
+// usable device every test is skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "golden.hpp"
+#include "random.hpp"
+#include "ringattn/cuda_plan.hpp"
+#include "ringattn/errors.hpp"
+#include "ringattn/reference.hpp"
+#if RINGATTN_TEST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/device_ops.hpp"
+#include "kernels/merge_lse.hpp"
+#endif
+
+namespace ringattn {
+namespace {
+
+#define REQUIRE_GPU()                                             \
+  do {                                                            \
+    const CudaDeviceStatus gpu_ = probe_cuda_device();            \
+    if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason; \
+  } while (0)
+
+double tolerance(DeviceDType t) { return t == DeviceDType::fp32 ? 1e-4 : 1e-2; }
+
+struct Inputs {
+  std::vector<float> q, k, v, dout;
+};
+
+struct DeviceResult {
+  std::vector<float> out, lse, dq, dk, dv;
+  std::string kernel;
+  std::vector<std::string> notes;
+};
+
+std::vector<float> nan_filled(std::size_t n) {
+  return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
+}
+
+DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoice kernel,
+                           const Inputs& in, bool backward) {
+  CudaPlan plan(cfg, {t, kernel, 0});
+  const Shape4& s = cfg.shape;
+  const auto n = static_cast<std::size_t>(s.numel());
+  const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
+  const std::size_t in_bytes = n * (t == DeviceDType::fp32 ? 4 : 2);
+  DeviceBuffer q(in_bytes, "q"), k(in_bytes, "k"), v(in_bytes, "v");
+  q.upload(in.q.data(), n, t);
+  k.upload(in.k.data(), n, t);
+  v.upload(in.v.data(), n, t);
+  DeviceBuffer out(n * 4, "out"), lse(nl * 4, "lse");
+  out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
+  plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+  plan.synchronize();
+  DeviceResult r;
+  r.out.resize(n);
+  r.lse.resize(nl);
+  out.download(r.out.data(), n);
+  lse.download(r.lse.data(), nl);
+  if (backward) {
+    DeviceBuffer dout(in_bytes, "dout"), dq(n * 4, "dq"), dk(n * 4, "dk"), dv(n * 4, "dv");
+    dout.upload(in.dout.data(), n, t);
+    for (DeviceBuffer* g : {&dq, &dk, &dv}) g->upload(nan_filled(n).data(), n, DeviceDType::fp32);
+    plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
+                  dq.as<float>(), dk.as<float>(), dv.as<float>());
+    plan.synchronize();
+    r.dq.resize(n);
+    r.dk.resize(n);
+    r.dv.resize(n);
+    dq.download(r.dq.data(), n);
+    dk.download(r.dk.data(), n);
+    dv.download(r.dv.data(), n);
+  }
+  r.kernel = plan.kernel_name();
+  r.notes = plan.notes();
+  return r;
+}
+
+// Runs the device and the float64 reference on the same (rounded) inputs and checks every
+// tensor; prints the errors so a passing run still shows how close it was.
+void expect_matches_reference(const std::string& label, const AttentionConfig& cfg, DeviceDType t,
+                              KernelChoice kernel, Inputs in, bool backward) {
+  const DeviceResult got = run_on_device(cfg, t, kernel, in, backward);
+  for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
+    if (!x->empty()) round_to_device_dtype(x->data(), x->size(), t);
+  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  const double tol = tolerance(t);
+  std::ostringstream report;
+  report << label << " [" << to_string(t) << ", kernel " << got.kernel << "]:";
+  auto check = [&](const char* name, const std::vector<float>& g, const std::vector<double>& w) {
+    const double e = relative_error(g.data(), w.data(), g.size());
+    report << " " << name << " " << e;
+    EXPECT_LE(e, tol) << label << ": " << name << " relative error " << e << " > " << tol << " ("
+                      << to_string(t) << ", kernel " << got.kernel << ")";
+  };
+  check("out", got.out, ref.out);
+  check("lse", got.lse, ref.lse);
+  if (backward) {
+    const ReferenceGradients g =
+        reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+    check("dq", got.dq, g.dq);
+    check("dk", got.dk, g.dk);
+    check("dv", got.dv, g.dv);
+  }
+  for (const auto& n : got.notes) report << "\n  note: " << n;
+  std::cout << report.str() << "\n";
+}
+
+Inputs random_inputs(const Shape4& s, uint64_t seed) {
+  const auto n = static_cast<std::size_t>(s.numel());
+  return {testing::random_normal(n, seed), testing::random_normal(n, seed + 1),
+          testing::random_normal(n, seed + 2), testing::random_normal(n, seed + 3)};
+}
+
+// ---- golden cases -----------------------------------------------------------------------
+class CudaGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGolden, NativeKernelsMatchTheReferenceInEveryDtype) {
+  REQUIRE_GPU();
+  const testing::GoldenCase c = testing::load_golden(GetParam());
+  const Inputs in{c.q, c.k, c.v, c.dout};
+  for (DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16, DeviceDType::fp32})
+    expect_matches_reference(c.name, c.cfg, t, KernelChoice::native, in, true);
+}
+
+TEST_P(CudaGolden, CudnnKernelMatchesTheReferenceOrFallsBackWithANote) {
+  REQUIRE_GPU();
+  const testing::GoldenCase c = testing::load_golden(GetParam());
+  const Inputs in{c.q, c.k, c.v, c.dout};
+  for (DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
+    expect_matches_reference(c.name, c.cfg, t, KernelChoice::cudnn, in, false);
+    CudaPlan plan(c.cfg, {t, KernelChoice::cudnn, 0});
+    if (plan.kernel_name() != "cudnn") {
+      EXPECT_FALSE(plan.notes().empty()) << "cuDNN not used, and no note says why";
+    }
+  }
+}
+
+std::vector<std::string> golden_names() {
+  std::vector<std::string> v = testing::golden_case_names("grouped");
+  for (const auto& m : testing::golden_case_names("mixture")) v.push_back(m);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaGolden, ::testing::ValuesIn(golden_names()),
+                         [](const auto& p) { return p.param; });
+
+// ---- randomized shapes --------------------------------------------------------------------
+struct RandomCase {
+  Shape4 shape;
+  AttentionKind attention;
+  Combine combine;
+  std::vector<int64_t> segments, dilations;
+  bool causal;
+};
+
+std::vector<RandomCase> random_cases() {
+  using A = AttentionKind;
+  using C = Combine;
+  std::vector<RandomCase> v;
+  for (bool causal : {false, true}) {
+    // Dense across head dims: aligned (16-byte copies) and not (scalar loads, padding).
+    for (int64_t d : {32, 64, 96, 128, 256, 40, 8})
+      v.push_back({{2, 200, 3, d}, A::dense, C::grouped, {}, {}, causal});
+    // Several query and key tiles, N not a multiple of 64.
+    v.push_back({{1, 333, 2, 64}, A::dense, C::grouped, {}, {}, causal});
+    // Dilated, both combine modes, heads not divisible by the groups, a dilation larger than
+    // its segment, strided head groups for mixture.
+    v.push_back({{2, 512, 5, 64}, A::dilated, C::grouped, {128, 256, 512}, {1, 2, 4}, causal});
+    v.push_back({{1, 512, 4, 128}, A::dilated, C::mixture, {128, 256, 512}, {1, 2, 4}, causal});
+    v.push_back({{1, 384, 3, 64}, A::dilated, C::mixture, {96, 384}, {3, 128}, causal});
+    v.push_back({{2, 256, 4, 32}, A::dilated, C::grouped, {64, 256}, {5, 2}, causal});
+  }
+  return v;
+}
+
+std::string name_of(const RandomCase& c) {
+  std::ostringstream os;
+  os << (c.attention == AttentionKind::dense ? "dense" : to_string(c.combine)) << "_B"
+     << c.shape.batch << "N" << c.shape.seq_len << "H" << c.shape.heads << "D" << c.shape.head_dim;
+  for (std::size_t i = 0; i < c.segments.size(); ++i)
+    os << "_w" << c.segments[i] << "r" << c.dilations[i];
+  if (c.causal) os << "_causal";
+  return os.str();
+}
+
+// gtest prints parameters into the discovered test names; without this it would print the
+// struct's raw bytes (pointers included), which change from build to build.
+void PrintTo(const RandomCase& c, std::ostream* os) { *os << name_of(c); }
+
+AttentionConfig config_of(const RandomCase& c) {
+  AttentionConfig cfg;
+  cfg.shape = c.shape;
+  cfg.attention = c.attention;
+  cfg.combine = c.combine;
+  cfg.segments = c.segments;
+  cfg.dilations = c.dilations;
+  cfg.causal = c.causal;
+  return cfg;
+}
+
+class CudaRandom : public ::testing::TestWithParam<RandomCase> {};
+
+TEST_P(CudaRandom, ForwardAndGradientsMatchTheReference) {
+  REQUIRE_GPU();
+  const RandomCase& c = GetParam();
+  const AttentionConfig cfg = config_of(c);
+  const Inputs in = random_inputs(c.shape, 7 + static_cast<uint64_t>(c.shape.head_dim));
+  for (DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16, DeviceDType::fp32})
+    expect_matches_reference(name_of(c), cfg, t, KernelChoice::native, in, true);
+  if (!c.causal)
+    expect_matches_reference(name_of(c), cfg, DeviceDType::bf16, KernelChoice::cudnn, in, false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaRandom, ::testing::ValuesIn(random_cases()),
+                         [](const auto& p) { return name_of(p.param); });
+
+// ---- properties ---------------------------------------------------------------------------
+TEST(CudaKernels, BackwardIsBitwiseDeterministic) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {2, 1024, 4, 128};
+  cfg.attention = AttentionKind::dilated;
+  cfg.combine = Combine::mixture;
+  cfg.segments = {256, 1024};
+  cfg.dilations = {1, 4};
+  cfg.causal = true;
+  const Inputs in = random_inputs(cfg.shape, 99);
+  const DeviceResult a = run_on_device(cfg, DeviceDType::bf16, KernelChoice::native, in, true);
+  const DeviceResult b = run_on_device(cfg, DeviceDType::bf16, KernelChoice::native, in, true);
+  for (auto [x, y, name] : {std::tuple{&a.dq, &b.dq, "dq"},
+                            {&a.dk, &b.dk, "dk"},
+                            {&a.dv, &b.dv, "dv"},
+                            {&a.out, &b.out, "out"}})
+    EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0)
+        << name << " differs between two identical runs";
+}
+
+TEST(CudaKernels, RepeatedForwardOfAMixtureGivesTheSameResult) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, 512, 4, 64};
+  cfg.attention = AttentionKind::dilated;
+  cfg.combine = Combine::mixture;
+  cfg.segments = {128, 512};
+  cfg.dilations = {1, 2};
+  const Inputs in = random_inputs(cfg.shape, 5);
+  CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::native, 0});
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto nl = static_cast<std::size_t>(cfg.shape.heads * cfg.shape.seq_len);
+  DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), out(n * 4, "out"), lse(nl * 4, "lse");
+  q.upload(in.q.data(), n, DeviceDType::bf16);
+  k.upload(in.k.data(), n, DeviceDType::bf16);
+  v.upload(in.v.data(), n, DeviceDType::bf16);
+  std::vector<float> first(n), second(n);
+  plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+  plan.synchronize();
+  out.download(first.data(), n);
+  plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+  plan.synchronize();
+  out.download(second.data(), n);
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), n * sizeof(float)), 0)
+      << "merge-mode passes must start from cleared outputs on every call";
+}
+
+TEST(CudaKernels, AutomaticKernelChoiceIsCorrectAndSaysWhatItChose) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, 1024, 4, 64};
+  const Inputs in = random_inputs(cfg.shape, 11);
+  expect_matches_reference("dense_auto", cfg, DeviceDType::bf16, KernelChoice::automatic, in,
+                           false);
+}
+
+TEST(CudaKernels, OutOfMemoryIsARuntimeFailureSayingHowMuchAndWhatToChange) {
+  REQUIRE_GPU();
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  try {
+    DeviceBuffer huge(gpu.total_bytes * 2, "q");
+    FAIL() << "allocating twice the device memory succeeded";
+  } catch (const RuntimeFailure& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of device memory"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::to_string(gpu.total_bytes * 2) + " bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("more ranks"), std::string::npos) << m;
+    EXPECT_NE(m.find("block-sparse"), std::string::npos) << m;
+  }
+}
+
+#if RINGATTN_TEST_HAVE_CUDA
+TEST(CudaKernels, DeviceLseMergeMatchesTheHostMerge) {
+  REQUIRE_GPU();
+  const int64_t rows = 300, d = 72;
+  std::vector<float> oa = testing::random_normal(static_cast<std::size_t>(rows * d), 1);
+  std::vector<float> ob = testing::random_normal(static_cast<std::size_t>(rows * d), 2);
+  std::vector<float> la = testing::random_normal(static_cast<std::size_t>(rows), 3, 3.0f);
+  std::vector<float> lb = testing::random_normal(static_cast<std::size_t>(rows), 4, 3.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  la[0] = -inf;  // empty accumulator
+  lb[1] = -inf;  // empty part
+  la[2] = lb[2] = -inf;
+  std::vector<float> want_o = oa, want_l = la;
+  kernels::MergeRows host{want_o.data(), want_l.data(), ob.data(), lb.data(), rows, d, d, 1, d, 1};
+  kernels::merge_lse(host);
+
+  DeviceBuffer d_oa(oa.size() * 4, "oa"), d_ob(ob.size() * 4, "ob"), d_la(la.size() * 4, "la"),
+      d_lb(lb.size() * 4, "lb");
+  d_oa.upload(oa.data(), oa.size(), DeviceDType::fp32);
+  d_ob.upload(ob.data(), ob.size(), DeviceDType::fp32);
+  d_la.upload(la.data(), la.size(), DeviceDType::fp32);
+  d_lb.upload(lb.data(), lb.size(), DeviceDType::fp32);
+  kernels::MergeRows dev{
+      d_oa.as<float>(), d_la.as<float>(), d_ob.as<float>(), d_lb.as<float>(), rows, d, d, 1, d, 1};
+  kernels::cuda::launch_merge_lse(dev, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> got_o(oa.size()), got_l(la.size());
+  d_oa.download(got_o.data(), got_o.size());
+  d_la.download(got_l.data(), got_l.size());
+  EXPECT_LE(relative_error(got_o.data(), want_o.data(), got_o.size()), 1e-6);
+  EXPECT_LE(relative_error(got_l.data(), want_l.data(), got_l.size()), 1e-6);
+}
+#endif
+
+}  // namespace
+}  // namespace ringattn
