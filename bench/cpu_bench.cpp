@@ -17,11 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/tensor.hpp"
 
 namespace po = boost::program_options;
 using namespace ringattn;
+using ringattn::bench::time_ms;
 
 namespace {
 
@@ -31,27 +33,6 @@ struct Series {
   Combine combine;
   std::vector<int64_t> segments, dilations;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Median of `iters` runs, after one warm-up; long runs (> 3 s) are timed once.
-template <typename F>
-double time_ms(F&& f, int iters) {
-  auto t0 = std::chrono::steady_clock::now();
-  f();
-  const double first = seconds_since(t0);
-  if (first > 3.0) return first * 1e3;
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(seconds_since(t0) * 1e3);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 double sgemm_gflops(int n, int threads) {
   std::vector<float> a(static_cast<std::size_t>(n) * n), b(a.size()), c(a.size());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ring/communicator.hpp"
+#include "bench_timing.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/tensor.hpp"
 #include "sparse/pattern.hpp"
@@ -24,28 +25,9 @@
 
 namespace po = boost::program_options;
 using namespace ringattn;
+using ringattn::bench::time_ms;
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-template <typename F>
-double time_ms(F&& f, int iters) {
-  auto t0 = std::chrono::steady_clock::now();
-  f();
-  const double first = seconds_since(t0);
-  if (first > 3.0) return first * 1e3;
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(seconds_since(t0) * 1e3);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 void fill(float* p, std::size_t n, uint32_t seed) {
   uint32_t s = seed * 2654435761u + 1;

@@ -416,17 +416,11 @@ std::string make_header(const std::vector<int64_t>& shape, const char* descr = "
   return out;
 }
 
-// Writes a complete .npy file next to `path` and returns the temp file's name; on failure
-// removes the temp and throws RuntimeFailure.
-std::string write_temp_npy(const std::string& path, const std::vector<int64_t>& shape,
-                           const float* data) {
-  int64_t count = 1;
-  for (const int64_t dim : shape)
-    if (dim < 0 || !checked_mul(count, dim, &count) || count > kInt64Max / 4)
-      throw RuntimeFailure("cannot write '" + path + "': invalid shape " + shape_text(shape));
-  if (count > 0 && data == nullptr) throw RuntimeFailure("cannot write '" + path + "': no data");
-  const std::string header = make_header(shape);
-
+// Writes `header` and then what `body(fd)` writes into a new temp file next to `path`, and
+// returns the temp file's name; on failure removes the temp and throws RuntimeFailure.
+// `body` returns 0 or an errno value.
+template <typename Body>
+std::string write_temp_file(const std::string& path, const std::string& header, Body&& body) {
   static std::atomic<unsigned long long> temp_counter{0};
   const std::string temp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(temp_counter.fetch_add(1));
@@ -435,24 +429,8 @@ std::string write_temp_npy(const std::string& path, const std::vector<int64_t>& 
   if (fd.get() < 0)
     throw RuntimeFailure("cannot write '" + path + "': cannot create temporary file '" + temp +
                          "': " + errno_text(errno));
-
   int err = write_fully(fd.get(), header.data(), header.size());
-  const auto data_bytes = static_cast<std::size_t>(count) * sizeof(float);
-  if constexpr (std::endian::native == std::endian::little) {
-    if (err == 0 && data_bytes > 0) err = write_fully(fd.get(), data, data_bytes);
-  } else {
-    std::vector<unsigned char> chunk;
-    for (std::size_t first = 0; err == 0 && first < static_cast<std::size_t>(count);) {
-      const std::size_t n = std::min(static_cast<std::size_t>(count) - first, kIoChunkBytes / 4);
-      chunk.resize(n * 4);
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto bits = std::bit_cast<uint32_t>(data[first + i]);
-        for (int b = 0; b < 4; ++b) chunk[4 * i + b] = static_cast<unsigned char>(bits >> (8 * b));
-      }
-      err = write_fully(fd.get(), chunk.data(), chunk.size());
-      first += n;
-    }
-  }
+  if (err == 0) err = body(fd.get());
   const int close_err = fd.close_checked();
   if (err == 0) err = close_err;
   if (err != 0) {
@@ -463,31 +441,51 @@ std::string write_temp_npy(const std::string& path, const std::vector<int64_t>& 
   return temp;
 }
 
+// Elements of `shape`, refusing negative dimensions and products past `max_count`.
+int64_t element_count(const std::string& path, const std::vector<int64_t>& shape,
+                      int64_t max_count) {
+  int64_t count = 1;
+  for (const int64_t dim : shape)
+    if (dim < 0 || !checked_mul(count, dim, &count) || count > max_count)
+      throw RuntimeFailure("cannot write '" + path + "': invalid shape " + shape_text(shape));
+  return count;
+}
+
+// A complete float32 .npy file next to `path` (see write_temp_file).
+std::string write_temp_npy(const std::string& path, const std::vector<int64_t>& shape,
+                           const float* data) {
+  const int64_t count = element_count(path, shape, kInt64Max / 4);
+  if (count > 0 && data == nullptr) throw RuntimeFailure("cannot write '" + path + "': no data");
+  return write_temp_file(path, make_header(shape), [&](int fd) {
+    const auto data_bytes = static_cast<std::size_t>(count) * sizeof(float);
+    if constexpr (std::endian::native == std::endian::little) {
+      return data_bytes > 0 ? write_fully(fd, data, data_bytes) : 0;
+    } else {
+      int err = 0;
+      std::vector<unsigned char> chunk;
+      for (std::size_t first = 0; err == 0 && first < static_cast<std::size_t>(count);) {
+        const std::size_t n = std::min(static_cast<std::size_t>(count) - first, kIoChunkBytes / 4);
+        chunk.resize(n * 4);
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto bits = std::bit_cast<uint32_t>(data[first + i]);
+          for (int b = 0; b < 4; ++b)
+            chunk[4 * i + b] = static_cast<unsigned char>(bits >> (8 * b));
+        }
+        err = write_fully(fd, chunk.data(), chunk.size());
+        first += n;
+      }
+      return err;
+    }
+  });
+}
+
 // The same for a bool array (one byte per element, no byte order).
 std::string write_temp_npy_bool(const std::string& path, const std::vector<int64_t>& shape,
                                 const uint8_t* data) {
-  int64_t count = 1;
-  for (const int64_t dim : shape)
-    if (dim < 0 || !checked_mul(count, dim, &count))
-      throw RuntimeFailure("cannot write '" + path + "': invalid shape " + shape_text(shape));
-  const std::string header = make_header(shape, "|b1");
-  static std::atomic<unsigned long long> bool_counter{0};
-  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + ".b" +
-                           std::to_string(bool_counter.fetch_add(1));
-  FileDescriptor fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  if (fd.get() < 0)
-    throw RuntimeFailure("cannot write '" + path + "': cannot create temporary file '" + temp +
-                         "': " + errno_text(errno));
-  int err = write_fully(fd.get(), header.data(), header.size());
-  if (err == 0 && count > 0) err = write_fully(fd.get(), data, static_cast<std::size_t>(count));
-  const int close_err = fd.close_checked();
-  if (err == 0) err = close_err;
-  if (err != 0) {
-    ::unlink(temp.c_str());
-    throw RuntimeFailure("cannot write '" + path + "' (temporary file '" + temp +
-                         "'): " + errno_text(err));
-  }
-  return temp;
+  const int64_t count = element_count(path, shape, kInt64Max);
+  return write_temp_file(path, make_header(shape, "|b1"), [&](int fd) {
+    return count > 0 ? write_fully(fd, data, static_cast<std::size_t>(count)) : 0;
+  });
 }
 
 void rename_into_place(const std::string& temp, const std::string& path) {

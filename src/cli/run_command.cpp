@@ -415,6 +415,20 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
                     ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
 }
 
+// The float64 reference's view of a block-sparse run: the run's own lists.
+BlockReferenceProblem block_problem(const RunState& st) {
+  BlockReferenceProblem pb;
+  pb.shape = st.cfg.shape;
+  pb.block_size = st.cfg.block_size;
+  pb.causal = st.cfg.causal;
+  pb.scale = st.cfg.effective_scale();
+  pb.key_blocks = [lists = st.lists](int64_t h, int64_t i) {
+    const auto row = lists->of_head(h).row(i);
+    return std::vector<int64_t>(row.begin(), row.end());
+  };
+  return pb;
+}
+
 // Block-sparse --check on huge runs: every rank compares kSampledRows rows per (batch, head)
 // of its shard with the float64 reference, fetching the K/V rows each needs (regenerated for
 // synthetic inputs, read from the files otherwise). Forward only. Returns {out, lse} errors.
@@ -423,15 +437,7 @@ std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicat
   const Shape4& s = st.cfg.shape;
   const int64_t D = s.head_dim, H = s.heads, NL = st.layout.local_len, bs = st.cfg.block_size;
   const int rank = comm.rank();
-  BlockReferenceProblem pb;
-  pb.shape = s;
-  pb.block_size = bs;
-  pb.causal = st.cfg.causal;
-  pb.scale = st.cfg.effective_scale();
-  pb.key_blocks = [&](int64_t h, int64_t i) {
-    const auto row = st.lists->of_head(h).row(i);
-    return std::vector<int64_t>(row.begin(), row.end());
-  };
+  const BlockReferenceProblem pb = block_problem(st);
   double out_diff = 0, out_want = 0, lse_diff = 0, lse_want = 0;
   bool inf_mismatch = false;
   const int64_t rows = std::min(kSampledRows, NL);
@@ -687,15 +693,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     } else if (opts.check && st.sparse) {
       rep.check_tolerance = kCheckTolerance;
       rep.check_mode = "full";
-      BlockReferenceProblem pb;
-      pb.shape = st.cfg.shape;
-      pb.block_size = st.cfg.block_size;
-      pb.causal = st.cfg.causal;
-      pb.scale = st.cfg.effective_scale();
-      pb.key_blocks = [&](int64_t h, int64_t i) {
-        const auto row = st.lists->of_head(h).row(i);
-        return std::vector<int64_t>(row.begin(), row.end());
-      };
+      const BlockReferenceProblem pb = block_problem(st);
       const ReferenceForward ref = reference_forward_blocks(pb, q, k, v);
       rep.checks.push_back({"out", relative_error(o, ref.out.data(), n_full)});
       rep.checks.push_back({"lse", relative_error(lse, ref.lse.data(), n_lse)});

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "golden.hpp"
+#include "mpi_gtest_main.hpp"
 #include "ring/communicator.hpp"
 #include "ring_compare.hpp"
 
@@ -55,20 +56,5 @@ INSTANTIATE_TEST_SUITE_P(Configs, RingRandom,
 }  // namespace ringattn::ring
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  std::unique_ptr<ringattn::ring::Communicator> comm =
-      ringattn::ring::launched_by_mpi() ? ringattn::ring::make_mpi_communicator(&argc, &argv)
-                                        : ringattn::ring::make_local_communicator();
-  ringattn::ring::g_comm = comm.get();
-  // Only rank 0 prints gtest's report; every rank's result decides the exit code.
-  if (comm->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  const int64_t worst = comm->max(static_cast<int64_t>(rc));
-  if (comm->rank() == 0 && worst != rc)
-    std::printf("another rank reported failures (its assertions are printed above)\n");
-  comm.reset();
-  return static_cast<int>(worst);
+  return ringattn::testing::run_gtests_on_ranks(argc, argv, ringattn::ring::g_comm);
 }

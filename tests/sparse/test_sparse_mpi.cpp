@@ -10,6 +10,7 @@
 #include <random>
 
 #include "golden.hpp"
+#include "mpi_gtest_main.hpp"
 #include "random.hpp"
 #include "ring/communicator.hpp"
 #include "ringattn/reference.hpp"
@@ -181,19 +182,5 @@ TEST(SparseMpi, RandomPatternIsIdenticalOnEveryRank) {
 }  // namespace ringattn::sparse
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  std::unique_ptr<ringattn::ring::Communicator> comm =
-      ringattn::ring::launched_by_mpi() ? ringattn::ring::make_mpi_communicator(&argc, &argv)
-                                        : ringattn::ring::make_local_communicator();
-  ringattn::sparse::g_comm = comm.get();
-  if (comm->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  const int64_t worst = comm->max(static_cast<int64_t>(rc));
-  if (comm->rank() == 0 && worst != rc)
-    std::printf("another rank reported failures (its assertions are printed above)\n");
-  comm.reset();
-  return static_cast<int>(worst);
+  return ringattn::testing::run_gtests_on_ranks(argc, argv, ringattn::sparse::g_comm);
 }
