@@ -18,7 +18,7 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERR
   -DRINGATTN_NATIVE=OFF -DRINGATTN_WITH_MPI=OFF -DRINGATTN_BUILD_BENCH=ON \
   "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
 start=$(date +%s)
-ninja -C "$BUILD" -j"$JOBS" ringattn test_cuda_kernels test_cli_cuda gpu_bench
+ninja -C "$BUILD" -j"$JOBS" ringattn test_cuda_kernels test_cli_cuda test_nccl gpu_bench
 echo "gpu_build_for_device: built in $(( $(date +%s) - start )) s"
 
 # Staged here, then packed as one xz archive: the device tool carries at most 64 MiB with the
@@ -27,13 +27,21 @@ STAGE=$(mktemp -d /tmp/ringattn-gpu-pack.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
 CARRY=$STAGE
 mkdir -p "$CARRY/bin" "$CARRY/lib"
-cp "$BUILD/ringattn" "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cli_cuda" \
+cp "$BUILD/ringattn" "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cli_cuda" "$BUILD/tests/test_nccl" \
   "$BUILD/bench/gpu_bench" "$CARRY/bin/"
 strip --strip-unneeded "$CARRY"/bin/*
 # Shared libraries other than glibc and the C++ runtime (the GPU image's are newer).
 for b in "$CARRY"/bin/*; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |
-  grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
+  grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libnccl|libcudnn)\.so' |
   while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
+# NCCL (218 MB) and cuDNN are not carried: the GPU image's PyTorch ships both as wheels
+# (nvidia/nccl/lib, nvidia/cudnn/lib), which device_run.sh puts on LD_LIBRARY_PATH.
+# OpenBLAS: the OpenMP build, whichever variant Debian's alternatives point at here.
+for d in /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp; do
+  if [ -f "$d/libopenblas.so.0" ] && [ -f "$CARRY/lib/libopenblas.so.0" ]; then
+    cp -L "$d/libopenblas.so.0" "$CARRY/lib/libopenblas.so.0"
+  fi
+done
 {
   echo "commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (with uncommitted changes)')"
   echo "built: $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
@@ -46,6 +54,7 @@ mkdir -p "$OUTDIR"
 tar -C "$STAGE" -cf - . | xz -T"$JOBS" -6 >"$OUTDIR/ringattn-gpu.tar.xz"
 cp "$STAGE/build_info.txt" "$OUTDIR/"
 exclude=$(git -C "$ROOT" rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu-carry/' "$exclude" 2>/dev/null || echo '/.gpu-carry/' >>"$exclude"
 du -sh "$OUTDIR"
 echo "gpu_build_for_device: now run on the device (carry .gpu-carry):"

@@ -27,7 +27,16 @@ CARRY=/tmp/ringattn-carry
 rm -rf "$CARRY" && mkdir -p "$CARRY"
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$ARCHIVE" "$CARRY" ||
   { echo "device_run: cannot unpack $ARCHIVE"; exit 2; }
-export LD_LIBRARY_PATH="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL and cuDNN come from the image's PyTorch wheels (nvidia-nccl-cu13, nvidia-cudnn-cu13).
+WHEEL_LIBS=$(python3 - <<'PY' 2>/dev/null
+import glob, site
+dirs = []
+for sp in site.getsitepackages():
+    dirs += sorted(glob.glob(sp + "/nvidia/*/lib")) + sorted(glob.glob(sp + "/nvidia/cu13/lib"))
+print(":".join(dirs))
+PY
+)
+export LD_LIBRARY_PATH="$CARRY/lib${WHEEL_LIBS:+:$WHEEL_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The tests' compiled-in paths point at the build machine; these override them.
 export RINGATTN_TEST_DATA_DIR="$ROOT/tests/data"
 export RINGATTN_CLI_PATH="$CARRY/bin/ringattn"
@@ -38,12 +47,15 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
   echo "== carried build"; cat "$CARRY/build_info.txt"
   echo "== nvidia-smi"; nvidia-smi
   echo "== compute-sanitizer"; compute-sanitizer --version 2>&1 | head -2
+  echo "== LD_LIBRARY_PATH"; echo "$LD_LIBRARY_PATH" | tr ':' '\n'
+  echo "== libraries the binaries resolve"; ldd "$CARRY"/bin/* | grep -E "nccl|cudnn|openblas|cudart" | sort -u
+  echo "== cudnn / nccl found"; ls $(echo "$WHEEL_LIBS" | tr ':' ' ') 2>/dev/null | grep -E "libcudnn.so|libnccl.so" 
 } >"$OUT/device.txt" 2>&1
 status=0
 
 run_check() {
   : >"$OUT/tests.log"
-  for t in test_cuda_kernels test_cli_cuda; do
+  for t in test_cuda_kernels test_cli_cuda test_nccl; do
     echo "== $t" | tee -a "$OUT/tests.log"
     "$CARRY/bin/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
     rc=$?
@@ -70,6 +82,7 @@ run_check() {
 }
 
 run_bench() {
+  python3 bench/gpu/ceilings.py | tee "$OUT/ceilings.json" || status=1
   python3 bench/gpu/run_bench.py --gpu-bench "$CARRY/bin/gpu_bench" --out "$OUT" \
     --budget-s "$BUDGET_S" ${QUICK:+--quick} || status=1
 }

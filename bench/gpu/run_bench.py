@@ -52,8 +52,11 @@ def rows(quick):
         for d in (64, 128):
             for attention in ("dense", "dilated"):
                 for causal in (False, True):
-                    out.append({"attention": attention, "causal": causal, "head_dim": d,
-                                "heads": 2048 // d, "seq_len": 16384 * k, "batch": 1})
+                    row = {"attention": attention, "causal": causal, "head_dim": d,
+                           "heads": 2048 // d, "seq_len": 16384 * k, "batch": 1}
+                    if attention == "dilated":
+                        row.update(segments=SEGMENTS, dilations=DILATIONS)
+                    out.append(row)
     return out
 
 
