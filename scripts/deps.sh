@@ -5,6 +5,9 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ make
   libboost-program-options-dev libgtest-dev nlohmann-json3-dev libopenblas-openmp-dev
+  # The pthreads OpenBLAS too: many machines have it (and Debian then selects it); the tests
+  # check that ringattn's speed and threading do not depend on it.
+  libopenblas0-pthread
   libopenmpi-dev openmpi-bin
   slurm-wlm munge
 )

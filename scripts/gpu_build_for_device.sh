@@ -36,10 +36,15 @@ for b in "$CARRY"/bin/*; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u 
   while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
 # NCCL (218 MB) and cuDNN are not carried: the GPU image's PyTorch ships both as wheels
 # (nvidia/nccl/lib, nvidia/cudnn/lib), which device_run.sh puts on LD_LIBRARY_PATH.
-# OpenBLAS: the OpenMP build, whichever variant Debian's alternatives point at here.
+# OpenBLAS is opened with dlopen (kernels/cpu_blas.cpp), so ldd does not list it: carry the
+# OpenMP build and what it loads; on the device its configured path is absent and
+# libopenblas.so.0 is found through LD_LIBRARY_PATH.
 for d in /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp; do
-  if [ -f "$d/libopenblas.so.0" ] && [ -f "$CARRY/lib/libopenblas.so.0" ]; then
-    cp -L "$d/libopenblas.so.0" "$CARRY/lib/libopenblas.so.0"
+  if [ -f "$d/libopenblas.so.0" ]; then
+    cp -L "$d/libopenblas.so.0" "$CARRY/lib/"
+    ldd "$d/libopenblas.so.0" | awk '/=> \// {print $3}' |
+      grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
+      while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
   fi
 done
 {

@@ -59,9 +59,9 @@ void print_table(const RunReport& r, std::ostream& os) {
     os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations) << "\n";
   if (!r.attention_note.empty()) os << "  auto             " << r.attention_note << "\n";
   if (c.attention == AttentionKind::block_sparse)
-    os << "  pattern          " << r.pattern << "   block size " << c.block_size
-       << "   sparsity " << std::fixed << std::setprecision(2) << 100.0 * r.sparsity
-       << "% of block pairs skipped" << std::defaultfloat << "\n";
+    os << "  pattern          " << r.pattern << "   block size " << c.block_size << "   sparsity "
+       << std::fixed << std::setprecision(2) << 100.0 * r.sparsity << "% of block pairs skipped"
+       << std::defaultfloat << "\n";
   os << std::fixed << std::setprecision(3);
   os << "  attended pairs   " << std::setprecision(0) << r.attended_pairs << "\n";
   os << std::setprecision(3);
@@ -74,12 +74,13 @@ void print_table(const RunReport& r, std::ostream& os) {
   os << "  workspace        " << human_bytes(r.workspace_bytes);
   if (r.workspace_bytes_per_thread > 0)
     os << " (" << human_bytes(r.workspace_bytes_per_thread) << " per thread)";
-  os << "   peak tracked "
-     << human_bytes(r.peak_bytes) << "   peak RSS " << human_bytes(r.peak_rss_bytes) << "\n";
+  os << "   peak tracked " << human_bytes(r.peak_bytes) << "   peak RSS "
+     << human_bytes(r.peak_rss_bytes) << "\n";
   if (r.device == "cuda")
     os << "  device memory    peak " << human_bytes(r.device_peak_bytes) << " (plan workspace "
        << human_bytes(r.device_workspace_bytes) << ")   kernel " << r.kernel << ", inputs "
        << r.dtype << "\n";
+  if (r.blas) os << "  blas             " << r.blas->summary() << "\n";
   for (const auto& n : r.notes) os << "  note: " << n << "\n";
   if (r.world_size > 1) {
     os << "  ring             " << r.world_size << " ranks, forward bytes sent (max over ranks) "
@@ -146,6 +147,10 @@ void print_json(const RunReport& r, std::ostream& os) {
   j["kernel"] = r.kernel;
   j["dtype"] = r.dtype;
   j["device_peak_bytes"] = r.device_peak_bytes;
+  if (r.blas)
+    j["blas"] = {{"config", r.blas->config},       {"core", r.blas->core},
+                 {"core_from", r.blas->core_from}, {"file", r.blas->file},
+                 {"threading", r.blas->threading}, {"threads_per_call", r.blas->threads_per_call}};
   j["bytes_sent"] = r.bytes_sent;
   j["bytes_sent_min"] = r.bytes_sent_min;
   auto ranks_json = [](const std::vector<RankFigures>& v) {

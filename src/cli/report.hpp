@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu_blas.hpp"
 #include "ringattn/config.hpp"
 
 namespace ringattn::cli {
@@ -40,20 +41,21 @@ struct RunReport {
   std::size_t bytes_sent = 0;      // forward K/V payload, max over ranks
   std::size_t bytes_sent_min = 0;  // the computed minimum for the config, max over ranks
   std::vector<RankFigures> fwd_ranks, bwd_ranks;  // per rank, world_size > 1 only
-  std::string attention_note;  // what --attention auto decided
+  std::string attention_note;                     // what --attention auto decided
   // Block-sparse runs.
-  std::string pattern;  // canonical pattern text, or "mask FILE"
+  std::string pattern;   // canonical pattern text, or "mask FILE"
   double sparsity = -1;  // fraction of the dense run's block pairs skipped
   int peers = 0;         // most peers one rank exchanges with
   std::vector<CheckResult> checks;
   std::string check_mode;  // "full" or how rows were sampled
   double check_tolerance = 0;
   std::vector<std::string> outputs_written;
-  std::string kernel = "cpu";  // cpu | native | cudnn
-  std::string dtype = "fp32";  // the precision the kernels read inputs in
+  std::string kernel = "cpu";              // cpu | native | cudnn
+  std::string dtype = "fp32";              // the precision the kernels read inputs in
   std::size_t device_peak_bytes = 0;       // cuda: device memory held at most
   std::size_t device_workspace_bytes = 0;  // cuda: the plan's part of it
   std::vector<std::string> notes;          // e.g. a kernel fallback
+  std::optional<kernels::BlasInfo> blas;   // cpu: the BLAS and its threading in our regions
 
   double fwd_gflops() const;
   std::optional<double> bwd_gflops() const;

@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "cli/report.hpp"
+#include "kernels/cpu_blas.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ring/ring_engine.hpp"
 #include "ring/ring_schedule.hpp"
@@ -176,27 +177,27 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
     const std::string& path = opts.block_mask_path;
     NpyHeader h = read_npy_header(path);
     if (h.dtype != NpyDtype::bool8)
-      throw InputError(path, "block mask must be a bool array (numpy dtype bool, '|b1') "
-                             "(--block-mask)");
+      throw InputError(path,
+                       "block mask must be a bool array (numpy dtype bool, '|b1') "
+                       "(--block-mask)");
     const bool shared = h.shape.size() == 2 && h.shape[0] == nb && h.shape[1] == nb;
-    const bool per_head = h.shape.size() == 3 && h.shape[0] == s.heads && h.shape[1] == nb &&
-                          h.shape[2] == nb;
+    const bool per_head =
+        h.shape.size() == 3 && h.shape[0] == s.heads && h.shape[1] == nb && h.shape[2] == nb;
     if (!shared && !per_head) {
       std::string got;
       for (int64_t d : h.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      throw InputError(path, "block mask shape [" + got + "] does not match " +
-                                 std::to_string(s.heads) + " heads and N / block size = " +
-                                 std::to_string(s.seq_len) + " / " +
-                                 std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
-                                 " blocks: expected [" + std::to_string(s.heads) + ", " +
-                                 std::to_string(nb) + ", " + std::to_string(nb) + "] or [" +
-                                 std::to_string(nb) + ", " + std::to_string(nb) +
-                                 "] (--block-mask, --block-size)");
+      throw InputError(
+          path, "block mask shape [" + got + "] does not match " + std::to_string(s.heads) +
+                    " heads and N / block size = " + std::to_string(s.seq_len) + " / " +
+                    std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
+                    " blocks: expected [" + std::to_string(s.heads) + ", " + std::to_string(nb) +
+                    ", " + std::to_string(nb) + "] or [" + std::to_string(nb) + ", " +
+                    std::to_string(nb) + "] (--block-mask, --block-size)");
     }
     const std::vector<uint8_t> mask = read_npy_bool(path);
     description = "mask " + path;
-    return std::make_shared<const sparse::BlockLists>(sparse::lists_from_mask(
-        mask.data(), shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
+    return std::make_shared<const sparse::BlockLists>(
+        sparse::lists_from_mask(mask.data(), shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
   }
   const sparse::Geometry g{s.seq_len, cfg.block_size, s.heads};
   const sparse::Pattern p =
@@ -319,12 +320,14 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
   if (block_sparse && use_cuda) {
     if (opts.device == "cuda")
-      throw InputError("--device", "block-sparse attention runs on the CPU in this version (its "
-                                   "CUDA kernel is not written yet); use --device cpu or auto");
+      throw InputError("--device",
+                       "block-sparse attention runs on the CPU in this version (its "
+                       "CUDA kernel is not written yet); use --device cpu or auto");
     use_cuda = false;  // auto: the CPU block-sparse plan
     if (!opts.dtype.empty() && opts.dtype != "fp32")
-      throw InputError("--dtype", "'" + opts.dtype + "' needs the GPU, but block-sparse runs on "
-                                                     "the CPU, in fp32");
+      throw InputError("--dtype", "'" + opts.dtype +
+                                      "' needs the GPU, but block-sparse runs on "
+                                      "the CPU, in fp32");
     if (opts.kernel == "cudnn")
       throw InputError("--kernel", "'cudnn' is a CUDA kernel, but block-sparse runs on the CPU");
   }
@@ -342,8 +345,8 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     st.lists = block_lists(opts, cfg, pattern, st.pattern_text);
     const double work = sparse::attended_token_pairs(*st.lists, cfg.causal) *
                         static_cast<double>(cfg.shape.batch * cfg.shape.head_dim);
-    st.sampled_check = opts.check && (work > kCheckMaxWork ||
-                                      cfg.shape.numel() > kFullCheckMaxElements);
+    st.sampled_check =
+        opts.check && (work > kCheckMaxWork || cfg.shape.numel() > kFullCheckMaxElements);
     if (!opts.pattern_out_path.empty()) {
       const double bytes = static_cast<double>(st.lists->heads) *
                            static_cast<double>(st.lists->blocks) *
@@ -361,8 +364,8 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
                                     " operations > " +
                                     std::to_string(static_cast<long long>(kCheckMaxWork)) +
                                     "); use a smaller --seq-len, --batch or --heads");
-  st.layout = block_sparse ? sparse::sparse_layout(cfg, comm.size())
-                           : ring::make_layout(cfg, comm.size());
+  st.layout =
+      block_sparse ? sparse::sparse_layout(cfg, comm.size()) : ring::make_layout(cfg, comm.size());
   // Only rank 0 writes; it checks the paths before any work.
   if (comm.rank() == 0)
     for (const auto& [name, path] : {std::pair{"--out", &opts.out_path},
@@ -373,6 +376,8 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
                                      {"--dv-out", &opts.dv_out_path}})
       if (!path->empty()) check_output_path(name, *path);
   if (opts.threads > 0) omp_set_num_threads(opts.threads);
+  // Opens OpenBLAS now, so that a bad RINGATTN_BLAS_LIBRARY is reported before any work.
+  if (!use_cuda) (void)kernels::blas_info();
 
   const Shape4& s = cfg.shape;
   st.cfg = cfg;
@@ -480,7 +485,8 @@ std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicat
             [&](int64_t t) { return kv[1].data() + index_of(t); }, ref.data(), &ref_lse);
         for (int64_t c = 0; c < D; ++c) {
           const double g = st.o.data()[at + static_cast<std::size_t>(c)];
-          out_diff += (g - ref[static_cast<std::size_t>(c)]) * (g - ref[static_cast<std::size_t>(c)]);
+          out_diff +=
+              (g - ref[static_cast<std::size_t>(c)]) * (g - ref[static_cast<std::size_t>(c)]);
           out_want += ref[static_cast<std::size_t>(c)] * ref[static_cast<std::size_t>(c)];
         }
         const double got_lse = st.lse.data()[(b * H + h) * NL + r];
@@ -603,6 +609,8 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     rep.device_detail =
         st.cuda->device_description() + ", " + rep.dtype + " inputs, kernel " + rep.kernel;
     rep.notes = st.cuda->notes();
+  } else {
+    rep.blas = kernels::blas_info();
   }
   rep.threads = threads;
   rep.world_size = world;

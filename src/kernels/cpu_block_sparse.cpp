@@ -3,12 +3,12 @@
 // contiguous key range. sgemm on strided views throughout; one score tile per thread.
 #include "kernels/cpu_block_sparse.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu_blas.hpp"
 #include "kernels/cpu_math.hpp"
 #include "kernels/merge_lse.hpp"
 
@@ -82,8 +82,8 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
       const int64_t bk = std::min(tc.k_tile, kmax - j0);
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q,
-                  sz(p.q_stride), k, sz(sp.k_stride), 0.0f, w.s, sz(ld));
+      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, sz(p.q_stride), k,
+            sz(sp.k_stride), 0.0f, w.s, sz(ld));
       const int64_t diag = i0 + sp.causal_offset - j0;  // key j visible to row i iff j <= i+diag
       const bool crosses = p.causal && bk - 1 > diag;
       for (int64_t i = 0; i < bq; ++i) {
@@ -105,8 +105,8 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
           for (int64_t c = 0; c < d; ++c) arow[c] *= alpha;
         }
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), 1.0f, w.s,
-                  sz(ld), v, sz(sp.k_stride), 1.0f, w.acc, sz(d));
+      sgemm(CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), 1.0f, w.s, sz(ld), v,
+            sz(sp.k_stride), 1.0f, w.acc, sz(d));
     }
   }
 
@@ -150,11 +150,11 @@ void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const Ke
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
       const int ldk = sz(sp.k_stride);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q,
-                  sz(p.q_stride), k, ldk, 0.0f, w.s, sz(ld));
+      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, sz(p.q_stride), k, ldk,
+            0.0f, w.s, sz(ld));
       probabilities(w.s, ld, bq, bk, w.m, p.causal, i0 + sp.causal_offset - j0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout,
-                  sz(p.q_stride), v, ldk, 0.0f, w.ds, sz(ld));
+      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, sz(p.q_stride), v, ldk,
+            0.0f, w.ds, sz(ld));
       for (int64_t i = 0; i < bq; ++i) {
         float* dsrow = w.ds + i * ld;
         const float* prow = w.s + i * ld;
@@ -162,8 +162,8 @@ void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const Ke
 #pragma omp simd
         for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), p.scale, w.ds,
-                  sz(ld), k, ldk, 1.0f, w.acc, sz(d));
+      sgemm(CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), p.scale, w.ds, sz(ld), k, ldk, 1.0f,
+            w.acc, sz(d));
     }
   }
   for (int64_t i = 0; i < bq; ++i) {
@@ -198,14 +198,14 @@ void dkdv_tile(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
       if (!any) continue;
       const float* q = p.q + sp.q_row0 + i0 * p.q_stride;
       const float* dout = p.dout + sp.q_row0 + i0 * p.q_stride;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, ldq,
-                  k, ldk, 0.0f, w.s, sz(ld));
+      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, ldq, k, ldk, 0.0f, w.s,
+            sz(ld));
       probabilities(w.s, ld, bq, bk, w.m, p.causal, diag);
       // dV += Pᵀ dO ; dP = dO Vᵀ ; dS = P ∘ (dP − delta) ; dK += scale · dSᵀ Q
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), 1.0f, w.s,
-                  sz(ld), dout, ldq, 1.0f, w.dv, sz(d));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, ldq,
-                  v, ldk, 0.0f, w.ds, sz(ld));
+      sgemm(CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), 1.0f, w.s, sz(ld), dout, ldq, 1.0f,
+            w.dv, sz(d));
+      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, ldq, v, ldk, 0.0f, w.ds,
+            sz(ld));
       for (int64_t i = 0; i < bq; ++i) {
         float* dsrow = w.ds + i * ld;
         const float* prow = w.s + i * ld;
@@ -213,8 +213,8 @@ void dkdv_tile(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
 #pragma omp simd
         for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
       }
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), p.scale, w.ds,
-                  sz(ld), q, ldq, 1.0f, w.dk, sz(d));
+      sgemm(CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), p.scale, w.ds, sz(ld), q, ldq, 1.0f,
+            w.dk, sz(d));
     }
   }
   for (int64_t j = 0; j < bk; ++j) {
@@ -235,6 +235,7 @@ void run_tiles(std::span<const Tile> tiles, int64_t rows_per_tile_step, const Ti
                int64_t d, int threads, float* workspace, Fn&& fn) {
   const std::size_t per_thread = sparse_workspace_floats(tc, d);
   const auto n = static_cast<int64_t>(tiles.size());
+  const BlasSingleThreadScope one_thread_per_sgemm;
 #pragma omp parallel num_threads(threads)
   {
     const Scratch w =

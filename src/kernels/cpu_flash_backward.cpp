@@ -2,12 +2,12 @@
 // by tile from the saved lse (P = exp(S - lse)), D = rowsum(dO ∘ O), dS = P ∘ (dP − D),
 // and dQ, dK, dV are accumulated with sgemm on strided views. One thread owns a task, so
 // its dK/dV rows and its dQ rows have a single writer and the result is deterministic.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu_blas.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cpu_math.hpp"
 
@@ -72,8 +72,8 @@ void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfi
       float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
       const int ibq = static_cast<int>(bq), ibk = static_cast<int>(bk), id = static_cast<int>(d);
 
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k, ld_k,
-                  0.0f, w.p, static_cast<int>(ld));
+      sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k, ld_k, 0.0f, w.p,
+            static_cast<int>(ld));
       const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
       for (int64_t i = 0; i < bq; ++i) {
         float* prow = w.p + i * ld;
@@ -88,11 +88,11 @@ void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfi
         for (int64_t j = limit; j < bk; ++j) prow[j] = 0.0f;
       }
       // dV += dout_scale · Pᵀ dO
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ibk, id, ibq, p.dout_scale, w.p,
-                  static_cast<int>(ld), dout, ld_q, 1.0f, dv, ld_k);
+      sgemm(CblasTrans, CblasNoTrans, ibk, id, ibq, p.dout_scale, w.p, static_cast<int>(ld), dout,
+            ld_q, 1.0f, dv, ld_k);
       // dP = dout_scale · dO Vᵀ
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ibq, ibk, id, p.dout_scale, dout, ld_q,
-                  v, ld_k, 0.0f, w.ds, static_cast<int>(ld));
+      sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.dout_scale, dout, ld_q, v, ld_k, 0.0f, w.ds,
+            static_cast<int>(ld));
       for (int64_t i = 0; i < bq; ++i) {
         float* dsrow = w.ds + i * ld;
         const float* prow = w.p + i * ld;
@@ -101,10 +101,10 @@ void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfi
         for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
       }
       // dQ += scale · dS K ;  dK += scale · dSᵀ Q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ibq, id, ibk, p.scale, w.ds,
-                  static_cast<int>(ld), k, ld_k, 1.0f, w.dq, id);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ibk, id, ibq, p.scale, w.ds,
-                  static_cast<int>(ld), q, ld_q, 1.0f, dk, ld_k);
+      sgemm(CblasNoTrans, CblasNoTrans, ibq, id, ibk, p.scale, w.ds, static_cast<int>(ld), k, ld_k,
+            1.0f, w.dq, id);
+      sgemm(CblasTrans, CblasNoTrans, ibk, id, ibq, p.scale, w.ds, static_cast<int>(ld), q, ld_q,
+            1.0f, dk, ld_k);
     }
     for (int64_t i = 0; i < bq; ++i) {
       float* dqrow = p.dq + t.q_row0 + (i0 + i) * t.q_stride;
@@ -127,6 +127,7 @@ void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
                     const TileConfig& tiles, int threads, float* workspace) {
   const std::size_t per_thread = backward_workspace_floats(tiles, p.head_dim);
   const auto n_tasks = static_cast<int64_t>(tasks.size());
+  const BlasSingleThreadScope one_thread_per_sgemm;
 #pragma omp parallel num_threads(threads)
   {
     const BackwardScratch w = carve(

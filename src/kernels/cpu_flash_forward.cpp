@@ -2,12 +2,12 @@
 // online softmax (running max and sum per row), fp32 accumulation, and finish with out and
 // the natural-log lse. Score and P·V products are OpenBLAS sgemm calls on strided views;
 // no N×N matrix exists at any time, only one q_tile × k_tile score tile per thread.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu_blas.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cpu_math.hpp"
 #include "kernels/merge_lse.hpp"
@@ -51,9 +51,9 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
     const int64_t bk = std::min(tiles.k_tile, kmax - j0);
     const float* k = p.k + t.k_row0 + j0 * t.k_stride;
     const float* v = p.v + t.k_row0 + j0 * t.k_stride;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(bq), static_cast<int>(bk),
-                static_cast<int>(d), p.scale, q, static_cast<int>(t.q_stride), k,
-                static_cast<int>(t.k_stride), 0.0f, w.s, static_cast<int>(ldS));
+    sgemm(CblasNoTrans, CblasTrans, static_cast<int>(bq), static_cast<int>(bk), static_cast<int>(d),
+          p.scale, q, static_cast<int>(t.q_stride), k, static_cast<int>(t.k_stride), 0.0f, w.s,
+          static_cast<int>(ldS));
     const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
     for (int64_t i = 0; i < bq; ++i) {
       float* srow = w.s + i * ldS;
@@ -77,9 +77,9 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
         for (int64_t c = 0; c < d; ++c) arow[c] *= alpha;
       }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(bq),
-                static_cast<int>(d), static_cast<int>(bk), 1.0f, w.s, static_cast<int>(ldS), v,
-                static_cast<int>(t.k_stride), 1.0f, w.acc, static_cast<int>(d));
+    sgemm(CblasNoTrans, CblasNoTrans, static_cast<int>(bq), static_cast<int>(d),
+          static_cast<int>(bk), 1.0f, w.s, static_cast<int>(ldS), v, static_cast<int>(t.k_stride),
+          1.0f, w.acc, static_cast<int>(d));
   }
 
   for (int64_t i = 0; i < bq; ++i) {
@@ -115,6 +115,7 @@ void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
                    float* workspace) {
   const std::size_t per_thread = forward_workspace_floats(tiles, p.head_dim);
   const auto n_items = static_cast<int64_t>(items.size());
+  const BlasSingleThreadScope one_thread_per_sgemm;
 #pragma omp parallel num_threads(threads)
   {
     const ForwardScratch w = carve(

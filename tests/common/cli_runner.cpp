@@ -22,7 +22,7 @@ std::string slurp(const std::string& path) {
 }
 }  // namespace
 
-CliResult run_cli(const std::vector<std::string>& args) {
+CliResult run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env_add) {
   // RINGATTN_CLI_PATH in the environment overrides the compiled-in path (carried builds).
   const char* env = std::getenv("RINGATTN_CLI_PATH");
   std::vector<std::string> a = args;
@@ -33,7 +33,7 @@ CliResult run_cli(const std::vector<std::string>& args) {
                                      x == "--help" || x == "-h" || x == "--config";
                             }) != a.end();
   if (a.size() > 1 && a.front() == "run" && !names_device) a.insert(a.end(), {"--device", "cpu"});
-  return run_program(env && *env ? env : RINGATTN_CLI_PATH, a);
+  return run_program(env && *env ? env : RINGATTN_CLI_PATH, a, env_add);
 }
 
 CliResult run_program(const std::string& program, const std::vector<std::string>& args,

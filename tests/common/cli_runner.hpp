@@ -14,8 +14,8 @@ struct CliResult {
 
 // args exclude the program name; e.g. {"run", "--seq-len", "64"}. A `run` that names no
 // --device (and no --config, which may) gets `--device cpu`, so CPU tests stay CPU tests on
-// a machine with a GPU.
-CliResult run_cli(const std::vector<std::string>& args);
+// a machine with a GPU. `env` entries ("NAME=value") are added to the child's environment.
+CliResult run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {});
 
 // Runs any program (e.g. mpiexec) with `args`; `env` entries ("NAME=value") are added to the
 // child's environment.

@@ -1,0 +1,170 @@
+// Opening OpenBLAS (see cpu_blas.hpp): the file, its CPU kernels, and the one-thread-per-call
+// rule while CPU kernels run. Everything else calls through the table loaded here.
+#include "kernels/cpu_blas.hpp"
+
+#include <dlfcn.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "ringattn/errors.hpp"
+
+#ifndef RINGATTN_OPENBLAS_FILE
+#define RINGATTN_OPENBLAS_FILE "libopenblas.so.0"
+#endif
+
+namespace ringattn::kernels {
+
+namespace {
+
+using SgemmFn = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint,
+                         float, const float*, blasint, const float*, blasint, float, float*,
+                         blasint);
+
+struct OpenBlas {
+  SgemmFn sgemm = nullptr;
+  char* (*get_config)() = nullptr;
+  char* (*get_corename)() = nullptr;
+  int (*get_parallel)() = nullptr;
+  int (*get_num_threads)() = nullptr;
+  void (*set_num_threads)(int) = nullptr;
+  std::string file;
+  std::string core_from;
+};
+
+// The kernels for this CPU, from its feature bits (which any CPU newer than the OpenBLAS
+// release still reports), or nullptr to leave the choice to OpenBLAS.
+const char* core_from_cpu_features() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return nullptr;
+}
+
+template <typename Fn>
+void resolve(void* handle, const char* name, Fn& fn, const std::string& file) {
+  fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  if (!fn)
+    throw InputError("RINGATTN_BLAS_LIBRARY",
+                     file + " has no " + name + ": ringattn needs OpenBLAS (a libopenblas.so.0)");
+}
+
+OpenBlas open_blas() {
+  OpenBlas b;
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("RINGATTN_BLAS_LIBRARY"); env && *env)
+    candidates.emplace_back(env);
+  else
+    candidates = {RINGATTN_OPENBLAS_FILE, "libopenblas.so.0"};
+  // OpenBLAS reads OPENBLAS_CORETYPE in its constructor, which runs inside dlopen.
+  if (const char* set = std::getenv("OPENBLAS_CORETYPE"); set && *set) {
+    b.core_from = "OPENBLAS_CORETYPE";
+  } else if (const char* core = core_from_cpu_features()) {
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    b.core_from = "ringattn, from the CPU's features";
+  } else {
+    b.core_from = "OpenBLAS's own detection";
+  }
+  std::string tried;
+  void* handle = nullptr;
+  for (const std::string& c : candidates) {
+    // RTLD_LOCAL: our symbols come from this handle, whatever BLAS the host process has.
+    handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle) {
+      b.file = c;
+      break;
+    }
+    const char* why = dlerror();
+    tried += (tried.empty() ? "" : "; ") + c + ": " + (why ? why : "not found");
+  }
+  if (!handle && candidates.size() == 1)
+    throw InputError("RINGATTN_BLAS_LIBRARY",
+                     "cannot open '" + candidates[0] + "' (" + tried +
+                         "); name an OpenBLAS libopenblas.so.0, or unset it to use the OpenMP "
+                         "build found at build time");
+  if (!handle)
+    throw RuntimeFailure("cannot open OpenBLAS (" + tried +
+                         "); install libopenblas0-openmp, or set RINGATTN_BLAS_LIBRARY to an "
+                         "OpenBLAS libopenblas.so.0");
+  Dl_info dl{};
+  if (dladdr(dlsym(handle, "cblas_sgemm"), &dl) && dl.dli_fname) b.file = dl.dli_fname;
+  resolve(handle, "cblas_sgemm", b.sgemm, b.file);
+  resolve(handle, "openblas_get_config", b.get_config, b.file);
+  resolve(handle, "openblas_get_corename", b.get_corename, b.file);
+  resolve(handle, "openblas_get_parallel", b.get_parallel, b.file);
+  resolve(handle, "openblas_get_num_threads", b.get_num_threads, b.file);
+  resolve(handle, "openblas_set_num_threads", b.set_num_threads, b.file);
+  return b;  // the handle stays open for the process's life
+}
+
+const OpenBlas& blas() {
+  static const OpenBlas b = open_blas();
+  return b;
+}
+
+std::string threading_name(int parallel) {
+  return parallel == 0 ? "sequential" : parallel == 1 ? "pthreads" : "openmp";
+}
+
+std::mutex g_mu;
+int g_open_scopes = 0;
+int g_saved_threads = 0;
+
+// openblas_set_num_threads in the OpenMP build also calls omp_set_num_threads on this
+// thread; put the thread's own setting back.
+void set_blas_threads_keeping_omp(int n) {
+  const int omp_threads = omp_get_max_threads();
+  blas().set_num_threads(n);
+  omp_set_num_threads(omp_threads);
+}
+
+}  // namespace
+
+BlasInfo blas_info() {
+  const OpenBlas& b = blas();
+  BlasInfo info;
+  const char* cfg = b.get_config();
+  const char* core = b.get_corename();
+  info.config = cfg ? cfg : "OpenBLAS";
+  info.core = core ? core : "unknown";
+  info.core_from = b.core_from;
+  info.file = b.file;
+  info.threading = threading_name(b.get_parallel());
+  BlasSingleThreadScope scope;
+  info.threads_per_call = b.get_num_threads();
+  return info;
+}
+
+std::string BlasInfo::summary() const {
+  return config + "; kernels " + core + " (chosen by " + core_from + "); " + threading +
+         " build, " + std::to_string(threads_per_call) +
+         " thread(s) per call inside ringattn's regions; " + file;
+}
+
+void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k, float alpha,
+           const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  blas().sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+BlasSingleThreadScope::BlasSingleThreadScope() {
+  const OpenBlas& b = blas();  // opened before the region: its threads never race the open
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_open_scopes++ == 0) {
+    g_saved_threads = b.get_num_threads();
+    if (g_saved_threads != 1) set_blas_threads_keeping_omp(1);
+  }
+}
+
+BlasSingleThreadScope::~BlasSingleThreadScope() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (--g_open_scopes == 0 && g_saved_threads != 1) set_blas_threads_keeping_omp(g_saved_threads);
+}
+
+}  // namespace ringattn::kernels

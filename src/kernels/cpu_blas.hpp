@@ -1,0 +1,54 @@
+// The BLAS under the CPU kernels: which OpenBLAS is loaded, with which CPU kernels, and how
+// its calls are threaded. Every sgemm the kernels make runs inside their own OpenMP regions,
+// one call per thread on a small tile, so each call must stay on its calling thread; and
+// its speed must not depend on what else is installed. Two things made it so before:
+// Debian's alternatives hand out the pthreads build whenever libopenblas0-pthread is also
+// installed (3-13x slower: a second thread pool inside ours), and OpenBLAS 0.3.21 falls back
+// to its SSE3 "Prescott" kernels on CPUs newer than it knows (5x slower sgemm). So OpenBLAS
+// is opened here, not by the loader: the OpenMP build by its own path, after choosing its
+// kernels from the CPU's features.
+#pragma once
+
+#include <cblas.h>
+
+#include <string>
+
+namespace ringattn::kernels {
+
+struct BlasInfo {
+  std::string config;        // openblas_get_config(): version and build options
+  std::string core;          // openblas_get_corename(): the kernels in use on this CPU
+  std::string core_from;     // who chose them: OPENBLAS_CORETYPE, ringattn (CPUID), OpenBLAS
+  std::string file;          // the shared object opened
+  std::string threading;     // openblas_get_parallel(): "openmp", "pthreads" or "sequential"
+  int threads_per_call = 1;  // threads one sgemm uses inside ringattn's parallel regions
+  std::string summary() const;
+};
+
+// Opens OpenBLAS on first use (thread-safe) and says what it is. Which file: the one named by
+// RINGATTN_BLAS_LIBRARY if set, else the OpenMP build found at configure time, else
+// libopenblas.so.0 through the loader's search. Its kernels: OPENBLAS_CORETYPE if set, else
+// SkylakeX on CPUs with AVX-512 (F, CD, BW, DQ, VL), Haswell on CPUs with AVX2 and FMA, else
+// OpenBLAS's own choice. Throws RuntimeFailure naming what it tried when none opens.
+BlasInfo blas_info();
+
+// C = alpha · op(A) · op(B) + beta · C, row-major, on the calling thread (inside a scope).
+void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k, float alpha,
+           const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
+// Held by every CPU kernel entry around its parallel region: while any scope is open,
+// OpenBLAS runs each call on its calling thread. The OpenMP build does that by itself only
+// inside an *active* region (omp_in_parallel()); a one-thread region (--threads 1, one
+// thread per MPI or virtual rank) is inactive, and there it would start a team of its own.
+// A pthreads build always uses its pool. So the first scope sets OpenBLAS to one thread and
+// the last one to close restores the caller's setting (scopes on concurrent threads, e.g.
+// virtual ranks, share one count); the calling thread's OpenMP thread count is kept.
+class BlasSingleThreadScope {
+ public:
+  BlasSingleThreadScope();
+  ~BlasSingleThreadScope();
+  BlasSingleThreadScope(const BlasSingleThreadScope&) = delete;
+  BlasSingleThreadScope& operator=(const BlasSingleThreadScope&) = delete;
+};
+
+}  // namespace ringattn::kernels
