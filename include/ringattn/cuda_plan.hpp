@@ -60,6 +60,7 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
+  int device_ = 0;
 };
 
 // Bytes of device memory ringattn holds now / has held at most (tensors and workspace).

@@ -245,6 +245,7 @@ KernelChoice kernel_of(const std::string& name) {
 void setup_cuda(const RunOptions& opts, RunState& st) {
   st.dtype = dtype_of(opts.dtype.empty() ? "bf16" : opts.dtype);
   st.cuda.emplace(st.cfg, CudaPlanOptions{st.dtype, kernel_of(opts.kernel), 0});
+  st.dtype = st.cuda->dtype();  // fp32 where the tensor-core kernels do not fit the device
   const std::size_t n = st.q.size(), n_lse = st.lse.size();
   const std::size_t in_bytes = n * (st.dtype == DeviceDType::fp32 ? 4 : 2);
   auto upload = [&](DeviceBuffer& d, HostTensor& h, const char* what) {

@@ -113,23 +113,35 @@ CudaDeviceStatus probe_cuda_device(int device) noexcept {
 }
 
 // ---- DeviceBuffer -------------------------------------------------------------------------
-DeviceBuffer::DeviceBuffer(std::size_t bytes, const char* what, int device)
-    : ptr_(kc::device_allocate(bytes, what, device, nullptr)), bytes_(bytes) {
+// Every entry point makes the buffer's device current (and puts the caller's back): the
+// legacy default stream these use is per device.
+DeviceBuffer::DeviceBuffer(std::size_t bytes, const char* what, int device) : device_(device) {
+  const kc::ScopedDevice on(device);
+  ptr_ = kc::device_allocate(bytes, what, device, nullptr);
+  bytes_ = bytes;
   // Allocated on the legacy default stream: usable by any stream once that is done.
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) kc::device_free(ptr_, bytes_, nullptr);
+  if (!ptr_) return;
+  const kc::ScopedDevice on(device_, std::nothrow);
+  kc::device_free(ptr_, bytes_, nullptr);
+  kc::release_unused_device_memory(device_);
 }
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) {
   o.ptr_ = nullptr;
   o.bytes_ = 0;
 }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_) kc::device_free(ptr_, bytes_, nullptr);
+    if (ptr_) {
+      const kc::ScopedDevice on(device_, std::nothrow);
+      kc::device_free(ptr_, bytes_, nullptr);
+    }
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;
+    device_ = o.device_;
     o.ptr_ = nullptr;
     o.bytes_ = 0;
   }
@@ -137,6 +149,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 void DeviceBuffer::upload(const float* host, std::size_t count, DeviceDType t) {
+  const kc::ScopedDevice on(device_);
   const kc::Elem e = elem_of(t);
   const std::size_t bytes = count * static_cast<std::size_t>(kc::elem_bytes(e));
   if (bytes > bytes_) throw RuntimeFailure("DeviceBuffer::upload: buffer too small");
@@ -157,10 +170,14 @@ void DeviceBuffer::upload(const float* host, std::size_t count, DeviceDType t) {
 
 void DeviceBuffer::download(float* host, std::size_t count) const {
   if (count * sizeof(float) > bytes_) throw RuntimeFailure("DeviceBuffer::download: too many");
+  const kc::ScopedDevice on(device_);
   RINGATTN_CUDA_CHECK(cudaMemcpy(host, ptr_, count * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-void DeviceBuffer::zero() { RINGATTN_CUDA_CHECK(cudaMemset(ptr_, 0, bytes_)); }
+void DeviceBuffer::zero() {
+  const kc::ScopedDevice on(device_);
+  RINGATTN_CUDA_CHECK(cudaMemset(ptr_, 0, bytes_));
+}
 
 std::size_t device_bytes_now() noexcept { return kc::device_bytes_now(); }
 std::size_t device_bytes_peak() noexcept { return kc::device_bytes_peak(); }
@@ -181,12 +198,14 @@ struct CudaPlan::Impl {
   bool vector_loads = false;
   bool use_cudnn = false;
   bool decide_on_first_forward = false;
+  bool noted_unaligned = false;
 #if RINGATTN_HAVE_CUDNN
   std::unique_ptr<kc::CudnnSdpa> cudnn;
 #endif
   std::vector<std::string> notes;
 
   ~Impl() {
+    const kc::ScopedDevice on(opts.device, std::nothrow);
     // Device memory goes back to the pool, ordered after the plan's work; then the stream.
     tasks.reset();
     q_items.reset();
@@ -199,6 +218,7 @@ struct CudaPlan::Impl {
       (void)cudaStreamSynchronize(stream);
       (void)cudaStreamDestroy(stream);
     }
+    kc::release_unused_device_memory(opts.device);
   }
 
   void native_forward(const void* q, const void* k, const void* v, float* out, float* lse) {
@@ -281,7 +301,17 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   m.elem = elem_of(opts.dtype);
   m.device = probe_cuda_device(opts.device);
   if (!m.device.usable) throw InputError("--device", "'cuda' cannot be used: " + m.device.reason);
-  RINGATTN_CUDA_CHECK(cudaSetDevice(opts.device));
+  const kc::ScopedDevice on(opts.device);
+  // The tensor-core kernels' shared memory against this device's opt-in limit; where they do
+  // not fit, the fp32 kernels (little shared memory) run instead.
+  if (m.elem != kc::Elem::fp32) {
+    const std::string why = kc::native_kernels_fit(cfg.shape.head_dim, m.elem, opts.device);
+    if (!why.empty()) {
+      m.notes.push_back(why + "; running the fp32 kernels instead");
+      m.opts.dtype = DeviceDType::fp32;
+      m.elem = kc::Elem::fp32;
+    }
+  }
   // A blocking stream: work on the legacy default stream (DeviceBuffer's copies) orders
   // against it.
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
@@ -310,6 +340,13 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       if (opts.kernel == KernelChoice::cudnn)
         m.notes.push_back(std::string("--kernel cudnn: cuDNN cannot run this configuration (") +
                           e.what() + "); using the native kernels");
+    } catch (const kc::DeviceOutOfMemory& e) {
+      // cuDNN's scratch and workspace come on top of what native needs: a configuration
+      // native can run must not fail for them.
+      m.cudnn.reset();
+      m.notes.push_back(std::string("--kernel ") + to_string(opts.kernel) +
+                        ": no device memory for cuDNN's scratch and workspace (" + e.what() +
+                        "); using the native kernels");
     }
 #else
     if (opts.kernel == KernelChoice::cudnn)
@@ -344,10 +381,24 @@ std::string CudaPlan::device_description() const {
   return d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) + ")";
 }
 
-void CudaPlan::synchronize() { RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void CudaPlan::synchronize() {
+  const kc::ScopedDevice on(impl_->opts.device);
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
 
 void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
+  const kc::ScopedDevice on(m.opts.device);
+  // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
+  const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
+  if (m.cudnn && !cudnn_can_read) {
+    if (!m.noted_unaligned)
+      m.notes.push_back(
+          "cuDNN needs 16-byte aligned q/k/v; these are not, so the native kernels ran");
+    m.noted_unaligned = true;
+    m.run_forward(false, q, k, v, out, lse);
+    return;
+  }
   if (m.decide_on_first_forward) {
     m.decide_on_first_forward = false;
 #if RINGATTN_HAVE_CUDNN
@@ -375,6 +426,7 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
 void CudaPlan::backward(const void* q, const void* k, const void* v, const float* out,
                         const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
+  const kc::ScopedDevice on(m.opts.device);
   const Shape4& s = m.cfg.shape;
   const std::size_t bytes = static_cast<std::size_t>(s.numel()) * sizeof(float);
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));

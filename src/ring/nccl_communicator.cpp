@@ -8,12 +8,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::ring {
@@ -110,8 +112,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    const kernels::cuda::ScopedDevice on(device_, std::nothrow);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
-    if (comm_ && !aborted_) {
+    if (comm_ && !aborted_.load()) {
       // Finalize flushes outstanding work; if that fails or cannot finish in time, abort.
       bool clean = true;
       try {
@@ -122,7 +125,7 @@ class NcclCommunicator final : public Communicator {
       }
       if (clean)
         ncclCommDestroy(comm_);
-      else if (!aborted_)
+      else if (!aborted_.exchange(true))
         ncclCommAbort(comm_);
     }
     if (stream_) cudaStreamDestroy(stream_);
@@ -137,11 +140,14 @@ class NcclCommunicator final : public Communicator {
   }
   MemorySpace memory_space() const override { return MemorySpace::device; }
   void stream_wait(void* cuda_event) override {
+    const kernels::cuda::ScopedDevice on(device_);
     RINGATTN_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(cuda_event), 0));
   }
 
   std::unique_ptr<PendingExchange> start(std::span<const Transfer> sends,
                                          std::span<const Transfer> recvs, int) override {
+    // Called on the ring's progress thread, whose current device may be another GPU.
+    const kernels::cuda::ScopedDevice on(device_);
     // Tags are not needed: NCCL matches sends and receives between a pair of ranks in
     // issue order, and both sides issue the ring's exchanges in the same order.
     RINGATTN_NCCL_CHECK(ncclGroupStart());
@@ -167,8 +173,12 @@ class NcclCommunicator final : public Communicator {
       nccl_fail(state, comm_, rank_, "asynchronous NCCL operation", __FILE__, __LINE__);
     return false;
   }
-  void record(cudaEvent_t ev) { RINGATTN_NCCL_CUDA_CHECK(cudaEventRecord(ev, stream_)); }
+  void record(cudaEvent_t ev) {
+    const kernels::cuda::ScopedDevice on(device_);
+    RINGATTN_NCCL_CUDA_CHECK(cudaEventRecord(ev, stream_));
+  }
   bool query(cudaEvent_t ev) {
+    const kernels::cuda::ScopedDevice on(device_);
     const cudaError_t rc = cudaEventQuery(ev);
     if (rc == cudaSuccess) return true;
     if (rc != cudaErrorNotReady) cuda_fail(rc, rank_, "cudaEventQuery", __FILE__, __LINE__);
@@ -190,17 +200,21 @@ class NcclCommunicator final : public Communicator {
     control_.broadcast(data, bytes, root);
   }
 
+  // The watchdog calls this from its own thread while the progress thread may be inside
+  // NCCL; the first caller aborts, later ones (and abort()) only report.
   std::string cancel_in_flight() override {
-    if (aborted_) return "NCCL communicator already aborted";
     const char* last = ncclGetLastError(comm_);
     const std::string why = last && *last ? last : "no NCCL error recorded";
+    if (aborted_.exchange(true)) return "NCCL communicator already aborted";
+    const kernels::cuda::ScopedDevice on(device_, std::nothrow);
     ncclCommAbort(comm_);
-    aborted_ = true;
     return "NCCL communicator aborted (ncclCommAbort); ncclGetLastError: " + why;
   }
   [[noreturn]] void abort(int exit_code) override {
-    if (!aborted_ && comm_) ncclCommAbort(comm_);
-    aborted_ = true;
+    if (comm_ && !aborted_.exchange(true)) {
+      const kernels::cuda::ScopedDevice on(device_, std::nothrow);
+      ncclCommAbort(comm_);
+    }
     control_.abort(exit_code);
     std::_Exit(exit_code);  // not reached: control_.abort ends the job
   }
@@ -237,7 +251,7 @@ class NcclCommunicator final : public Communicator {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};  // set once, by whichever thread aborts first
   std::vector<cudaEvent_t> free_events_;
 };
 

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -21,8 +23,10 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/flash_params.hpp"
 #include "kernels/merge_lse.hpp"
 #endif
+#include "kernels/cuda/tiles.hpp"
 
 namespace ringattn {
 namespace {
@@ -331,6 +335,172 @@ TEST(CudaKernels, DeviceLseMergeMatchesTheHostMerge) {
   d_la.download(got_l.data(), got_l.size());
   EXPECT_LE(relative_error(got_o.data(), want_o.data(), got_o.size()), 1e-6);
   EXPECT_LE(relative_error(got_l.data(), want_l.data(), got_l.size()), 1e-6);
+}
+#endif
+
+// ---- the review's fixes (issue 10): each fails on the code before its fix ----------------
+
+// The tensor-core kernels' shared memory fits the smallest opt-in limit among supported GPUs
+// (compute capability 8.6/8.9: 101,376 bytes); the D = 256 backward asked for 101,632.
+TEST(CudaSharedMemory, EveryInstantiationFitsComputeCapability86) {
+  for (int d : {64, 128, 256}) {
+    const int fwd = kernels::cuda::forward_smem_bytes(d, 2);
+    const int bwd = kernels::cuda::backward_smem_bytes(d, 2);
+    std::printf("  D=%d: forward %d bytes, backward %d bytes (limit %d)\n", d, fwd, bwd,
+                kernels::cuda::kSmallestOptInSharedBytes);
+    EXPECT_LE(fwd, kernels::cuda::kSmallestOptInSharedBytes) << d;
+    EXPECT_LE(bwd, kernels::cuda::kSmallestOptInSharedBytes) << d;
+  }
+}
+
+#if RINGATTN_TEST_HAVE_CUDA
+TEST(CudaSharedMemory, TheDeviceTakesTheTensorCoreKernels) {
+  REQUIRE_GPU();
+  for (int64_t d : {64, 128, 256})
+    EXPECT_EQ(kernels::cuda::native_kernels_fit(d, kernels::cuda::Elem::bf16, 0), "") << d;
+}
+
+// ringattn keeps its memory in a pool of its own: the device's default pool (shared with
+// every cudaMallocAsync user in the process) keeps its settings, and memory freed by
+// ringattn goes back to the driver once nothing of ringattn's is left on the device.
+TEST(CudaMemory, APrivatePoolThatGivesMemoryBackWhenThePlansAreGone) {
+  REQUIRE_GPU();
+  ASSERT_EQ(device_bytes_now(), 0u) << "another test left device memory allocated";
+  std::size_t free_before = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  {
+    DeviceBuffer big(std::size_t{4} << 30, "a 4 GiB tensor");
+    AttentionConfig cfg;
+    cfg.shape = {1, 4096, 8, 64};
+    CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::native, 0});
+    std::size_t free_during = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_during, &total), cudaSuccess);
+    EXPECT_LT(free_during + (std::size_t{4} << 30), free_before + (std::size_t{64} << 20));
+  }
+  std::size_t free_after = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  std::printf("  free before %zu MiB, after %zu MiB\n", free_before >> 20, free_after >> 20);
+  EXPECT_GE(free_after + (std::size_t{64} << 20), free_before);
+  cudaMemPool_t shared = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&shared, 0), cudaSuccess);
+  uint64_t threshold = 1;
+  ASSERT_EQ(cudaMemPoolGetAttribute(shared, cudaMemPoolAttrReleaseThreshold, &threshold),
+            cudaSuccess);
+  EXPECT_EQ(threshold, 0u) << "the device's default pool was reconfigured";
+}
+
+// --kernel auto must not fail for cuDNN's scratch and workspace when native fits: with
+// RINGATTN_DEVICE_MEMORY_LIMIT leaving room for native only, it runs native with a note.
+TEST(CudaMemory, AutoFallsBackToNativeWhenCudnnsScratchDoesNotFit) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, 4096, 8, 64};
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
+  Inputs in = random_inputs(cfg.shape, 21);
+  DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), out(n * 4, "out"), lse(nl * 4, "lse");
+  q.upload(in.q.data(), n, DeviceDType::bf16);
+  k.upload(in.k.data(), n, DeviceDType::bf16);
+  v.upload(in.v.data(), n, DeviceDType::bf16);
+  // Native needs its work lists and D (well under 1 MiB here); cuDNN's output scratch alone
+  // is n * 2 bytes = 4 MiB.
+  const std::string limit = std::to_string(device_bytes_now() + (std::size_t{1} << 20));
+  ASSERT_EQ(setenv("RINGATTN_DEVICE_MEMORY_LIMIT", limit.c_str(), 1), 0);
+  std::vector<std::string> notes;
+  std::string kernel;
+  try {
+    CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::automatic, 0});
+    plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+    plan.synchronize();
+    notes = plan.notes();
+    kernel = plan.kernel_name();
+  } catch (const std::exception& e) {
+    unsetenv("RINGATTN_DEVICE_MEMORY_LIMIT");
+    FAIL() << "--kernel auto failed instead of running native: " << e.what();
+  }
+  unsetenv("RINGATTN_DEVICE_MEMORY_LIMIT");
+  EXPECT_EQ(kernel, "native");
+  bool noted = false;
+  for (const auto& note : notes) {
+    std::printf("  note: %s\n", note.c_str());
+    noted = noted || note.find("no device memory for cuDNN") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+  std::vector<float> got(n);
+  out.download(got.data(), n);
+  for (std::vector<float>* x : {&in.q, &in.k, &in.v})
+    round_to_device_dtype(x->data(), n, DeviceDType::bf16);
+  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
+}
+
+// cuDNN's tensors are declared 16-byte aligned: q/k/v that are not (views at an offset) run
+// on the native kernels, with a note, and give the right answer.
+TEST(CudaKernels, CudnnLeavesUnalignedInputsToNative) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, 512, 4, 64};
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
+  Inputs in = random_inputs(cfg.shape, 23);
+  constexpr std::size_t kShift = 4;  // elements: 8 bytes, so 8- but not 16-byte aligned
+  auto shifted = [&](const std::vector<float>& x, DeviceBuffer& buf) {
+    std::vector<float> padded(kShift, 0.0f);
+    padded.insert(padded.end(), x.begin(), x.end());
+    buf.upload(padded.data(), padded.size(), DeviceDType::bf16);
+    return static_cast<char*>(buf.data()) + kShift * 2;
+  };
+  DeviceBuffer bq((n + kShift) * 2, "q"), bk((n + kShift) * 2, "k"), bv((n + kShift) * 2, "v");
+  DeviceBuffer out(n * 4, "out"), lse(nl * 4, "lse");
+  const void* q = shifted(in.q, bq);
+  const void* k = shifted(in.k, bk);
+  const void* v = shifted(in.v, bv);
+  CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::cudnn, 0});
+  plan.forward(q, k, v, out.as<float>(), lse.as<float>());
+  plan.synchronize();
+  bool noted = false;
+  for (const auto& note : plan.notes()) {
+    std::printf("  note: %s\n", note.c_str());
+    noted = noted || note.find("16-byte aligned") != std::string::npos;
+  }
+  EXPECT_TRUE(noted || plan.kernel_name() == "native");
+  std::vector<float> got(n);
+  out.download(got.data(), n);
+  for (std::vector<float>* x : {&in.q, &in.k, &in.v})
+    round_to_device_dtype(x->data(), n, DeviceDType::bf16);
+  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
+}
+
+// A plan and its buffers on device 1, used from a thread whose current device is 0: every
+// entry point makes the plan's device current, and puts the caller's back.
+TEST(CudaKernels, EntryPointsWorkFromAThreadWhoseCurrentDeviceIsAnother) {
+  REQUIRE_GPU();
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count < 2) GTEST_SKIP() << "SKIPPED: needs two GPUs (this machine has " << count << ")";
+  AttentionConfig cfg;
+  cfg.shape = {1, 256, 2, 64};
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  Inputs in = random_inputs(cfg.shape, 29);
+  DeviceBuffer q(n * 2, "q", 1), k(n * 2, "k", 1), v(n * 2, "v", 1), out(n * 4, "out", 1),
+      lse(512 * 4, "lse", 1);
+  q.upload(in.q.data(), n, DeviceDType::bf16);
+  k.upload(in.k.data(), n, DeviceDType::bf16);
+  v.upload(in.v.data(), n, DeviceDType::bf16);
+  CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::native, 1});
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+  plan.synchronize();
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
+  std::vector<float> got(n);
+  out.download(got.data(), n);
+  for (std::vector<float>* x : {&in.q, &in.k, &in.v})
+    round_to_device_dtype(x->data(), n, DeviceDType::bf16);
+  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
 }
 #endif
 

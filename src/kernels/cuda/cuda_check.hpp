@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <new>
 #include <string>
 
 #include "ringattn/errors.hpp"
@@ -17,6 +18,37 @@ namespace ringattn::kernels::cuda {
   throw RuntimeFailure(std::string("CUDA error at ") + file + ":" + std::to_string(line) + ": " +
                        what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
+
+// Makes `device` current on this host thread for the scope's life and puts the previous one
+// back: every entry point of an object bound to a GPU (a plan, a communicator) may be called
+// from another thread (the ring's progress thread, a framework's worker) whose current device
+// is another, and CUDA's current device is per thread. Restoring keeps an embedding
+// framework's own choice intact.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) {
+      const cudaError_t err = cudaSetDevice(device);
+      if (err != cudaSuccess) throw_cuda_error(err, "cudaSetDevice", __FILE__, __LINE__);
+      changed_ = true;
+    }
+  }
+  // For destructors: errors are ignored (the calls that follow report them, or nothing can).
+  ScopedDevice(int device, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    changed_ = previous_ != device && cudaSetDevice(device) == cudaSuccess;
+  }
+  ~ScopedDevice() {
+    if (changed_ && previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
 
 }  // namespace ringattn::kernels::cuda
 

@@ -37,6 +37,16 @@ struct CudnnApi {
   std::string error;  // non-empty: the library could not be loaded
 };
 
+// CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR exists from cuDNN 9.13 on; an older library
+// fails on it with an opaque descriptor error, so the version is checked first.
+constexpr std::size_t kUnifiedSdpaVersion = 91300;
+
+// cudnnGetVersion() since 9.0: major·10000 + minor·100 + patch.
+std::string version_text(std::size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
 template <typename F>
 void resolve(void* lib, const char* name, F& fn, std::string& missing) {
   fn = reinterpret_cast<F>(dlsym(lib, name));
@@ -73,8 +83,10 @@ const CudnnApi& api() {
     }
     std::string optional;
     resolve(lib, "cudnnGetLastErrorString", a.GetLastErrorString, optional);
-    if (a.GetVersion() < 90000)
-      a.error = "cuDNN " + std::to_string(a.GetVersion()) + " is older than 9.0";
+    if (a.GetVersion() < kUnifiedSdpaVersion)
+      a.error = "cuDNN " + version_text(a.GetVersion()) +
+                " is older than 9.13, the first with the unified SDPA operation this path "
+                "uses (upgrade cuDNN to use it)";
   });
   return a;
 }
@@ -153,6 +165,10 @@ struct View {
   ViewResultParams place;   // where its rows go in out/lse (pointers filled per call)
   int64_t elem_offset = 0;  // of its first element in q/k/v/o ([B, N, H, D])
   int64_t stats_rows = 0;
+  // The execution plan refers to its engine configuration, operation graph, operation and
+  // tensor descriptors: they are kept for the plan's life (destroyed after it: the plan is
+  // declared last, so it goes first).
+  std::vector<Desc> plan_inputs;
   std::unique_ptr<Desc> plan;
   int64_t workspace = 0;
 };
@@ -203,13 +219,28 @@ std::vector<View> views_of(const AttentionConfig& cfg) {
   return views;
 }
 
+// An owned cuDNN handle: released on every path, also when building the plans throws.
+class Handle {
+ public:
+  Handle() { RINGATTN_CUDNN_CHECK(api().Create(&h_)); }
+  ~Handle() {
+    if (h_) (void)api().Destroy(h_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  cudnnHandle_t get() const { return h_; }
+
+ private:
+  cudnnHandle_t h_ = nullptr;
+};
+
 class CudnnSdpaImpl final : public CudnnSdpa {
  public:
   CudnnSdpaImpl(const AttentionConfig& cfg, Elem e, int device, cudaStream_t stream)
       : cfg_(cfg), elem_(e) {
     const CudnnApi& a = api();
-    RINGATTN_CUDNN_CHECK(a.Create(&handle_));
-    RINGATTN_CUDNN_CHECK(a.SetStream(handle_, stream));
+    cudnnHandle_t handle = handle_.get();
+    RINGATTN_CUDNN_CHECK(a.SetStream(handle, stream));
     const Shape4& s = cfg.shape;
     const cudnnDataType_t type = e == Elem::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
     const int64_t H = s.heads, D = s.head_dim;
@@ -238,9 +269,11 @@ class CudnnSdpaImpl final : public CudnnSdpa {
       op.finalize();
       Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
       graph.set_desc(CUDNN_ATTR_OPERATIONGRAPH_OPS, op);
-      graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+      graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
       graph.finalize();
-      v.plan = best_plan(graph);
+      Desc engine_cfg = best_plan(graph, v.plan);
+      for (Desc* d : {&q, &k, &vv, &o, &stats, &scale, &op, &graph, &engine_cfg})
+        v.plan_inputs.push_back(std::move(*d));
       RINGATTN_CUDNN_CHECK(a.GetAttribute(v.plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                           CUDNN_TYPE_INT64, 1, nullptr, &v.workspace));
       max_ws = std::max(max_ws, v.workspace);
@@ -255,15 +288,12 @@ class CudnnSdpaImpl final : public CudnnSdpa {
     version_ = api().GetVersion();
   }
 
-  ~CudnnSdpaImpl() override {
-    views_.clear();  // plans before the handle
-    if (handle_) (void)api().Destroy(handle_);
-  }
+  ~CudnnSdpaImpl() override = default;  // views_ (plans) go before handle_ (declared first)
 
   void forward(const void* q, const void* k, const void* v, float* out, float* lse,
                cudaStream_t stream) override {
     const CudnnApi& a = api();
-    RINGATTN_CUDNN_CHECK(a.SetStream(handle_, stream));
+    RINGATTN_CUDNN_CHECK(a.SetStream(handle_.get(), stream));
     const int64_t bytes = elem_ == Elem::fp32 ? 4 : 2;
     const float scale = static_cast<float>(cfg_.effective_scale());
     auto at = [&](const void* base, int64_t elems) {
@@ -283,7 +313,7 @@ class CudnnSdpaImpl final : public CudnnSdpa {
       pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 6, ptrs.data());
       pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
       pack.finalize();
-      RINGATTN_CUDNN_CHECK(a.Execute(handle_, view.plan->get(), pack.get()));
+      RINGATTN_CUDNN_CHECK(a.Execute(handle_.get(), view.plan->get(), pack.get()));
       ViewResultParams r = view.place;
       r.o_scratch = o_scratch_.get();
       r.stats = stats_.as<float>();
@@ -298,12 +328,13 @@ class CudnnSdpaImpl final : public CudnnSdpa {
   }
 
   std::string description() const override {
-    return "cuDNN " + std::to_string(version_) + ", " + std::to_string(views_.size()) + " views";
+    return "cuDNN " + version_text(version_) + ", " + std::to_string(views_.size()) + " views";
   }
 
  private:
-  // The first engine configuration of heuristics mode A whose plan finalises.
-  std::unique_ptr<Desc> best_plan(Desc& graph) {
+  // The first engine configuration of heuristics mode A whose plan finalises: the plan goes
+  // to `plan`, its engine configuration is returned (the plan refers to it).
+  Desc best_plan(Desc& graph, std::unique_ptr<Desc>& plan_out) {
     const CudnnApi& a = api();
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
@@ -326,10 +357,14 @@ class CudnnSdpaImpl final : public CudnnSdpa {
     std::string last_error;
     for (int64_t i = 0; i < got; ++i) {
       auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+      cudnnHandle_t handle = handle_.get();
+      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
       plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[static_cast<std::size_t>(i)]);
       const cudnnStatus_t st = a.Finalize(plan->get());
-      if (st == CUDNN_STATUS_SUCCESS) return plan;
+      if (st == CUDNN_STATUS_SUCCESS) {
+        plan_out = std::move(plan);
+        return std::move(configs[static_cast<std::size_t>(i)]);
+      }
       last_error = a.GetErrorString(st);
     }
     throw CudnnUnavailable("none of " + std::to_string(got) +
@@ -338,7 +373,7 @@ class CudnnSdpaImpl final : public CudnnSdpa {
 
   AttentionConfig cfg_;
   Elem elem_;
-  cudnnHandle_t handle_ = nullptr;
+  Handle handle_;  // before views_: destroyed after every plan made with it
   std::vector<View> views_;
   DeviceAllocation o_scratch_, stats_, workspace_;
   std::size_t version_ = 0;
@@ -361,10 +396,10 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e,
     return std::make_unique<CudnnSdpaImpl>(cfg, e, device, stream);
   } catch (const CudnnUnavailable&) {
     throw;
+  } catch (const DeviceOutOfMemory&) {
+    throw;  // the caller decides (CudaPlan falls back to native with a note)
   } catch (const RuntimeFailure& err) {
-    const std::string what = err.what();
-    if (what.find("out of device memory") != std::string::npos) throw;
-    throw CudnnUnavailable(what);  // a descriptor or engine cuDNN refuses: use native
+    throw CudnnUnavailable(err.what());  // a descriptor or engine cuDNN refuses: use native
   }
 }
 

@@ -28,7 +28,8 @@ class CudnnUnavailable : public std::runtime_error {
 class CudnnSdpa {
  public:
   // Builds and finalises one execution plan per view. Throws CudnnUnavailable when the
-  // library, an engine or the configuration does not fit; RuntimeFailure on OOM.
+  // library (older than 9.13 included), an engine or the configuration does not fit;
+  // DeviceOutOfMemory when its scratch and workspace do not fit the device.
   static std::unique_ptr<CudnnSdpa> create(const AttentionConfig& cfg, Elem e, int device,
                                            cudaStream_t stream);
   virtual ~CudnnSdpa() = default;

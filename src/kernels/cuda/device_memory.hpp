@@ -1,14 +1,25 @@
-// Device memory: one stream-ordered pool per device (cudaMallocAsync from a cudaMemPool_t
-// whose release threshold keeps freed memory in the pool, so a second plan reuses what the
-// first gave back), counted like host allocations so that --json can report the peak.
-// Out-of-memory is a RuntimeFailure (exit 3) that says how much was asked and what to do.
+// Device memory: one private stream-ordered pool per device (cudaMallocFromPoolAsync from a
+// cudaMemPool_t of our own, never the device's default pool, whose settings every other
+// cudaMallocAsync user in the process shares). Freed memory stays in the pool while any
+// ringattn allocation is alive, so repeated calls (benchmarks, a training loop) allocate
+// nothing new; when the last plan on a device goes, the pool gives it all back. Counted like
+// host allocations so that --json can report the peak. Out-of-memory is a DeviceOutOfMemory
+// (a RuntimeFailure, exit 3) that says how much was asked and what to do, after one retry
+// with the pool trimmed.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 
+#include "ringattn/errors.hpp"
+
 namespace ringattn::kernels::cuda {
+
+class DeviceOutOfMemory : public RuntimeFailure {
+ public:
+  using RuntimeFailure::RuntimeFailure;
+};
 
 // Allocates `bytes` on `device` from its pool, ordered on `stream`. `what` names the buffer
 // in the out-of-memory message.
@@ -16,6 +27,10 @@ void* device_allocate(std::size_t bytes, const char* what, int device, cudaStrea
 // Returns memory to the pool, ordered on `stream` (never throws; errors are ignored because
 // it runs in destructors).
 void device_free(void* p, std::size_t bytes, cudaStream_t stream) noexcept;
+
+// Returns the pool's unused memory on `device` to the driver if ringattn holds nothing on
+// it any more (called when a plan is destroyed, after its stream has finished).
+void release_unused_device_memory(int device) noexcept;
 
 // Bytes held through device_allocate now, and the most ever held (all devices).
 std::size_t device_bytes_now() noexcept;

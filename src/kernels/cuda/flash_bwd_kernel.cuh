@@ -21,13 +21,12 @@ struct BackwardTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 64;  // rows a block owns (16 per warp): queries or keys
-  static constexpr int kStep = kHeadDim > 128 ? 32 : 64;  // rows of the other side per step
-  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kStep = backward_step(kHeadDim);  // rows of the other side per step
+  static constexpr int kPitch = kHeadDim + kRowPad;
   static_assert(kRows == kQueryTile && kRows == kKeyTile, "items are made for these tiles");
   template <typename T>
   static constexpr int smem_bytes() {
-    return (2 * kRows + 2 * kStep) * kPitch * static_cast<int>(sizeof(T)) +
-           2 * kStep * static_cast<int>(sizeof(float));
+    return backward_smem_bytes(kHeadDim, static_cast<int>(sizeof(T)));
   }
 };
 
@@ -141,8 +140,6 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   T* sV = sK + Tiles::kRows * kPitch;
   T* sQ = sV + Tiles::kRows * kPitch;
   T* sdO = sQ + kStep * kPitch;
-  float* sL = reinterpret_cast<float*>(sdO + kStep * kPitch);  // lse·log2e (+inf: P = 0)
-  float* sD = sL + kStep;                                      // D · dout_scale/out_scale
 
   const ForwardItem item = p.k_items[blockIdx.x];
   const SubseqTask t = p.tasks[item.task];
@@ -178,14 +175,21 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, dout, t.q_stride, i0, t.n_q, p.head_dim,
                                                     p.vector_loads);
     cp_async_commit();
-    for (int idx = static_cast<int>(threadIdx.x); idx < kStep; idx += kThreads) {
-      const int64_t qi = i0 + idx;
-      const bool valid = qi < t.n_q;
-      const int64_t at = t.lse0 + qi * t.lse_stride;
-      const float L = valid ? p.lse[at] : kNegInf;
-      sL[idx] = L == kNegInf ? INFINITY : L * kLog2e;
-      sD[idx] = valid ? p.delta[at] * d_factor : 0.0f;
-    }
+    // This thread's query columns' lse·log2e (+inf: P = 0) and D · dout_scale/out_scale, in
+    // registers (read while the tiles are in flight; shared memory holds only the tiles, so
+    // D = 256 fits the 99 KiB of compute capability 8.6/8.9).
+    float colL[kStep / 8][2], colD[kStep / 8][2];
+#pragma unroll
+    for (int n = 0; n < kStep / 8; ++n)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int64_t qi = i0 + n * 8 + tig * 2 + u;
+        const bool valid = qi < t.n_q;
+        const int64_t at = t.lse0 + qi * t.lse_stride;
+        const float L = valid ? p.lse[at] : kNegInf;
+        colL[n][u] = L == kNegInf ? INFINITY : L * kLog2e;
+        colD[n][u] = valid ? p.delta[at] * d_factor : 0.0f;
+      }
     cp_async_wait<0>();
     __syncthreads();
 
@@ -205,13 +209,13 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
         const int c = n * 8 + tig * 2 + (e & 1);
         const int64_t kj = key[e >> 1];
         const bool masked = kj >= t.n_k || (p.causal && kj > i0 + c + t.causal_offset);
-        const float pr = masked ? 0.0f : exp2f(pt[n][e] * scale_log2 - sL[c]);
-        pt[n][e] = pr;                                        // Pᵀ
-        dst[n][e] = pr * (dst[n][e] * p.dout_scale - sD[c]);  // dSᵀ
+        const float pr = masked ? 0.0f : exp2f(pt[n][e] * scale_log2 - colL[n][e & 1]);
+        pt[n][e] = pr;                                                // Pᵀ
+        dst[n][e] = pr * (dst[n][e] * p.dout_scale - colD[n][e & 1]);  // dSᵀ
       }
     warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dv, pt, sdO, lane);
     warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dk, dst, sQ, lane);
-    __syncthreads();  // before the next step overwrites sQ, sdO, sL, sD
+    __syncthreads();  // before the next step overwrites sQ and sdO
   }
   cp_async_wait<0>();
 

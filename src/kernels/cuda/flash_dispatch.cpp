@@ -1,5 +1,8 @@
 // Runtime (element type, head dim) → compile-time instantiation: the one switch where the
 // run-time shape picks a kernel (the BOOL_SWITCH habit of STYLE.md, for two enums).
+#include <algorithm>
+
+#include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/flash_params.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -22,6 +25,20 @@ void head_dim_switch(int head_dim, F&& f) {
 }
 
 }  // namespace
+
+std::string native_kernels_fit(int64_t head_dim, Elem e, int device) {
+  if (e == Elem::fp32) return {};
+  int limit = 0;
+  RINGATTN_CUDA_CHECK(
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int d = padded_head_dim(head_dim), bytes = elem_bytes(e);
+  const int need = std::max(forward_smem_bytes(d, bytes), backward_smem_bytes(d, bytes));
+  if (need <= limit) return {};
+  return "the " + std::string(to_string(e)) + " tensor-core kernels for head dim " +
+         std::to_string(d) + " need " + std::to_string(need) +
+         " bytes of shared memory per block; device " + std::to_string(device) + " allows " +
+         std::to_string(limit);
+}
 
 void flash_forward(Elem e, const FlashForwardParams& p, cudaStream_t stream) {
   auto run = [&]<Elem E, int D>() { launch_flash_forward<E, D>(p, stream); };

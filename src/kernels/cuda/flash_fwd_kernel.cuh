@@ -16,12 +16,12 @@ struct ForwardTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = kQueryTile;                // 16 per warp
-  static constexpr int kKeys = kHeadDim > 128 ? 32 : 64;  // keys per step (registers)
-  static constexpr int kPitch = kHeadDim + 8;             // +16 bytes: conflict-free ldmatrix rows
+  static constexpr int kKeys = forward_key_step(kHeadDim);  // keys per step (registers)
+  static constexpr int kPitch = kHeadDim + kRowPad;  // +16 bytes: conflict-free ldmatrix rows
   static_assert(kRows == kWarps * 16, "one 16-row mma tile per warp");
   template <typename T>
   static constexpr int smem_bytes() {
-    return (kRows + 2 * kKeys) * kPitch * static_cast<int>(sizeof(T));
+    return forward_smem_bytes(kHeadDim, static_cast<int>(sizeof(T)));
   }
 };
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cuda/tiles.hpp"
@@ -72,6 +73,10 @@ void launch_flash_backward(const FlashBackwardParams& p, cudaStream_t stream);
 
 // Dispatch on (element type, head dim) to the instantiations above; fp32 goes to the simple
 // CUDA-core kernels (simple_fp32.cu), which handle any head dim up to 256.
+// Empty when the tensor-core kernels for `head_dim` in `e` fit `device`'s opt-in shared
+// memory per block; otherwise why not (sizes and limit), for a note.
+std::string native_kernels_fit(int64_t head_dim, Elem e, int device);
+
 void flash_forward(Elem e, const FlashForwardParams& p, cudaStream_t stream);
 void flash_backward(Elem e, const FlashBackwardParams& p, cudaStream_t stream);
 

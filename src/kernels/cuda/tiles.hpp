@@ -15,4 +15,27 @@ constexpr int kKeyTile = 64;
 // with the extra columns read as zeros and never written.
 constexpr int padded_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
+// Dynamic shared memory of the tensor-core kernels, per instantiation (16-bit elements), so
+// host code can check it against a device's opt-in limit before launching. Rows are padded
+// by 8 elements (16 bytes) so ldmatrix rows fall in distinct banks.
+constexpr int kRowPad = 8;
+constexpr int forward_key_step(int head_dim) { return head_dim > 128 ? 32 : 64; }
+constexpr int backward_step(int head_dim) { return head_dim > 128 ? 32 : 64; }
+// Forward: Q (kQueryTile rows), one K and one V tile.
+constexpr int forward_smem_bytes(int head_dim, int elem_bytes) {
+  return (kQueryTile + 2 * forward_key_step(head_dim)) * (head_dim + kRowPad) * elem_bytes;
+}
+// Backward, both passes: the block's own two tiles (Q, dO or K, V) and one step of the other
+// side's two (K, V or Q, dO). Per-row softmax statistics live in registers.
+constexpr int backward_smem_bytes(int head_dim, int elem_bytes) {
+  return (2 * kQueryTile + 2 * backward_step(head_dim)) * (head_dim + kRowPad) * elem_bytes;
+}
+// The smallest opt-in limit among the GPUs the kernels support (compute capability 8.6 and
+// 8.9: 99 KiB per block); 8.0/8.7 allow 163 KiB, 9.0 227 KiB.
+constexpr int kSmallestOptInSharedBytes = 101376;
+
+static_assert(forward_smem_bytes(256, 2) <= kSmallestOptInSharedBytes &&
+                  backward_smem_bytes(256, 2) <= kSmallestOptInSharedBytes,
+              "the D = 256 kernels must fit compute capability 8.6/8.9 (99 KiB per block)");
+
 }  // namespace ringattn::kernels::cuda
