@@ -245,7 +245,14 @@ class CudnnSdpaImpl final : public CudnnSdpa {
     const cudnnDataType_t type = e == Elem::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
     const int64_t H = s.heads, D = s.head_dim;
     views_ = views_of(cfg);
+    // The scratch tensors first: when they do not fit, fail before the (seconds long) plan
+    // building.
     int64_t max_stats = 0, max_ws = 0;
+    for (const View& v : views_) max_stats = std::max(max_stats, v.stats_rows);
+    const std::size_t o_bytes = static_cast<std::size_t>(s.numel()) * (e == Elem::fp32 ? 4 : 2);
+    o_scratch_ = DeviceAllocation(o_bytes, "the cuDNN output scratch", device, stream);
+    stats_ = DeviceAllocation(static_cast<std::size_t>(max_stats) * sizeof(float),
+                              "the cuDNN softmax stats", device, stream);
     for (View& v : views_) {
       const ViewResultParams& r = v.place;
       const int64_t bs = s.batch * (s.seq_len / r.segment);
@@ -277,12 +284,7 @@ class CudnnSdpaImpl final : public CudnnSdpa {
       RINGATTN_CUDNN_CHECK(a.GetAttribute(v.plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                           CUDNN_TYPE_INT64, 1, nullptr, &v.workspace));
       max_ws = std::max(max_ws, v.workspace);
-      max_stats = std::max(max_stats, v.stats_rows);
     }
-    const std::size_t o_bytes = static_cast<std::size_t>(s.numel()) * (e == Elem::fp32 ? 4 : 2);
-    o_scratch_ = DeviceAllocation(o_bytes, "the cuDNN output scratch", device, stream);
-    stats_ = DeviceAllocation(static_cast<std::size_t>(max_stats) * sizeof(float),
-                              "the cuDNN softmax stats", device, stream);
     workspace_ =
         DeviceAllocation(static_cast<std::size_t>(max_ws), "the cuDNN workspace", device, stream);
     version_ = api().GetVersion();

@@ -1,5 +1,6 @@
 // The tensor-core flash forward, one block per work item (kQueryTile query rows of one
-// task): Q stays in shared memory, K and V tiles stream through it, each warp keeps its 16
+// task): Q stays in shared memory, K and V tiles stream through it (for D = 256 K is
+// double-buffered: the next tile loads while this one's P·V runs), each warp keeps its 16
 // rows' running max, running sum and fp32 output accumulator in registers (online softmax
 // in the log2 domain), and the epilogue writes out/lse or merges into them by log-sum-exp.
 #pragma once
@@ -15,8 +16,9 @@ template <int kHeadDim>
 struct ForwardTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRows = kQueryTile;                // 16 per warp
-  static constexpr int kKeys = forward_key_step(kHeadDim);  // keys per step (registers)
+  static constexpr int kRows = kQueryTile;                            // 16 per warp
+  static constexpr int kKeys = forward_key_step(kHeadDim);            // keys per step (registers)
+  static constexpr bool kPrefetchK = forward_prefetches_k(kHeadDim);  // two K tiles
   static constexpr int kPitch = kHeadDim + kRowPad;  // +16 bytes: conflict-free ldmatrix rows
   static_assert(kRows == kWarps * 16, "one 16-row mma tile per warp");
   template <typename T>
@@ -47,8 +49,9 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
 
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + Tiles::kRows * kPitch;
-  T* sV = sK + kKeys * kPitch;
+  // K tiles: two with forward_prefetches_k (D = 256), else one (sK[1] is then unused).
+  T* sK[2] = {sQ + Tiles::kRows * kPitch, sQ + (Tiles::kRows + kKeys) * kPitch};
+  T* sV = sQ + (Tiles::kRows + (Tiles::kPrefetchK ? 2 : 1) * kKeys) * kPitch;
 
   const ForwardItem item = p.items[blockIdx.x];
   const SubseqTask t = p.tasks[item.task];
@@ -79,20 +82,41 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
 #pragma unroll
   for (int d = 0; d < kHeadDim / 8; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
 
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
-    load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK, k, t.k_stride, j0, t.n_k, p.head_dim,
-                                                    p.vector_loads);
+  // With kPrefetchK, K_j was issued one step ahead (the prologue issues K_0); each step adds
+  // V_j, and K_{j+1} once S_j is computed, so K's latency hides behind P·V. Without it, each
+  // step issues K_j and V_j itself.
+  constexpr bool kPrefetchK = Tiles::kPrefetchK;
+  if constexpr (kPrefetchK) {
+    if (n_keys > 0)
+      load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK[0], k, t.k_stride, 0, t.n_k, p.head_dim,
+                                                      p.vector_loads);
     cp_async_commit();
+  }
+  int buf = 0;
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
+    if constexpr (!kPrefetchK) {
+      load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK[0], k, t.k_stride, j0, t.n_k, p.head_dim,
+                                                      p.vector_loads);
+      cp_async_commit();
+    }
     load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sV, v, t.k_stride, j0, t.n_k, p.head_dim,
                                                     p.vector_loads);
     cp_async_commit();
-    cp_async_wait<1>();  // Q and K have landed; V may still be in flight
+    cp_async_wait<1>();  // Q and K_j have landed; V_j may still be in flight
     __syncthreads();
 
     float s[kKeys / 8][4];
 #pragma unroll
     for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    warp_mma_rows_rows<T, kKeys, kHeadDim, kPitch>(s, sQ + warp * 16 * kPitch, sK, lane);
+    warp_mma_rows_rows<T, kKeys, kHeadDim, kPitch>(s, sQ + warp * 16 * kPitch, sK[buf], lane);
+    if constexpr (kPrefetchK) {
+      // K_{j+1} into the other buffer: its last reader, S_{j-1}, finished before the barrier
+      // that ended step j-1. An empty group when there is no next tile keeps the count.
+      if (j0 + kKeys < n_keys)
+        load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK[buf ^ 1], k, t.k_stride, j0 + kKeys,
+                                                        t.n_k, p.head_dim, p.vector_loads);
+      cp_async_commit();
+    }
 
     // Keys past the view's end, and (causal) keys in a row's future, get -inf. Only tiles
     // that reach past the end or across the diagonal need the per-element test.
@@ -136,10 +160,11 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
       }
     }
 
-    cp_async_wait<0>();  // V has landed
+    cp_async_wait<kPrefetchK ? 1 : 0>();  // V_j has landed (K_{j+1} may be in flight)
     __syncthreads();
     warp_mma_regs_rows<T, kHeadDim, kKeys, kPitch>(acc, s, sV, lane);
-    __syncthreads();  // every warp is done with sK and sV before the next tile lands
+    __syncthreads();  // every warp is done with sV and sK[buf] before they are refilled
+    if constexpr (kPrefetchK) buf ^= 1;
   }
   cp_async_wait<0>();  // a block with no visible keys still waits for its Q copy
 

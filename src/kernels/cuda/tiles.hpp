@@ -21,9 +21,15 @@ constexpr int padded_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 
 constexpr int kRowPad = 8;
 constexpr int forward_key_step(int head_dim) { return head_dim > 128 ? 32 : 64; }
 constexpr int backward_step(int head_dim) { return head_dim > 128 ? 32 : 64; }
-// Forward: Q (kQueryTile rows), one K and one V tile.
+// Forward K tiles double-buffered (the next loads while this one's P·V runs) only for
+// D = 256: measured on an H100 (bench/results/gpu-h100-20261123-*/ab_forward.txt) it is 6%
+// faster there, where 2-3 blocks fit an SM, and 3-4% slower for D <= 128, where the extra
+// shared memory costs resident blocks that were hiding the load already.
+constexpr bool forward_prefetches_k(int head_dim) { return head_dim > 128; }
+// Forward: Q (kQueryTile rows), one or two K tiles and one V tile.
 constexpr int forward_smem_bytes(int head_dim, int elem_bytes) {
-  return (kQueryTile + 2 * forward_key_step(head_dim)) * (head_dim + kRowPad) * elem_bytes;
+  return (kQueryTile + (forward_prefetches_k(head_dim) ? 3 : 2) * forward_key_step(head_dim)) *
+         (head_dim + kRowPad) * elem_bytes;
 }
 // Backward, both passes: the block's own two tiles (Q, dO or K, V) and one step of the other
 // side's two (K, V or Q, dO). Per-row softmax statistics live in registers.
