@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ make
   libboost-program-options-dev libgtest-dev nlohmann-json3-dev libopenblas-openmp-dev
+  libboost-context-dev python3-pip
   libopenmpi-dev openmpi-bin
   slurm-wlm munge
 )
