@@ -136,7 +136,7 @@ TEST(CpAsync, BadAddressesFaultNamingTheThread) {
   EXPECT_TRUE(faults(
       [&] {
         launch(LaunchConfig{"cp_async_past_end", Dim3{1}, Dim3{32}, 256},
-               [&] { cp_async_cg_16(SharedAddress{16 * threadIdx.x}, src.values); });
+               [&] { cp_async_cg_16(SharedAddress{threadIdx.x == 16 ? 256u : 0u}, src.values); });
       },
       "cp_async_past_end", Dim3{0, 0, 0}, Dim3{16, 0, 0}, "outside the block's 256-byte arena"));
   EXPECT_TRUE(faults(

@@ -72,10 +72,10 @@ TEST(SharedMemory, MisalignedAccessFaults) {
       [] {
         launch(LaunchConfig{"misaligned", Dim3{1}, Dim3{4}, 64}, [] {
           const SharedPtr<unsigned char> bytes = dynamic_shared_memory<unsigned char>();
-          *(bytes + 2 + threadIdx.x * 4).as<float>() = 1.0f;
+          *(bytes + threadIdx.x * 4 + (threadIdx.x == 2 ? 2 : 0)).as<float>() = 1.0f;
         });
       },
-      "misaligned", Dim3{0, 0, 0}, Dim3{0, 0, 0}, "is not 4-byte aligned"));
+      "misaligned", Dim3{0, 0, 0}, Dim3{2, 0, 0}, "offset 10 is not 4-byte aligned"));
 }
 
 TEST(SharedMemory, KernelWithoutSharedMemoryHasAnEmptyArena) {

@@ -129,9 +129,9 @@ TEST(Shuffle, BadWidthFaults) {
   EXPECT_TRUE(faults(
       [] {
         launch(LaunchConfig{"width", Dim3{1}, Dim3{32}, 0},
-               [] { (void)__shfl_sync(kFull, 1, 0, 12); });
+               [] { (void)__shfl_sync(kFull, 1, 0, threadIdx.x == 4 ? 12 : 32); });
       },
-      "width", Dim3{0, 0, 0}, Dim3{0, 0, 0}, "width 12 is not a power of two"));
+      "width", Dim3{0, 0, 0}, Dim3{4, 0, 0}, "width 12 is not a power of two"));
 }
 
 }  // namespace
