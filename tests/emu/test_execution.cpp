@@ -146,6 +146,17 @@ TEST(Execution, BarrierCountsEveryThreadOfAPartialWarp) {
   for (int t = 0; t < 40; ++t) EXPECT_EQ(out[t], 39 - t);
 }
 
+void scale_kernel(float* data, float factor, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) data[i] *= factor;
+}
+
+TEST(Execution, LaunchesAKernelFunctionWithItsArguments) {
+  std::vector<float> data(100, 2.0f);
+  launch(LaunchConfig{"scale_kernel", Dim3{4}, Dim3{32}, 0}, scale_kernel, data.data(), 1.5f, 100);
+  for (float x : data) EXPECT_EQ(x, 3.0f);
+}
+
 TEST(Execution, LaunchRefusesWhatCudaRefuses) {
   EXPECT_THROW(launch(LaunchConfig{"k", Dim3{1}, Dim3{1025}, 0}, [] {}), EmuUsageError);
   EXPECT_THROW(launch(LaunchConfig{"k", Dim3{0}, Dim3{32}, 0}, [] {}), EmuUsageError);
