@@ -8,6 +8,9 @@ packages=(
   # The pthreads OpenBLAS too: many machines have it (and Debian then selects it); the tests
   # check that ringattn's speed and threading do not depend on it.
   libopenblas0-pthread
+  # The emulated GPU (build-emu): Boost.Context fibers; pip fetches CUTLASS headers for the
+  # fragment-layout check.
+  libboost-context-dev python3-pip
   libopenmpi-dev openmpi-bin
   slurm-wlm munge
 )

@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite with CTest.
-# Tests that need hardware this machine lacks print why they skip.
+# Installs what is missing, builds, and runs the whole test suite with CTest; then builds
+# the SIMT emulator into ./build-emu and runs its tests (label gpu-emu), so the GPU
+# primitives run on every machine. Tests that need hardware this machine lacks print why
+# they skip.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+start=$SECONDS
 "$root/scripts/build.sh"
-cd "$root/build"
-ctest --output-on-failure --timeout 600 -j "$(nproc)"
+(cd "$root/build" && ctest --output-on-failure --timeout 600 -j "$(nproc)")
+main_s=$((SECONDS - start))
+
+# The emulator needs none of CUDA, MPI or the benchmarks; only its own targets are built.
+start=$SECONDS
+cmake -S "$root" -B "$root/build-emu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERROR=ON \
+  -DRINGATTN_CUDA_EMULATION=ON -DRINGATTN_WITH_CUDA=OFF -DRINGATTN_WITH_MPI=OFF \
+  -DRINGATTN_BUILD_BENCH=OFF
+cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests
+(cd "$root/build-emu" && ctest -L gpu-emu --output-on-failure --timeout 600 -j "$(nproc)")
+emu_s=$((SECONDS - start))
+echo "test.sh: main suite ${main_s} s (build + ctest); emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"

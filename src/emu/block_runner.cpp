@@ -1,0 +1,253 @@
+// The fiber scheduler of one block: barrier intervals, warp order, warp-collective matching,
+// and the faults for what real hardware would hang on or leave undefined.
+#include "emu/block_runner.hpp"
+
+#include <bit>
+#include <cstdio>
+#include <utility>
+
+#include "emu/builtin_indices.hpp"
+#include "emu/fault.hpp"
+
+namespace ringattn::emu {
+namespace {
+
+thread_local BlockRunner* tl_block = nullptr;
+thread_local ThreadState* tl_thread = nullptr;
+
+std::string hex(std::uint32_t mask) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", mask);
+  return text;
+}
+
+// Where lane `u` is instead of at the collective `op` that another lane waits at.
+std::string whereabouts(const ThreadState& u, const WarpOp& op, std::uint32_t mask) {
+  switch (u.at) {
+    case ThreadAt::barrier:
+      return "waits at __syncthreads() at " + describe(u.where);
+    case ThreadAt::exited:
+      return "has exited";
+    case ThreadAt::warp_op:
+      if (!u.op->matches(op))
+        return "waits at " + std::string(u.op->name()) + " at " + describe(u.where);
+      return "waits at the same collective with mask " + hex(u.op_mask) + " instead of " +
+             hex(mask) + " at " + describe(u.where);
+    case ThreadAt::ready:
+      break;
+  }
+  return "is still running";
+}
+
+}  // namespace
+
+std::string describe(std::source_location where) {
+  return std::string(where.file_name()) + ":" + std::to_string(where.line());
+}
+
+BlockRunner::BlockRunner(const LaunchConfig& config, const ExecutionMode& mode, StackPool& stacks)
+    : config_(config),
+      mode_(mode),
+      stacks_(stacks),
+      n_threads_(static_cast<unsigned>(volume(config.block))),
+      n_warps_((n_threads_ + kWarpSize - 1) / kWarpSize) {}
+
+unsigned BlockRunner::lanes_in(unsigned w) const {
+  return w + 1 < n_warps_ ? kWarpSize : n_threads_ - w * kWarpSize;
+}
+
+std::uint32_t BlockRunner::warp_lanes_mask(unsigned w) const {
+  const unsigned lanes = lanes_in(w);
+  return lanes == kWarpSize ? 0xffffffffu : (1u << lanes) - 1u;
+}
+
+std::uint64_t BlockRunner::salt(std::uint64_t a, std::uint64_t b, std::uint64_t c) const {
+  std::uint64_t h = block_linear_ * 0x9e3779b97f4a7c15ull;
+  for (const std::uint64_t x : {a, b, c})
+    h = (h ^ x) * 0xff51afd7ed558ccdull + 0x632be59bd9b4e019ull;
+  return h;
+}
+
+void BlockRunner::run(Dim3 block_index, std::uint64_t block_linear,
+                      const std::function<void()>& body) {
+  block_index_ = block_index;
+  block_linear_ = block_linear;
+  arena_.reset(config_.shared_bytes);
+  threads_ = std::vector<ThreadState>(n_warps_ * kWarpSize);
+  BlockRunner* const outer = std::exchange(tl_block, this);
+  std::exception_ptr failure;
+  try {
+    schedule(body);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  // Threads still suspended (after a fault) unwind here, outside any handler.
+  for (ThreadState& t : threads_) t.fiber = boost::context::fiber();
+  threads_.clear();
+  tl_block = outer;
+  if (failure) std::rethrow_exception(failure);
+}
+
+void BlockRunner::schedule(const std::function<void()>& body) {
+  for (unsigned i = 0; i < n_threads_; ++i) {
+    ThreadState& t = threads_[i];
+    t.index = unlinear(i, config_.block);
+    t.warp = i / kWarpSize;
+    t.lane = i % kWarpSize;
+    t.fiber = boost::context::fiber(
+        std::allocator_arg, PooledStack{&stacks_}, [this, &t, &body](boost::context::fiber&& back) {
+          t.back = std::move(back);
+          try {
+            body();
+          } catch (const boost::context::detail::forced_unwind&) {
+            throw;  // the fiber is being destroyed: let Boost.Context unwind it
+          } catch (...) {
+            t.failure = std::current_exception();
+          }
+          t.at = ThreadAt::exited;
+          t.copies.land_all(arena_);
+          return std::move(t.back);
+        });
+  }
+  for (std::uint64_t interval = 0;; ++interval) {
+    for (const unsigned w : run_order(mode_, n_warps_, salt(1, interval, 0))) run_warp(w, interval);
+    // Every thread now waits at the barrier or has exited.
+    const ThreadState* waiting = nullptr;
+    const ThreadState* gone = nullptr;
+    for (unsigned i = 0; i < n_threads_; ++i) {
+      const ThreadState& t = threads_[i];
+      if (t.at == ThreadAt::barrier && !waiting) waiting = &t;
+      if (t.at == ThreadAt::exited && !gone) gone = &t;
+    }
+    if (!waiting) return;
+    if (gone) {
+      fault_at(*gone, "exited while other threads of its block wait at __syncthreads() (thread " +
+                          to_string(waiting->index) + " at " + describe(waiting->where) + ")");
+    }
+    for (unsigned i = 0; i < n_threads_; ++i) threads_[i].at = ThreadAt::ready;  // all waited
+  }
+}
+
+void BlockRunner::run_warp(unsigned w, std::uint64_t interval) {
+  const unsigned lanes = lanes_in(w);
+  for (std::uint64_t round = 0;; ++round) {
+    if (mode_.order == RunOrder::shuffled) {
+      for (const unsigned l : run_order(mode_, lanes, salt(2, interval, round * 4096 + w)))
+        if (thread(w, l).at == ThreadAt::ready) resume(thread(w, l));
+    } else {
+      for (unsigned i = 0; i < lanes; ++i) {
+        const unsigned l = mode_.order == RunOrder::forward ? i : lanes - 1 - i;
+        if (thread(w, l).at == ThreadAt::ready) resume(thread(w, l));
+      }
+    }
+    if (!perform_warp_ops(w)) return;
+  }
+}
+
+bool BlockRunner::perform_warp_ops(unsigned w) {
+  const unsigned lanes = lanes_in(w);
+  const std::uint32_t existing = warp_lanes_mask(w);
+  bool performed = false;
+  for (unsigned l = 0; l < lanes; ++l) {
+    ThreadState& t = thread(w, l);
+    if (t.at != ThreadAt::warp_op) continue;
+    const std::string name(t.op->name());
+    const std::uint32_t mask = t.op_mask;
+    const std::string at = " (at " + describe(t.where) + ")";
+    if (t.op_aligned && lanes < kWarpSize) {
+      fault_at(t, name + " needs a full warp, but warp " + std::to_string(w) + " has " +
+                      std::to_string(lanes) + " threads" + at);
+    }
+    if ((mask & ~existing) != 0) {
+      fault_at(t, name + " with mask " + hex(mask) + " names lanes that warp " + std::to_string(w) +
+                      " (" + std::to_string(lanes) + " threads) lacks" + at);
+    }
+    if ((mask >> l & 1u) == 0) {
+      fault_at(t, name + " with mask " + hex(mask) + " leaves out the calling lane " +
+                      std::to_string(l) + at);
+    }
+    WarpLanes group;
+    group.mask = mask;
+    unsigned arrived = 0;
+    const ThreadState* missing = nullptr;
+    for (unsigned m = 0; m < lanes; ++m) {
+      if ((mask >> m & 1u) == 0) continue;
+      ThreadState& u = thread(w, m);
+      if (u.at == ThreadAt::warp_op && u.op->matches(*t.op) && u.op_mask == mask) {
+        ++arrived;
+        group.op[m] = u.op;
+        group.thread[m] = &u;
+      } else if (!missing) {
+        missing = &u;
+      }
+    }
+    if (missing) {
+      fault_at(t, name + " (mask " + hex(mask) + ") reached by only " + std::to_string(arrived) +
+                      " of the " + std::to_string(std::popcount(mask)) + " lanes of warp " +
+                      std::to_string(w) + " that must take part" + at + "; lane " +
+                      std::to_string(missing->lane) + " (thread " + to_string(missing->index) +
+                      ") " + whereabouts(*missing, *t.op, mask));
+    }
+    t.op->perform(group);
+    for (unsigned m = 0; m < lanes; ++m) {
+      if (group.thread[m]) {
+        ThreadState& u = thread(w, m);
+        u.at = ThreadAt::ready;
+        u.op = nullptr;
+      }
+    }
+    performed = true;
+  }
+  return performed;
+}
+
+void BlockRunner::resume(ThreadState& t) {
+  tl_thread = &t;
+  ::threadIdx = t.index;
+  ::blockIdx = block_index_;
+  ::blockDim = config_.block;
+  ::gridDim = config_.grid;
+  t.fiber = std::move(t.fiber).resume();
+  tl_thread = nullptr;
+  if (t.failure) std::rethrow_exception(t.failure);
+}
+
+BlockRunner& current_block() {
+  if (!tl_block) throw EmuUsageError("an emulated device intrinsic was called outside a kernel");
+  return *tl_block;
+}
+
+ThreadState& current_thread() {
+  if (!tl_thread) throw EmuUsageError("an emulated device intrinsic was called outside a kernel");
+  return *tl_thread;
+}
+
+namespace {
+void suspend(ThreadState& t) { t.back = std::move(t.back).resume(); }
+}  // namespace
+
+void arrive_at_barrier(std::source_location where) {
+  ThreadState& t = current_thread();
+  t.at = ThreadAt::barrier;
+  t.where = where;
+  suspend(t);
+}
+
+void arrive_at_warp_op(WarpOp& op, std::uint32_t mask, bool aligned, std::source_location where) {
+  ThreadState& t = current_thread();
+  t.at = ThreadAt::warp_op;
+  t.op = &op;
+  t.op_mask = aligned ? current_block().warp_lanes_mask(t.warp) : mask;
+  t.op_aligned = aligned;
+  t.where = where;
+  suspend(t);
+}
+
+void fault_at(const ThreadState& t, const std::string& problem) {
+  const BlockRunner& block = current_block();
+  throw EmuFault(block.config().kernel, block.block_index(), t.index, problem);
+}
+
+void fault_here(const std::string& problem) { fault_at(current_thread(), problem); }
+
+}  // namespace ringattn::emu

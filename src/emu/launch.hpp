@@ -1,0 +1,31 @@
+// Launching a kernel on the emulator: the grid's blocks run one after another on the
+// calling thread (in the execution mode's block order), each with its own fibers and
+// shared-memory arena. A fault anywhere stops the launch and is rethrown to the caller.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "emu/dim3.hpp"
+
+namespace ringattn::emu {
+
+struct LaunchConfig {
+  std::string kernel;  // named in every fault
+  Dim3 grid;
+  Dim3 block;
+  std::uint32_t shared_bytes = 0;  // dynamic shared memory per block
+};
+
+// Runs `body` once per thread of every block. Throws EmuUsageError for a configuration
+// CUDA would refuse (no threads, more than 1024 per block, ...) and EmuFault from a thread.
+void launch(const LaunchConfig& config, const std::function<void()>& body);
+
+// kernel<<<grid, block, shared_bytes>>>(args...): each thread gets its own copies.
+template <typename... Params, typename... Args>
+void launch(const LaunchConfig& config, void (*kernel)(Params...), const Args&... args) {
+  launch(config, std::function<void()>([&] { kernel(args...); }));
+}
+
+}  // namespace ringattn::emu
