@@ -4,23 +4,17 @@ itself (CUDA events, warm-up, median of 20, random data): a bf16 8192^3 matrix p
 through PyTorch (cuBLAS) and a device-to-device copy of 2 GiB (bytes read plus written).
 Prints one JSON line; run_bench.py's table quotes it."""
 import json
+import os
+import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_rows import time_ms  # noqa: E402  (CUDA events, warm-up, median)
+
 
 def median_ms(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t = []
-    for _ in range(iters):
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        t.append(a.elapsed_time(b))
-    return sorted(t)[len(t) // 2]
+    return time_ms(fn, warmup, iters)[0]
 
 
 def main():

@@ -360,6 +360,27 @@ TEST(CudaSharedMemory, TheDeviceTakesTheTensorCoreKernels) {
     EXPECT_EQ(kernels::cuda::native_kernels_fit(d, kernels::cuda::Elem::bf16, 0), "") << d;
 }
 
+// The device's bf16 forward `out` against the float64 reference of the rounded inputs.
+void expect_bf16_forward_matches(const AttentionConfig& cfg, Inputs in, const DeviceBuffer& out) {
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  std::vector<float> got(n);
+  out.download(got.data(), n);
+  for (std::vector<float>* x : {&in.q, &in.k, &in.v})
+    round_to_device_dtype(x->data(), n, DeviceDType::bf16);
+  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
+}
+
+// Prints the notes; whether one of them contains `text`.
+bool has_note(const std::vector<std::string>& notes, const std::string& text) {
+  bool found = false;
+  for (const auto& note : notes) {
+    std::printf("  note: %s\n", note.c_str());
+    found = found || note.find(text) != std::string::npos;
+  }
+  return found;
+}
+
 // ringattn keeps its memory in a pool of its own: the device's default pool (shared with
 // every cudaMallocAsync user in the process) keeps its settings, and memory freed by
 // ringattn goes back to the driver once nothing of ringattn's is left on the device.
@@ -420,18 +441,8 @@ TEST(CudaMemory, AutoFallsBackToNativeWhenCudnnsScratchDoesNotFit) {
   }
   unsetenv("RINGATTN_DEVICE_MEMORY_LIMIT");
   EXPECT_EQ(kernel, "native");
-  bool noted = false;
-  for (const auto& note : notes) {
-    std::printf("  note: %s\n", note.c_str());
-    noted = noted || note.find("no device memory for cuDNN") != std::string::npos;
-  }
-  EXPECT_TRUE(noted);
-  std::vector<float> got(n);
-  out.download(got.data(), n);
-  for (std::vector<float>* x : {&in.q, &in.k, &in.v})
-    round_to_device_dtype(x->data(), n, DeviceDType::bf16);
-  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
-  EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
+  EXPECT_TRUE(has_note(notes, "no device memory for cuDNN"));
+  expect_bf16_forward_matches(cfg, in, out);
 }
 
 // cuDNN's tensors are declared 16-byte aligned: q/k/v that are not (views at an offset) run
@@ -458,18 +469,8 @@ TEST(CudaKernels, CudnnLeavesUnalignedInputsToNative) {
   CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::cudnn, 0});
   plan.forward(q, k, v, out.as<float>(), lse.as<float>());
   plan.synchronize();
-  bool noted = false;
-  for (const auto& note : plan.notes()) {
-    std::printf("  note: %s\n", note.c_str());
-    noted = noted || note.find("16-byte aligned") != std::string::npos;
-  }
-  EXPECT_TRUE(noted || plan.kernel_name() == "native");
-  std::vector<float> got(n);
-  out.download(got.data(), n);
-  for (std::vector<float>* x : {&in.q, &in.k, &in.v})
-    round_to_device_dtype(x->data(), n, DeviceDType::bf16);
-  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
-  EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
+  EXPECT_TRUE(has_note(plan.notes(), "16-byte aligned") || plan.kernel_name() == "native");
+  expect_bf16_forward_matches(cfg, in, out);
 }
 
 // A plan and its buffers on device 1, used from a thread whose current device is 0: every
@@ -495,12 +496,7 @@ TEST(CudaKernels, EntryPointsWorkFromAThreadWhoseCurrentDeviceIsAnother) {
   int current = -1;
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, 0);
-  std::vector<float> got(n);
-  out.download(got.data(), n);
-  for (std::vector<float>* x : {&in.q, &in.k, &in.v})
-    round_to_device_dtype(x->data(), n, DeviceDType::bf16);
-  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
-  EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
+  expect_bf16_forward_matches(cfg, in, out);
 }
 #endif
 
