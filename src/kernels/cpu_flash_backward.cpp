@@ -1,7 +1,9 @@
 // The CPU flash-attention backward in the FlashAttention-2 way: scores are recomputed tile
 // by tile from the saved lse (P = exp(S - lse)), D = rowsum(dO ∘ O), dS = P ∘ (dP − D),
 // and dQ, dK, dV are accumulated with sgemm on strided views. One thread owns a task, so
-// its dK/dV rows and its dQ rows have a single writer and the result is deterministic.
+// its dK/dV rows and its dQ rows have a single writer and the result is deterministic; with
+// fewer tasks than threads, a query-tile pass (dQ) and a key-tile pass (dK, dV) keep every
+// thread busy and give the same bits.
 #include <omp.h>
 
 #include <algorithm>
@@ -37,83 +39,149 @@ BackwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   return s;
 }
 
-void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles,
-                   const BackwardScratch& w) {
-  const int64_t d = p.head_dim;
+// One query tile's rows: their lse and D = rowsum(dO ∘ O) · dout_scale/out_scale into the
+// scratch; false when every row is empty (lse −inf), so the tile contributes nothing.
+bool load_query_rows(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq,
+                     const BackwardScratch& w) {
+  const float d_factor = p.dout_scale / p.out_scale;
+  const float* o = p.out + t.q_row0 + i0 * t.q_stride;
+  const float* dout = p.dout + t.q_row0 + i0 * t.q_stride;
+  bool any_row = false;
+  for (int64_t i = 0; i < bq; ++i) {
+    w.lse[i] = p.lse[t.lse0 + (i0 + i) * t.lse_stride];
+    any_row |= w.lse[i] != kNegInf;
+    float acc = 0.0f;
+    const float* orow = o + i * t.q_stride;
+    const float* grow = dout + i * t.q_stride;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t c = 0; c < p.head_dim; ++c) acc += orow[c] * grow[c];
+    w.dd[i] = acc * d_factor;
+  }
+  return any_row;
+}
+
+// The tile pair (query rows i0.., key rows j0..): P into w.p, then, when `want_dv`,
+// dV += dout_scale · Pᵀ dO, and dS = P ∘ (dP − D) into w.ds. Every pass calls exactly this,
+// so the fused and the split backward compute the same bits.
+void tile_pair(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
+               int64_t bq, int64_t j0, int64_t bk, bool want_dv, const BackwardScratch& w) {
   const int64_t ld = tiles.k_tile;
   const int ld_q = static_cast<int>(t.q_stride), ld_k = static_cast<int>(t.k_stride);
-  const float d_factor = p.dout_scale / p.out_scale;
+  const int ibq = static_cast<int>(bq), ibk = static_cast<int>(bk);
+  const int id = static_cast<int>(p.head_dim);
+  const float* q = p.q + t.q_row0 + i0 * t.q_stride;
+  const float* dout = p.dout + t.q_row0 + i0 * t.q_stride;
+  const float* k = p.k + t.k_row0 + j0 * t.k_stride;
+  const float* v = p.v + t.k_row0 + j0 * t.k_stride;
 
-  for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
-    const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-    const float* q = p.q + t.q_row0 + i0 * t.q_stride;
-    const float* o = p.out + t.q_row0 + i0 * t.q_stride;
-    const float* dout = p.dout + t.q_row0 + i0 * t.q_stride;
-    bool any_row = false;
-    for (int64_t i = 0; i < bq; ++i) {
-      w.lse[i] = p.lse[t.lse0 + (i0 + i) * t.lse_stride];
-      any_row |= w.lse[i] != kNegInf;
-      float acc = 0.0f;
-      const float* orow = o + i * t.q_stride;
-      const float* grow = dout + i * t.q_stride;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t c = 0; c < d; ++c) acc += orow[c] * grow[c];
-      w.dd[i] = acc * d_factor;
+  sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k, ld_k, 0.0f, w.p,
+        static_cast<int>(ld));
+  const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
+  for (int64_t i = 0; i < bq; ++i) {
+    float* prow = w.p + i * ld;
+    const float l = w.lse[i];
+    const int64_t limit =
+        crosses_diagonal ? std::clamp<int64_t>(i0 + i + t.causal_offset - j0 + 1, 0, bk) : bk;
+    if (l == kNegInf) {
+      std::fill(prow, prow + bk, 0.0f);
+      continue;
     }
-    if (!any_row) continue;
-    const int64_t kmax = visible_keys(t, p.causal, i0, bq);
-    std::fill(w.dq, w.dq + bq * d, 0.0f);
-
-    for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
-      const int64_t bk = std::min(tiles.k_tile, kmax - j0);
-      const float* k = p.k + t.k_row0 + j0 * t.k_stride;
-      const float* v = p.v + t.k_row0 + j0 * t.k_stride;
-      float* dk = p.dk + t.k_row0 + j0 * t.k_stride;
-      float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
-      const int ibq = static_cast<int>(bq), ibk = static_cast<int>(bk), id = static_cast<int>(d);
-
-      sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k, ld_k, 0.0f, w.p,
-            static_cast<int>(ld));
-      const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
-      for (int64_t i = 0; i < bq; ++i) {
-        float* prow = w.p + i * ld;
-        const float l = w.lse[i];
-        const int64_t limit =
-            crosses_diagonal ? std::clamp<int64_t>(i0 + i + t.causal_offset - j0 + 1, 0, bk) : bk;
-        if (l == kNegInf) {
-          std::fill(prow, prow + bk, 0.0f);
-          continue;
-        }
-        exp_shift_sum(prow, limit, l);
-        for (int64_t j = limit; j < bk; ++j) prow[j] = 0.0f;
-      }
-      // dV += dout_scale · Pᵀ dO
-      sgemm(CblasTrans, CblasNoTrans, ibk, id, ibq, p.dout_scale, w.p, static_cast<int>(ld), dout,
-            ld_q, 1.0f, dv, ld_k);
-      // dP = dout_scale · dO Vᵀ
-      sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.dout_scale, dout, ld_q, v, ld_k, 0.0f, w.ds,
-            static_cast<int>(ld));
-      for (int64_t i = 0; i < bq; ++i) {
-        float* dsrow = w.ds + i * ld;
-        const float* prow = w.p + i * ld;
-        const float di = w.dd[i];
+    exp_shift_sum(prow, limit, l);
+    for (int64_t j = limit; j < bk; ++j) prow[j] = 0.0f;
+  }
+  if (want_dv) {
+    float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
+    sgemm(CblasTrans, CblasNoTrans, ibk, id, ibq, p.dout_scale, w.p, static_cast<int>(ld), dout,
+          ld_q, 1.0f, dv, ld_k);
+  }
+  // dP = dout_scale · dO Vᵀ, then dS
+  sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.dout_scale, dout, ld_q, v, ld_k, 0.0f, w.ds,
+        static_cast<int>(ld));
+  for (int64_t i = 0; i < bq; ++i) {
+    float* dsrow = w.ds + i * ld;
+    const float* prow = w.p + i * ld;
+    const float di = w.dd[i];
 #pragma omp simd
-        for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
-      }
-      // dQ += scale · dS K ;  dK += scale · dSᵀ Q
-      sgemm(CblasNoTrans, CblasNoTrans, ibq, id, ibk, p.scale, w.ds, static_cast<int>(ld), k, ld_k,
-            1.0f, w.dq, id);
-      sgemm(CblasTrans, CblasNoTrans, ibk, id, ibq, p.scale, w.ds, static_cast<int>(ld), q, ld_q,
-            1.0f, dk, ld_k);
-    }
-    for (int64_t i = 0; i < bq; ++i) {
-      float* dqrow = p.dq + t.q_row0 + (i0 + i) * t.q_stride;
-      const float* acc = w.dq + i * d;
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) dqrow[c] += acc[c];
-    }
+    for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
   }
 }
+
+// dQ += scale · dS K into the scratch accumulator; dK += scale · dSᵀ Q in place.
+void add_dq(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t bq,
+            int64_t j0, int64_t bk, const BackwardScratch& w) {
+  const int id = static_cast<int>(p.head_dim);
+  sgemm(CblasNoTrans, CblasNoTrans, static_cast<int>(bq), id, static_cast<int>(bk), p.scale, w.ds,
+        static_cast<int>(tiles.k_tile), p.k + t.k_row0 + j0 * t.k_stride,
+        static_cast<int>(t.k_stride), 1.0f, w.dq, id);
+}
+void add_dk(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
+            int64_t bq, int64_t j0, int64_t bk, const BackwardScratch& w) {
+  sgemm(CblasTrans, CblasNoTrans, static_cast<int>(bk), static_cast<int>(p.head_dim),
+        static_cast<int>(bq), p.scale, w.ds, static_cast<int>(tiles.k_tile),
+        p.q + t.q_row0 + i0 * t.q_stride, static_cast<int>(t.q_stride), 1.0f,
+        p.dk + t.k_row0 + j0 * t.k_stride, static_cast<int>(t.k_stride));
+}
+
+// dQ rows i0.. += the scratch accumulator.
+void store_dq(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq,
+              const BackwardScratch& w) {
+  for (int64_t i = 0; i < bq; ++i) {
+    float* dqrow = p.dq + t.q_row0 + (i0 + i) * t.q_stride;
+    const float* acc = w.dq + i * p.head_dim;
+#pragma omp simd
+    for (int64_t c = 0; c < p.head_dim; ++c) dqrow[c] += acc[c];
+  }
+}
+
+// Fused: one thread owns a task; query tiles in order, key tiles in order within each. dQ of
+// a query tile sums over key tiles in order; dK/dV of a key tile over query tiles in order.
+void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles,
+                   const BackwardScratch& w) {
+  for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
+    const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+    if (!load_query_rows(p, t, i0, bq, w)) continue;
+    const int64_t kmax = visible_keys(t, p.causal, i0, bq);
+    std::fill(w.dq, w.dq + bq * p.head_dim, 0.0f);
+    for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
+      const int64_t bk = std::min(tiles.k_tile, kmax - j0);
+      tile_pair(p, t, tiles, i0, bq, j0, bk, true, w);
+      add_dq(p, t, tiles, bq, j0, bk, w);
+      add_dk(p, t, tiles, i0, bq, j0, bk, w);
+    }
+    store_dq(p, t, i0, bq, w);
+  }
+}
+
+// Split, for when there are fewer tasks than threads: a query-tile pass owns dQ rows and a
+// key-tile pass owns dK/dV rows (each recomputes P and dS: 7 products per tile pair instead
+// of 5). Both visit tile pairs in the fused order and make the same calls, so the result is
+// the fused one, bit for bit, whatever the thread count.
+void dq_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
+             const BackwardScratch& w) {
+  const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+  if (!load_query_rows(p, t, i0, bq, w)) return;
+  const int64_t kmax = visible_keys(t, p.causal, i0, bq);
+  std::fill(w.dq, w.dq + bq * p.head_dim, 0.0f);
+  for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
+    const int64_t bk = std::min(tiles.k_tile, kmax - j0);
+    tile_pair(p, t, tiles, i0, bq, j0, bk, false, w);
+    add_dq(p, t, tiles, bq, j0, bk, w);
+  }
+  store_dq(p, t, i0, bq, w);
+}
+void dkdv_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t j0,
+               const BackwardScratch& w) {
+  for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
+    const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+    const int64_t kmax = visible_keys(t, p.causal, i0, bq);
+    if (j0 >= kmax || !load_query_rows(p, t, i0, bq, w)) continue;
+    const int64_t bk = std::min(tiles.k_tile, kmax - j0);
+    tile_pair(p, t, tiles, i0, bq, j0, bk, true, w);
+    add_dk(p, t, tiles, i0, bq, j0, bk, w);
+  }
+}
+
+int64_t tiles_of(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 
 }  // namespace
 
@@ -128,13 +196,41 @@ void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
   const std::size_t per_thread = backward_workspace_floats(tiles, p.head_dim);
   const auto n_tasks = static_cast<int64_t>(tasks.size());
   const BlasSingleThreadScope one_thread_per_sgemm;
+  if (n_tasks >= threads) {
+#pragma omp parallel num_threads(threads)
+    {
+      const BackwardScratch w =
+          carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles,
+                p.head_dim);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < n_tasks; ++i)
+        backward_task(p, tasks[static_cast<std::size_t>(i)], tiles, w);
+    }
+    return;
+  }
+  // Fewer tasks than threads (small B·H): tiles of every task are the units of work, over
+  // (task, tile) pairs up to the longest task (pairs past a task's end are skipped).
+  int64_t q_tiles = 0, k_tiles = 0;
+  for (const SubseqTask& t : tasks) {
+    q_tiles = std::max(q_tiles, tiles_of(t.n_q, tiles.q_tile));
+    k_tiles = std::max(k_tiles, tiles_of(t.n_k, tiles.k_tile));
+  }
 #pragma omp parallel num_threads(threads)
   {
     const BackwardScratch w = carve(
         workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles, p.head_dim);
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) collapse(2) nowait
     for (int64_t i = 0; i < n_tasks; ++i)
-      backward_task(p, tasks[static_cast<std::size_t>(i)], tiles, w);
+      for (int64_t qt = 0; qt < q_tiles; ++qt) {
+        const SubseqTask& t = tasks[static_cast<std::size_t>(i)];
+        if (qt * tiles.q_tile < t.n_q) dq_tile(p, t, tiles, qt * tiles.q_tile, w);
+      }
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t i = 0; i < n_tasks; ++i)
+      for (int64_t kt = 0; kt < k_tiles; ++kt) {
+        const SubseqTask& t = tasks[static_cast<std::size_t>(i)];
+        if (kt * tiles.k_tile < t.n_k) dkdv_tile(p, t, tiles, kt * tiles.k_tile, w);
+      }
   }
 }
 
