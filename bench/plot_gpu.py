@@ -58,8 +58,9 @@ def main():
                                 label=label + (" (causal)" if causal else ""))
                 if ceiling:
                     ax.axhline(ceiling, color="gray", linewidth=0.8)
-                    ax.text(ax.get_xlim()[0], ceiling, " bf16 matmul ceiling", va="bottom",
-                            fontsize=7, color="gray")
+                    ax.text(0.01, ceiling, "bf16 matmul ceiling (cuBLAS, measured)",
+                            transform=ax.get_yaxis_transform(), va="bottom", fontsize=7,
+                            color="gray")
                 ax.set_xscale("log", base=2)
                 ax.set_ylim(bottom=0)
                 ax.set_title(f"{attention} {'forward' if p == 'fwd' else 'backward'}")
