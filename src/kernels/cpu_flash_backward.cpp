@@ -133,42 +133,34 @@ void store_dq(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t 
   }
 }
 
-// Fused: one thread owns a task; query tiles in order, key tiles in order within each. dQ of
-// a query tile sums over key tiles in order; dK/dV of a key tile over query tiles in order.
-void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles,
-                   const BackwardScratch& w) {
-  for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
-    const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-    if (!load_query_rows(p, t, i0, bq, w)) continue;
-    const int64_t kmax = visible_keys(t, p.causal, i0, bq);
-    std::fill(w.dq, w.dq + bq * p.head_dim, 0.0f);
-    for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
-      const int64_t bk = std::min(tiles.k_tile, kmax - j0);
-      tile_pair(p, t, tiles, i0, bq, j0, bk, true, w);
-      add_dq(p, t, tiles, bq, j0, bk, w);
-      add_dk(p, t, tiles, i0, bq, j0, bk, w);
-    }
-    store_dq(p, t, i0, bq, w);
-  }
-}
-
-// Split, for when there are fewer tasks than threads: a query-tile pass owns dQ rows and a
-// key-tile pass owns dK/dV rows (each recomputes P and dS: 7 products per tile pair instead
-// of 5). Both visit tile pairs in the fused order and make the same calls, so the result is
-// the fused one, bit for bit, whatever the thread count.
-void dq_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
-             const BackwardScratch& w) {
+// One query tile against every key tile it sees, key tiles in order: dQ of the tile, and
+// with `fused` also dK/dV of those key tiles. Fused, one thread owns a task and runs its
+// query tiles in order, so dQ of a query tile sums over key tiles in order and dK/dV of a key
+// tile over query tiles in order.
+void query_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
+                bool fused, const BackwardScratch& w) {
   const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
   if (!load_query_rows(p, t, i0, bq, w)) return;
   const int64_t kmax = visible_keys(t, p.causal, i0, bq);
   std::fill(w.dq, w.dq + bq * p.head_dim, 0.0f);
   for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
     const int64_t bk = std::min(tiles.k_tile, kmax - j0);
-    tile_pair(p, t, tiles, i0, bq, j0, bk, false, w);
+    tile_pair(p, t, tiles, i0, bq, j0, bk, fused, w);
     add_dq(p, t, tiles, bq, j0, bk, w);
+    if (fused) add_dk(p, t, tiles, i0, bq, j0, bk, w);
   }
   store_dq(p, t, i0, bq, w);
 }
+
+void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles,
+                   const BackwardScratch& w) {
+  for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) query_tile(p, t, tiles, i0, true, w);
+}
+
+// Split, for when there are fewer tasks than threads: query tiles (query_tile, not fused) own
+// dQ rows and key tiles (dkdv_tile) own dK/dV rows; each recomputes P and dS (7 products per
+// tile pair instead of 5). Both visit tile pairs in the fused order and make the same calls,
+// so the result is the fused one, bit for bit, whatever the thread count.
 void dkdv_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t j0,
                const BackwardScratch& w) {
   for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
@@ -223,7 +215,7 @@ void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
     for (int64_t i = 0; i < n_tasks; ++i)
       for (int64_t qt = 0; qt < q_tiles; ++qt) {
         const SubseqTask& t = tasks[static_cast<std::size_t>(i)];
-        if (qt * tiles.q_tile < t.n_q) dq_tile(p, t, tiles, qt * tiles.q_tile, w);
+        if (qt * tiles.q_tile < t.n_q) query_tile(p, t, tiles, qt * tiles.q_tile, false, w);
       }
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t i = 0; i < n_tasks; ++i)
