@@ -125,7 +125,7 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes, const char* what, int device) : de
 DeviceBuffer::~DeviceBuffer() {
   if (!ptr_) return;
   const kc::ScopedDevice on(device_, std::nothrow);
-  kc::device_free(ptr_, bytes_, nullptr);
+  kc::device_free(ptr_, bytes_, device_, nullptr);
   kc::release_unused_device_memory(device_);
 }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
@@ -137,7 +137,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     if (ptr_) {
       const kc::ScopedDevice on(device_, std::nothrow);
-      kc::device_free(ptr_, bytes_, nullptr);
+      kc::device_free(ptr_, bytes_, device_, nullptr);
     }
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;

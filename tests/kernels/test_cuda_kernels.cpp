@@ -371,6 +371,28 @@ void expect_bf16_forward_matches(const AttentionConfig& cfg, Inputs in, const De
   EXPECT_LE(relative_error(got.data(), ref.out.data(), n), 1e-2);
 }
 
+// q, k, v of `in` on `device` in bf16, and fp32 out/lse to write into.
+struct Bf16Forward {
+  Bf16Forward(const AttentionConfig& cfg, const Inputs& in, int device = 0)
+      : n(static_cast<std::size_t>(cfg.shape.numel())),
+        q(n * 2, "q", device),
+        k(n * 2, "k", device),
+        v(n * 2, "v", device),
+        out(n * 4, "out", device),
+        lse(static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len) * 4,
+            "lse", device) {
+    q.upload(in.q.data(), n, DeviceDType::bf16);
+    k.upload(in.k.data(), n, DeviceDType::bf16);
+    v.upload(in.v.data(), n, DeviceDType::bf16);
+  }
+  void run(CudaPlan& plan) {
+    plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+    plan.synchronize();
+  }
+  std::size_t n;
+  DeviceBuffer q, k, v, out, lse;
+};
+
 // Prints the notes; whether one of them contains `text`.
 bool has_note(const std::vector<std::string>& notes, const std::string& text) {
   bool found = false;
@@ -416,13 +438,8 @@ TEST(CudaMemory, AutoFallsBackToNativeWhenCudnnsScratchDoesNotFit) {
   REQUIRE_GPU();
   AttentionConfig cfg;
   cfg.shape = {1, 4096, 8, 64};
-  const auto n = static_cast<std::size_t>(cfg.shape.numel());
-  const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
   Inputs in = random_inputs(cfg.shape, 21);
-  DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), out(n * 4, "out"), lse(nl * 4, "lse");
-  q.upload(in.q.data(), n, DeviceDType::bf16);
-  k.upload(in.k.data(), n, DeviceDType::bf16);
-  v.upload(in.v.data(), n, DeviceDType::bf16);
+  Bf16Forward f(cfg, in);
   // Native needs its work lists and D (well under 1 MiB here); cuDNN's output scratch alone
   // is n * 2 bytes = 4 MiB.
   const std::string limit = std::to_string(device_bytes_now() + (std::size_t{1} << 20));
@@ -431,8 +448,7 @@ TEST(CudaMemory, AutoFallsBackToNativeWhenCudnnsScratchDoesNotFit) {
   std::string kernel;
   try {
     CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::automatic, 0});
-    plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
-    plan.synchronize();
+    f.run(plan);
     notes = plan.notes();
     kernel = plan.kernel_name();
   } catch (const std::exception& e) {
@@ -442,7 +458,7 @@ TEST(CudaMemory, AutoFallsBackToNativeWhenCudnnsScratchDoesNotFit) {
   unsetenv("RINGATTN_DEVICE_MEMORY_LIMIT");
   EXPECT_EQ(kernel, "native");
   EXPECT_TRUE(has_note(notes, "no device memory for cuDNN"));
-  expect_bf16_forward_matches(cfg, in, out);
+  expect_bf16_forward_matches(cfg, in, f.out);
 }
 
 // cuDNN's tensors are declared 16-byte aligned: q/k/v that are not (views at an offset) run
@@ -482,21 +498,15 @@ TEST(CudaKernels, EntryPointsWorkFromAThreadWhoseCurrentDeviceIsAnother) {
   if (count < 2) GTEST_SKIP() << "SKIPPED: needs two GPUs (this machine has " << count << ")";
   AttentionConfig cfg;
   cfg.shape = {1, 256, 2, 64};
-  const auto n = static_cast<std::size_t>(cfg.shape.numel());
   Inputs in = random_inputs(cfg.shape, 29);
-  DeviceBuffer q(n * 2, "q", 1), k(n * 2, "k", 1), v(n * 2, "v", 1), out(n * 4, "out", 1),
-      lse(512 * 4, "lse", 1);
-  q.upload(in.q.data(), n, DeviceDType::bf16);
-  k.upload(in.k.data(), n, DeviceDType::bf16);
-  v.upload(in.v.data(), n, DeviceDType::bf16);
+  Bf16Forward f(cfg, in, 1);
   CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::native, 1});
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
-  plan.synchronize();
+  f.run(plan);
   int current = -1;
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, 0);
-  expect_bf16_forward_matches(cfg, in, out);
+  expect_bf16_forward_matches(cfg, in, f.out);
 }
 #endif
 

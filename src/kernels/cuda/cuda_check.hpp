@@ -26,13 +26,11 @@ namespace ringattn::kernels::cuda {
 // framework's own choice intact.
 class ScopedDevice {
  public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) {
-      const cudaError_t err = cudaSetDevice(device);
-      if (err != cudaSuccess) throw_cuda_error(err, "cudaSetDevice", __FILE__, __LINE__);
-      changed_ = true;
-    }
+  explicit ScopedDevice(int device) : ScopedDevice(device, std::nothrow) {
+    if (previous_ == device || changed_) return;
+    const cudaError_t err = cudaSetDevice(device);  // the failure again, for its message
+    if (err != cudaSuccess) throw_cuda_error(err, "cudaSetDevice", __FILE__, __LINE__);
+    changed_ = true;
   }
   // For destructors: errors are ignored (the calls that follow report them, or nothing can).
   ScopedDevice(int device, std::nothrow_t) noexcept {

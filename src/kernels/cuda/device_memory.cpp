@@ -61,15 +61,6 @@ void count(int device, std::size_t bytes, bool add) {
   }
 }
 
-int device_of(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  return a.device;
-}
-
 }  // namespace
 
 // RINGATTN_DEVICE_MEMORY_LIMIT (bytes): the most ringattn may hold on all devices, to leave
@@ -128,12 +119,11 @@ void* device_allocate(std::size_t bytes, const char* what, int device, cudaStrea
   return p;
 }
 
-void device_free(void* p, std::size_t bytes, cudaStream_t stream) noexcept {
+void device_free(void* p, std::size_t bytes, int device, cudaStream_t stream) noexcept {
   if (!p) return;
   if (bytes == 0) bytes = 16;
-  const int device = device_of(p);
   (void)cudaFreeAsync(p, stream);
-  if (device >= 0) count(device, bytes, false);
+  count(device, bytes, false);
   g_now.fetch_sub(bytes);
 }
 

@@ -24,9 +24,9 @@ class DeviceOutOfMemory : public RuntimeFailure {
 // Allocates `bytes` on `device` from its pool, ordered on `stream`. `what` names the buffer
 // in the out-of-memory message.
 void* device_allocate(std::size_t bytes, const char* what, int device, cudaStream_t stream);
-// Returns memory to the pool, ordered on `stream` (never throws; errors are ignored because
-// it runs in destructors).
-void device_free(void* p, std::size_t bytes, cudaStream_t stream) noexcept;
+// Returns memory allocated on `device` to its pool, ordered on `stream` (never throws;
+// errors are ignored because it runs in destructors).
+void device_free(void* p, std::size_t bytes, int device, cudaStream_t stream) noexcept;
 
 // Returns the pool's unused memory on `device` to the driver if ringattn holds nothing on
 // it any more (called when a plan is destroyed, after its stream has finished).
@@ -41,10 +41,13 @@ class DeviceAllocation {
  public:
   DeviceAllocation() = default;
   DeviceAllocation(std::size_t bytes, const char* what, int device, cudaStream_t stream)
-      : ptr_(device_allocate(bytes, what, device, stream)), bytes_(bytes), stream_(stream) {}
+      : ptr_(device_allocate(bytes, what, device, stream)),
+        bytes_(bytes),
+        device_(device),
+        stream_(stream) {}
   ~DeviceAllocation() { reset(); }
   DeviceAllocation(DeviceAllocation&& o) noexcept
-      : ptr_(o.ptr_), bytes_(o.bytes_), stream_(o.stream_) {
+      : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_), stream_(o.stream_) {
     o.ptr_ = nullptr;
     o.bytes_ = 0;
   }
@@ -53,6 +56,7 @@ class DeviceAllocation {
       reset();
       ptr_ = o.ptr_;
       bytes_ = o.bytes_;
+      device_ = o.device_;
       stream_ = o.stream_;
       o.ptr_ = nullptr;
       o.bytes_ = 0;
@@ -69,7 +73,7 @@ class DeviceAllocation {
   }
   std::size_t bytes() const noexcept { return bytes_; }
   void reset() noexcept {
-    if (ptr_) device_free(ptr_, bytes_, stream_);
+    if (ptr_) device_free(ptr_, bytes_, device_, stream_);
     ptr_ = nullptr;
     bytes_ = 0;
   }
@@ -77,6 +81,7 @@ class DeviceAllocation {
  private:
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
+  int device_ = 0;
   cudaStream_t stream_ = nullptr;
 };
 
