@@ -128,6 +128,21 @@ TEST(NcclEmu, NonblockingInitCompletesOnceEveryRankHasJoined) {
   finalize_and_destroy(second);
 }
 
+TEST(NcclEmu, BlockingInitReturnsOnceEveryRankHasJoined) {
+  const ncclUniqueId id = new_id();
+  on_ranks(3, [&](int r) {
+    if (r == 2) std::this_thread::sleep_for(20ms);  // the others wait for the last one
+    ncclComm_t comm = nullptr;
+    ASSERT_EQ(ncclCommInitRankConfig(&comm, 3, id, r, nullptr), ncclSuccess)
+        << ncclGetLastError(nullptr);
+    ncclResult_t state = ncclInProgress;
+    ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess);
+    EXPECT_EQ(ncclCommFinalize(comm), ncclSuccess);  // blocking: returns when flushed
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  });
+}
+
 class NcclEmuRing : public ::testing::TestWithParam<int> {};
 
 // Without groups, each transfer is its own stream task that ends once the peer took it, so
