@@ -103,6 +103,9 @@ CudaDeviceStatus probe_cuda_device(int device) noexcept {
   s.cc_major = prop.major;
   s.cc_minor = prop.minor;
   s.total_bytes = prop.totalGlobalMem;
+#if RINGATTN_CUDA_EMULATION
+  s.emulated = true;
+#endif
   if (prop.major < 8) {
     s.reason = s.name + " has compute capability " + std::to_string(prop.major) + "." +
                std::to_string(prop.minor) + "; the kernels need 8.0 or newer (mma.sync bf16)";
