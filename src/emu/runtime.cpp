@@ -72,8 +72,8 @@ struct Device {
   int id = 0;
   DeviceProfile profile{};
   std::size_t total = 0;
-  std::mutex mu;          // guards everything below
-  std::size_t used = 0;   // live allocations plus what pools keep for reuse
+  std::mutex mu;                                  // guards everything below
+  std::size_t used = 0;                           // live allocations plus what pools keep for reuse
   std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute, per kernel
   cudaError_t sticky = cudaSuccess;
   std::vector<Stream*> streams;  // every live stream of the device, legacy first
@@ -162,7 +162,8 @@ Machine::Machine() {
     else if (name == "sm_86")
       dev->profile = kSm86;
     else
-      bad_environment("RINGATTN_EMU_PROFILE: '" + name + "' is not a device profile (sm_90, sm_86)");
+      bad_environment("RINGATTN_EMU_PROFILE: '" + name +
+                      "' is not a device profile (sm_90, sm_86)");
     dev->total = memory;
     dev->default_pool.device = d;
     devices.push_back(std::move(dev));
@@ -200,8 +201,12 @@ cudaError_t sticky_of(Device& d) {
 }
 
 Stream::Stream(Device& d, bool is_blocking, bool is_legacy, std::uint64_t delay_seed)
-    : device(d), blocking(is_blocking), legacy(is_legacy), delays(machine().delays),
-      rng(delay_seed), worker([this] { run(); }) {}
+    : device(d),
+      blocking(is_blocking),
+      legacy(is_legacy),
+      delays(machine().delays),
+      rng(delay_seed),
+      worker([this] { run(); }) {}
 
 Stream::~Stream() {
   {
@@ -223,8 +228,7 @@ void Stream::run() {
       task = std::move(queue.front());
       queue.pop_front();
     }
-    if (delays)
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+    if (delays) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
     if (sticky_of(device) == cudaSuccess) {
       cudaError_t error = cudaSuccess;
       std::string what;
@@ -431,46 +435,80 @@ bool valid_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind ki
 
 const char* error_name(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInitializationError: return "cudaErrorInitializationError";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    case cudaErrorUnknown: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInitializationError:
+      return "cudaErrorInitializationError";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidDeviceFunction:
+      return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchOutOfResources:
+      return "cudaErrorLaunchOutOfResources";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorUnknown:
+      return "cudaErrorUnknown";
   }
   return "cudaErrorUnknown";
 }
 
 const char* error_text(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInitializationError: return "initialization error";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorNotSupported: return "operation not supported";
-    case cudaErrorUnknown: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInitializationError:
+      return "initialization error";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorInvalidDeviceFunction:
+      return "invalid device function";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    case cudaErrorNotSupported:
+      return "operation not supported";
+    case cudaErrorUnknown:
+      return "unknown error";
   }
   return "unknown error";
 }
@@ -523,16 +561,15 @@ cudaError_t launch(const void* kernel, const char* name, Dim3 grid, Dim3 block,
                 std::string("launch of '") + name + "': not a live stream");
   Device& d = s->device;
   if (d.id != t_device)
-    return fail(cudaErrorInvalidResourceHandle,
-                std::string("launch of '") + name + "' on a stream of device " +
-                    std::to_string(d.id) + " while device " + std::to_string(t_device) +
-                    " is current");
+    return fail(cudaErrorInvalidResourceHandle, std::string("launch of '") + name +
+                                                    "' on a stream of device " +
+                                                    std::to_string(d.id) + " while device " +
+                                                    std::to_string(t_device) + " is current");
   const std::uint64_t threads = volume(block);
   if (threads == 0 || threads > 1024 || volume(grid) == 0 || block.z > 64 || grid.y > 65535 ||
       grid.z > 65535)
-    return fail(cudaErrorInvalidConfiguration,
-                std::string("launch of '") + name + "': grid " + to_string(grid) + ", block " +
-                    to_string(block));
+    return fail(cudaErrorInvalidConfiguration, std::string("launch of '") + name + "': grid " +
+                                                   to_string(grid) + ", block " + to_string(block));
   int allowed = static_cast<int>(d.profile.shared_per_block);
   {
     std::lock_guard lock(d.mu);
@@ -630,18 +667,29 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (!d) return set_last(cudaErrorInvalidDevice);
   if (!value) return set_last(cudaErrorInvalidValue);
   switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
     case cudaDevAttrMaxSharedMemoryPerBlock:
       *value = static_cast<int>(d->profile.shared_per_block);
       break;
-    case cudaDevAttrWarpSize: *value = 32; break;
-    case cudaDevAttrMultiProcessorCount: *value = d->profile.multiprocessors; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = d->profile.major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = d->profile.minor; break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = d->profile.multiprocessors;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = d->profile.major;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = d->profile.minor;
+      break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = static_cast<int>(d->profile.shared_per_block_optin);
       break;
-    default: return set_last(cudaErrorInvalidValue);
+    default:
+      return set_last(cudaErrorInvalidValue);
   }
   return cudaSuccess;
 }
@@ -804,8 +852,7 @@ cudaError_t cudaMallocFromPoolAsync(void** ptr, std::size_t bytes, cudaMemPool_t
   Pool* p = resolve(pool);
   const int d = stream_device(stream);
   if (!p || d < 0) return set_last(cudaErrorInvalidValue);
-  if (const cudaError_t s = sticky_of(*device_at(p->device)); s != cudaSuccess)
-    return set_last(s);
+  if (const cudaError_t s = sticky_of(*device_at(p->device)); s != cudaSuccess) return set_last(s);
   return allocate(ptr, bytes, *device_at(p->device), p);
 }
 
@@ -934,7 +981,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   std::shared_ptr<Event> e = resolve(event);
   Stream* s = resolve(stream);
-  if (!e || !s) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not a live event or stream");
+  if (!e || !s)
+    return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not a live event or stream");
   if (e->device != s->device.id)
     return fail(cudaErrorInvalidResourceHandle,
                 "cudaEventRecord: the event was created on device " + std::to_string(e->device) +

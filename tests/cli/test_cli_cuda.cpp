@@ -94,14 +94,13 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
   TempDir dir;
   const CliResult refused =
-      testing::run_cli({"run", "--device", "cuda", "--seq-len", "128", "--heads", "2",
-                        "--kernel", "cudnn", "--out", dir.file("out.npy")});
+      testing::run_cli({"run", "--device", "cuda", "--seq-len", "128", "--heads", "2", "--kernel",
+                        "cudnn", "--out", dir.file("out.npy")});
   EXPECT_EQ(refused.exit_code, 2) << describe(refused);
   EXPECT_NE(refused.err.find("--kernel"), std::string::npos) << describe(refused);
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
-  const CliResult r =
-      testing::run_cli({"run", "--device", "auto", "--seq-len", "256", "--heads", "2", "--causal",
-                        "--check", "--backward", "--json"});
+  const CliResult r = testing::run_cli({"run", "--device", "auto", "--seq-len", "256", "--heads",
+                                        "2", "--causal", "--check", "--backward", "--json"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   const nlohmann::json j = last_line_json(r.out);
   EXPECT_EQ(j.value("device", ""), "cuda");

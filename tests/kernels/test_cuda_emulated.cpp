@@ -52,7 +52,8 @@ std::vector<std::byte> run_plan(const AttentionConfig& cfg, DeviceDType t, int d
   DeviceBuffer out(n * 4, "out", device), lse(nl * 4, "lse", device), dq(n * 4, "dq", device),
       dk(n * 4, "dk", device), dv(n * 4, "dv", device);
   uint64_t seed = 41;
-  for (DeviceBuffer* b : {&q, &k, &v, &dout}) b->upload(testing::random_normal(n, seed++).data(), n, t);
+  for (DeviceBuffer* b : {&q, &k, &v, &dout})
+    b->upload(testing::random_normal(n, seed++).data(), n, t);
   for (DeviceBuffer* b : {&dq, &dk, &dv}) b->zero();
   plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
   plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
@@ -79,8 +80,8 @@ TEST_P(EmulatedModes, EveryKernelIsBitwiseIndependentOfWarpOrderAndCpAsyncLandin
   const std::vector<emu::ExecutionMode> modes = emu::standard_modes();
   for (int device : {0, 1}) {
     const auto& profile = emu::runtime::device_profile(device);
-    const auto differs = emu::find_mode_dependence([&] { return run_plan(cfg, c.dtype, device); },
-                                                   modes);
+    const auto differs =
+        emu::find_mode_dependence([&] { return run_plan(cfg, c.dtype, device); }, modes);
     EXPECT_FALSE(differs.has_value()) << name_of(c) << " on " << profile.arch << ": " << *differs;
     std::printf("  %s on %s: the same bytes under %zu modes\n", name_of(c).c_str(), profile.arch,
                 modes.size());
@@ -118,7 +119,8 @@ TEST(EmulatedDevices, ProfilesAreTheOnesTheTestAskedFor) {
 
 // ---- the runtime's rules ------------------------------------------------------------------
 __global__ void write_index(int* out) {
-  out[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  out[blockIdx.x * blockDim.x + threadIdx.x] =
+      static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
 }
 
 // Half the block waits at a barrier the other half never reaches: a fault on the device.
@@ -202,7 +204,8 @@ TEST(EmulatedRuntime, DynamicSharedMemoryPastTheDefaultNeedsTheAttributeAndTheOp
     int* out = nullptr;
     ASSERT_EQ(cudaMalloc(&out, 128 * sizeof(int)), cudaSuccess);
     const std::size_t big = 64 * 1024;  // past 48 KiB, within both opt-in limits
-    kernels::cuda::launch_kernel("uses_shared", &uses_shared, dim3(1), dim3(128), big, nullptr, out);
+    kernels::cuda::launch_kernel("uses_shared", &uses_shared, dim3(1), dim3(128), big, nullptr,
+                                 out);
     EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << profile.arch;
     const std::string why = cudaGetErrorString(cudaErrorInvalidValue);
     EXPECT_NE(why.find("uses_shared"), std::string::npos) << why;
@@ -215,7 +218,8 @@ TEST(EmulatedRuntime, DynamicSharedMemoryPastTheDefaultNeedsTheAttributeAndTheOp
     ASSERT_EQ(cudaFuncSetAttribute(&uses_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(big)),
               cudaSuccess);
-    kernels::cuda::launch_kernel("uses_shared", &uses_shared, dim3(1), dim3(128), big, nullptr, out);
+    kernels::cuda::launch_kernel("uses_shared", &uses_shared, dim3(1), dim3(128), big, nullptr,
+                                 out);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess) << profile.arch;
     std::vector<int> host(128);
     ASSERT_EQ(cudaMemcpy(host.data(), out, 128 * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);

@@ -210,14 +210,22 @@ std::vector<RandomCase> random_cases() {
     for (int64_t d : {32, 64, 96, 128, 256, 40, 8})
       v.push_back({{b, n, h, d}, A::dense, C::grouped, {}, {}, causal});
     // Several query and key tiles, N not a multiple of 64.
-    v.push_back({{1, kEmulated ? 200 : 333, kEmulated ? 1 : 2, 64}, A::dense, C::grouped, {}, {},
-                 causal});
+    v.push_back(
+        {{1, kEmulated ? 200 : 333, kEmulated ? 1 : 2, 64}, A::dense, C::grouped, {}, {}, causal});
     // Dilated, both combine modes, heads not divisible by the groups, a dilation larger than
     // its segment, strided head groups for mixture.
-    v.push_back({{b, 512 / s, 5, 64}, A::dilated, C::grouped, {128 / s, 256 / s, 512 / s},
-                 {1, 2, 4}, causal});
-    v.push_back({{1, 512 / s, 4, 128}, A::dilated, C::mixture, {128 / s, 256 / s, 512 / s},
-                 {1, 2, 4}, causal});
+    v.push_back({{b, 512 / s, 5, 64},
+                 A::dilated,
+                 C::grouped,
+                 {128 / s, 256 / s, 512 / s},
+                 {1, 2, 4},
+                 causal});
+    v.push_back({{1, 512 / s, 4, 128},
+                 A::dilated,
+                 C::mixture,
+                 {128 / s, 256 / s, 512 / s},
+                 {1, 2, 4},
+                 causal});
     v.push_back({{1, 384, 3, 64}, A::dilated, C::mixture, {96, 384}, {3, 128}, causal});
     v.push_back({{b, 256, 4, 32}, A::dilated, C::grouped, {64, 256}, {5, 2}, causal});
   }
@@ -518,8 +526,8 @@ TEST(CudaKernels, CudnnLeavesUnalignedInputsToNative) {
   const void* v = shifted(in.v, bv);
   // Without cuDNN, auto: the native kernels must read the unaligned views all the same.
   if (!kCudnnBuilt) expect_cudnn_refused(cfg);
-  CudaPlan plan(cfg,
-                {DeviceDType::bf16, kCudnnBuilt ? KernelChoice::cudnn : KernelChoice::automatic, 0});
+  CudaPlan plan(
+      cfg, {DeviceDType::bf16, kCudnnBuilt ? KernelChoice::cudnn : KernelChoice::automatic, 0});
   plan.forward(q, k, v, out.as<float>(), lse.as<float>());
   plan.synchronize();
   EXPECT_TRUE(has_note(plan.notes(), "16-byte aligned") || plan.kernel_name() == "native");

@@ -143,16 +143,16 @@ void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
   const unsigned blocks = blocks_for(rows, kThreads / 32);
   switch (e) {
     case Elem::bf16:
-      launch_kernel("row_dot_kernel", &row_dot_kernel<__nv_bfloat16>, dim3(blocks), dim3(kThreads), 0,
-                    stream, p);
+      launch_kernel("row_dot_kernel", &row_dot_kernel<__nv_bfloat16>, dim3(blocks), dim3(kThreads),
+                    0, stream, p);
       break;
     case Elem::fp16:
-      launch_kernel("row_dot_kernel", &row_dot_kernel<__half>, dim3(blocks), dim3(kThreads), 0, stream,
-                    p);
+      launch_kernel("row_dot_kernel", &row_dot_kernel<__half>, dim3(blocks), dim3(kThreads), 0,
+                    stream, p);
       break;
     case Elem::fp32:
-      launch_kernel("row_dot_kernel", &row_dot_kernel<float>, dim3(blocks), dim3(kThreads), 0, stream,
-                    p);
+      launch_kernel("row_dot_kernel", &row_dot_kernel<float>, dim3(blocks), dim3(kThreads), 0,
+                    stream, p);
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("row_dot_kernel");

@@ -71,9 +71,9 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
   // The launch keeps its own copy of the arguments, as the runtime does at the call; every
   // emulated thread then receives them by value.
   auto copies = std::make_shared<std::tuple<std::decay_t<Params>...>>(args...);
-  (void)emu::runtime::launch(reinterpret_cast<const void*>(kernel), name,
-                             {grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes,
-                             stream, [kernel, copies] { std::apply(kernel, *copies); });
+  (void)emu::runtime::launch(reinterpret_cast<const void*>(kernel), name, {grid.x, grid.y, grid.z},
+                             {block.x, block.y, block.z}, shared_bytes, stream,
+                             [kernel, copies] { std::apply(kernel, *copies); });
 }
 
 #else  // a real GPU
@@ -126,8 +126,8 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&c)[4], const uint32_t 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4],
-                                                 uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"

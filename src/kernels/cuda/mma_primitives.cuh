@@ -70,8 +70,8 @@ __device__ __forceinline__ float to_float(T x) {
 // kK contiguous, row pitch kPitch elements) and B stored as kN rows of kK (the same layout):
 // S = Q Kᵀ and its relatives. Both operands come in through ldmatrix without transposition.
 template <typename T, int kN, int kK, int kPitch>
-__device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], SmemPtr<T> sA, SmemPtr<T> sB,
-                                                   int lane) {
+__device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], SmemPtr<T> sA,
+                                                   SmemPtr<T> sB, int lane) {
   static_assert(kN % 16 == 0 && kK % 16 == 0, "tile sizes must be multiples of 16");
   // A: matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
   // (rows 8-15, cols 8-15) from lanes 0-7, 8-15, 16-23, 24-31 → registers a0..a3.
@@ -130,8 +130,8 @@ __device__ __forceinline__ void warp_mma_regs_rows(float (&c)[kN / 8][4],
 // columns at or past head_dim read as zero. With `vector` (16-byte aligned rows, head_dim ==
 // kCols) it issues cp.async copies (the caller commits and waits); otherwise plain loads.
 template <typename T, int kRows, int kCols, int kPitch, int kThreads>
-__device__ __forceinline__ void load_rows(SmemPtr<T> dst, const T* base, int64_t stride, int64_t row0,
-                                          int64_t n_rows, int head_dim, bool vector) {
+__device__ __forceinline__ void load_rows(SmemPtr<T> dst, const T* base, int64_t stride,
+                                          int64_t row0, int64_t n_rows, int head_dim, bool vector) {
   constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
   for (int c = static_cast<int>(threadIdx.x); c < kRows * kChunks; c += kThreads) {
     const int r = c / kChunks;
