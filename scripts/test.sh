@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite with CTest; then builds
-# the SIMT emulator into ./build-emu and runs its tests (label gpu-emu), so the GPU
-# primitives run on every machine. Tests that need hardware this machine lacks print why
+# the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
+# CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
+# code runs on every machine. Tests that need hardware this machine lacks print why
 # they skip.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,7 +11,8 @@ start=$SECONDS
 (cd "$root/build" && ctest --output-on-failure --timeout 600 -j "$(nproc)")
 main_s=$((SECONDS - start))
 
-# The emulator needs none of CUDA, MPI or the benchmarks; only its own targets are built.
+# The emulator needs none of the CUDA toolkit, MPI or the benchmarks; only the emulated GPU's
+# targets are built.
 start=$SECONDS
 cmake -S "$root" -B "$root/build-emu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERROR=ON \
   -DRINGATTN_CUDA_EMULATION=ON -DRINGATTN_WITH_CUDA=OFF -DRINGATTN_WITH_MPI=OFF \

@@ -30,6 +30,7 @@ struct CudaDeviceStatus {
   std::string name;    // e.g. "NVIDIA H100 80GB HBM3"
   int cc_major = 0, cc_minor = 0;
   std::size_t total_bytes = 0;
+  bool emulated = false;  // the SIMT emulator's device (a test build): no GPU timings
 };
 bool cuda_built() noexcept;  // this build has CUDA kernels
 CudaDeviceStatus probe_cuda_device(int device = 0) noexcept;

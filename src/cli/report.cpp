@@ -71,6 +71,8 @@ void print_table(const RunReport& r, std::ostream& os) {
     os << "  backward         " << std::setw(10) << std::setprecision(3) << *r.bwd_ms
        << " ms  (median of " << r.iters << ")  " << std::setprecision(1) << *r.bwd_gflops()
        << " GFLOP/s\n";
+  if (r.emulated_device)
+    os << "  timings          of the SIMT emulator on the CPU: not GPU timings\n";
   os << "  workspace        " << human_bytes(r.workspace_bytes);
   if (r.workspace_bytes_per_thread > 0)
     os << " (" << human_bytes(r.workspace_bytes_per_thread) << " per thread)";
@@ -131,6 +133,7 @@ void print_json(const RunReport& r, std::ostream& os) {
   j["scale"] = c.effective_scale();
   j["world_size"] = r.world_size;
   j["device"] = r.device;
+  if (r.emulated_device) j["emulated_device"] = true;
   j["threads"] = r.threads;
   j["iters"] = r.iters;
   j["attended_pairs"] = r.attended_pairs;

@@ -28,6 +28,7 @@ struct RunReport {
   AttentionConfig cfg;
   std::string device = "cpu";
   std::string device_detail;
+  bool emulated_device = false;  // timings then measure the emulator, not a GPU
   int threads = 1;
   int world_size = 1;
   int iters = 0;

@@ -610,6 +610,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     rep.device_detail =
         st.cuda->device_description() + ", " + rep.dtype + " inputs, kernel " + rep.kernel;
     rep.notes = st.cuda->notes();
+    rep.emulated_device = probe_cuda_device(0).emulated;
   } else {
     rep.blas = kernels::blas_info();
   }

@@ -103,6 +103,9 @@ CudaDeviceStatus probe_cuda_device(int device) noexcept {
   s.cc_major = prop.major;
   s.cc_minor = prop.minor;
   s.total_bytes = prop.totalGlobalMem;
+#if RINGATTN_CUDA_EMULATION
+  s.emulated = true;
+#endif
   if (prop.major < 8) {
     s.reason = s.name + " has compute capability " + std::to_string(prop.major) + "." +
                std::to_string(prop.minor) + "; the kernels need 8.0 or newer (mma.sync bf16)";
@@ -201,6 +204,9 @@ struct CudaPlan::Impl {
   bool noted_unaligned = false;
 #if RINGATTN_HAVE_CUDNN
   std::unique_ptr<kc::CudnnSdpa> cudnn;
+  bool has_cudnn() const { return cudnn != nullptr; }
+#else
+  bool has_cudnn() const { return false; }
 #endif
   std::vector<std::string> notes;
 
@@ -349,10 +355,15 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
                         "); using the native kernels");
     }
 #else
+#if RINGATTN_CUDA_EMULATION
+    const char* why = "the GPU is emulated, and cuDNN is not";
+#else
+    const char* why = "cudnn.h was not found at configure time";
+#endif
     if (opts.kernel == KernelChoice::cudnn)
-      m.notes.push_back(
-          "--kernel cudnn: this build has no cuDNN support (cudnn.h was not found at "
-          "configure time); using the native kernels");
+      throw InputError("--kernel", std::string("'cudnn' is not available in this build (") + why +
+                                       "); use --kernel native or auto");
+    m.notes.push_back(std::string("--kernel auto: the native kernels (no cuDNN: ") + why + ")");
 #endif
   }
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -391,7 +402,7 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
   const kc::ScopedDevice on(m.opts.device);
   // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
-  if (m.cudnn && !cudnn_can_read) {
+  if (m.has_cudnn() && !cudnn_can_read) {
     if (!m.noted_unaligned)
       m.notes.push_back(
           "cuDNN needs 16-byte aligned q/k/v; these are not, so the native kernels ran");

@@ -4,6 +4,7 @@
 // where no CUDA device is usable.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -70,6 +71,7 @@ std::vector<std::string> golden_names() {
 INSTANTIATE_TEST_SUITE_P(Golden, CliCuda, ::testing::ValuesIn(golden_names()),
                          [](const auto& p) { return p.param; });
 
+#if RINGATTN_TEST_HAVE_CUDNN
 TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
@@ -84,6 +86,36 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
   EXPECT_EQ(j.value("kernel", ""), "native");
   EXPECT_NE(r.out.find("note: --kernel cudnn"), std::string::npos) << describe(r);
 }
+#else
+// A build without cuDNN (the emulated GPU among them): --kernel cudnn is refused naming
+// --kernel, with no output file; auto runs the native kernels and says why.
+TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  TempDir dir;
+  const CliResult refused =
+      testing::run_cli({"run", "--device", "cuda", "--seq-len", "128", "--heads", "2", "--kernel",
+                        "cudnn", "--out", dir.file("out.npy")});
+  EXPECT_EQ(refused.exit_code, 2) << describe(refused);
+  EXPECT_NE(refused.err.find("--kernel"), std::string::npos) << describe(refused);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  const CliResult r = testing::run_cli({"run", "--device", "auto", "--seq-len", "256", "--heads",
+                                        "2", "--causal", "--check", "--backward", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const nlohmann::json j = last_line_json(r.out);
+  EXPECT_EQ(j.value("device", ""), "cuda");
+  EXPECT_EQ(j.value("kernel", ""), "native");
+  EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
+  EXPECT_NE(r.out.find("note: --kernel auto: the native kernels (no cuDNN"), std::string::npos)
+      << describe(r);
+#if RINGATTN_CUDA_EMULATION
+  // The report says the device is emulated, and its timings are not GPU timings.
+  EXPECT_NE(r.out.find("emulated sm_"), std::string::npos) << describe(r);
+  EXPECT_NE(r.out.find("not GPU timings"), std::string::npos) << describe(r);
+  EXPECT_TRUE(j.value("emulated_device", false)) << describe(r);
+#endif
+}
+#endif
 
 }  // namespace
 }  // namespace ringattn

@@ -126,6 +126,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device);
 cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaDeviceReset();
 cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total);
 
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes);

@@ -132,7 +132,8 @@ const char* to_string(Elem e) {
 
 void fill_floats(float* data, int64_t n, float value, cudaStream_t stream) {
   if (n <= 0) return;
-  fill_kernel<<<blocks_for(n, kThreads * 4), kThreads, 0, stream>>>(data, n, value);
+  launch_kernel("fill_kernel", &fill_kernel, dim3(blocks_for(n, kThreads * 4)), dim3(kThreads), 0,
+                stream, data, n, value);
   RINGATTN_CUDA_CHECK_LAUNCH("fill_kernel");
 }
 
@@ -142,13 +143,16 @@ void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
   const unsigned blocks = blocks_for(rows, kThreads / 32);
   switch (e) {
     case Elem::bf16:
-      row_dot_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
+      launch_kernel("row_dot_kernel", &row_dot_kernel<__nv_bfloat16>, dim3(blocks), dim3(kThreads),
+                    0, stream, p);
       break;
     case Elem::fp16:
-      row_dot_kernel<__half><<<blocks, kThreads, 0, stream>>>(p);
+      launch_kernel("row_dot_kernel", &row_dot_kernel<__half>, dim3(blocks), dim3(kThreads), 0,
+                    stream, p);
       break;
     case Elem::fp32:
-      row_dot_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
+      launch_kernel("row_dot_kernel", &row_dot_kernel<float>, dim3(blocks), dim3(kThreads), 0,
+                    stream, p);
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("row_dot_kernel");
@@ -156,7 +160,8 @@ void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
 
 void launch_merge_lse(const MergeRows& m, cudaStream_t stream) {
   if (m.rows == 0) return;
-  merge_lse_kernel<<<blocks_for(m.rows, kThreads / 32), kThreads, 0, stream>>>(m);
+  launch_kernel("merge_lse_kernel", &merge_lse_kernel, dim3(blocks_for(m.rows, kThreads / 32)),
+                dim3(kThreads), 0, stream, m);
   RINGATTN_CUDA_CHECK_LAUNCH("merge_lse_kernel");
 }
 
@@ -166,13 +171,16 @@ void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t st
   const unsigned blocks = blocks_for(rows, kThreads / 32);
   switch (e) {
     case Elem::bf16:
-      store_view_result_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
+      launch_kernel("store_view_result_kernel", &store_view_result_kernel<__nv_bfloat16>,
+                    dim3(blocks), dim3(kThreads), 0, stream, p);
       break;
     case Elem::fp16:
-      store_view_result_kernel<__half><<<blocks, kThreads, 0, stream>>>(p);
+      launch_kernel("store_view_result_kernel", &store_view_result_kernel<__half>, dim3(blocks),
+                    dim3(kThreads), 0, stream, p);
       break;
     case Elem::fp32:
-      store_view_result_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
+      launch_kernel("store_view_result_kernel", &store_view_result_kernel<float>, dim3(blocks),
+                    dim3(kThreads), 0, stream, p);
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("store_view_result_kernel");

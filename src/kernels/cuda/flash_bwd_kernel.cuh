@@ -38,11 +38,10 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   constexpr int kStep = Tiles::kStep, kPitch = Tiles::kPitch, kThreads = Tiles::kThreads;
   constexpr float kNegInf = -INFINITY;
 
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sdO = sQ + Tiles::kRows * kPitch;
-  T* sK = sdO + Tiles::kRows * kPitch;
-  T* sV = sK + kStep * kPitch;
+  const SmemPtr<T> sQ = dynamic_smem<T>();
+  const SmemPtr<T> sdO = sQ + Tiles::kRows * kPitch;
+  const SmemPtr<T> sK = sdO + Tiles::kRows * kPitch;
+  const SmemPtr<T> sV = sK + kStep * kPitch;
 
   const ForwardItem item = p.q_items[blockIdx.x];
   const SubseqTask t = p.tasks[item.task];
@@ -135,11 +134,10 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   constexpr int kStep = Tiles::kStep, kPitch = Tiles::kPitch, kThreads = Tiles::kThreads;
   constexpr float kNegInf = -INFINITY;
 
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);
-  T* sV = sK + Tiles::kRows * kPitch;
-  T* sQ = sV + Tiles::kRows * kPitch;
-  T* sdO = sQ + kStep * kPitch;
+  const SmemPtr<T> sK = dynamic_smem<T>();
+  const SmemPtr<T> sV = sK + Tiles::kRows * kPitch;
+  const SmemPtr<T> sQ = sV + Tiles::kRows * kPitch;
+  const SmemPtr<T> sdO = sQ + kStep * kPitch;
 
   const ForwardItem item = p.k_items[blockIdx.x];
   const SubseqTask t = p.tasks[item.task];

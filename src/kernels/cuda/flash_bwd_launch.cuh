@@ -17,14 +17,16 @@ void launch_flash_backward(const FlashBackwardParams& p, cudaStream_t stream) {
     auto kernel = &flash_backward_dq_kernel<T, kHeadDim>;
     RINGATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kernel<<<static_cast<unsigned>(p.n_q_items), Tiles::kThreads, kSmem, stream>>>(p);
+    launch_kernel("flash_backward_dq_kernel", kernel, dim3(static_cast<unsigned>(p.n_q_items)),
+                  dim3(Tiles::kThreads), kSmem, stream, p);
     RINGATTN_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
   }
   if (p.n_k_items > 0) {
     auto kernel = &flash_backward_dkdv_kernel<T, kHeadDim>;
     RINGATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kernel<<<static_cast<unsigned>(p.n_k_items), Tiles::kThreads, kSmem, stream>>>(p);
+    launch_kernel("flash_backward_dkdv_kernel", kernel, dim3(static_cast<unsigned>(p.n_k_items)),
+                  dim3(Tiles::kThreads), kSmem, stream, p);
     RINGATTN_CUDA_CHECK_LAUNCH("flash_backward_dkdv_kernel");
   }
 }

@@ -47,11 +47,10 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   constexpr int kKeys = Tiles::kKeys, kPitch = Tiles::kPitch, kThreads = Tiles::kThreads;
   constexpr float kNegInf = -INFINITY;
 
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
+  const SmemPtr<T> sQ = dynamic_smem<T>();
   // K tiles: two with forward_prefetches_k (D = 256), else one (sK[1] is then unused).
-  T* sK[2] = {sQ + Tiles::kRows * kPitch, sQ + (Tiles::kRows + kKeys) * kPitch};
-  T* sV = sQ + (Tiles::kRows + (Tiles::kPrefetchK ? 2 : 1) * kKeys) * kPitch;
+  const SmemPtr<T> sK[2] = {sQ + Tiles::kRows * kPitch, sQ + (Tiles::kRows + kKeys) * kPitch};
+  const SmemPtr<T> sV = sQ + (Tiles::kRows + (Tiles::kPrefetchK ? 2 : 1) * kKeys) * kPitch;
 
   const ForwardItem item = p.items[blockIdx.x];
   const SubseqTask t = p.tasks[item.task];

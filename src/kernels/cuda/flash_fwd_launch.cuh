@@ -19,7 +19,8 @@ void launch_flash_forward(const FlashForwardParams& p, cudaStream_t stream) {
   // cheap, so it is set on every launch rather than cached.
   RINGATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kernel<<<static_cast<unsigned>(p.n_items), Tiles::kThreads, kSmem, stream>>>(p);
+  launch_kernel("flash_forward_kernel", kernel, dim3(static_cast<unsigned>(p.n_items)),
+                dim3(Tiles::kThreads), kSmem, stream, p);
   RINGATTN_CUDA_CHECK_LAUNCH("flash_forward_kernel");
 }
 

@@ -1,6 +1,7 @@
-// The tensor-core building blocks of the flash kernels, as inline PTX: cp.async copies into
-// shared memory, ldmatrix (plain and transposed), mma.sync m16n8k16 with fp32 accumulation,
-// and two warp-level products that every kernel is written with. Fragment layouts (PTX ISA,
+// The tensor-core building blocks of the flash kernels, on the PTX instructions of
+// device_seam.cuh: cp.async copies into shared memory, ldmatrix (plain and transposed),
+// mma.sync m16n8k16 with fp32 accumulation, and two warp-level products that every kernel
+// is written with. Fragment layouts (PTX ISA,
 // "Matrix Fragments for mma.m16n8k16 with floating point type"): with g = lane / 4 and
 // t = lane % 4, A (16×16) register r holds row g + 8·(r & 1), columns 2t, 2t+1 (+8 for r ≥ 2);
 // B (16×8) register r holds rows 2t, 2t+1 (+8 for r = 1) of column g; the fp32 accumulator
@@ -11,40 +12,22 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+
+#include "kernels/cuda/device_seam.cuh"
 
 namespace ringattn::kernels::cuda {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16 bytes global → shared, bypassing L1; with `valid` false the 16 bytes are zero-filled
 // and nothing is read (src-size 0).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
-               : "memory");
+__device__ __forceinline__ void cp_async_16(SmemAddr dst, const void* src, bool valid) {
+  ptx::cp_async_cg_16(dst, src, valid ? 16 : 0);
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_commit() { ptx::cp_async_commit_group(); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
+  ptx::cp_async_wait_group<kPending>();
 }
 
 // c += a · b for one 16×8×16 tile.
@@ -52,18 +35,10 @@ template <typename T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    ptx::mma_m16n8k16_bf16(c, a, b0, b1);
   } else {
     static_assert(std::is_same_v<T, __half>, "mma_16816: bf16 or fp16 only");
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    ptx::mma_m16n8k16_f16(c, a, b0, b1);
   }
 }
 
@@ -95,8 +70,8 @@ __device__ __forceinline__ float to_float(T x) {
 // kK contiguous, row pitch kPitch elements) and B stored as kN rows of kK (the same layout):
 // S = Q Kᵀ and its relatives. Both operands come in through ldmatrix without transposition.
 template <typename T, int kN, int kK, int kPitch>
-__device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], const T* sA, const T* sB,
-                                                   int lane) {
+__device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], SmemPtr<T> sA,
+                                                   SmemPtr<T> sB, int lane) {
   static_assert(kN % 16 == 0 && kK % 16 == 0, "tile sizes must be multiples of 16");
   // A: matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
   // (rows 8-15, cols 8-15) from lanes 0-7, 8-15, 16-23, 24-31 → registers a0..a3.
@@ -109,11 +84,11 @@ __device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], const 
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
     uint32_t a[4];
-    ldmatrix_x4(a, smem_u32(sA + a_row * kPitch + kk * 16 + a_col));
+    ptx::ldmatrix_x4(a, smem_addr(sA + a_row * kPitch + kk * 16 + a_col));
 #pragma unroll
     for (int j = 0; j < kN / 16; ++j) {
       uint32_t b[4];
-      ldmatrix_x4(b, smem_u32(sB + (j * 16 + b_row) * kPitch + kk * 16 + b_col));
+      ptx::ldmatrix_x4(b, smem_addr(sB + (j * 16 + b_row) * kPitch + kk * 16 + b_col));
       mma_16816<T>(c[2 * j], a, b[0], b[1]);
       mma_16816<T>(c[2 * j + 1], a, b[2], b[3]);
     }
@@ -125,7 +100,7 @@ __device__ __forceinline__ void warp_mma_rows_rows(float (&c)[kN / 8][4], const 
 // shared memory (V, K, Q or dO), read through transposing ldmatrix: O += P V and relatives.
 template <typename T, int kN, int kK, int kPitch>
 __device__ __forceinline__ void warp_mma_regs_rows(float (&c)[kN / 8][4],
-                                                   const float (&a_frag)[kK / 8][4], const T* sB,
+                                                   const float (&a_frag)[kK / 8][4], SmemPtr<T> sB,
                                                    int lane) {
   static_assert(kN % 16 == 0 && kK % 16 == 0, "tile sizes must be multiples of 16");
   // B (transposed): matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
@@ -143,7 +118,7 @@ __device__ __forceinline__ void warp_mma_regs_rows(float (&c)[kN / 8][4],
 #pragma unroll
     for (int j = 0; j < kN / 16; ++j) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_u32(sB + (kk * 16 + b_row) * kPitch + j * 16 + b_col));
+      ptx::ldmatrix_x4_trans(b, smem_addr(sB + (kk * 16 + b_row) * kPitch + j * 16 + b_col));
       mma_16816<T>(c[2 * j], a, b[0], b[1]);
       mma_16816<T>(c[2 * j + 1], a, b[2], b[3]);
     }
@@ -155,8 +130,8 @@ __device__ __forceinline__ void warp_mma_regs_rows(float (&c)[kN / 8][4],
 // columns at or past head_dim read as zero. With `vector` (16-byte aligned rows, head_dim ==
 // kCols) it issues cp.async copies (the caller commits and waits); otherwise plain loads.
 template <typename T, int kRows, int kCols, int kPitch, int kThreads>
-__device__ __forceinline__ void load_rows(T* dst, const T* base, int64_t stride, int64_t row0,
-                                          int64_t n_rows, int head_dim, bool vector) {
+__device__ __forceinline__ void load_rows(SmemPtr<T> dst, const T* base, int64_t stride,
+                                          int64_t row0, int64_t n_rows, int head_dim, bool vector) {
   constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
   for (int c = static_cast<int>(threadIdx.x); c < kRows * kChunks; c += kThreads) {
     const int r = c / kChunks;
@@ -164,9 +139,9 @@ __device__ __forceinline__ void load_rows(T* dst, const T* base, int64_t stride,
     const int64_t row = row0 + r;
     const bool valid = row < n_rows;
     const T* src = base + (valid ? row * stride + col : 0);
-    T* d = dst + r * kPitch + col;
+    const SmemPtr<T> d = dst + r * kPitch + col;
     if (vector) {
-      cp_async_16(smem_u32(d), src, valid);
+      cp_async_16(smem_addr(d), src, valid);
     } else {
 #pragma unroll
       for (int u = 0; u < 8; ++u) d[u] = (valid && col + u < head_dim) ? src[u] : T(0.0f);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_seam.cuh"
 #include "kernels/cuda/flash_params.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -204,17 +205,20 @@ __global__ void __launch_bounds__(kWarps * 32) simple_dkdv_kernel(const FlashBac
 
 void launch_simple_forward_fp32(const FlashForwardParams& p, cudaStream_t stream) {
   if (p.n_items == 0) return;
-  simple_forward_kernel<<<static_cast<unsigned>(p.n_items), kWarps * 32, 0, stream>>>(p);
+  launch_kernel("simple_forward_kernel", &simple_forward_kernel,
+                dim3(static_cast<unsigned>(p.n_items)), dim3(kWarps * 32), 0, stream, p);
   RINGATTN_CUDA_CHECK_LAUNCH("simple_forward_kernel");
 }
 
 void launch_simple_backward_fp32(const FlashBackwardParams& p, cudaStream_t stream) {
   if (p.n_q_items > 0) {
-    simple_dq_kernel<<<static_cast<unsigned>(p.n_q_items), kWarps * 32, 0, stream>>>(p);
+    launch_kernel("simple_dq_kernel", &simple_dq_kernel, dim3(static_cast<unsigned>(p.n_q_items)),
+                  dim3(kWarps * 32), 0, stream, p);
     RINGATTN_CUDA_CHECK_LAUNCH("simple_dq_kernel");
   }
   if (p.n_k_items > 0) {
-    simple_dkdv_kernel<<<static_cast<unsigned>(p.n_k_items), kWarps * 32, 0, stream>>>(p);
+    launch_kernel("simple_dkdv_kernel", &simple_dkdv_kernel,
+                  dim3(static_cast<unsigned>(p.n_k_items)), dim3(kWarps * 32), 0, stream, p);
     RINGATTN_CUDA_CHECK_LAUNCH("simple_dkdv_kernel");
   }
 }

@@ -1,0 +1,147 @@
+// The one seam between the kernel sources and what runs them: a real GPU (nvcc) or the SIMT
+// emulator (the same sources as host C++, -DRINGATTN_CUDA_EMULATION=ON, see src/emu/). The
+// kernels are written against these names only:
+//   SmemPtr<T>, SmemAddr   a pointer into the block's dynamic shared memory and the 32-bit
+//                          shared-window address ldmatrix and cp.async take (on the
+//                          emulator: a checked offset into the block's arena)
+//   dynamic_smem<T>()      the start of the block's dynamic shared memory
+//   smem_addr(p)           the shared-window address of p
+//   ptx::...               the PTX instructions the kernels use (inline asm on the device,
+//                          warp-collective emulations with the PTX ISA's layouts otherwise)
+//   launch_kernel(...)     kernel<<<grid, block, shared, stream>>>(args...), with a name for
+//                          messages; check cudaGetLastError after it, as after <<<>>>
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#if RINGATTN_CUDA_EMULATION
+#include <memory>
+#include <tuple>
+#include <type_traits>
+
+#include "emu/cp_async.hpp"
+#include "emu/ldmatrix.hpp"
+#include "emu/mma.hpp"
+#include "emu/runtime.hpp"
+#include "emu/shared_memory.hpp"
+#endif
+
+namespace ringattn::kernels::cuda {
+
+#if RINGATTN_CUDA_EMULATION
+
+template <typename T>
+using SmemPtr = emu::SharedPtr<T>;
+using SmemAddr = emu::SharedAddress;
+
+template <typename T>
+inline SmemPtr<T> dynamic_smem() {
+  return emu::dynamic_shared_memory<T>();
+}
+template <typename T>
+inline SmemAddr smem_addr(SmemPtr<T> p) {
+  return p.address();
+}
+
+namespace ptx {
+inline void cp_async_cg_16(SmemAddr dst, const void* src, int src_size) {
+  emu::cp_async_cg_16(dst, src, static_cast<unsigned>(src_size));
+}
+inline void cp_async_commit_group() { emu::cp_async_commit_group(); }
+template <int kPending>
+inline void cp_async_wait_group() {
+  emu::cp_async_wait_group(kPending);
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], SmemAddr row) { emu::ldmatrix_x4(r, row); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], SmemAddr row) { emu::ldmatrix_x4_trans(r, row); }
+inline void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  emu::mma_m16n8k16(emu::MmaInput::bf16, c, a, b0, b1);
+}
+inline void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  emu::mma_m16n8k16(emu::MmaInput::f16, c, a, b0, b1);
+}
+}  // namespace ptx
+
+template <typename... Params, typename... Args>
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   std::size_t shared_bytes, cudaStream_t stream, const Args&... args) {
+  // The launch keeps its own copy of the arguments, as the runtime does at the call; every
+  // emulated thread then receives them by value.
+  auto copies = std::make_shared<std::tuple<std::decay_t<Params>...>>(args...);
+  (void)emu::runtime::launch(reinterpret_cast<const void*>(kernel), name, {grid.x, grid.y, grid.z},
+                             {block.x, block.y, block.z}, shared_bytes, stream,
+                             [kernel, copies] { std::apply(kernel, *copies); });
+}
+
+#else  // a real GPU
+
+template <typename T>
+using SmemPtr = T*;
+using SmemAddr = uint32_t;
+
+extern __shared__ __align__(16) unsigned char ringattn_dynamic_smem[];
+
+template <typename T>
+__device__ __forceinline__ T* dynamic_smem() {
+  return reinterpret_cast<T*>(ringattn_dynamic_smem);
+}
+template <typename T>
+__device__ __forceinline__ uint32_t smem_addr(const T* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+namespace ptx {
+// 16 bytes global → shared, bypassing L1; bytes past src_size (0 or 16) are zero-filled.
+__device__ __forceinline__ void cp_async_cg_16(uint32_t dst, const void* src, int src_size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit_group() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+}  // namespace ptx
+
+template <typename... Params, typename... Args>
+void launch_kernel(const char*, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   std::size_t shared_bytes, cudaStream_t stream, const Args&... args) {
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
+}
+
+#endif
+
+}  // namespace ringattn::kernels::cuda

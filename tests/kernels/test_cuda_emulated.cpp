@@ -1,0 +1,304 @@
+// What only the emulated GPU can show (label gpu-emu, emulated builds only; ctest runs it
+// with devices 0 and 2 as sm_90 and 1 and 3 as sm_86):
+//  - every kernel instantiation gives bitwise the same result under every execution mode
+//    (warp orders per barrier interval, cp.async landing at the copy or at the wait), so no
+//    barrier or cp.async wait is missing, on both device profiles;
+//  - the emulated runtime refuses what the real one refuses (an event recorded on a stream
+//    of another device, a launch onto another device's stream, dynamic shared memory past
+//    the default 48 KiB without cudaFuncSetAttribute, or past the device's opt-in limit),
+//    and a kernel fault becomes the device's sticky error naming the kernel, block, thread;
+//  - streams are ordered only by events: cudaStreamWaitEvent makes one wait for another.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "emu/mode_sweep.hpp"
+#include "emu/runtime.hpp"
+#include "kernels/cuda/device_seam.cuh"
+#include "random.hpp"
+#include "ringattn/cuda_plan.hpp"
+
+namespace ringattn {
+namespace {
+
+// Devices 0 and 2 an sm_90, 1 and 3 an sm_86, unless the environment says otherwise: set
+// before the emulated runtime's first use (it reads the variable once).
+const bool kProfilesSet = setenv("RINGATTN_EMU_PROFILE", "sm_90,sm_86,sm_90,sm_86", 0) == 0;
+
+// ---- every instantiation, every mode, both profiles ---------------------------------------
+struct SweepCase {
+  int64_t head_dim;
+  DeviceDType dtype;
+  bool causal;
+};
+
+std::string name_of(const SweepCase& c) {
+  return "D" + std::to_string(c.head_dim) + "_" + to_string(c.dtype) + (c.causal ? "_causal" : "");
+}
+
+// out, lse, dq, dk, dv of one forward and backward on `device`, as bytes.
+std::vector<std::byte> run_plan(const AttentionConfig& cfg, DeviceDType t, int device) {
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
+  const std::size_t in_bytes = n * (t == DeviceDType::fp32 ? 4 : 2);
+  CudaPlan plan(cfg, {t, KernelChoice::native, device});
+  DeviceBuffer q(in_bytes, "q", device), k(in_bytes, "k", device), v(in_bytes, "v", device),
+      dout(in_bytes, "dout", device);
+  DeviceBuffer out(n * 4, "out", device), lse(nl * 4, "lse", device), dq(n * 4, "dq", device),
+      dk(n * 4, "dk", device), dv(n * 4, "dv", device);
+  uint64_t seed = 41;
+  for (DeviceBuffer* b : {&q, &k, &v, &dout})
+    b->upload(testing::random_normal(n, seed++).data(), n, t);
+  for (DeviceBuffer* b : {&dq, &dk, &dv}) b->zero();
+  plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+  plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
+                dq.as<float>(), dk.as<float>(), dv.as<float>());
+  plan.synchronize();
+  std::vector<std::byte> bytes;
+  for (auto [buf, count] : {std::pair{&out, n}, {&lse, nl}, {&dq, n}, {&dk, n}, {&dv, n}}) {
+    std::vector<float> host(count);
+    buf->download(host.data(), count);
+    const auto* b = reinterpret_cast<const std::byte*>(host.data());
+    bytes.insert(bytes.end(), b, b + count * sizeof(float));
+  }
+  return bytes;
+}
+
+class EmulatedModes : public ::testing::TestWithParam<SweepCase> {};
+
+TEST_P(EmulatedModes, EveryKernelIsBitwiseIndependentOfWarpOrderAndCpAsyncLanding) {
+  const SweepCase& c = GetParam();
+  AttentionConfig cfg;
+  // Partial query and key tiles (136 = 2·64 + 8), two heads, and the causal diagonal.
+  cfg.shape = {1, 136, 2, c.head_dim};
+  cfg.causal = c.causal;
+  const std::vector<emu::ExecutionMode> modes = emu::standard_modes();
+  for (int device : {0, 1}) {
+    const auto& profile = emu::runtime::device_profile(device);
+    const auto differs =
+        emu::find_mode_dependence([&] { return run_plan(cfg, c.dtype, device); }, modes);
+    EXPECT_FALSE(differs.has_value()) << name_of(c) << " on " << profile.arch << ": " << *differs;
+    std::printf("  %s on %s: the same bytes under %zu modes\n", name_of(c).c_str(), profile.arch,
+                modes.size());
+  }
+}
+
+std::vector<SweepCase> sweep_cases() {
+  std::vector<SweepCase> v;
+  for (int64_t d : {64, 128, 256})
+    for (DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) v.push_back({d, t, true});
+  v.push_back({256, DeviceDType::bf16, false});  // the D = 256 K double buffer's full loop
+  v.push_back({96, DeviceDType::fp32, true});    // the fp32 CUDA-core kernels
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases()),
+                         [](const auto& p) { return name_of(p.param); });
+
+TEST(EmulatedDevices, ProfilesAreTheOnesTheTestAskedFor) {
+  ASSERT_TRUE(kProfilesSet);
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  ASSERT_GE(count, 2);
+  int optin0 = 0, optin1 = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&optin0, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&optin1, cudaDevAttrMaxSharedMemoryPerBlockOptin, 1),
+            cudaSuccess);
+  EXPECT_EQ(optin0, 232448);  // sm_90: 227 KiB
+  EXPECT_EQ(optin1, 101376);  // sm_86: 99 KiB
+  const CudaDeviceStatus s = probe_cuda_device(1);
+  EXPECT_TRUE(s.usable && s.emulated) << s.reason;
+  EXPECT_NE(s.name.find("emulated sm_86"), std::string::npos) << s.name;
+}
+
+// ---- the runtime's rules ------------------------------------------------------------------
+__global__ void write_index(int* out) {
+  out[blockIdx.x * blockDim.x + threadIdx.x] =
+      static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+// Half the block waits at a barrier the other half never reaches: a fault on the device.
+__global__ void barrier_reached_by_half(int* out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+    out[threadIdx.x] = 1;
+  }
+}
+
+__global__ void uses_shared(int* out) {
+  const kernels::cuda::SmemPtr<int> s = kernels::cuda::dynamic_smem<int>();
+  s[threadIdx.x] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+// Each test that breaks a device resets it, so the next test finds it clean.
+struct ResetDevices {
+  ~ResetDevices() {
+    int count = 0;
+    (void)cudaGetDeviceCount(&count);
+    for (int d = 0; d < count; ++d) {
+      (void)cudaSetDevice(d);
+      (void)cudaDeviceReset();
+    }
+    (void)cudaSetDevice(0);
+  }
+};
+
+TEST(EmulatedRuntime, AnEventRecordedOnAStreamOfAnotherDeviceIsAnInvalidHandle) {
+  ResetDevices reset;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaEvent_t event = nullptr;  // created on device 0, as a thread that forgot cudaSetDevice
+  ASSERT_EQ(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(event, stream), cudaErrorInvalidResourceHandle);
+  const std::string why = cudaGetErrorString(cudaErrorInvalidResourceHandle);
+  std::printf("  %s\n", why.c_str());
+  EXPECT_NE(why.find("device 0"), std::string::npos) << why;
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not a sticky error";
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaEvent_t right = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&right, cudaEventDisableTiming), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(right, stream), cudaSuccess);
+  EXPECT_EQ(cudaEventSynchronize(right), cudaSuccess);
+  cudaEventDestroy(right);
+  cudaEventDestroy(event);
+  cudaStreamDestroy(stream);
+}
+
+TEST(EmulatedRuntime, ALaunchOntoAnotherDevicesStreamIsRefused) {
+  ResetDevices reset;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  int* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  kernels::cuda::launch_kernel("write_index", &write_index, dim3(1), dim3(64), 0, stream, out);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  kernels::cuda::launch_kernel("write_index", &write_index, dim3(1), dim3(64), 0, stream, out);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> host(64);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(host.data(), out, 64 * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(host[static_cast<std::size_t>(i)], i);
+  cudaFree(out);
+  cudaStreamDestroy(stream);
+}
+
+TEST(EmulatedRuntime, DynamicSharedMemoryPastTheDefaultNeedsTheAttributeAndTheOptInLimit) {
+  ResetDevices reset;
+  for (int device : {0, 1}) {
+    ASSERT_EQ(cudaSetDevice(device), cudaSuccess);
+    const auto& profile = emu::runtime::device_profile(device);
+    int* out = nullptr;
+    ASSERT_EQ(cudaMalloc(&out, 128 * sizeof(int)), cudaSuccess);
+    const std::size_t big = 64 * 1024;  // past 48 KiB, within both opt-in limits
+    kernels::cuda::launch_kernel("uses_shared", &uses_shared, dim3(1), dim3(128), big, nullptr,
+                                 out);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << profile.arch;
+    const std::string why = cudaGetErrorString(cudaErrorInvalidValue);
+    EXPECT_NE(why.find("uses_shared"), std::string::npos) << why;
+    EXPECT_NE(why.find("cudaFuncSetAttribute"), std::string::npos) << why;
+    // Past the device's opt-in limit even the attribute is refused.
+    EXPECT_EQ(cudaFuncSetAttribute(&uses_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(profile.shared_per_block_optin) + 16),
+              cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+    ASSERT_EQ(cudaFuncSetAttribute(&uses_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(big)),
+              cudaSuccess);
+    kernels::cuda::launch_kernel("uses_shared", &uses_shared, dim3(1), dim3(128), big, nullptr,
+                                 out);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << profile.arch;
+    std::vector<int> host(128);
+    ASSERT_EQ(cudaMemcpy(host.data(), out, 128 * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < 128; ++i) EXPECT_EQ(host[static_cast<std::size_t>(i)], (i + 1) % 128);
+    cudaFree(out);
+  }
+}
+
+TEST(EmulatedRuntime, AKernelFaultIsTheDevicesStickyErrorNamingKernelBlockAndThread) {
+  ResetDevices reset;
+  ASSERT_EQ(cudaSetDevice(2), cudaSuccess);
+  int* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);
+  kernels::cuda::launch_kernel("barrier_reached_by_half", &barrier_reached_by_half, dim3(3),
+                               dim3(64), 0, nullptr, out);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess) << "the launch itself is valid";
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  const std::string why = cudaGetErrorString(cudaErrorLaunchFailure);
+  std::printf("  %s\n", why.c_str());
+  EXPECT_NE(why.find("barrier_reached_by_half"), std::string::npos) << why;
+  EXPECT_NE(why.find("block ("), std::string::npos) << why;
+  EXPECT_NE(why.find("thread ("), std::string::npos) << why;
+  // Sticky: every later call on the device reports it, as on a GPU.
+  int* more = nullptr;
+  EXPECT_EQ(cudaMalloc(&more, 16), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  // Other devices are unaffected.
+  ASSERT_EQ(cudaSetDevice(3), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&more, 16), cudaSuccess);
+  cudaFree(more);
+}
+
+TEST(EmulatedRuntime, StreamWaitEventOrdersWorkAcrossStreams) {
+  ResetDevices reset;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  constexpr std::size_t n = 1 << 16;
+  cudaStream_t a = nullptr, b = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  int *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, n * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dst, n * sizeof(int)), cudaSuccess);
+  cudaEvent_t written = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), cudaSuccess);
+  for (int round = 0; round < 20; ++round) {
+    // a: a slow writer (many blocks); b: copies once a has written.
+    ASSERT_EQ(cudaMemsetAsync(src, 0, n * sizeof(int), a), cudaSuccess);
+    kernels::cuda::launch_kernel("write_index", &write_index, dim3(n / 256), dim3(256), 0, a, src);
+    ASSERT_EQ(cudaEventRecord(written, a), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(b, written, 0), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(dst, src, n * sizeof(int), cudaMemcpyDeviceToDevice, b), cudaSuccess);
+    std::vector<int> host(n);
+    ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(host.data(), dst, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(host[n - 1], static_cast<int>(n - 1)) << "round " << round;
+  }
+  cudaEventDestroy(written);
+  cudaFree(src);
+  cudaFree(dst);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+TEST(EmulatedRuntime, CopiesOfHostOrUnknownPointersAsDeviceMemoryAreRefused) {
+  ResetDevices reset;
+  std::vector<float> host(16);
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 16 * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(host.data(), host.data() + 8, 8 * sizeof(float), cudaMemcpyHostToDevice),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(dev, host.data(), 17 * sizeof(float), cudaMemcpyHostToDevice),
+            cudaErrorInvalidValue)
+      << "past the end of the allocation";
+  EXPECT_EQ(cudaMemcpy(dev, host.data(), 16 * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaFree(host.data()), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  EXPECT_EQ(cudaFree(dev), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace ringattn
