@@ -1,6 +1,7 @@
 // Formatting of a RunReport: the human summary and the one-line JSON object.
 #include "cli/report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -168,6 +169,18 @@ void print_json(const RunReport& r, std::ostream& os) {
   };
   if (!r.fwd_ranks.empty()) j["fwd_ranks"] = ranks_json(r.fwd_ranks);
   if (!r.bwd_ranks.empty()) j["bwd_ranks"] = ranks_json(r.bwd_ranks);
+  // The most any rank's compute stood waiting for a transfer, beside fwd_ms / bwd_ms.
+  auto worst_exposed = [](const std::vector<RankFigures>& v) {
+    double w = 0;
+    for (const RankFigures& f : v) w = std::max(w, f.exposed_ms);
+    return w;
+  };
+  if (!r.fwd_ranks.empty()) {
+    nlohmann::json e;
+    e["fwd_ms"] = worst_exposed(r.fwd_ranks);
+    if (!r.bwd_ranks.empty()) e["bwd_ms"] = worst_exposed(r.bwd_ranks);
+    j["comm_exposed_ms"] = e;
+  }
   if (!r.checks.empty()) {
     nlohmann::json ch;
     for (const auto& x : r.checks) ch[x.tensor] = x.rel_error;

@@ -20,7 +20,9 @@
 
 #include "cli/report.hpp"
 #include "kernels/cpu_blas.hpp"
+#include "ring/cuda_ring_engine.hpp"
 #include "ring/inproc_communicator.hpp"
+#include "ring/nccl_communicator.hpp"
 #include "ring/ring_engine.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
@@ -154,8 +156,13 @@ struct RunState {
   std::string pattern_text;  // canonical pattern, or "mask FILE"
   std::string auto_note;     // what --attention auto decided
   bool sampled_check = false;
-  // --device cuda (one rank): the plan and the device copies of the tensors.
+  // --device cuda: the plan (one rank) or the GPU ring (several ranks, over `nccl`) and the
+  // device copies of the tensors, on `device`.
   std::optional<CudaPlan> cuda;
+  std::unique_ptr<ring::Communicator> nccl;
+  std::optional<ring::CudaRingPlan> cuda_ring;
+  int device = 0;
+  bool on_gpu() const { return cuda.has_value() || cuda_ring.has_value(); }
   DeviceDType dtype = DeviceDType::bf16;
   DeviceBuffer d_q, d_k, d_v, d_o, d_lse, d_dout, d_dq, d_dk, d_dv;
 };
@@ -211,16 +218,16 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
       [&] { return sparse::build_lists(p, g); });
 }
 
-// Whether this run uses the GPU: --device cuda (checked: one rank, CUDA built in, a usable
-// device), or auto with one rank and a usable device. Everything else runs on the CPU.
+// Whether this run uses the GPU: --device cuda (checked: CUDA built in, a usable device,
+// and NCCL for several ranks), or auto with one rank and a usable device. Everything else
+// runs on the CPU.
 bool resolve_cuda(const RunOptions& opts, const ring::Communicator& comm) {
   if (opts.device == "cpu") return false;
   if (opts.device == "auto") return comm.size() == 1 && probe_cuda_device().usable;
-  if (comm.size() > 1)
-    throw InputError("--device", "'cuda' runs on a single rank in this version (this job has " +
-                                     std::to_string(comm.size()) +
-                                     " ranks); the multi-rank GPU path comes with the NCCL ring "
-                                     "(issue 5). Run one rank, or use --device cpu");
+  if (comm.size() > 1 && ring::nccl_version_string().find("none") == 0)
+    throw InputError("--device", "'cuda' on " + std::to_string(comm.size()) +
+                                     " ranks needs NCCL, and this build has none (build with "
+                                     "NCCL, run one rank, or use --device cpu)");
   const CudaDeviceStatus s = probe_cuda_device();
   if (!s.usable)
     throw InputError("--device",
@@ -242,27 +249,43 @@ KernelChoice kernel_of(const std::string& name) {
 
 // The CUDA plan and device tensors; host inputs are rounded in place to what the device
 // holds, so that --check and the written outputs describe the same computation.
-void setup_cuda(const RunOptions& opts, RunState& st) {
+void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   st.dtype = dtype_of(opts.dtype.empty() ? "bf16" : opts.dtype);
-  st.cuda.emplace(st.cfg, CudaPlanOptions{st.dtype, kernel_of(opts.kernel), 0});
-  st.dtype = st.cuda->dtype();  // fp32 where the tensor-core kernels do not fit the device
+  if (comm.size() == 1) {
+    st.cuda.emplace(st.cfg, CudaPlanOptions{st.dtype, kernel_of(opts.kernel), 0});
+    st.dtype = st.cuda->dtype();  // fp32 where the tensor-core kernels do not fit the device
+  } else {
+    if (opts.kernel == "cudnn")
+      throw InputError("--kernel",
+                       "'cudnn' runs on one rank; the GPU ring uses the native "
+                       "kernels (use --kernel native or auto)");
+    // NCCL binds each rank to the GPU of its node-local rank (the only one when the launcher
+    // gave each rank one visible GPU); the plan and the tensors live there too.
+    st.nccl = ring::make_nccl_communicator(comm, {opts.timeout_s});
+    st.device = probe_cuda_device().device_count == 1 ? 0 : comm.local_rank();
+    st.cuda_ring.emplace(st.cfg, *st.nccl,
+                         CudaPlanOptions{st.dtype, KernelChoice::native, st.device},
+                         ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
+    st.dtype = st.cuda_ring->dtype();
+  }
   const std::size_t n = st.q.size(), n_lse = st.lse.size();
   const std::size_t in_bytes = n * (st.dtype == DeviceDType::fp32 ? 4 : 2);
+  const int dev = st.device;
   auto upload = [&](DeviceBuffer& d, HostTensor& h, const char* what) {
-    d = DeviceBuffer(in_bytes, what);
+    d = DeviceBuffer(in_bytes, what, dev);
     d.upload(h.data(), n, st.dtype);
     if (st.dtype != DeviceDType::fp32) round_to_device_dtype(h.data(), n, st.dtype);
   };
   upload(st.d_q, st.q, "q");
   upload(st.d_k, st.k, "k");
   upload(st.d_v, st.v, "v");
-  st.d_o = DeviceBuffer(n * sizeof(float), "out");
-  st.d_lse = DeviceBuffer(n_lse * sizeof(float), "lse");
+  st.d_o = DeviceBuffer(n * sizeof(float), "out", dev);
+  st.d_lse = DeviceBuffer(n_lse * sizeof(float), "lse", dev);
   if (opts.backward) {
     upload(st.d_dout, st.dout, "dout");
-    st.d_dq = DeviceBuffer(n * sizeof(float), "dq");
-    st.d_dk = DeviceBuffer(n * sizeof(float), "dk");
-    st.d_dv = DeviceBuffer(n * sizeof(float), "dv");
+    st.d_dq = DeviceBuffer(n * sizeof(float), "dq", dev);
+    st.d_dk = DeviceBuffer(n * sizeof(float), "dk", dev);
+    st.d_dv = DeviceBuffer(n * sizeof(float), "dv", dev);
   }
 }
 
@@ -413,7 +436,7 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads},
                       ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
   else if (use_cuda)
-    setup_cuda(opts, st);
+    setup_cuda(opts, comm, st);
   else if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
@@ -536,8 +559,10 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   if (world > 1) {
     char host[256] = {};
     gethostname(host, sizeof host - 1);
-    const auto infos = comm.gather_info({host, static_cast<int>(getpid()), comm.local_rank(),
-                                         "cpu (" + std::to_string(threads) + " threads)"});
+    const std::string device = st.on_gpu() ? "cuda:" + std::to_string(st.device)
+                                           : "cpu (" + std::to_string(threads) + " threads)";
+    const auto infos =
+        comm.gather_info({host, static_cast<int>(getpid()), comm.local_rank(), device});
     if (rank == 0) {
       out << "ringattn: world size " << world << ", communicator: " << comm.library_version()
           << "\n";
@@ -554,6 +579,10 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       st.cuda->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
                        st.d_lse.as<float>());
       st.cuda->synchronize();
+    } else if (st.cuda_ring) {
+      st.cuda_ring->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
+                            st.d_lse.as<float>());
+      st.cuda_ring->synchronize();
     } else if (st.plan)
       st.plan->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
     else
@@ -568,6 +597,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
                         st.d_lse.as<float>(), st.d_dout.data(), st.d_dq.as<float>(),
                         st.d_dk.as<float>(), st.d_dv.as<float>());
       st.cuda->synchronize();
+    } else if (st.cuda_ring) {
+      st.cuda_ring->backward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
+                             st.d_lse.as<float>(), st.d_dout.data(), st.d_dq.as<float>(),
+                             st.d_dk.as<float>(), st.d_dv.as<float>());
+      st.cuda_ring->synchronize();
     } else if (st.plan)
       st.plan->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
                         st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
@@ -589,7 +623,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     }
   }
 
-  if (st.cuda) {  // results back to the host tensors (the local ones are the full ones)
+  if (st.on_gpu()) {  // results back to the host tensors
     st.d_o.download(st.o.data(), st.o.size());
     st.d_lse.download(st.lse.data(), st.lse.size());
     if (opts.backward) {
@@ -611,6 +645,15 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
         st.cuda->device_description() + ", " + rep.dtype + " inputs, kernel " + rep.kernel;
     rep.notes = st.cuda->notes();
     rep.emulated_device = probe_cuda_device(0).emulated;
+  } else if (st.cuda_ring) {
+    rep.device = "cuda";
+    rep.kernel = st.cuda_ring->kernel_name();
+    rep.dtype = to_string(st.dtype);
+    const CudaDeviceStatus d = probe_cuda_device(st.device);
+    rep.device_detail = d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) +
+                        ") per rank, " + rep.dtype + " inputs, kernel " + rep.kernel + ", " +
+                        st.nccl->library_version();
+    rep.emulated_device = d.emulated;
   } else {
     rep.blas = kernels::blas_info();
   }
@@ -647,6 +690,21 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     rep.workspace_bytes = st.cuda->workspace_bytes();
     rep.device_workspace_bytes = st.cuda->workspace_bytes();
     rep.device_peak_bytes = device_bytes_peak();
+  } else if (st.cuda_ring) {
+    rep.attended_pairs = attended_pairs(st.cfg);
+    const auto ws =
+        static_cast<std::size_t>(comm.max(static_cast<int64_t>(st.cuda_ring->workspace_bytes())));
+    rep.workspace_bytes = ws;
+    rep.device_workspace_bytes = ws;
+    // Virtual ranks share the process's count; it is then the sum over ranks.
+    rep.device_peak_bytes = device_bytes_peak();
+    // K/V travel in the device dtype; the minimum is counted in fp32.
+    const int64_t eb = st.dtype == DeviceDType::fp32 ? 4 : 2;
+    rep.bytes_sent = static_cast<std::size_t>(comm.max(st.cuda_ring->last_forward().bytes_sent));
+    rep.bytes_sent_min = static_cast<std::size_t>(
+        comm.max(ring::minimum_bytes_sent(st.cfg, st.layout, rank) * eb / 4));
+    rep.fwd_ranks = gather_figures(st.cuda_ring->last_forward());
+    if (opts.backward) rep.bwd_ranks = gather_figures(st.cuda_ring->last_backward());
   } else if (st.plan) {
     rep.attended_pairs = attended_pairs(st.cfg);
     rep.workspace_bytes = st.plan->workspace_bytes();
@@ -715,7 +773,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       }
     } else if (opts.check) {
       rep.check_mode = "full";
-      rep.check_tolerance = !st.cuda                        ? kCheckTolerance
+      rep.check_tolerance = !st.on_gpu()                    ? kCheckTolerance
                             : st.dtype == DeviceDType::fp32 ? kCheckToleranceFp32
                                                             : kCheckToleranceHalf;
       const ReferenceForward ref = reference_forward(st.cfg, q, k, v);

@@ -1,6 +1,7 @@
 // CudaPlan in a build without the CUDA toolkit: the interface exists so that the CLI and
 // library users compile unchanged, and every entry point says, naming --device, that this
 // build has no CUDA kernels.
+#include "ring/cuda_ring_engine.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
 
@@ -63,3 +64,29 @@ std::size_t CudaPlan::workspace_bytes() const noexcept { return 0; }
 std::string CudaPlan::device_description() const { return "none"; }
 
 }  // namespace ringattn
+
+namespace ringattn::ring {
+
+struct CudaRingPlan::Impl {
+  ShardLayout layout;
+  RingSchedule sched;
+  RingTimings none;
+};
+CudaRingPlan::CudaRingPlan(const AttentionConfig&, Communicator&, CudaPlanOptions, RingOptions) {
+  no_cuda();
+}
+CudaRingPlan::~CudaRingPlan() = default;
+const ShardLayout& CudaRingPlan::layout() const noexcept { return impl_->layout; }
+const RingSchedule& CudaRingPlan::schedule() const noexcept { return impl_->sched; }
+DeviceDType CudaRingPlan::dtype() const noexcept { return DeviceDType::fp32; }
+void CudaRingPlan::forward(const void*, const void*, const void*, float*, float*) { no_cuda(); }
+void CudaRingPlan::backward(const void*, const void*, const void*, const float*, const float*,
+                            const void*, float*, float*, float*) {
+  no_cuda();
+}
+void CudaRingPlan::synchronize() { no_cuda(); }
+const RingTimings& CudaRingPlan::last_forward() const noexcept { return impl_->none; }
+const RingTimings& CudaRingPlan::last_backward() const noexcept { return impl_->none; }
+std::size_t CudaRingPlan::workspace_bytes() const noexcept { return 0; }
+
+}  // namespace ringattn::ring

@@ -153,8 +153,7 @@ struct CudaRingPlan::Impl {
     auto [before, after] = waits[next_wait++];
     progress->when_enqueued(ticket, [&](void* done) {
       RINGATTN_CUDA_CHECK(cudaEventRecord(before, stream));
-      if (done)
-        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(done), 0));
+      if (done) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(done), 0));
       RINGATTN_CUDA_CHECK(cudaEventRecord(after, stream));
     });
   }
@@ -176,7 +175,9 @@ struct CudaRingPlan::Impl {
     fault.stall_if_due(comm->rank(), t, *comm);
     const RingStep& st = sched.steps[static_cast<std::size_t>(t)];
     std::vector<Transfer> sends, recvs;
-    const auto bytes = [&](int64_t rows) { return static_cast<std::size_t>(rows * 2 * d()) * eb(); };
+    const auto bytes = [&](int64_t rows) {
+      return static_cast<std::size_t>(rows * 2 * d()) * eb();
+    };
     if (st.send_to >= 0) {
       kc::launch_pack_rows(elem, pack_params(t), k, v, send_buf[t % 2].get(), stream);
       sends.push_back({st.send_to, send_buf[t % 2].get(), bytes(st.send_rows)});
@@ -234,8 +235,8 @@ struct CudaRingPlan::Impl {
     }
   }
 
-  void compute_backward(int t, kc::FlashBackwardParams p, const void* k, const void* v,
-                        float* dk, float* dv) {
+  void compute_backward(int t, kc::FlashBackwardParams p, const void* k, const void* v, float* dk,
+                        float* dv) {
     p.k = k;
     p.v = v;
     p.dk = dk;
@@ -322,7 +323,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   const auto kv_send = static_cast<std::size_t>(m.sched.max_send_rows * 2 * m.d());
   const auto kv_recv = static_cast<std::size_t>(m.sched.max_recv_rows * 2 * m.d());
   for (int i = 0; i < 2; ++i) {
-    m.send_buf[i] = kc::DeviceAllocation(kv_send * m.eb(), "a ring send buffer", opts.device, m.stream);
+    m.send_buf[i] =
+        kc::DeviceAllocation(kv_send * m.eb(), "a ring send buffer", opts.device, m.stream);
     m.recv_buf[i] =
         kc::DeviceAllocation(kv_recv * m.eb(), "a ring receive buffer", opts.device, m.stream);
     m.part_buf[i] = kc::DeviceAllocation(kv_recv * sizeof(float), "a ring dK/dV partial buffer",
@@ -344,8 +346,8 @@ const RingTimings& CudaRingPlan::last_backward() const noexcept { return impl_->
 
 std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
-  std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() +
-                  m.delta.bytes();
+  std::size_t b =
+      m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() + m.delta.bytes();
   for (int i = 0; i < 2; ++i)
     b += m.send_buf[i].bytes() + m.recv_buf[i].bytes() + m.part_buf[i].bytes() +
          m.ret_buf[i].bytes();
@@ -382,8 +384,7 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
     const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
     if (st.recv_from >= 0) {
       const auto* buf = static_cast<const char*>(m.recv_buf[t % 2].get());
-      m.compute_forward(t, p, buf,
-                        buf + static_cast<std::size_t>(st.recv_rows * m.d()) * m.eb());
+      m.compute_forward(t, p, buf, buf + static_cast<std::size_t>(st.recv_rows * m.d()) * m.eb());
     }
   }
   if (m.grouped_scale != 1.0f) kc::scale_floats(out, n_out, m.grouped_scale, m.stream);
@@ -402,8 +403,8 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   const Shape4& s = m.cfg.shape;
   const int rank = m.comm->rank(), world = m.comm->size();
   const int64_t dd = m.d();
-  const auto bytes = static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd) *
-                     sizeof(float);
+  const auto bytes =
+      static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd) * sizeof(float);
   m.start_call();
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, m.stream));
@@ -439,8 +440,8 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
     m.device_wait(ret_ticket[static_cast<std::size_t>(t)]);
     ret_ticket[static_cast<std::size_t>(t)] = -1;
     if (m.sched.steps[static_cast<std::size_t>(t)].send_to >= 0)
-      kc::launch_unpack_add_rows(m.pack_params(t), m.ret_buf[t % 2].as<float>(), dk, dv,
-                                 m.mixture, m.stream);
+      kc::launch_unpack_add_rows(m.pack_params(t), m.ret_buf[t % 2].as<float>(), dk, dv, m.mixture,
+                                 m.stream);
   };
 
   int ticket = world > 1 ? m.post_kv(1, k, v, kKvBackward, m.bwd) : -1;

@@ -213,6 +213,9 @@ class NcclCommunicator final : public Communicator {
     const std::string why = last && *last ? last : "no NCCL error recorded";
     return "NCCL communicator aborted (ncclCommAbort); ncclGetLastError: " + why;
   }
+  // Virtual ranks: an abort of the job reaches this rank through its control communicator
+  // (a rank stalled outside NCCL polls it).
+  void check_aborted() override { control_.check_aborted(); }
   [[noreturn]] void abort(int exit_code) override {
     if (comm_ && !aborted_.exchange(true)) {
       const kernels::cuda::ScopedDevice on(device_, std::nothrow);

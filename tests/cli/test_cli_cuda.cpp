@@ -4,6 +4,8 @@
 // where no CUDA device is usable.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -116,6 +118,68 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
 #endif
 }
 #endif
+
+// The GPU ring from the command line: virtual ranks, one GPU each, K/V over NCCL.
+std::string ring_skip_reason(int ranks) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) return gpu.reason;
+  if (gpu.device_count < ranks)
+    return "needs " + std::to_string(ranks) + " GPUs for " + std::to_string(ranks) +
+           " virtual ranks (NCCL refuses two ranks on one GPU); this machine has " +
+           std::to_string(gpu.device_count);
+  return "";
+}
+
+class CliCudaRing : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(CliCudaRing, RingSize3PassesCheckAndMovesTheMinimum) {
+  if (const std::string why = ring_skip_reason(3); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  TempDir dir;
+  std::vector<std::string> args = {"run",      "--device", "cuda",       "--ring-size",      "3",
+                                   "--check",  "--json",   "--backward", "--iters",          "1",
+                                   "--warmup", "0",        "--out",      dir.file("out.npy")};
+  args.insert(args.end(), GetParam().begin(), GetParam().end());
+  const CliResult r = testing::run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const nlohmann::json j = last_line_json(r.out);
+  EXPECT_EQ(j.value("device", ""), "cuda");
+  EXPECT_EQ(j.value("world_size", 0), 3);
+  EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
+  EXPECT_EQ(j.value("bytes_sent", -1), j.value("bytes_sent_min", -2)) << describe(r);
+  EXPECT_TRUE(j.contains("comm_exposed_ms")) << describe(r);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("out.npy")));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, CliCudaRing,
+    ::testing::Values(std::vector<std::string>{"--seq-len", "384", "--heads", "2"},
+                      std::vector<std::string>{"--seq-len", "384", "--heads", "3", "--attention",
+                                               "dilated", "--segments", "96,192,384", "--dilations",
+                                               "1,2,4"},
+                      std::vector<std::string>{"--seq-len", "384", "--heads", "4", "--attention",
+                                               "dilated", "--combine", "mixture", "--segments",
+                                               "96,384", "--dilations", "1,3", "--causal",
+                                               "--dtype", "fp16"}),
+    [](const auto& p) { return std::to_string(p.index); });
+
+TEST(CliCudaRingWatchdog, AStalledRankEndsTheJobNamingRankAndStepWithNoOutput) {
+  if (const std::string why = ring_skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r =
+      testing::run_program(RINGATTN_CLI_PATH,
+                           {"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
+                            "--heads", "2", "--timeout", "1", "--out", dir.file("out.npy")},
+                           {"RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall"});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("  stalled GPU rank: ended after %.2f s, exit %d\n", s, r.exit_code);
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_NE(r.err.find("ring step 1 (forward K/V) did not complete within 1 s"), std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.err.find("ncclCommAbort"), std::string::npos) << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  EXPECT_LT(s, 15.0);
+}
 
 }  // namespace
 }  // namespace ringattn

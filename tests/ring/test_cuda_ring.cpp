@@ -38,9 +38,13 @@ struct Full {
 Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, DeviceDType t) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
-  Full f{std::vector<float>(n), std::vector<float>(static_cast<std::size_t>(s.batch * s.heads * s.seq_len)),
-         std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
-         std::vector<int64_t>(static_cast<std::size_t>(p)), std::vector<int64_t>(static_cast<std::size_t>(p))};
+  Full f{std::vector<float>(n),
+         std::vector<float>(static_cast<std::size_t>(s.batch * s.heads * s.seq_len)),
+         std::vector<float>(n),
+         std::vector<float>(n),
+         std::vector<float>(n),
+         std::vector<int64_t>(static_cast<std::size_t>(p)),
+         std::vector<int64_t>(static_cast<std::size_t>(p))};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
     const int r = control.rank();
@@ -114,7 +118,8 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
   for (int i = 0; i < 5; ++i) EXPECT_LE(e[i], tol) << what << " P=" << p << ": " << names[i];
   for (int r = 0; r < p; ++r)
-    EXPECT_EQ(got.bytes_sent[static_cast<std::size_t>(r)], got.bytes_min[static_cast<std::size_t>(r)])
+    EXPECT_EQ(got.bytes_sent[static_cast<std::size_t>(r)],
+              got.bytes_min[static_cast<std::size_t>(r)])
         << what << " P=" << p << " rank " << r;
   std::printf("  %s P=%d %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
               what.c_str(), p, to_string(t), e[0], e[1], e[2], e[3], e[4],
@@ -153,7 +158,7 @@ TEST_P(CudaRingRandom, EveryRankCountMatchesTheReference) {
   }
   // The other dtypes once each, at P = 3.
   if (rc.c.attention == AttentionKind::dense)
-    expect_matches_reference(what, cfg, in, 3, rc.causal ? DeviceDType::fp16 : DeviceDType::fp32);
+    expect_matches_reference(what, cfg, in, 3, rc.causal ? DeviceDType::fp32 : DeviceDType::fp16);
 }
 
 std::vector<RingCase> ring_cases() {

@@ -229,8 +229,8 @@ void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
 
 void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream) {
   if (n <= 0) return;
-  launch_kernel("scale_kernel", &scale_kernel, dim3(blocks_for(n, kThreads * 4)), dim3(kThreads),
-                0, stream, data, n, factor);
+  launch_kernel("scale_kernel", &scale_kernel, dim3(blocks_for(n, kThreads * 4)), dim3(kThreads), 0,
+                stream, data, n, factor);
   RINGATTN_CUDA_CHECK_LAUNCH("scale_kernel");
 }
 
@@ -240,8 +240,8 @@ void launch_pack_rows(Elem e, const PackParams& p, const void* k, const void* v,
   const dim3 grid(blocks_for(p.total_rows, kThreads / 32)), block(kThreads);
   switch (e) {
     case Elem::bf16:
-      launch_kernel("pack_rows_kernel", &pack_rows_kernel<__nv_bfloat16>, grid, block, 0, stream,
-                    p, static_cast<const __nv_bfloat16*>(k), static_cast<const __nv_bfloat16*>(v),
+      launch_kernel("pack_rows_kernel", &pack_rows_kernel<__nv_bfloat16>, grid, block, 0, stream, p,
+                    static_cast<const __nv_bfloat16*>(k), static_cast<const __nv_bfloat16*>(v),
                     static_cast<__nv_bfloat16*>(buf));
       break;
     case Elem::fp16:
