@@ -19,6 +19,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli_runner.hpp"
 #include "kernels/cpu_block_sparse.hpp"
 #include "random.hpp"
 #include "ringattn/cuda_plan.hpp"
@@ -364,6 +365,48 @@ TEST(CudaSparseKernels, CudnnIsRefusedNamingKernel) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.subject(), "--kernel") << e.what();
   }
+}
+
+// The CLI runs block-sparse on the GPU when asked (one rank), checks it against the float64
+// reference at the dtype's tolerance, and refuses cuDNN naming --kernel.
+TEST(CudaSparseCli, DeviceCudaRunsBlockSparseAndPassesItsCheck) {
+  REQUIRE_GPU();
+  for (const char* dtype : {"bf16", "fp32"}) {
+    const testing::CliResult r = testing::run_cli({"run",
+                                                   "--device",
+                                                   "cuda",
+                                                   "--attention",
+                                                   "block-sparse",
+                                                   "--pattern",
+                                                   "bigbird",
+                                                   "--seq-len",
+                                                   "256",
+                                                   "--heads",
+                                                   "2",
+                                                   "--head-dim",
+                                                   "64",
+                                                   "--block-size",
+                                                   "64",
+                                                   "--causal",
+                                                   "--backward",
+                                                   "--check",
+                                                   "--dtype",
+                                                   dtype,
+                                                   "--iters",
+                                                   "1",
+                                                   "--warmup",
+                                                   "0",
+                                                   "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("block-sparse attention on cuda"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("-> OK"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string("inputs ") + dtype), std::string::npos) << r.out;
+  }
+  const testing::CliResult r = testing::run_cli(
+      {"run", "--device", "cuda", "--attention", "block-sparse", "--pattern", "local", "--seq-len",
+       "256", "--heads", "1", "--head-dim", "64", "--block-size", "64", "--kernel", "cudnn"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--kernel"), std::string::npos) << r.err;
 }
 
 #if RINGATTN_TEST_HAVE_CUDA
