@@ -48,7 +48,6 @@ struct Device;
 
 struct Stream {
   Stream(Device& d, bool is_blocking, bool is_legacy, std::uint64_t delay_seed);
-  ~Stream();
   void run();
   // Blocks until the tasks submitted before `target` have run.
   void wait_for(std::uint64_t target) {
@@ -208,14 +207,6 @@ Stream::Stream(Device& d, bool is_blocking, bool is_legacy, std::uint64_t delay_
       rng(delay_seed),
       worker([this] { run(); }) {}
 
-Stream::~Stream() {
-  {
-    std::lock_guard lock(mu);
-    stopping = true;
-  }
-  cv.notify_all();
-  worker.join();
-}
 
 void Stream::run() {
   t_device = device.id;
@@ -933,7 +924,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     auto& v = s->device.streams;
     v.erase(std::remove(v.begin(), v.end(), s), v.end());
   }
-  delete s;
+  // The worker stops; the object stays, because a legacy-ordering wait queued on another
+  // stream may still name it (it only reads its counters, which no longer change).
+  {
+    std::lock_guard lock(s->mu);
+    s->stopping = true;
+  }
+  s->cv.notify_all();
+  s->worker.join();
   return cudaSuccess;
 }
 
@@ -1018,7 +1016,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     std::unique_lock lock(e->mu);
     // A failed device skips its tasks but still counts them, so the wait ends either way.
     const std::uint64_t target = e->recorded;
-    e->cv.wait(lock, [&] { return e->reached >= target || sticky_of(d) != cudaSuccess; });
+    // The skipped record task of a failed device never notifies: look again now and then.
+    while (e->reached < target && sticky_of(d) == cudaSuccess)
+      e->cv.wait_for(lock, std::chrono::milliseconds(10));
   }
   return set_last(sticky_of(d));
 }
@@ -1026,7 +1026,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
   std::shared_ptr<Event> e = resolve(event);
   Stream* s = resolve(stream);
-  if (!e || !s || flags != 0) return set_last(cudaErrorInvalidResourceHandle);
+  if (flags != 0) return set_last(cudaErrorInvalidValue);
+  if (!e || !s) return set_last(cudaErrorInvalidResourceHandle);
   std::uint64_t target;
   {
     std::lock_guard lock(e->mu);

@@ -203,11 +203,14 @@ class NcclCommunicator final : public Communicator {
   // The watchdog calls this from its own thread while the progress thread may be inside
   // NCCL; the first caller aborts, later ones (and abort()) only report.
   std::string cancel_in_flight() override {
-    const char* last = ncclGetLastError(comm_);
-    const std::string why = last && *last ? last : "no NCCL error recorded";
     if (aborted_.exchange(true)) return "NCCL communicator already aborted";
     const kernels::cuda::ScopedDevice on(device_, std::nothrow);
     ncclCommAbort(comm_);
+    // Read after the abort, when the library's account of what was in flight is complete;
+    // with a null communicator, since the abort has freed this one (NCCL keeps the last
+    // error per process; its manual says the argument may be NULL).
+    const char* last = ncclGetLastError(nullptr);
+    const std::string why = last && *last ? last : "no NCCL error recorded";
     return "NCCL communicator aborted (ncclCommAbort); ncclGetLastError: " + why;
   }
   [[noreturn]] void abort(int exit_code) override {

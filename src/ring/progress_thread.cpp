@@ -37,9 +37,15 @@ ProgressThread::~ProgressThread() {
 
 int ProgressThread::post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag,
                          int step, const char* what) {
+  return post_after(nullptr, std::move(sends), std::move(recvs), tag, step, what);
+}
+
+int ProgressThread::post_after(void* device_event, std::vector<Transfer> sends,
+                               std::vector<Transfer> recvs, int tag, int step, const char* what) {
   if (sends.empty() && recvs.empty()) return -1;
   std::lock_guard lock(mu_);
   Job j;
+  j.device_wait = device_event;
   j.sends = std::move(sends);
   j.recvs = std::move(recvs);
   j.tag = tag;
@@ -62,6 +68,26 @@ std::string ProgressThread::timeout_message(const Job& j) const {
     os << std::exchange(sep, ", ") << "sending " << t.bytes << " bytes to rank " << t.peer;
   os << "; a peer has stalled or died";
   return os.str();
+}
+
+void ProgressThread::when_enqueued(int ticket, const std::function<void(void*)>& use) {
+  if (ticket < 0) return;
+  std::unique_lock lock(mu_);
+  auto job = [&]() -> Job& { return jobs_[static_cast<std::size_t>(ticket - first_ticket_)]; };
+  job().deadline = now_ms() + timeout_ms_;
+  cv_.notify_all();
+  const auto backstop = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double, std::milli>(timeout_ms_ + kGraceMs));
+  // Under the lock the communication thread cannot finish the job and recycle its event.
+  const auto ready = [&] {
+    return error_ || job().done || (job().pending && job().pending->device_event());
+  };
+  if (!cv_.wait_until(lock, backstop, ready))
+    throw RuntimeFailure(timeout_message(job()) +
+                         " (it was never enqueued, and the communication thread did not respond)");
+  if (error_) std::rethrow_exception(error_);
+  use(job().done ? nullptr : job().pending->device_event());
 }
 
 double ProgressThread::wait(int ticket) {
@@ -95,7 +121,11 @@ void ProgressThread::loop() {
     try {
       for (Job& j : jobs_) {
         if (j.done) continue;
-        if (!j.pending) j.pending = comm_.start(j.sends, j.recvs, j.tag);
+        if (!j.pending) {
+          if (j.device_wait) comm_.stream_wait(j.device_wait);
+          j.pending = comm_.start(j.sends, j.recvs, j.tag);
+          if (j.pending->device_event()) cv_.notify_all();  // enqueued: when_enqueued may go on
+        }
         if (j.pending->test()) {
           j.done = true;
           j.done_at = now_ms();
@@ -106,6 +136,7 @@ void ProgressThread::loop() {
           if (std::string lib = comm_.cancel_in_flight(); !lib.empty()) msg += "; " + lib;
           throw RuntimeFailure(msg);
         } else {
+          if (j.pending->device_event()) cv_.notify_all();  // enqueued by test()
           active = true;
         }
       }

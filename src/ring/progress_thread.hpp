@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -34,6 +35,17 @@ class ProgressThread {
   // `step` and `what` (a string literal, e.g. "forward K/V") only label error messages.
   int post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag, int step = -1,
            const char* what = "exchange");
+  // Device backends: as post(), and the exchange starts (on the communication stream) only
+  // after `device_event` (a cudaEventRecord of the caller's compute stream: send buffers
+  // written, receive buffers no longer read).
+  int post_after(void* device_event, std::vector<Transfer> sends, std::vector<Transfer> recvs,
+                 int tag, int step, const char* what);
+  // Device backends: blocks only until the exchange is enqueued on the communication stream,
+  // then calls `use(event)` with its completion event (a cudaEvent_t), or with null if it
+  // has completed already; `use` makes the compute stream wait for it. The watchdog's
+  // deadline starts here, and the exchange must still be wait()ed for later (its failures
+  // surface there).
+  void when_enqueued(int ticket, const std::function<void(void*)>& use);
   // Blocks until the exchange completed; returns the milliseconds it was in flight.
   // Rethrows an error the communication thread met; throws RuntimeFailure naming the step
   // and peers when the exchange did not complete within the timeout.
@@ -45,6 +57,7 @@ class ProgressThread {
     int tag = 0;
     int step = -1;
     const char* what = "";
+    void* device_wait = nullptr;  // stream_wait() before start()
     std::unique_ptr<PendingExchange> pending;
     double posted_at = 0, done_at = 0;
     double deadline = std::numeric_limits<double>::infinity();  // set when waited on

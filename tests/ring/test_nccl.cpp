@@ -6,11 +6,13 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
 #include "ring/communicator.hpp"
+#include "ring/inproc_communicator.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ring/progress_thread.hpp"
 #include "ringattn/errors.hpp"
@@ -84,6 +86,52 @@ TEST(Nccl, WatchdogAbortsAnExchangeThatCannotCompleteNamingNcclsReason) {
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   cudaFree(buf);  // the communicator was aborted; it only has to be destroyed now
+}
+
+// Review item 1: ranks whose GPU is not device 0, driven from the ring's progress thread
+// (a thread whose current device is 0). Every entry point of the communicator makes its
+// device current, so its events and streams belong together and the step completes;
+// before, the progress thread created and recorded events on device 0 for a stream of
+// device r (cudaErrorInvalidResourceHandle). Virtual ranks, one device each (NCCL refuses
+// two ranks of one communicator on one device).
+TEST(Nccl, VirtualRanksOnTheirOwnDevicesRunARingStepFromTheProgressThread) {
+  SKIP_WITHOUT_GPU();
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "SKIPPED: needs two GPUs (this machine has " << devices << ")";
+  const int p = std::min(devices, 4);
+  constexpr std::size_t n = 1 << 16;
+  const int rc = run_virtual_ranks(p, [&](Communicator& control) {
+    const int r = control.rank();
+    auto comm = make_nccl_communicator(control, {30});
+    if (cudaSetDevice(r) != cudaSuccess) return 1;
+    std::vector<float> host(n);
+    for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(r * 7919 + i % 613);
+    float *send = nullptr, *recv = nullptr;
+    if (cudaMalloc(&send, n * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&recv, n * sizeof(float)) != cudaSuccess ||
+        cudaMemcpy(send, host.data(), n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+      return 1;
+    if (cudaSetDevice(0) != cudaSuccess) return 1;  // another rank's device is current now
+    {
+      ProgressThread progress(*comm, 20.0);
+      progress.wait(progress.post({{(r + 1) % p, send, n * sizeof(float)}},
+                                  {{(r + p - 1) % p, recv, n * sizeof(float)}}, 0, 0, "ring step"));
+    }
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != 0) return 1;
+    if (cudaSetDevice(r) != cudaSuccess) return 1;
+    std::vector<float> got(n);
+    if (cudaMemcpy(got.data(), recv, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return 1;
+    const int from = (r + p - 1) % p;
+    for (std::size_t i = 0; i < n; i += 101)
+      if (got[i] != static_cast<float>(from * 7919 + i % 613)) return 2;
+    cudaFree(send);
+    cudaFree(recv);
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "a rank failed (1: a CUDA call, 2: wrong data received)";
 }
 
 }  // namespace

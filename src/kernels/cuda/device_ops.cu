@@ -45,6 +45,75 @@ __global__ void row_dot_kernel(const RowDotParams p) {
   }
 }
 
+__global__ void scale_kernel(float* data, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    data[i] *= factor;
+}
+
+// The run holding packed row `row` (runs sorted by base, covering [0, total_rows)).
+__device__ __forceinline__ int64_t run_of(const PackParams& p, int64_t row) {
+  int64_t lo = 0, hi = p.n_runs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (p.runs[mid].base <= row)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// One warp per packed row: its K and V rows, element by element.
+template <typename T>
+__global__ void pack_rows_kernel(const PackParams p, const T* k, const T* v, T* buf) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+       r < p.total_rows; r += warps) {
+    const PackedRun run = p.runs[run_of(p, r)];
+    const int64_t at = run.row0 + (r - run.base) * run.stride;
+    T* kb = buf + r * p.head_dim;
+    T* vb = buf + (p.total_rows + r) * p.head_dim;
+    for (int64_t d = lane; d < p.head_dim; d += 32) {
+      kb[d] = k[at + d];
+      vb[d] = v[at + d];
+    }
+  }
+}
+
+// Parallel over packed rows (no two name one row).
+__global__ void unpack_add_kernel(const PackParams p, const float* buf, float* dk, float* dv) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+       r < p.total_rows; r += warps) {
+    const PackedRun run = p.runs[run_of(p, r)];
+    const int64_t at = run.row0 + (r - run.base) * run.stride;
+    const float* kb = buf + r * p.head_dim;
+    const float* vb = buf + (p.total_rows + r) * p.head_dim;
+    for (int64_t d = lane; d < p.head_dim; d += 32) {
+      dk[at + d] += kb[d];
+      dv[at + d] += vb[d];
+    }
+  }
+}
+
+// One thread per column, every packed row in order (rows may repeat across runs).
+__global__ void unpack_add_serial_kernel(const PackParams p, const float* buf, float* dk,
+                                         float* dv) {
+  const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (d >= p.head_dim) return;
+  for (int64_t i = 0; i < p.n_runs; ++i) {
+    const PackedRun run = p.runs[i];
+    for (int64_t j = 0; j < run.rows; ++j) {
+      const int64_t at = run.row0 + j * run.stride + d;
+      dk[at] += buf[(run.base + j) * p.head_dim + d];
+      dv[at] += buf[(p.total_rows + run.base + j) * p.head_dim + d];
+    }
+  }
+}
+
 // One warp per row: the same arithmetic as merge_lse_row.
 __global__ void merge_lse_kernel(const MergeRows m) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -156,6 +225,52 @@ void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("row_dot_kernel");
+}
+
+void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_kernel("scale_kernel", &scale_kernel, dim3(blocks_for(n, kThreads * 4)), dim3(kThreads),
+                0, stream, data, n, factor);
+  RINGATTN_CUDA_CHECK_LAUNCH("scale_kernel");
+}
+
+void launch_pack_rows(Elem e, const PackParams& p, const void* k, const void* v, void* buf,
+                      cudaStream_t stream) {
+  if (p.total_rows == 0) return;
+  const dim3 grid(blocks_for(p.total_rows, kThreads / 32)), block(kThreads);
+  switch (e) {
+    case Elem::bf16:
+      launch_kernel("pack_rows_kernel", &pack_rows_kernel<__nv_bfloat16>, grid, block, 0, stream,
+                    p, static_cast<const __nv_bfloat16*>(k), static_cast<const __nv_bfloat16*>(v),
+                    static_cast<__nv_bfloat16*>(buf));
+      break;
+    case Elem::fp16:
+      launch_kernel("pack_rows_kernel", &pack_rows_kernel<__half>, grid, block, 0, stream, p,
+                    static_cast<const __half*>(k), static_cast<const __half*>(v),
+                    static_cast<__half*>(buf));
+      break;
+    case Elem::fp32:
+      launch_kernel("pack_rows_kernel", &pack_rows_kernel<float>, grid, block, 0, stream, p,
+                    static_cast<const float*>(k), static_cast<const float*>(v),
+                    static_cast<float*>(buf));
+      break;
+  }
+  RINGATTN_CUDA_CHECK_LAUNCH("pack_rows_kernel");
+}
+
+void launch_unpack_add_rows(const PackParams& p, const float* buf, float* dk, float* dv,
+                            bool rows_may_repeat, cudaStream_t stream) {
+  if (p.total_rows == 0) return;
+  if (rows_may_repeat) {
+    launch_kernel("unpack_add_serial_kernel", &unpack_add_serial_kernel,
+                  dim3(blocks_for(p.head_dim, 128)), dim3(128), 0, stream, p, buf, dk, dv);
+    RINGATTN_CUDA_CHECK_LAUNCH("unpack_add_serial_kernel");
+  } else {
+    launch_kernel("unpack_add_kernel", &unpack_add_kernel,
+                  dim3(blocks_for(p.total_rows, kThreads / 32)), dim3(kThreads), 0, stream, p, buf,
+                  dk, dv);
+    RINGATTN_CUDA_CHECK_LAUNCH("unpack_add_kernel");
+  }
 }
 
 void launch_merge_lse(const MergeRows& m, cudaStream_t stream) {

@@ -46,4 +46,29 @@ struct ViewResultParams {
 };
 void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t stream);
 
+// data[i] *= factor for i < n (the grouped combine's 1/G at the end of the ring).
+void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream);
+
+// The ring's packed rows: `rows` rows starting at element row0 of a [B, N, H, D] shard,
+// `stride` elements apart, packed from row `base` of the buffer on. Runs are in packing
+// order (base ascending) and cover the buffer's rows exactly.
+struct PackedRun {
+  int64_t row0 = 0, stride = 0, rows = 0, base = 0;
+};
+struct PackParams {
+  const PackedRun* runs = nullptr;  // device
+  int64_t n_runs = 0;
+  int64_t total_rows = 0;  // the buffer's rows: K rows [total, D], then V rows [total, D]
+  int64_t head_dim = 0;
+};
+// buf[K rows | V rows] = k, v at the runs' rows, in element type `e` (no conversion).
+void launch_pack_rows(Elem e, const PackParams& p, const void* k, const void* v, void* buf,
+                      cudaStream_t stream);
+// dk, dv at the runs' rows += buf's fp32 [dK rows | dV rows]. With `rows_may_repeat` (runs of
+// two patterns naming one row, dilated mixture) one thread per column adds every row in
+// packing order; otherwise rows are added in parallel. Either way each element's sum is
+// taken in packing order, so the result does not depend on the launch.
+void launch_unpack_add_rows(const PackParams& p, const float* buf, float* dk, float* dv,
+                            bool rows_may_repeat, cudaStream_t stream);
+
 }  // namespace ringattn::kernels::cuda
