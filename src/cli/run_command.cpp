@@ -33,6 +33,7 @@
 #include "ringattn/reference.hpp"
 #include "ringattn/tensor.hpp"
 #include "sparse/block_lists.hpp"
+#include "sparse/cuda_sparse_plan.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/pattern_cache.hpp"
 #include "sparse/sparse_plan.hpp"
@@ -156,13 +157,14 @@ struct RunState {
   std::string pattern_text;  // canonical pattern, or "mask FILE"
   std::string auto_note;     // what --attention auto decided
   bool sampled_check = false;
-  // --device cuda: the plan (one rank) or the GPU ring (several ranks, over `nccl`) and the
-  // device copies of the tensors, on `device`.
+  // --device cuda: the plan (one rank: dense/dilated, or block-sparse) or the GPU ring
+  // (several ranks, over `nccl`), and the device copies of the tensors, on `device`.
   std::optional<CudaPlan> cuda;
+  std::optional<sparse::CudaSparsePlan> cuda_sparse;
   std::unique_ptr<ring::Communicator> nccl;
   std::optional<ring::CudaRingPlan> cuda_ring;
   int device = 0;
-  bool on_gpu() const { return cuda.has_value() || cuda_ring.has_value(); }
+  bool on_gpu() const { return cuda || cuda_sparse || cuda_ring; }
   DeviceDType dtype = DeviceDType::bf16;
   DeviceBuffer d_q, d_k, d_v, d_o, d_lse, d_dout, d_dq, d_dk, d_dv;
 };
@@ -252,9 +254,20 @@ KernelChoice kernel_of(const std::string& name) {
 void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   st.dtype = dtype_of(opts.dtype.empty() ? "bf16" : opts.dtype);
   if (comm.size() == 1) {
-    st.cuda.emplace(st.cfg, CudaPlanOptions{st.dtype, kernel_of(opts.kernel), 0});
-    st.dtype = st.cuda->dtype();  // fp32 where the tensor-core kernels do not fit the device
+    const CudaPlanOptions plan_opts{st.dtype, kernel_of(opts.kernel), 0};
+    // fp32 where the tensor-core kernels do not fit the device.
+    if (st.lists) {
+      st.cuda_sparse.emplace(st.cfg, st.lists, plan_opts);
+      st.dtype = st.cuda_sparse->dtype();
+    } else {
+      st.cuda.emplace(st.cfg, plan_opts);
+      st.dtype = st.cuda->dtype();
+    }
   } else {
+    if (st.lists)
+      throw InputError("--device", "'cuda' runs block-sparse attention on one rank in this "
+                                   "version; use --device cpu for the distributed block-sparse "
+                                   "mode, or one rank");
     if (opts.kernel == "cudnn")
       throw InputError("--kernel",
                        "'cudnn' runs on one rank; the GPU ring uses the native "
@@ -342,12 +355,11 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     }
   }
   const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
-  if (block_sparse && use_cuda) {
-    if (opts.device == "cuda")
-      throw InputError("--device",
-                       "block-sparse attention runs on the CPU in this version (its "
-                       "CUDA kernel is not written yet); use --device cpu or auto");
-    use_cuda = false;  // auto: the CPU block-sparse plan
+  // Block-sparse runs on the GPU when asked (one rank: the distributed exchange is CPU-only
+  // in this version); --device auto keeps the CPU plan, whose answer and timings earlier
+  // runs were compared with.
+  if (block_sparse && use_cuda && opts.device != "cuda") {
+    use_cuda = false;
     if (!opts.dtype.empty() && opts.dtype != "fp32")
       throw InputError("--dtype", "'" + opts.dtype +
                                       "' needs the GPU, but block-sparse runs on "
@@ -432,11 +444,11 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     else
       fill_synthetic(st.dout, st.layout, rank, s, opts.seed, 4);
   }
-  if (block_sparse)
+  if (use_cuda)
+    setup_cuda(opts, comm, st);
+  else if (block_sparse)
     st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads},
                       ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
-  else if (use_cuda)
-    setup_cuda(opts, comm, st);
   else if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
@@ -575,7 +587,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   auto forward = [&] {
     if (st.sparse)
       st.sparse->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
-    else if (st.cuda) {
+    else if (st.cuda_sparse) {
+      st.cuda_sparse->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
+                              st.d_lse.as<float>());
+      st.cuda_sparse->synchronize();
+    } else if (st.cuda) {
       st.cuda->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
                        st.d_lse.as<float>());
       st.cuda->synchronize();
@@ -592,7 +608,12 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     if (st.sparse)
       st.sparse->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
                           st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
-    else if (st.cuda) {
+    else if (st.cuda_sparse) {
+      st.cuda_sparse->backward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
+                               st.d_lse.as<float>(), st.d_dout.data(), st.d_dq.as<float>(),
+                               st.d_dk.as<float>(), st.d_dv.as<float>());
+      st.cuda_sparse->synchronize();
+    } else if (st.cuda) {
       st.cuda->backward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
                         st.d_lse.as<float>(), st.d_dout.data(), st.d_dq.as<float>(),
                         st.d_dk.as<float>(), st.d_dv.as<float>());
@@ -623,7 +644,8 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     }
   }
 
-  if (st.on_gpu()) {  // results back to the host tensors
+  const bool on_gpu = st.on_gpu();
+  if (on_gpu) {  // results back to the host tensors
     st.d_o.download(st.o.data(), st.o.size());
     st.d_lse.download(st.lse.data(), st.lse.size());
     if (opts.backward) {
@@ -637,13 +659,14 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   rep.cfg = st.cfg;
   rep.device = "cpu";
   rep.device_detail = cpu_model() + ", " + std::to_string(threads) + " threads per rank";
-  if (st.cuda) {
+  if (st.cuda || st.cuda_sparse) {
     rep.device = "cuda";
-    rep.kernel = st.cuda->kernel_name();
+    rep.kernel = st.cuda ? st.cuda->kernel_name() : st.cuda_sparse->kernel_name();
     rep.dtype = to_string(st.dtype);
     rep.device_detail =
-        st.cuda->device_description() + ", " + rep.dtype + " inputs, kernel " + rep.kernel;
-    rep.notes = st.cuda->notes();
+        (st.cuda ? st.cuda->device_description() : st.cuda_sparse->device_description()) + ", " +
+        rep.dtype + " inputs, kernel " + rep.kernel;
+    rep.notes = st.cuda ? st.cuda->notes() : st.cuda_sparse->notes();
     rep.emulated_device = probe_cuda_device(0).emulated;
   } else if (st.cuda_ring) {
     rep.device = "cuda";
@@ -669,7 +692,16 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     comm.gather(&mine, sizeof mine, all.data());
     return all;
   };
-  if (st.sparse) {
+  if (st.cuda_sparse) {
+    const sparse::BlockLists& l = *st.lists;
+    rep.attended_pairs =
+        sparse::attended_token_pairs(l, st.cfg.causal) * static_cast<double>(st.cfg.shape.batch);
+    rep.pattern = st.pattern_text;
+    rep.sparsity = sparse::sparsity(l, st.cfg.causal);
+    rep.workspace_bytes = st.cuda_sparse->workspace_bytes();
+    rep.device_workspace_bytes = st.cuda_sparse->workspace_bytes();
+    rep.device_peak_bytes = device_bytes_peak();
+  } else if (st.sparse) {
     const sparse::BlockLists& l = *st.lists;
     rep.attended_pairs =
         sparse::attended_token_pairs(l, st.cfg.causal) * static_cast<double>(st.cfg.shape.batch);
@@ -750,16 +782,20 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   const auto n_lse =
       static_cast<std::size_t>(st.cfg.shape.batch * st.cfg.shape.heads * st.cfg.shape.seq_len);
 
+  // The float64 reference's tolerance: the CPU's, or the device dtype's.
+  const double tolerance = !on_gpu                         ? kCheckTolerance
+                           : st.dtype == DeviceDType::fp32 ? kCheckToleranceFp32
+                                                           : kCheckToleranceHalf;
   int code = 0;
   if (rank == 0) {
     if (st.sampled_check) {
-      rep.check_tolerance = kCheckTolerance;
+      rep.check_tolerance = tolerance;
       rep.check_mode = "sampled: " + std::to_string(kSampledRows) +
                        " rows per (batch, head) on every rank, forward only";
       rep.checks.push_back({"out", sampled.first});
       rep.checks.push_back({"lse", sampled.second});
-    } else if (opts.check && st.sparse) {
-      rep.check_tolerance = kCheckTolerance;
+    } else if (opts.check && st.lists) {
+      rep.check_tolerance = tolerance;
       rep.check_mode = "full";
       const BlockReferenceProblem pb = block_problem(st);
       const ReferenceForward ref = reference_forward_blocks(pb, q, k, v);
@@ -773,9 +809,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       }
     } else if (opts.check) {
       rep.check_mode = "full";
-      rep.check_tolerance = !st.on_gpu()                    ? kCheckTolerance
-                            : st.dtype == DeviceDType::fp32 ? kCheckToleranceFp32
-                                                            : kCheckToleranceHalf;
+      rep.check_tolerance = tolerance;
       const ReferenceForward ref = reference_forward(st.cfg, q, k, v);
       rep.checks.push_back({"out", relative_error(o, ref.out.data(), n_full)});
       rep.checks.push_back({"lse", relative_error(lse, ref.lse.data(), n_lse)});

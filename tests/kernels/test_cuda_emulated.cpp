@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,9 @@ std::vector<std::byte> run_plan(const AttentionConfig& cfg, DeviceDType t, int d
   }
   return bytes;
 }
+
+// gtest prints parameters into test names; without this it would print the raw bytes.
+void PrintTo(const SweepCase& c, std::ostream* os) { *os << name_of(c); }
 
 class EmulatedModes : public ::testing::TestWithParam<SweepCase> {};
 

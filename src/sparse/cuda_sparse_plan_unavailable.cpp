@@ -1,0 +1,35 @@
+// CudaSparsePlan in a build without CUDA: the interface exists so that the CLI compiles
+// unchanged, and constructing it says, naming --device, that this build has no CUDA kernels.
+#include "ringattn/errors.hpp"
+#include "sparse/cuda_sparse_plan.hpp"
+
+namespace ringattn::sparse {
+
+struct CudaSparsePlan::Impl {};
+
+CudaSparsePlan::CudaSparsePlan(const AttentionConfig&, std::shared_ptr<const BlockLists>,
+                               CudaPlanOptions) {
+  throw InputError("--device",
+                   "this build of ringattn has no CUDA kernels (the CUDA toolkit was not found "
+                   "at configure time, or RINGATTN_WITH_CUDA=OFF)");
+}
+CudaSparsePlan::~CudaSparsePlan() = default;
+CudaSparsePlan::CudaSparsePlan(CudaSparsePlan&&) noexcept = default;
+CudaSparsePlan& CudaSparsePlan::operator=(CudaSparsePlan&&) noexcept = default;
+const AttentionConfig& CudaSparsePlan::config() const noexcept {
+  static const AttentionConfig none;
+  return none;
+}
+DeviceDType CudaSparsePlan::dtype() const noexcept { return DeviceDType::fp32; }
+void CudaSparsePlan::forward(const void*, const void*, const void*, float*, float*) {}
+void CudaSparsePlan::backward(const void*, const void*, const void*, const float*, const float*,
+                              const void*, float*, float*, float*) {}
+void CudaSparsePlan::synchronize() {}
+const std::vector<std::string>& CudaSparsePlan::notes() const noexcept {
+  static const std::vector<std::string> none;
+  return none;
+}
+std::size_t CudaSparsePlan::workspace_bytes() const noexcept { return 0; }
+std::string CudaSparsePlan::device_description() const { return "none"; }
+
+}  // namespace ringattn::sparse
