@@ -47,7 +47,7 @@ struct Pool {
 struct Device;
 
 struct Stream {
-  Stream(Device& d, bool is_blocking, bool is_legacy, std::uint64_t delay_seed);
+  Stream(Device& d, bool is_blocking, bool is_legacy, bool with_delays, std::uint64_t delay_seed);
   void run();
   // Blocks until the tasks submitted before `target` have run.
   void wait_for(std::uint64_t target) {
@@ -199,14 +199,14 @@ cudaError_t sticky_of(Device& d) {
   return d.sticky;
 }
 
-Stream::Stream(Device& d, bool is_blocking, bool is_legacy, std::uint64_t delay_seed)
+Stream::Stream(Device& d, bool is_blocking, bool is_legacy, bool with_delays,
+               std::uint64_t delay_seed)
     : device(d),
       blocking(is_blocking),
       legacy(is_legacy),
-      delays(machine().delays),
+      delays(with_delays),
       rng(delay_seed),
       worker([this] { run(); }) {}
-
 
 void Stream::run() {
   t_device = device.id;
@@ -250,7 +250,15 @@ void Stream::run() {
 Stream* legacy_of(Device& d) {
   std::lock_guard lock(d.mu);
   if (!d.legacy_stream) {
-    auto* s = new Stream(d, true, true, machine().delay_seed ^ 0x6c6567616379ull ^ d.id);
+    Machine& m = machine();
+    bool delays;
+    std::uint64_t seed;
+    {
+      std::lock_guard machine_lock(m.mu);
+      delays = m.delays;
+      seed = m.delay_seed ^ 0x6c6567616379ull ^ static_cast<std::uint64_t>(d.id);
+    }
+    auto* s = new Stream(d, true, true, delays, seed);
     d.legacy_stream = s;
     d.streams.insert(d.streams.begin(), s);
   }
@@ -536,6 +544,13 @@ bool is_device_memory(const void* p, std::size_t bytes, int device) {
 cudaError_t fail(cudaError_t error, const std::string& detail) {
   note_detail(error, detail);
   return set_last(error);
+}
+
+void set_stream_delays(bool enabled, std::uint64_t seed) {
+  Machine& m = machine();
+  std::lock_guard lock(m.mu);
+  m.delays = enabled;
+  m.delay_seed = seed;
 }
 
 std::string last_failure_detail() {
@@ -889,11 +904,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   Machine& m = machine();
   static std::uint64_t ordinal = 0;
   std::uint64_t seed;
+  bool delays;
   {
     std::lock_guard lock(m.mu);
     seed = m.delay_seed + 0x9e3779b97f4a7c15ull * ++ordinal;
+    delays = m.delays;
   }
-  auto* s = new Stream(d, (flags & cudaStreamNonBlocking) == 0, false, seed);
+  auto* s = new Stream(d, (flags & cudaStreamNonBlocking) == 0, false, delays, seed);
   {
     std::lock_guard lock(d.mu);
     d.streams.push_back(s);

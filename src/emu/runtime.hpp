@@ -62,6 +62,11 @@ cudaError_t fail(cudaError_t error, const std::string& detail);
 cudaError_t launch(const void* kernel, const char* name, Dim3 grid, Dim3 block,
                    std::size_t shared_bytes, cudaStream_t stream, std::function<void()> body);
 
+// Tests: streams created from now on start each task after a random 0-200 us delay drawn
+// from `seed` (as RINGATTN_EMU_STREAM_DELAY does for the whole process), or none with
+// `enabled` false. Streams that exist keep their setting.
+void set_stream_delays(bool enabled, std::uint64_t seed = 0);
+
 // The detail of the most recent failure in the process (kernel fault, refused call), for
 // cudaGetErrorString and tests; empty when none.
 std::string last_failure_detail();

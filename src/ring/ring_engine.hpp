@@ -28,6 +28,9 @@ struct RingTimings {
 struct RingOptions {
   double timeout_s = kDefaultTimeoutSeconds;  // watchdog: longest wait for one exchange
   FaultInjection fault = FaultInjection::from_env();
+  // Tests only (GPU ring): post exchanges without waiting for the compute stream's event,
+  // so that a test can show the ordering it gives is needed (the results then race).
+  bool skip_buffer_ordering_for_tests = false;
 };
 
 class RingPlan {

@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#if RINGATTN_CUDA_EMULATION
+#include "emu/runtime.hpp"
+#endif
 #include "golden.hpp"
 #include "random.hpp"
 #include "ring/cuda_ring_engine.hpp"
@@ -35,7 +38,8 @@ struct Full {
 };
 
 // Runs the GPU ring on P virtual ranks (rank r on device r) and gathers the full tensors.
-Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, DeviceDType t) {
+Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, DeviceDType t,
+                  ring::RingOptions ring_opts = {}) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
   Full f{std::vector<float>(n),
@@ -49,7 +53,7 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
     const int r = control.rank();
     auto comm = ring::make_nccl_communicator(control, {60});
-    ring::CudaRingPlan plan(cfg, *comm, {t, KernelChoice::native, r});
+    ring::CudaRingPlan plan(cfg, *comm, {t, KernelChoice::native, r}, ring_opts);
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim;
     const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
@@ -186,6 +190,44 @@ TEST(CudaRing, BackwardIsBitwiseReproducible) {
                             {&a.dv, &b.dv, "dv"}})
     EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0) << name;
 }
+
+#if RINGATTN_CUDA_EMULATION
+bool same_bits(const Full& a, const Full& b) {
+  for (auto [x, y] : {std::pair{&a.out, &b.out},
+                      {&a.lse, &b.lse},
+                      {&a.dq, &b.dq},
+                      {&a.dk, &b.dk},
+                      {&a.dv, &b.dv}})
+    if (std::memcmp(x->data(), y->data(), x->size() * sizeof(float)) != 0) return false;
+  return true;
+}
+
+// Streams that start each task after a random delay (several seeds) give the same bits: the
+// compute and communication streams are ordered by events, not by luck. And the test has
+// teeth: with the exchanges posted without the compute stream's "packed, and the receive
+// buffer is free" event, some seed gives a different answer.
+TEST(CudaRingEmulated, RandomStreamDelaysChangeNoBitAndTheBufferOrderingIsWhatMakesItSo) {
+  AttentionConfig cfg = testing::config_of(testing::random_ring_cases()[0], true);
+  cfg.shape = {1, 192, 2, 64};
+  const RingInputs in = testing::random_inputs(cfg);
+  emu::runtime::set_stream_delays(false);
+  const Full base = run_gpu_ring(cfg, in, 3, DeviceDType::bf16);
+  for (std::uint64_t seed : {1, 2, 3}) {
+    emu::runtime::set_stream_delays(true, seed);
+    EXPECT_TRUE(same_bits(base, run_gpu_ring(cfg, in, 3, DeviceDType::bf16))) << "seed " << seed;
+  }
+  ring::RingOptions unordered;
+  unordered.skip_buffer_ordering_for_tests = true;
+  int differing = 0;
+  for (std::uint64_t seed : {1, 2, 3}) {
+    emu::runtime::set_stream_delays(true, seed);
+    differing += same_bits(base, run_gpu_ring(cfg, in, 3, DeviceDType::bf16, unordered)) ? 0 : 1;
+  }
+  emu::runtime::set_stream_delays(false);
+  std::printf("  without the ordering events, %d of 3 delay seeds changed the result\n", differing);
+  EXPECT_GT(differing, 0) << "the ordering the engine relies on was not exercised";
+}
+#endif
 
 }  // namespace
 }  // namespace ringattn
