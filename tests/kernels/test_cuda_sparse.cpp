@@ -330,15 +330,6 @@ TEST(SingleDeviceLists, ALocalWindowIsOneSpanPerTileAndItemsCoverEveryRowOnce) {
 }
 
 // ---- properties ---------------------------------------------------------------------------
-std::vector<std::byte> bytes_of(const Result& r) {
-  std::vector<std::byte> b;
-  for (const std::vector<float>* x : {&r.out, &r.lse, &r.dq, &r.dk, &r.dv}) {
-    const auto* p = reinterpret_cast<const std::byte*>(x->data());
-    b.insert(b.end(), p, p + x->size() * sizeof(float));
-  }
-  return b;
-}
-
 TEST(CudaSparseKernels, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   const SparseCase c{"det", {1, 256, 2, 64}, 64, true, DeviceDType::bf16, "bigbird", 0};
@@ -483,6 +474,14 @@ TEST(CudaSparseKernels, AccumulatingForwardMergesSpanSubsetsByLogSumExp) {
 #endif
 
 #if RINGATTN_CUDA_EMULATION
+std::vector<std::byte> bytes_of(const Result& r) {
+  std::vector<std::byte> b;
+  for (const std::vector<float>* x : {&r.out, &r.lse, &r.dq, &r.dk, &r.dv}) {
+    const auto* p = reinterpret_cast<const std::byte*>(x->data());
+    b.insert(b.end(), p, p + x->size() * sizeof(float));
+  }
+  return b;
+}
 // Every block-sparse instantiation gives bitwise the same bytes under every execution mode
 // (warp orders per barrier interval, cp.async landing at the copy or at the wait): no
 // barrier or cp.async wait is missing. On an sm_90 and an sm_86 profile for D = 256.

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,13 @@ struct RingCase {
   bool causal;
 };
 
+std::string name_of(const RingCase& rc) {
+  return std::string(rc.c.name) + (rc.causal ? "_causal" : "");
+}
+// gtest prints parameters into the discovered test names; without this it would print the
+// struct's raw bytes (pointers included), which change from build to build.
+void PrintTo(const RingCase& rc, std::ostream* os) { *os << name_of(rc); }
+
 class CudaRingRandom : public ::testing::TestWithParam<RingCase> {};
 
 TEST_P(CudaRingRandom, EveryRankCountMatchesTheReference) {
@@ -173,9 +181,7 @@ std::vector<RingCase> ring_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Random, CudaRingRandom, ::testing::ValuesIn(ring_cases()),
-                         [](const auto& p) {
-                           return std::string(p.param.c.name) + (p.param.causal ? "_causal" : "");
-                         });
+                         [](const auto& p) { return name_of(p.param); });
 
 // dK/dV partials come back in step order: two runs give the same bits.
 TEST(CudaRing, BackwardIsBitwiseReproducible) {
