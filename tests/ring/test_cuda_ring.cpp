@@ -36,6 +36,7 @@ using testing::RingInputs;
 struct Full {
   std::vector<float> out, lse, dq, dk, dv;
   std::vector<int64_t> bytes_sent, bytes_min;
+  std::vector<std::size_t> workspace;  // device bytes each rank's plan holds
 };
 
 // Runs the GPU ring on P virtual ranks (rank r on device r) and gathers the full tensors.
@@ -49,7 +50,8 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
          std::vector<float>(n),
          std::vector<float>(n),
          std::vector<int64_t>(static_cast<std::size_t>(p)),
-         std::vector<int64_t>(static_cast<std::size_t>(p))};
+         std::vector<int64_t>(static_cast<std::size_t>(p)),
+         std::vector<std::size_t>(static_cast<std::size_t>(p))};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
     const int r = control.rank();
@@ -87,6 +89,7 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
     ring::insert_rows(l, r, s.batch, inner, ldk.data(), f.dk.data());
     ring::insert_rows(l, r, s.batch, inner, ldv.data(), f.dv.data());
     f.bytes_sent[static_cast<std::size_t>(r)] = plan.last_forward().bytes_sent;
+    f.workspace[static_cast<std::size_t>(r)] = plan.workspace_bytes();
     // The minimum is counted in fp32 K/V; the ring moves them in the device dtype.
     f.bytes_min[static_cast<std::size_t>(r)] =
         ring::minimum_bytes_sent(cfg, l, r) * (t == DeviceDType::fp32 ? 4 : 2) / 4;
@@ -125,6 +128,18 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   for (int r = 0; r < p; ++r)
     EXPECT_EQ(got.bytes_sent[static_cast<std::size_t>(r)],
               got.bytes_min[static_cast<std::size_t>(r)])
+        << what << " P=" << p << " rank " << r;
+  // The memory bound (docs/COMMUNICATION.md): two send, two receive, two partial and two
+  // return buffers, each at most one shard's K and V rows (B·n·H rows of D), plus D and the
+  // lists; nothing grows with N·P.
+  const Shape4& s = cfg.shape;
+  const auto shard_rows = static_cast<std::size_t>(s.batch * (s.seq_len / p) * s.heads);
+  const std::size_t eb = t == DeviceDType::fp32 ? 4 : 2;
+  const std::size_t bound =
+      2 * 2 * shard_rows * static_cast<std::size_t>(s.head_dim) * (eb + eb + 4 + 4) +
+      shard_rows * 4 + (std::size_t{1} << 20);
+  for (int r = 0; r < p; ++r)
+    EXPECT_LE(got.workspace[static_cast<std::size_t>(r)], bound)
         << what << " P=" << p << " rank " << r;
   std::printf("  %s P=%d %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
               what.c_str(), p, to_string(t), e[0], e[1], e[2], e[3], e[4],
