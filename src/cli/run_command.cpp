@@ -265,17 +265,26 @@ void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) 
     }
   } else {
     if (st.lists)
-      throw InputError("--device", "'cuda' runs block-sparse attention on one rank in this "
-                                   "version; use --device cpu for the distributed block-sparse "
-                                   "mode, or one rank");
+      throw InputError("--device",
+                       "'cuda' runs block-sparse attention on one rank in this "
+                       "version; use --device cpu for the distributed block-sparse "
+                       "mode, or one rank");
     if (opts.kernel == "cudnn")
       throw InputError("--kernel",
                        "'cudnn' runs on one rank; the GPU ring uses the native "
                        "kernels (use --kernel native or auto)");
     // NCCL binds each rank to the GPU of its node-local rank (the only one when the launcher
-    // gave each rank one visible GPU); the plan and the tensors live there too.
-    st.nccl = ring::make_nccl_communicator(comm, {opts.timeout_s});
-    st.device = probe_cuda_device().device_count == 1 ? 0 : comm.local_rank();
+    // gave each rank one visible GPU); the plan and the tensors live there too. Virtual
+    // ranks on fewer GPUs than ranks share them, with device copies instead of NCCL (which
+    // refuses two ranks on one GPU).
+    const int gpus = std::max(1, probe_cuda_device().device_count);
+    if (comm.in_process() && gpus < comm.size()) {
+      st.device = comm.rank() % gpus;
+      st.nccl = ring::make_device_inproc_communicator(comm, st.device);
+    } else {
+      st.nccl = ring::make_nccl_communicator(comm, {opts.timeout_s});
+      st.device = gpus == 1 ? 0 : comm.local_rank();
+    }
     st.cuda_ring.emplace(st.cfg, *st.nccl,
                          CudaPlanOptions{st.dtype, KernelChoice::native, st.device},
                          ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});

@@ -59,6 +59,8 @@ class Communicator {
                                                  std::span<const Transfer> recvs, int tag) = 0;
 
   virtual MemorySpace memory_space() const { return MemorySpace::host; }
+  // True for virtual ranks (threads of one process sharing its memory and its GPUs).
+  virtual bool in_process() const { return false; }
   // Device backends: the next start() waits (on the device) for this cudaEvent_t.
   virtual void stream_wait(void* cuda_event) { (void)cuda_event; }
 

@@ -67,6 +67,8 @@ std::string CudaPlan::device_description() const { return "none"; }
 
 namespace ringattn::ring {
 
+std::unique_ptr<Communicator> make_device_inproc_communicator(Communicator&, int) { no_cuda(); }
+
 struct CudaRingPlan::Impl {
   ShardLayout layout;
   RingSchedule sched;

@@ -206,6 +206,7 @@ class InprocCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return world_.size(); }
   int local_rank() const override { return rank_; }
+  bool in_process() const override { return true; }
   std::string library_version() const override {
     return "in-process (" + std::to_string(world_.size()) + " virtual ranks, memcpy)";
   }

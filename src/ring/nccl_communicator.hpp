@@ -24,6 +24,13 @@ struct NcclOptions {
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& control,
                                                      const NcclOptions& opts = {});
 
+// Virtual ranks on fewer GPUs than ranks (NCCL refuses two ranks of one communicator on one
+// device): device buffers move with cudaMemcpyAsync between the ranks' communication
+// streams, ordered by events as NCCL's would be. `control` must be the in-process
+// communicator of the virtual ranks (in_process()); every rank calls this together.
+// Built with CUDA; without it, throws.
+std::unique_ptr<Communicator> make_device_inproc_communicator(Communicator& control, int device);
+
 // For the device report: "NCCL 2.28.9" (ncclGetVersion), and one GPU's name, PCI bus id,
 // compute capability and memory.
 std::string nccl_version_string();

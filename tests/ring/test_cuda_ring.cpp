@@ -40,8 +40,9 @@ struct Full {
 };
 
 // Runs the GPU ring on P virtual ranks (rank r on device r) and gathers the full tensors.
+// With `one_device`, every rank uses device 0 and the in-process device communicator.
 Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, DeviceDType t,
-                  ring::RingOptions ring_opts = {}) {
+                  ring::RingOptions ring_opts = {}, bool one_device = false) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
   Full f{std::vector<float>(n),
@@ -54,8 +55,9 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
          std::vector<std::size_t>(static_cast<std::size_t>(p))};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
-    const int r = control.rank();
-    auto comm = ring::make_nccl_communicator(control, {60});
+    const int r = one_device ? 0 : control.rank();
+    auto comm = one_device ? ring::make_device_inproc_communicator(control, 0)
+                           : ring::make_nccl_communicator(control, {60});
     ring::CudaRingPlan plan(cfg, *comm, {t, KernelChoice::native, r}, ring_opts);
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim;
@@ -63,7 +65,7 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
     const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
     auto to_device = [&](const std::vector<float>& full, const char* what) {
       std::vector<float> local(ln);
-      ring::extract_rows(l, r, s.batch, inner, full.data(), local.data());
+      ring::extract_rows(l, control.rank(), s.batch, inner, full.data(), local.data());
       DeviceBuffer b(ln * (t == DeviceDType::fp32 ? 4 : 2), what, r);
       b.upload(local.data(), ln, t);
       return b;
@@ -83,16 +85,17 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
     dk.download(ldk.data(), ln);
     dv.download(ldv.data(), ln);
     std::lock_guard lock(mu);
-    ring::insert_rows(l, r, s.batch, inner, lo.data(), f.out.data());
-    ring::insert_lse(l, r, s.batch, s.heads, llse.data(), f.lse.data());
-    ring::insert_rows(l, r, s.batch, inner, ldq.data(), f.dq.data());
-    ring::insert_rows(l, r, s.batch, inner, ldk.data(), f.dk.data());
-    ring::insert_rows(l, r, s.batch, inner, ldv.data(), f.dv.data());
-    f.bytes_sent[static_cast<std::size_t>(r)] = plan.last_forward().bytes_sent;
-    f.workspace[static_cast<std::size_t>(r)] = plan.workspace_bytes();
+    ring::insert_rows(l, control.rank(), s.batch, inner, lo.data(), f.out.data());
+    ring::insert_lse(l, control.rank(), s.batch, s.heads, llse.data(), f.lse.data());
+    ring::insert_rows(l, control.rank(), s.batch, inner, ldq.data(), f.dq.data());
+    ring::insert_rows(l, control.rank(), s.batch, inner, ldk.data(), f.dk.data());
+    ring::insert_rows(l, control.rank(), s.batch, inner, ldv.data(), f.dv.data());
+    const auto me = static_cast<std::size_t>(control.rank());
+    f.bytes_sent[me] = plan.last_forward().bytes_sent;
+    f.workspace[me] = plan.workspace_bytes();
     // The minimum is counted in fp32 K/V; the ring moves them in the device dtype.
-    f.bytes_min[static_cast<std::size_t>(r)] =
-        ring::minimum_bytes_sent(cfg, l, r) * (t == DeviceDType::fp32 ? 4 : 2) / 4;
+    f.bytes_min[me] =
+        ring::minimum_bytes_sent(cfg, l, control.rank()) * (t == DeviceDType::fp32 ? 4 : 2) / 4;
     return 0;
   });
   EXPECT_EQ(rc, 0);
@@ -197,6 +200,26 @@ std::vector<RingCase> ring_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Random, CudaRingRandom, ::testing::ValuesIn(ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
+
+// Virtual ranks sharing one GPU (NCCL refuses that): the in-process device communicator
+// gives the same bits as NCCL between distinct GPUs, and matches the reference.
+TEST(CudaRing, VirtualRanksOnOneGpuGiveTheSameBitsAsNcclOnSeveral) {
+  if (const std::string why = skip_reason(3); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  for (bool causal : {false, true}) {
+    AttentionConfig cfg = testing::config_of(testing::random_ring_cases()[1], causal);
+    const RingInputs in = testing::random_inputs(cfg);
+    const Full nccl = run_gpu_ring(cfg, in, 3, DeviceDType::bf16);
+    const Full shared = run_gpu_ring(cfg, in, 3, DeviceDType::bf16, {}, true);
+    for (auto [x, y, name] : {std::tuple{&nccl.out, &shared.out, "out"},
+                              {&nccl.lse, &shared.lse, "lse"},
+                              {&nccl.dq, &shared.dq, "dq"},
+                              {&nccl.dk, &shared.dk, "dk"},
+                              {&nccl.dv, &shared.dv, "dv"}})
+      EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0)
+          << name << (causal ? " causal" : "");
+    EXPECT_EQ(nccl.bytes_sent, shared.bytes_sent);
+  }
+}
 
 // dK/dV partials come back in step order: two runs give the same bits.
 TEST(CudaRing, BackwardIsBitwiseReproducible) {
