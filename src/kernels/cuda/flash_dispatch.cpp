@@ -4,40 +4,26 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/head_dim_switch.hpp"
 
 namespace ringattn::kernels::cuda {
 
-namespace {
-
-template <Elem E, typename F>
-void head_dim_switch(int head_dim, F&& f) {
-  switch (padded_head_dim(head_dim)) {
-    case 64:
-      f.template operator()<E, 64>();
-      break;
-    case 128:
-      f.template operator()<E, 128>();
-      break;
-    default:
-      f.template operator()<E, 256>();
-      break;
-  }
-}
-
-}  // namespace
-
-std::string native_kernels_fit(int64_t head_dim, Elem e, int device) {
-  if (e == Elem::fp32) return {};
+std::string opt_in_shortfall(const char* kernels, Elem e, int head_dim, int need, int device) {
   int limit = 0;
   RINGATTN_CUDA_CHECK(
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int d = padded_head_dim(head_dim), bytes = elem_bytes(e);
-  const int need = std::max(forward_smem_bytes(d, bytes), backward_smem_bytes(d, bytes));
   if (need <= limit) return {};
-  return "the " + std::string(to_string(e)) + " tensor-core kernels for head dim " +
-         std::to_string(d) + " need " + std::to_string(need) +
+  return "the " + std::string(to_string(e)) + " " + kernels + " kernels for head dim " +
+         std::to_string(head_dim) + " need " + std::to_string(need) +
          " bytes of shared memory per block; device " + std::to_string(device) + " allows " +
          std::to_string(limit);
+}
+
+std::string native_kernels_fit(int64_t head_dim, Elem e, int device) {
+  if (e == Elem::fp32) return {};
+  const int d = padded_head_dim(head_dim), bytes = elem_bytes(e);
+  const int need = std::max(forward_smem_bytes(d, bytes), backward_smem_bytes(d, bytes));
+  return opt_in_shortfall("tensor-core", e, d, need, device);
 }
 
 void flash_forward(Elem e, const FlashForwardParams& p, cudaStream_t stream) {

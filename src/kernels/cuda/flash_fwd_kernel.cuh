@@ -40,6 +40,59 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Scores of one key step → log2-domain logits: s·scale·log2e, and -inf for keys at or past
+// n_k and (causal) keys after query row + causal_offset. Only steps that reach past the end
+// or across the diagonal (`edge`) need the per-element test. Keys j0 + ..., rows `row`.
+template <int kKeys>
+__device__ __forceinline__ void scale_and_mask(float (&s)[kKeys / 8][4], float scale_log2,
+                                               bool edge, int64_t j0, int64_t n_k, bool causal,
+                                               int64_t causal_offset, const int64_t (&row)[2],
+                                               int tig) {
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[n][e] * scale_log2;
+      if (edge) {
+        const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
+        if (key >= n_k || (causal && key > row[e >> 1] + causal_offset)) x = -INFINITY;
+      }
+      s[n][e] = x;
+    }
+}
+
+// One key step of the online softmax for this thread's two rows: the running max m and sum
+// l are updated, the accumulator rescaled, and s becomes the step's probabilities (relative
+// to the new max), ready for P·V.
+template <int kKeys, int kHeadDim>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kKeys / 8][4], float (&m)[2],
+                                                    float (&l)[2], float (&acc)[kHeadDim / 8][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    const float m_new = fmaxf(m[r], quad_max(mx));
+    // A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0.
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = exp2f(m[r] - base);  // 0 when m was -inf
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+      s[n][2 * r] = exp2f(s[n][2 * r] - base);
+      s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+      sum += s[n][2 * r] + s[n][2 * r + 1];
+    }
+    l[r] = l[r] * alpha + sum;
+    m[r] = m_new;
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      acc[d][2 * r] *= alpha;
+      acc[d][2 * r + 1] *= alpha;
+    }
+  }
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     flash_forward_kernel(const FlashForwardParams p) {
@@ -117,47 +170,12 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
       cp_async_commit();
     }
 
-    // Keys past the view's end, and (causal) keys in a row's future, get -inf. Only tiles
-    // that reach past the end or across the diagonal need the per-element test.
+    // Keys past the view's end, and (causal) keys in a row's future, get -inf.
     const bool tail = j0 + kKeys > t.n_k;
     const bool diagonal = p.causal && j0 + kKeys - 1 > i0 + t.causal_offset;
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[n][e] * scale_log2;
-        if (tail || diagonal) {
-          const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
-          const int64_t qi = row[e >> 1];
-          if (key >= t.n_k || (p.causal && key > qi + t.causal_offset)) x = kNegInf;
-        }
-        s[n][e] = x;
-      }
-
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = kNegInf;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      const float m_new = fmaxf(m[r], quad_max(mx));
-      // A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0.
-      const float base = m_new == kNegInf ? 0.0f : m_new;
-      const float alpha = exp2f(m[r] - base);  // 0 when m was -inf
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        s[n][2 * r] = exp2f(s[n][2 * r] - base);
-        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
-        sum += s[n][2 * r] + s[n][2 * r + 1];
-      }
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-#pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d) {
-        acc[d][2 * r] *= alpha;
-        acc[d][2 * r + 1] *= alpha;
-      }
-    }
+    scale_and_mask<kKeys>(s, scale_log2, tail || diagonal, j0, t.n_k, p.causal, t.causal_offset,
+                          row, tig);
+    online_softmax_step<kKeys, kHeadDim>(s, m, l, acc);
 
     cp_async_wait<kPrefetchK ? 1 : 0>();  // V_j has landed (K_{j+1} may be in flight)
     __syncthreads();

@@ -4,42 +4,17 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/head_dim_switch.hpp"
 #include "kernels/cuda/sparse_params.hpp"
 
 namespace ringattn::kernels::cuda {
 
-namespace {
-
-template <Elem E, typename F>
-void head_dim_switch(int head_dim, F&& f) {
-  switch (padded_head_dim(head_dim)) {
-    case 64:
-      f.template operator()<E, 64>();
-      break;
-    case 128:
-      f.template operator()<E, 128>();
-      break;
-    default:
-      f.template operator()<E, 256>();
-      break;
-  }
-}
-
-}  // namespace
-
 std::string sparse_kernels_fit(int64_t head_dim, Elem e, int device) {
   if (e == Elem::fp32) return {};
-  int limit = 0;
-  RINGATTN_CUDA_CHECK(
-      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const int d = padded_head_dim(head_dim), bytes = elem_bytes(e);
   const int need =
       std::max(sparse_forward_smem_bytes(d, bytes), sparse_backward_smem_bytes(d, bytes));
-  if (need <= limit) return {};
-  return "the " + std::string(to_string(e)) + " block-sparse tensor-core kernels for head dim " +
-         std::to_string(d) + " need " + std::to_string(need) +
-         " bytes of shared memory per block; device " + std::to_string(device) + " allows " +
-         std::to_string(limit);
+  return opt_in_shortfall("block-sparse tensor-core", e, d, need, device);
 }
 
 void sparse_forward(Elem e, const SparseForwardParams& p, cudaStream_t stream) {

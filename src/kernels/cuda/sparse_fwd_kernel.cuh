@@ -89,43 +89,9 @@ __global__ void __launch_bounds__(SparseForwardTiles<kHeadDim>::kThreads)
       // Keys past the span's end, and (causal) keys in a row's future, get -inf.
       const bool tail = j0 + kKeys > sp.n_k;
       const bool diagonal = p.causal && j0 + kKeys - 1 > i0 + sp.causal_offset;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[n][e] * scale_log2;
-          if (tail || diagonal) {
-            const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
-            const int64_t qi = row[e >> 1];
-            if (key >= sp.n_k || (p.causal && key > qi + sp.causal_offset)) x = kNegInf;
-          }
-          s[n][e] = x;
-        }
-
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-        const float m_new = fmaxf(m[r], quad_max(mx));
-        // A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0.
-        const float base = m_new == kNegInf ? 0.0f : m_new;
-        const float alpha = exp2f(m[r] - base);  // 0 when m was -inf
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n) {
-          s[n][2 * r] = exp2f(s[n][2 * r] - base);
-          s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
-          sum += s[n][2 * r] + s[n][2 * r + 1];
-        }
-        l[r] = l[r] * alpha + sum;
-        m[r] = m_new;
-#pragma unroll
-        for (int d = 0; d < kHeadDim / 8; ++d) {
-          acc[d][2 * r] *= alpha;
-          acc[d][2 * r + 1] *= alpha;
-        }
-      }
+      scale_and_mask<kKeys>(s, scale_log2, tail || diagonal, j0, sp.n_k, p.causal, sp.causal_offset,
+                            row, tig);
+      online_softmax_step<kKeys, kHeadDim>(s, m, l, acc);
 
       cp_async_wait<0>();  // V has landed
       __syncthreads();

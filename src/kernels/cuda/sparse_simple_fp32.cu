@@ -7,40 +7,18 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/simple_rows.cuh"
 #include "kernels/cuda/sparse_params.hpp"
 
 namespace ringattn::kernels::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kPerLane = 8;  // 8 × 32 lanes = 256 columns
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
-__device__ __forceinline__ void load_row(float (&r)[kPerLane], const float* src, int head_dim,
-                                         int lane) {
-#pragma unroll
-  for (int u = 0; u < kPerLane; ++u) {
-    const int d = lane + 32 * u;
-    r[u] = d < head_dim ? src[d] : 0.0f;
-  }
-}
-
-__device__ __forceinline__ float dot_row(const float (&a)[kPerLane], const float* b, int head_dim,
-                                         int lane) {
-  float s = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kPerLane; ++u) {
-    const int d = lane + 32 * u;
-    if (d < head_dim) s += a[u] * b[d];
-  }
-  return warp_sum(s);
-}
+using simple::dot_row;
+using simple::kPerLane;
+using simple::kWarps;
+using simple::load_row;
+using simple::warp_sum;
 
 // Keys of span `sp` that query row i (of the span's query view) sees: a prefix.
 __device__ __forceinline__ int64_t visible(const KeySpan& sp, bool causal, int64_t i) {
