@@ -18,7 +18,8 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERR
   -DRINGATTN_NATIVE=OFF -DRINGATTN_WITH_MPI=OFF -DRINGATTN_BUILD_BENCH=ON \
   "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
 start=$(date +%s)
-ninja -C "$BUILD" -j"$JOBS" ringattn test_cuda_kernels test_cli_cuda test_nccl gpu_bench
+ninja -C "$BUILD" -j"$JOBS" ringattn test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl \
+  test_cuda_ring gpu_bench
 echo "gpu_build_for_device: built in $(( $(date +%s) - start )) s"
 
 # Staged here, then packed as one xz archive: the device tool carries at most 64 MiB with the
@@ -27,7 +28,8 @@ STAGE=$(mktemp -d /tmp/ringattn-gpu-pack.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
 CARRY=$STAGE
 mkdir -p "$CARRY/bin" "$CARRY/lib"
-cp "$BUILD/ringattn" "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cli_cuda" "$BUILD/tests/test_nccl" \
+cp "$BUILD/ringattn" "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cuda_sparse" \
+  "$BUILD/tests/test_cli_cuda" "$BUILD/tests/test_nccl" "$BUILD/tests/test_cuda_ring" \
   "$BUILD/bench/gpu_bench" "$CARRY/bin/"
 strip --strip-unneeded "$CARRY"/bin/*
 # Shared libraries other than glibc and the C++ runtime (the GPU image's are newer).

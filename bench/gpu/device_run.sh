@@ -6,10 +6,12 @@
 #   bash bench/gpu/device_run.sh check   # the gpu-labelled tests, then compute-sanitizer
 #                                         # memcheck and racecheck over the kernel tests
 #   bash bench/gpu/device_run.sh bench   # the benchmark sweep (run_bench.py) and max N
+#   bash bench/gpu/device_run.sh ring    # the ring and block-sparse benchmark (ring_bench.py)
 #   bash bench/gpu/device_run.sh all     # both (may not fit one 10-minute device call)
 #
 # Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset), at most five
-# files: device.txt, tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt.
+# files: device.txt, tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt,
+# ring_bench_rows.jsonl, ring_bench_table.txt, ceilings.json.
 # Exit status: 0 when every stage run passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -55,7 +57,7 @@ status=0
 
 run_check() {
   : >"$OUT/tests.log"
-  for t in test_cuda_kernels test_cli_cuda test_nccl; do
+  for t in test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl test_cuda_ring; do
     echo "== $t" | tee -a "$OUT/tests.log"
     "$CARRY/bin/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
     rc=$?
@@ -63,12 +65,12 @@ run_check() {
     [ $rc -eq 0 ] || status=1
   done
   # A test skipped for want of a GPU means nothing ran; one that needs two GPUs skips here.
-  if grep "SKIPPED: " "$OUT/tests.log" | grep -qv "needs two GPUs"; then
+  if grep "SKIPPED: " "$OUT/tests.log" | grep -qvE "needs [a-z0-9]+ GPUs"; then
     echo "device_run: tests were SKIPPED for want of a GPU, so nothing was verified:"
-    grep "SKIPPED: " "$OUT/tests.log" | grep -v "needs two GPUs" | head -3
+    grep "SKIPPED: " "$OUT/tests.log" | grep -vE "needs [a-z0-9]+ GPUs" | head -3
     status=1
   fi
-  grep -h "SKIPPED: needs two GPUs" "$OUT/tests.log" | sort -u
+  grep -hE "SKIPPED: needs [a-z0-9]+ GPUs" "$OUT/tests.log" | sort -u
   : >"$OUT/sanitizer.log"
   # memcheck over the golden cases and the properties; racecheck (slower) over the golden
   # forward/backward of the native kernels, which exercise every shared-memory stage.
@@ -76,6 +78,10 @@ run_check() {
   compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$CARRY/bin/test_cuda_kernels" --gtest_color=no \
     --gtest_filter='Golden/*:CudaKernels.*:-*OutOfMemory*' >>"$OUT/sanitizer.log" 2>&1
+  rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
+  echo "== memcheck (block-sparse)" | tee -a "$OUT/sanitizer.log"
+  compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$CARRY/bin/test_cuda_sparse" --gtest_color=no >>"$OUT/sanitizer.log" 2>&1
   rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
   echo "== racecheck" | tee -a "$OUT/sanitizer.log"
   compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
@@ -90,11 +96,18 @@ run_bench() {
     --budget-s "$BUDGET_S" ${QUICK:+--quick} || status=1
 }
 
+run_ring() {
+  python3 bench/gpu/ring_bench.py --cli "$CARRY/bin/ringattn" --out "$OUT" \
+    --budget-s "${RING_BUDGET_S:-240}" || status=1
+}
+
 case "$STAGE" in
   check) run_check ;;
   bench) run_bench ;;
-  all) run_check; run_bench ;;
-  *) echo "device_run: unknown stage '$STAGE' (check | bench | all)"; exit 2 ;;
+  ring) run_ring ;;
+  ring+bench) run_ring; run_bench ;;
+  all) run_check; run_ring; run_bench ;;
+  *) echo "device_run: unknown stage '$STAGE' (check | bench | ring | ring+bench | all)"; exit 2 ;;
 esac
 echo "device_run: stage $STAGE finished with status $status; results in $OUT"
 exit $status

@@ -3,7 +3,8 @@
 // straddling shards, both combine modes, causal zigzag, D 16 to 128), forward and gradients
 // against the float64 reference of the inputs as the devices hold them, in bf16 and one case
 // each in fp16 and fp32; the forward's K/V bytes equal the independent minimum; two runs
-// give the same bits. Without enough devices each test is skipped with the reason.
+// give the same bits. With fewer devices than ranks, the ranks share device 0 (the in-process
+// device communicator), as the CLI does; only the test comparing that with NCCL needs P GPUs.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -102,18 +103,23 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
   return f;
 }
 
-std::string skip_reason(int p) {
+// With fewer devices than ranks the ranks share device 0 through the in-process device
+// communicator (what the CLI does there); only the NCCL-versus-shared comparison needs P GPUs.
+std::string skip_reason(int p, bool needs_one_gpu_per_rank = false) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) return gpu.reason;
-  if (gpu.device_count < p)
+  if (needs_one_gpu_per_rank && gpu.device_count < p)
     return "needs " + std::to_string(p) + " GPUs, one per rank (this machine has " +
            std::to_string(gpu.device_count) + ")";
   return "";
 }
 
+bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; }
+
 void expect_matches_reference(const std::string& what, const AttentionConfig& cfg, RingInputs in,
                               int p, DeviceDType t) {
-  const Full got = run_gpu_ring(cfg, in, p, t);
+  const bool shared = ranks_share_a_device(p);
+  const Full got = run_gpu_ring(cfg, in, p, t, {}, shared);
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     round_to_device_dtype(x->data(), x->size(), t);
   const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
@@ -144,8 +150,8 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   for (int r = 0; r < p; ++r)
     EXPECT_LE(got.workspace[static_cast<std::size_t>(r)], bound)
         << what << " P=" << p << " rank " << r;
-  std::printf("  %s P=%d %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
-              what.c_str(), p, to_string(t), e[0], e[1], e[2], e[3], e[4],
+  std::printf("  %s P=%d%s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
+              what.c_str(), p, shared ? " (one GPU)" : "", to_string(t), e[0], e[1], e[2], e[3], e[4],
               static_cast<long long>(got.bytes_sent[0]));
 }
 
@@ -204,7 +210,8 @@ INSTANTIATE_TEST_SUITE_P(Random, CudaRingRandom, ::testing::ValuesIn(ring_cases(
 // Virtual ranks sharing one GPU (NCCL refuses that): the in-process device communicator
 // gives the same bits as NCCL between distinct GPUs, and matches the reference.
 TEST(CudaRing, VirtualRanksOnOneGpuGiveTheSameBitsAsNcclOnSeveral) {
-  if (const std::string why = skip_reason(3); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  if (const std::string why = skip_reason(3, true); !why.empty())
+    GTEST_SKIP() << "SKIPPED: " << why;
   for (bool causal : {false, true}) {
     AttentionConfig cfg = testing::config_of(testing::random_ring_cases()[1], causal);
     const RingInputs in = testing::random_inputs(cfg);
@@ -226,8 +233,9 @@ TEST(CudaRing, BackwardIsBitwiseReproducible) {
   if (const std::string why = skip_reason(4); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
   AttentionConfig cfg = testing::config_of(testing::random_ring_cases()[2], true);
   const RingInputs in = testing::random_inputs(cfg);
-  const Full a = run_gpu_ring(cfg, in, 4, DeviceDType::bf16);
-  const Full b = run_gpu_ring(cfg, in, 4, DeviceDType::bf16);
+  const bool shared = ranks_share_a_device(4);
+  const Full a = run_gpu_ring(cfg, in, 4, DeviceDType::bf16, {}, shared);
+  const Full b = run_gpu_ring(cfg, in, 4, DeviceDType::bf16, {}, shared);
   for (auto [x, y, name] : {std::tuple{&a.out, &b.out, "out"},
                             {&a.dq, &b.dq, "dq"},
                             {&a.dk, &b.dk, "dk"},

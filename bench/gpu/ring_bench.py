@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The GPU ring and block-sparse benchmark (run by device_run.sh `ring` on the lent GPU).
+
+Through the CLI (`ringattn run --device cuda --json`), bf16, B=1, H=16, D=128:
+- The ring on P = 1, 2, 4 ranks for dense, causal (zigzag) and dilated grouped attention,
+  forward and backward. On a machine with one GPU the P ranks are virtual ranks sharing that
+  GPU through the in-process device communicator (device-to-device copies, no NVLink or
+  network), so the P ranks together do the same work as P = 1: `vs_p1` (P=1 time over this
+  time; 1.0 means the ring added nothing) measures the engine's own overhead — packing,
+  events, lse merges, smaller kernels — not multi-GPU scaling. `comm_exposed_ms` is the most
+  any rank's compute waited for an exchange. bytes_sent must equal bytes_sent_min.
+- Block-sparse on one rank (local window pattern at ~90 % and ~95 % sparsity) against the
+  same run's dense rate: `vs_ideal` is (dense time x density) / sparse time (1.0: the whole
+  1/density speed-up).
+
+Writes ring_bench_rows.jsonl and ring_bench_table.txt under --out; prints the table."""
+import argparse
+import json
+import os
+import subprocess
+import time
+
+H, D = 16, 128
+
+
+def run_cli(exe, args, timeout):
+    cmd = [exe, "run", "--device", "cuda", "--dtype", "bf16", "--heads", str(H), "--head-dim",
+           str(D), "--batch", "1", "--json", "--backward", "--timeout", "60"] + args
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout} s: {' '.join(cmd[1:])}"
+    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return None, f"exit {p.returncode} ({time.time() - t:.0f} s): {' '.join(cmd[1:])}: " \
+                     f"{p.stderr.strip()[-400:]}"
+    return json.loads(lines[-1]), ""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--seq-len", type=int, default=65536)
+    ap.add_argument("--heads", type=int, default=H)
+    ap.add_argument("--head-dim", type=int, default=D)
+    ap.add_argument("--iters", type=int, default=5)
+    a = ap.parse_args()
+    globals().update(H=a.heads, D=a.head_dim)
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.time()
+    n = a.seq_len
+    results, errors, skipped = [], [], []
+    configs = [("dense", []), ("causal", ["--causal"]),
+               ("dilated", ["--attention", "dilated", "--segments", "2048,4096,8192",
+                            "--dilations", "1,2,4"])]
+    for name, extra in configs:
+        base = None
+        for p in (1, 2, 4):
+            if time.time() - t0 > a.budget_s:
+                skipped.append(f"{name} P={p}")
+                continue
+            j, err = run_cli(a.cli, ["--seq-len", str(n), "--ring-size", str(p), "--warmup", "1",
+                                     "--iters", str(a.iters)] + extra, timeout=240)
+            if err:
+                errors.append(err)
+                continue
+            row = {"bench": "ring", "config": name, "ranks": p, "seq_len": n, "device": j["device"],
+                   "fwd_ms": j["fwd_ms"], "bwd_ms": j.get("bwd_ms"),
+                   "fwd_tflops": j["fwd_gflops"] / 1e3,
+                   "bwd_tflops": (j.get("bwd_gflops") or 0) / 1e3,
+                   "comm_exposed_ms": j.get("comm_exposed_ms"),
+                   "bytes_sent": j["bytes_sent"], "bytes_sent_min": j["bytes_sent_min"],
+                   "device_peak_bytes": j["device_peak_bytes"], "kernel": j["kernel"],
+                   "emulated_device": j.get("emulated_device", False)}
+            if p == 1:
+                base = row
+            elif base:
+                row["fwd_vs_p1"] = base["fwd_ms"] / row["fwd_ms"]
+                if row["bwd_ms"] and base["bwd_ms"]:
+                    row["bwd_vs_p1"] = base["bwd_ms"] / row["bwd_ms"]
+            results.append(row)
+    # Block-sparse against dense on one rank.
+    dense = next((r for r in results if r["config"] == "dense" and r["ranks"] == 1), None)
+    nb = n // 128
+    for window in (max(1, nb // 20), max(1, nb // 40)):
+        if time.time() - t0 > a.budget_s:
+            skipped.append(f"block-sparse window {window}")
+            continue
+        j, err = run_cli(a.cli, ["--seq-len", str(n), "--attention", "block-sparse", "--pattern",
+                                 f"local:window={window}", "--warmup", "1", "--iters", str(a.iters)],
+                         timeout=240)
+        if err:
+            errors.append(err)
+            continue
+        density = 1.0 - j["sparsity"]
+        row = {"bench": "block-sparse", "config": f"local:window={window}", "ranks": 1,
+               "seq_len": n, "device": j["device"], "sparsity": j["sparsity"],
+               "fwd_ms": j["fwd_ms"], "bwd_ms": j.get("bwd_ms"),
+               "device_peak_bytes": j["device_peak_bytes"],
+               "emulated_device": j.get("emulated_device", False)}
+        if dense:
+            row["fwd_vs_ideal"] = dense["fwd_ms"] * density / j["fwd_ms"]
+            if j.get("bwd_ms") and dense["bwd_ms"]:
+                row["bwd_vs_ideal"] = dense["bwd_ms"] * density / j["bwd_ms"]
+        results.append(row)
+
+    with open(os.path.join(a.out, "ring_bench_rows.jsonl"), "w") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")
+        for e in errors:
+            f.write(json.dumps({"error": e}) + "\n")
+    device = results[0]["device"] if results else "unknown"
+    lines = [f"ringattn GPU ring / block-sparse benchmark on {device}, bf16, B=1 H={H} D={D} "
+             f"N={n}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
+             "ring ranks share the one GPU (virtual ranks, in-process device copies): vs P1 is "
+             "engine overhead, not multi-GPU scaling",
+             f"{'config':<22}{'P':>3}{'fwd ms':>10}{'bwd ms':>10}{'fwd TF/s':>9}{'bwd TF/s':>9}"
+             f"{'exposed f/b ms':>16}{'vs P1 f/b':>12}{'bytes==min':>11}{'dev peak MiB':>13}"]
+    for r in results:
+        if r["bench"] == "ring":
+            ex = r["comm_exposed_ms"] or {}
+            exs = f"{ex.get('fwd_ms', 0):.2f}/{ex.get('bwd_ms', 0):.2f}" if ex else "-"
+            vs = f"{r.get('fwd_vs_p1', 1):.2f}/{r.get('bwd_vs_p1', 1):.2f}"
+            lines.append(f"{r['config']:<22}{r['ranks']:>3}{r['fwd_ms']:>10.2f}"
+                         f"{(r['bwd_ms'] or 0):>10.2f}{r['fwd_tflops']:>9.1f}{r['bwd_tflops']:>9.1f}"
+                         f"{exs:>16}{vs:>12}{str(r['bytes_sent'] == r['bytes_sent_min']):>11}"
+                         f"{r['device_peak_bytes'] / 2**20:>13.0f}")
+    for r in results:
+        if r["bench"] == "block-sparse":
+            lines.append(f"block-sparse {r['config']}: sparsity {100 * r['sparsity']:.1f}%, fwd "
+                         f"{r['fwd_ms']:.2f} ms, bwd {(r['bwd_ms'] or 0):.2f} ms; of the ideal "
+                         f"1/density speed-up over dense: fwd {r.get('fwd_vs_ideal', 0):.2f}, "
+                         f"bwd {r.get('bwd_vs_ideal', 0):.2f}")
+    for e in errors:
+        lines.append(f"error: {e[:400]}")
+    if skipped:
+        lines.append(f"skipped for the time budget: {', '.join(skipped)}")
+    table = "\n".join(lines)
+    with open(os.path.join(a.out, "ring_bench_table.txt"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
