@@ -163,10 +163,9 @@ TEST(CliCudaRingWatchdog, AStalledRankEndsTheJobNamingRankAndStepWithNoOutput) {
   TempDir dir;
   const auto t0 = std::chrono::steady_clock::now();
   const CliResult r =
-      testing::run_program(RINGATTN_CLI_PATH,
-                           {"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
-                            "--heads", "2", "--timeout", "1", "--out", dir.file("out.npy")},
-                           {"RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall"});
+      testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
+                        "--heads", "2", "--timeout", "1", "--out", dir.file("out.npy")},
+                       {"RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall"});
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("  stalled GPU rank: ended after %.2f s, exit %d\n", s, r.exit_code);
   EXPECT_EQ(r.exit_code, 3) << describe(r);
