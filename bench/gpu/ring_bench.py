@@ -23,6 +23,15 @@ import time
 H, D = 16, 128
 
 
+def device_name():
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+        return p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def run_cli(exe, args, timeout):
     cmd = [exe, "run", "--device", "cuda", "--dtype", "bf16", "--heads", str(H), "--head-dim",
            str(D), "--batch", "1", "--json", "--backward", "--timeout", "60"] + args
@@ -56,14 +65,19 @@ def main():
     configs = [("dense", []), ("causal", ["--causal"]),
                ("dilated", ["--attention", "dilated", "--segments", "2048,4096,8192",
                             "--dilations", "1,2,4"])]
+    # The ring's local kernel is the native one (cuDNN has no merge mode), so every ring row
+    # names --kernel native and P = 1 is the like-for-like base; one cuDNN row for reference.
+    configs.insert(1, ("dense (cudnn)", ["--kernel", "cudnn"]))
     for name, extra in configs:
         base = None
-        for p in (1, 2, 4):
+        for p in ((1,) if "cudnn" in name else (1, 2, 4)):
             if time.time() - t0 > a.budget_s:
                 skipped.append(f"{name} P={p}")
                 continue
             j, err = run_cli(a.cli, ["--seq-len", str(n), "--ring-size", str(p), "--warmup", "1",
-                                     "--iters", str(a.iters)] + extra, timeout=240)
+                                     "--iters", str(a.iters)]
+                             + ([] if "cudnn" in name else ["--kernel", "native"]) + extra,
+                             timeout=240)
             if err:
                 errors.append(err)
                 continue
@@ -82,10 +96,11 @@ def main():
                 if row["bwd_ms"] and base["bwd_ms"]:
                     row["bwd_vs_p1"] = base["bwd_ms"] / row["bwd_ms"]
             results.append(row)
-    # Block-sparse against dense on one rank.
+    # Block-sparse against the native dense kernel on one rank. local:window=W keeps key
+    # blocks within W / (2 * 128) blocks of the query block: radius nb/20 is ~90 % sparse.
     dense = next((r for r in results if r["config"] == "dense" and r["ranks"] == 1), None)
     nb = n // 128
-    for window in (max(1, nb // 20), max(1, nb // 40)):
+    for window in (2 * 128 * max(1, nb // 20), 2 * 128 * max(1, nb // 40)):
         if time.time() - t0 > a.budget_s:
             skipped.append(f"block-sparse window {window}")
             continue
@@ -112,19 +127,21 @@ def main():
             f.write(json.dumps(r) + "\n")
         for e in errors:
             f.write(json.dumps({"error": e}) + "\n")
-    device = results[0]["device"] if results else "unknown"
+    device = device_name() or (results[0]["device"] if results else "unknown")
+    if any(r.get("emulated_device") for r in results):
+        device += " (EMULATED: not GPU timings)"
     lines = [f"ringattn GPU ring / block-sparse benchmark on {device}, bf16, B=1 H={H} D={D} "
              f"N={n}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
              "ring ranks share the one GPU (virtual ranks, in-process device copies): vs P1 is "
              "engine overhead, not multi-GPU scaling",
-             f"{'config':<22}{'P':>3}{'fwd ms':>10}{'bwd ms':>10}{'fwd TF/s':>9}{'bwd TF/s':>9}"
+             f"{'config':<22}{'kernel':>7}{'P':>3}{'fwd ms':>10}{'bwd ms':>10}{'fwd TF/s':>9}{'bwd TF/s':>9}"
              f"{'exposed f/b ms':>16}{'vs P1 f/b':>12}{'bytes==min':>11}{'dev peak MiB':>13}"]
     for r in results:
         if r["bench"] == "ring":
             ex = r["comm_exposed_ms"] or {}
             exs = f"{ex.get('fwd_ms', 0):.2f}/{ex.get('bwd_ms', 0):.2f}" if ex else "-"
             vs = f"{r.get('fwd_vs_p1', 1):.2f}/{r.get('bwd_vs_p1', 1):.2f}"
-            lines.append(f"{r['config']:<22}{r['ranks']:>3}{r['fwd_ms']:>10.2f}"
+            lines.append(f"{r['config']:<22}{r['kernel']:>7}{r['ranks']:>3}{r['fwd_ms']:>10.2f}"
                          f"{(r['bwd_ms'] or 0):>10.2f}{r['fwd_tflops']:>9.1f}{r['bwd_tflops']:>9.1f}"
                          f"{exs:>16}{vs:>12}{str(r['bytes_sent'] == r['bytes_sent_min']):>11}"
                          f"{r['device_peak_bytes'] / 2**20:>13.0f}")
