@@ -4,64 +4,12 @@
 // and in causal offset are merged, so a local window is one span per tile.
 #include "sparse/single_device_lists.hpp"
 
-#include <algorithm>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 
+#include "sparse/rank_work.hpp"
+
 namespace ringattn::sparse {
-
-namespace {
-
-void add_key_span(std::vector<kernels::KeySpan>& spans, int64_t tile_first, kernels::KeySpan s) {
-  if (static_cast<int64_t>(spans.size()) > tile_first) {
-    kernels::KeySpan& last = spans.back();
-    if (last.k_stride == s.k_stride && last.k_row0 + last.n_k * last.k_stride == s.k_row0 &&
-        last.causal_offset - last.n_k == s.causal_offset) {
-      last.n_k += s.n_k;
-      return;
-    }
-  }
-  spans.push_back(s);
-}
-
-void add_query_span(std::vector<kernels::QuerySpan>& spans, int64_t tile_first,
-                    kernels::QuerySpan s, int64_t q_stride, int64_t lse_stride) {
-  if (static_cast<int64_t>(spans.size()) > tile_first) {
-    kernels::QuerySpan& last = spans.back();
-    if (last.q_row0 + last.n_q * q_stride == s.q_row0 &&
-        last.lse0 + last.n_q * lse_stride == s.lse0 &&
-        last.causal_offset + last.n_q == s.causal_offset) {
-      last.n_q += s.n_q;
-      return;
-    }
-  }
-  spans.push_back(s);
-}
-
-// Items of `rows` rows (the last may be shorter) for every tile, ordered by `cost` of the
-// item, largest first; ties keep tile order, so the list is the same on every build.
-template <typename Cost>
-std::vector<kernels::ForwardItem> items_of(int64_t n_tiles, int64_t rows_per_item,
-                                           const std::vector<int64_t>& tile_rows, Cost&& cost) {
-  std::vector<kernels::ForwardItem> items;
-  std::vector<int64_t> costs;
-  for (int64_t t = 0; t < n_tiles; ++t)
-    for (int64_t r = 0; r < tile_rows[static_cast<std::size_t>(t)]; r += rows_per_item) {
-      items.push_back({t, r});
-      costs.push_back(cost(t, r));
-    }
-  std::vector<std::size_t> order(items.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return costs[a] > costs[b]; });
-  std::vector<kernels::ForwardItem> sorted;
-  sorted.reserve(items.size());
-  for (std::size_t i : order) sorted.push_back(items[i]);
-  return sorted;
-}
-
-}  // namespace
 
 SingleDeviceWork build_single_device_work(const AttentionConfig& cfg, const BlockLists& l,
                                           int64_t rows_per_item) {
@@ -107,32 +55,8 @@ SingleDeviceWork build_single_device_work(const AttentionConfig& cfg, const Bloc
       }
     }
 
-  // Costs: the keys (queries) an item's rows can see, which is what its block iterates over.
-  std::vector<int64_t> q_rows(w.q_tiles.size()), k_rows(w.k_tiles.size());
-  for (std::size_t t = 0; t < w.q_tiles.size(); ++t) q_rows[t] = w.q_tiles[t].n_q;
-  for (std::size_t t = 0; t < w.k_tiles.size(); ++t) k_rows[t] = w.k_tiles[t].n_k;
-  w.q_items = items_of(
-      static_cast<int64_t>(w.q_tiles.size()), rows_per_item, q_rows, [&](int64_t t, int64_t i0) {
-        const kernels::SparseQueryTile& qt = w.q_tiles[static_cast<std::size_t>(t)];
-        const int64_t bq = std::min(rows_per_item, qt.n_q - i0);
-        int64_t keys = 0;
-        for (int64_t x = qt.first_span; x < qt.first_span + qt.n_spans; ++x) {
-          const kernels::KeySpan& sp = w.key_spans[static_cast<std::size_t>(x)];
-          keys += cfg.causal ? std::clamp<int64_t>(i0 + bq + sp.causal_offset, 0, sp.n_k) : sp.n_k;
-        }
-        return keys;
-      });
-  w.k_items = items_of(
-      static_cast<int64_t>(w.k_tiles.size()), rows_per_item, k_rows, [&](int64_t t, int64_t j0) {
-        const kernels::SparseKeyTile& kt = w.k_tiles[static_cast<std::size_t>(t)];
-        int64_t queries = 0;
-        for (int64_t x = kt.first_span; x < kt.first_span + kt.n_spans; ++x) {
-          const kernels::QuerySpan& sp = w.query_spans[static_cast<std::size_t>(x)];
-          const int64_t first = cfg.causal ? std::max<int64_t>(0, j0 - sp.causal_offset) : 0;
-          queries += std::max<int64_t>(0, sp.n_q - first);
-        }
-        return queries;
-      });
+  w.q_items = sparse_query_items(w.q_tiles, w.key_spans, cfg.causal, rows_per_item);
+  w.k_items = sparse_key_items(w.k_tiles, w.query_spans, cfg.causal, rows_per_item);
   return w;
 }
 

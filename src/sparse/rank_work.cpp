@@ -1,0 +1,249 @@
+// build_rank_sparse_work (see rank_work.hpp): the exchange is every (query block, key block)
+// pair of the lists whose blocks have different owners, deduplicated per (peer, head, block);
+// the work lists then point local spans at the shard and remote spans at the slabs.
+#include "sparse/rank_work.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+
+namespace ringattn::sparse {
+
+std::vector<Owner> block_owners(const ring::ShardLayout& l, int64_t blocks, int64_t bs) {
+  std::vector<Owner> o(static_cast<std::size_t>(blocks));
+  for (int r = 0; r < l.world; ++r)
+    for (const ring::Chunk& c : l.chunks(r))
+      for (int64_t p = c.begin; p < c.begin + c.length; p += bs)
+        o[static_cast<std::size_t>(p / bs)] = {r, c.local_begin + (p - c.begin)};
+  return o;
+}
+
+void add_key_span(std::vector<kernels::KeySpan>& spans, int64_t tile_first, kernels::KeySpan s) {
+  if (static_cast<int64_t>(spans.size()) > tile_first) {
+    kernels::KeySpan& last = spans.back();
+    if (last.k_stride == s.k_stride && last.k_row0 + last.n_k * last.k_stride == s.k_row0 &&
+        last.causal_offset - last.n_k == s.causal_offset) {
+      last.n_k += s.n_k;
+      return;
+    }
+  }
+  spans.push_back(s);
+}
+
+void add_query_span(std::vector<kernels::QuerySpan>& spans, int64_t tile_first,
+                    kernels::QuerySpan s, int64_t q_stride, int64_t lse_stride) {
+  if (static_cast<int64_t>(spans.size()) > tile_first) {
+    kernels::QuerySpan& last = spans.back();
+    if (last.q_row0 + last.n_q * q_stride == s.q_row0 &&
+        last.lse0 + last.n_q * lse_stride == s.lse0 &&
+        last.causal_offset + last.n_q == s.causal_offset) {
+      last.n_q += s.n_q;
+      return;
+    }
+  }
+  spans.push_back(s);
+}
+
+namespace {
+
+std::vector<PeerRange> ranges_of(const std::vector<Entry>& entries) {
+  std::vector<PeerRange> r;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (r.empty() || r.back().peer != entries[i].peer)
+      r.push_back({entries[i].peer, static_cast<int64_t>(i), 0});
+    ++r.back().count;
+  }
+  return r;
+}
+
+// Items of `rows` rows (the last may be shorter) for every tile, ordered by `cost` of the
+// item, largest first; ties keep tile order, so the list is the same on every build.
+template <typename Cost>
+std::vector<kernels::ForwardItem> items_of(int64_t n_tiles, int64_t rows_per_item,
+                                           const std::vector<int64_t>& tile_rows, Cost&& cost) {
+  std::vector<kernels::ForwardItem> items;
+  std::vector<int64_t> costs;
+  for (int64_t t = 0; t < n_tiles; ++t)
+    for (int64_t r = 0; r < tile_rows[static_cast<std::size_t>(t)]; r += rows_per_item) {
+      items.push_back({t, r});
+      costs.push_back(cost(t, r));
+    }
+  std::vector<std::size_t> order(items.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return costs[a] > costs[b]; });
+  std::vector<kernels::ForwardItem> sorted;
+  sorted.reserve(items.size());
+  for (std::size_t i : order) sorted.push_back(items[i]);
+  return sorted;
+}
+
+}  // namespace
+
+std::vector<kernels::ForwardItem> sparse_query_items(
+    const std::vector<kernels::SparseQueryTile>& tiles, const std::vector<kernels::KeySpan>& spans,
+    bool causal, int64_t rows_per_item) {
+  std::vector<int64_t> rows(tiles.size());
+  for (std::size_t t = 0; t < tiles.size(); ++t) rows[t] = tiles[t].n_q;
+  return items_of(
+      static_cast<int64_t>(tiles.size()), rows_per_item, rows, [&](int64_t t, int64_t i0) {
+        const kernels::SparseQueryTile& qt = tiles[static_cast<std::size_t>(t)];
+        const int64_t bq = std::min(rows_per_item, qt.n_q - i0);
+        int64_t keys = 0;
+        for (int64_t x = qt.first_span; x < qt.first_span + qt.n_spans; ++x) {
+          const kernels::KeySpan& sp = spans[static_cast<std::size_t>(x)];
+          keys += causal ? std::clamp<int64_t>(i0 + bq + sp.causal_offset, 0, sp.n_k) : sp.n_k;
+        }
+        return keys;
+      });
+}
+
+std::vector<kernels::ForwardItem> sparse_key_items(const std::vector<kernels::SparseKeyTile>& tiles,
+                                                   const std::vector<kernels::QuerySpan>& spans,
+                                                   bool causal, int64_t rows_per_item) {
+  std::vector<int64_t> rows(tiles.size());
+  for (std::size_t t = 0; t < tiles.size(); ++t) rows[t] = tiles[t].n_k;
+  return items_of(
+      static_cast<int64_t>(tiles.size()), rows_per_item, rows, [&](int64_t t, int64_t j0) {
+        const kernels::SparseKeyTile& kt = tiles[static_cast<std::size_t>(t)];
+        int64_t queries = 0;
+        for (int64_t x = kt.first_span; x < kt.first_span + kt.n_spans; ++x) {
+          const kernels::QuerySpan& sp = spans[static_cast<std::size_t>(x)];
+          const int64_t first = causal ? std::max<int64_t>(0, j0 - sp.causal_offset) : 0;
+          queries += std::max<int64_t>(0, sp.n_q - first);
+        }
+        return queries;
+      });
+}
+
+RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLists& l,
+                                      const ring::ShardLayout& layout, int me) {
+  const Shape4& s = cfg.shape;
+  const int64_t B = s.batch, H = s.heads, D = s.head_dim, NL = layout.local_len;
+  const int64_t bs = l.block_size;
+  auto row = [&](int64_t b, int64_t local_row, int64_t h) {
+    return ((b * NL + local_row) * H + h) * D;
+  };
+  auto lse_at = [&](int64_t b, int64_t h, int64_t local_row) {
+    return (b * H + h) * NL + local_row;
+  };
+  auto slab = [&](int64_t entry, int64_t b) { return (entry * B + b) * bs * D; };
+
+  RankSparseWork w;
+  w.owners = block_owners(layout, l.blocks, bs);
+  const std::vector<Owner>& owners = w.owners;
+
+  // The exchange.
+  for (int64_t h = 0; h < H; ++h) {
+    const BlockCsr& c = l.of_head(h);
+    for (int64_t i = 0; i < l.blocks; ++i) {
+      const int qr = owners[static_cast<std::size_t>(i)].rank;
+      for (int32_t j : c.row(i)) {
+        if (cfg.causal && j > i) break;  // rows are sorted
+        const int kr = owners[static_cast<std::size_t>(j)].rank;
+        if (qr == kr) continue;
+        if (qr == me) w.recv_entries.push_back({kr, static_cast<int32_t>(h), j});
+        if (kr == me) w.send_entries.push_back({qr, static_cast<int32_t>(h), j});
+      }
+    }
+  }
+  for (auto* e : {&w.recv_entries, &w.send_entries}) {
+    std::sort(e->begin(), e->end());
+    e->erase(std::unique(e->begin(), e->end()), e->end());
+  }
+  w.recv_ranges = ranges_of(w.recv_entries);
+  w.send_ranges = ranges_of(w.send_entries);
+  w.ret_order.resize(w.send_entries.size());
+  std::iota(w.ret_order.begin(), w.ret_order.end(), int64_t{0});
+  std::sort(w.ret_order.begin(), w.ret_order.end(), [&](int64_t a, int64_t b) {
+    const Entry& x = w.send_entries[static_cast<std::size_t>(a)];
+    const Entry& y = w.send_entries[static_cast<std::size_t>(b)];
+    return std::tie(x.head, x.block, x.peer) < std::tie(y.head, y.block, y.peer);
+  });
+  for (std::size_t i = 0; i < w.ret_order.size(); ++i) {
+    const Entry& e = w.send_entries[static_cast<std::size_t>(w.ret_order[i])];
+    const Entry* prev = i ? &w.send_entries[static_cast<std::size_t>(w.ret_order[i - 1])] : nullptr;
+    if (!prev || prev->head != e.head || prev->block != e.block)
+      w.ret_group_ptr.push_back(static_cast<int64_t>(i));
+  }
+  w.ret_group_ptr.push_back(static_cast<int64_t>(w.ret_order.size()));
+
+  auto find_recv = [&](int peer, int64_t h, int64_t j) {
+    const Entry key{peer, static_cast<int32_t>(h), static_cast<int32_t>(j)};
+    return std::lower_bound(w.recv_entries.begin(), w.recv_entries.end(), key) -
+           w.recv_entries.begin();
+  };
+
+  // The work lists.
+  std::vector<int64_t> my_blocks;  // global blocks I own, in local order
+  for (const ring::Chunk& c : layout.chunks(me))
+    for (int64_t p = c.begin; p < c.begin + c.length; p += bs) my_blocks.push_back(p / bs);
+  std::vector<BlockCsr> cols;
+  for (const BlockCsr& c : l.lists) cols.push_back(transpose(c, l.blocks));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const BlockCsr& c = l.of_head(h);
+      const BlockCsr& t = cols[static_cast<std::size_t>(l.head_list[static_cast<std::size_t>(h)])];
+      for (int64_t i : my_blocks) {
+        const int64_t lr = owners[static_cast<std::size_t>(i)].local_row;
+        kernels::SparseQueryTile lt{row(b, lr, h), lse_at(b, h, lr), bs,
+                                    static_cast<int64_t>(w.local_spans.size()), 0};
+        kernels::SparseQueryTile rt = lt;
+        rt.first_span = static_cast<int64_t>(w.remote_spans.size());
+        for (int32_t j : c.row(i)) {
+          if (cfg.causal && j > i) break;
+          const Owner& o = owners[static_cast<std::size_t>(j)];
+          const int64_t off = (i - j) * bs;
+          if (o.rank == me)
+            add_key_span(w.local_spans, lt.first_span, {row(b, o.local_row, h), H * D, bs, off});
+          else
+            add_key_span(w.remote_spans, rt.first_span,
+                         {slab(find_recv(o.rank, h, j), b), D, bs, off});
+        }
+        lt.n_spans = static_cast<int64_t>(w.local_spans.size()) - lt.first_span;
+        rt.n_spans = static_cast<int64_t>(w.remote_spans.size()) - rt.first_span;
+        w.local_tiles.push_back(lt);  // every tile: the local pass initialises every row
+        if (rt.n_spans > 0) w.remote_tiles.push_back(rt);
+      }
+      // dK/dV of my key blocks, from my query blocks.
+      for (int64_t j : my_blocks) {
+        const int64_t lr = owners[static_cast<std::size_t>(j)].local_row;
+        kernels::SparseKeyTile kt{row(b, lr, h), H * D, bs,
+                                  static_cast<int64_t>(w.local_qspans.size()), 0};
+        for (int32_t i : t.row(j)) {
+          if (cfg.causal && j > i) continue;
+          const Owner& o = owners[static_cast<std::size_t>(i)];
+          if (o.rank != me) continue;
+          add_query_span(w.local_qspans, kt.first_span,
+                         {row(b, o.local_row, h), lse_at(b, h, o.local_row), bs, (i - j) * bs},
+                         H * D, 1);
+        }
+        kt.n_spans = static_cast<int64_t>(w.local_qspans.size()) - kt.first_span;
+        if (kt.n_spans > 0) w.local_ktiles.push_back(kt);
+      }
+    }
+  // dK/dV partials of received blocks, from my query blocks.
+  for (std::size_t e = 0; e < w.recv_entries.size(); ++e) {
+    const Entry& en = w.recv_entries[e];
+    const BlockCsr& t =
+        cols[static_cast<std::size_t>(l.head_list[static_cast<std::size_t>(en.head)])];
+    for (int64_t b = 0; b < B; ++b) {
+      kernels::SparseKeyTile kt{slab(static_cast<int64_t>(e), b), D, bs,
+                                static_cast<int64_t>(w.remote_qspans.size()), 0};
+      for (int32_t i : t.row(en.block)) {
+        if (cfg.causal && en.block > i) continue;
+        const Owner& o = owners[static_cast<std::size_t>(i)];
+        if (o.rank != me) continue;
+        add_query_span(w.remote_qspans, kt.first_span,
+                       {row(b, o.local_row, en.head), lse_at(b, en.head, o.local_row), bs,
+                        (i - en.block) * bs},
+                       H * D, 1);
+      }
+      kt.n_spans = static_cast<int64_t>(w.remote_qspans.size()) - kt.first_span;
+      if (kt.n_spans > 0) w.remote_ktiles.push_back(kt);
+    }
+  }
+  return w;
+}
+
+}  // namespace ringattn::sparse
