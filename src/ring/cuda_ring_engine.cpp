@@ -19,6 +19,7 @@
 #include "ring/device_schedule.hpp"
 #include "ring/progress_thread.hpp"
 #include "ring/schedule.hpp"
+#include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::ring {
@@ -80,13 +81,7 @@ struct CudaRingPlan::Impl {
   std::vector<DeviceStep> steps;
   kc::DeviceAllocation tasks, q_items, k_items, runs, delta;
   kc::DeviceAllocation send_buf[2], recv_buf[2], part_buf[2], ret_buf[2];
-  std::vector<cudaEvent_t> sync_events;  // one per use in a call (see event())
-  std::size_t next_event = 0;
-  cudaEvent_t begin = nullptr, end = nullptr;
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> waits;  // around each stream wait
-  std::size_t next_wait = 0;
-  std::vector<int> open_tickets;  // exchanges of this call not yet waited for
-  std::unique_ptr<ProgressThread> progress;
+  std::unique_ptr<StreamExchanges> ex;  // before the stream in ~Impl
   RingTimings fwd, bwd;
 
   int64_t d() const { return cfg.shape.head_dim; }
@@ -94,12 +89,7 @@ struct CudaRingPlan::Impl {
 
   ~Impl() {
     const kc::ScopedDevice on(opts.device, std::nothrow);
-    progress.reset();
-    if (stream) (void)cudaStreamSynchronize(stream);
-    for (cudaEvent_t e : sync_events) (void)cudaEventDestroy(e);
-    for (auto [a, b] : waits) (void)cudaEventDestroy(a), (void)cudaEventDestroy(b);
-    if (begin) (void)cudaEventDestroy(begin);
-    if (end) (void)cudaEventDestroy(end);
+    ex.reset();
     tasks.reset();
     q_items.reset();
     k_items.reset();
@@ -118,49 +108,6 @@ struct CudaRingPlan::Impl {
     kc::release_unused_device_memory(opts.device);
   }
 
-  // A fresh event for this call: the communication thread calls stream_wait() on it at some
-  // later moment, so it must not be recorded again within the call.
-  cudaEvent_t event() {
-    if (next_event == sync_events.size()) {
-      cudaEvent_t e = nullptr;
-      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      sync_events.push_back(e);
-    }
-    return sync_events[next_event++];
-  }
-  // The event an exchange waits for: the compute stream's work so far.
-  cudaEvent_t record_event() {
-    if (skip_ordering) return nullptr;
-    cudaEvent_t e = event();
-    RINGATTN_CUDA_CHECK(cudaEventRecord(e, stream));
-    return e;
-  }
-
-  void start_call() {
-    next_event = 0;
-    next_wait = 0;
-    open_tickets.clear();
-    RINGATTN_CUDA_CHECK(cudaEventRecord(begin, stream));
-  }
-
-  // The compute stream waits (on the device) for exchange `ticket`; the wait is bracketed
-  // by timing events, which measure how long the stream stood still.
-  void device_wait(int ticket) {
-    if (ticket < 0) return;
-    if (next_wait == waits.size()) {
-      cudaEvent_t a = nullptr, b = nullptr;
-      RINGATTN_CUDA_CHECK(cudaEventCreate(&a));
-      RINGATTN_CUDA_CHECK(cudaEventCreate(&b));
-      waits.emplace_back(a, b);
-    }
-    auto [before, after] = waits[next_wait++];
-    progress->when_enqueued(ticket, [&](void* done) {
-      RINGATTN_CUDA_CHECK(cudaEventRecord(before, stream));
-      if (done) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(done), 0));
-      RINGATTN_CUDA_CHECK(cudaEventRecord(after, stream));
-    });
-  }
-
   kc::PackParams pack_params(int t) const {
     const RingStep& st = sched.steps[static_cast<std::size_t>(t)];
     const DeviceStep& ds = steps[static_cast<std::size_t>(t)];
@@ -168,6 +115,7 @@ struct CudaRingPlan::Impl {
     p.runs = runs.as<kc::PackedRun>() + ds.run0;
     p.n_runs = ds.n_runs;
     p.total_rows = st.send_rows;
+    p.buffer_rows = st.send_rows;
     p.head_dim = d();
     return p;
   }
@@ -188,31 +136,8 @@ struct CudaRingPlan::Impl {
     }
     if (st.recv_from >= 0)
       recvs.push_back({st.recv_from, recv_buf[t % 2].get(), bytes(st.recv_rows)});
-    if (sends.empty() && recvs.empty()) return -1;
-    const int ticket =
-        progress->post_after(record_event(), std::move(sends), std::move(recvs), tag_of(t, tag), t,
-                             tag == kKvForward ? "forward K/V" : "backward K/V");
-    open_tickets.push_back(ticket);
-    return ticket;
-  }
-
-  // Waits (on the host, after the loop) for every exchange of the call, then reads the
-  // timing events.
-  void finish_call(RingTimings& tm) {
-    RINGATTN_CUDA_CHECK(cudaEventRecord(end, stream));
-    for (int ticket : open_tickets) tm.comm_ms += progress->wait(ticket);
-    open_tickets.clear();
-    RINGATTN_CUDA_CHECK(cudaEventSynchronize(end));
-    float ms = 0;
-    RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
-    double exposed = 0;
-    for (std::size_t i = 0; i < next_wait; ++i) {
-      float w = 0;
-      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&w, waits[i].first, waits[i].second));
-      exposed += w;
-    }
-    tm.exposed_ms = exposed;
-    tm.compute_ms = ms - exposed;
+    return ex->post(std::move(sends), std::move(recvs), tag_of(t, tag), t,
+                    tag == kKvForward ? "forward K/V" : "backward K/V");
   }
 
   kc::FlashForwardParams forward_params(const void* q, float* out, float* lse) const {
@@ -275,8 +200,6 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.elem = kc::Elem::fp32;
   }
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
-  RINGATTN_CUDA_CHECK(cudaEventCreate(&m.begin));
-  RINGATTN_CUDA_CHECK(cudaEventCreate(&m.end));
   m.layout = make_layout(cfg, comm.size());
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles);
@@ -307,7 +230,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     ds.run0 = static_cast<int64_t>(runs.size());
     int64_t base = 0;
     for (const Run& r : st.send_runs) {
-      runs.push_back({r.row0, r.stride, r.rows(), base});
+      runs.push_back({r.row0, r.stride, r.rows(), base, base});
       base += r.rows();
     }
     ds.n_runs = static_cast<int64_t>(st.send_runs.size());
@@ -336,7 +259,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.ret_buf[i] = kc::DeviceAllocation(kv_send * sizeof(float), "a ring dK/dV return buffer",
                                         opts.device, m.stream);
   }
-  if (comm.size() > 1) m.progress = std::make_unique<ProgressThread>(comm, m.timeout_s);
+  m.ex =
+      std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s, m.skip_ordering);
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
@@ -370,7 +294,7 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
   const Shape4& s = m.cfg.shape;
   const int rank = m.comm->rank(), world = m.comm->size();
   const int64_t n_out = s.batch * m.layout.local_len * s.heads * s.head_dim;
-  m.start_call();
+  m.ex->start_call();
   RINGATTN_CUDA_CHECK(
       cudaMemsetAsync(out, 0, static_cast<std::size_t>(n_out) * sizeof(float), m.stream));
   kc::fill_floats(lse, s.batch * s.heads * m.layout.local_len,
@@ -382,7 +306,7 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
   m.fault.fail_if_due(rank, 0);
   m.compute_forward(0, p, k, v);
   for (int t = 1; t < world; ++t) {
-    m.device_wait(ticket);
+    m.ex->device_wait(ticket);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvForward, m.fwd) : -1;
     m.fault.fail_if_due(rank, t);
     const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
@@ -392,11 +316,7 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
     }
   }
   if (m.grouped_scale != 1.0f) kc::scale_floats(out, n_out, m.grouped_scale, m.stream);
-  if (m.progress) {
-    m.finish_call(m.fwd);
-  } else {
-    RINGATTN_CUDA_CHECK(cudaEventRecord(m.end, m.stream));
-  }
+  m.ex->finish_call(m.fwd);
 }
 
 void CudaRingPlan::backward(const void* q, const void* k, const void* v, const float* out,
@@ -409,7 +329,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   const int64_t dd = m.d();
   const auto bytes =
       static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd) * sizeof(float);
-  m.start_call();
+  m.ex->start_call();
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, m.stream));
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, m.stream));
@@ -441,7 +361,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   std::vector<int> ret_ticket(static_cast<std::size_t>(world), -1);
   auto finish_return = [&](int t) {
     if (t < 1 || ret_ticket[static_cast<std::size_t>(t)] < 0) return;
-    m.device_wait(ret_ticket[static_cast<std::size_t>(t)]);
+    m.ex->device_wait(ret_ticket[static_cast<std::size_t>(t)]);
     ret_ticket[static_cast<std::size_t>(t)] = -1;
     if (m.sched.steps[static_cast<std::size_t>(t)].send_to >= 0)
       kc::launch_unpack_add_rows(m.pack_params(t), m.ret_buf[t % 2].as<float>(), dk, dv, m.mixture,
@@ -452,7 +372,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   m.fault.fail_if_due(rank, 0);
   m.compute_backward(0, p, k, v, dk, dv);
   for (int t = 1; t < world; ++t) {
-    m.device_wait(ticket);
+    m.ex->device_wait(ticket);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvBackward, m.bwd) : -1;
     finish_return(t - 2);  // frees part_buf/ret_buf[t % 2] for this step
     m.fault.fail_if_due(rank, t);
@@ -471,19 +391,11 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
     if (st.send_to >= 0)
       recvs.push_back({st.send_to, m.ret_buf[t % 2].get(),
                        static_cast<std::size_t>(st.send_rows * 2 * dd) * sizeof(float)});
-    if (!sends.empty() || !recvs.empty()) {
-      const int rt = m.progress->post_after(m.record_event(), std::move(sends), std::move(recvs),
-                                            tag_of(t, kGradReturn), t, "dK/dV return");
-      ret_ticket[static_cast<std::size_t>(t)] = rt;
-      m.open_tickets.push_back(rt);
-    }
+    ret_ticket[static_cast<std::size_t>(t)] =
+        m.ex->post(std::move(sends), std::move(recvs), tag_of(t, kGradReturn), t, "dK/dV return");
   }
   for (int t = std::max(1, world - 2); t < world; ++t) finish_return(t);
-  if (m.progress) {
-    m.finish_call(m.bwd);
-  } else {
-    RINGATTN_CUDA_CHECK(cudaEventRecord(m.end, m.stream));
-  }
+  m.ex->finish_call(m.bwd);
 }
 
 }  // namespace ringattn::ring

@@ -73,8 +73,9 @@ __global__ void pack_rows_kernel(const PackParams p, const T* k, const T* v, T* 
        r < p.total_rows; r += warps) {
     const PackedRun run = p.runs[run_of(p, r)];
     const int64_t at = run.row0 + (r - run.base) * run.stride;
-    T* kb = buf + r * p.head_dim;
-    T* vb = buf + (p.total_rows + r) * p.head_dim;
+    const int64_t br = run.buf_row + (r - run.base);
+    T* kb = buf + br * p.head_dim;
+    T* vb = buf + (p.buffer_rows + br) * p.head_dim;
     for (int64_t d = lane; d < p.head_dim; d += 32) {
       kb[d] = k[at + d];
       vb[d] = v[at + d];
@@ -90,8 +91,9 @@ __global__ void unpack_add_kernel(const PackParams p, const float* buf, float* d
        r < p.total_rows; r += warps) {
     const PackedRun run = p.runs[run_of(p, r)];
     const int64_t at = run.row0 + (r - run.base) * run.stride;
-    const float* kb = buf + r * p.head_dim;
-    const float* vb = buf + (p.total_rows + r) * p.head_dim;
+    const int64_t br = run.buf_row + (r - run.base);
+    const float* kb = buf + br * p.head_dim;
+    const float* vb = buf + (p.buffer_rows + br) * p.head_dim;
     for (int64_t d = lane; d < p.head_dim; d += 32) {
       dk[at + d] += kb[d];
       dv[at + d] += vb[d];
@@ -108,8 +110,8 @@ __global__ void unpack_add_serial_kernel(const PackParams p, const float* buf, f
     const PackedRun run = p.runs[i];
     for (int64_t j = 0; j < run.rows; ++j) {
       const int64_t at = run.row0 + j * run.stride + d;
-      dk[at] += buf[(run.base + j) * p.head_dim + d];
-      dv[at] += buf[(p.total_rows + run.base + j) * p.head_dim + d];
+      dk[at] += buf[(run.buf_row + j) * p.head_dim + d];
+      dv[at] += buf[(p.buffer_rows + run.buf_row + j) * p.head_dim + d];
     }
   }
 }

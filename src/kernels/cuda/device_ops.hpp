@@ -49,16 +49,20 @@ void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t st
 // data[i] *= factor for i < n (the grouped combine's 1/G at the end of the ring).
 void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream);
 
-// The ring's packed rows: `rows` rows starting at element row0 of a [B, N, H, D] shard,
-// `stride` elements apart, packed from row `base` of the buffer on. Runs are in packing
-// order (base ascending) and cover the buffer's rows exactly.
+// Packed rows: `rows` rows starting at element row0 of a [B, N, H, D] shard, `stride`
+// elements apart, at rows buf_row.. of a buffer of K rows [buffer_rows, D] then V rows
+// [buffer_rows, D]. A launch walks `total_rows` rows numbered by the runs' `base` (runs in
+// base order covering [0, total_rows) exactly); the ring packs a whole buffer (buf_row ==
+// base, buffer_rows == total_rows), block-sparse adds a returned buffer in several launches
+// of disjoint rows.
 struct PackedRun {
-  int64_t row0 = 0, stride = 0, rows = 0, base = 0;
+  int64_t row0 = 0, stride = 0, rows = 0, base = 0, buf_row = 0;
 };
 struct PackParams {
   const PackedRun* runs = nullptr;  // device
   int64_t n_runs = 0;
-  int64_t total_rows = 0;  // the buffer's rows: K rows [total, D], then V rows [total, D]
+  int64_t total_rows = 0;   // rows this launch walks
+  int64_t buffer_rows = 0;  // rows of each half of the buffer
   int64_t head_dim = 0;
 };
 // buf[K rows | V rows] = k, v at the runs' rows, in element type `e` (no conversion).
