@@ -264,15 +264,10 @@ void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) 
       st.dtype = st.cuda->dtype();
     }
   } else {
-    if (st.lists)
-      throw InputError("--device",
-                       "'cuda' runs block-sparse attention on one rank in this "
-                       "version; use --device cpu for the distributed block-sparse "
-                       "mode, or one rank");
     if (opts.kernel == "cudnn")
-      throw InputError("--kernel",
-                       "'cudnn' runs on one rank; the GPU ring uses the native "
-                       "kernels (use --kernel native or auto)");
+      throw InputError("--kernel", std::string("'cudnn' runs on one rank; the GPU ") +
+                                       (st.lists ? "block-sparse mode" : "ring") +
+                                       " uses the native kernels (use --kernel native or auto)");
     // NCCL binds each rank to the GPU of its node-local rank (the only one when the launcher
     // gave each rank one visible GPU); the plan and the tensors live there too. Virtual
     // ranks on fewer GPUs than ranks share them, with device copies instead of NCCL (which
@@ -285,10 +280,15 @@ void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) 
       st.nccl = ring::make_nccl_communicator(comm, {opts.timeout_s});
       st.device = gpus == 1 ? 0 : comm.local_rank();
     }
-    st.cuda_ring.emplace(st.cfg, *st.nccl,
-                         CudaPlanOptions{st.dtype, KernelChoice::native, st.device},
-                         ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
-    st.dtype = st.cuda_ring->dtype();
+    const CudaPlanOptions plan_opts{st.dtype, KernelChoice::native, st.device};
+    const ring::RingOptions ring_opts{opts.timeout_s, ring::FaultInjection::from_env()};
+    if (st.lists) {
+      st.cuda_sparse.emplace(st.cfg, st.lists, *st.nccl, plan_opts, ring_opts);
+      st.dtype = st.cuda_sparse->dtype();
+    } else {
+      st.cuda_ring.emplace(st.cfg, *st.nccl, plan_opts, ring_opts);
+      st.dtype = st.cuda_ring->dtype();
+    }
   }
   const std::size_t n = st.q.size(), n_lse = st.lse.size();
   const std::size_t in_bytes = n * (st.dtype == DeviceDType::fp32 ? 4 : 2);
@@ -364,9 +364,9 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     }
   }
   const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
-  // Block-sparse runs on the GPU when asked (one rank: the distributed exchange is CPU-only
-  // in this version); --device auto keeps the CPU plan, whose answer and timings earlier
-  // runs were compared with.
+  // Block-sparse runs on the GPU when asked (--device cuda, one rank or several: the
+  // distributed exchange goes over the device communicator); --device auto keeps the CPU
+  // plan, whose answer and timings earlier runs were compared with.
   if (block_sparse && use_cuda && opts.device != "cuda") {
     use_cuda = false;
     if (!opts.dtype.empty() && opts.dtype != "fp32")
@@ -675,6 +675,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     rep.device_detail =
         (st.cuda ? st.cuda->device_description() : st.cuda_sparse->device_description()) + ", " +
         rep.dtype + " inputs, kernel " + rep.kernel;
+    if (st.nccl) rep.device_detail += " per rank, " + st.nccl->library_version();
     rep.notes = st.cuda ? st.cuda->notes() : st.cuda_sparse->notes();
     rep.emulated_device = probe_cuda_device(0).emulated;
   } else if (st.cuda_ring) {
@@ -707,9 +708,22 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
         sparse::attended_token_pairs(l, st.cfg.causal) * static_cast<double>(st.cfg.shape.batch);
     rep.pattern = st.pattern_text;
     rep.sparsity = sparse::sparsity(l, st.cfg.causal);
-    rep.workspace_bytes = st.cuda_sparse->workspace_bytes();
-    rep.device_workspace_bytes = st.cuda_sparse->workspace_bytes();
+    const auto ws =
+        static_cast<std::size_t>(comm.max(static_cast<int64_t>(st.cuda_sparse->workspace_bytes())));
+    rep.workspace_bytes = ws;
+    rep.device_workspace_bytes = ws;
     rep.device_peak_bytes = device_bytes_peak();
+    if (world > 1) {
+      rep.peers = static_cast<int>(comm.max(static_cast<int64_t>(st.cuda_sparse->peers())));
+      // K/V travel in the device dtype; the minimum is counted in fp32.
+      const int64_t eb = st.dtype == DeviceDType::fp32 ? 4 : 2;
+      rep.bytes_sent =
+          static_cast<std::size_t>(comm.max(st.cuda_sparse->last_forward().bytes_sent));
+      rep.bytes_sent_min = static_cast<std::size_t>(
+          comm.max(sparse::minimum_bytes_sent(st.cfg, l, st.layout, rank) * eb / 4));
+      rep.fwd_ranks = gather_figures(st.cuda_sparse->last_forward());
+      if (opts.backward) rep.bwd_ranks = gather_figures(st.cuda_sparse->last_backward());
+    }
   } else if (st.sparse) {
     const sparse::BlockLists& l = *st.lists;
     rep.attended_pairs =

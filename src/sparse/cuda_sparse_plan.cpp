@@ -1,9 +1,12 @@
-// CudaSparsePlan (see cuda_sparse_plan.hpp): the single-device block-sparse lists, uploaded
-// once, run by the block-sparse CUDA kernels (kernels/cuda/sparse_params.hpp) on one stream.
+// CudaSparsePlan (see cuda_sparse_plan.hpp): this rank's block-sparse work lists, uploaded
+// once, run by the block-sparse CUDA kernels (kernels/cuda/sparse_params.hpp) on one stream:
+// the local lists over the shard, and on several ranks the remote lists over the receive
+// slabs, after the exchange.
 #include "sparse/cuda_sparse_plan.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -11,14 +14,19 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/sparse_params.hpp"
+#include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
-#include "sparse/single_device_lists.hpp"
+#include "sparse/rank_work.hpp"
+#include "sparse/sparse_plan.hpp"
 
 namespace ringattn::sparse {
 
 namespace kc = kernels::cuda;
 
 namespace {
+
+// Tags apart from the ring engine's (step * 4 + kind), as the CPU plan's.
+enum Tag { kFwdKv = 1 << 20, kBwdKv, kGradReturn };
 
 kc::Elem elem_of(DeviceDType t) {
   switch (t) {
@@ -44,21 +52,47 @@ kc::DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, in
   return a;
 }
 
-// 16-byte copies need every row start and stride the kernels use to be a multiple of 8
-// elements (the tensors' own pointers are checked at each call).
-bool rows_aligned(const SingleDeviceWork& w) {
-  auto ok = [](int64_t x) { return x % 8 == 0; };
-  if (!ok(w.q_stride)) return false;
-  for (const auto& t : w.q_tiles)
-    if (!ok(t.q_row0)) return false;
-  for (const auto& s : w.key_spans)
-    if (!ok(s.k_row0) || !ok(s.k_stride)) return false;
-  for (const auto& t : w.k_tiles)
-    if (!ok(t.k_row0) || !ok(t.k_stride)) return false;
-  for (const auto& s : w.query_spans)
-    if (!ok(s.q_row0)) return false;
-  return true;
-}
+// One set of work lists on the device: query tiles with key spans (forward, dQ) and key tiles
+// with query spans (dK/dV), with their work items.
+struct DeviceLists {
+  kc::DeviceAllocation q_tiles, key_spans, q_items, k_tiles, query_spans, k_items;
+  int64_t n_q_items = 0, n_k_items = 0;
+  // 16-byte copies need every row start and stride the kernels use to be a multiple of 8
+  // elements (the tensors' own pointers are checked at each call).
+  bool rows_aligned = true;
+
+  void upload(const std::vector<kernels::SparseQueryTile>& qt,
+              const std::vector<kernels::KeySpan>& ks,
+              const std::vector<kernels::SparseKeyTile>& kt,
+              const std::vector<kernels::QuerySpan>& qs, bool causal, int device,
+              cudaStream_t stream) {
+    const std::vector<kernels::ForwardItem> qi = sparse_query_items(qt, ks, causal, kc::kQueryTile);
+    const std::vector<kernels::ForwardItem> ki = sparse_key_items(kt, qs, causal, kc::kKeyTile);
+    n_q_items = static_cast<int64_t>(qi.size());
+    n_k_items = static_cast<int64_t>(ki.size());
+    q_tiles = upload_vector(qt, "the block-sparse query tiles", device, stream);
+    key_spans = upload_vector(ks, "the block-sparse key spans", device, stream);
+    q_items = upload_vector(qi, "the block-sparse query work items", device, stream);
+    k_tiles = upload_vector(kt, "the block-sparse key tiles", device, stream);
+    query_spans = upload_vector(qs, "the block-sparse query spans", device, stream);
+    k_items = upload_vector(ki, "the block-sparse key work items", device, stream);
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before qi, ki go
+    auto ok = [](int64_t x) { return x % 8 == 0; };
+    for (const auto& t : qt) rows_aligned = rows_aligned && ok(t.q_row0);
+    for (const auto& s : ks) rows_aligned = rows_aligned && ok(s.k_row0) && ok(s.k_stride);
+    for (const auto& t : kt) rows_aligned = rows_aligned && ok(t.k_row0) && ok(t.k_stride);
+    for (const auto& s : qs) rows_aligned = rows_aligned && ok(s.q_row0);
+  }
+  std::size_t bytes() const {
+    return q_tiles.bytes() + key_spans.bytes() + q_items.bytes() + k_tiles.bytes() +
+           query_spans.bytes() + k_items.bytes();
+  }
+  void reset() {
+    for (kc::DeviceAllocation* a :
+         {&q_tiles, &key_spans, &q_items, &k_tiles, &query_spans, &k_items})
+      a->reset();
+  }
+};
 
 }  // namespace
 
@@ -68,17 +102,30 @@ struct CudaSparsePlan::Impl {
   CudaPlanOptions opts;
   kc::Elem elem = kc::Elem::bf16;
   CudaDeviceStatus device;
+  ring::Communicator* comm = nullptr;  // null on one rank without a communicator
+  int me = 0, world = 1;
+  ring::ShardLayout layout;
+  RankSparseWork w;
+  ring::FaultInjection fault;
   cudaStream_t stream = nullptr;
-  int64_t q_stride = 0, lse_stride = 1;
-  int64_t n_q_items = 0, n_k_items = 0;
-  kc::DeviceAllocation q_tiles, key_spans, k_tiles, query_spans, q_items, k_items, delta;
+  int64_t B = 0, H = 0, D = 0, NL = 0, bs = 0;
+  int64_t send_rows = 0, recv_rows = 0;  // rows of each half (K, V) of the slabs
+  DeviceLists local, remote;
+  kc::DeviceAllocation delta, send_buf, recv_buf, grad_buf, ret_buf, send_runs, ret_runs;
+  std::vector<std::pair<int64_t, int64_t>> ret_slots;  // (first run, runs) per launch
+  std::vector<int64_t> ret_slot_rows;
   bool vector_loads = false;
   std::vector<std::string> notes;
+  std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
+  ring::RingTimings fwd, bwd;
 
   ~Impl() {
     const kc::ScopedDevice on(opts.device, std::nothrow);
+    ex.reset();
+    local.reset();
+    remote.reset();
     for (kc::DeviceAllocation* a :
-         {&q_tiles, &key_spans, &k_tiles, &query_spans, &q_items, &k_items, &delta})
+         {&delta, &send_buf, &recv_buf, &grad_buf, &ret_buf, &send_runs, &ret_runs})
       a->reset();
     if (stream) {
       (void)cudaStreamSynchronize(stream);
@@ -86,26 +133,233 @@ struct CudaSparsePlan::Impl {
     }
     kc::release_unused_device_memory(opts.device);
   }
+
+  std::size_t eb() const { return static_cast<std::size_t>(kc::elem_bytes(elem)); }
+  int64_t row(int64_t b, int64_t local_row, int64_t h) const {
+    return ((b * NL + local_row) * H + h) * D;
+  }
+  int64_t slab_row(int64_t entry, int64_t b) const { return (entry * B + b) * bs; }
+  bool distributed() const { return ex && w.exchanges(); }
+
+  void build(const CudaPlanOptions& o) {
+    const Shape4& s = cfg.shape;
+    B = s.batch;
+    H = s.heads;
+    D = s.head_dim;
+    bs = cfg.block_size;
+    layout = sparse_layout(cfg, world);
+    NL = layout.local_len;
+    w = build_rank_sparse_work(cfg, *lists, layout, me);
+    const int dev = o.device;
+    local.upload(w.local_tiles, w.local_spans, w.local_ktiles, w.local_qspans, cfg.causal, dev,
+                 stream);
+    remote.upload(w.remote_tiles, w.remote_spans, w.remote_ktiles, w.remote_qspans, cfg.causal, dev,
+                  stream);
+    delta = kc::DeviceAllocation(static_cast<std::size_t>(B * H * NL) * sizeof(float),
+                                 "the backward's row sums D = rowsum(out * dout)", dev, stream);
+    send_rows = slab_row(static_cast<int64_t>(w.send_entries.size()), 0);
+    recv_rows = slab_row(static_cast<int64_t>(w.recv_entries.size()), 0);
+    // The send runs: entry e, batch b is rows slab_row(e, b).. of the send slab.
+    std::vector<kc::PackedRun> runs;
+    for (std::size_t e = 0; e < w.send_entries.size(); ++e) {
+      const Entry& en = w.send_entries[e];
+      const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t at = slab_row(static_cast<int64_t>(e), b);
+        runs.push_back({row(b, lr, en.head), H * D, bs, at, at});
+      }
+    }
+    // The returned partials of one (head, block) come from several peers: launch k adds
+    // each group's k-th (peers ascending), so no launch names a row twice and every sum is
+    // taken in the same order.
+    std::vector<kc::PackedRun> ret;
+    for (int64_t slot = 0;; ++slot) {
+      const auto first = static_cast<int64_t>(ret.size());
+      int64_t rows = 0;
+      for (std::size_t g = 0; g + 1 < w.ret_group_ptr.size(); ++g) {
+        const int64_t x = w.ret_group_ptr[g] + slot;
+        if (x >= w.ret_group_ptr[g + 1]) continue;
+        const int64_t e = w.ret_order[static_cast<std::size_t>(x)];
+        const Entry& en = w.send_entries[static_cast<std::size_t>(e)];
+        const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
+        for (int64_t b = 0; b < B; ++b) {
+          ret.push_back({row(b, lr, en.head), H * D, bs, rows, slab_row(e, b)});
+          rows += bs;
+        }
+      }
+      if (rows == 0) break;
+      ret_slots.emplace_back(first, static_cast<int64_t>(ret.size()) - first);
+      ret_slot_rows.push_back(rows);
+    }
+    send_runs = upload_vector(runs, "the block-sparse send lists", dev, stream);
+    ret_runs = upload_vector(ret, "the block-sparse return lists", dev, stream);
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before runs, ret go
+    const auto kv = [&](int64_t rows, std::size_t bytes) {
+      return static_cast<std::size_t>(2 * rows * D) * bytes;
+    };
+    send_buf = kc::DeviceAllocation(kv(send_rows, eb()), "the block-sparse send slab", dev, stream);
+    recv_buf =
+        kc::DeviceAllocation(kv(recv_rows, eb()), "the block-sparse receive slab", dev, stream);
+    grad_buf = kc::DeviceAllocation(kv(recv_rows, sizeof(float)), "the block-sparse dK/dV partials",
+                                    dev, stream);
+    ret_buf = kc::DeviceAllocation(kv(send_rows, sizeof(float)),
+                                   "the block-sparse returned dK/dV partials", dev, stream);
+    vector_loads = elem != kc::Elem::fp32 && D == kc::padded_head_dim(D) && (H * D) % 8 == 0 &&
+                   local.rows_aligned && remote.rows_aligned;
+  }
+
+  // Packs this rank's send slab and posts the K/V exchange.
+  int post_kv(const void* k, const void* v, int tag, ring::RingTimings& tm, const char* what) {
+    fault.stall_if_due(me, 1, *comm);
+    kc::PackParams pp;
+    pp.runs = send_runs.as<kc::PackedRun>();
+    pp.n_runs = static_cast<int64_t>(w.send_entries.size()) * B;
+    pp.total_rows = pp.buffer_rows = send_rows;
+    pp.head_dim = D;
+    kc::launch_pack_rows(elem, pp, k, v, send_buf.get(), stream);
+    std::vector<ring::Transfer> sends, recvs;
+    auto* sb = static_cast<char*>(send_buf.get());
+    auto* rb = static_cast<char*>(recv_buf.get());
+    for (const PeerRange& r : w.send_ranges) {
+      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * eb();
+      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * eb();
+      const std::size_t half = static_cast<std::size_t>(send_rows * D) * eb();
+      sends.push_back({r.peer, sb + at, n});
+      sends.push_back({r.peer, sb + half + at, n});
+      tm.bytes_sent += 2 * static_cast<int64_t>(n);
+    }
+    for (const PeerRange& r : w.recv_ranges) {
+      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * eb();
+      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * eb();
+      const std::size_t half = static_cast<std::size_t>(recv_rows * D) * eb();
+      recvs.push_back({r.peer, rb + at, n});
+      recvs.push_back({r.peer, rb + half + at, n});
+    }
+    return ex->post(std::move(sends), std::move(recvs), tag, 1, what);
+  }
+
+  // Returns the received blocks' dK/dV partials to their owners and takes this rank's.
+  int post_return(ring::RingTimings& tm) {
+    std::vector<ring::Transfer> sends, recvs;
+    auto* gb = static_cast<char*>(grad_buf.get());
+    auto* rb = static_cast<char*>(ret_buf.get());
+    const std::size_t f = sizeof(float);
+    for (const PeerRange& r : w.recv_ranges) {
+      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * f;
+      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * f;
+      const std::size_t half = static_cast<std::size_t>(recv_rows * D) * f;
+      sends.push_back({r.peer, gb + at, n});
+      sends.push_back({r.peer, gb + half + at, n});
+      tm.bytes_sent += 2 * static_cast<int64_t>(n);
+    }
+    for (const PeerRange& r : w.send_ranges) {
+      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * f;
+      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * f;
+      const std::size_t half = static_cast<std::size_t>(send_rows * D) * f;
+      recvs.push_back({r.peer, rb + at, n});
+      recvs.push_back({r.peer, rb + half + at, n});
+    }
+    return ex->post(std::move(sends), std::move(recvs), kGradReturn, 1,
+                    "block-sparse dK/dV return");
+  }
+
+  void init(const AttentionConfig& c, std::shared_ptr<const BlockLists> l, CudaPlanOptions o) {
+    validate(c);
+    if (c.attention != AttentionKind::block_sparse)
+      throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
+    if (o.kernel == KernelChoice::cudnn)
+      throw InputError("--kernel",
+                       "'cudnn' has no block-sparse kernel; use --kernel native or auto");
+    cfg = c;
+    lists = std::move(l);
+    opts = o;
+    elem = elem_of(o.dtype);
+    device = probe_cuda_device(o.device);
+    if (!device.usable) throw InputError("--device", "'cuda' cannot be used: " + device.reason);
+  }
+
+  kc::SparseForwardParams forward_params(const DeviceLists& l, const void* q, const void* k,
+                                         const void* v, float* out, float* lse,
+                                         bool accumulate) const {
+    kc::SparseForwardParams p;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.out = out;
+    p.lse = lse;
+    p.tiles = l.q_tiles.as<kernels::SparseQueryTile>();
+    p.spans = l.key_spans.as<kernels::KeySpan>();
+    p.items = l.q_items.as<kernels::ForwardItem>();
+    p.n_items = l.n_q_items;
+    p.q_stride = H * D;
+    p.lse_stride = 1;
+    p.head_dim = static_cast<int>(D);
+    p.scale = static_cast<float>(cfg.effective_scale());
+    p.causal = cfg.causal;
+    p.accumulate = accumulate;
+    p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v);
+    return p;
+  }
+
+  kc::SparseBackwardParams backward_params(const DeviceLists& l, const void* q, const void* k,
+                                           const void* v, const float* lse, const void* dout,
+                                           float* dq, float* dk, float* dv) const {
+    kc::SparseBackwardParams p;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.dout = dout;
+    p.lse = lse;
+    p.delta = delta.as<float>();
+    p.dq = dq;
+    p.dk = dk;
+    p.dv = dv;
+    p.q_tiles = l.q_tiles.as<kernels::SparseQueryTile>();
+    p.key_spans = l.key_spans.as<kernels::KeySpan>();
+    p.q_items = l.q_items.as<kernels::ForwardItem>();
+    p.n_q_items = l.n_q_items;
+    p.k_tiles = l.k_tiles.as<kernels::SparseKeyTile>();
+    p.query_spans = l.query_spans.as<kernels::QuerySpan>();
+    p.k_items = l.k_items.as<kernels::ForwardItem>();
+    p.n_k_items = l.n_k_items;
+    p.q_stride = H * D;
+    p.lse_stride = 1;
+    p.head_dim = static_cast<int>(D);
+    p.scale = static_cast<float>(cfg.effective_scale());
+    p.causal = cfg.causal;
+    p.vector_loads =
+        vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
+    return p;
+  }
 };
 
 CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
                                CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
-  if (cfg.attention != AttentionKind::block_sparse)
-    throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
-  if (opts.kernel == KernelChoice::cudnn)
-    throw InputError("--kernel", "'cudnn' has no block-sparse kernel; use --kernel native or auto");
+  impl_->init(cfg, std::move(lists), opts);
+  finish_construction();
+}
+
+CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
+                               ring::Communicator& comm, CudaPlanOptions opts,
+                               ring::RingOptions ring_opts)
+    : impl_(std::make_unique<Impl>()) {
+  if (comm.size() > 1 && comm.memory_space() != ring::MemorySpace::device)
+    throw InputError("--device", "'cuda' with several ranks needs a device communicator (NCCL)");
+  impl_->init(cfg, std::move(lists), opts);
   Impl& m = *impl_;
-  m.cfg = cfg;
-  m.lists = std::move(lists);
-  m.opts = opts;
-  m.elem = elem_of(opts.dtype);
-  m.device = probe_cuda_device(opts.device);
-  if (!m.device.usable) throw InputError("--device", "'cuda' cannot be used: " + m.device.reason);
-  const kc::ScopedDevice on(opts.device);
+  m.comm = &comm;
+  m.me = comm.rank();
+  m.world = comm.size();
+  m.fault = ring_opts.fault;
+  finish_construction(ring_opts.timeout_s);
+}
+
+void CudaSparsePlan::finish_construction(double timeout_s) {
+  Impl& m = *impl_;
+  const kc::ScopedDevice on(m.opts.device);
   if (m.elem != kc::Elem::fp32) {
-    const std::string why = kc::sparse_kernels_fit(cfg.shape.head_dim, m.elem, opts.device);
+    const std::string why = kc::sparse_kernels_fit(m.cfg.shape.head_dim, m.elem, m.opts.device);
     if (!why.empty()) {
       m.notes.push_back(why + "; running the fp32 kernels instead");
       m.opts.dtype = DeviceDType::fp32;
@@ -113,31 +367,16 @@ CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const
     }
   }
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
-
   // Device blocks own kQueryTile query rows (kKeyTile key rows); CPU tiles are one block of
   // any size, so items cut them into such pieces. A block smaller than 64 rows leaves part
   // of its device block idle: merging several query blocks into one device tile would need a
   // per-row mask, since neighbouring blocks list different keys.
   static_assert(kc::kQueryTile == kc::kKeyTile, "one item size for both passes");
-  const SingleDeviceWork w = build_single_device_work(cfg, *m.lists, kc::kQueryTile);
-  m.q_stride = w.q_stride;
-  m.lse_stride = w.lse_stride;
-  m.n_q_items = static_cast<int64_t>(w.q_items.size());
-  m.n_k_items = static_cast<int64_t>(w.k_items.size());
-  const int dev = opts.device;
-  m.q_tiles = upload_vector(w.q_tiles, "the block-sparse query tiles", dev, m.stream);
-  m.key_spans = upload_vector(w.key_spans, "the block-sparse key spans", dev, m.stream);
-  m.k_tiles = upload_vector(w.k_tiles, "the block-sparse key tiles", dev, m.stream);
-  m.query_spans = upload_vector(w.query_spans, "the block-sparse query spans", dev, m.stream);
-  m.q_items = upload_vector(w.q_items, "the block-sparse query work items", dev, m.stream);
-  m.k_items = upload_vector(w.k_items, "the block-sparse key work items", dev, m.stream);
-  const Shape4& s = cfg.shape;
-  m.delta =
-      kc::DeviceAllocation(static_cast<std::size_t>(s.batch * s.heads * s.seq_len) * sizeof(float),
-                           "the backward's row sums D = rowsum(out * dout)", dev, m.stream);
-  m.vector_loads =
-      m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) && rows_aligned(w);
-  if (opts.kernel == KernelChoice::automatic)
+  m.build(m.opts);
+  if (m.world > 1)
+    m.ex =
+        std::make_unique<ring::StreamExchanges>(*m.comm, m.stream, m.opts.device, timeout_s, false);
+  if (m.opts.kernel == KernelChoice::automatic)
     m.notes.push_back("--kernel auto: the native block-sparse kernels (cuDNN has none)");
   // The host lists go out of scope: the copies must have landed.
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -150,12 +389,23 @@ CudaSparsePlan& CudaSparsePlan::operator=(CudaSparsePlan&&) noexcept = default;
 const AttentionConfig& CudaSparsePlan::config() const noexcept { return impl_->cfg; }
 DeviceDType CudaSparsePlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaSparsePlan::notes() const noexcept { return impl_->notes; }
+const ring::ShardLayout& CudaSparsePlan::layout() const noexcept { return impl_->layout; }
+const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept { return impl_->fwd; }
+const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return impl_->bwd; }
+
+int CudaSparsePlan::peers() const noexcept {
+  std::vector<int> p;
+  for (const auto& r : impl_->w.recv_ranges) p.push_back(r.peer);
+  for (const auto& r : impl_->w.send_ranges) p.push_back(r.peer);
+  std::sort(p.begin(), p.end());
+  return static_cast<int>(std::unique(p.begin(), p.end()) - p.begin());
+}
 
 std::size_t CudaSparsePlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
-  std::size_t b = 0;
+  std::size_t b = m.local.bytes() + m.remote.bytes();
   for (const kc::DeviceAllocation* a :
-       {&m.q_tiles, &m.key_spans, &m.k_tiles, &m.query_spans, &m.q_items, &m.k_items, &m.delta})
+       {&m.delta, &m.send_buf, &m.recv_buf, &m.grad_buf, &m.ret_buf, &m.send_runs, &m.ret_runs})
     b += a->bytes();
   return b;
 }
@@ -173,32 +423,32 @@ void CudaSparsePlan::synchronize() {
 void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  kc::SparseForwardParams p;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.out = out;
-  p.lse = lse;
-  p.tiles = m.q_tiles.as<kernels::SparseQueryTile>();
-  p.spans = m.key_spans.as<kernels::KeySpan>();
-  p.items = m.q_items.as<kernels::ForwardItem>();
-  p.n_items = m.n_q_items;
-  p.q_stride = m.q_stride;
-  p.lse_stride = m.lse_stride;
-  p.head_dim = static_cast<int>(m.cfg.shape.head_dim);
-  p.scale = static_cast<float>(m.cfg.effective_scale());
-  p.causal = m.cfg.causal;
-  p.accumulate = false;  // every row has exactly one query tile: written, not merged
-  p.vector_loads = m.vector_loads && aligned16(q) && aligned16(k) && aligned16(v);
-  kc::sparse_forward(m.elem, p, m.stream);
+  m.fwd = {};
+  if (m.ex) m.ex->start_call();
+  const int ticket =
+      m.distributed() ? m.post_kv(k, v, kFwdKv, m.fwd, "block-sparse forward K/V") : -1;
+  m.fault.fail_if_due(m.me, 0);
+  // Every row has one local query tile: written, not merged.
+  kc::sparse_forward(m.elem, m.forward_params(m.local, q, k, v, out, lse, false), m.stream);
+  if (m.distributed()) {
+    m.ex->device_wait(ticket);
+    m.fault.fail_if_due(m.me, 1);
+    const auto* rk = static_cast<const char*>(m.recv_buf.get());
+    const void* rv = rk + static_cast<std::size_t>(m.recv_rows * m.D) * m.eb();
+    kc::sparse_forward(m.elem, m.forward_params(m.remote, q, rk, rv, out, lse, true), m.stream);
+  }
+  if (m.ex) m.ex->finish_call(m.fwd);
 }
 
 void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const float* out,
                               const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  const Shape4& s = m.cfg.shape;
-  const std::size_t bytes = static_cast<std::size_t>(s.numel()) * sizeof(float);
+  m.bwd = {};
+  if (m.ex) m.ex->start_call();
+  const std::size_t bytes = static_cast<std::size_t>(m.B * m.NL * m.H * m.D) * sizeof(float);
+  const int ticket =
+      m.distributed() ? m.post_kv(k, v, kBwdKv, m.bwd, "block-sparse backward K/V") : -1;
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, m.stream));
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, m.stream));
@@ -206,38 +456,35 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
   rd.out = out;
   rd.dout = dout;
   rd.delta = m.delta.as<float>();
-  rd.batch = s.batch;
-  rd.seq_len = s.seq_len;
-  rd.heads = s.heads;
-  rd.head_dim = s.head_dim;
+  rd.batch = m.B;
+  rd.seq_len = m.NL;
+  rd.heads = m.H;
+  rd.head_dim = m.D;
   kc::launch_row_dot(m.elem, rd, m.stream);
-
-  kc::SparseBackwardParams p;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.dout = dout;
-  p.lse = lse;
-  p.delta = m.delta.as<float>();
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
-  p.q_tiles = m.q_tiles.as<kernels::SparseQueryTile>();
-  p.key_spans = m.key_spans.as<kernels::KeySpan>();
-  p.q_items = m.q_items.as<kernels::ForwardItem>();
-  p.n_q_items = m.n_q_items;
-  p.k_tiles = m.k_tiles.as<kernels::SparseKeyTile>();
-  p.query_spans = m.query_spans.as<kernels::QuerySpan>();
-  p.k_items = m.k_items.as<kernels::ForwardItem>();
-  p.n_k_items = m.n_k_items;
-  p.q_stride = m.q_stride;
-  p.lse_stride = m.lse_stride;
-  p.head_dim = static_cast<int>(s.head_dim);
-  p.scale = static_cast<float>(m.cfg.effective_scale());
-  p.causal = m.cfg.causal;
-  p.vector_loads =
-      m.vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-  kc::sparse_backward(m.elem, p, m.stream);
+  m.fault.fail_if_due(m.me, 0);
+  kc::sparse_backward(m.elem, m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv), m.stream);
+  if (m.distributed()) {
+    m.ex->device_wait(ticket);
+    m.fault.fail_if_due(m.me, 1);
+    const auto* rk = static_cast<const char*>(m.recv_buf.get());
+    const void* rv = rk + static_cast<std::size_t>(m.recv_rows * m.D) * m.eb();
+    float* gk = m.grad_buf.as<float>();
+    float* gv = gk + m.recv_rows * m.D;
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(gk, 0, m.grad_buf.bytes(), m.stream));
+    kc::sparse_backward(m.elem, m.backward_params(m.remote, q, rk, rv, lse, dout, dq, gk, gv),
+                        m.stream);
+    m.ex->device_wait(m.post_return(m.bwd));
+    for (std::size_t s = 0; s < m.ret_slots.size(); ++s) {
+      kc::PackParams pp;
+      pp.runs = m.ret_runs.as<kc::PackedRun>() + m.ret_slots[s].first;
+      pp.n_runs = m.ret_slots[s].second;
+      pp.total_rows = m.ret_slot_rows[s];
+      pp.buffer_rows = m.send_rows;
+      pp.head_dim = m.D;
+      kc::launch_unpack_add_rows(pp, m.ret_buf.as<float>(), dk, dv, false, m.stream);
+    }
+  }
+  if (m.ex) m.ex->finish_call(m.bwd);
 }
 
 }  // namespace ringattn::sparse

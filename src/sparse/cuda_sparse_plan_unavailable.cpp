@@ -13,6 +13,9 @@ CudaSparsePlan::CudaSparsePlan(const AttentionConfig&, std::shared_ptr<const Blo
                    "this build of ringattn has no CUDA kernels (the CUDA toolkit was not found "
                    "at configure time, or RINGATTN_WITH_CUDA=OFF)");
 }
+CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
+                               ring::Communicator&, CudaPlanOptions opts, ring::RingOptions)
+    : CudaSparsePlan(cfg, std::move(lists), opts) {}
 CudaSparsePlan::~CudaSparsePlan() = default;
 CudaSparsePlan::CudaSparsePlan(CudaSparsePlan&&) noexcept = default;
 CudaSparsePlan& CudaSparsePlan::operator=(CudaSparsePlan&&) noexcept = default;
@@ -30,6 +33,16 @@ const std::vector<std::string>& CudaSparsePlan::notes() const noexcept {
   return none;
 }
 std::size_t CudaSparsePlan::workspace_bytes() const noexcept { return 0; }
+const ring::ShardLayout& CudaSparsePlan::layout() const noexcept {
+  static const ring::ShardLayout none;
+  return none;
+}
+const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept {
+  static const ring::RingTimings none;
+  return none;
+}
+const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return last_forward(); }
+int CudaSparsePlan::peers() const noexcept { return 0; }
 std::string CudaSparsePlan::device_description() const { return "none"; }
 
 }  // namespace ringattn::sparse
