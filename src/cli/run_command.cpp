@@ -30,6 +30,7 @@
 #include "ringattn/errors.hpp"
 #include "ringattn/npy.hpp"
 #include "ringattn/plan.hpp"
+#include "ringattn/quote.hpp"
 #include "ringattn/reference.hpp"
 #include "ringattn/tensor.hpp"
 #include "sparse/block_lists.hpp"
@@ -272,8 +273,8 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
   const sparse::Pattern p =
       sparse::parse_pattern(pattern, g, cfg.segments, cfg.dilations, opts.seed);
   if (!cfg.segments.empty() && p.canonical.find("dilated-blocks") == std::string::npos)
-    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern '" +
-                                       pattern + "' has none)");
+    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern " +
+                                       quote(pattern) + " has none)");
   description = p.canonical;
   return sparse::PatternCache::global().get(
       sparse::cache_key(s.seq_len, cfg.block_size, s.heads, p.canonical),
@@ -939,7 +940,7 @@ int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& 
     // One write, so that ranks sharing a stderr (threads) do not interleave.
     std::cerr << ("ringattn: " +
                   (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "") +
-                  "error: " + e.what() + "\n")
+                  "error: " + printable(e.what()) + "\n")
               << std::flush;
     if (comm.size() > 1) comm.abort(static_cast<int>(ExitCode::runtime_failure));
     return static_cast<int>(ExitCode::runtime_failure);

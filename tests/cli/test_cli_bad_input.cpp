@@ -153,6 +153,16 @@ void expect_shape_file_blamed(const std::vector<int64_t>& shape, const std::stri
     EXPECT_EQ(r.err.find(option), std::string::npos) << "blames " << option << "\n" << describe(r);
 }
 
+// Exactly one line on stderr, with no control byte (< 0x20, 0x7f) before its newline.
+void expect_one_printable_line(const CliResult& r) {
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << describe(r);
+  for (std::size_t i = 0; i + 1 < r.err.size(); ++i) {
+    const auto c = static_cast<unsigned char>(r.err[i]);
+    EXPECT_TRUE(c >= 0x20 && c != 0x7f) << "byte " << static_cast<int>(c) << " at " << i;
+  }
+}
+
 }  // namespace
 
 // The inputs themselves are fine: otherwise every "bad" case below could pass by accident.
@@ -346,6 +356,60 @@ TEST(CliBadInput, ZeroSequenceLengthInDoutNamesDout) {
       dir, with(base_args(dir), with(kPattern, {"--dout", dir.file("dout.npy")})),
       "--dout (" + dir.file("dout.npy") + "): ", "sequence length (dim 1) must be positive, got 0");
   EXPECT_EQ(r.err.find("--seq-len"), std::string::npos) << describe(r);
+}
+
+// ---- file contents in messages -----------------------------------------------------------
+// Bytes from a file are shown escaped and cut short: a header must not drive the terminal.
+
+TEST(CliBadInput, ControlBytesInTheDtypeAreShownEscaped) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("q.npy"), npy_bytes(dict_for("\x1b[2J\x07\x7f\x01", "(1, 64, 4, 16)"),
+                                           std::string(kCount * 4, '\0')));
+  const CliResult r = expect_bad_input(
+      dir, with(base_args(dir), kPattern),
+      "--q (" + dir.file("q.npy") + "): ", "unsupported dtype '\\x1b[2J\\x07\\x7f\\x01'");
+  expect_one_printable_line(r);
+}
+
+TEST(CliBadInput, LongDtypeIsCutToSixtyBytes) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("k.npy"), npy_bytes(dict_for(std::string(500, 'x'), "(1, 64, 4, 16)"),
+                                           std::string(kCount * 4, '\0')));
+  const CliResult r =
+      expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("k.npy"),
+                       "unsupported dtype '" + std::string(60, 'x') + "'... (need float32");
+  expect_one_printable_line(r);
+}
+
+TEST(CliBadInput, ControlBytesInAHeaderKeyAreShownEscaped) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("v.npy"),
+              npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 64, 4, 16), "
+                        "'\x1b]0;pwned\x07': 1}",
+                        std::string(kCount * 4, '\0')));
+  const CliResult r = expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("v.npy"),
+                                       "unexpected key '\\x1b]0;pwned\\x07'");
+  expect_one_printable_line(r);
+}
+
+// A --config file is read by Boost, whose messages quote the offending line or value.
+TEST(CliBadInput, ControlBytesInAConfigFileAreShownEscaped) {
+  TempDir dir;
+  write_inputs(dir);
+  for (const auto& [text, problem] :
+       {std::pair<std::string, std::string>{"this line \x1b[2J has no equals sign\n",
+                                            "invalid line 'this line \\x1b[2J has"},
+        {"threads = 1\x1b[2J\n", "the argument ('1\\x1b[2J') for option 'threads'"},
+        {"combine = gr\x1b[2Jouped\n", "unknown value 'gr\\x1b[2Jouped'"}}) {
+    SCOPED_TRACE(problem);
+    write_bytes(dir.file("run.cfg"), text);
+    const CliResult r = expect_bad_input(
+        dir, with(base_args(dir), with(kPattern, {"--config", dir.file("run.cfg")})), "", problem);
+    expect_one_printable_line(r);
+  }
 }
 
 // ---- files -----------------------------------------------------------------------------
