@@ -14,12 +14,17 @@ enum class ExitCode : int { ok = 0, bad_input = 2, runtime_failure = 3 };
 // (e.g. "--segments") or the file path the message is about.
 class InputError : public std::runtime_error {
  public:
-  InputError(std::string subject, const std::string& problem)
-      : std::runtime_error(subject + ": " + problem), subject_(std::move(subject)) {}
+  InputError(std::string subject, std::string problem)
+      : std::runtime_error(subject + ": " + problem),
+        subject_(std::move(subject)),
+        problem_(std::move(problem)) {}
   const std::string& subject() const noexcept { return subject_; }
+  // The message without the subject, so that a caller who knows better can re-aim it.
+  const std::string& problem() const noexcept { return problem_; }
 
  private:
   std::string subject_;
+  std::string problem_;
 };
 
 // Failures after validation: allocation, I/O while writing results, library errors.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
 
 namespace ringattn::cli {
 
@@ -33,7 +34,9 @@ int agree_on_errors(ring::Communicator& comm, F&& f) {
   if (code && comm.rank() == first_bad) {
     std::cerr << "ringattn: ";
     if (comm.size() > 1) std::cerr << "rank " << comm.rank() << ": ";
-    std::cerr << "error: " << message << "\n";
+    // Messages quote file contents and option values; printable() is the last guard that
+    // nothing in them reaches the terminal as a control sequence.
+    std::cerr << "error: " << printable(message) << "\n";
   }
   return static_cast<int>(worst);
 }

@@ -14,6 +14,7 @@
 #include "cli/run_command.hpp"
 #include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
 
 namespace {
 
@@ -31,7 +32,7 @@ void print_usage(std::ostream& os) {
 }
 
 int fail(ringattn::ExitCode code, const std::string& msg) {
-  std::cerr << "ringattn: error: " << msg << "\n";
+  std::cerr << "ringattn: error: " << ringattn::printable(msg) << "\n";
   return static_cast<int>(code);
 }
 

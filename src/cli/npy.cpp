@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
 
 namespace ringattn {
 
@@ -155,7 +156,7 @@ class HeaderParser {
     while (peek() != '}') {
       const std::string key = parse_string("a quoted key");
       skip_space();
-      expect(':', "expected ':' after key '" + key + "'");
+      expect(':', "expected ':' after key " + quote(key));
       skip_space();
       if (key == "descr") {
         mark_seen(&have_descr, key);
@@ -168,14 +169,14 @@ class HeaderParser {
         mark_seen(&have_shape, key);
         fields.shape = parse_shape();
       } else {
-        fail_plain("unexpected key '" + key + "' in header");
+        fail_plain("unexpected key " + quote(key) + " in header");
       }
       skip_space();
       if (peek() == ',') {
         ++pos_;
         skip_space();
       } else if (peek() != '}') {
-        fail("expected ',' or '}' after the value of '" + key + "'");
+        fail("expected ',' or '}' after the value of " + quote(key));
       }
     }
     ++pos_;
@@ -208,17 +209,14 @@ class HeaderParser {
 
   // Shows where parsing stopped, since the header text is the only clue the user has.
   [[noreturn]] void fail(const std::string& reason) const {
-    std::string rest(text_.substr(pos_, 40));
-    for (char& c : rest)
-      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
-    const std::string where = pos_ >= text_.size()
-                                  ? "at the end of the header"
-                                  : "at offset " + std::to_string(pos_) + " ('" + rest + "')";
+    const std::string where = pos_ >= text_.size() ? "at the end of the header"
+                                                   : "at offset " + std::to_string(pos_) + " (" +
+                                                         quote(text_.substr(pos_), 40) + ")";
     fail_plain(reason + " " + where);
   }
 
   void mark_seen(bool* seen, const std::string& key) const {
-    if (*seen) fail_plain("key '" + key + "' appears twice");
+    if (*seen) fail_plain("key " + quote(key) + " appears twice");
     *seen = true;
   }
 
@@ -243,7 +241,7 @@ class HeaderParser {
         return value;
       }
     }
-    fail("expected True or False for '" + key + "'");
+    fail("expected True or False for " + quote(key));
   }
 
   std::vector<int64_t> parse_shape() {
@@ -360,8 +358,8 @@ void open_and_parse(const std::string& path, OpenNpy* npy) {
   } else if (fields.descr == "|b1") {
     header.dtype = NpyDtype::bool8;
   } else {
-    throw InputError(path, "unsupported dtype '" + fields.descr +
-                               "' (need float32 '<f4' or float16 '<f2'; masks use bool '|b1')");
+    throw InputError(path, "unsupported dtype " + quote(fields.descr) +
+                               " (need float32 '<f4' or float16 '<f2'; masks use bool '|b1')");
   }
   if (fields.fortran_order)
     throw InputError(path,

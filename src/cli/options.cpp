@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
 
 namespace po = boost::program_options;
 
@@ -29,13 +30,13 @@ std::vector<int64_t> parse_int_list(const std::string& option, const std::string
       used = 0;
     }
     if (item.empty() || used != item.size())
-      throw InputError(option, "'" + item + "' in '" + text +
-                                   "' is not an integer (expected a comma-separated list "
+      throw InputError(option, quote(item) + " in " + quote(text) +
+                                   " is not an integer (expected a comma-separated list "
                                    "like 2048,4096,8192)");
     values.push_back(v);
   }
   if (!text.empty() && text.back() == ',')
-    throw InputError(option, "trailing comma in '" + text + "'");
+    throw InputError(option, "trailing comma in " + quote(text));
   return values;
 }
 
@@ -54,8 +55,8 @@ po::options_description run_description() {
   po::options_description pattern("Pattern");
   pattern.add_options()("attention", po::value<std::string>()->default_value("dense"),
                         "dense | dilated | block-sparse | auto (dense/dilated up to "
-                        "--sparse-threshold tokens, block-sparse dilated-blocks above)")("segments", po::value<std::string>(),
-                                           "dilated: segment lengths, e.g. 2048,4096,8192")(
+                        "--sparse-threshold tokens, block-sparse dilated-blocks above)")(
+      "segments", po::value<std::string>(), "dilated: segment lengths, e.g. 2048,4096,8192")(
       "dilations", po::value<std::string>(), "dilated: dilation per segment, e.g. 1,2,4")(
       "combine", po::value<std::string>()->default_value("grouped"),
       "dilated: grouped (head groups, output / G) | mixture (LongNet, lse-weighted)")(
@@ -123,17 +124,21 @@ std::string option_name(const po::error_with_option_name& e) {
   return name.rfind("--", 0) == 0 || name.rfind('-', 0) == 0 ? name : "--" + name;
 }
 
+// Boost's messages quote the offending token (an option name, a value, a whole --config
+// line) raw; it may come from a file, so it is escaped and the message kept short.
+constexpr std::size_t kBoostMessageMaxBytes = 200;
+
 template <typename F>
 void translating_errors(const std::string& where, F&& f) {
   try {
     f();
   } catch (const po::unknown_option& e) {
-    throw InputError(e.get_option_name(),
+    throw InputError(escaped(e.get_option_name()),
                      "unknown option" + where + " (see 'ringattn run --help')");
   } catch (const po::error_with_option_name& e) {
-    throw InputError(option_name(e), std::string(e.what()) + where);
+    throw InputError(escaped(option_name(e)), printable(e.what(), kBoostMessageMaxBytes) + where);
   } catch (const po::error& e) {
-    throw InputError("options", std::string(e.what()) + where);
+    throw InputError("options", printable(e.what(), kBoostMessageMaxBytes) + where);
   }
 }
 
@@ -144,7 +149,7 @@ std::string require_choice(const std::string& option, const std::string& value,
     if (value == c) return value;
     list += (list.empty() ? "" : ", ") + std::string(c);
   }
-  throw InputError(option, "unknown value '" + value + "' (choose one of: " + list + ")");
+  throw InputError(option, "unknown value " + quote(value) + " (choose one of: " + list + ")");
 }
 
 }  // namespace

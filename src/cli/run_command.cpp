@@ -30,6 +30,7 @@
 #include "ringattn/errors.hpp"
 #include "ringattn/npy.hpp"
 #include "ringattn/plan.hpp"
+#include "ringattn/quote.hpp"
 #include "ringattn/reference.hpp"
 #include "ringattn/tensor.hpp"
 #include "sparse/block_lists.hpp"
@@ -60,11 +61,69 @@ double reference_work(const AttentionConfig& cfg) {
   return visits + attended_pairs(cfg) * static_cast<double>(s.head_dim);
 }
 
-Shape4 shape_of(const std::string& option, const std::string& path, const NpyHeader& h) {
+// How a message names an input file: with the option that brought it in, "--q (q.npy)".
+std::string file_subject(const std::string& option, const std::string& path) {
+  return option + " (" + path + ")";
+}
+
+// Runs `f`, which reads the file `path` given with `option`; the reader's errors name the
+// path alone, so they are re-aimed at file_subject(option, path).
+template <typename F>
+auto reading(const std::string& option, const std::string& path, F&& f) {
+  try {
+    return f();
+  } catch (const InputError& e) {
+    if (e.subject() != path) throw;
+    throw InputError(file_subject(option, path), e.problem());
+  }
+}
+
+// The dimensions of a [B, N, H, D] file and the shape options that give them otherwise.
+struct ShapeDim {
+  const char* option;
+  const char* name;
+};
+constexpr ShapeDim kShapeDims[] = {{"--batch", "batch (dim 0)"},
+                                   {"--seq-len", "sequence length (dim 1)"},
+                                   {"--heads", "heads (dim 2)"},
+                                   {"--head-dim", "head dim (dim 3)"}};
+
+// The shape of a [B, N, H, D] file, each dimension checked here, where the message can
+// name the file: validate() would blame --seq-len, --heads, ..., which the user never gave.
+Shape4 shape_of(const std::string& option, const std::string& path) {
+  const NpyHeader h = reading(option, path, [&] { return read_npy_header(path); });
+  const std::string subject = file_subject(option, path);
   if (h.shape.size() != 4)
-    throw InputError(path, "array has rank " + std::to_string(h.shape.size()) +
-                               ", expected rank 4 [B,N,H,D] (" + option + ")");
+    throw InputError(subject, "array has rank " + std::to_string(h.shape.size()) +
+                                  ", expected rank 4 [B,N,H,D]");
+  for (std::size_t i = 0; i < 3; ++i)
+    if (h.shape[i] <= 0)
+      throw InputError(subject, std::string(kShapeDims[i].name) + " must be positive, got " +
+                                    std::to_string(h.shape[i]));
+  if (h.shape[3] <= 0 || h.shape[3] > kMaxHeadDim)
+    throw InputError(subject, std::string(kShapeDims[3].name) + " must be in 1.." +
+                                  std::to_string(kMaxHeadDim) + ", got " +
+                                  std::to_string(h.shape[3]));
   return {h.shape[0], h.shape[1], h.shape[2], h.shape[3]};
+}
+
+// Runs `f`; when the shape came from the input files, an InputError that blames a shape
+// option the user did not give (the ring layout's "--seq-len: N tokens cannot be split ...",
+// validate()'s "--heads") is re-aimed at --q's file, where that dimension came from.
+template <typename F>
+void blaming_input_files(const RunOptions& opts, F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    if (opts.q_path.empty()) throw;
+    const Shape4& given = opts.cfg.shape;  // with input files: 0 where the option was not given
+    const int64_t given_dims[] = {given.batch, given.seq_len, given.heads, given.head_dim};
+    for (std::size_t i = 0; i < 4; ++i)
+      if (e.subject() == kShapeDims[i].option && given_dims[i] == 0)
+        throw InputError(file_subject("--q", opts.q_path),
+                         std::string(kShapeDims[i].name) + ": " + e.problem());
+    throw;
+  }
 }
 
 // Element ranges of `rank`'s shard in a [B, N, H, D] file, in local order.
@@ -78,17 +137,19 @@ std::vector<std::pair<int64_t, int64_t>> shard_ranges(const ring::ShardLayout& l
   return r;
 }
 
-void load_shard(const std::string& path, const ring::ShardLayout& l, int rank, const Shape4& s,
-                HostTensor& t) {
+void load_shard(const std::string& option, const std::string& path, const ring::ShardLayout& l,
+                int rank, const Shape4& s, HostTensor& t) {
   const auto ranges = shard_ranges(l, rank, s);
-  const std::vector<float> data = read_npy_float_ranges(path, ranges);
+  const std::vector<float> data =
+      reading(option, path, [&] { return read_npy_float_ranges(path, ranges); });
   std::size_t i = 0;
   for (const auto& [first, count] : ranges)
     for (int64_t j = 0; j < count; ++j, ++i)
       if (!std::isfinite(data[i]))
-        throw InputError(path, "element " + std::to_string(first + j) + " is " +
-                                   (std::isnan(data[i]) ? "NaN" : "infinite") +
-                                   "; inputs must be finite");
+        throw InputError(file_subject(option, path),
+                         "element " + std::to_string(first + j) + " is " +
+                             (std::isnan(data[i]) ? "NaN" : "infinite") +
+                             "; inputs must be finite");
   std::copy(data.begin(), data.end(), t.data());
 }
 
@@ -184,11 +245,10 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
   const int64_t nb = s.seq_len / cfg.block_size;
   if (!opts.block_mask_path.empty()) {
     const std::string& path = opts.block_mask_path;
-    NpyHeader h = read_npy_header(path);
+    const std::string subject = file_subject("--block-mask", path);
+    NpyHeader h = reading("--block-mask", path, [&] { return read_npy_header(path); });
     if (h.dtype != NpyDtype::bool8)
-      throw InputError(path,
-                       "block mask must be a bool array (numpy dtype bool, '|b1') "
-                       "(--block-mask)");
+      throw InputError(subject, "block mask must be a bool array (numpy dtype bool, '|b1')");
     const bool shared = h.shape.size() == 2 && h.shape[0] == nb && h.shape[1] == nb;
     const bool per_head =
         h.shape.size() == 3 && h.shape[0] == s.heads && h.shape[1] == nb && h.shape[2] == nb;
@@ -196,14 +256,15 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
       std::string got;
       for (int64_t d : h.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
       throw InputError(
-          path, "block mask shape [" + got + "] does not match " + std::to_string(s.heads) +
-                    " heads and N / block size = " + std::to_string(s.seq_len) + " / " +
-                    std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
-                    " blocks: expected [" + std::to_string(s.heads) + ", " + std::to_string(nb) +
-                    ", " + std::to_string(nb) + "] or [" + std::to_string(nb) + ", " +
-                    std::to_string(nb) + "] (--block-mask, --block-size)");
+          subject, "block mask shape [" + got + "] does not match " + std::to_string(s.heads) +
+                       " heads and N / block size = " + std::to_string(s.seq_len) + " / " +
+                       std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
+                       " blocks: expected [" + std::to_string(s.heads) + ", " + std::to_string(nb) +
+                       ", " + std::to_string(nb) + "] or [" + std::to_string(nb) + ", " +
+                       std::to_string(nb) + "] (see --block-size)");
     }
-    const std::vector<uint8_t> mask = read_npy_bool(path);
+    const std::vector<uint8_t> mask =
+        reading("--block-mask", path, [&] { return read_npy_bool(path); });
     description = "mask " + path;
     return std::make_shared<const sparse::BlockLists>(
         sparse::lists_from_mask(mask.data(), shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
@@ -212,8 +273,8 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
   const sparse::Pattern p =
       sparse::parse_pattern(pattern, g, cfg.segments, cfg.dilations, opts.seed);
   if (!cfg.segments.empty() && p.canonical.find("dilated-blocks") == std::string::npos)
-    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern '" +
-                                       pattern + "' has none)");
+    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern " +
+                                       quote(pattern) + " has none)");
   description = p.canonical;
   return sparse::PatternCache::global().get(
       sparse::cache_key(s.seq_len, cfg.block_size, s.heads, p.canonical),
@@ -323,14 +384,14 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
                                     "(--device " +
                                     opts.device + "); the CPU kernels compute in fp32");
   if (!opts.q_path.empty()) {
-    const Shape4 sq = shape_of("--q", opts.q_path, read_npy_header(opts.q_path));
-    const Shape4 sk = shape_of("--k", opts.k_path, read_npy_header(opts.k_path));
-    const Shape4 sv = shape_of("--v", opts.v_path, read_npy_header(opts.v_path));
+    const Shape4 sq = shape_of("--q", opts.q_path);
+    const Shape4 sk = shape_of("--k", opts.k_path);
+    const Shape4 sv = shape_of("--v", opts.v_path);
     if (!(sk == sq))
-      throw InputError(opts.k_path,
+      throw InputError(file_subject("--k", opts.k_path),
                        "shape " + to_string(sk) + " differs from --q's " + to_string(sq));
     if (!(sv == sq))
-      throw InputError(opts.v_path,
+      throw InputError(file_subject("--v", opts.v_path),
                        "shape " + to_string(sv) + " differs from --q's " + to_string(sq));
     const Shape4& given = opts.cfg.shape;  // 0 where the option was not given
     const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
@@ -379,12 +440,13 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   if (!block_sparse && !opts.pattern_out_path.empty())
     throw InputError("--pattern-out", "this run is " + std::string(to_string(cfg.attention)) +
                                           ", not block-sparse: there is no block mask to write");
-  validate(cfg);
+  blaming_input_files(opts, [&] { validate(cfg); });
   if (!opts.dout_path.empty()) {
-    const Shape4 sd = shape_of("--dout", opts.dout_path, read_npy_header(opts.dout_path));
+    const Shape4 sd = shape_of("--dout", opts.dout_path);
     if (!(sd == cfg.shape))
-      throw InputError(opts.dout_path, "shape " + to_string(sd) + " differs from the input shape " +
-                                           to_string(cfg.shape) + " (--dout)");
+      throw InputError(
+          file_subject("--dout", opts.dout_path),
+          "shape " + to_string(sd) + " differs from the input shape " + to_string(cfg.shape));
   }
   if (block_sparse) {
     st.lists = block_lists(opts, cfg, pattern, st.pattern_text);
@@ -409,8 +471,10 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
                                     " operations > " +
                                     std::to_string(static_cast<long long>(kCheckMaxWork)) +
                                     "); use a smaller --seq-len, --batch or --heads");
-  st.layout =
-      block_sparse ? sparse::sparse_layout(cfg, comm.size()) : ring::make_layout(cfg, comm.size());
+  blaming_input_files(opts, [&] {
+    st.layout = block_sparse ? sparse::sparse_layout(cfg, comm.size())
+                             : ring::make_layout(cfg, comm.size());
+  });
   // Only rank 0 writes; it checks the paths before any work.
   if (comm.rank() == 0)
     for (const auto& [name, path] : {std::pair{"--out", &opts.out_path},
@@ -435,9 +499,9 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   st.lse = HostTensor(st.lse_dims, "lse");
   const int rank = comm.rank();
   if (!opts.q_path.empty()) {
-    load_shard(opts.q_path, st.layout, rank, s, st.q);
-    load_shard(opts.k_path, st.layout, rank, s, st.k);
-    load_shard(opts.v_path, st.layout, rank, s, st.v);
+    load_shard("--q", opts.q_path, st.layout, rank, s, st.q);
+    load_shard("--k", opts.k_path, st.layout, rank, s, st.k);
+    load_shard("--v", opts.v_path, st.layout, rank, s, st.v);
   } else {
     fill_synthetic(st.q, st.layout, rank, s, opts.seed, 1);
     fill_synthetic(st.k, st.layout, rank, s, opts.seed, 2);
@@ -449,7 +513,7 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     st.dk = HostTensor(st.local, "dk");
     st.dv = HostTensor(st.local, "dv");
     if (!opts.dout_path.empty())
-      load_shard(opts.dout_path, st.layout, rank, s, st.dout);
+      load_shard("--dout", opts.dout_path, st.layout, rank, s, st.dout);
     else
       fill_synthetic(st.dout, st.layout, rank, s, opts.seed, 4);
   }
@@ -890,7 +954,7 @@ int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& 
     // One write, so that ranks sharing a stderr (threads) do not interleave.
     std::cerr << ("ringattn: " +
                   (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "") +
-                  "error: " + e.what() + "\n")
+                  "error: " + printable(e.what()) + "\n")
               << std::flush;
     if (comm.size() > 1) comm.abort(static_cast<int>(ExitCode::runtime_failure));
     return static_cast<int>(ExitCode::runtime_failure);

@@ -44,9 +44,10 @@ std::set<std::string> listing(const std::string& dir) {
 }
 
 // The contract for every bad input: exit 2, no crash, a message naming `subject` (option or
-// file) that contains `problem`, and the directory of --out untouched.
-void expect_bad_input(const TempDir& dir, const Args& args, const std::string& subject,
-                      const std::string& problem) {
+// file) that contains `problem`, and the directory of --out untouched. Returns the run for
+// further checks.
+CliResult expect_bad_input(const TempDir& dir, const Args& args, const std::string& subject,
+                           const std::string& problem) {
   const std::set<std::string> before = listing(dir.path());
   const CliResult r = run_cli(args);
   EXPECT_EQ(r.signal, 0) << describe(r);
@@ -57,6 +58,7 @@ void expect_bad_input(const TempDir& dir, const Args& args, const std::string& s
                                                     << describe(r);
   EXPECT_FALSE(fs::exists(dir.file("out.npy"))) << "--out was written despite the error";
   EXPECT_EQ(listing(dir.path()), before) << "files appeared or vanished in " << dir.path();
+  return r;
 }
 
 // Raw .npy bytes with any header dict (padded as the spec says) and any payload.
@@ -125,6 +127,41 @@ Args with(Args args, const Args& more) {
 }
 
 const Args kPattern = {"--segments", "16,32", "--dilations", "1,2"};
+
+// q, k and v of `shape` (zero-filled float32) in `dir`.
+void write_inputs_of_shape(const TempDir& dir, const std::vector<int64_t>& shape) {
+  std::string dims;
+  std::size_t count = 1;
+  for (const int64_t d : shape) {
+    dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    count *= static_cast<std::size_t>(d);
+  }
+  const std::string bytes =
+      npy_bytes(dict_for("<f4", "(" + dims + ")"), std::string(count * 4, '\0'));
+  for (const char* name : {"q.npy", "k.npy", "v.npy"}) write_bytes(dir.file(name), bytes);
+}
+
+void expect_shape_file_blamed(const std::vector<int64_t>& shape, const std::string& problem,
+                              const Args& more = {}) {
+  TempDir dir;
+  write_inputs_of_shape(dir, shape);
+  Base dense;
+  dense.attention = "dense";
+  const CliResult r = expect_bad_input(dir, with(base_args(dir, dense), more),
+                                       "--q (" + dir.file("q.npy") + "): ", problem);
+  for (const char* option : {"--batch", "--seq-len", "--heads", "--head-dim"})
+    EXPECT_EQ(r.err.find(option), std::string::npos) << "blames " << option << "\n" << describe(r);
+}
+
+// Exactly one line on stderr, with no control byte (< 0x20, 0x7f) before its newline.
+void expect_one_printable_line(const CliResult& r) {
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << describe(r);
+  for (std::size_t i = 0; i + 1 < r.err.size(); ++i) {
+    const auto c = static_cast<unsigned char>(r.err[i]);
+    EXPECT_TRUE(c >= 0x20 && c != 0x7f) << "byte " << static_cast<int>(c) << " at " << i;
+  }
+}
 
 }  // namespace
 
@@ -202,10 +239,13 @@ TEST(CliBadInput, FewerHeadsThanGroupsIsRejectedForGroupedCombine) {
   TempDir dir;
   for (const char* name : {"q.npy", "k.npy", "v.npy"})
     write_float32(dir.file(name), {1, 64, 2, 16}, 5);
-  expect_bad_input(dir,
-                   with(base_args(dir),
-                        {"--combine", "grouped", "--segments", "16,32,64", "--dilations", "1,2,4"}),
-                   "--heads", "2 heads cannot be split into 3 groups");
+  // The heads came from the files, not from --heads, so the message names the file.
+  const CliResult r = expect_bad_input(
+      dir,
+      with(base_args(dir),
+           {"--combine", "grouped", "--segments", "16,32,64", "--dilations", "1,2,4"}),
+      "--q (" + dir.file("q.npy") + "): heads (dim 2): ", "2 heads cannot be split into 3 groups");
+  EXPECT_EQ(r.err.find("--heads"), std::string::npos) << describe(r);
 }
 
 TEST(CliBadInput, UnknownAttentionValueIsRejected) {
@@ -269,6 +309,107 @@ TEST(CliBadInput, HeadDimZeroNextToInputFilesIsRejected) {
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_NE(r.err.find("--head-dim"), std::string::npos) << describe(r);
   EXPECT_FALSE(fs::exists(dir.file("out.npy")));
+}
+
+// ---- shapes read from files --------------------------------------------------------------
+// When --q/--k/--v give the shape, a bad dimension is the file's fault: the message names the
+// file and the option it came with, never --batch/--seq-len/--heads/--head-dim (not given).
+
+TEST(CliBadInput, ZeroSequenceLengthInTheInputFilesNamesTheFile) {
+  expect_shape_file_blamed({1, 0, 2, 16}, "sequence length (dim 1) must be positive, got 0");
+}
+
+TEST(CliBadInput, ZeroBatchInTheInputFilesNamesTheFile) {
+  expect_shape_file_blamed({0, 4, 2, 16}, "batch (dim 0) must be positive, got 0");
+}
+
+TEST(CliBadInput, ZeroHeadsInTheInputFilesNamesTheFile) {
+  expect_shape_file_blamed({1, 4, 0, 16}, "heads (dim 2) must be positive, got 0");
+}
+
+TEST(CliBadInput, ZeroHeadDimInTheInputFilesNamesTheFile) {
+  expect_shape_file_blamed({1, 4, 2, 0}, "head dim (dim 3) must be in 1..256, got 0");
+}
+
+TEST(CliBadInput, HeadDim257InTheInputFilesNamesTheFile) {
+  expect_shape_file_blamed({1, 4, 2, 257}, "head dim (dim 3) must be in 1..256, got 257");
+}
+
+TEST(CliBadInput, HeadDim300InTheInputFilesNamesTheFile) {
+  expect_shape_file_blamed({1, 4, 2, 300}, "head dim (dim 3) must be in 1..256, got 300");
+}
+
+// The ring layout's check, not the file reader's: one token cannot be split over two ranks
+// (causal runs need N divisible by 2P).
+TEST(CliBadInput, OneTokenFileOnACausalRingOfTwoNamesTheFile) {
+  expect_shape_file_blamed({1, 1, 2, 16},
+                           "sequence length (dim 1): 1 tokens cannot be split evenly over 2 ranks",
+                           {"--causal", "--ring-size", "2"});
+}
+
+// --dout's dimensions are checked the same way, naming --dout.
+TEST(CliBadInput, ZeroSequenceLengthInDoutNamesDout) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("dout.npy"), npy_bytes(dict_for("<f4", "(1, 0, 4, 16)"), ""));
+  const CliResult r = expect_bad_input(
+      dir, with(base_args(dir), with(kPattern, {"--dout", dir.file("dout.npy")})),
+      "--dout (" + dir.file("dout.npy") + "): ", "sequence length (dim 1) must be positive, got 0");
+  EXPECT_EQ(r.err.find("--seq-len"), std::string::npos) << describe(r);
+}
+
+// ---- file contents in messages -----------------------------------------------------------
+// Bytes from a file are shown escaped and cut short: a header must not drive the terminal.
+
+TEST(CliBadInput, ControlBytesInTheDtypeAreShownEscaped) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("q.npy"), npy_bytes(dict_for("\x1b[2J\x07\x7f\x01", "(1, 64, 4, 16)"),
+                                           std::string(kCount * 4, '\0')));
+  const CliResult r = expect_bad_input(
+      dir, with(base_args(dir), kPattern),
+      "--q (" + dir.file("q.npy") + "): ", "unsupported dtype '\\x1b[2J\\x07\\x7f\\x01'");
+  expect_one_printable_line(r);
+}
+
+TEST(CliBadInput, LongDtypeIsCutToSixtyBytes) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("k.npy"), npy_bytes(dict_for(std::string(500, 'x'), "(1, 64, 4, 16)"),
+                                           std::string(kCount * 4, '\0')));
+  const CliResult r =
+      expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("k.npy"),
+                       "unsupported dtype '" + std::string(60, 'x') + "'... (need float32");
+  expect_one_printable_line(r);
+}
+
+TEST(CliBadInput, ControlBytesInAHeaderKeyAreShownEscaped) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("v.npy"),
+              npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 64, 4, 16), "
+                        "'\x1b]0;pwned\x07': 1}",
+                        std::string(kCount * 4, '\0')));
+  const CliResult r = expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("v.npy"),
+                                       "unexpected key '\\x1b]0;pwned\\x07'");
+  expect_one_printable_line(r);
+}
+
+// A --config file is read by Boost, whose messages quote the offending line or value.
+TEST(CliBadInput, ControlBytesInAConfigFileAreShownEscaped) {
+  TempDir dir;
+  write_inputs(dir);
+  for (const auto& [text, problem] :
+       {std::pair<std::string, std::string>{"this line \x1b[2J has no equals sign\n",
+                                            "invalid line 'this line \\x1b[2J has"},
+        {"threads = 1\x1b[2J\n", "the argument ('1\\x1b[2J') for option 'threads'"},
+        {"combine = gr\x1b[2Jouped\n", "unknown value 'gr\\x1b[2Jouped'"}}) {
+    SCOPED_TRACE(problem);
+    write_bytes(dir.file("run.cfg"), text);
+    const CliResult r = expect_bad_input(
+        dir, with(base_args(dir), with(kPattern, {"--config", dir.file("run.cfg")})), "", problem);
+    expect_one_printable_line(r);
+  }
 }
 
 // ---- files -----------------------------------------------------------------------------

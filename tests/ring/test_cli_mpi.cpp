@@ -82,7 +82,10 @@ TEST(CliMpi, UnevenSplitFailsOnEveryRankWithExit2AndNoOutput) {
   const CliResult r = mpirun(3, args);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("--seq-len"), std::string::npos) << r.err;
+  // N comes from the golden files, not from --seq-len: the message names --q's file.
+  EXPECT_NE(r.err.find("--q (" + c.dir + "/q.npy): sequence length (dim 1): "), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("--seq-len"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("cannot be split evenly over 3 ranks"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
   EXPECT_LT(s, 30.0);
