@@ -4,6 +4,7 @@
 // where no CUDA device is usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -144,40 +145,59 @@ TEST_P(CliCudaRing, RingSize3PassesCheckAndMovesTheMinimum) {
   EXPECT_EQ(j.value("bytes_sent", -1), j.value("bytes_sent_min", -2)) << describe(r);
   EXPECT_TRUE(j.contains("comm_exposed_ms")) << describe(r);
   EXPECT_TRUE(std::filesystem::exists(dir.file("out.npy")));
+  const auto& p = GetParam();
+  if (std::find(p.begin(), p.end(), "auto") != p.end()) {
+    EXPECT_EQ(j.value("attention", ""), "block-sparse") << describe(r);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, CliCudaRing,
-    ::testing::Values(std::vector<std::string>{"--seq-len", "384", "--heads", "2"},
-                      std::vector<std::string>{"--seq-len", "384", "--heads", "3", "--attention",
-                                               "dilated", "--segments", "96,192,384", "--dilations",
-                                               "1,2,4"},
-                      std::vector<std::string>{"--seq-len", "384", "--heads", "4", "--attention",
-                                               "dilated", "--combine", "mixture", "--segments",
-                                               "96,384", "--dilations", "1,3", "--causal",
-                                               "--dtype", "fp16"}),
+    ::testing::Values(
+        std::vector<std::string>{"--seq-len", "384", "--heads", "2"},
+        std::vector<std::string>{"--seq-len", "384", "--heads", "3", "--attention", "dilated",
+                                 "--segments", "96,192,384", "--dilations", "1,2,4"},
+        std::vector<std::string>{"--seq-len", "384", "--heads", "4", "--attention", "dilated",
+                                 "--combine", "mixture", "--segments", "96,384", "--dilations",
+                                 "1,3", "--causal", "--dtype", "fp16"},
+        // Distributed block-sparse over the device communicator, and
+        // --attention auto past the threshold, which runs it.
+        std::vector<std::string>{"--seq-len", "384", "--heads", "2", "--attention", "block-sparse",
+                                 "--block-size", "32", "--pattern",
+                                 "local:window=96+global:blocks=1", "--causal"},
+        std::vector<std::string>{"--seq-len", "384", "--heads", "2", "--attention", "auto",
+                                 "--sparse-threshold", "256", "--segments", "96,192", "--dilations",
+                                 "1,2", "--block-size", "32"}),
     [](const auto& p) { return std::to_string(p.index); });
 
 TEST(CliCudaRingWatchdog, AStalledRankEndsTheJobNamingRankAndStepWithNoOutput) {
   if (const std::string why = ring_skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
-  TempDir dir;
-  const auto t0 = std::chrono::steady_clock::now();
-  const CliResult r =
-      testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
-                        "--heads", "2", "--timeout", "1", "--out", dir.file("out.npy")},
-                       {"RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall"});
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("  stalled GPU rank: ended after %.2f s, exit %d\n", s, r.exit_code);
-  EXPECT_EQ(r.exit_code, 3) << describe(r);
-  EXPECT_NE(r.err.find("ring step 1 (forward K/V) did not complete within 1 s"), std::string::npos)
-      << describe(r);
-  // Ranks on distinct GPUs abort NCCL; ranks sharing one GPU use device copies, no NCCL.
-  if (r.out.find("communicator: nccl") != std::string::npos)
-    EXPECT_NE(r.err.find("ncclCommAbort"), std::string::npos) << describe(r);
-  else
-    EXPECT_NE(r.out.find("communicator: in-process"), std::string::npos) << describe(r);
-  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
-  EXPECT_LT(s, 15.0);
+  // The ring, and distributed block-sparse (its exchange is step 1).
+  for (const auto& [extra, what] :
+       {std::pair<std::vector<std::string>, std::string>{{}, "forward K/V"},
+        {{"--attention", "block-sparse", "--block-size", "32", "--pattern", "local:window=128"},
+         "block-sparse forward K/V"}}) {
+    TempDir dir;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> args = {
+        "run",     "--device", "cuda",      "--ring-size", "2",     "--seq-len",        "256",
+        "--heads", "2",        "--timeout", "1",           "--out", dir.file("out.npy")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = testing::run_cli(args, {"RINGATTN_FAULT_INJECT=rank=1,step=1,mode=stall"});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  stalled GPU rank (%s): ended after %.2f s, exit %d\n", what.c_str(), s,
+                r.exit_code);
+    EXPECT_EQ(r.exit_code, 3) << describe(r);
+    EXPECT_NE(r.err.find("step 1 (" + what + ") did not complete within 1 s"), std::string::npos)
+        << describe(r);
+    // Ranks on distinct GPUs abort NCCL; ranks sharing one GPU use device copies, no NCCL.
+    if (r.out.find("communicator: nccl") != std::string::npos)
+      EXPECT_NE(r.err.find("ncclCommAbort"), std::string::npos) << describe(r);
+    else
+      EXPECT_NE(r.out.find("communicator: in-process"), std::string::npos) << describe(r);
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+    EXPECT_LT(s, 15.0);
+  }
 }
 
 }  // namespace
