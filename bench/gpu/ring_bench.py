@@ -9,6 +9,8 @@ Through the CLI (`ringattn run --device cuda --json`), bf16, B=1, H=16, D=128:
   time; 1.0 means the ring added nothing) measures the engine's own overhead — packing,
   events, lse merges, smaller kernels — not multi-GPU scaling. `comm_exposed_ms` is the most
   any rank's compute waited for an exchange. bytes_sent must equal bytes_sent_min.
+- Distributed block-sparse (causal local window, ~90 % sparse) on P = 1, 2, 4 ranks, read as
+  the ring rows are.
 - Block-sparse on one rank (local window pattern at ~90 % and ~95 % sparsity) against the
   same run's dense rate: `vs_ideal` is (dense time x density) / sparse time (1.0: the whole
   1/density speed-up).
@@ -96,6 +98,35 @@ def main():
                 if row["bwd_ms"] and base["bwd_ms"]:
                     row["bwd_vs_p1"] = base["bwd_ms"] / row["bwd_ms"]
             results.append(row)
+    # Distributed block-sparse (local window, ~90 % sparse) on P = 1, 2, 4 ranks.
+    nb0 = n // 128
+    window90 = 2 * 128 * max(1, nb0 // 20)
+    base = None
+    for p in (1, 2, 4):
+        if time.time() - t0 > a.budget_s:
+            skipped.append(f"block-sparse ring P={p}")
+            continue
+        j, err = run_cli(a.cli, ["--seq-len", str(n), "--ring-size", str(p), "--attention",
+                                 "block-sparse", "--pattern", f"local:window={window90}",
+                                 "--causal", "--warmup", "1", "--iters", str(a.iters)],
+                         timeout=240)
+        if err:
+            errors.append(err)
+            continue
+        row = {"bench": "ring", "config": "sparse 90% causal", "ranks": p, "seq_len": n,
+               "device": j["device"], "fwd_ms": j["fwd_ms"], "bwd_ms": j.get("bwd_ms"),
+               "fwd_tflops": j["fwd_gflops"] / 1e3, "bwd_tflops": (j.get("bwd_gflops") or 0) / 1e3,
+               "comm_exposed_ms": j.get("comm_exposed_ms"), "bytes_sent": j["bytes_sent"],
+               "bytes_sent_min": j["bytes_sent_min"], "device_peak_bytes": j["device_peak_bytes"],
+               "kernel": j["kernel"], "emulated_device": j.get("emulated_device", False)}
+        if p == 1:
+            base = row
+        elif base:
+            row["fwd_vs_p1"] = base["fwd_ms"] / row["fwd_ms"]
+            if row["bwd_ms"] and base["bwd_ms"]:
+                row["bwd_vs_p1"] = base["bwd_ms"] / row["bwd_ms"]
+        results.append(row)
+
     # Block-sparse against the native dense kernel on one rank. local:window=W keeps key
     # blocks within W / (2 * 128) blocks of the query block: radius nb/20 is ~90 % sparse.
     dense = next((r for r in results if r["config"] == "dense" and r["ranks"] == 1), None)
