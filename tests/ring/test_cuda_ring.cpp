@@ -134,6 +134,20 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
                        relative_error(got.dv.data(), g.dv.data(), n)};
   const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
   for (int i = 0; i < 5; ++i) EXPECT_LE(e[i], tol) << what << " P=" << p << ": " << names[i];
+  // And the CPU engine's answer on the same (rounded) inputs, which the CPU ring equals within
+  // 1e-5 at every P (test_ring_virtual, test_ring_mpi).
+  const testing::FullResult cpu = testing::single_process(cfg, in);
+  const std::pair<const std::vector<float>*, const std::vector<float>*> pairs[5] = {
+      {&got.out, &cpu.out},
+      {&got.lse, &cpu.lse},
+      {&got.dq, &cpu.dq},
+      {&got.dk, &cpu.dk},
+      {&got.dv, &cpu.dv}};
+  for (int i = 0; i < 5; ++i)
+    EXPECT_LE(
+        relative_error(pairs[i].first->data(), pairs[i].second->data(), pairs[i].first->size()),
+        tol)
+        << what << " P=" << p << ": " << names[i] << " against the CPU engine";
   for (int r = 0; r < p; ++r)
     EXPECT_EQ(got.bytes_sent[static_cast<std::size_t>(r)],
               got.bytes_min[static_cast<std::size_t>(r)])
@@ -151,8 +165,8 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
     EXPECT_LE(got.workspace[static_cast<std::size_t>(r)], bound)
         << what << " P=" << p << " rank " << r;
   std::printf("  %s P=%d%s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
-              what.c_str(), p, shared ? " (one GPU)" : "", to_string(t), e[0], e[1], e[2], e[3], e[4],
-              static_cast<long long>(got.bytes_sent[0]));
+              what.c_str(), p, shared ? " (one GPU)" : "", to_string(t), e[0], e[1], e[2], e[3],
+              e[4], static_cast<long long>(got.bytes_sent[0]));
 }
 
 class CudaRingGolden : public ::testing::TestWithParam<std::string> {};
@@ -206,6 +220,27 @@ std::vector<RingCase> ring_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Random, CudaRingRandom, ::testing::ValuesIn(ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
+
+// D = 256 (the largest head dim; 99 KiB of shared memory on an sm_86 falls back to fp32 there):
+// dense causal and dilated grouped, N = 96 splitting over 2P for zigzag at every P.
+TEST(CudaRing, HeadDim256MatchesTheReference) {
+  for (bool dilated : {false, true}) {
+    AttentionConfig cfg;
+    cfg.shape = {1, 96, 2, 256};
+    cfg.causal = !dilated;
+    if (dilated) {
+      cfg.attention = AttentionKind::dilated;
+      cfg.segments = {48, 96};
+      cfg.dilations = {1, 2};
+    }
+    const RingInputs in = testing::random_inputs(cfg);
+    for (int p = 1; p <= 4; ++p) {
+      if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+      expect_matches_reference(dilated ? "D256_dilated" : "D256_causal", cfg, in, p,
+                               DeviceDType::bf16);
+    }
+  }
+}
 
 // Virtual ranks sharing one GPU (NCCL refuses that): the in-process device communicator
 // gives the same bits as NCCL between distinct GPUs, and matches the reference.
