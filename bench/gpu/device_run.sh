@@ -83,6 +83,12 @@ run_check() {
   compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$CARRY/bin/test_cuda_sparse" --gtest_color=no >>"$OUT/sanitizer.log" 2>&1
   rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
+  echo "== memcheck (GPU ring and distributed block-sparse)" | tee -a "$OUT/sanitizer.log"
+  compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$CARRY/bin/test_cuda_ring" --gtest_color=no \
+    --gtest_filter='Golden/CudaRingGolden.*:Patterns/CudaSparseRing.*:CudaRing.HeadDim256*' \
+    >>"$OUT/sanitizer.log" 2>&1
+  rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
   echo "== racecheck" | tee -a "$OUT/sanitizer.log"
   compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
     "$CARRY/bin/test_cuda_kernels" --gtest_color=no \
