@@ -84,7 +84,10 @@ run_check() {
     "$CARRY/bin/test_cuda_sparse" --gtest_color=no >>"$OUT/sanitizer.log" 2>&1
   rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
   echo "== memcheck (GPU ring and distributed block-sparse)" | tee -a "$OUT/sanitizer.log"
-  compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+  # NCCL's communicator init probes kernel images for other architectures and gets
+  # cudaErrorNoKernelImageForDevice back, by design; API errors are not reported here (ours
+  # are checked by RINGATTN_CUDA_CHECK and fail the test), memory errors are.
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 20 \
     "$CARRY/bin/test_cuda_ring" --gtest_color=no \
     --gtest_filter='Golden/CudaRingGolden.*:Patterns/CudaSparseRing.*:CudaRing.HeadDim256*' \
     >>"$OUT/sanitizer.log" 2>&1

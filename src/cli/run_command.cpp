@@ -218,11 +218,13 @@ struct RunState {
   std::string pattern_text;  // canonical pattern, or "mask FILE"
   std::string auto_note;     // what --attention auto decided
   bool sampled_check = false;
-  // --device cuda: the plan (one rank: dense/dilated, or block-sparse) or the GPU ring
-  // (several ranks, over `nccl`), and the device copies of the tensors, on `device`.
+  // --device cuda: the plan (one rank: dense/dilated; block-sparse on any number of ranks)
+  // or the GPU ring (several ranks), and the device copies of the tensors, on `device`. The
+  // device communicator (`nccl`) is declared first: the plans' communication threads use it
+  // until the plans are gone.
+  std::unique_ptr<ring::Communicator> nccl;
   std::optional<CudaPlan> cuda;
   std::optional<sparse::CudaSparsePlan> cuda_sparse;
-  std::unique_ptr<ring::Communicator> nccl;
   std::optional<ring::CudaRingPlan> cuda_ring;
   int device = 0;
   bool on_gpu() const { return cuda || cuda_sparse || cuda_ring; }
