@@ -9,6 +9,7 @@
 // Collectives, abort and the watchdog's hooks go to the in-process control communicator.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <map>
@@ -185,11 +186,19 @@ bool DeviceInprocExchange::test() {
   const kernels::cuda::ScopedDevice on(c_.device());
   if (!done_) {
     bool all = true;
+    // Receives from one source match its sends in issue order: once one finds nothing, the
+    // later ones from that source wait for the next test() (the sender may post between
+    // them, and a later receive must not take the earlier send).
+    std::vector<int> unmatched_sources;
     for (Recv& r : recvs) {
       if (r.post) continue;
+      if (std::find(unmatched_sources.begin(), unmatched_sources.end(), r.src) !=
+          unmatched_sources.end())
+        continue;
       r.post = c_.match(r.src, tag_);
       if (!r.post) {
         all = false;
+        unmatched_sources.push_back(r.src);
         continue;
       }
       if (r.post->bytes != r.bytes)

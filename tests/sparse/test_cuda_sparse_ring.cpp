@@ -49,11 +49,11 @@ bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; 
 // Runs the plan on P virtual ranks and gathers the full tensors. Outputs start as NaN, so an
 // unwritten element fails.
 Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
-                     const Inputs& in, int p, DeviceDType t, ring::RingOptions ring_opts = {}) {
+                     const Inputs& in, int p, DeviceDType t, bool force_shared = false) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
   const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  const bool shared = ranks_share_a_device(p);
+  const bool shared = force_shared || ranks_share_a_device(p);
   Full f{std::vector<float>(n),   std::vector<float>(rows), std::vector<float>(n),
          std::vector<float>(n),   std::vector<float>(n),    std::vector<int64_t>(p),
          std::vector<int64_t>(p), std::vector<int>(p)};
@@ -62,7 +62,7 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
     const int r = shared ? 0 : control.rank();
     auto comm = shared ? ring::make_device_inproc_communicator(control, 0)
                        : ring::make_nccl_communicator(control, {60});
-    CudaSparsePlan plan(cfg, lists, *comm, {t, KernelChoice::native, r}, ring_opts);
+    CudaSparsePlan plan(cfg, lists, *comm, {t, KernelChoice::native, r});
     EXPECT_EQ(plan.dtype(), t) << "the plan fell back to fp32";
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim;
@@ -294,6 +294,24 @@ TEST(CudaSparseRingRuns, BackwardIsBitwiseReproducible) {
   const Inputs in = random_inputs(c.shape, 90);
   const Full a = run_sparse_ring(cfg, lists, in, 4, c.dtype);
   EXPECT_TRUE(same_bits(a, run_sparse_ring(cfg, lists, in, 4, c.dtype)));
+}
+
+// Ranks sharing one GPU (device copies, several transfers per peer) give the same bits as
+// NCCL between distinct GPUs.
+TEST(CudaSparseRingRuns, RanksSharingOneGpuGiveTheSameBitsAsNcclOnSeveral) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  if (gpu.device_count < 3)
+    GTEST_SKIP() << "SKIPPED: needs 3 GPUs, one per rank (this machine has " << gpu.device_count
+                 << ")";
+  const RingSparseCase c{"shared", {1, 768, 2, 64},   64,
+                         false,    DeviceDType::bf16, "local:window=128+global:blocks=1",
+                         0};
+  const AttentionConfig cfg = config(c.shape, c.block_size, c.causal);
+  const auto lists = lists_of(c);
+  const Inputs in = random_inputs(c.shape, 92);
+  EXPECT_TRUE(same_bits(run_sparse_ring(cfg, lists, in, 3, c.dtype),
+                        run_sparse_ring(cfg, lists, in, 3, c.dtype, true)));
 }
 
 #if RINGATTN_CUDA_EMULATION
