@@ -64,6 +64,15 @@ run_check() {
     grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/tests.log" | tail -4
     [ $rc -eq 0 ] || status=1
   done
+  # Ordering races between streams show as rare wrong answers: the ring and distributed
+  # block-sparse tests again, REPEAT times (default 5).
+  echo "== test_cuda_ring, repeated" | tee -a "$OUT/tests.log"
+  "$CARRY/bin/test_cuda_ring" --gtest_color=no --gtest_brief=1 --gtest_repeat="${REPEAT:-5}" \
+    --gtest_filter='Patterns/CudaSparseRing.*:CudaSparseRingRuns.*:Random/CudaRingRandom.*:CudaRing.Shared*' \
+    >>"$OUT/tests.log" 2>&1
+  rc=$?
+  echo "repeated ${REPEAT:-5} times: exit $rc" | tee -a "$OUT/tests.log"
+  [ $rc -eq 0 ] || status=1
   # A test skipped for want of a GPU means nothing ran; one that needs two GPUs skips here.
   if grep "SKIPPED: " "$OUT/tests.log" | grep -qvE "needs [a-z0-9]+ GPUs"; then
     echo "device_run: tests were SKIPPED for want of a GPU, so nothing was verified:"
