@@ -32,6 +32,7 @@ struct Plan::Impl {
 
 Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_unique<Impl>()) {
   validate(cfg);
+  require_multi_head(cfg, "the CPU plan");
   impl_->cfg = cfg;
   impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   if (opts.threads < 0) throw InputError("--threads", "must be >= 0");

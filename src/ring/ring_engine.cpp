@@ -125,6 +125,7 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
                    RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
+  require_multi_head(cfg, "the CPU ring");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.comm = &comm;
