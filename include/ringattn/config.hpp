@@ -38,12 +38,31 @@ struct AttentionConfig {
   bool causal = false;
   std::optional<double> scale;  // default 1/sqrt(head_dim)
   int64_t block_size = 128;     // block_sparse only: tokens per block, divides seq_len
+  // Grouped-query attention (GQA; MQA when 1): k, v, dk and dv have kv_heads heads, and
+  // query head j reads K/V head j / (heads / kv_heads). Default: heads (multi-head).
+  std::optional<int64_t> kv_heads;
 
   double effective_scale() const;
+  int64_t effective_kv_heads() const { return kv_heads ? *kv_heads : shape.heads; }
+  // Query heads that share one K/V head: heads / kv_heads.
+  int64_t queries_per_kv_head() const { return shape.heads / effective_kv_heads(); }
+  // The K/V head query head `head` reads.
+  int64_t kv_head_of(int64_t head) const { return head / queries_per_kv_head(); }
+  // [B, N, kv_heads, D]: the shape of k, v, dk and dv.
+  Shape4 kv_shape() const {
+    return {shape.batch, shape.seq_len, effective_kv_heads(), shape.head_dim};
+  }
 };
 
 // Throws InputError naming the option ("--segments", "--heads", ...) that is wrong.
+// Grouped-query attention (kv_heads != heads) is refused with block-sparse attention
+// (naming --kv-heads): not supported there yet.
 void validate(const AttentionConfig& cfg);
+
+// For the paths that do not compute grouped-query attention yet: throws InputError naming
+// --kv-heads, saying it is not yet supported on `path` (e.g. "--device cuda"), when
+// kv_heads != heads. Refusing is the contract there; computing with the wrong K/V layout is not.
+void require_multi_head(const AttentionConfig& cfg, const std::string& path);
 
 // One dilated pattern: segments of `segment` tokens, every `dilation`-th position from
 // `offset` (offset < dilation). Dense attention is the single pattern {N, 1, 0}.

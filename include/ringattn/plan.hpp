@@ -30,11 +30,12 @@ class Plan {
   const AttentionConfig& config() const noexcept;
   int threads() const noexcept;
 
-  // q, k, v, out: [B, N, H, D]; lse: [B, H, N]. All float32, C order.
+  // q, out: [B, N, H, D]; k, v: [B, N, HKV, D] (HKV = cfg.kv_heads, default H);
+  // lse: [B, H, N]. All float32, C order.
   void forward(const float* q, const float* k, const float* v, float* out, float* lse);
 
   // Gradients of sum(out * dout). `out` and `lse` must come from forward() on the same
-  // inputs. dq, dk, dv: [B, N, H, D]; they are overwritten.
+  // inputs. dq: [B, N, H, D], dk, dv: [B, N, HKV, D]; they are overwritten.
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv);
 

@@ -1,7 +1,8 @@
 // The float64 reference: every attention mode computed straight from the definitions in
 // docs/SEMANTICS.md, with no tiling and no tricks. Used by the tests and by `--check`.
-// Inputs are float32 [B, N, H, D]; results are float64 in the same layouts as the fast path
-// (out/dq/dk/dv [B, N, H, D], lse [B, H, N]).
+// Inputs are float32 [B, N, H, D] (k and v [B, N, HKV, D] with cfg.kv_heads); results are
+// float64 in the same layouts as the fast path (out/dq [B, N, H, D], dk/dv [B, N, HKV, D],
+// lse [B, H, N]).
 #pragma once
 
 #include <cstdint>
@@ -47,8 +48,8 @@ ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, co
 // One query row (head h, position p) from rows the caller fetches: key_row(t) and
 // value_row(t) return head h's D floats at position t. Writes out [D] and *lse. This is how
 // a huge run is checked on sampled rows without the full tensors.
-void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p,
-                          const float* q_row, const std::function<const float*(int64_t)>& key_row,
+void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p, const float* q_row,
+                          const std::function<const float*(int64_t)>& key_row,
                           const std::function<const float*(int64_t)>& value_row, double* out,
                           double* lse);
 

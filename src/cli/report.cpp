@@ -54,8 +54,10 @@ void print_table(const RunReport& r, std::ostream& os) {
   os << "ringattn " << RINGATTN_VERSION << ": " << to_string(c.attention) << " attention";
   if (c.attention == AttentionKind::dilated) os << " (" << to_string(c.combine) << ")";
   os << " on " << r.device << " [" << r.device_detail << "], world size " << r.world_size << "\n";
-  os << "  shape [B,N,H,D]  " << to_string(c.shape) << "   causal " << (c.causal ? "yes" : "no")
-     << "   scale " << c.effective_scale() << "\n";
+  os << "  shape [B,N,H,D]  " << to_string(c.shape);
+  if (c.effective_kv_heads() != c.shape.heads)
+    os << "   K/V heads " << c.effective_kv_heads() << " (grouped-query)";
+  os << "   causal " << (c.causal ? "yes" : "no") << "   scale " << c.effective_scale() << "\n";
   if (c.attention == AttentionKind::dilated)
     os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations) << "\n";
   if (!r.attention_note.empty()) os << "  auto             " << r.attention_note << "\n";
@@ -116,6 +118,7 @@ void print_json(const RunReport& r, std::ostream& os) {
   j["seq_len"] = c.shape.seq_len;
   j["batch"] = c.shape.batch;
   j["heads"] = c.shape.heads;
+  j["kv_heads"] = c.effective_kv_heads();
   j["head_dim"] = c.shape.head_dim;
   j["attention"] = to_string(c.attention);
   if (c.attention == AttentionKind::dilated) {

@@ -207,7 +207,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 struct RunState {
   AttentionConfig cfg;
   ring::ShardLayout layout;
-  Shape4 local;  // [B, N/P, H, D]
+  Shape4 local;     // [B, N/P, H, D]: q, out, dout, dq
+  Shape4 local_kv;  // [B, N/P, HKV, D]: k, v, dk, dv
   std::vector<int64_t> lse_dims;
   HostTensor q, k, v, o, lse, dout, dq, dk, dv;
   std::optional<Plan> plan;            // world size 1
@@ -389,12 +390,25 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     const Shape4 sq = shape_of("--q", opts.q_path);
     const Shape4 sk = shape_of("--k", opts.k_path);
     const Shape4 sv = shape_of("--v", opts.v_path);
-    if (!(sk == sq))
-      throw InputError(file_subject("--k", opts.k_path),
-                       "shape " + to_string(sk) + " differs from --q's " + to_string(sq));
-    if (!(sv == sq))
-      throw InputError(file_subject("--v", opts.v_path),
-                       "shape " + to_string(sv) + " differs from --q's " + to_string(sq));
+    // K and V are [B, N, HKV, D] with HKV = --kv-heads (default: --q's heads).
+    const int64_t kv_heads = cfg.kv_heads.value_or(sq.heads);
+    for (const auto& [option, path, sx] :
+         {std::tuple{"--k", &opts.k_path, sk}, std::tuple{"--v", &opts.v_path, sv}}) {
+      if (sx.batch != sq.batch || sx.seq_len != sq.seq_len || sx.head_dim != sq.head_dim)
+        throw InputError(file_subject(option, *path), "shape " + to_string(sx) +
+                                                          " differs from --q's " + to_string(sq) +
+                                                          " in batch, length or head dim");
+      if (sx.heads == kv_heads) continue;
+      std::string why = "has " + std::to_string(sx.heads) + " heads, but --kv-heads is " +
+                        std::to_string(kv_heads);
+      if (!cfg.kv_heads)
+        why += " (the default: --q's heads); for grouped-query attention pass --kv-heads " +
+               std::to_string(sx.heads) +
+               (sx.heads > 0 && sq.heads % sx.heads != 0
+                    ? ", though it must divide --q's " + std::to_string(sq.heads) + " heads"
+                    : "");
+      throw InputError(file_subject(option, *path), why);
+    }
     const Shape4& given = opts.cfg.shape;  // 0 where the option was not given
     const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
         {"--batch", {given.batch, sq.batch}},
@@ -443,6 +457,19 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     throw InputError("--pattern-out", "this run is " + std::string(to_string(cfg.attention)) +
                                           ", not block-sparse: there is no block mask to write");
   blaming_input_files(opts, [&] { validate(cfg); });
+  // Grouped-query attention runs on the CPU in this version: --device auto keeps it there,
+  // --device cuda is refused rather than computed wrongly.
+  if (cfg.effective_kv_heads() != cfg.shape.heads && use_cuda) {
+    if (opts.device == "cuda") require_multi_head(cfg, "--device cuda (use --device cpu)");
+    use_cuda = false;
+    if (!opts.dtype.empty() && opts.dtype != "fp32")
+      throw InputError("--dtype", "'" + opts.dtype +
+                                      "' needs the GPU, but grouped-query attention runs on "
+                                      "the CPU, in fp32");
+    if (opts.kernel == "cudnn")
+      throw InputError("--kernel",
+                       "'cudnn' is a CUDA kernel, but grouped-query attention runs on the CPU");
+  }
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path);
     if (!(sd == cfg.shape))
@@ -492,28 +519,30 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
 
   const Shape4& s = cfg.shape;
   st.cfg = cfg;
+  const Shape4 skv = cfg.kv_shape();
   st.local = {s.batch, st.layout.local_len, s.heads, s.head_dim};
+  st.local_kv = {s.batch, st.layout.local_len, skv.heads, s.head_dim};
   st.lse_dims = {s.batch, s.heads, st.layout.local_len};
   st.q = HostTensor(st.local, "q");
-  st.k = HostTensor(st.local, "k");
-  st.v = HostTensor(st.local, "v");
+  st.k = HostTensor(st.local_kv, "k");
+  st.v = HostTensor(st.local_kv, "v");
   st.o = HostTensor(st.local, "out");
   st.lse = HostTensor(st.lse_dims, "lse");
   const int rank = comm.rank();
   if (!opts.q_path.empty()) {
     load_shard("--q", opts.q_path, st.layout, rank, s, st.q);
-    load_shard("--k", opts.k_path, st.layout, rank, s, st.k);
-    load_shard("--v", opts.v_path, st.layout, rank, s, st.v);
+    load_shard("--k", opts.k_path, st.layout, rank, skv, st.k);
+    load_shard("--v", opts.v_path, st.layout, rank, skv, st.v);
   } else {
     fill_synthetic(st.q, st.layout, rank, s, opts.seed, 1);
-    fill_synthetic(st.k, st.layout, rank, s, opts.seed, 2);
-    fill_synthetic(st.v, st.layout, rank, s, opts.seed, 3);
+    fill_synthetic(st.k, st.layout, rank, skv, opts.seed, 2);
+    fill_synthetic(st.v, st.layout, rank, skv, opts.seed, 3);
   }
   if (opts.backward) {
     st.dout = HostTensor(st.local, "dout");
     st.dq = HostTensor(st.local, "dq");
-    st.dk = HostTensor(st.local, "dk");
-    st.dv = HostTensor(st.local, "dv");
+    st.dk = HostTensor(st.local_kv, "dk");
+    st.dv = HostTensor(st.local_kv, "dv");
     if (!opts.dout_path.empty())
       load_shard("--dout", opts.dout_path, st.layout, rank, s, st.dout);
     else
@@ -616,9 +645,10 @@ std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicat
           comm.max(inf_mismatch ? inf : rel(lse_diff, lse_want))};
 }
 
-// Gathers a local [B, N/P, H, D] (or lse [B, H, N/P]) tensor into the full one on rank 0.
+// Gathers a local [B, N/P, H, D] (or lse [B, H, N/P]) tensor into the full one on rank 0;
+// `heads` is the tensor's (kv_heads for k, v, dk, dv).
 std::vector<float> gather_full(ring::Communicator& comm, const RunState& st, const HostTensor& t,
-                               bool is_lse) {
+                               bool is_lse, int64_t heads) {
   const Shape4& s = st.cfg.shape;
   std::vector<float> all(comm.rank() == 0 ? t.size() * static_cast<std::size_t>(comm.size()) : 0);
   comm.gather(t.data(), t.size() * sizeof(float), all.data());
@@ -628,9 +658,9 @@ std::vector<float> gather_full(ring::Communicator& comm, const RunState& st, con
   for (int r = 0; r < comm.size(); ++r) {
     const float* part = all.data() + static_cast<std::size_t>(r) * t.size();
     if (is_lse)
-      ring::insert_lse(st.layout, r, s.batch, s.heads, part, full.data());
+      ring::insert_lse(st.layout, r, s.batch, heads, part, full.data());
     else
-      ring::insert_rows(st.layout, r, s.batch, s.heads * s.head_dim, part, full.data());
+      ring::insert_rows(st.layout, r, s.batch, heads * s.head_dim, part, full.data());
   }
   return full;
 }
@@ -852,22 +882,24 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   // On one rank the local tensors are the full ones; on several, rank 0 gathers copies.
   std::vector<std::vector<float>> gathered;
   gathered.reserve(9);
-  auto full = [&](const HostTensor& t, bool is_lse, bool wanted) -> const float* {
+  const int64_t heads = st.cfg.shape.heads, kv_heads = st.cfg.effective_kv_heads();
+  auto full = [&](const HostTensor& t, bool is_lse, bool wanted, int64_t t_heads) -> const float* {
     if (!wanted || !need_full) return nullptr;
     if (world == 1) return t.data();
-    gathered.push_back(gather_full(comm, st, t, is_lse));
+    gathered.push_back(gather_full(comm, st, t, is_lse, t_heads));
     return gathered.back().data();
   };
-  const float* o = full(st.o, false, true);
-  const float* lse = full(st.lse, true, true);
-  const float* dq = full(st.dq, false, opts.backward);
-  const float* dk = full(st.dk, false, opts.backward);
-  const float* dv = full(st.dv, false, opts.backward);
-  const float* q = full(st.q, false, full_check);
-  const float* k = full(st.k, false, full_check);
-  const float* v = full(st.v, false, full_check);
-  const float* dout = full(st.dout, false, full_check && opts.backward);
+  const float* o = full(st.o, false, true, heads);
+  const float* lse = full(st.lse, true, true, heads);
+  const float* dq = full(st.dq, false, opts.backward, heads);
+  const float* dk = full(st.dk, false, opts.backward, kv_heads);
+  const float* dv = full(st.dv, false, opts.backward, kv_heads);
+  const float* q = full(st.q, false, full_check, heads);
+  const float* k = full(st.k, false, full_check, kv_heads);
+  const float* v = full(st.v, false, full_check, kv_heads);
+  const float* dout = full(st.dout, false, full_check && opts.backward, heads);
   const auto n_full = static_cast<std::size_t>(st.cfg.shape.numel());
+  const auto n_kv = static_cast<std::size_t>(st.cfg.kv_shape().numel());
   const auto n_lse =
       static_cast<std::size_t>(st.cfg.shape.batch * st.cfg.shape.heads * st.cfg.shape.seq_len);
 
@@ -905,8 +937,8 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       if (opts.backward) {
         const ReferenceGradients g = reference_backward(st.cfg, q, k, v, dout);
         rep.checks.push_back({"dq", relative_error(dq, g.dq.data(), n_full)});
-        rep.checks.push_back({"dk", relative_error(dk, g.dk.data(), n_full)});
-        rep.checks.push_back({"dv", relative_error(dv, g.dv.data(), n_full)});
+        rep.checks.push_back({"dk", relative_error(dk, g.dk.data(), n_kv)});
+        rep.checks.push_back({"dv", relative_error(dv, g.dv.data(), n_kv)});
       }
     }
     rep.peak_bytes = tracked_bytes_peak();
@@ -920,13 +952,14 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     } else {
       const Shape4& s = st.cfg.shape;
       const std::vector<int64_t> dims4{s.batch, s.seq_len, s.heads, s.head_dim};
+      const std::vector<int64_t> kv_dims4{s.batch, s.seq_len, kv_heads, s.head_dim};
       const std::vector<int64_t> lse_dims{s.batch, s.heads, s.seq_len};
       AtomicOutputs files;
       if (!opts.out_path.empty()) files.stage(opts.out_path, dims4, o);
       if (!opts.lse_out_path.empty()) files.stage(opts.lse_out_path, lse_dims, lse);
       if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, dq);
-      if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, dims4, dk);
-      if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, dims4, dv);
+      if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, kv_dims4, dk);
+      if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, kv_dims4, dv);
       if (!opts.pattern_out_path.empty()) {
         const std::vector<uint8_t> mask = sparse::mask_from_lists(*st.lists);
         files.stage_bool(opts.pattern_out_path,

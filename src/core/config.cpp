@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 
 #include "ringattn/errors.hpp"
 
@@ -13,9 +13,12 @@ namespace ringattn {
 
 const char* to_string(AttentionKind k) {
   switch (k) {
-    case AttentionKind::dense: return "dense";
-    case AttentionKind::dilated: return "dilated";
-    case AttentionKind::block_sparse: return "block-sparse";
+    case AttentionKind::dense:
+      return "dense";
+    case AttentionKind::dilated:
+      return "dilated";
+    case AttentionKind::block_sparse:
+      return "block-sparse";
   }
   return "?";
 }
@@ -46,6 +49,15 @@ void validate(const AttentionConfig& cfg) {
     throw InputError("--seq-len", "shape " + to_string(s) + " has too many elements");
   if (cfg.scale && !(std::isfinite(*cfg.scale) && *cfg.scale > 0.0))
     throw InputError("--scale", "must be a positive finite number");
+  const int64_t kv_heads = cfg.effective_kv_heads();
+  if (kv_heads <= 0)
+    throw InputError("--kv-heads", "must be positive, got " + std::to_string(kv_heads));
+  if (s.heads % kv_heads != 0)
+    throw InputError("--kv-heads", std::to_string(kv_heads) + " K/V heads cannot be shared by " +
+                                       std::to_string(s.heads) +
+                                       " query heads (--heads): --kv-heads must divide --heads");
+  if (cfg.attention == AttentionKind::block_sparse)
+    require_multi_head(cfg, "--attention block-sparse (use dense or dilated attention)");
 
   if (cfg.attention == AttentionKind::dense) return;
   if (cfg.attention == AttentionKind::block_sparse) {
@@ -88,6 +100,14 @@ void validate(const AttentionConfig& cfg) {
                                     std::to_string(groups) +
                                     " groups (one per segment); use at least as many heads as "
                                     "segments, or --combine mixture");
+}
+
+void require_multi_head(const AttentionConfig& cfg, const std::string& path) {
+  const int64_t kv_heads = cfg.effective_kv_heads();
+  if (kv_heads == cfg.shape.heads) return;
+  throw InputError("--kv-heads", "grouped-query attention (--kv-heads " + std::to_string(kv_heads) +
+                                     " != --heads " + std::to_string(cfg.shape.heads) +
+                                     ") is not yet supported on " + path);
 }
 
 std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {

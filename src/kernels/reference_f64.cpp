@@ -1,6 +1,7 @@
-// The float64 reference for dense, grouped and mixture attention, and relative_error.
-// Everything is built straight from the definitions (tests/data/golden/README.md), naively,
-// and on purpose shares no pattern arithmetic with src/core/config.cpp: it is the check on it.
+// The float64 reference for dense, grouped and mixture attention with any number of K/V
+// heads, and relative_error. Everything is built straight from the definitions
+// (tests/data/golden/README.md), naively, and on purpose shares no pattern arithmetic with
+// src/core/config.cpp: it is the check on it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +39,8 @@ HeadPlan plan_heads(const AttentionConfig& cfg) {
   const Shape4& s = cfg.shape;
   require(s.batch > 0 && s.seq_len > 0 && s.heads > 0 && s.head_dim > 0,
           "every shape dimension must be positive");
+  const int64_t kv_heads = cfg.kv_heads.value_or(s.heads);
+  require(kv_heads > 0 && s.heads % kv_heads == 0, "kv_heads must be positive and divide heads");
   HeadPlan plan;
   plan.patterns_of_head.resize(s.heads);
 
@@ -118,7 +121,9 @@ struct RowSoftmax {
 struct Problem {
   const AttentionConfig& cfg;
   HeadPlan plan;
-  Layout layout;
+  Layout layout;     // q, out, dout, dq: H heads
+  Layout kv_layout;  // k, v, dk, dv: HKV heads (grouped-query attention), H by default
+  int64_t queries_per_kv;
   double scale;
   const float* q;
   const float* k;
@@ -127,9 +132,16 @@ struct Problem {
       : cfg(c),
         plan(plan_heads(c)),
         layout{c.shape.seq_len, c.shape.heads, c.shape.head_dim},
+        kv_layout{c.shape.seq_len, c.kv_heads.value_or(c.shape.heads), c.shape.head_dim},
+        queries_per_kv(c.shape.heads / kv_layout.heads),
         scale(c.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.shape.head_dim)))),
         q(q_in),
         k(k_in) {}
+
+  // Query head h reads K/V head h / (H / HKV): consecutive query heads share one.
+  std::size_t kv_row(int64_t b, int64_t t, int64_t h) const {
+    return kv_layout.row(b, t, h / queries_per_kv);
+  }
 
   RowSoftmax row_softmax(int64_t b, int64_t h, int64_t p) const {
     const auto& patterns = plan.patterns_of_head[h];
@@ -140,7 +152,7 @@ struct Problem {
     for (int64_t t = 0; t < cfg.shape.seq_len; ++t) {
       const int64_t m = multiplicity(patterns, cfg.causal, p, t);
       if (m == 0) continue;
-      const double score = scale * dot(q_row, k + layout.row(b, t, h), cfg.shape.head_dim);
+      const double score = scale * dot(q_row, k + kv_row(b, t, h), cfg.shape.head_dim);
       row.keys.push_back(t);
       scores.push_back(score);
       counts.push_back(static_cast<double>(m));
@@ -200,7 +212,7 @@ ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, c
         double* out_row = result.out.data() + prob.layout.row(b, p, h);
         for (std::size_t i = 0; i < row.keys.size(); ++i) {
           const double weight = prob.plan.output_weight * row.prob[i];
-          const float* v_row = v + prob.layout.row(b, row.keys[i], h);
+          const float* v_row = v + prob.kv_row(b, row.keys[i], h);
           for (int64_t d = 0; d < s.head_dim; ++d)
             out_row[d] += weight * static_cast<double>(v_row[d]);
         }
@@ -214,9 +226,11 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
   const Shape4& s = cfg.shape;
   const int64_t dim = s.head_dim;
   ReferenceGradients grads;
+  const auto n_kv =
+      static_cast<std::size_t>(s.batch * s.seq_len * prob.kv_layout.heads * s.head_dim);
   grads.dq.assign(static_cast<std::size_t>(s.numel()), 0.0);
-  grads.dk.assign(static_cast<std::size_t>(s.numel()), 0.0);
-  grads.dv.assign(static_cast<std::size_t>(s.numel()), 0.0);
+  grads.dk.assign(n_kv, 0.0);  // a K/V head's gradient sums over the query heads sharing it
+  grads.dv.assign(n_kv, 0.0);
   std::vector<double> d_head_out(static_cast<std::size_t>(dim));
   std::vector<double> d_prob;
 
@@ -236,14 +250,14 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
         d_prob.assign(row.keys.size(), 0.0);
         double row_dot = 0.0;
         for (std::size_t i = 0; i < row.keys.size(); ++i) {
-          const float* v_row = v + prob.layout.row(b, row.keys[i], h);
+          const float* v_row = v + prob.kv_row(b, row.keys[i], h);
           double acc = 0.0;
           for (int64_t d = 0; d < dim; ++d) acc += d_head_out[d] * static_cast<double>(v_row[d]);
           d_prob[i] = acc;
           row_dot += row.prob[i] * acc;
         }
         for (std::size_t i = 0; i < row.keys.size(); ++i) {
-          const std::size_t t_at = prob.layout.row(b, row.keys[i], h);
+          const std::size_t t_at = prob.kv_row(b, row.keys[i], h);
           const double d_score = row.prob[i] * (d_prob[i] - row_dot);
           for (int64_t d = 0; d < dim; ++d) {
             grads.dq[p_at + d] += prob.scale * d_score * static_cast<double>(k[t_at + d]);

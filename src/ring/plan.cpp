@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <span>
 
 #include "kernels/cpu_flash.hpp"
 #include "ring/schedule.hpp"
@@ -93,8 +94,11 @@ void Plan::backward(const float* q, const float* k, const float* v, const float*
   const Impl& m = *impl_;
   const Shape4& s = m.cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(m.cfg.kv_shape().numel());
 #pragma omp parallel for num_threads(m.threads) schedule(static)
-  for (std::size_t i = 0; i < n; ++i) dq[i] = dk[i] = dv[i] = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) dq[i] = 0.0f;
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+  for (std::size_t i = 0; i < n_kv; ++i) dk[i] = dv[i] = 0.0f;
   kernels::BackwardParams p;
   p.q = q;
   p.k = k;
@@ -111,7 +115,14 @@ void Plan::backward(const float* q, const float* k, const float* v, const float*
   for (const auto& pass : m.schedule.passes) {
     p.out_scale = pass.out_scale;
     p.dout_scale = pass.out_scale;
-    kernels::flash_backward(p, pass.tasks, m.tiles, m.threads, m.workspace.get());
+    // One call per place in the K/V groups, in order: calls never share dK/dV rows.
+    const std::span<const kernels::SubseqTask> tasks(pass.tasks);
+    std::size_t begin = 0;
+    for (const std::size_t end : pass.backward_ends) {
+      kernels::flash_backward(p, tasks.subspan(begin, end - begin), m.tiles, m.threads,
+                              m.workspace.get());
+      begin = end;
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 
 #include "kernels/cpu_flash.hpp"
@@ -79,8 +80,11 @@ struct RingPlan::Impl {
     for (std::size_t i = 0; i < st.send_runs.size(); ++i)
       base[i] = acc, acc += st.send_runs[i].rows();
     // Runs of one step never share rows (one pattern's selection per (head, segment, chunk)
-    // for grouped; under mixture two patterns' runs may share a row, so stay serial there).
-    const bool may_share = cfg.combine == Combine::mixture;
+    // for grouped; under mixture two patterns' runs may share a row, and so may two
+    // patterns' runs of one K/V head under grouped-query attention: stay serial there).
+    const bool may_share =
+        cfg.combine == Combine::mixture ||
+        (cfg.effective_kv_heads() != cfg.shape.heads && patterns_of(cfg).size() > 1);
 #pragma omp parallel for num_threads(may_share ? 1 : threads) schedule(dynamic, 16)
     for (std::size_t i = 0; i < st.send_runs.size(); ++i) {
       const Run& r = st.send_runs[i];
@@ -221,9 +225,11 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
   const int rank = m.comm->rank(), world = m.comm->size();
   const int64_t dd = m.d();
   const auto n = static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd);
+  const auto n_kv =
+      static_cast<std::size_t>(s.batch * m.layout.local_len * m.cfg.effective_kv_heads() * dd);
   std::fill(dq, dq + n, 0.0f);
-  std::fill(dk, dk + n, 0.0f);
-  std::fill(dv, dv + n, 0.0f);
+  std::fill(dk, dk + n_kv, 0.0f);
+  std::fill(dv, dv + n_kv, 0.0f);
 
   kernels::BackwardParams p;
   p.q = q;
@@ -241,8 +247,16 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
     p.v = vv;
     p.dk = dkk;
     p.dv = dvv;
-    for (const Wave& w : m.sched.steps[static_cast<std::size_t>(t)].waves)
-      kernels::flash_backward(p, w.tasks, m.tiles, m.threads, m.workspace.get());
+    for (const Wave& w : m.sched.steps[static_cast<std::size_t>(t)].waves) {
+      // One call per place in the K/V groups, in order: calls never share dK/dV rows.
+      const std::span<const kernels::SubseqTask> tasks(w.tasks);
+      std::size_t begin = 0;
+      for (const std::size_t end : w.backward_ends) {
+        kernels::flash_backward(p, tasks.subspan(begin, end - begin), m.tiles, m.threads,
+                                m.workspace.get());
+        begin = end;
+      }
+    }
     m.bwd.compute_ms += ms_since(t0);
   };
   // Gradient partials for the rows this rank sent at step t come back from rank r+t.

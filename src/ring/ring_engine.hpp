@@ -43,7 +43,8 @@ class RingPlan {
   const RingSchedule& schedule() const noexcept;
   int threads() const noexcept;
 
-  // Local shards: q, k, v, out, dout, dq, dk, dv [B, N/P, H, D]; lse [B, H, N/P].
+  // Local shards: q, out, dout, dq [B, N/P, H, D]; k, v, dk, dv [B, N/P, HKV, D] (only
+  // K/V heads travel); lse [B, H, N/P].
   void forward(const float* q, const float* k, const float* v, float* out, float* lse);
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv);

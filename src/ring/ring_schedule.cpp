@@ -26,12 +26,13 @@ std::vector<int64_t> heads_of(const AttentionConfig& cfg, int64_t pattern, int64
   return heads;
 }
 
-// Selected rows of (pattern, head, batch, segment) in each chunk of `rank`.
+// Selected rows of (pattern at `offset`, head, batch, segment) in each chunk of `rank`, in a
+// local tensor of `heads` heads: the query heads H for query runs, the K/V heads HKV for key
+// runs (whose lse fields are unused).
 std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
-                         int pattern, const DilatedPattern& pat, int64_t head, int64_t batch,
-                         int64_t segment) {
+                         int pattern, const DilatedPattern& pat, int64_t offset, int64_t head,
+                         int64_t heads, int64_t batch, int64_t segment) {
   const Shape4& s = cfg.shape;
-  const int64_t offset = pattern_offset(cfg, pattern, head);
   const int64_t m = selected_per_segment(pat, offset);
   const int64_t first = segment * pat.segment + offset;  // position of selection index 0
   std::vector<Run> runs;
@@ -50,9 +51,9 @@ std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, 
     r.k_begin = k_lo;
     r.k_end = k_hi;
     const int64_t local_row = ch.local_begin + (first + k_lo * pat.dilation - ch.begin);
-    r.row0 = ((batch * layout.local_len + local_row) * s.heads + head) * s.head_dim;
-    r.stride = pat.dilation * s.heads * s.head_dim;
-    r.lse0 = (batch * s.heads + head) * layout.local_len + local_row;
+    r.row0 = ((batch * layout.local_len + local_row) * heads + head) * s.head_dim;
+    r.stride = pat.dilation * heads * s.head_dim;
+    r.lse0 = (batch * heads + head) * layout.local_len + local_row;
     r.lse_stride = pat.dilation;
     runs.push_back(r);
   }
@@ -79,11 +80,32 @@ struct PairWork {
   std::vector<PairTask> tasks;
 };
 
-// What rank `dest`'s queries need from rank `src`'s keys and values.
+// The query heads of pattern `pattern` that read K/V head `kv_head`, grouped by their
+// offset (in the order offsets first appear): heads with one offset select the same rows.
+std::vector<std::pair<int64_t, std::vector<int64_t>>> heads_by_offset(const AttentionConfig& cfg,
+                                                                      int pattern,
+                                                                      int64_t n_patterns,
+                                                                      int64_t kv_head) {
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> groups;
+  for (int64_t h : heads_of(cfg, pattern, n_patterns)) {
+    if (cfg.kv_head_of(h) != kv_head) continue;
+    const int64_t o = pattern_offset(cfg, pattern, h);
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == o; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {o, {}});
+    it->second.push_back(h);
+  }
+  return groups;
+}
+
+// What rank `dest`'s queries need from rank `src`'s keys and values. Under grouped-query
+// attention the query heads sharing a K/V head and an offset need the same K/V rows: one key
+// run serves all of them, so only K/V heads travel.
 PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int dest, int src) {
   PairWork work;
   const auto pats = patterns_of(cfg);
   const auto n_patterns = static_cast<int64_t>(pats.size());
+  const int64_t heads = cfg.shape.heads, kv_heads = cfg.effective_kv_heads();
   for (int i = 0; i < static_cast<int>(pats.size()); ++i) {
     const DilatedPattern& pat = pats[static_cast<std::size_t>(i)];
     const auto dest_segs = segments_touching(layout, dest, pat.segment);
@@ -91,23 +113,28 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
     std::vector<int64_t> segs;
     std::set_intersection(dest_segs.begin(), dest_segs.end(), src_segs.begin(), src_segs.end(),
                           std::back_inserter(segs));
-    for (int64_t h : heads_of(cfg, i, n_patterns))
-      for (int64_t b = 0; b < cfg.shape.batch; ++b)
-        for (int64_t seg : segs) {
-          const auto qruns = runs_in(cfg, layout, dest, i, pat, h, b, seg);
-          if (qruns.empty()) continue;
-          int64_t max_q = 0;  // one past the last selected query index of dest here
-          for (const Run& q : qruns) max_q = std::max(max_q, q.k_end);
-          for (Run kr : runs_in(cfg, layout, src, i, pat, h, b, seg)) {
-            if (cfg.causal) kr.k_end = std::min(kr.k_end, max_q);
-            if (kr.k_end <= kr.k_begin) continue;
-            work.key_runs.push_back(kr);
-            for (const Run& q : qruns) {
-              if (cfg.causal && kr.k_begin > q.k_end - 1) continue;  // all keys in its future
-              work.tasks.push_back({q, work.key_runs.size() - 1});
+    for (int64_t kh = 0; kh < kv_heads; ++kh)
+      for (const auto& [offset, q_heads] : heads_by_offset(cfg, i, n_patterns, kh))
+        for (int64_t b = 0; b < cfg.shape.batch; ++b)
+          for (int64_t seg : segs) {
+            // The query heads of this group select the same positions: same runs, same max.
+            std::vector<std::vector<Run>> qruns;
+            for (int64_t h : q_heads)
+              qruns.push_back(runs_in(cfg, layout, dest, i, pat, offset, h, heads, b, seg));
+            if (qruns.front().empty()) continue;
+            int64_t max_q = 0;  // one past the last selected query index of dest here
+            for (const Run& q : qruns.front()) max_q = std::max(max_q, q.k_end);
+            for (Run kr : runs_in(cfg, layout, src, i, pat, offset, kh, kv_heads, b, seg)) {
+              if (cfg.causal) kr.k_end = std::min(kr.k_end, max_q);
+              if (kr.k_end <= kr.k_begin) continue;
+              work.key_runs.push_back(kr);
+              for (const auto& runs : qruns)
+                for (const Run& q : runs) {
+                  if (cfg.causal && kr.k_begin > q.k_end - 1) continue;  // all keys in its future
+                  work.tasks.push_back({q, work.key_runs.size() - 1});
+                }
             }
           }
-        }
   }
   return work;
 }
@@ -121,6 +148,7 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
   const int64_t d = cfg.shape.head_dim;
   const bool per_pattern_waves =
       cfg.combine == Combine::mixture && cfg.attention == AttentionKind::dilated;
+  const auto places = static_cast<std::size_t>(cfg.queries_per_kv_head());
   for (int t = 0; t < world; ++t) {
     RingStep step;
     const int dest = (rank + t) % world, src = (rank - t + world) % world;
@@ -142,8 +170,10 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
       step.recv_from = rank;
     }
     // Waves: tasks of one wave share no query rows (one query chunk, one pattern under
-    // mixture) and no key rows (one key chunk).
+    // mixture) and, within one backward range, no key rows (one key chunk; one query head
+    // per K/V head: tasks are bucketed by the query head's place in its K/V group).
     std::map<std::tuple<int, int, int>, std::size_t> wave_of;
+    std::vector<std::vector<std::vector<kernels::SubseqTask>>> by_place;  // [wave][place]
     for (const PairTask& pt : work.tasks) {
       const Run& q = pt.query;
       const Run& k = work.key_runs[pt.key_run];
@@ -152,6 +182,7 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
       if (it == wave_of.end()) {
         it = wave_of.emplace(key, step.waves.size()).first;
         step.waves.emplace_back();
+        by_place.emplace_back(places);
       }
       kernels::SubseqTask task;
       task.q_row0 = q.row0;
@@ -168,9 +199,13 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
       task.n_q = q.rows();
       task.n_k = k.rows();
       task.causal_offset = q.k_begin - k.k_begin;
-      step.waves[it->second].tasks.push_back(task);
+      by_place[it->second][static_cast<std::size_t>(q.head) % places].push_back(task);
     }
-    for (Wave& w : step.waves) w.items = forward_items(w.tasks, cfg.causal, tiles);
+    for (std::size_t w = 0; w < step.waves.size(); ++w) {
+      Wave& wave = step.waves[w];
+      append_by_kv_place(by_place[w], wave.tasks, wave.backward_ends);
+      wave.items = forward_items(wave.tasks, cfg.causal, tiles);
+    }
     sched.max_send_rows = std::max(sched.max_send_rows, step.send_rows);
     sched.max_recv_rows = std::max(sched.max_recv_rows, step.recv_rows);
     sched.bytes_sent += step.send_rows * 2 * d * static_cast<int64_t>(sizeof(float));
@@ -191,34 +226,49 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout
     const int64_t hi = std::min<int64_t>(m, ceil_div(y - first, p.dilation));
     return std::max<int64_t>(0, hi - lo);
   };
+  // Per pattern and K/V head, the distinct offsets its query heads use: each offset's rows
+  // of that K/V head are needed once, however many query heads share them.
+  std::vector<std::vector<std::vector<int64_t>>> offsets(pats.size());
+  for (int i = 0; i < static_cast<int>(pats.size()); ++i) {
+    auto& of_kv = offsets[static_cast<std::size_t>(i)];
+    of_kv.resize(static_cast<std::size_t>(cfg.effective_kv_heads()));
+    for (int64_t h : heads_of(cfg, i, n_patterns)) {
+      auto& o = of_kv[static_cast<std::size_t>(h / cfg.queries_per_kv_head())];
+      o.push_back(pattern_offset(cfg, i, h));
+    }
+    for (auto& o : of_kv) {
+      std::sort(o.begin(), o.end());
+      o.erase(std::unique(o.begin(), o.end()), o.end());
+    }
+  }
   int64_t rows = 0;
   for (int dest = 0; dest < layout.world; ++dest) {
     if (dest == rank) continue;
     for (int i = 0; i < static_cast<int>(pats.size()); ++i) {
       const DilatedPattern& p = pats[static_cast<std::size_t>(i)];
-      for (int64_t h : heads_of(cfg, i, n_patterns)) {
-        const int64_t o = pattern_offset(cfg, i, h);
-        if (selected_per_segment(p, o) == 0) continue;
-        for (int64_t seg = 0; seg < s.seq_len / p.segment; ++seg) {
-          const int64_t seg_lo = seg * p.segment, seg_hi = seg_lo + p.segment;
-          // The last selected position dest holds in this segment (-1: none).
-          int64_t last_q = -1;
-          for (const Chunk& c : layout.chunks(dest)) {
-            const int64_t x = std::max(seg_lo, c.begin), y = std::min(seg_hi, c.begin + c.length);
-            if (x >= y || count_in(p, o, seg, x, y) == 0) continue;
-            const int64_t first = seg * p.segment + o;
-            const int64_t k_last = (y - 1 - first) / p.dilation;  // y-1 >= first here
-            last_q = std::max(last_q, first + k_last * p.dilation);
-          }
-          if (last_q < 0) continue;
-          const int64_t limit = cfg.causal ? last_q + 1 : seg_hi;
-          for (const Chunk& c : layout.chunks(rank)) {
-            const int64_t x = std::max(seg_lo, c.begin);
-            const int64_t y = std::min({seg_hi, c.begin + c.length, limit});
-            if (x < y) rows += count_in(p, o, seg, x, y);
+      for (const auto& kv_offsets : offsets[static_cast<std::size_t>(i)])
+        for (const int64_t o : kv_offsets) {
+          if (selected_per_segment(p, o) == 0) continue;
+          for (int64_t seg = 0; seg < s.seq_len / p.segment; ++seg) {
+            const int64_t seg_lo = seg * p.segment, seg_hi = seg_lo + p.segment;
+            // The last selected position dest holds in this segment (-1: none).
+            int64_t last_q = -1;
+            for (const Chunk& c : layout.chunks(dest)) {
+              const int64_t x = std::max(seg_lo, c.begin), y = std::min(seg_hi, c.begin + c.length);
+              if (x >= y || count_in(p, o, seg, x, y) == 0) continue;
+              const int64_t first = seg * p.segment + o;
+              const int64_t k_last = (y - 1 - first) / p.dilation;  // y-1 >= first here
+              last_q = std::max(last_q, first + k_last * p.dilation);
+            }
+            if (last_q < 0) continue;
+            const int64_t limit = cfg.causal ? last_q + 1 : seg_hi;
+            for (const Chunk& c : layout.chunks(rank)) {
+              const int64_t x = std::max(seg_lo, c.begin);
+              const int64_t y = std::min({seg_hi, c.begin + c.length, limit});
+              if (x < y) rows += count_in(p, o, seg, x, y);
+            }
           }
         }
-      }
     }
   }
   return rows * s.batch * 2 * s.head_dim * static_cast<int64_t>(sizeof(float));

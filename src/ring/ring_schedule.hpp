@@ -16,21 +16,28 @@
 namespace ringattn::ring {
 
 // The selected rows of one (pattern, head, batch, segment) that lie in one chunk of a rank.
+// Query runs name a query head and index q/out/lse; key runs name a K/V head and index the
+// owner's k/v/dk/dv ([B, N/P, HKV, D]), and serve every query head of that K/V head that
+// selects the same rows (grouped-query attention moves only K/V heads).
 struct Run {
   int pattern = 0;
   int chunk = 0;
   int64_t head = 0, batch = 0, segment = 0;
   int64_t k_begin = 0, k_end = 0;    // indices into the segment's selected positions
-  int64_t row0 = 0;                  // element offset of row k_begin in the owner's local tensors
+  int64_t row0 = 0;                  // element offset of row k_begin in the owner's local tensor
   int64_t stride = 0;                // elements between consecutive selected rows
   int64_t lse0 = 0, lse_stride = 0;  // into the owner's local lse [B, H, N/P]
   int64_t rows() const { return k_end - k_begin; }
 };
 
-// Tasks that may run in one parallel kernel call: no two share query rows or key rows.
+// Tasks that may run in one parallel forward call: no two share query rows. Key rows are
+// shared only by query heads of one K/V group (grouped-query attention); the backward runs
+// tasks [0, e0), [e0, e1), ... (e_i = backward_ends[i]) as separate calls, in order, and
+// within each no two tasks share key rows (see KernelPass::backward_ends).
 struct Wave {
   std::vector<kernels::SubseqTask> tasks;
   std::vector<kernels::ForwardItem> items;  // forward work, most expensive first
+  std::vector<std::size_t> backward_ends;
 };
 
 struct RingStep {
@@ -55,9 +62,10 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
                                  const kernels::TileConfig& tiles);
 
 // The fewest K/V bytes rank `rank` must send in the forward: for every other rank, every row
-// (position, head) of a pattern that one of that rank's queries attends to, K and V, fp32,
-// counted once per pattern that needs it. Computed from position ranges, independently of
-// the schedule, so the engine's counted traffic can be checked against it.
+// (position, K/V head) of a pattern that one of that rank's queries attends to, K and V,
+// fp32, counted once per pattern that needs it (however many query heads share the K/V
+// head). Computed from position ranges, independently of the schedule, so the engine's
+// counted traffic can be checked against it.
 int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank);
 
 }  // namespace ringattn::ring

@@ -1,5 +1,6 @@
 // Builds the single-rank schedule: one task per (batch, head, pattern, segment) that
-// selects at least one position, as a strided view with stride dilation·H·D.
+// selects at least one position, as a strided view with stride dilation·H·D for queries and
+// dilation·HKV·D for keys (query head h reads K/V head h / (H / HKV) in place).
 #include "ring/schedule.hpp"
 
 #include <algorithm>
@@ -16,12 +17,16 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
   const int64_t m = selected_per_segment(pat, offset);
   if (m == 0) return;
   const int64_t row = s.heads * s.head_dim;
+  const int64_t kv_row = cfg.effective_kv_heads() * s.head_dim;
+  const int64_t kv_head = cfg.kv_head_of(head);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t seg = 0; seg < s.seq_len / pat.segment; ++seg) {
       const int64_t p0 = seg * pat.segment + offset;
       kernels::SubseqTask t;
-      t.q_row0 = t.k_row0 = (b * s.seq_len + p0) * row + head * s.head_dim;
-      t.q_stride = t.k_stride = pat.dilation * row;
+      t.q_row0 = (b * s.seq_len + p0) * row + head * s.head_dim;
+      t.k_row0 = (b * s.seq_len + p0) * kv_row + kv_head * s.head_dim;
+      t.q_stride = pat.dilation * row;
+      t.k_stride = pat.dilation * kv_row;
       t.lse0 = (b * s.heads + head) * s.seq_len + p0;
       t.lse_stride = pat.dilation;
       t.n_q = t.n_k = m;
@@ -33,28 +38,44 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
 
 }  // namespace
 
+void append_by_kv_place(std::vector<std::vector<kernels::SubseqTask>>& by_place,
+                        std::vector<kernels::SubseqTask>& tasks, std::vector<std::size_t>& ends) {
+  for (auto& bucket : by_place) {
+    if (bucket.empty()) continue;
+    tasks.insert(tasks.end(), bucket.begin(), bucket.end());
+    ends.push_back(tasks.size());
+  }
+}
+
 LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t) {
   LocalSchedule sched;
   const auto n_patterns = static_cast<int64_t>(patterns_of(cfg).size());
   const int64_t heads = cfg.shape.heads;
+  const auto places = static_cast<std::size_t>(cfg.queries_per_kv_head());
+  auto finish = [&](KernelPass& pass, std::vector<std::vector<kernels::SubseqTask>>& by_place) {
+    append_by_kv_place(by_place, pass.tasks, pass.backward_ends);
+    pass.items = forward_items(pass.tasks, cfg.causal, t);
+    sched.passes.push_back(std::move(pass));
+  };
   if (cfg.attention == AttentionKind::dense || cfg.combine == Combine::grouped) {
     KernelPass pass;
     pass.out_scale = 1.0f / static_cast<float>(n_patterns);
+    std::vector<std::vector<kernels::SubseqTask>> by_place(places);
     for (int64_t g = 0; g < n_patterns; ++g) {
       const HeadRange r = group_heads(heads, n_patterns, g);
       for (int64_t h = r.first; h < r.first + r.count; ++h)
-        add_pattern_tasks(cfg, g, h, pass.tasks);
+        add_pattern_tasks(cfg, g, h, by_place[static_cast<std::size_t>(h) % places]);
     }
-    pass.items = forward_items(pass.tasks, cfg.causal, t);
-    sched.passes.push_back(std::move(pass));
+    finish(pass, by_place);
     sched.clear_outputs_first = cfg.attention == AttentionKind::dilated;
   } else {
     for (int64_t i = 0; i < n_patterns; ++i) {
       KernelPass pass;
       pass.accumulate = true;
-      for (int64_t h = 0; h < heads; ++h) add_pattern_tasks(cfg, i, h, pass.tasks);
-      pass.items = forward_items(pass.tasks, cfg.causal, t);
-      sched.passes.push_back(std::move(pass));
+      std::vector<std::vector<kernels::SubseqTask>> by_place(places);
+      for (int64_t h = 0; h < heads; ++h)
+        add_pattern_tasks(cfg, i, h, by_place[static_cast<std::size_t>(h) % places]);
+      finish(pass, by_place);
     }
     sched.clear_outputs_first = true;
   }

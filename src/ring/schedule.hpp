@@ -11,12 +11,20 @@
 
 namespace ringattn::ring {
 
-// One kernel launch. Tasks inside a pass share no query rows and no key rows.
+// One forward kernel launch. Tasks inside a pass share no query rows; they share key rows
+// only under grouped-query attention, where the query heads of one K/V group read the same
+// K/V rows.
 struct KernelPass {
   std::vector<kernels::SubseqTask> tasks;
   std::vector<kernels::ForwardItem> items;  // forward work, most expensive first
   bool accumulate = false;                  // mixture: merge into what earlier passes wrote
   float out_scale = 1.0f;                   // grouped: 1/G
+  // The backward runs tasks [0, e0), [e0, e1), ... (e_i = backward_ends[i]) as separate
+  // kernel calls, in this order, so that no call has two tasks writing the same dK/dV rows:
+  // tasks are ordered by their query head's place in its K/V group (h % (H / HKV)), one call
+  // per place, and a K/V head's gradient sums its query heads in that fixed order whatever
+  // the thread count. Multi-head attention: one call with every task.
+  std::vector<std::size_t> backward_ends;
 };
 
 struct LocalSchedule {
@@ -27,6 +35,12 @@ struct LocalSchedule {
 };
 
 LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t);
+
+// Concatenates tasks grouped by the query head's place in its K/V group (the buckets of
+// `by_place`, in order) into `tasks`, appending each bucket's end to `ends`; empty buckets
+// add nothing.
+void append_by_kv_place(std::vector<std::vector<kernels::SubseqTask>>& by_place,
+                        std::vector<kernels::SubseqTask>& tasks, std::vector<std::size_t>& ends);
 
 // Forward work items (task, query tile) of `tasks`, most expensive first.
 std::vector<kernels::ForwardItem> forward_items(std::span<const kernels::SubseqTask> tasks,

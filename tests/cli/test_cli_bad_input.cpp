@@ -279,6 +279,72 @@ TEST(CliBadInput, ValuesOfADifferentShapeThanQueriesAreRejected) {
   expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("v.npy"), "differs from --q's");
 }
 
+// ---- grouped-query attention (--kv-heads) ---------------------------------------------
+
+TEST(CliBadInput, KvHeadsThatDoNotDivideTheHeadsAreRejected) {
+  TempDir dir;
+  expect_bad_input(dir,
+                   {"run", "--seq-len", "64", "--heads", "4", "--kv-heads", "3", "--head-dim", "16",
+                    "--out", dir.file("out.npy")},
+                   "--kv-heads", "must divide --heads");
+}
+
+TEST(CliBadInput, NonPositiveKvHeadsAreRejected) {
+  TempDir dir;
+  expect_bad_input(dir, {"run", "--seq-len", "64", "--kv-heads", "0", "--out", dir.file("out.npy")},
+                   "--kv-heads", "must be positive");
+}
+
+TEST(CliBadInput, KeyFileWithOtherHeadsThanKvHeadsIsRejectedNamingFileAndOption) {
+  TempDir dir;
+  write_inputs(dir);  // q has 4 heads
+  write_float32(dir.file("k.npy"), {1, 64, 2, 16}, 3);
+  write_float32(dir.file("v.npy"), {1, 64, 2, 16}, 4);
+  // Without --kv-heads, K/V must have --q's heads; the message says what to pass.
+  expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("k.npy"),
+                   "has 2 heads, but --kv-heads is 4 (the default: --q's heads); for "
+                   "grouped-query attention pass --kv-heads 2");
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--kv-heads", "1"})),
+                   dir.file("k.npy"), "has 2 heads, but --kv-heads is 1");
+}
+
+TEST(CliBadInput, ValueFileWithOtherHeadsThanKvHeadsIsRejectedNamingFileAndOption) {
+  TempDir dir;
+  write_inputs(dir);
+  write_float32(dir.file("k.npy"), {1, 64, 2, 16}, 3);
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--kv-heads", "2"})),
+                   dir.file("v.npy"), "has 4 heads, but --kv-heads is 2");
+}
+
+TEST(CliBadInput, KeyHeadsThatDoNotDivideTheQueryHeadsAreRejected) {
+  TempDir dir;
+  write_inputs(dir);
+  write_float32(dir.file("k.npy"), {1, 64, 3, 16}, 3);
+  write_float32(dir.file("v.npy"), {1, 64, 3, 16}, 4);
+  expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("k.npy"),
+                   "pass --kv-heads 3, though it must divide --q's 4 heads");
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--kv-heads", "3"})), "--kv-heads",
+                   "must divide --heads");
+}
+
+// Paths without grouped-query attention yet refuse it, naming --kv-heads.
+TEST(CliBadInput, GroupedQueryAttentionWithBlockSparseIsRefused) {
+  TempDir dir;
+  expect_bad_input(
+      dir,
+      {"run", "--seq-len", "256", "--heads", "4", "--kv-heads", "2", "--attention", "block-sparse",
+       "--block-size", "64", "--pattern", "local", "--out", dir.file("out.npy")},
+      "--kv-heads", "not yet supported on --attention block-sparse");
+}
+
+TEST(CliBadInput, GroupedQueryAttentionOnTheCudaDeviceIsRefused) {
+  TempDir dir;
+  expect_bad_input(dir,
+                   {"run", "--device", "cuda", "--seq-len", "128", "--heads", "4", "--kv-heads",
+                    "1", "--out", dir.file("out.npy")},
+                   "--kv-heads", "not yet supported on --device cuda");
+}
+
 TEST(CliBadInput, DoutOfADifferentShapeIsRejected) {
   TempDir dir;
   write_inputs(dir);

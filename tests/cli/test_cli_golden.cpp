@@ -82,12 +82,14 @@ void check_golden_case(const std::string& name) {
   EXPECT_EQ(lse.size(), static_cast<std::size_t>(s.batch * s.heads * s.seq_len));
 
   const nlohmann::json j = last_line_json(r.out);
-  for (const char* key : {"seq_len", "batch", "heads", "head_dim", "attention", "world_size",
-                          "device", "fwd_ms", "bwd_ms", "fwd_gflops", "peak_bytes", "bytes_sent"})
+  for (const char* key :
+       {"seq_len", "batch", "heads", "kv_heads", "head_dim", "attention", "world_size", "device",
+        "fwd_ms", "bwd_ms", "fwd_gflops", "peak_bytes", "bytes_sent"})
     EXPECT_TRUE(j.contains(key)) << "JSON lacks '" << key << "': " << j.dump();
   EXPECT_EQ(j.value("seq_len", -1), s.seq_len);
   EXPECT_EQ(j.value("batch", -1), s.batch);
   EXPECT_EQ(j.value("heads", -1), s.heads);
+  EXPECT_EQ(j.value("kv_heads", -1), s.heads);  // default: multi-head
   EXPECT_EQ(j.value("head_dim", -1), s.head_dim);
   EXPECT_EQ(j.value("attention", ""), "dilated");
   EXPECT_EQ(j.value("combine", ""), c.mode);
@@ -145,7 +147,8 @@ TEST(CliGolden, MixtureCasesMatchGoldenOutputsGradientsAndReportJson) {
 TEST(CliGolden, RunHelpExitsZeroAndListsTheRunOptions) {
   const CliResult r = run_cli({"run", "--help"});
   EXPECT_EQ(r.exit_code, 0) << describe(r);
-  for (const char* opt : {"--segments", "--dilations", "--combine", "--out", "--config"})
+  for (const char* opt :
+       {"--segments", "--dilations", "--combine", "--kv-heads", "--out", "--config"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt << " missing from help:\n" << r.out;
 }
 

@@ -11,6 +11,7 @@
 
 #include "cli_runner.hpp"
 #include "golden.hpp"
+#include "random.hpp"
 #include "ringattn/npy.hpp"
 #include "ringattn/reference.hpp"
 
@@ -87,6 +88,110 @@ TEST(CliVirtualRanks, SyntheticRunGivesTheSameOutputForAnyRingSize) {
   }
   for (std::size_t i = 1; i < outs.size(); ++i)
     EXPECT_LE(relative_error(outs[i].data(), outs[0].data(), outs[0].size()), 1e-6) << i + 1;
+}
+
+// Grouped-query attention through files: K/V (and dK/dV) have --kv-heads heads, on one rank
+// (the plan) and 2..4 virtual ranks (the ring), checked against float64 by the CLI and here.
+TEST(CliVirtualRanks, GroupedQueryAttentionThroughFilesMatchesFloat64OnOneToFourRanks) {
+  TempDir dir;
+  AttentionConfig cfg;
+  cfg.shape = {1, 96, 4, 16};
+  cfg.kv_heads = 2;
+  cfg.attention = AttentionKind::dilated;
+  cfg.combine = Combine::mixture;
+  cfg.segments = {24, 96};
+  cfg.dilations = {1, 2};
+  cfg.causal = true;
+  const std::vector<int64_t> q_dims{1, 96, 4, 16}, kv_dims{1, 96, 2, 16};
+  const auto q = testing::random_normal(96 * 4 * 16, 1), k = testing::random_normal(96 * 2 * 16, 2),
+             v = testing::random_normal(96 * 2 * 16, 3),
+             dout = testing::random_normal(96 * 4 * 16, 4);
+  write_npy_float_atomic(dir.file("q.npy"), q_dims, q.data());
+  write_npy_float_atomic(dir.file("k.npy"), kv_dims, k.data());
+  write_npy_float_atomic(dir.file("v.npy"), kv_dims, v.data());
+  write_npy_float_atomic(dir.file("dout.npy"), q_dims, dout.data());
+  const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
+  const ReferenceGradients g = reference_backward(cfg, q.data(), k.data(), v.data(), dout.data());
+  for (const char* p : {"1", "2", "3", "4"}) {
+    SCOPED_TRACE(std::string("--ring-size ") + p);
+    const CliResult r = testing::run_cli({"run",
+                                          "--q",
+                                          dir.file("q.npy"),
+                                          "--k",
+                                          dir.file("k.npy"),
+                                          "--v",
+                                          dir.file("v.npy"),
+                                          "--dout",
+                                          dir.file("dout.npy"),
+                                          "--kv-heads",
+                                          "2",
+                                          "--attention",
+                                          "dilated",
+                                          "--combine",
+                                          "mixture",
+                                          "--segments",
+                                          "24,96",
+                                          "--dilations",
+                                          "1,2",
+                                          "--causal",
+                                          "--ring-size",
+                                          p,
+                                          "--threads",
+                                          "1",
+                                          "--iters",
+                                          "1",
+                                          "--warmup",
+                                          "0",
+                                          "--check",
+                                          "--json",
+                                          "--out",
+                                          dir.file("out.npy"),
+                                          "--dk-out",
+                                          dir.file("dk.npy"),
+                                          "--dv-out",
+                                          dir.file("dv.npy")});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const auto j = last_line_json(r.out);
+    EXPECT_EQ(j["kv_heads"], 2);
+    EXPECT_EQ(j["heads"], 4);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j.dump();
+    EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]);
+    NpyHeader h;
+    const std::vector<float> dk = read_npy_float(dir.file("dk.npy"), &h);
+    EXPECT_EQ(h.shape, kv_dims);
+    EXPECT_LE(
+        relative_error(read_npy_float(dir.file("out.npy")).data(), ref.out.data(), ref.out.size()),
+        1e-5);
+    EXPECT_LE(relative_error(dk.data(), g.dk.data(), g.dk.size()), 1e-5);
+    EXPECT_LE(relative_error(read_npy_float(dir.file("dv.npy")).data(), g.dv.data(), g.dv.size()),
+              1e-5);
+  }
+}
+
+// Only K/V heads travel: with H / HKV query heads per K/V head a dense run sends that many
+// times fewer bytes than multi-head attention, and the minimum agrees.
+TEST(CliVirtualRanks, GroupedQueryAttentionSendsHOverHkvTimesFewerBytes) {
+  auto bytes = [](const char* p, const char* kv_heads) {
+    std::vector<std::string> args = {
+        "run",        "--seq-len",  "256",      "--heads",     "4",
+        "--head-dim", "16",         "--causal", "--ring-size", p,
+        "--threads",  "1",          "--iters",  "1",           "--warmup",
+        "0",          "--backward", "--check",  "--json"};
+    if (kv_heads) args.insert(args.end(), {"--kv-heads", kv_heads});
+    const CliResult r = testing::run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    const auto j = last_line_json(r.out);
+    EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j.dump();
+    return j["bytes_sent"].get<int64_t>();
+  };
+  for (const char* p : {"2", "4"}) {
+    SCOPED_TRACE(std::string("--ring-size ") + p);
+    const int64_t mha = bytes(p, nullptr);
+    EXPECT_GT(mha, 0);
+    EXPECT_EQ(bytes(p, "2") * 2, mha);
+    EXPECT_EQ(bytes(p, "1") * 4, mha);
+  }
 }
 
 TEST(CliVirtualRanks, UnevenSplitIsBadInputNamingTheOption) {

@@ -50,6 +50,58 @@ TEST(ConfigValidation, EachBadFieldNamesItsOption) {
   EXPECT_EQ(subject_of(bad_scale), "--scale");
 }
 
+TEST(ConfigValidation, KvHeadsMustBePositiveAndDivideTheQueryHeads) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 64, 8, 16};
+  EXPECT_EQ(cfg.effective_kv_heads(), 8);  // default: multi-head
+  EXPECT_EQ(subject_of(cfg), "");
+  for (int64_t ok : {8, 4, 2, 1}) {
+    cfg.kv_heads = ok;
+    EXPECT_EQ(subject_of(cfg), "") << ok;
+    EXPECT_EQ(cfg.queries_per_kv_head(), 8 / ok);
+    EXPECT_EQ(cfg.kv_head_of(7), 7 / (8 / ok));
+    EXPECT_EQ(cfg.kv_shape(), (Shape4{1, 64, ok, 16}));
+  }
+  for (int64_t bad : {0, -2, 3, 5, 16}) {
+    cfg.kv_heads = bad;
+    EXPECT_EQ(subject_of(cfg), "--kv-heads") << bad;
+  }
+  cfg.kv_heads = 3;
+  try {
+    validate(cfg);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-heads must divide --heads"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Paths without grouped-query attention refuse it, naming --kv-heads, instead of reading K/V
+// with the wrong layout.
+TEST(ConfigValidation, BlockSparseRefusesGroupedQueryAttentionNamingKvHeads) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 256, 4, 16};
+  cfg.attention = AttentionKind::block_sparse;
+  cfg.block_size = 64;
+  cfg.kv_heads = 4;
+  EXPECT_EQ(subject_of(cfg), "");
+  cfg.kv_heads = 2;
+  try {
+    validate(cfg);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.subject(), "--kv-heads");
+    EXPECT_NE(std::string(e.what()).find("not yet supported on --attention block-sparse"),
+              std::string::npos)
+        << e.what();
+  }
+  AttentionConfig mha;
+  mha.shape = {1, 64, 4, 16};
+  EXPECT_NO_THROW(require_multi_head(mha, "x"));
+  mha.kv_heads = 1;
+  EXPECT_THROW(require_multi_head(mha, "x"), InputError);
+}
+
 TEST(ConfigValidation, MessageSaysWhatIsWrong) {
   try {
     validate(dilated({1, 100, 4, 16}, {32}, {1}, Combine::grouped));

@@ -330,6 +330,23 @@ TEST(CudaKernels, AutomaticKernelChoiceIsCorrectAndSaysWhatItChose) {
                            false);
 }
 
+// Grouped-query attention has no CUDA kernels yet: the plan refuses it, naming --kv-heads,
+// rather than reading [B, N, HKV, D] K/V as if it had H heads.
+TEST(CudaKernels, GroupedQueryAttentionIsRefusedNamingKvHeads) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, 128, 4, 64};
+  cfg.kv_heads = 2;
+  try {
+    CudaPlan plan(cfg, CudaPlanOptions{});
+    FAIL() << "CudaPlan accepted kv_heads != heads";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.subject(), "--kv-heads");
+    EXPECT_NE(std::string(e.what()).find("not yet supported on --device cuda"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CudaKernels, OutOfMemoryIsARuntimeFailureSayingHowMuchAndWhatToChange) {
   REQUIRE_GPU();
   const CudaDeviceStatus gpu = probe_cuda_device();

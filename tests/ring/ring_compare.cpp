@@ -17,14 +17,25 @@ namespace ringattn::testing {
 FullResult single_process(const AttentionConfig& cfg, const RingInputs& in) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
   const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
   FullResult r{std::vector<float>(n), std::vector<float>(rows), std::vector<float>(n),
-               std::vector<float>(n), std::vector<float>(n)};
+               std::vector<float>(n_kv), std::vector<float>(n_kv)};
   Plan single(cfg, PlanOptions{1});
   single.forward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data());
   single.backward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), in.dout.data(),
                   r.dq.data(), r.dk.data(), r.dv.data());
   return r;
+}
+
+FullResult float64_reference(const AttentionConfig& cfg, const RingInputs& in) {
+  const ReferenceForward f = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  const ReferenceGradients g =
+      reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+  auto rounded = [](const std::vector<double>& x) {
+    return std::vector<float>(x.begin(), x.end());
+  };
+  return {rounded(f.out), rounded(f.lse), rounded(g.dq), rounded(g.dk), rounded(g.dv)};
 }
 
 void expect_ring_matches(const AttentionConfig& cfg, const RingInputs& in, const FullResult& want,
@@ -35,16 +46,23 @@ void expect_ring_matches(const AttentionConfig& cfg, const RingInputs& in, const
   const ring::ShardLayout& l = ring.layout();
   const int rank = comm.rank();
   const int64_t inner = s.heads * s.head_dim;
+  const int64_t kv_inner = cfg.effective_kv_heads() * s.head_dim;
   const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
+  const auto ln_kv = static_cast<std::size_t>(s.batch * l.local_len * kv_inner);
   const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
   auto shard = [&](const std::vector<float>& full) {
     std::vector<float> local(ln);
     ring::extract_rows(l, rank, s.batch, inner, full.data(), local.data());
     return local;
   };
-  const auto q = shard(in.q), k = shard(in.k), v = shard(in.v), dout = shard(in.dout);
+  auto kv_shard = [&](const std::vector<float>& full) {
+    std::vector<float> local(ln_kv);
+    ring::extract_rows(l, rank, s.batch, kv_inner, full.data(), local.data());
+    return local;
+  };
+  const auto q = shard(in.q), k = kv_shard(in.k), v = kv_shard(in.v), dout = shard(in.dout);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> lo(ln, nan), llse(lrows, nan), ldq(ln, nan), ldk(ln, nan), ldv(ln, nan);
+  std::vector<float> lo(ln, nan), llse(lrows, nan), ldq(ln, nan), ldk(ln_kv, nan), ldv(ln_kv, nan);
   ring.forward(q.data(), k.data(), v.data(), lo.data(), llse.data());
   ring.backward(q.data(), k.data(), v.data(), lo.data(), llse.data(), dout.data(), ldq.data(),
                 ldk.data(), ldv.data());
@@ -58,8 +76,8 @@ void expect_ring_matches(const AttentionConfig& cfg, const RingInputs& in, const
   const double e_out = relative_error(lo.data(), shard(want.out).data(), ln);
   const double e_lse = relative_error(llse.data(), want_lse.data(), lrows);
   const double e_dq = relative_error(ldq.data(), shard(want.dq).data(), ln);
-  const double e_dk = relative_error(ldk.data(), shard(want.dk).data(), ln);
-  const double e_dv = relative_error(ldv.data(), shard(want.dv).data(), ln);
+  const double e_dk = relative_error(ldk.data(), kv_shard(want.dk).data(), ln_kv);
+  const double e_dv = relative_error(ldv.data(), kv_shard(want.dv).data(), ln_kv);
   EXPECT_LE(e_out, kRingTolerance) << what << " rank " << rank;
   EXPECT_LE(e_lse, kRingTolerance) << what << " rank " << rank;
   EXPECT_LE(e_dq, kRingTolerance) << what << " rank " << rank;
@@ -107,9 +125,30 @@ std::vector<RandomRingCase> random_ring_cases() {
   };
 }
 
+std::vector<RandomRingCase> gqa_ring_cases() {
+  using A = AttentionKind;
+  using C = Combine;
+  return {
+      {"gqa_dense_mqa", {2, 240, 4, 32}, A::dense, C::grouped, {}, {}, 1},
+      {"gqa_dense_half", {1, 240, 6, 16}, A::dense, C::grouped, {}, {}, 3},
+      // 3 pattern groups of 2 heads over 2 K/V heads of 3: K/V head 0 serves two patterns
+      {"gqa_grouped_straddling",
+       {1, 240, 6, 16},
+       A::dilated,
+       C::grouped,
+       {16, 48, 240},
+       {1, 3, 7},
+       2},
+      // the query heads of the one K/V head select different rows (mixture offsets)
+      {"gqa_mixture_mqa", {1, 240, 4, 24}, A::dilated, C::mixture, {40, 80, 240}, {2, 3, 5}, 1},
+      {"gqa_mixture_half", {1, 240, 4, 16}, A::dilated, C::mixture, {80, 240}, {1, 4}, 2},
+  };
+}
+
 AttentionConfig config_of(const RandomRingCase& c, bool causal) {
   AttentionConfig cfg;
   cfg.shape = c.shape;
+  if (c.kv_heads > 0) cfg.kv_heads = c.kv_heads;
   cfg.attention = c.attention;
   cfg.combine = c.combine;
   cfg.segments = c.segments;
@@ -120,7 +159,8 @@ AttentionConfig config_of(const RandomRingCase& c, bool causal) {
 
 RingInputs random_inputs(const AttentionConfig& cfg) {
   const auto n = static_cast<std::size_t>(cfg.shape.numel());
-  return {random_normal(n, 1), random_normal(n, 2), random_normal(n, 3), random_normal(n, 4)};
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  return {random_normal(n, 1), random_normal(n_kv, 2), random_normal(n_kv, 3), random_normal(n, 4)};
 }
 
 }  // namespace ringattn::testing

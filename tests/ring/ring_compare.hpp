@@ -13,14 +13,16 @@ namespace ringattn::testing {
 inline constexpr double kRingTolerance = 1e-5;
 
 struct RingInputs {
-  std::vector<float> q, k, v, dout;
+  std::vector<float> q, k, v, dout;  // k, v: [B, N, HKV, D]
 };
-struct FullResult {
+struct FullResult {  // dk, dv: [B, N, HKV, D]
   std::vector<float> out, lse, dq, dk, dv;
 };
 
 // Forward and backward with the single-process Plan.
 FullResult single_process(const AttentionConfig& cfg, const RingInputs& in);
+// Forward and backward with the float64 reference, rounded to float32.
+FullResult float64_reference(const AttentionConfig& cfg, const RingInputs& in);
 
 // Runs RingPlan on this rank of `comm` (small tiles, `threads` threads) and EXPECTs its shard of
 // out, lse, dq, dk, dv within kRingTolerance of `want`, and its forward bytes equal to the minimum.
@@ -36,9 +38,13 @@ struct RandomRingCase {
   AttentionKind attention;
   Combine combine;
   std::vector<int64_t> segments, dilations;
+  int64_t kv_heads = 0;  // 0: as many as the query heads
 };
 // N = 240 splits over 1..4 ranks (and 2P for zigzag: 2, 4, 6, 8); segments straddle shards.
 std::vector<RandomRingCase> random_ring_cases();
+// Grouped-query attention (kv_heads < heads), same lengths: MQA and HKV = H/2, dense,
+// grouped and mixture.
+std::vector<RandomRingCase> gqa_ring_cases();
 AttentionConfig config_of(const RandomRingCase& c, bool causal);
 RingInputs random_inputs(const AttentionConfig& cfg);
 

@@ -206,6 +206,34 @@ TEST(CliMpi, VirtualRanksGiveTheSameAnswerAndReportFieldsAsMpiexec) {
   }
 }
 
+// Grouped-query attention under mpiexec: forward and gradients pass the float64 check, the
+// K/V heads alone travel (bytes equal the minimum), and the answer is the virtual ranks' bits.
+TEST(CliMpi, GroupedQueryAttentionMatchesFloat64AndVirtualRanks) {
+  for (const int p : {2, 4}) {
+    SCOPED_TRACE("P=" + std::to_string(p));
+    TempDir dir;
+    std::vector<std::string> args = {
+        "run",       "--seq-len",   "192",     "--heads",     "4",          "--kv-heads",
+        "1",         "--head-dim",  "16",      "--attention", "dilated",    "--segments",
+        "48,192",    "--dilations", "1,2",     "--causal",    "--backward", "--check",
+        "--threads", "1",           "--iters", "1",           "--json"};
+    auto mpi_args = args, virt_args = args;
+    mpi_args.insert(mpi_args.end(), {"--dk-out", dir.file("mpi.npy")});
+    virt_args.insert(virt_args.end(),
+                     {"--ring-size", std::to_string(p), "--dk-out", dir.file("virtual.npy")});
+    const CliResult m = mpirun(p, mpi_args);
+    const CliResult v = testing::run_cli(virt_args);
+    ASSERT_EQ(m.exit_code, 0) << m.err;
+    ASSERT_EQ(v.exit_code, 0) << v.err;
+    const std::string t = m.out.substr(0, m.out.find_last_not_of('\n') + 1);
+    const auto j = nlohmann::json::parse(t.substr(t.rfind('\n') + 1));
+    EXPECT_EQ(j["kv_heads"], 1);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j.dump();
+    EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]);
+    EXPECT_EQ(read_npy_float(dir.file("mpi.npy")), read_npy_float(dir.file("virtual.npy")));
+  }
+}
+
 TEST(CliMpi, RingSizeOtherThanTheWorldSizeIsRefusedOnEveryRank) {
   const CliResult r = mpirun(2, {"run", "--seq-len", "64", "--ring-size", "3"});
   EXPECT_EQ(r.exit_code, 2) << r.err;

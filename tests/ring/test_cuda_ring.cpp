@@ -30,6 +30,7 @@
 #include "ring/sharding.hpp"
 #include "ring_compare.hpp"
 #include "ringattn/cuda_plan.hpp"
+#include "ringattn/errors.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {
@@ -310,6 +311,28 @@ TEST(CudaRing, SharedDeviceCopiesKeepEachSourcesOrder) {
   });
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(wrong.load(), 0) << "transfers from one source arrived out of order";
+}
+
+// Grouped-query attention has no GPU ring yet: the plan refuses it, naming --kv-heads, rather
+// than reading [B, N/P, HKV, D] K/V as if it had H heads.
+TEST(CudaRing, GroupedQueryAttentionIsRefusedNamingKvHeads) {
+  if (const std::string why = skip_reason(1); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  AttentionConfig cfg;
+  cfg.shape = {1, 128, 4, 64};
+  cfg.kv_heads = 1;
+  std::string refusal;
+  const int rc = ring::run_virtual_ranks(1, [&](ring::Communicator& control) {
+    auto comm = ring::make_device_inproc_communicator(control, 0);
+    try {
+      ring::CudaRingPlan plan(cfg, *comm, {DeviceDType::bf16, KernelChoice::native, 0});
+    } catch (const InputError& e) {
+      refusal = e.what();
+      EXPECT_EQ(e.subject(), "--kv-heads");
+    }
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(refusal.find("not yet supported on --device cuda"), std::string::npos) << refusal;
 }
 
 // dK/dV partials come back in step order: two runs give the same bits.

@@ -21,9 +21,10 @@ struct Case {
 };
 
 AttentionConfig make(Shape4 s, AttentionKind a, Combine c, std::vector<int64_t> w,
-                     std::vector<int64_t> r, bool causal) {
+                     std::vector<int64_t> r, bool causal, int64_t kv_heads = 0) {
   AttentionConfig cfg;
   cfg.shape = s;
+  if (kv_heads > 0) cfg.kv_heads = kv_heads;
   cfg.attention = a;
   cfg.combine = c;
   cfg.segments = std::move(w);
@@ -44,14 +45,25 @@ std::vector<Case> cases() {
     v.push_back(
         {"mixture", make({1, 96, 4, 8}, A::dilated, C::mixture, {12, 32, 96}, {2, 3, 4}, causal)});
     v.push_back({"bigdil", make({1, 48, 2, 8}, A::dilated, C::grouped, {16, 48}, {32, 7}, causal)});
+    // grouped-query attention: MQA, a K/V head serving two patterns (grouped), query heads of
+    // one K/V head with different offsets (mixture)
+    v.push_back({"gqa_dense", make({2, 96, 4, 8}, A::dense, C::grouped, {}, {}, causal, 1)});
+    v.push_back({"gqa_grouped",
+                 make({1, 96, 6, 8}, A::dilated, C::grouped, {8, 24, 96}, {1, 3, 5}, causal, 2)});
+    v.push_back({"gqa_mixture",
+                 make({1, 96, 4, 8}, A::dilated, C::mixture, {12, 32, 96}, {2, 3, 4}, causal, 1)});
+    v.push_back({"gqa_mixture_half",
+                 make({1, 96, 6, 8}, A::dilated, C::mixture, {32, 96}, {2, 4}, causal, 3)});
   }
   return v;
 }
 
-// Brute force: rows (position, head, pattern) of `src` that some query of `dest` attends.
+// Brute force: rows (position, K/V head, pattern) of `src` that some query of `dest` attends,
+// through any query head reading that K/V head (h / (H / HKV)).
 int64_t brute_rows(const AttentionConfig& cfg, const ShardLayout& l, int dest, int src) {
   const auto pats = patterns_of(cfg);
   const auto G = static_cast<int64_t>(pats.size());
+  const int64_t H = cfg.shape.heads, HKV = cfg.kv_heads.value_or(H);
   auto owner = [&](int64_t pos) {
     for (int r = 0; r < l.world; ++r)
       for (const Chunk& c : l.chunks(r))
@@ -60,23 +72,26 @@ int64_t brute_rows(const AttentionConfig& cfg, const ShardLayout& l, int dest, i
   };
   int64_t rows = 0;
   for (int64_t i = 0; i < G; ++i)
-    for (int64_t h = 0; h < cfg.shape.heads; ++h) {
-      if (cfg.combine == Combine::grouped || cfg.attention == AttentionKind::dense) {
-        const HeadRange hr = group_heads(cfg.shape.heads, G, i);
-        if (h < hr.first || h >= hr.first + hr.count) continue;
-      }
-      const int64_t w = pats[static_cast<std::size_t>(i)].segment;
-      const int64_t r = pats[static_cast<std::size_t>(i)].dilation;
-      const int64_t o = pattern_offset(cfg, i, h);
+    for (int64_t kh = 0; kh < HKV; ++kh)
       for (int64_t t = 0; t < cfg.shape.seq_len; ++t) {
-        if (owner(t) != src || (t % w) % r != o) continue;
+        if (owner(t) != src) continue;
         bool needed = false;
-        for (int64_t p = 0; p < cfg.shape.seq_len && !needed; ++p)
-          needed =
-              owner(p) == dest && (p % w) % r == o && p / w == t / w && (!cfg.causal || t <= p);
+        for (int64_t h = 0; h < H && !needed; ++h) {
+          if (h / (H / HKV) != kh) continue;
+          if (cfg.combine == Combine::grouped || cfg.attention == AttentionKind::dense) {
+            const HeadRange hr = group_heads(H, G, i);
+            if (h < hr.first || h >= hr.first + hr.count) continue;
+          }
+          const int64_t w = pats[static_cast<std::size_t>(i)].segment;
+          const int64_t r = pats[static_cast<std::size_t>(i)].dilation;
+          const int64_t o = pattern_offset(cfg, i, h);
+          if ((t % w) % r != o) continue;
+          for (int64_t p = 0; p < cfg.shape.seq_len && !needed; ++p)
+            needed =
+                owner(p) == dest && (p % w) % r == o && p / w == t / w && (!cfg.causal || t <= p);
+        }
         rows += needed;
       }
-    }
   return rows * cfg.shape.batch;
 }
 
@@ -107,14 +122,27 @@ TEST_P(RingScheduleAllRanks, AgreesCoversEveryPairOnceAndMovesTheMinimum) {
         sent += st.send_rows;
       }
       for (const Wave& w : st.waves) {
-        std::set<int64_t> q_rows, k_rows;
-        for (const auto& task : w.tasks) {
-          // one wave: no shared query rows, no shared key rows
-          EXPECT_TRUE(q_rows.insert(task.q_row0).second);
-          EXPECT_TRUE(k_rows.insert(task.k_row0).second);
-          for (int64_t i = 0; i < task.n_q; ++i)
-            for (int64_t j = 0; j < task.n_k; ++j)
-              pairs += !c.cfg.causal || j <= i + task.causal_offset;
+        // one wave: no shared query rows; one backward range: no shared key rows (under
+        // grouped-query attention the ranges split the query heads of one K/V head)
+        ASSERT_FALSE(w.backward_ends.empty());
+        ASSERT_EQ(w.backward_ends.back(), w.tasks.size());
+        if (!c.cfg.kv_heads) {
+          EXPECT_EQ(w.backward_ends.size(), 1u);
+        }
+        std::set<int64_t> q_rows;
+        std::size_t begin = 0;
+        for (const std::size_t end : w.backward_ends) {
+          ASSERT_LT(begin, end);
+          std::set<int64_t> k_rows;
+          for (std::size_t ti = begin; ti < end; ++ti) {
+            const auto& task = w.tasks[ti];
+            EXPECT_TRUE(q_rows.insert(task.q_row0).second);
+            EXPECT_TRUE(k_rows.insert(task.k_row0).second);
+            for (int64_t i = 0; i < task.n_q; ++i)
+              for (int64_t j = 0; j < task.n_k; ++j)
+                pairs += !c.cfg.causal || j <= i + task.causal_offset;
+          }
+          begin = end;
         }
       }
     }
@@ -133,6 +161,39 @@ INSTANTIATE_TEST_SUITE_P(Configs, RingScheduleAllRanks,
                                   (std::get<0>(p.param).cfg.causal ? "_causal" : "") + "_P" +
                                   std::to_string(std::get<1>(p.param));
                          });
+
+// Only K/V heads travel: with HKV = H / g the forward moves g times fewer bytes than
+// multi-head attention of the same shape, dense and dilated.
+TEST(RingScheduleGqa, KvHeadsMoveHOverHkvTimesFewerBytes) {
+  for (bool dilated : {false, true})
+    for (bool causal : {false, true})
+      for (int world : {2, 3, 4}) {
+        AttentionConfig mha =
+            make({2, 96, 8, 16}, dilated ? AttentionKind::dilated : AttentionKind::dense,
+                 Combine::grouped, {}, {}, causal);
+        if (dilated) {
+          mha.segments = {48, 96};
+          mha.dilations = {1, 2};
+        }
+        const ShardLayout layout = make_layout(mha, world);
+        for (int64_t kv : {1, 2, 4}) {
+          AttentionConfig gqa = mha;
+          gqa.kv_heads = kv;
+          for (int r = 0; r < world; ++r) {
+            const int64_t full = build_ring_schedule(mha, layout, r, {16, 32}).bytes_sent;
+            const int64_t grouped = build_ring_schedule(gqa, layout, r, {16, 32}).bytes_sent;
+            EXPECT_GT(full, 0);
+            if (!dilated) {
+              // dense: every query head needs every key of its K/V head
+              EXPECT_EQ(grouped * (8 / kv), full) << "kv " << kv << " P " << world;
+            } else {
+              EXPECT_LT(grouped, full) << "kv " << kv << " P " << world;
+            }
+            EXPECT_EQ(grouped, minimum_bytes_sent(gqa, layout, r));
+          }
+        }
+      }
+}
 
 TEST(Sharding, ZigzagBalancesCausalWork) {
   AttentionConfig cfg;

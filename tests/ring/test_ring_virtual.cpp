@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "golden.hpp"
@@ -19,10 +20,12 @@ namespace {
 
 using testing::expect_ring_matches;
 
-// The reference once, then the ring on P = 1..4 virtual ranks (one thread each).
+// The reference once (the single-process plan unless given), then the ring on P = 1..4
+// virtual ranks (one thread each).
 void expect_all_ring_sizes_match(const AttentionConfig& cfg, const testing::RingInputs& in,
-                                 const std::string& what) {
-  const testing::FullResult want = testing::single_process(cfg, in);
+                                 const std::string& what,
+                                 std::optional<testing::FullResult> reference = {}) {
+  const testing::FullResult want = reference ? *reference : testing::single_process(cfg, in);
   for (int p = 1; p <= 4; ++p) {
     if (cfg.shape.seq_len % ((cfg.causal ? 2 : 1) * p) != 0) continue;
     const int code = run_virtual_ranks(p, [&](Communicator& comm) {
@@ -56,6 +59,27 @@ TEST_P(VirtualRingRandom, EqualsSingleProcessForRingSizes1To4) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingRandom,
                          ::testing::Combine(::testing::ValuesIn(testing::random_ring_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) ? "_causal" : "");
+                         });
+
+// Grouped-query attention: only K/V heads travel (bytes equal the minimum, which counts K/V
+// heads), dK/dV partials return per K/V head; forward and gradients against float64.
+class VirtualRingGqa : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {
+};
+
+TEST_P(VirtualRingGqa, MatchesFloat64ReferenceForRingSizes1To4) {
+  const auto& [rc, causal] = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc, causal);
+  const testing::RingInputs in = testing::random_inputs(cfg);
+  expect_all_ring_sizes_match(cfg, in, std::string(rc.name) + (causal ? "_causal" : ""),
+                              testing::float64_reference(cfg, in));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingGqa,
+                         ::testing::Combine(::testing::ValuesIn(testing::gqa_ring_cases()),
                                             ::testing::Bool()),
                          [](const auto& p) {
                            return std::string(std::get<0>(p.param).name) +
