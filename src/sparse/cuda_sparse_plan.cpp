@@ -208,6 +208,23 @@ struct CudaSparsePlan::Impl {
                    local.rows_aligned && remote.rows_aligned;
   }
 
+  // One K and one V transfer per peer range of a slab of `rows` rows per half (K, then V) of
+  // `bytes` per element; returns their bytes.
+  int64_t add_transfers(const std::vector<PeerRange>& ranges, void* slab, int64_t rows,
+                        std::size_t bytes, std::vector<ring::Transfer>& out) const {
+    auto* base = static_cast<char*>(slab);
+    const std::size_t half = static_cast<std::size_t>(rows * D) * bytes;
+    int64_t total = 0;
+    for (const PeerRange& r : ranges) {
+      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * bytes;
+      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * bytes;
+      out.push_back({r.peer, base + at, n});
+      out.push_back({r.peer, base + half + at, n});
+      total += 2 * static_cast<int64_t>(n);
+    }
+    return total;
+  }
+
   // Packs this rank's send slab and posts the K/V exchange.
   int post_kv(const void* k, const void* v, int tag, ring::RingTimings& tm, const char* what) {
     fault.stall_if_due(me, 1, *comm);
@@ -218,47 +235,16 @@ struct CudaSparsePlan::Impl {
     pp.head_dim = D;
     kc::launch_pack_rows(elem, pp, k, v, send_buf.get(), stream);
     std::vector<ring::Transfer> sends, recvs;
-    auto* sb = static_cast<char*>(send_buf.get());
-    auto* rb = static_cast<char*>(recv_buf.get());
-    for (const PeerRange& r : w.send_ranges) {
-      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * eb();
-      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * eb();
-      const std::size_t half = static_cast<std::size_t>(send_rows * D) * eb();
-      sends.push_back({r.peer, sb + at, n});
-      sends.push_back({r.peer, sb + half + at, n});
-      tm.bytes_sent += 2 * static_cast<int64_t>(n);
-    }
-    for (const PeerRange& r : w.recv_ranges) {
-      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * eb();
-      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * eb();
-      const std::size_t half = static_cast<std::size_t>(recv_rows * D) * eb();
-      recvs.push_back({r.peer, rb + at, n});
-      recvs.push_back({r.peer, rb + half + at, n});
-    }
+    tm.bytes_sent += add_transfers(w.send_ranges, send_buf.get(), send_rows, eb(), sends);
+    add_transfers(w.recv_ranges, recv_buf.get(), recv_rows, eb(), recvs);
     return ex->post(std::move(sends), std::move(recvs), tag, 1, what);
   }
 
   // Returns the received blocks' dK/dV partials to their owners and takes this rank's.
   int post_return(ring::RingTimings& tm) {
     std::vector<ring::Transfer> sends, recvs;
-    auto* gb = static_cast<char*>(grad_buf.get());
-    auto* rb = static_cast<char*>(ret_buf.get());
-    const std::size_t f = sizeof(float);
-    for (const PeerRange& r : w.recv_ranges) {
-      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * f;
-      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * f;
-      const std::size_t half = static_cast<std::size_t>(recv_rows * D) * f;
-      sends.push_back({r.peer, gb + at, n});
-      sends.push_back({r.peer, gb + half + at, n});
-      tm.bytes_sent += 2 * static_cast<int64_t>(n);
-    }
-    for (const PeerRange& r : w.send_ranges) {
-      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * f;
-      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * f;
-      const std::size_t half = static_cast<std::size_t>(send_rows * D) * f;
-      recvs.push_back({r.peer, rb + at, n});
-      recvs.push_back({r.peer, rb + half + at, n});
-    }
+    tm.bytes_sent += add_transfers(w.recv_ranges, grad_buf.get(), recv_rows, sizeof(float), sends);
+    add_transfers(w.send_ranges, ret_buf.get(), send_rows, sizeof(float), recvs);
     return ex->post(std::move(sends), std::move(recvs), kGradReturn, 1,
                     "block-sparse dK/dV return");
   }

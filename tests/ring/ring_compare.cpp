@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <limits>
+#include <utility>
 
 #include "golden.hpp"
 #include "random.hpp"
@@ -26,6 +28,17 @@ FullResult single_process(const AttentionConfig& cfg, const RingInputs& in) {
   single.backward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), in.dout.data(),
                   r.dq.data(), r.dk.data(), r.dv.data());
   return r;
+}
+
+bool same_bits(const FullResult& a, const FullResult& b) {
+  for (auto [x, y] : {std::pair{&a.out, &b.out},
+                      {&a.lse, &b.lse},
+                      {&a.dq, &b.dq},
+                      {&a.dk, &b.dk},
+                      {&a.dv, &b.dv}})
+    if (x->size() != y->size() || std::memcmp(x->data(), y->data(), x->size() * sizeof(float)) != 0)
+      return false;
+  return true;
 }
 
 FullResult float64_reference(const AttentionConfig& cfg, const RingInputs& in) {

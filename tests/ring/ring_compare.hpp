@@ -21,6 +21,9 @@ struct FullResult {  // dk, dv: [B, N, HKV, D]
 
 // Forward and backward with the single-process Plan.
 FullResult single_process(const AttentionConfig& cfg, const RingInputs& in);
+
+// Whether every tensor of `a` has the same bytes as `b`'s.
+bool same_bits(const FullResult& a, const FullResult& b);
 // Forward and backward with the float64 reference, rounded to float32.
 FullResult float64_reference(const AttentionConfig& cfg, const RingInputs& in);
 

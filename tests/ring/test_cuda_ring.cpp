@@ -38,8 +38,7 @@ namespace {
 
 using testing::RingInputs;
 
-struct Full {
-  std::vector<float> out, lse, dq, dk, dv;
+struct Full : testing::FullResult {
   std::vector<int64_t> bytes_sent, bytes_min;
   std::vector<std::size_t> workspace;  // device bytes each rank's plan holds
 };
@@ -50,11 +49,9 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
                   ring::RingOptions ring_opts = {}, bool one_device = false) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
-  Full f{std::vector<float>(n),
-         std::vector<float>(static_cast<std::size_t>(s.batch * s.heads * s.seq_len)),
-         std::vector<float>(n),
-         std::vector<float>(n),
-         std::vector<float>(n),
+  Full f{{std::vector<float>(n),
+          std::vector<float>(static_cast<std::size_t>(s.batch * s.heads * s.seq_len)),
+          std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)},
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<std::size_t>(static_cast<std::size_t>(p))};
@@ -351,15 +348,7 @@ TEST(CudaRing, BackwardIsBitwiseReproducible) {
 }
 
 #if RINGATTN_CUDA_EMULATION
-bool same_bits(const Full& a, const Full& b) {
-  for (auto [x, y] : {std::pair{&a.out, &b.out},
-                      {&a.lse, &b.lse},
-                      {&a.dq, &b.dq},
-                      {&a.dk, &b.dk},
-                      {&a.dv, &b.dv}})
-    if (std::memcmp(x->data(), y->data(), x->size() * sizeof(float)) != 0) return false;
-  return true;
-}
+using testing::same_bits;
 
 // Streams that start each task after a random delay (several seeds) give the same bits: the
 // compute and communication streams are ordered by events, not by luck. And the test has

@@ -25,6 +25,7 @@
 #include "ring/inproc_communicator.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ring/sharding.hpp"
+#include "ring_compare.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/reference.hpp"
 #include "sparse/cuda_sparse_plan.hpp"
@@ -38,8 +39,7 @@ struct Inputs {
   std::vector<float> q, k, v, dout;
 };
 
-struct Full {
-  std::vector<float> out, lse, dq, dk, dv;
+struct Full : testing::FullResult {
   std::vector<int64_t> bytes_sent, bytes_min;
   std::vector<int> peers;
 };
@@ -54,9 +54,11 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
   const auto n = static_cast<std::size_t>(s.numel());
   const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
   const bool shared = force_shared || ranks_share_a_device(p);
-  Full f{std::vector<float>(n),   std::vector<float>(rows), std::vector<float>(n),
-         std::vector<float>(n),   std::vector<float>(n),    std::vector<int64_t>(p),
-         std::vector<int64_t>(p), std::vector<int>(p)};
+  Full f{{std::vector<float>(n), std::vector<float>(rows), std::vector<float>(n),
+          std::vector<float>(n), std::vector<float>(n)},
+         std::vector<int64_t>(p),
+         std::vector<int64_t>(p),
+         std::vector<int>(p)};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
     const int r = shared ? 0 : control.rank();
@@ -271,15 +273,7 @@ TEST_P(CudaSparseRing, EveryRankCountMatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(Patterns, CudaSparseRing, ::testing::ValuesIn(ring_sparse_cases()),
                          [](const auto& p) { return std::string(p.param.name); });
 
-bool same_bits(const Full& a, const Full& b) {
-  for (auto [x, y] : {std::pair{&a.out, &b.out},
-                      {&a.lse, &b.lse},
-                      {&a.dq, &b.dq},
-                      {&a.dk, &b.dk},
-                      {&a.dv, &b.dv}})
-    if (std::memcmp(x->data(), y->data(), x->size() * sizeof(float)) != 0) return false;
-  return true;
-}
+using testing::same_bits;
 
 // Returned dK/dV partials are added in a fixed order: two runs give the same bits. (A block
 // attended from three ranks gets partials from two peers, so the order matters.)
