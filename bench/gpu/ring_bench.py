@@ -68,6 +68,10 @@ def main():
     configs = [("dense", []), ("causal", ["--causal"]),
                ("dilated", ["--attention", "dilated", "--segments", "2048,4096,8192",
                             "--dilations", "1,2,4"])]
+    # Distributed block-sparse (causal local window, ~90 % sparse) on P = 1, 2, 4 ranks.
+    window90 = 2 * 128 * max(1, (n // 128) // 20)
+    configs.append(("sparse 90% causal", ["--attention", "block-sparse", "--pattern",
+                                          f"local:window={window90}", "--causal"]))
     # The ring's local kernel is the native one (cuDNN has no merge mode), so every ring row
     # names --kernel native and P = 1 is the like-for-like base; one cuDNN row for reference.
     configs.insert(1, ("dense (cudnn)", ["--kernel", "cudnn"]))
@@ -99,34 +103,6 @@ def main():
                 if row["bwd_ms"] and base["bwd_ms"]:
                     row["bwd_vs_p1"] = base["bwd_ms"] / row["bwd_ms"]
             results.append(row)
-    # Distributed block-sparse (local window, ~90 % sparse) on P = 1, 2, 4 ranks.
-    nb0 = n // 128
-    window90 = 2 * 128 * max(1, nb0 // 20)
-    base = None
-    for p in (1, 2, 4):
-        if time.time() - t0 > a.budget_s:
-            skipped.append(f"block-sparse ring P={p}")
-            continue
-        j, err = run_cli(a.cli, ["--seq-len", str(n), "--ring-size", str(p), "--attention",
-                                 "block-sparse", "--pattern", f"local:window={window90}",
-                                 "--causal", "--warmup", "1", "--iters", str(a.iters)],
-                         timeout=240)
-        if err:
-            errors.append(err)
-            continue
-        row = {"bench": "ring", "config": "sparse 90% causal", "ranks": p, "seq_len": n,
-               "device": j["device"], "fwd_ms": j["fwd_ms"], "bwd_ms": j.get("bwd_ms"),
-               "fwd_tflops": j["fwd_gflops"] / 1e3, "bwd_tflops": (j.get("bwd_gflops") or 0) / 1e3,
-               "comm_exposed_ms": j.get("comm_exposed_ms"), "bytes_sent": j["bytes_sent"],
-               "bytes_sent_min": j["bytes_sent_min"], "device_peak_bytes": j["device_peak_bytes"],
-               "kernel": j["kernel"], "emulated_device": j.get("emulated_device", False)}
-        if p == 1:
-            base = row
-        elif base:
-            row["fwd_vs_p1"] = base["fwd_ms"] / row["fwd_ms"]
-            if row["bwd_ms"] and base["bwd_ms"]:
-                row["bwd_vs_p1"] = base["bwd_ms"] / row["bwd_ms"]
-        results.append(row)
 
     # Block-sparse against the native dense kernel on one rank. local:window=W keeps key
     # blocks within W / (2 * 128) blocks of the query block: radius nb/20 is ~90 % sparse.
