@@ -92,7 +92,12 @@ po::options_description run_description() {
   output.add_options()("out", po::value<std::string>(),
                        "write the output (.npy float32 [B,N,H,D])")(
       "lse-out", po::value<std::string>(), "write the log-sum-exp (.npy float32 [B,H,N])")(
-      "json", po::bool_switch(), "print one JSON object as the last stdout line");
+      "json", po::bool_switch(), "print one JSON object as the last stdout line")(
+      "progress", po::bool_switch(),
+      "progress on stderr (rank 0) even when it is not a terminal, e.g. a Slurm log: one "
+      "line per ring step, at most one a second, and one at least every 30 s (on a "
+      "terminal, one line redrawn up to 4 times a second, shown without this option)")(
+      "quiet", po::bool_switch(), "no progress on stderr (errors are still printed)");
 
   po::options_description control("Run control");
   control.add_options()("device", po::value<std::string>()->default_value("auto"),
@@ -337,6 +342,10 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   }
   o.check = vm["check"].as<bool>();
   o.json = vm["json"].as<bool>();
+  o.progress = vm["progress"].as<bool>();
+  o.quiet = vm["quiet"].as<bool>();
+  if (o.progress && o.quiet)
+    throw InputError("--progress", "cannot be combined with --quiet (choose one)");
   opts = std::move(o);
   return true;
 }

@@ -38,6 +38,8 @@ struct RunOptions {
   double timeout_s = 300;     // watchdog: longest wait for one ring exchange (--timeout)
   bool check = false;
   bool json = false;
+  bool progress = false;  // --progress: progress lines on stderr even when it is no terminal
+  bool quiet = false;     // --quiet: no progress
   bool demo = false;  // no options at all: the embedded demo config
 };
 

@@ -13,11 +13,13 @@
 #include <climits>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
 
+#include "cli/progress.hpp"
 #include "cli/report.hpp"
 #include "kernels/cpu_blas.hpp"
 #include "ring/cuda_ring_engine.hpp"
@@ -218,6 +220,7 @@ struct RunState {
   std::optional<sparse::SparsePlan> sparse;
   std::string pattern_text;  // canonical pattern, or "mask FILE"
   std::string auto_note;     // what --attention auto decided
+  std::function<void(int, int)> on_step;  // rank 0's progress hook for the engines
   bool sampled_check = false;
   // --device cuda: the plan (one rank: dense/dilated; block-sparse on any number of ranks)
   // or the GPU ring (several ranks), and the device copies of the tensors, on `device`. The
@@ -232,6 +235,15 @@ struct RunState {
   DeviceDType dtype = DeviceDType::bf16;
   DeviceBuffer d_q, d_k, d_v, d_o, d_lse, d_dout, d_dq, d_dk, d_dv;
 };
+
+// What the engines take besides the plan options: the watchdog, test faults, progress.
+ring::RingOptions ring_options(const RunOptions& opts, const RunState& st) {
+  ring::RingOptions r;
+  r.timeout_s = opts.timeout_s;
+  r.fault = ring::FaultInjection::from_env();
+  r.on_step = st.on_step;
+  return r;
+}
 
 // Rows per (batch, head) and rank that a sampled check compares.
 constexpr int64_t kSampledRows = 16;
@@ -345,7 +357,7 @@ void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) 
       st.device = gpus == 1 ? 0 : comm.local_rank();
     }
     const CudaPlanOptions plan_opts{st.dtype, KernelChoice::native, st.device};
-    const ring::RingOptions ring_opts{opts.timeout_s, ring::FaultInjection::from_env()};
+    const ring::RingOptions ring_opts = ring_options(opts, st);
     if (st.lists) {
       st.cuda_sparse.emplace(st.cfg, st.lists, *st.nccl, plan_opts, ring_opts);
       st.dtype = st.cuda_sparse->dtype();
@@ -551,13 +563,11 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   if (use_cuda)
     setup_cuda(opts, comm, st);
   else if (block_sparse)
-    st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads},
-                      ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
+    st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads}, ring_options(opts, st));
   else if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
-    st.ring.emplace(cfg, comm, PlanOptions{opts.threads},
-                    ring::RingOptions{opts.timeout_s, ring::FaultInjection::from_env()});
+    st.ring.emplace(cfg, comm, PlanOptions{opts.threads}, ring_options(opts, st));
 }
 
 // The float64 reference's view of a block-sparse run: the run's own lists.
@@ -666,7 +676,7 @@ std::vector<float> gather_full(ring::Communicator& comm, const RunState& st, con
 }
 
 int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& st,
-                   std::ostream& out) {
+                   ProgressReporter& progress, std::ostream& out) {
   const int rank = comm.rank(), world = comm.size();
   const int threads = st.sparse ? st.sparse->threads()
                       : st.plan ? st.plan->threads()
@@ -738,14 +748,18 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   std::vector<double> fwd_times, bwd_times;
   for (int it = 0; it < opts.warmup + opts.iters; ++it) {
     comm.barrier();
+    progress.begin_call(false, it);
     auto t0 = std::chrono::steady_clock::now();
     forward();
     if (it >= opts.warmup) fwd_times.push_back(ms_since(t0));
+    progress.end_call();
     if (opts.backward) {
       comm.barrier();
+      progress.begin_call(true, it);
       t0 = std::chrono::steady_clock::now();
       backward();
       if (it >= opts.warmup) bwd_times.push_back(ms_since(t0));
+      progress.end_call();
     }
   }
 
@@ -873,6 +887,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
 
   // A sampled check runs on every rank, on its own shard.
   std::pair<double, double> sampled{0, 0};
+  if (opts.check) progress.phase("check");
   if (st.sampled_check) sampled = sampled_check(opts, comm, st);
   const bool full_check = opts.check && !st.sampled_check;
   // Full tensors on rank 0 (the local ones are the full ones on a single rank).
@@ -944,6 +959,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     rep.peak_bytes = tracked_bytes_peak();
     rep.peak_rss_bytes = peak_rss_bytes();
     if (opts.check && !rep.check_passed()) {
+      progress.finish();
       print_table(rep, out);
       if (opts.json) print_json(rep, out);
       std::cerr << "ringattn: error: --check: result differs from the float64 reference beyond "
@@ -954,6 +970,9 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       const std::vector<int64_t> dims4{s.batch, s.seq_len, s.heads, s.head_dim};
       const std::vector<int64_t> kv_dims4{s.batch, s.seq_len, kv_heads, s.head_dim};
       const std::vector<int64_t> lse_dims{s.batch, s.heads, s.seq_len};
+      if (!opts.out_path.empty() || !opts.lse_out_path.empty() || !opts.dq_out_path.empty() ||
+          !opts.dk_out_path.empty() || !opts.dv_out_path.empty() || !opts.pattern_out_path.empty())
+        progress.phase("writing");
       AtomicOutputs files;
       if (!opts.out_path.empty()) files.stage(opts.out_path, dims4, o);
       if (!opts.lse_out_path.empty()) files.stage(opts.lse_out_path, lse_dims, lse);
@@ -969,6 +988,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       for (const auto* p : {&opts.out_path, &opts.lse_out_path, &opts.dq_out_path,
                             &opts.dk_out_path, &opts.dv_out_path, &opts.pattern_out_path})
         if (!p->empty()) rep.outputs_written.push_back(*p);
+      progress.finish();
       print_table(rep, out);
       if (opts.json) print_json(rep, out);
     }
@@ -979,11 +999,26 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
 }  // namespace
 
 int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& out) {
+  // Rank 0 alone reports progress; the others' reporter is off and gives the engines no hook.
+  ProgressReporter progress(
+      comm.rank() == 0 ? progress_mode(opts.progress, opts.quiet, isatty(STDERR_FILENO) == 1)
+                       : ProgressMode::off,
+      opts.warmup + opts.iters, opts.warmup, opts.backward, std::cerr);
   RunState st;
-  if (const int code = agree_on_errors(comm, [&] { setup(opts, comm, st); })) return code;
+  st.on_step = progress.step_hook();
+  if (const int code = agree_on_errors(comm, [&] {
+        try {
+          setup(opts, comm, st);
+        } catch (...) {
+          progress.finish();  // the message starts on a clean terminal line
+          throw;
+        }
+      }))
+    return code;
   try {
-    return run_and_report(opts, comm, st, out);
+    return run_and_report(opts, comm, st, progress, out);
   } catch (const std::exception& e) {
+    progress.finish();
     // A rank that failed because another one already aborted (in-process ranks) stays quiet.
     comm.check_aborted();
     // One write, so that ranks sharing a stderr (threads) do not interleave.

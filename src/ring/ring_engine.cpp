@@ -12,6 +12,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "kernels/cpu_flash.hpp"
 #include "ring/progress_thread.hpp"
@@ -42,6 +43,10 @@ struct RingPlan::Impl {
   RingSchedule sched;
   FaultInjection fault;
   double timeout_s = kDefaultTimeoutSeconds;
+  std::function<void(int, int)> on_step;
+  void step_done(int done, int steps) const {
+    if (on_step) on_step(done, steps);
+  }
   float grouped_scale = 1.0f;  // 1/G for grouped (and dense: G = 1), 1 for mixture
   std::unique_ptr<float[], AlignedFree> workspace;
   std::size_t workspace_floats = 0;
@@ -138,6 +143,7 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles);
   m.fault = ring_opts.fault;
   m.timeout_s = ring_opts.timeout_s;
+  m.on_step = std::move(ring_opts.on_step);
   const bool mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;
   m.grouped_scale = mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
   m.workspace_floats = std::max(kernels::forward_workspace_floats(m.tiles, m.d()),
@@ -197,9 +203,11 @@ void RingPlan::forward(const float* q, const float* k, const float* v, float* ou
     m.fwd.compute_ms += ms_since(t0);
   };
 
+  m.step_done(0, world);
   int ticket = world > 1 ? m.post_kv(1, k, v, kKvForward, m.fwd) : -1;
   m.fault.fail_if_due(rank, 0);
   compute(0, k, v);
+  m.step_done(1, world);
   for (int t = 1; t < world; ++t) {
     m.wait(ticket, m.fwd);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvForward, m.fwd) : -1;
@@ -209,6 +217,7 @@ void RingPlan::forward(const float* q, const float* k, const float* v, float* ou
       const float* buf = m.recv_buf[t % 2].get();
       compute(t, buf, buf + st.recv_rows * m.d());
     }
+    m.step_done(t + 1, world);
   }
   if (m.grouped_scale != 1.0f) {
     const float g = m.grouped_scale;
@@ -270,9 +279,11 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
     m.bwd.compute_ms += ms_since(t0);
   };
 
+  m.step_done(0, world);
   int ticket = world > 1 ? m.post_kv(1, k, v, kKvBackward, m.bwd) : -1;
   m.fault.fail_if_due(rank, 0);
   compute(0, k, v, dk, dv);
+  m.step_done(1, world);
   for (int t = 1; t < world; ++t) {
     m.wait(ticket, m.bwd);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvBackward, m.bwd) : -1;
@@ -294,6 +305,7 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
                        static_cast<std::size_t>(st.send_rows * 2 * dd) * sizeof(float)});
     ret_ticket[static_cast<std::size_t>(t)] = m.progress->post(
         std::move(sends), std::move(recvs), tag_of(t, kGradReturn), t, "dK/dV return");
+    m.step_done(t + 1, world);
   }
   for (int t = std::max(1, world - 2); t < world; ++t) finish_return(t);
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "ring/communicator.hpp"
@@ -31,6 +32,10 @@ struct RingOptions {
   // Tests only (GPU ring): post exchanges without waiting for the compute stream's event,
   // so that a test can show the ordering it gives is needed (the results then race).
   bool skip_buffer_ordering_for_tests = false;
+  // Progress hook (the CLI's progress line): called with (steps done, steps in the call) by
+  // the thread that drives the ring, never inside an OpenMP region: (0, P) when a forward
+  // or backward starts and after each step's compute. Must be cheap and must not throw.
+  std::function<void(int done, int steps)> on_step;
 };
 
 class RingPlan {

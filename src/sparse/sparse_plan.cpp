@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "kernels/cpu_block_sparse.hpp"
 #include "ring/progress_thread.hpp"
@@ -98,6 +100,12 @@ struct SparsePlan::Impl {
   std::size_t workspace_floats = 0;
   std::unique_ptr<ring::ProgressThread> progress;
   ring::FaultInjection fault;
+  std::function<void(int, int)> on_step;  // RingOptions::on_step
+  // Steps as the progress hook counts them: the local compute, then (with an exchange)
+  // the remote one.
+  void step_done(int done, bool exchanging) const {
+    if (on_step) on_step(done, exchanging ? 2 : 1);
+  }
   ring::RingTimings fwd, bwd;
 
   int64_t row(int64_t b, int64_t local_row, int64_t h) const {
@@ -236,6 +244,7 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.grad_v = aligned_floats(n_recv, "block-sparse dV partials");
   m.delta = aligned_floats(static_cast<std::size_t>(m.B * m.H * m.NL), "block-sparse delta rows");
   m.fault = ring_opts.fault;
+  m.on_step = std::move(ring_opts.on_step);
   if (m.world > 1) m.progress = std::make_unique<ring::ProgressThread>(comm, ring_opts.timeout_s);
 }
 
@@ -272,7 +281,9 @@ void SparsePlan::forward(const float* q, const float* k, const float* v, float* 
   Impl& m = *impl_;
   m.fwd = {};
   int ticket = -1;
-  if (m.world > 1 && m.exchanges()) {
+  const bool exchanging = m.world > 1 && m.exchanges();
+  m.step_done(0, exchanging);
+  if (exchanging) {
     const auto t0 = std::chrono::steady_clock::now();
     m.pack(k, v);
     m.fwd.compute_ms += ms_since(t0);
@@ -291,6 +302,7 @@ void SparsePlan::forward(const float* q, const float* k, const float* v, float* 
   kernels::sparse_forward(p, m.w.local_tiles, m.w.local_spans, m.tiles, m.threads,
                           m.workspace.get());
   m.fwd.compute_ms += ms_since(t0);
+  m.step_done(1, exchanging);
   if (ticket >= 0) {
     m.wait(ticket, m.fwd);
     m.fault.fail_if_due(m.me, 1);
@@ -301,6 +313,7 @@ void SparsePlan::forward(const float* q, const float* k, const float* v, float* 
     kernels::sparse_forward(p, m.w.remote_tiles, m.w.remote_spans, m.tiles, m.threads,
                             m.workspace.get());
     m.fwd.compute_ms += ms_since(t0);
+    m.step_done(2, exchanging);
   }
 }
 
@@ -311,7 +324,9 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   const auto n = static_cast<std::size_t>(m.B * m.NL * m.H * m.D);
   int ticket = -1;
   auto t0 = std::chrono::steady_clock::now();
-  if (m.world > 1 && m.exchanges()) {
+  const bool exchanging = m.world > 1 && m.exchanges();
+  m.step_done(0, exchanging);
+  if (exchanging) {
     m.pack(k, v);
     ticket =
         m.post(m.w.send_ranges, m.send_k.get(), m.send_v.get(), m.w.recv_ranges, m.recv_k.get(),
@@ -348,6 +363,7 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   kernels::sparse_backward_dkdv(p, m.w.local_ktiles, m.w.local_qspans, m.tiles, m.threads,
                                 m.workspace.get());
   m.bwd.compute_ms += ms_since(t0);
+  m.step_done(1, exchanging);
   if (ticket < 0) return;
 
   m.wait(ticket, m.bwd);
@@ -389,6 +405,7 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
     }
   }
   m.bwd.compute_ms += ms_since(t0);
+  m.step_done(2, exchanging);
 }
 
 }  // namespace ringattn::sparse
