@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -81,7 +82,11 @@ struct CudaRingPlan::Impl {
   std::vector<DeviceStep> steps;
   kc::DeviceAllocation tasks, q_items, k_items, runs, delta;
   kc::DeviceAllocation send_buf[2], recv_buf[2], part_buf[2], ret_buf[2];
-  std::unique_ptr<StreamExchanges> ex;  // before the stream in ~Impl
+  std::unique_ptr<StreamExchanges> ex;    // before the stream in ~Impl
+  std::function<void(int, int)> on_step;  // RingOptions::on_step, at enqueue time
+  void step_done(int done, int total) const {
+    if (on_step) on_step(done, total);
+  }
   RingTimings fwd, bwd;
 
   int64_t d() const { return cfg.shape.head_dim; }
@@ -207,6 +212,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.fault = ring_opts.fault;
   m.timeout_s = ring_opts.timeout_s;
   m.skip_ordering = ring_opts.skip_buffer_ordering_for_tests;
+  m.on_step = std::move(ring_opts.on_step);
   m.mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;
   m.grouped_scale = m.mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
 
@@ -303,9 +309,11 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
   kc::FlashForwardParams p = m.forward_params(q, out, lse);
   p.vector_loads = m.vector_loads;
 
+  m.step_done(0, world);
   int ticket = world > 1 ? m.post_kv(1, k, v, kKvForward, m.fwd) : -1;
   m.fault.fail_if_due(rank, 0);
   m.compute_forward(0, p, k, v);
+  m.step_done(1, world);
   for (int t = 1; t < world; ++t) {
     m.ex->device_wait(ticket);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvForward, m.fwd) : -1;
@@ -315,6 +323,7 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
       const auto* buf = static_cast<const char*>(m.recv_buf[t % 2].get());
       m.compute_forward(t, p, buf, buf + static_cast<std::size_t>(st.recv_rows * m.d()) * m.eb());
     }
+    m.step_done(t + 1, world);
   }
   if (m.grouped_scale != 1.0f) kc::scale_floats(out, n_out, m.grouped_scale, m.stream);
   m.ex->finish_call(m.fwd);
@@ -369,9 +378,11 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
                                  m.stream);
   };
 
+  m.step_done(0, world);
   int ticket = world > 1 ? m.post_kv(1, k, v, kKvBackward, m.bwd) : -1;
   m.fault.fail_if_due(rank, 0);
   m.compute_backward(0, p, k, v, dk, dv);
+  m.step_done(1, world);
   for (int t = 1; t < world; ++t) {
     m.ex->device_wait(ticket);
     ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvBackward, m.bwd) : -1;
@@ -394,6 +405,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
                        static_cast<std::size_t>(st.send_rows * 2 * dd) * sizeof(float)});
     ret_ticket[static_cast<std::size_t>(t)] =
         m.ex->post(std::move(sends), std::move(recvs), tag_of(t, kGradReturn), t, "dK/dV return");
+    m.step_done(t + 1, world);
   }
   for (int t = std::max(1, world - 2); t < world; ++t) finish_return(t);
   m.ex->finish_call(m.bwd);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -117,6 +118,12 @@ struct CudaSparsePlan::Impl {
   bool vector_loads = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
+  std::function<void(int, int)> on_step;      // RingOptions::on_step, at enqueue time
+  // Steps as the progress hook counts them (as the CPU plan's): the local compute, then
+  // (with an exchange) the remote one.
+  void step_done(int done) const {
+    if (on_step) on_step(done, distributed() ? 2 : 1);
+  }
   ring::RingTimings fwd, bwd;
 
   ~Impl() {
@@ -338,6 +345,7 @@ CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const
   m.me = comm.rank();
   m.world = comm.size();
   m.fault = ring_opts.fault;
+  m.on_step = std::move(ring_opts.on_step);
   finish_construction(ring_opts.timeout_s);
 }
 
@@ -413,15 +421,18 @@ void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float*
   if (m.ex) m.ex->start_call();
   const int ticket =
       m.distributed() ? m.post_kv(k, v, kFwdKv, m.fwd, "block-sparse forward K/V") : -1;
+  m.step_done(0);
   m.fault.fail_if_due(m.me, 0);
   // Every row has one local query tile: written, not merged.
   kc::sparse_forward(m.elem, m.forward_params(m.local, q, k, v, out, lse, false), m.stream);
+  m.step_done(1);
   if (m.distributed()) {
     m.ex->device_wait(ticket);
     m.fault.fail_if_due(m.me, 1);
     const auto* rk = static_cast<const char*>(m.recv_buf.get());
     const void* rv = rk + static_cast<std::size_t>(m.recv_rows * m.D) * m.eb();
     kc::sparse_forward(m.elem, m.forward_params(m.remote, q, rk, rv, out, lse, true), m.stream);
+    m.step_done(2);
   }
   if (m.ex) m.ex->finish_call(m.fwd);
 }
@@ -447,8 +458,10 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
   rd.heads = m.H;
   rd.head_dim = m.D;
   kc::launch_row_dot(m.elem, rd, m.stream);
+  m.step_done(0);
   m.fault.fail_if_due(m.me, 0);
   kc::sparse_backward(m.elem, m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv), m.stream);
+  m.step_done(1);
   if (m.distributed()) {
     m.ex->device_wait(ticket);
     m.fault.fail_if_due(m.me, 1);
@@ -469,6 +482,7 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
       pp.head_dim = m.D;
       kc::launch_unpack_add_rows(pp, m.ret_buf.as<float>(), dk, dv, false, m.stream);
     }
+    m.step_done(2);
   }
   if (m.ex) m.ex->finish_call(m.bwd);
 }

@@ -206,6 +206,24 @@ TEST(CliCudaGqa, KvHeadsBelowHeadsAreRefusedOnTheGpuAndRunOnTheCpuUnderAuto) {
   EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
 }
 
+// --progress shows the GPU engines' steps too (counted when they are enqueued).
+TEST(CliCudaRing, ProgressShowsTheRingAndBlockSparseSteps) {
+  if (const std::string why = ring_skip_reason(3); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  for (const auto& [extra, want] :
+       {std::pair<std::vector<std::string>, std::string>{{}, "ring step 3/3"},
+        {{"--attention", "block-sparse", "--block-size", "32", "--pattern", "global:blocks=1"},
+         "ring step 2/2"}}) {
+    std::vector<std::string> args = {
+        "run",        "--device", "cuda", "--ring-size", "3", "--seq-len", "192", "--heads", "2",
+        "--backward", "--iters",  "1",    "--warmup",    "0", "--progress"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = testing::run_cli(args, {"RINGATTN_PROGRESS_INTERVAL=0"});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_NE(r.err.find(want), std::string::npos) << describe(r);
+    EXPECT_NE(r.err.find("ringattn: backward"), std::string::npos) << describe(r);
+  }
+}
+
 TEST(CliCudaRingWatchdog, AStalledRankEndsTheJobNamingRankAndStepWithNoOutput) {
   if (const std::string why = ring_skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
   // The ring, and distributed block-sparse (its exchange is step 1).
