@@ -33,7 +33,6 @@ struct Plan::Impl {
 
 Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_unique<Impl>()) {
   validate(cfg);
-  require_no_window(cfg, "the CPU plan in this build");
   impl_->cfg = cfg;
   impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   if (opts.threads < 0) throw InputError("--threads", "must be >= 0");

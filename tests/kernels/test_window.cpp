@@ -1,17 +1,19 @@
 // Sliding-window attention (--window L[,R]) on one process. The float64 reference is checked
 // against the definition written out here (every row a softmax over the keys of
 // [p - L, p + R], causal keeping t <= p; gradients by central differences of that forward);
-// the CPU paths are checked against the reference as they learn the window.
+// then the CPU plan against the reference, and its determinism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "random.hpp"
+#include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {
@@ -180,6 +182,129 @@ TEST(WindowReference, WindowWiderThanTheSequenceIsDense) {
   const ReferenceForward wide = reference_forward(cfg, q.data(), k.data(), v.data());
   EXPECT_EQ(dense.out, wide.out);
   EXPECT_EQ(dense.lse, wide.lse);
+}
+
+// ---- the CPU plan ------------------------------------------------------------------------
+
+struct PlanCase {
+  WindowCase c;
+  int64_t q_tile, k_tile;  // 0: automatic
+};
+
+std::vector<PlanCase> plan_cases() {
+  std::vector<PlanCase> v;
+  for (bool causal : {false, true}) {
+    v.push_back({{{1, 130, 2, 16}, 2, 0, -1, causal}, 32, 48});     // window 0
+    v.push_back({{{2, 200, 4, 32}, 4, 37, -1, causal}, 32, 48});    // tiles partly covered
+    v.push_back({{{1, 150, 4, 16}, 1, 1000, -1, causal}, 32, 64});  // window > N, MQA
+    v.push_back({{{1, 257, 6, 24}, 2, 64, 0, causal}, 0, 0});       // GQA, automatic tiles
+    v.push_back({{{1, 300, 2, 8}, 1, 5, -1, causal}, 16, 32});      // most tiles skipped
+  }
+  v.push_back({{{1, 180, 4, 16}, 2, 3, 40, false}, 32, 48});  // asymmetric
+  v.push_back({{{2, 160, 2, 16}, 2, 50, 7, false}, 16, 64});
+  v.push_back({{{1, 96, 4, 8}, 4, 0, 20, false}, 16, 16});  // right only
+  return v;
+}
+
+struct Tensors {
+  std::vector<float> q, k, v, dout;
+};
+
+Tensors random_tensors(const AttentionConfig& cfg, uint64_t seed) {
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  return {testing::random_normal(n, seed + 1), testing::random_normal(n_kv, seed + 2),
+          testing::random_normal(n_kv, seed + 3), testing::random_normal(n, seed + 4)};
+}
+
+struct PlanResult {
+  std::vector<float> out, lse, dq, dk, dv;
+  std::vector<float> all() const {
+    std::vector<float> a = out;
+    for (const auto* t : {&lse, &dq, &dk, &dv}) a.insert(a.end(), t->begin(), t->end());
+    return a;
+  }
+};
+
+PlanResult run_plan(const AttentionConfig& cfg, const Tensors& in, PlanOptions opts) {
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const auto rows = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  PlanResult r{std::vector<float>(n, nan), std::vector<float>(rows, nan),
+               std::vector<float>(n, nan), std::vector<float>(n_kv, nan),
+               std::vector<float>(n_kv, nan)};
+  Plan plan(cfg, opts);
+  plan.forward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data());
+  plan.backward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), in.dout.data(),
+                r.dq.data(), r.dk.data(), r.dv.data());
+  return r;
+}
+
+std::string plan_name(const PlanCase& pc) {
+  std::string name = name_of(pc.c);
+  if (pc.q_tile) name += "_t" + std::to_string(pc.q_tile) + "x" + std::to_string(pc.k_tile);
+  return name;
+}
+
+class WindowPlan : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(WindowPlan, MatchesFloat64Reference) {
+  const PlanCase& pc = GetParam();
+  const AttentionConfig cfg = config_of(pc.c);
+  const Tensors in = random_tensors(cfg, std::hash<std::string>{}(plan_name(pc)));
+  const PlanResult got = run_plan(cfg, in, PlanOptions{2, pc.q_tile, pc.k_tile});
+  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  const ReferenceGradients g =
+      reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+  constexpr double kTol = 1e-5;
+  EXPECT_LE(relative_error(got.out.data(), ref.out.data(), got.out.size()), kTol);
+  EXPECT_LE(relative_error(got.lse.data(), ref.lse.data(), got.lse.size()), kTol);
+  EXPECT_LE(relative_error(got.dq.data(), g.dq.data(), got.dq.size()), kTol);
+  ASSERT_EQ(got.dk.size(), g.dk.size());
+  EXPECT_LE(relative_error(got.dk.data(), g.dk.data(), got.dk.size()), kTol);
+  EXPECT_LE(relative_error(got.dv.data(), g.dv.data(), got.dv.size()), kTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, WindowPlan, ::testing::ValuesIn(plan_cases()),
+                         [](const auto& p) { return plan_name(p.param); });
+
+// Bit for bit the same for any thread count: with many tasks (the fused backward) and with
+// few (the split query-tile / key-tile backward, which must visit the same tile pairs).
+TEST(WindowPlan, ResultsAreBitwiseIdenticalAcrossThreadCounts) {
+  const std::vector<WindowCase> cases = {
+      {{2, 256, 6, 32}, 2, 40, -1, true},
+      {{2, 192, 6, 16}, 3, 17, 70, false},
+      {{1, 300, 2, 40}, 1, 33, -1, false},  // 2 tasks: the split backward
+      {{1, 300, 1, 16}, 1, 0, 5, false},    // 1 task
+  };
+  for (const WindowCase& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const AttentionConfig cfg = config_of(c);
+    const Tensors in = random_tensors(cfg, 31);
+    const std::vector<float> first = run_plan(cfg, in, PlanOptions{1, 32, 64}).all();
+    for (int threads : {2, 3, 7}) {
+      const std::vector<float> again = run_plan(cfg, in, PlanOptions{threads, 32, 64}).all();
+      ASSERT_EQ(first.size(), again.size());
+      EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)))
+          << threads << " threads";
+    }
+  }
+}
+
+// A window that covers the whole sequence visits the same tiles and masks nothing: the
+// dense bits.
+TEST(WindowPlan, WindowCoveringTheSequenceGivesTheDenseBits) {
+  for (bool causal : {false, true}) {
+    AttentionConfig cfg;
+    cfg.shape = {1, 200, 2, 16};
+    cfg.causal = causal;
+    const Tensors in = random_tensors(cfg, 7);
+    const std::vector<float> dense = run_plan(cfg, in, PlanOptions{2, 32, 48}).all();
+    cfg.window_left = 199;
+    const std::vector<float> wide = run_plan(cfg, in, PlanOptions{2, 32, 48}).all();
+    EXPECT_EQ(0, std::memcmp(dense.data(), wide.data(), dense.size() * sizeof(float))) << causal;
+  }
 }
 
 }  // namespace
