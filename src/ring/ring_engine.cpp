@@ -129,7 +129,6 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
                    RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
-  require_no_window(cfg, "the CPU ring in this build");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.comm = &comm;
