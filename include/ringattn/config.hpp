@@ -41,6 +41,11 @@ struct AttentionConfig {
   // Grouped-query attention (GQA; MQA when 1): k, v, dk and dv have kv_heads heads, and
   // query head j reads K/V head j / (heads / kv_heads). Default: heads (multi-head).
   std::optional<int64_t> kv_heads;
+  // Sliding window (--window L or L,R): query p attends keys [p - window_left, p +
+  // window_right]. Unset: no window. window_right defaults to window_left (0 when causal,
+  // where it must be 0 or unset). Dense attention only (dilated is refused).
+  std::optional<int64_t> window_left;
+  std::optional<int64_t> window_right;
 
   double effective_scale() const;
   int64_t effective_kv_heads() const { return kv_heads ? *kv_heads : shape.heads; }
@@ -48,6 +53,14 @@ struct AttentionConfig {
   int64_t queries_per_kv_head() const { return shape.heads / effective_kv_heads(); }
   // The K/V head query head `head` reads.
   int64_t kv_head_of(int64_t head) const { return head / queries_per_kv_head(); }
+  bool windowed() const { return window_left.has_value(); }
+  // The window's reach left and right of the query, clipped to the sequence length (so
+  // position arithmetic cannot overflow); seq_len on a side that has no limit, 0 on the
+  // right when causal. Only meaningful after validate().
+  struct WindowReach {
+    int64_t left = 0, right = 0;
+  };
+  WindowReach window_reach() const;
   // [B, N, kv_heads, D]: the shape of k, v, dk and dv.
   Shape4 kv_shape() const {
     return {shape.batch, shape.seq_len, effective_kv_heads(), shape.head_dim};
@@ -63,6 +76,10 @@ void validate(const AttentionConfig& cfg);
 // --kv-heads, saying it is not yet supported on `path` (e.g. "--device cuda"), when
 // kv_heads != heads. Refusing is the contract there; computing with the wrong K/V layout is not.
 void require_multi_head(const AttentionConfig& cfg, const std::string& path);
+
+// For the paths that do not compute a sliding window yet: throws InputError naming --window,
+// saying it is not yet supported on `path`, when the config has a window.
+void require_no_window(const AttentionConfig& cfg, const std::string& path);
 
 // One dilated pattern: segments of `segment` tokens, every `dilation`-th position from
 // `offset` (offset < dilation). Dense attention is the single pattern {N, 1, 0}.
@@ -89,8 +106,9 @@ int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset);
 
 // Sum over batch, heads and query rows of the number of keys each query attends
-// (causal counted as attended). Forward FLOPs are 4 * head_dim * attended_pairs.
-// Dense and dilated only: block-sparse plans count their own from the block lists.
+// (causal counted as attended; a sliding window counts only the keys inside it). Forward FLOPs are
+// 4 * head_dim * attended_pairs. Dense and dilated only: block-sparse plans count their own from
+// the block lists.
 double attended_pairs(const AttentionConfig& cfg);
 
 }  // namespace ringattn

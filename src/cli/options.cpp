@@ -40,6 +40,35 @@ std::vector<int64_t> parse_int_list(const std::string& option, const std::string
   return values;
 }
 
+// --window L or L,R: non-negative integers; R is left unset when omitted (it defaults to L,
+// or 0 under --causal, in the config).
+void parse_window(const std::string& text, AttentionConfig& cfg) {
+  std::vector<int64_t> reach;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size())
+      throw InputError("--window", quote(item) + " in " + quote(text) +
+                                       " is not an integer (expected L or L,R, e.g. 256 or "
+                                       "128,0)");
+    if (v < 0)
+      throw InputError("--window",
+                       "reaches must be >= 0, got " + std::to_string(v) + " in " + quote(text));
+    reach.push_back(v);
+  }
+  if (reach.empty() || reach.size() > 2 || (!text.empty() && text.back() == ','))
+    throw InputError("--window", "expected L or L,R (one or two integers), got " + quote(text));
+  cfg.window_left = reach[0];
+  if (reach.size() == 2) cfg.window_right = reach[1];
+}
+
 po::options_description run_description() {
   po::options_description input("Input");
   input.add_options()("q", po::value<std::string>(),
@@ -64,7 +93,10 @@ po::options_description run_description() {
       "combine", po::value<std::string>()->default_value("grouped"),
       "dilated: grouped (head groups, output / G) | mixture (LongNet, lse-weighted)")(
       "causal", po::bool_switch(), "causal masking (t <= p by original position)")(
-      "scale", po::value<double>(), "softmax scale (default 1/sqrt(D))");
+      "window", po::value<std::string>(),
+      "sliding window L or L,R: query p attends keys p-L..p+R (R defaults to L; with --causal "
+      "R must be 0 or omitted); dense attention, CPU")("scale", po::value<double>(),
+                                                       "softmax scale (default 1/sqrt(D))");
 
   po::options_description sparse("Block-sparse");
   sparse.add_options()("block-size", po::value<int64_t>(),
@@ -298,6 +330,7 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
     throw InputError(vm.count("segments") ? "--segments" : "--dilations",
                      "only applies to --attention dilated (or block-sparse's dilated-blocks)");
   o.cfg.causal = vm["causal"].as<bool>();
+  if (vm.count("window")) parse_window(str("window"), o.cfg);
   if (vm.count("scale")) o.cfg.scale = vm["scale"].as<double>();
 
   o.backward = vm["backward"].as<bool>() || !o.dout_path.empty();
@@ -323,6 +356,7 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   // inputs the head counts are known here; with files the run checks once it has read them.
   if (o.device == "cuda" && o.shape_from_options)
     require_multi_head(o.cfg, "--device cuda (use --device cpu)");
+  if (o.device == "cuda") require_no_window(o.cfg, "--device cuda (use --device cpu)");
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
   o.warmup = vm["warmup"].as<int>();

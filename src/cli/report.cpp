@@ -58,6 +58,9 @@ void print_table(const RunReport& r, std::ostream& os) {
   if (c.effective_kv_heads() != c.shape.heads)
     os << "   K/V heads " << c.effective_kv_heads() << " (grouped-query)";
   os << "   causal " << (c.causal ? "yes" : "no") << "   scale " << c.effective_scale() << "\n";
+  if (c.windowed())
+    os << "  window           keys p-" << c.window_reach().left << " .. p+"
+       << c.window_reach().right << "\n";
   if (c.attention == AttentionKind::dilated)
     os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations) << "\n";
   if (!r.attention_note.empty()) os << "  auto             " << r.attention_note << "\n";
@@ -121,6 +124,11 @@ void print_json(const RunReport& r, std::ostream& os) {
   j["kv_heads"] = c.effective_kv_heads();
   j["head_dim"] = c.shape.head_dim;
   j["attention"] = to_string(c.attention);
+  // [L, R] as given (R: its default filled in, 0 under causal); null without a window.
+  if (c.windowed())
+    j["window"] = {*c.window_left, c.causal ? 0 : c.window_right.value_or(*c.window_left)};
+  else
+    j["window"] = nullptr;
   if (c.attention == AttentionKind::dilated) {
     j["combine"] = to_string(c.combine);
     j["segments"] = c.segments;

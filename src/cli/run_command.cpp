@@ -482,6 +482,18 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
       throw InputError("--kernel",
                        "'cudnn' is a CUDA kernel, but grouped-query attention runs on the CPU");
   }
+  // The sliding window, likewise, is computed on the CPU only in this version.
+  if (cfg.windowed() && use_cuda) {
+    if (opts.device == "cuda") require_no_window(cfg, "--device cuda (use --device cpu)");
+    use_cuda = false;
+    if (!opts.dtype.empty() && opts.dtype != "fp32")
+      throw InputError("--dtype", "'" + opts.dtype +
+                                      "' needs the GPU, but a sliding window runs on the CPU, "
+                                      "in fp32");
+    if (opts.kernel == "cudnn")
+      throw InputError("--kernel",
+                       "'cudnn' is a CUDA kernel, but a sliding window runs on the CPU");
+  }
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path);
     if (!(sd == cfg.shape))

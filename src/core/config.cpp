@@ -2,6 +2,7 @@
 // which positions a dilated pattern selects and how many pairs a configuration attends.
 #include "ringattn/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -34,6 +35,40 @@ double AttentionConfig::effective_scale() const {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
 }
 
+AttentionConfig::WindowReach AttentionConfig::window_reach() const {
+  const int64_t n = shape.seq_len;
+  if (!window_left) return {n, causal ? 0 : n};
+  const int64_t right = causal ? 0 : window_right.value_or(*window_left);
+  return {std::min(*window_left, n), std::min(right, n)};
+}
+
+namespace {
+
+void validate_window(const AttentionConfig& cfg) {
+  if (!cfg.window_left && !cfg.window_right) return;
+  if (!cfg.window_left)
+    throw InputError("--window", "a right reach needs a left one (--window L,R)");
+  if (*cfg.window_left < 0)
+    throw InputError("--window",
+                     "the left reach must be >= 0, got " + std::to_string(*cfg.window_left));
+  if (cfg.window_right && *cfg.window_right < 0)
+    throw InputError("--window",
+                     "the right reach must be >= 0, got " + std::to_string(*cfg.window_right));
+  if (cfg.causal && cfg.window_right && *cfg.window_right > 0)
+    throw InputError("--window",
+                     "with --causal a query sees no later key: the right reach must "
+                     "be 0 or omitted, got " +
+                         std::to_string(*cfg.window_right));
+  if (cfg.attention == AttentionKind::dilated)
+    throw InputError("--window",
+                     "a sliding window does not combine with --attention dilated "
+                     "(use dense attention)");
+  if (cfg.attention == AttentionKind::block_sparse)
+    require_no_window(cfg, "--attention block-sparse (use dense attention)");
+}
+
+}  // namespace
+
 void validate(const AttentionConfig& cfg) {
   const Shape4& s = cfg.shape;
   if (s.batch <= 0) throw InputError("--batch", "must be positive, got " + std::to_string(s.batch));
@@ -58,6 +93,7 @@ void validate(const AttentionConfig& cfg) {
                                        " query heads (--heads): --kv-heads must divide --heads");
   if (cfg.attention == AttentionKind::block_sparse)
     require_multi_head(cfg, "--attention block-sparse (use dense or dilated attention)");
+  validate_window(cfg);
 
   if (cfg.attention == AttentionKind::dense) return;
   if (cfg.attention == AttentionKind::block_sparse) {
@@ -110,6 +146,11 @@ void require_multi_head(const AttentionConfig& cfg, const std::string& path) {
                                      ") is not yet supported on " + path);
 }
 
+void require_no_window(const AttentionConfig& cfg, const std::string& path) {
+  if (!cfg.window_left && !cfg.window_right) return;
+  throw InputError("--window", "a sliding window is not yet supported on " + path);
+}
+
 std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {
   if (cfg.attention == AttentionKind::dense) return {{cfg.shape.seq_len, 1}};
   if (cfg.attention == AttentionKind::block_sparse)
@@ -138,6 +179,15 @@ int64_t selected_per_segment(const DilatedPattern& p, int64_t offset) {
 }
 
 double attended_pairs(const AttentionConfig& cfg) {
+  if (cfg.windowed()) {  // dense only: keys of row p are [p - L, p + R] within [0, N)
+    const int64_t n = cfg.shape.seq_len;
+    const auto [left, right] = cfg.window_reach();
+    double per_head = 0;
+    for (int64_t p = 0; p < n; ++p)
+      per_head +=
+          static_cast<double>(std::min(n - 1, p + right) - std::max<int64_t>(0, p - left) + 1);
+    return per_head * static_cast<double>(cfg.shape.heads * cfg.shape.batch);
+  }
   const auto pats = patterns_of(cfg);
   const int64_t groups = static_cast<int64_t>(pats.size());
   const Shape4& s = cfg.shape;

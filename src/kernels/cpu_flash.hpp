@@ -4,11 +4,15 @@
 // nothing of patterns or ranks: the schedule that builds the tasks does.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
 namespace ringattn::kernels {
+
+// Far beyond any index (and far from overflowing when offsets are added to it).
+inline constexpr int64_t kNoWindow = INT64_MAX / 4;
 
 struct SubseqTask {
   int64_t q_row0 = 0, q_stride = 0;  // floats; into q, out, dout, dq
@@ -18,6 +22,11 @@ struct SubseqTask {
   // When causal, key j is allowed for query i iff j <= i + causal_offset (index units of
   // the two strided views). 0 for a subsequence attending to itself.
   int64_t causal_offset = 0;
+  // Sliding window, in the same index units: key j is allowed for query i only when
+  // i + causal_offset - window_left <= j <= i + causal_offset + window_right (kNoWindow: no
+  // limit on that side). Key ranges are cut per query tile, so tiles wholly outside a
+  // window are never visited; no mask is materialised.
+  int64_t window_left = kNoWindow, window_right = kNoWindow;
 };
 
 // One unit of forward work: query rows [q_begin, q_begin + q_tile) of one task.
@@ -63,11 +72,48 @@ struct BackwardParams {
   float dout_scale = 1.0f;  // true dO = dout * dout_scale
 };
 
-// Number of keys (a prefix of the key view) that query rows [i0, i0 + bq) can see at all.
+// Number of keys (a prefix of the key view) that query rows [i0, i0 + bq) can see at all,
+// causality only.
 inline int64_t visible_keys(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
   if (!causal) return t.n_k;
   const int64_t k = i0 + bq + t.causal_offset;
   return k < 0 ? 0 : (k > t.n_k ? t.n_k : k);
+}
+
+// A half-open range of key indices.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+
+inline int64_t clamp_index(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+// Keys that query rows [i0, i0 + bq) can see at all: causality and the window (empty when
+// begin >= end).
+inline KeyRange visible_key_range(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
+  int64_t end = visible_keys(t, causal, i0, bq);
+  if (t.window_right != kNoWindow)
+    end = std::min(end, clamp_index(i0 + bq + t.causal_offset + t.window_right, 0, t.n_k));
+  const int64_t begin =
+      t.window_left == kNoWindow ? 0 : clamp_index(i0 + t.causal_offset - t.window_left, 0, t.n_k);
+  return {begin, std::max(begin, end)};
+}
+
+// The first key tile (on the k_tile grid from 0) holding a key of `keys`.
+inline int64_t first_key_tile(const KeyRange& keys, const TileConfig& tiles) {
+  return keys.begin / tiles.k_tile * tiles.k_tile;
+}
+
+// Keys of the tile [j0, j0 + bk) that query i sees, as offsets into the tile.
+inline KeyRange row_keys_in_tile(const SubseqTask& t, bool causal, int64_t i, int64_t j0,
+                                 int64_t bk) {
+  const int64_t diag = i + t.causal_offset - j0;  // the query's own position, tile-relative
+  int64_t end = causal ? clamp_index(diag + 1, 0, bk) : bk;
+  if (t.window_right != kNoWindow)
+    end = std::min(end, clamp_index(diag + t.window_right + 1, 0, bk));
+  const int64_t begin = t.window_left == kNoWindow ? 0 : clamp_index(diag - t.window_left, 0, bk);
+  return {begin, std::max(begin, end)};
 }
 
 // Scratch buffers start on 64-byte boundaries.

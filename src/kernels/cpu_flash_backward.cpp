@@ -76,18 +76,18 @@ void tile_pair(const BackwardParams& p, const SubseqTask& t, const TileConfig& t
 
   sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k, ld_k, 0.0f, w.p,
         static_cast<int>(ld));
-  const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
   for (int64_t i = 0; i < bq; ++i) {
     float* prow = w.p + i * ld;
     const float l = w.lse[i];
-    const int64_t limit =
-        crosses_diagonal ? std::clamp<int64_t>(i0 + i + t.causal_offset - j0 + 1, 0, bk) : bk;
     if (l == kNegInf) {
       std::fill(prow, prow + bk, 0.0f);
       continue;
     }
-    exp_shift_sum(prow, limit, l);
-    for (int64_t j = limit; j < bk; ++j) prow[j] = 0.0f;
+    // Keys of this tile outside [a, b) are in the query's future or outside its window.
+    const KeyRange row = row_keys_in_tile(t, p.causal, i0 + i, j0, bk);
+    exp_shift_sum(prow + row.begin, row.end - row.begin, l);
+    std::fill(prow, prow + row.begin, 0.0f);
+    std::fill(prow + row.end, prow + bk, 0.0f);
   }
   if (want_dv) {
     float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
@@ -141,10 +141,10 @@ void query_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& 
                 bool fused, const BackwardScratch& w) {
   const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
   if (!load_query_rows(p, t, i0, bq, w)) return;
-  const int64_t kmax = visible_keys(t, p.causal, i0, bq);
+  const KeyRange keys = visible_key_range(t, p.causal, i0, bq);
   std::fill(w.dq, w.dq + bq * p.head_dim, 0.0f);
-  for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
-    const int64_t bk = std::min(tiles.k_tile, kmax - j0);
+  for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
+    const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
     tile_pair(p, t, tiles, i0, bq, j0, bk, fused, w);
     add_dq(p, t, tiles, bq, j0, bk, w);
     if (fused) add_dk(p, t, tiles, i0, bq, j0, bk, w);
@@ -165,9 +165,11 @@ void dkdv_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& t
                const BackwardScratch& w) {
   for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
     const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-    const int64_t kmax = visible_keys(t, p.causal, i0, bq);
-    if (j0 >= kmax || !load_query_rows(p, t, i0, bq, w)) continue;
-    const int64_t bk = std::min(tiles.k_tile, kmax - j0);
+    const KeyRange keys = visible_key_range(t, p.causal, i0, bq);
+    // The pairs query_tile visits: key tiles from first_key_tile up to the range's end.
+    if (j0 >= keys.end || j0 < first_key_tile(keys, tiles) || !load_query_rows(p, t, i0, bq, w))
+      continue;
+    const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
     tile_pair(p, t, tiles, i0, bq, j0, bk, true, w);
     add_dk(p, t, tiles, i0, bq, j0, bk, w);
   }

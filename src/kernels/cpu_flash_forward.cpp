@@ -41,34 +41,35 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
   const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
   const int64_t ldS = tiles.k_tile;
   const float* q = p.q + t.q_row0 + i0 * t.q_stride;
-  const int64_t kmax = visible_keys(t, p.causal, i0, bq);
+  const KeyRange keys = visible_key_range(t, p.causal, i0, bq);
 
   std::fill(w.m, w.m + bq, kNegInf);
   std::fill(w.l, w.l + bq, 0.0f);
   std::fill(w.acc, w.acc + bq * d, 0.0f);
 
-  for (int64_t j0 = 0; j0 < kmax; j0 += tiles.k_tile) {
-    const int64_t bk = std::min(tiles.k_tile, kmax - j0);
+  // Key tiles lie on the k_tile grid; those wholly outside every row's keys are not visited.
+  for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
+    const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
     const float* k = p.k + t.k_row0 + j0 * t.k_stride;
     const float* v = p.v + t.k_row0 + j0 * t.k_stride;
     sgemm(CblasNoTrans, CblasTrans, static_cast<int>(bq), static_cast<int>(bk), static_cast<int>(d),
           p.scale, q, static_cast<int>(t.q_stride), k, static_cast<int>(t.k_stride), 0.0f, w.s,
           static_cast<int>(ldS));
-    const bool crosses_diagonal = p.causal && j0 + bk - 1 > i0 + t.causal_offset;
     for (int64_t i = 0; i < bq; ++i) {
       float* srow = w.s + i * ldS;
-      // Keys past `limit` in this tile are in the query's future.
-      const int64_t limit =
-          crosses_diagonal ? std::min<int64_t>(bk, i0 + i + t.causal_offset - j0 + 1) : bk;
-      const float row_max = max_of(srow, limit);
+      // Keys of this tile outside [a, b) are in the query's future or outside its window.
+      const KeyRange row = row_keys_in_tile(t, p.causal, i0 + i, j0, bk);
+      const int64_t a = row.begin, b = row.end;
+      const float row_max = max_of(srow + a, b - a);
       const float m_new = std::max(w.m[i], row_max);
       if (m_new == kNegInf) {  // nothing visible yet for this row
         std::fill(srow, srow + bk, 0.0f);
         continue;
       }
       const float alpha = exp_approx(w.m[i] - m_new);
-      const float row_sum = exp_shift_sum(srow, limit, m_new);
-      for (int64_t j = std::max<int64_t>(limit, 0); j < bk; ++j) srow[j] = 0.0f;
+      const float row_sum = exp_shift_sum(srow + a, b - a, m_new);
+      std::fill(srow, srow + a, 0.0f);
+      std::fill(srow + b, srow + bk, 0.0f);
       w.l[i] = w.l[i] * alpha + row_sum;
       w.m[i] = m_new;
       if (alpha != 1.0f) {

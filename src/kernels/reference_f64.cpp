@@ -1,7 +1,7 @@
 // The float64 reference for dense, grouped and mixture attention with any number of K/V
-// heads, and relative_error. Everything is built straight from the definitions
-// (tests/data/golden/README.md), naively, and on purpose shares no pattern arithmetic with
-// src/core/config.cpp: it is the check on it.
+// heads and an optional sliding window, and relative_error. Everything is built straight from the
+// definitions (tests/data/golden/README.md), naively, and on purpose shares no pattern arithmetic
+// with src/core/config.cpp: it is the check on it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -86,8 +86,16 @@ bool selects(const HeadPattern& pat, int64_t position) {
 
 // How many of a head's patterns let query p see key t: the multiplicity of t in p's multiset
 // of keys (mixture counts a key that two patterns select twice; grouped is 0 or 1).
-int64_t multiplicity(const std::vector<HeadPattern>& patterns, bool causal, int64_t p, int64_t t) {
-  if (causal && t > p) return 0;
+// The sliding window (when cfg has one) also has its say: t in [p - L, p + R], R = L unless
+// given (causal already keeps t <= p).
+int64_t multiplicity(const std::vector<HeadPattern>& patterns, const AttentionConfig& cfg,
+                     int64_t p, int64_t t) {
+  if (cfg.causal && t > p) return 0;
+  if (cfg.window_left) {
+    const int64_t left = *cfg.window_left, right = cfg.window_right.value_or(left);
+    require(left >= 0 && right >= 0, "window reaches must be >= 0");
+    if (p - t > left || t - p > right) return 0;
+  }
   int64_t count = 0;
   for (const auto& pat : patterns)
     if (selects(pat, p) && selects(pat, t) && p / pat.segment == t / pat.segment) ++count;
@@ -150,7 +158,7 @@ struct Problem {
     std::vector<double> scores, counts;
     double max_score = -kInf;
     for (int64_t t = 0; t < cfg.shape.seq_len; ++t) {
-      const int64_t m = multiplicity(patterns, cfg.causal, p, t);
+      const int64_t m = multiplicity(patterns, cfg, p, t);
       if (m == 0) continue;
       const double score = scale * dot(q_row, k + kv_row(b, t, h), cfg.shape.head_dim);
       row.keys.push_back(t);

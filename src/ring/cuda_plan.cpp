@@ -302,6 +302,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
   require_multi_head(cfg, "--device cuda (use --device cpu)");
+  require_no_window(cfg, "--device cuda (use --device cpu)");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;

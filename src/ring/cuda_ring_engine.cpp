@@ -190,6 +190,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
   require_multi_head(cfg, "--device cuda (use --device cpu)");
+  require_no_window(cfg, "--device cuda (use --device cpu)");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.comm = &comm;

@@ -98,6 +98,40 @@ std::vector<std::pair<int64_t, std::vector<int64_t>>> heads_by_offset(const Atte
   return groups;
 }
 
+// Sliding window (dense only, so run indices are positions): the keys of `kr` within reach
+// of some query run, as pieces of `kr` (the query runs' windows, merged where they overlap),
+// each paired with the query runs whose window meets it. A query run's window is one
+// interval, so it meets at most one piece: tasks of one wave still share no query rows.
+void add_window_pieces(const AttentionConfig& cfg, const Run& kr,
+                       const std::vector<std::vector<Run>>& qruns, PairWork& work) {
+  const auto reach = cfg.window_reach();
+  std::vector<std::pair<int64_t, int64_t>> wanted;  // [begin, end) within kr
+  for (const Run& q : qruns.front()) {
+    const int64_t a = std::max(kr.k_begin, q.k_begin - reach.left);
+    const int64_t e = std::min(kr.k_end, q.k_end + reach.right);
+    if (a < e) wanted.push_back({a, e});
+  }
+  std::sort(wanted.begin(), wanted.end());
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (const auto& w : wanted) {
+    if (!pieces.empty() && w.first <= pieces.back().second)
+      pieces.back().second = std::max(pieces.back().second, w.second);
+    else
+      pieces.push_back(w);
+  }
+  for (const auto& [a, e] : pieces) {
+    Run piece = kr;
+    piece.k_begin = a;
+    piece.k_end = e;
+    piece.row0 = kr.row0 + (a - kr.k_begin) * kr.stride;
+    work.key_runs.push_back(piece);
+    for (const auto& runs : qruns)
+      for (const Run& q : runs)
+        if (q.k_begin - reach.left < e && a < q.k_end + reach.right)
+          work.tasks.push_back({q, work.key_runs.size() - 1});
+  }
+}
+
 // What rank `dest`'s queries need from rank `src`'s keys and values. Under grouped-query
 // attention the query heads sharing a K/V head and an offset need the same K/V rows: one key
 // run serves all of them, so only K/V heads travel.
@@ -125,6 +159,10 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
             int64_t max_q = 0;  // one past the last selected query index of dest here
             for (const Run& q : qruns.front()) max_q = std::max(max_q, q.k_end);
             for (Run kr : runs_in(cfg, layout, src, i, pat, offset, kh, kv_heads, b, seg)) {
+              if (cfg.windowed()) {
+                add_window_pieces(cfg, kr, qruns, work);
+                continue;
+              }
               if (cfg.causal) kr.k_end = std::min(kr.k_end, max_q);
               if (kr.k_end <= kr.k_begin) continue;
               work.key_runs.push_back(kr);
@@ -199,6 +237,11 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
       task.n_q = q.rows();
       task.n_k = k.rows();
       task.causal_offset = q.k_begin - k.k_begin;
+      if (cfg.windowed()) {
+        const auto reach = cfg.window_reach();
+        task.window_left = reach.left;
+        task.window_right = reach.right;
+      }
       by_place[it->second][static_cast<std::size_t>(q.head) % places].push_back(task);
     }
     for (std::size_t w = 0; w < step.waves.size(); ++w) {
@@ -214,8 +257,41 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
   return sched;
 }
 
+namespace {
+
+// Sliding window (dense): every other rank needs, of each K/V head, the positions within
+// reach of its chunks, [begin - L, end - 1 + R]; counted on merged position intervals.
+int64_t minimum_window_rows(const AttentionConfig& cfg, const ShardLayout& layout, int rank) {
+  const auto reach = cfg.window_reach();
+  int64_t rows = 0;
+  for (int dest = 0; dest < layout.world; ++dest) {
+    if (dest == rank) continue;
+    std::vector<std::pair<int64_t, int64_t>> reached;
+    for (const Chunk& c : layout.chunks(dest))
+      reached.push_back({std::max<int64_t>(0, c.begin - reach.left),
+                         std::min(cfg.shape.seq_len, c.begin + c.length + reach.right)});
+    std::sort(reached.begin(), reached.end());
+    std::vector<std::pair<int64_t, int64_t>> merged;
+    for (const auto& r : reached) {
+      if (!merged.empty() && r.first <= merged.back().second)
+        merged.back().second = std::max(merged.back().second, r.second);
+      else
+        merged.push_back(r);
+    }
+    for (const auto& [x, y] : merged)
+      for (const Chunk& c : layout.chunks(rank))
+        rows += std::max<int64_t>(0, std::min(y, c.begin + c.length) - std::max(x, c.begin));
+  }
+  return rows * cfg.effective_kv_heads();
+}
+
+}  // namespace
+
 int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank) {
   const Shape4& s = cfg.shape;
+  if (cfg.windowed())
+    return minimum_window_rows(cfg, layout, rank) * s.batch * 2 * s.head_dim *
+           static_cast<int64_t>(sizeof(float));
   const auto pats = patterns_of(cfg);
   const auto n_patterns = static_cast<int64_t>(pats.size());
   // Selected positions of (w, r, offset) in segment `seg` that lie in [x, y).

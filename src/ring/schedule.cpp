@@ -31,6 +31,11 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
       t.lse_stride = pat.dilation;
       t.n_q = t.n_k = m;
       t.causal_offset = 0;
+      if (cfg.windowed()) {  // dense only: view indices are positions
+        const auto reach = cfg.window_reach();
+        t.window_left = reach.left;
+        t.window_right = reach.right;
+      }
       tasks.push_back(t);
     }
   }
@@ -89,8 +94,8 @@ std::vector<kernels::ForwardItem> forward_items(std::span<const kernels::SubseqT
     const auto& t = tasks[ti];
     for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
       const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-      costed.push_back(
-          {bq * kernels::visible_keys(t, causal, i0, bq), {static_cast<int64_t>(ti), i0}});
+      const kernels::KeyRange keys = kernels::visible_key_range(t, causal, i0, bq);
+      costed.push_back({bq * (keys.end - keys.begin), {static_cast<int64_t>(ti), i0}});
     }
   }
   // Longest first, so that dynamic scheduling ends with the short items (LPT balance).

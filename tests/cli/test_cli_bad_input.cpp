@@ -345,6 +345,32 @@ TEST(CliBadInput, GroupedQueryAttentionOnTheCudaDeviceIsRefused) {
                    "--kv-heads", "not yet supported on --device cuda");
 }
 
+// ---- sliding window (--window) ----------------------------------------------------------
+
+TEST(CliBadInput, BadWindowsAreRejectedNamingWindow) {
+  TempDir dir;
+  const Args base{"run",        "--seq-len", "64",    "--heads",          "2",
+                  "--head-dim", "16",        "--out", dir.file("out.npy")};
+  expect_bad_input(dir, with(base, {"--window=-1"}), "--window", "must be >= 0");
+  expect_bad_input(dir, with(base, {"--window", "4,-2"}), "--window", "must be >= 0");
+  expect_bad_input(dir, with(base, {"--window", "4.5"}), "--window", "is not an integer");
+  expect_bad_input(dir, with(base, {"--window", "x"}), "--window", "is not an integer");
+  expect_bad_input(dir, with(base, {"--window", "1,2,3"}), "--window", "expected L or L,R");
+  expect_bad_input(dir, with(base, {"--window", "4,"}), "--window", "expected L or L,R");
+  expect_bad_input(dir, with(base, {"--window", "4,2", "--causal"}), "--window",
+                   "the right reach must be 0 or omitted");
+  expect_bad_input(dir,
+                   with(base, {"--window", "4", "--attention", "dilated", "--segments", "32",
+                               "--dilations", "2"}),
+                   "--window", "does not combine with --attention dilated");
+  expect_bad_input(dir,
+                   with(base, {"--window", "4", "--attention", "block-sparse", "--block-size", "16",
+                               "--pattern", "local"}),
+                   "--window", "not yet supported on --attention block-sparse");
+  expect_bad_input(dir, with(base, {"--window", "4", "--device", "cuda"}), "--window",
+                   "not yet supported on --device cuda");
+}
+
 TEST(CliBadInput, DoutOfADifferentShapeIsRejected) {
   TempDir dir;
   write_inputs(dir);

@@ -128,6 +128,32 @@ std::string read_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+// --window on one process: checked against the float64 reference, forward and backward,
+// and reported in --json as [L, R] with R in effect (0 under causal), null without.
+TEST(CliWindow, RunsCheckedAndReportsTheWindow) {
+  const std::vector<std::pair<std::vector<std::string>, std::vector<int64_t>>> cases = {
+      {{"--window", "5,3"}, {5, 3}},
+      {{"--window", "7"}, {7, 7}},
+      {{"--window", "6", "--causal"}, {6, 0}},
+      {{"--window", "0", "--kv-heads", "1"}, {0, 0}},
+      {{"--window", "500,0", "--kv-heads", "2"}, {500, 0}}};
+  for (const auto& [extra, want] : cases) {
+    std::vector<std::string> args{"run",        "--seq-len", "96",      "--heads",    "4",
+                                  "--head-dim", "16",        "--check", "--backward", "--iters",
+                                  "1",          "--warmup",  "0",       "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_cli(args);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const nlohmann::json j = last_line_json(r.out);
+    EXPECT_EQ(j["window"].get<std::vector<int64_t>>(), want) << r.out;
+    EXPECT_TRUE(j["check"].value("passed", false)) << r.out;
+  }
+  const CliResult dense = run_cli({"run", "--seq-len", "64", "--heads", "2", "--head-dim", "16",
+                                   "--iters", "1", "--warmup", "0", "--json"});
+  ASSERT_EQ(dense.exit_code, 0) << describe(dense);
+  EXPECT_TRUE(last_line_json(dense.out)["window"].is_null());
+}
+
 }  // namespace
 
 TEST(CliGolden, GroupedCasesMatchGoldenOutputsGradientsAndReportJson) {

@@ -169,5 +169,70 @@ TEST(PatternArithmetic, DenseIsOneFullPattern) {
   EXPECT_DOUBLE_EQ(attended_pairs(cfg), 2.0 * 64 * 65 / 2);
 }
 
+// --window L[,R]: reaches >= 0, R > 0 refused with causal, dilated refused, block-sparse
+// "not yet supported"; every error names --window.
+TEST(ConfigValidation, SlidingWindowReachesAndCombinations) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 64, 4, 16};
+  cfg.window_left = 0;
+  EXPECT_EQ(subject_of(cfg), "");
+  cfg.window_left = 1000;  // more than N: valid, the whole sequence
+  cfg.window_right = 0;
+  EXPECT_EQ(subject_of(cfg), "");
+  EXPECT_EQ(cfg.window_reach().left, 64);
+  EXPECT_EQ(cfg.window_reach().right, 0);
+  cfg.window_left = -1;
+  EXPECT_EQ(subject_of(cfg), "--window");
+  cfg.window_left = 3;
+  cfg.window_right = -2;
+  EXPECT_EQ(subject_of(cfg), "--window");
+  cfg.window_right.reset();
+  EXPECT_EQ(cfg.window_reach().right, 3);  // R defaults to L
+  cfg.causal = true;
+  EXPECT_EQ(subject_of(cfg), "");
+  EXPECT_EQ(cfg.window_reach().right, 0);  // causal: R omitted means 0
+  cfg.window_right = 0;
+  EXPECT_EQ(subject_of(cfg), "");
+  cfg.window_right = 1;
+  EXPECT_EQ(subject_of(cfg), "--window");
+  cfg.causal = false;
+  cfg.window_left.reset();
+  EXPECT_EQ(subject_of(cfg), "--window");  // a right reach alone
+  cfg.window_left = 2;
+  cfg.attention = AttentionKind::dilated;
+  cfg.segments = {32};
+  cfg.dilations = {2};
+  EXPECT_EQ(subject_of(cfg), "--window");
+  cfg.attention = AttentionKind::block_sparse;
+  cfg.block_size = 16;
+  try {
+    validate(cfg);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.subject(), "--window");
+    EXPECT_NE(std::string(e.what()).find("not yet supported on --attention block-sparse"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Window attended pairs: every row counts the keys of [p - L, p + R] inside [0, N).
+TEST(AttendedPairs, SlidingWindowCountsTheKeysInsideTheWindow) {
+  for (const bool causal : {false, true})
+    for (const auto& [left, right] :
+         {std::pair<int64_t, int64_t>{0, 0}, {3, 1}, {1, 5}, {100, 100}}) {
+      AttentionConfig cfg;
+      cfg.shape = {2, 20, 3, 8};
+      cfg.causal = causal;
+      cfg.window_left = left;
+      if (!causal) cfg.window_right = right;
+      double want = 0;
+      for (int64_t p = 0; p < 20; ++p)
+        for (int64_t t = 0; t < 20; ++t)
+          if (t >= p - left && t <= p + (causal ? 0 : right)) want += 1;
+      EXPECT_DOUBLE_EQ(attended_pairs(cfg), want * 2 * 3) << left << "," << right << causal;
+    }
+}
+
 }  // namespace
 }  // namespace ringattn

@@ -158,6 +158,19 @@ std::vector<RandomRingCase> gqa_ring_cases() {
   };
 }
 
+std::vector<RandomRingCase> window_ring_cases() {
+  using A = AttentionKind;
+  using C = Combine;
+  return {
+      {"window_0", {1, 240, 2, 16}, A::dense, C::grouped, {}, {}, 0, 0, -1},
+      {"window_7", {2, 240, 2, 16}, A::dense, C::grouped, {}, {}, 0, 7, -1},
+      {"window_70_gqa", {1, 240, 4, 16}, A::dense, C::grouped, {}, {}, 2, 70, -1},
+      {"window_500_mqa", {1, 240, 4, 16}, A::dense, C::grouped, {}, {}, 1, 500, -1},
+      {"window_3_90", {1, 240, 2, 16}, A::dense, C::grouped, {}, {}, 0, 3, 90},
+      {"window_45_0", {1, 240, 2, 16}, A::dense, C::grouped, {}, {}, 0, 45, 0},
+  };
+}
+
 AttentionConfig config_of(const RandomRingCase& c, bool causal) {
   AttentionConfig cfg;
   cfg.shape = c.shape;
@@ -167,6 +180,8 @@ AttentionConfig config_of(const RandomRingCase& c, bool causal) {
   cfg.segments = c.segments;
   cfg.dilations = c.dilations;
   cfg.causal = causal;
+  if (c.window_left >= 0) cfg.window_left = c.window_left;
+  if (c.window_right >= 0 && !causal) cfg.window_right = c.window_right;
   return cfg;
 }
 

@@ -41,13 +41,17 @@ struct RandomRingCase {
   AttentionKind attention;
   Combine combine;
   std::vector<int64_t> segments, dilations;
-  int64_t kv_heads = 0;  // 0: as many as the query heads
+  int64_t kv_heads = 0;                         // 0: as many as the query heads
+  int64_t window_left = -1, window_right = -1;  // -1: no window / R omitted
 };
 // N = 240 splits over 1..4 ranks (and 2P for zigzag: 2, 4, 6, 8); segments straddle shards.
 std::vector<RandomRingCase> random_ring_cases();
 // Grouped-query attention (kv_heads < heads), same lengths: MQA and HKV = H/2, dense,
 // grouped and mixture.
 std::vector<RandomRingCase> gqa_ring_cases();
+// Sliding windows (dense, N = 240): 0, narrower than a shard, spanning shards, wider than N,
+// asymmetric (right reaches are dropped under causal), with GQA.
+std::vector<RandomRingCase> window_ring_cases();
 AttentionConfig config_of(const RandomRingCase& c, bool causal);
 RingInputs random_inputs(const AttentionConfig& cfg);
 

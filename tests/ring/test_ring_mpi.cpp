@@ -71,6 +71,25 @@ INSTANTIATE_TEST_SUITE_P(Configs, RingGqa,
                                   (std::get<1>(p.param) ? "_causal" : "");
                          });
 
+// Sliding window: forward and gradients against float64, bytes equal the minimum.
+class RingWindow : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {};
+
+TEST_P(RingWindow, MatchesFloat64Reference) {
+  const auto& [rc, causal] = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc, causal);
+  const testing::RingInputs in = testing::random_inputs(cfg);
+  expect_ring_matches(cfg, in, testing::float64_reference(cfg, in), *g_comm,
+                      std::string(rc.name) + (causal ? "_causal" : ""), kThreads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, RingWindow,
+                         ::testing::Combine(::testing::ValuesIn(testing::window_ring_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) ? "_causal" : "");
+                         });
+
 }  // namespace
 }  // namespace ringattn::ring
 

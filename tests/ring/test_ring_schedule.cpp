@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <tuple>
 
@@ -54,8 +55,24 @@ std::vector<Case> cases() {
                  make({1, 96, 4, 8}, A::dilated, C::mixture, {12, 32, 96}, {2, 3, 4}, causal, 1)});
     v.push_back({"gqa_mixture_half",
                  make({1, 96, 6, 8}, A::dilated, C::mixture, {32, 96}, {2, 4}, causal, 3)});
+    // sliding windows: within a shard, spanning shards, wider than N, asymmetric, GQA
+    for (const auto& [name, left, right] : {std::tuple{"window_0", 0, 0},
+                                            {"window_5", 5, 5},
+                                            {"window_30_2", 30, 2},
+                                            {"window_1_40", 1, 40},
+                                            {"window_200", 200, 200}}) {
+      AttentionConfig cfg = make({2, 96, 4, 8}, A::dense, C::grouped, {}, {}, causal, 2);
+      cfg.window_left = left;
+      if (!causal) cfg.window_right = right;
+      v.push_back({name, cfg});
+    }
   }
   return v;
+}
+
+bool in_window(const AttentionConfig& cfg, int64_t p, int64_t t) {
+  if (!cfg.window_left) return true;
+  return p - t <= *cfg.window_left && t - p <= cfg.window_right.value_or(*cfg.window_left);
 }
 
 // Brute force: rows (position, K/V head, pattern) of `src` that some query of `dest` attends,
@@ -87,8 +104,8 @@ int64_t brute_rows(const AttentionConfig& cfg, const ShardLayout& l, int dest, i
           const int64_t o = pattern_offset(cfg, i, h);
           if ((t % w) % r != o) continue;
           for (int64_t p = 0; p < cfg.shape.seq_len && !needed; ++p)
-            needed =
-                owner(p) == dest && (p % w) % r == o && p / w == t / w && (!cfg.causal || t <= p);
+            needed = owner(p) == dest && (p % w) % r == o && p / w == t / w &&
+                     (!cfg.causal || t <= p) && in_window(cfg, p, t);
         }
         rows += needed;
       }
@@ -140,7 +157,9 @@ TEST_P(RingScheduleAllRanks, AgreesCoversEveryPairOnceAndMovesTheMinimum) {
             EXPECT_TRUE(k_rows.insert(task.k_row0).second);
             for (int64_t i = 0; i < task.n_q; ++i)
               for (int64_t j = 0; j < task.n_k; ++j)
-                pairs += !c.cfg.causal || j <= i + task.causal_offset;
+                pairs += (!c.cfg.causal || j <= i + task.causal_offset) &&
+                         j >= i + task.causal_offset - task.window_left &&
+                         j <= i + task.causal_offset + task.window_right;
           }
           begin = end;
         }
@@ -164,6 +183,36 @@ INSTANTIATE_TEST_SUITE_P(Configs, RingScheduleAllRanks,
 
 // Only K/V heads travel: with HKV = H / g the forward moves g times fewer bytes than
 // multi-head attention of the same shape, dense and dilated.
+// A window narrower than a shard: each rank exchanges only with its neighbours in position;
+// the other steps move and compute nothing (no message at all), and a window of 0 moves
+// nothing.
+TEST(RingScheduleWindow, OnlyRanksWithinReachExchange) {
+  AttentionConfig cfg = make({1, 96, 2, 8}, AttentionKind::dense, Combine::grouped, {}, {}, false);
+  cfg.window_left = 5;
+  const ShardLayout layout = make_layout(cfg, 4);  // 24 positions per rank, contiguous
+  for (int r = 0; r < 4; ++r) {
+    const RingSchedule s = build_ring_schedule(cfg, layout, r, {16, 32});
+    for (int t = 1; t < 4; ++t) {
+      const RingStep& st = s.steps[static_cast<std::size_t>(t)];
+      const int dest = (r + t) % 4, src = (r - t + 4) % 4;
+      EXPECT_EQ(st.send_to >= 0, std::abs(dest - r) == 1) << r << " step " << t;
+      EXPECT_EQ(st.recv_from >= 0, std::abs(src - r) == 1) << r << " step " << t;
+      if (st.send_to >= 0) {
+        EXPECT_EQ(st.send_rows, 5 * 2);  // 5 positions, 2 K/V heads
+      }
+      if (st.recv_from < 0) {
+        EXPECT_TRUE(st.waves.empty());
+      }
+    }
+  }
+  cfg.window_left = 0;
+  for (int r = 0; r < 4; ++r) {
+    const RingSchedule s = build_ring_schedule(cfg, layout, r, {16, 32});
+    EXPECT_EQ(s.bytes_sent, 0);
+    for (int t = 1; t < 4; ++t) EXPECT_EQ(s.steps[static_cast<std::size_t>(t)].send_to, -1);
+  }
+}
+
 TEST(RingScheduleGqa, KvHeadsMoveHOverHkvTimesFewerBytes) {
   for (bool dilated : {false, true})
     for (bool causal : {false, true})

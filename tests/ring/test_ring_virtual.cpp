@@ -86,6 +86,28 @@ INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingGqa,
                                   (std::get<1>(p.param) ? "_causal" : "");
                          });
 
+// Sliding window: a rank exchanges only with the ranks within reach (bytes equal the
+// minimum, which counts only positions within the window of another rank's queries);
+// forward and gradients against float64.
+class VirtualRingWindow
+    : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {};
+
+TEST_P(VirtualRingWindow, MatchesFloat64ReferenceForRingSizes1To4) {
+  const auto& [rc, causal] = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc, causal);
+  const testing::RingInputs in = testing::random_inputs(cfg);
+  expect_all_ring_sizes_match(cfg, in, std::string(rc.name) + (causal ? "_causal" : ""),
+                              testing::float64_reference(cfg, in));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingWindow,
+                         ::testing::Combine(::testing::ValuesIn(testing::window_ring_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) ? "_causal" : "");
+                         });
+
 // ---- the communicator itself ------------------------------------------------------------
 
 TEST(VirtualRanks, CollectivesAndPointToPointFollowTheCommunicatorContract) {
