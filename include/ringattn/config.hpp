@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ringattn {
@@ -46,6 +47,11 @@ struct AttentionConfig {
   // where it must be 0 or unset). Dense attention only (dilated is refused).
   std::optional<int64_t> window_left;
   std::optional<int64_t> window_right;
+  // Packed sequences (--seqlens, --cu-seqlens): document d holds positions [cu_seqlens[d],
+  // cu_seqlens[d + 1]) of every batch row; a query attends only to keys of its own document,
+  // and causality and the window count positions within it. Empty: one document of seq_len.
+  // Otherwise it starts at 0, increases strictly and ends at seq_len. Dense attention only.
+  std::vector<int64_t> cu_seqlens;
 
   double effective_scale() const;
   int64_t effective_kv_heads() const { return kv_heads ? *kv_heads : shape.heads; }
@@ -54,6 +60,7 @@ struct AttentionConfig {
   // The K/V head query head `head` reads.
   int64_t kv_head_of(int64_t head) const { return head / queries_per_kv_head(); }
   bool windowed() const { return window_left.has_value(); }
+  bool packed() const { return !cu_seqlens.empty(); }
   // The window's reach left and right of the query, clipped to the sequence length (so
   // position arithmetic cannot overflow); seq_len on a side that has no limit, 0 on the
   // right when causal. Only meaningful after validate().
@@ -77,6 +84,10 @@ void validate(const AttentionConfig& cfg);
 // kv_heads != heads. Refusing is the contract there; computing with the wrong K/V layout is not.
 void require_multi_head(const AttentionConfig& cfg, const std::string& path);
 
+// For the paths that do not compute packed sequences yet: throws InputError naming --seqlens,
+// saying they are not yet supported on `path`, when the config is packed.
+void require_unpacked(const AttentionConfig& cfg, const std::string& path);
+
 // For the paths that do not compute a sliding window yet: throws InputError naming --window,
 // saying it is not yet supported on `path`, when the config has a window.
 void require_no_window(const AttentionConfig& cfg, const std::string& path);
@@ -86,6 +97,25 @@ void require_no_window(const AttentionConfig& cfg, const std::string& path);
 struct DilatedPattern {
   int64_t segment = 0;
   int64_t dilation = 1;
+};
+
+// The segments of one pattern: position ranges attended independently of each other, in
+// order. Dilated: N / w segments of w tokens each. Dense: the documents of a packed
+// sequence, or one segment of N tokens. Cheap to copy for unpacked configs; holds the
+// document starts otherwise.
+class SegmentList {
+ public:
+  SegmentList(int64_t length, int64_t seq_len) : uniform_(length), seq_len_(seq_len) {}
+  explicit SegmentList(std::vector<int64_t> starts) : starts_(std::move(starts)) {}
+  int64_t count() const;
+  int64_t begin(int64_t s) const;
+  int64_t length(int64_t s) const { return begin(s + 1) - begin(s); }
+  // The segment that holds position p (0 <= p < N).
+  int64_t at(int64_t p) const;
+
+ private:
+  int64_t uniform_ = 0, seq_len_ = 0;
+  std::vector<int64_t> starts_;  // packed: every document's first position, then N
 };
 
 // Dense → one pattern covering the whole sequence; dilated → one per (segment, dilation).
@@ -104,6 +134,19 @@ int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head
 
 // Number of positions a pattern selects in one segment: ceil((w - o) / r), 0 if o >= w.
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset);
+// The same for a segment of `length` tokens (documents of a packed sequence vary).
+int64_t selected_in(int64_t length, const DilatedPattern& p, int64_t offset);
+
+// The segments pattern `p` of `cfg` attends within (see SegmentList).
+SegmentList segments_of(const AttentionConfig& cfg, const DilatedPattern& p);
+
+// Keys that the query at position p attends under a dense configuration: the half-open
+// position range allowed by its document, causality and the window (empty when begin >=
+// end). Dense only.
+struct PositionRange {
+  int64_t begin = 0, end = 0;
+};
+PositionRange dense_keys_of(const AttentionConfig& cfg, int64_t p);
 
 // Sum over batch, heads and query rows of the number of keys each query attends
 // (causal counted as attended; a sliding window counts only the keys inside it). Forward FLOPs are

@@ -1,5 +1,5 @@
-// NumPy .npy files: strict reading (float32/float16/bool, C order, size checked against the
-// header before anything is allocated) and atomic writing (temp file + rename).
+// NumPy .npy files: strict reading (float32/float16/bool/int32/int64, C order, size checked against
+// the header before anything is allocated) and atomic writing (temp file + rename).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 namespace ringattn {
 
-enum class NpyDtype { float32, float16, bool8 };
+enum class NpyDtype { float32, float16, bool8, int32, int64 };
 
 struct NpyHeader {
   NpyDtype dtype = NpyDtype::float32;
@@ -18,7 +18,7 @@ struct NpyHeader {
 };
 
 // Parses and validates the header of `path`; throws InputError(path, reason) for a missing,
-// unreadable or non-.npy file, an unsupported dtype (anything but <f4, <f2, |b1), Fortran
+// unreadable or non-.npy file, an unsupported dtype (anything but <f4, <f2, |b1, <i4, <i8), Fortran
 // order, or a header whose shape needs more (or fewer) bytes than the file holds.
 NpyHeader read_npy_header(const std::string& path);
 
@@ -29,11 +29,14 @@ std::vector<float> read_npy_float(const std::string& path, NpyHeader* header_out
 // Reads only the given element ranges {first, count} of a float32/float16 array, in order,
 // as float32 (how a rank reads its shard without loading the whole file).
 std::vector<float> read_npy_float_ranges(const std::string& path,
-                                        const std::vector<std::pair<int64_t, int64_t>>& ranges,
-                                        NpyHeader* header_out = nullptr);
+                                         const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                         NpyHeader* header_out = nullptr);
 
 // Reads a bool array (one byte per element, 0 or 1).
 std::vector<uint8_t> read_npy_bool(const std::string& path, NpyHeader* header_out = nullptr);
+
+// Reads an int32 or int64 array as int64 (document offsets, --cu-seqlens).
+std::vector<int64_t> read_npy_int64(const std::string& path, NpyHeader* header_out = nullptr);
 
 // Writes a float32 C-order array to `path` through a temporary file in the same directory
 // and an atomic rename. Throws RuntimeFailure on I/O errors and leaves no file behind.

@@ -113,6 +113,10 @@ const char* dtype_name(NpyDtype dtype) {
       return "float16";
     case NpyDtype::bool8:
       return "bool";
+    case NpyDtype::int32:
+      return "int32";
+    case NpyDtype::int64:
+      return "int64";
   }
   return "?";
 }
@@ -125,6 +129,10 @@ int64_t dtype_bytes(NpyDtype dtype) {
       return 2;
     case NpyDtype::bool8:
       return 1;
+    case NpyDtype::int32:
+      return 4;
+    case NpyDtype::int64:
+      return 8;
   }
   return 1;
 }
@@ -357,9 +365,14 @@ void open_and_parse(const std::string& path, OpenNpy* npy) {
     header.dtype = NpyDtype::float16;
   } else if (fields.descr == "|b1") {
     header.dtype = NpyDtype::bool8;
+  } else if (fields.descr == "<i4") {
+    header.dtype = NpyDtype::int32;
+  } else if (fields.descr == "<i8") {
+    header.dtype = NpyDtype::int64;
   } else {
     throw InputError(path, "unsupported dtype " + quote(fields.descr) +
-                               " (need float32 '<f4' or float16 '<f2'; masks use bool '|b1')");
+                               " (need float32 '<f4' or float16 '<f2'; masks use bool '|b1', "
+                               "document offsets int32 '<i4' or int64 '<i8')");
   }
   if (fields.fortran_order)
     throw InputError(path,
@@ -509,8 +522,9 @@ std::vector<float> read_npy_float_ranges(const std::string& path,
   static_assert(std::endian::native == std::endian::little, "ranged reads assume little-endian");
   OpenNpy npy;
   open_and_parse(path, &npy);
-  if (npy.header.dtype == NpyDtype::bool8)
-    throw InputError(path, "dtype bool, expected float32 or float16");
+  if (npy.header.dtype != NpyDtype::float32 && npy.header.dtype != NpyDtype::float16)
+    throw InputError(path, std::string("dtype ") + dtype_name(npy.header.dtype) +
+                               ", expected float32 or float16");
   const std::size_t item = npy.header.dtype == NpyDtype::float32 ? 4 : 2;
   std::size_t total = 0;
   for (const auto& [first, count] : ranges) {
@@ -554,8 +568,9 @@ std::vector<float> read_npy_float_ranges(const std::string& path,
 std::vector<float> read_npy_float(const std::string& path, NpyHeader* header_out) {
   OpenNpy npy;
   open_and_parse(path, &npy);
-  if (npy.header.dtype == NpyDtype::bool8)
-    throw InputError(path, "dtype bool, expected float32 or float16");
+  if (npy.header.dtype != NpyDtype::float32 && npy.header.dtype != NpyDtype::float16)
+    throw InputError(path, std::string("dtype ") + dtype_name(npy.header.dtype) +
+                               ", expected float32 or float16");
   const auto count = static_cast<std::size_t>(npy.element_count);
   std::vector<float> values(count);
   if (npy.header.dtype == NpyDtype::float32) {
@@ -596,6 +611,26 @@ std::vector<uint8_t> read_npy_bool(const std::string& path, NpyHeader* header_ou
     if (values[i] > 1)
       throw InputError(path, "bool element " + std::to_string(i) + " has byte value " +
                                  std::to_string(values[i]) + " (expected 0 or 1)");
+  if (header_out) *header_out = npy.header;
+  return values;
+}
+
+std::vector<int64_t> read_npy_int64(const std::string& path, NpyHeader* header_out) {
+  static_assert(std::endian::native == std::endian::little, "integer reads assume little-endian");
+  OpenNpy npy;
+  open_and_parse(path, &npy);
+  const auto count = static_cast<std::size_t>(npy.element_count);
+  std::vector<int64_t> values(count);
+  if (npy.header.dtype == NpyDtype::int64) {
+    read_data(npy, path, values.data(), count * sizeof(int64_t));
+  } else if (npy.header.dtype == NpyDtype::int32) {
+    std::vector<int32_t> narrow(count);
+    read_data(npy, path, narrow.data(), count * sizeof(int32_t));
+    std::copy(narrow.begin(), narrow.end(), values.begin());
+  } else {
+    throw InputError(path, std::string("dtype ") + dtype_name(npy.header.dtype) +
+                               ", expected int32 ('<i4') or int64 ('<i8')");
+  }
   if (header_out) *header_out = npy.header;
   return values;
 }

@@ -4,6 +4,7 @@
 #include "cli/options.hpp"
 
 #include <boost/program_options.hpp>
+#include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -95,8 +96,14 @@ po::options_description run_description() {
       "causal", po::bool_switch(), "causal masking (t <= p by original position)")(
       "window", po::value<std::string>(),
       "sliding window L or L,R: query p attends keys p-L..p+R (R defaults to L; with --causal "
-      "R must be 0 or omitted); dense attention, CPU")("scale", po::value<double>(),
-                                                       "softmax scale (default 1/sqrt(D))");
+      "R must be 0 or omitted); dense attention, CPU")(
+      "seqlens", po::value<std::string>(),
+      "packed sequences: document lengths L1,L2,... summing to the sequence length (every "
+      "batch row); a query attends only to its own document. Dense attention, CPU")(
+      "cu-seqlens", po::value<std::string>(),
+      "packed sequences from a file: .npy int32/int64 [n_docs + 1] document offsets, 0 first, "
+      "strictly increasing, N last")("scale", po::value<double>(),
+                                     "softmax scale (default 1/sqrt(D))");
 
   po::options_description sparse("Block-sparse");
   sparse.add_options()("block-size", po::value<int64_t>(),
@@ -331,6 +338,23 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
                      "only applies to --attention dilated (or block-sparse's dilated-blocks)");
   o.cfg.causal = vm["causal"].as<bool>();
   if (vm.count("window")) parse_window(str("window"), o.cfg);
+  if (vm.count("seqlens") && vm.count("cu-seqlens"))
+    throw InputError("--seqlens", "give the documents once: --seqlens or --cu-seqlens, not both");
+  if (vm.count("seqlens")) {
+    o.cfg.cu_seqlens = {0};
+    for (const int64_t len : parse_int_list("--seqlens", str("seqlens"))) {
+      if (len <= 0)
+        throw InputError("--seqlens", "document lengths must be positive, got " +
+                                          std::to_string(len) + " in " + quote(str("seqlens")));
+      if (o.cfg.cu_seqlens.back() > INT64_MAX - len)
+        throw InputError("--seqlens", "the document lengths overflow");
+      o.cfg.cu_seqlens.push_back(o.cfg.cu_seqlens.back() + len);
+    }
+  }
+  if (vm.count("cu-seqlens")) {
+    o.cu_seqlens_path = str("cu-seqlens");
+    if (o.cu_seqlens_path.empty()) throw InputError("--cu-seqlens", "the path is empty");
+  }
   if (vm.count("scale")) o.cfg.scale = vm["scale"].as<double>();
 
   o.backward = vm["backward"].as<bool>() || !o.dout_path.empty();
@@ -357,6 +381,9 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   if (o.device == "cuda" && o.shape_from_options)
     require_multi_head(o.cfg, "--device cuda (use --device cpu)");
   if (o.device == "cuda") require_no_window(o.cfg, "--device cuda (use --device cpu)");
+  if (o.device == "cuda" && (o.cfg.packed() || !o.cu_seqlens_path.empty()))
+    throw InputError(o.cfg.packed() ? "--seqlens" : "--cu-seqlens",
+                     "packed sequences are not yet supported on --device cuda (use --device cpu)");
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
   o.warmup = vm["warmup"].as<int>();

@@ -24,12 +24,13 @@ struct RunOptions {
   // Block-sparse (--attention block-sparse, or auto past --sparse-threshold tokens).
   bool attention_auto = false;
   int64_t sparse_threshold = 1048576;
-  std::string pattern;          // --pattern text
-  std::string block_mask_path;  // --block-mask FILE
-  std::string pattern_out_path; // --pattern-out FILE
-  std::string device = "auto";  // cpu | cuda | auto (cuda when one rank and a usable GPU)
-  std::string kernel = "auto";  // auto | native | cudnn (CUDA forward kernel)
-  std::string dtype;            // bf16 | fp16 | fp32; empty: bf16 on cuda, fp32 on cpu
+  std::string pattern;           // --pattern text
+  std::string block_mask_path;   // --block-mask FILE
+  std::string pattern_out_path;  // --pattern-out FILE
+  std::string cu_seqlens_path;   // --cu-seqlens FILE (read once the sequence length is known)
+  std::string device = "auto";   // cpu | cuda | auto (cuda when one rank and a usable GPU)
+  std::string kernel = "auto";   // auto | native | cudnn (CUDA forward kernel)
+  std::string dtype;             // bf16 | fp16 | fp32; empty: bf16 on cuda, fp32 on cpu
   int threads = 0;
   int warmup = 1;
   int iters = 3;
@@ -40,7 +41,7 @@ struct RunOptions {
   bool json = false;
   bool progress = false;  // --progress: progress lines on stderr even when it is no terminal
   bool quiet = false;     // --quiet: no progress
-  bool demo = false;  // no options at all: the embedded demo config
+  bool demo = false;      // no options at all: the embedded demo config
 };
 
 // Parses `args` (the words after "run"). Returns false when --help was asked for (help is

@@ -61,6 +61,11 @@ void print_table(const RunReport& r, std::ostream& os) {
   if (c.windowed())
     os << "  window           keys p-" << c.window_reach().left << " .. p+"
        << c.window_reach().right << "\n";
+  if (c.packed())
+    os << "  packed           " << c.cu_seqlens.size() - 1 << " documents per batch row\n";
+  if (r.world_size > 1)
+    os << "  layout           " << r.layout << "   imbalance " << std::fixed << std::setprecision(3)
+       << r.imbalance << " (max / mean attended pairs over ranks)" << std::defaultfloat << "\n";
   if (c.attention == AttentionKind::dilated)
     os << "  segments         " << join(c.segments) << "   dilations " << join(c.dilations) << "\n";
   if (!r.attention_note.empty()) os << "  auto             " << r.attention_note << "\n";
@@ -129,6 +134,11 @@ void print_json(const RunReport& r, std::ostream& os) {
     j["window"] = {*c.window_left, c.causal ? 0 : c.window_right.value_or(*c.window_left)};
   else
     j["window"] = nullptr;
+  // Packed sequences: the number of documents per batch row; null when not packed.
+  if (c.packed())
+    j["documents"] = c.cu_seqlens.size() - 1;
+  else
+    j["documents"] = nullptr;
   if (c.attention == AttentionKind::dilated) {
     j["combine"] = to_string(c.combine);
     j["segments"] = c.segments;
@@ -168,6 +178,8 @@ void print_json(const RunReport& r, std::ostream& os) {
                  {"threading", r.blas->threading}, {"threads_per_call", r.blas->threads_per_call}};
   j["bytes_sent"] = r.bytes_sent;
   j["bytes_sent_min"] = r.bytes_sent_min;
+  j["layout"] = r.layout;
+  j["imbalance"] = r.imbalance;
   auto ranks_json = [](const std::vector<RankFigures>& v) {
     nlohmann::json a = nlohmann::json::array();
     for (std::size_t i = 0; i < v.size(); ++i)

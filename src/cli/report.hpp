@@ -39,8 +39,10 @@ struct RunReport {
   std::size_t workspace_bytes_per_thread = 0;
   std::size_t peak_bytes = 0;
   std::size_t peak_rss_bytes = 0;
-  std::size_t bytes_sent = 0;      // forward K/V payload, max over ranks
-  std::size_t bytes_sent_min = 0;  // the computed minimum for the config, max over ranks
+  std::size_t bytes_sent = 0;         // forward K/V payload, max over ranks
+  std::size_t bytes_sent_min = 0;     // the computed minimum for the config, max over ranks
+  std::string layout = "contiguous";  // how the sequence is split over ranks
+  double imbalance = 1.0;             // max / mean attended pairs over ranks
   std::vector<RankFigures> fwd_ranks, bwd_ranks;  // per rank, world_size > 1 only
   std::string attention_note;                     // what --attention auto decided
   // Block-sparse runs.

@@ -117,6 +117,9 @@ void blaming_input_files(const RunOptions& opts, F&& f) {
   try {
     f();
   } catch (const InputError& e) {
+    // --seqlens problems found in a --cu-seqlens file name the file.
+    if (e.subject() == "--seqlens" && !opts.cu_seqlens_path.empty())
+      throw InputError(file_subject("--cu-seqlens", opts.cu_seqlens_path), e.problem());
     if (opts.q_path.empty()) throw;
     const Shape4& given = opts.cfg.shape;  // with input files: 0 where the option was not given
     const int64_t given_dims[] = {given.batch, given.seq_len, given.heads, given.head_dim};
@@ -126,6 +129,33 @@ void blaming_input_files(const RunOptions& opts, F&& f) {
                          std::string(kShapeDims[i].name) + ": " + e.problem());
     throw;
   }
+}
+
+// The document offsets of --cu-seqlens FILE: int32/int64, [n_docs + 1], 0 first, strictly
+// increasing, the sequence length last. Problems name the file and the option.
+std::vector<int64_t> read_cu_seqlens(const RunOptions& opts, int64_t seq_len) {
+  const std::string& path = opts.cu_seqlens_path;
+  const std::string subject = file_subject("--cu-seqlens", path);
+  NpyHeader h;
+  std::vector<int64_t> cu = reading("--cu-seqlens", path, [&] { return read_npy_int64(path, &h); });
+  if (h.shape.size() != 1 || cu.size() < 2) {
+    std::string dims;
+    for (int64_t d : h.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    throw InputError(subject,
+                     "expected a 1-D array of n_docs + 1 >= 2 offsets, got shape [" + dims + "]");
+  }
+  if (cu.front() != 0)
+    throw InputError(subject, "the first offset must be 0, got " + std::to_string(cu.front()));
+  for (std::size_t d = 0; d + 1 < cu.size(); ++d)
+    if (cu[d + 1] <= cu[d])
+      throw InputError(subject, "offsets must increase strictly: element " + std::to_string(d + 1) +
+                                    " is " + std::to_string(cu[d + 1]) + " after " +
+                                    std::to_string(cu[d]) +
+                                    " (every document needs at least one token)");
+  if (cu.back() != seq_len)
+    throw InputError(subject, "the last offset must be the sequence length " +
+                                  std::to_string(seq_len) + ", got " + std::to_string(cu.back()));
+  return cu;
 }
 
 // Element ranges of `rank`'s shard in a [B, N, H, D] file, in local order.
@@ -218,8 +248,8 @@ struct RunState {
   // Block-sparse runs (any world size).
   std::shared_ptr<const sparse::BlockLists> lists;
   std::optional<sparse::SparsePlan> sparse;
-  std::string pattern_text;  // canonical pattern, or "mask FILE"
-  std::string auto_note;     // what --attention auto decided
+  std::string pattern_text;               // canonical pattern, or "mask FILE"
+  std::string auto_note;                  // what --attention auto decided
   std::function<void(int, int)> on_step;  // rank 0's progress hook for the engines
   bool sampled_check = false;
   // --device cuda: the plan (one rank: dense/dilated; block-sparse on any number of ranks)
@@ -433,6 +463,7 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
                                    std::to_string(v.second) + ")");
     cfg.shape = sq;
   }
+  if (!opts.cu_seqlens_path.empty()) cfg.cu_seqlens = read_cu_seqlens(opts, cfg.shape.seq_len);
   std::string pattern = opts.pattern;
   if (opts.attention_auto) {
     const int64_t n = cfg.shape.seq_len;
@@ -469,31 +500,25 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     throw InputError("--pattern-out", "this run is " + std::string(to_string(cfg.attention)) +
                                           ", not block-sparse: there is no block mask to write");
   blaming_input_files(opts, [&] { validate(cfg); });
-  // Grouped-query attention runs on the CPU in this version: --device auto keeps it there,
-  // --device cuda is refused rather than computed wrongly.
-  if (cfg.effective_kv_heads() != cfg.shape.heads && use_cuda) {
-    if (opts.device == "cuda") require_multi_head(cfg, "--device cuda (use --device cpu)");
+  // Grouped-query attention, sliding windows and packed sequences run on the CPU in this
+  // version: --device auto keeps such runs there, --device cuda is refused (naming the
+  // option) rather than computed wrongly.
+  auto cpu_only = [&](bool applies, const std::string& what, auto&& refuse_on_cuda) {
+    if (!applies || !use_cuda) return;
+    if (opts.device == "cuda") refuse_on_cuda();
     use_cuda = false;
     if (!opts.dtype.empty() && opts.dtype != "fp32")
-      throw InputError("--dtype", "'" + opts.dtype +
-                                      "' needs the GPU, but grouped-query attention runs on "
-                                      "the CPU, in fp32");
+      throw InputError("--dtype", "'" + opts.dtype + "' needs the GPU, but " + what +
+                                      " runs on the CPU, in fp32");
     if (opts.kernel == "cudnn")
-      throw InputError("--kernel",
-                       "'cudnn' is a CUDA kernel, but grouped-query attention runs on the CPU");
-  }
-  // The sliding window, likewise, is computed on the CPU only in this version.
-  if (cfg.windowed() && use_cuda) {
-    if (opts.device == "cuda") require_no_window(cfg, "--device cuda (use --device cpu)");
-    use_cuda = false;
-    if (!opts.dtype.empty() && opts.dtype != "fp32")
-      throw InputError("--dtype", "'" + opts.dtype +
-                                      "' needs the GPU, but a sliding window runs on the CPU, "
-                                      "in fp32");
-    if (opts.kernel == "cudnn")
-      throw InputError("--kernel",
-                       "'cudnn' is a CUDA kernel, but a sliding window runs on the CPU");
-  }
+      throw InputError("--kernel", "'cudnn' is a CUDA kernel, but " + what + " runs on the CPU");
+  };
+  const std::string on_cuda = "--device cuda (use --device cpu)";
+  cpu_only(cfg.effective_kv_heads() != cfg.shape.heads, "grouped-query attention",
+           [&] { require_multi_head(cfg, on_cuda); });
+  cpu_only(cfg.windowed(), "a sliding window", [&] { require_no_window(cfg, on_cuda); });
+  cpu_only(cfg.packed(), "packed sequences",
+           [&] { blaming_input_files(opts, [&] { require_unpacked(cfg, on_cuda); }); });
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path);
     if (!(sd == cfg.shape))
@@ -896,6 +921,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     rep.fwd_ranks = gather_figures(st.ring->last_forward());
     if (opts.backward) rep.bwd_ranks = gather_figures(st.ring->last_backward());
   }
+
+  rep.layout = st.layout.name();
+  rep.imbalance =
+      ring::imbalance(st.lists ? sparse::attended_pairs_by_rank(*st.lists, st.layout, st.cfg.causal)
+                               : ring::attended_pairs_by_rank(st.cfg, st.layout));
 
   // A sampled check runs on every rank, on its own shard.
   std::pair<double, double> sampled{0, 0};

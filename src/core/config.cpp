@@ -67,6 +67,31 @@ void validate_window(const AttentionConfig& cfg) {
     require_no_window(cfg, "--attention block-sparse (use dense attention)");
 }
 
+void validate_packing(const AttentionConfig& cfg) {
+  if (!cfg.packed()) return;
+  const auto& cu = cfg.cu_seqlens;
+  const int64_t n = cfg.shape.seq_len;
+  if (cu.size() < 2 || cu.front() != 0)
+    throw InputError("--seqlens",
+                     "document offsets must start at 0 and hold at least one "
+                     "document");
+  for (std::size_t d = 0; d + 1 < cu.size(); ++d)
+    if (cu[d + 1] <= cu[d])
+      throw InputError("--seqlens", "document " + std::to_string(d) + " has length " +
+                                        std::to_string(cu[d + 1] - cu[d]) +
+                                        "; every document needs at least one token");
+  if (cu.back() != n)
+    throw InputError("--seqlens", "the document lengths sum to " + std::to_string(cu.back()) +
+                                      ", not to the sequence length " + std::to_string(n) +
+                                      " (--seq-len)");
+  if (cfg.attention == AttentionKind::dilated)
+    throw InputError("--seqlens",
+                     "packed sequences do not combine with --attention dilated yet (use dense "
+                     "attention)");
+  if (cfg.attention == AttentionKind::block_sparse)
+    require_unpacked(cfg, "--attention block-sparse (use dense attention)");
+}
+
 }  // namespace
 
 void validate(const AttentionConfig& cfg) {
@@ -94,6 +119,7 @@ void validate(const AttentionConfig& cfg) {
   if (cfg.attention == AttentionKind::block_sparse)
     require_multi_head(cfg, "--attention block-sparse (use dense or dilated attention)");
   validate_window(cfg);
+  validate_packing(cfg);
 
   if (cfg.attention == AttentionKind::dense) return;
   if (cfg.attention == AttentionKind::block_sparse) {
@@ -146,6 +172,11 @@ void require_multi_head(const AttentionConfig& cfg, const std::string& path) {
                                      ") is not yet supported on " + path);
 }
 
+void require_unpacked(const AttentionConfig& cfg, const std::string& path) {
+  if (!cfg.packed()) return;
+  throw InputError("--seqlens", "packed sequences are not yet supported on " + path);
+}
+
 void require_no_window(const AttentionConfig& cfg, const std::string& path) {
   if (!cfg.window_left && !cfg.window_right) return;
   throw InputError("--window", "a sliding window is not yet supported on " + path);
@@ -178,14 +209,53 @@ int64_t selected_per_segment(const DilatedPattern& p, int64_t offset) {
   return (p.segment - offset + p.dilation - 1) / p.dilation;
 }
 
+int64_t selected_in(int64_t length, const DilatedPattern& p, int64_t offset) {
+  if (offset >= length) return 0;
+  return (length - offset + p.dilation - 1) / p.dilation;
+}
+
+int64_t SegmentList::count() const {
+  return starts_.empty() ? seq_len_ / uniform_ : static_cast<int64_t>(starts_.size()) - 1;
+}
+
+int64_t SegmentList::begin(int64_t s) const {
+  return starts_.empty() ? s * uniform_ : starts_[static_cast<std::size_t>(s)];
+}
+
+int64_t SegmentList::at(int64_t p) const {
+  if (starts_.empty()) return p / uniform_;
+  const auto it = std::upper_bound(starts_.begin(), starts_.end(), p);
+  return static_cast<int64_t>(it - starts_.begin()) - 1;
+}
+
+SegmentList segments_of(const AttentionConfig& cfg, const DilatedPattern& p) {
+  if (cfg.attention == AttentionKind::dense && cfg.packed()) return SegmentList(cfg.cu_seqlens);
+  return SegmentList(p.segment, cfg.shape.seq_len);
+}
+
+PositionRange dense_keys_of(const AttentionConfig& cfg, int64_t p) {
+  int64_t begin = 0, end = cfg.shape.seq_len;
+  if (cfg.packed()) {
+    const auto it = std::upper_bound(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end(), p);
+    end = *it;
+    begin = *(it - 1);
+  }
+  if (cfg.causal) end = std::min(end, p + 1);
+  if (cfg.windowed()) {
+    const auto reach = cfg.window_reach();
+    begin = std::max(begin, p - reach.left);
+    end = std::min(end, p + reach.right + 1);
+  }
+  return {begin, std::max(begin, end)};
+}
+
 double attended_pairs(const AttentionConfig& cfg) {
-  if (cfg.windowed()) {  // dense only: keys of row p are [p - L, p + R] within [0, N)
-    const int64_t n = cfg.shape.seq_len;
-    const auto [left, right] = cfg.window_reach();
+  if (cfg.attention == AttentionKind::dense && (cfg.windowed() || cfg.packed())) {
     double per_head = 0;
-    for (int64_t p = 0; p < n; ++p)
-      per_head +=
-          static_cast<double>(std::min(n - 1, p + right) - std::max<int64_t>(0, p - left) + 1);
+    for (int64_t p = 0; p < cfg.shape.seq_len; ++p) {
+      const PositionRange keys = dense_keys_of(cfg, p);
+      per_head += static_cast<double>(keys.end - keys.begin);
+    }
     return per_head * static_cast<double>(cfg.shape.heads * cfg.shape.batch);
   }
   const auto pats = patterns_of(cfg);

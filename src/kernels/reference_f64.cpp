@@ -1,7 +1,7 @@
 // The float64 reference for dense, grouped and mixture attention with any number of K/V
-// heads and an optional sliding window, and relative_error. Everything is built straight from the
-// definitions (tests/data/golden/README.md), naively, and on purpose shares no pattern arithmetic
-// with src/core/config.cpp: it is the check on it.
+// heads, an optional sliding window and packed documents, and relative_error. Everything is built
+// straight from the definitions (tests/data/golden/README.md), naively, and on purpose shares no
+// pattern arithmetic with src/core/config.cpp: it is the check on it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -87,10 +87,15 @@ bool selects(const HeadPattern& pat, int64_t position) {
 // How many of a head's patterns let query p see key t: the multiplicity of t in p's multiset
 // of keys (mixture counts a key that two patterns select twice; grouped is 0 or 1).
 // The sliding window (when cfg has one) also has its say: t in [p - L, p + R], R = L unless
-// given (causal already keeps t <= p).
+// given (causal already keeps t <= p), and so do packed documents: p and t must lie in one.
 int64_t multiplicity(const std::vector<HeadPattern>& patterns, const AttentionConfig& cfg,
                      int64_t p, int64_t t) {
   if (cfg.causal && t > p) return 0;
+  if (cfg.packed()) {
+    const auto& cu = cfg.cu_seqlens;
+    if (std::upper_bound(cu.begin(), cu.end(), p) != std::upper_bound(cu.begin(), cu.end(), t))
+      return 0;
+  }
   if (cfg.window_left) {
     const int64_t left = *cfg.window_left, right = cfg.window_right.value_or(left);
     require(left >= 0 && right >= 0, "window reaches must be >= 0");

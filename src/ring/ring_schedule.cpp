@@ -30,11 +30,12 @@ std::vector<int64_t> heads_of(const AttentionConfig& cfg, int64_t pattern, int64
 // local tensor of `heads` heads: the query heads H for query runs, the K/V heads HKV for key
 // runs (whose lse fields are unused).
 std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
-                         int pattern, const DilatedPattern& pat, int64_t offset, int64_t head,
-                         int64_t heads, int64_t batch, int64_t segment) {
+                         int pattern, const DilatedPattern& pat, const SegmentList& segs,
+                         int64_t offset, int64_t head, int64_t heads, int64_t batch,
+                         int64_t segment) {
   const Shape4& s = cfg.shape;
-  const int64_t m = selected_per_segment(pat, offset);
-  const int64_t first = segment * pat.segment + offset;  // position of selection index 0
+  const int64_t m = selected_in(segs.length(segment), pat, offset);
+  const int64_t first = segs.begin(segment) + offset;  // position of selection index 0
   std::vector<Run> runs;
   const auto chunks = layout.chunks(rank);
   for (std::size_t c = 0; c < chunks.size(); ++c) {
@@ -60,11 +61,13 @@ std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, 
   return runs;
 }
 
-// Segments of `pat` that overlap any chunk of `rank`, ascending.
-std::vector<int64_t> segments_touching(const ShardLayout& layout, int rank, int64_t w) {
+// Segments of `list` that overlap any chunk of `rank`, ascending.
+std::vector<int64_t> segments_touching(const ShardLayout& layout, int rank,
+                                       const SegmentList& list) {
   std::vector<int64_t> segs;
   for (const Chunk& ch : layout.chunks(rank))
-    for (int64_t s = ch.begin / w; s <= (ch.begin + ch.length - 1) / w; ++s) segs.push_back(s);
+    for (int64_t s = list.at(ch.begin); s <= list.at(ch.begin + ch.length - 1); ++s)
+      segs.push_back(s);
   std::sort(segs.begin(), segs.end());
   segs.erase(std::unique(segs.begin(), segs.end()), segs.end());
   return segs;
@@ -98,8 +101,8 @@ std::vector<std::pair<int64_t, std::vector<int64_t>>> heads_by_offset(const Atte
   return groups;
 }
 
-// Sliding window (dense only, so run indices are positions): the keys of `kr` within reach
-// of some query run, as pieces of `kr` (the query runs' windows, merged where they overlap),
+// Sliding window (dense only, so run indices are positions in the segment): the keys of `kr` within
+// reach of some query run, as pieces of `kr` (the query runs' windows, merged where they overlap),
 // each paired with the query runs whose window meets it. A query run's window is one
 // interval, so it meets at most one piece: tasks of one wave still share no query rows.
 void add_window_pieces(const AttentionConfig& cfg, const Run& kr,
@@ -142,8 +145,9 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
   const int64_t heads = cfg.shape.heads, kv_heads = cfg.effective_kv_heads();
   for (int i = 0; i < static_cast<int>(pats.size()); ++i) {
     const DilatedPattern& pat = pats[static_cast<std::size_t>(i)];
-    const auto dest_segs = segments_touching(layout, dest, pat.segment);
-    const auto src_segs = segments_touching(layout, src, pat.segment);
+    const SegmentList list = segments_of(cfg, pat);
+    const auto dest_segs = segments_touching(layout, dest, list);
+    const auto src_segs = segments_touching(layout, src, list);
     std::vector<int64_t> segs;
     std::set_intersection(dest_segs.begin(), dest_segs.end(), src_segs.begin(), src_segs.end(),
                           std::back_inserter(segs));
@@ -154,11 +158,11 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
             // The query heads of this group select the same positions: same runs, same max.
             std::vector<std::vector<Run>> qruns;
             for (int64_t h : q_heads)
-              qruns.push_back(runs_in(cfg, layout, dest, i, pat, offset, h, heads, b, seg));
+              qruns.push_back(runs_in(cfg, layout, dest, i, pat, list, offset, h, heads, b, seg));
             if (qruns.front().empty()) continue;
             int64_t max_q = 0;  // one past the last selected query index of dest here
             for (const Run& q : qruns.front()) max_q = std::max(max_q, q.k_end);
-            for (Run kr : runs_in(cfg, layout, src, i, pat, offset, kh, kv_heads, b, seg)) {
+            for (Run kr : runs_in(cfg, layout, src, i, pat, list, offset, kh, kv_heads, b, seg)) {
               if (cfg.windowed()) {
                 add_window_pieces(cfg, kr, qruns, work);
                 continue;
@@ -259,17 +263,26 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
 
 namespace {
 
-// Sliding window (dense): every other rank needs, of each K/V head, the positions within
-// reach of its chunks, [begin - L, end - 1 + R]; counted on merged position intervals.
-int64_t minimum_window_rows(const AttentionConfig& cfg, const ShardLayout& layout, int rank) {
+// Dense attention with a window or packed documents: every other rank needs, of each K/V
+// head, the keys its queries attend. For the queries [x, y) of one chunk that lie in one
+// document [ds, de), those are [max(ds, x - L), min(de, y + R)) (R = 0 when causal, L and R
+// the sequence length where there is no window); counted on merged position intervals.
+int64_t minimum_dense_rows(const AttentionConfig& cfg, const ShardLayout& layout, int rank) {
   const auto reach = cfg.window_reach();
+  const std::vector<int64_t> whole{0, cfg.shape.seq_len};
+  const std::vector<int64_t>& cu = cfg.packed() ? cfg.cu_seqlens : whole;
   int64_t rows = 0;
   for (int dest = 0; dest < layout.world; ++dest) {
     if (dest == rank) continue;
     std::vector<std::pair<int64_t, int64_t>> reached;
-    for (const Chunk& c : layout.chunks(dest))
-      reached.push_back({std::max<int64_t>(0, c.begin - reach.left),
-                         std::min(cfg.shape.seq_len, c.begin + c.length + reach.right)});
+    for (const Chunk& c : layout.chunks(dest)) {
+      const int64_t c_end = c.begin + c.length;
+      auto doc = std::upper_bound(cu.begin(), cu.end(), c.begin) - 1;
+      for (; doc + 1 != cu.end() && *doc < c_end; ++doc) {
+        const int64_t x = std::max(*doc, c.begin), y = std::min(*(doc + 1), c_end);
+        reached.push_back({std::max(*doc, x - reach.left), std::min(*(doc + 1), y + reach.right)});
+      }
+    }
     std::sort(reached.begin(), reached.end());
     std::vector<std::pair<int64_t, int64_t>> merged;
     for (const auto& r : reached) {
@@ -289,8 +302,8 @@ int64_t minimum_window_rows(const AttentionConfig& cfg, const ShardLayout& layou
 
 int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank) {
   const Shape4& s = cfg.shape;
-  if (cfg.windowed())
-    return minimum_window_rows(cfg, layout, rank) * s.batch * 2 * s.head_dim *
+  if (cfg.attention == AttentionKind::dense && (cfg.windowed() || cfg.packed()))
+    return minimum_dense_rows(cfg, layout, rank) * s.batch * 2 * s.head_dim *
            static_cast<int64_t>(sizeof(float));
   const auto pats = patterns_of(cfg);
   const auto n_patterns = static_cast<int64_t>(pats.size());

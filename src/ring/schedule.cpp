@@ -1,5 +1,6 @@
 // Builds the single-rank schedule: one task per (batch, head, pattern, segment) that
-// selects at least one position, as a strided view with stride dilation·H·D for queries and
+// selects at least one position (a packed sequence's documents are dense attention's
+// segments), as a strided view with stride dilation·H·D for queries and
 // dilation·HKV·D for keys (query head h reads K/V head h / (H / HKV) in place).
 #include "ring/schedule.hpp"
 
@@ -14,14 +15,15 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
   const Shape4& s = cfg.shape;
   const DilatedPattern pat = patterns_of(cfg)[static_cast<std::size_t>(pattern)];
   const int64_t offset = pattern_offset(cfg, pattern, head);
-  const int64_t m = selected_per_segment(pat, offset);
-  if (m == 0) return;
+  const SegmentList segs = segments_of(cfg, pat);
   const int64_t row = s.heads * s.head_dim;
   const int64_t kv_row = cfg.effective_kv_heads() * s.head_dim;
   const int64_t kv_head = cfg.kv_head_of(head);
   for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t seg = 0; seg < s.seq_len / pat.segment; ++seg) {
-      const int64_t p0 = seg * pat.segment + offset;
+    for (int64_t seg = 0; seg < segs.count(); ++seg) {
+      const int64_t m = selected_in(segs.length(seg), pat, offset);
+      if (m == 0) continue;
+      const int64_t p0 = segs.begin(seg) + offset;
       kernels::SubseqTask t;
       t.q_row0 = (b * s.seq_len + p0) * row + head * s.head_dim;
       t.k_row0 = (b * s.seq_len + p0) * kv_row + kv_head * s.head_dim;
@@ -31,7 +33,7 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
       t.lse_stride = pat.dilation;
       t.n_q = t.n_k = m;
       t.causal_offset = 0;
-      if (cfg.windowed()) {  // dense only: view indices are positions
+      if (cfg.windowed()) {  // dense only: view indices are positions in the segment
         const auto reach = cfg.window_reach();
         t.window_left = reach.left;
         t.window_right = reach.right;

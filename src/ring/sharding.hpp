@@ -1,7 +1,11 @@
-// How the sequence is split over ranks. Each rank owns N/P tokens as one or two chunks of
-// consecutive positions, stored back to back in its local [B, N/P, H, D] tensors. Causal runs
-// use the zigzag layout (2P chunks; rank r holds chunks r and 2P-1-r) so that every rank
-// has the same amount of causal work; other runs use one contiguous chunk per rank.
+// How the sequence is split over ranks. Each rank owns N/P tokens as chunks of consecutive
+// positions, stored back to back in its local [B, N/P, H, D] tensors. Causal runs use the
+// zigzag layout (2P chunks; rank r holds chunks r and 2P-1-r) so that every rank has the same
+// amount of causal work; other runs use one contiguous chunk per rank. Where neither
+// balances the work (packed documents of mixed lengths; causal runs whose N is not a
+// multiple of 2P) the layout is `balanced`: the sequence is cut into bands of P equal
+// pieces and each band's pieces are dealt to the ranks, heaviest piece to the least loaded
+// rank, so every rank still holds exactly N/P rows.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +26,24 @@ struct ShardLayout {
   int64_t seq_len = 0;
   int64_t local_len = 0;  // N / P
   bool zigzag = false;
+  // Balanced layouts list each rank's chunks (ascending positions); empty otherwise.
+  std::vector<std::vector<Chunk>> balanced;
 
   std::vector<Chunk> chunks(int rank) const;
+  const char* name() const;  // "contiguous", "zigzag" or "balanced"
   // Global position of local row `row` on `rank`.
   int64_t global_position(int rank, int64_t row) const;
 };
 
-// Throws InputError("--seq-len", ...) when P ranks cannot split N evenly (N % P, or N % 2P
-// for causal runs).
+// Throws InputError("--seq-len", ...) when P ranks cannot split N evenly (N % P).
+// Contiguous for non-causal runs, zigzag for causal ones when N % 2P == 0, else balanced;
+// packed runs take the balanced layout unless the usual one is within 5 % of the mean work.
 ShardLayout make_layout(const AttentionConfig& cfg, int world);
+
+// Attended (query, key) pairs of each rank's queries under `l`, summed over batch and heads
+// (dense and dilated configs). imbalance() is max / mean (1 for a perfect split).
+std::vector<double> attended_pairs_by_rank(const AttentionConfig& cfg, const ShardLayout& l);
+double imbalance(const std::vector<double>& pairs_by_rank);
 
 // Copies `rank`'s rows between a full tensor and its local one. `inner` is the number of
 // floats per (batch, position): H*D for [B, N, H, D] tensors. For lse [B, H, N] use the

@@ -60,6 +60,23 @@ ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world) {
   return l;
 }
 
+std::vector<double> attended_pairs_by_rank(const BlockLists& lists, const ring::ShardLayout& layout,
+                                           bool causal) {
+  const auto bs = static_cast<double>(lists.block_size);
+  std::vector<double> by_rank(static_cast<std::size_t>(layout.world), 0.0);
+  for (int r = 0; r < layout.world; ++r)
+    for (const ring::Chunk& c : layout.chunks(r))
+      for (int64_t i = c.begin / lists.block_size; i < (c.begin + c.length) / lists.block_size; ++i)
+        for (int64_t h = 0; h < lists.heads; ++h)
+          for (int32_t j : lists.of_head(h).row(i)) {
+            if (!causal || j < i)
+              by_rank[static_cast<std::size_t>(r)] += bs * bs;
+            else if (j == i)
+              by_rank[static_cast<std::size_t>(r)] += bs * (bs + 1) / 2;
+          }
+  return by_rank;
+}
+
 int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
                            const ring::ShardLayout& layout, int rank) {
   const Shape4& s = cfg.shape;

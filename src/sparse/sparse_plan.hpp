@@ -31,6 +31,11 @@ ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world);
 int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
                            const ring::ShardLayout& layout, int rank);
 
+// Attended (query, key) token pairs of each rank's query blocks under `layout` (every batch
+// row counted once: multiply by B), for the imbalance a run reports.
+std::vector<double> attended_pairs_by_rank(const BlockLists& lists, const ring::ShardLayout& layout,
+                                           bool causal);
+
 class SparsePlan {
  public:
   // `cfg.attention` must be block_sparse; `lists` must match its heads, N and block size.

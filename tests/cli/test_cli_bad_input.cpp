@@ -371,6 +371,77 @@ TEST(CliBadInput, BadWindowsAreRejectedNamingWindow) {
                    "not yet supported on --device cuda");
 }
 
+// ---- packed sequences (--seqlens, --cu-seqlens) -----------------------------------------
+
+// Document offsets as an .npy of `descr` ('<i4' or '<i8') and `shape`.
+void write_offsets(const std::string& path, const std::string& descr, const std::string& shape,
+                   const std::vector<int64_t>& values) {
+  std::string payload;
+  for (int64_t v : values) {
+    if (descr == "<i4") {
+      const auto x = static_cast<int32_t>(v);
+      payload.append(reinterpret_cast<const char*>(&x), sizeof x);
+    } else {
+      payload.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+  }
+  write_bytes(path, npy_bytes(dict_for(descr, shape), payload));
+}
+
+TEST(CliBadInput, BadSeqlensAreRejectedNamingSeqlens) {
+  TempDir dir;
+  const Args base{"run",        "--seq-len", "64",    "--heads",          "2",
+                  "--head-dim", "16",        "--out", dir.file("out.npy")};
+  expect_bad_input(dir, with(base, {"--seqlens", "30,30"}), "--seqlens",
+                   "the document lengths sum to 60, not to the sequence length 64");
+  expect_bad_input(dir, with(base, {"--seqlens", "64,0"}), "--seqlens",
+                   "document lengths must be positive, got 0");
+  expect_bad_input(dir, with(base, {"--seqlens", "32,x"}), "--seqlens", "is not an integer");
+  expect_bad_input(dir,
+                   with(base, {"--seqlens", "32,32", "--attention", "dilated", "--segments", "32",
+                               "--dilations", "2"}),
+                   "--seqlens", "do not combine with --attention dilated");
+  expect_bad_input(dir,
+                   with(base, {"--seqlens", "32,32", "--attention", "block-sparse", "--block-size",
+                               "16", "--pattern", "local"}),
+                   "--seqlens", "not yet supported on --attention block-sparse");
+  expect_bad_input(dir, with(base, {"--seqlens", "32,32", "--device", "cuda"}), "--seqlens",
+                   "not yet supported on --device cuda");
+  write_offsets(dir.file("cu.npy"), "<i8", "(3,)", {0, 32, 64});
+  expect_bad_input(dir, with(base, {"--seqlens", "32,32", "--cu-seqlens", dir.file("cu.npy")}),
+                   "--seqlens", "not both");
+}
+
+TEST(CliBadInput, BadCuSeqlensFilesAreRejectedNamingTheFile) {
+  TempDir dir;
+  const Args base{"run",        "--seq-len", "64",    "--heads",          "2",
+                  "--head-dim", "16",        "--out", dir.file("out.npy")};
+  const std::string cu = dir.file("cu.npy");
+  const std::string subject = "--cu-seqlens (" + cu + ")";
+  const Args args = with(base, {"--cu-seqlens", cu});
+  write_offsets(cu, "<i4", "(4,)", {0, 40, 30, 64});
+  expect_bad_input(dir, args, subject, "offsets must increase strictly: element 2 is 30");
+  write_offsets(cu, "<i8", "(3,)", {0, 32, 60});
+  expect_bad_input(dir, args, subject, "the last offset must be the sequence length 64, got 60");
+  write_offsets(cu, "<i8", "(3,)", {1, 32, 64});
+  expect_bad_input(dir, args, subject, "the first offset must be 0, got 1");
+  write_offsets(cu, "<i8", "(1, 3)", {0, 32, 64});
+  expect_bad_input(dir, args, subject, "expected a 1-D array");
+  write_offsets(cu, "<i8", "(1,)", {0});
+  expect_bad_input(dir, args, subject, "expected a 1-D array");
+  write_bytes(cu, npy_bytes(dict_for("<f4", "(2,)"), std::string(8, '\0')));
+  expect_bad_input(dir, args, subject, "dtype float32, expected int32 ('<i4') or int64 ('<i8')");
+  write_bytes(cu, npy_bytes(dict_for("<i8", "(3,)"), std::string(8, '\0')));
+  expect_bad_input(dir, args, cu, "");  // truncated data
+  expect_bad_input(dir, with(base, {"--cu-seqlens", dir.file("missing.npy")}),
+                   dir.file("missing.npy"), "");
+  // --seqlens problems found only once the file is read name the file too.
+  write_offsets(cu, "<i4", "(3,)", {0, 32, 64});
+  expect_bad_input(dir,
+                   with(args, {"--attention", "dilated", "--segments", "32", "--dilations", "2"}),
+                   subject, "do not combine with --attention dilated");
+}
+
 TEST(CliBadInput, DoutOfADifferentShapeIsRejected) {
   TempDir dir;
   write_inputs(dir);
@@ -431,8 +502,7 @@ TEST(CliBadInput, HeadDim300InTheInputFilesNamesTheFile) {
   expect_shape_file_blamed({1, 4, 2, 300}, "head dim (dim 3) must be in 1..256, got 300");
 }
 
-// The ring layout's check, not the file reader's: one token cannot be split over two ranks
-// (causal runs need N divisible by 2P).
+// The ring layout's check, not the file reader's: one token cannot be split over two ranks.
 TEST(CliBadInput, OneTokenFileOnACausalRingOfTwoNamesTheFile) {
   expect_shape_file_blamed({1, 1, 2, 16},
                            "sequence length (dim 1): 1 tokens cannot be split evenly over 2 ranks",
@@ -565,7 +635,7 @@ TEST(CliBadInput, Int32InputIsRejected) {
   write_bytes(dir.file("v.npy"),
               npy_bytes(dict_for("<i4", "(1, 64, 4, 16)"), std::string(kCount * 4, '\0')));
   expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("v.npy"),
-                   "unsupported dtype '<i4'");
+                   "dtype int32, expected float32 or float16");
 }
 
 // bool passes the header-only shape pass; it must still be refused when the data is read.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "plan_runner.hpp"
 #include "random.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
@@ -206,40 +207,10 @@ std::vector<PlanCase> plan_cases() {
   return v;
 }
 
-struct Tensors {
-  std::vector<float> q, k, v, dout;
-};
-
-Tensors random_tensors(const AttentionConfig& cfg, uint64_t seed) {
-  const auto n = static_cast<std::size_t>(cfg.shape.numel());
-  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
-  return {testing::random_normal(n, seed + 1), testing::random_normal(n_kv, seed + 2),
-          testing::random_normal(n_kv, seed + 3), testing::random_normal(n, seed + 4)};
-}
-
-struct PlanResult {
-  std::vector<float> out, lse, dq, dk, dv;
-  std::vector<float> all() const {
-    std::vector<float> a = out;
-    for (const auto* t : {&lse, &dq, &dk, &dv}) a.insert(a.end(), t->begin(), t->end());
-    return a;
-  }
-};
-
-PlanResult run_plan(const AttentionConfig& cfg, const Tensors& in, PlanOptions opts) {
-  const auto n = static_cast<std::size_t>(cfg.shape.numel());
-  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
-  const auto rows = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  PlanResult r{std::vector<float>(n, nan), std::vector<float>(rows, nan),
-               std::vector<float>(n, nan), std::vector<float>(n_kv, nan),
-               std::vector<float>(n_kv, nan)};
-  Plan plan(cfg, opts);
-  plan.forward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data());
-  plan.backward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), in.dout.data(),
-                r.dq.data(), r.dk.data(), r.dv.data());
-  return r;
-}
+using testing::PlanResult;
+using testing::random_tensors;
+using testing::run_plan;
+using testing::Tensors;
 
 std::string plan_name(const PlanCase& pc) {
   std::string name = name_of(pc.c);

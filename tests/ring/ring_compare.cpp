@@ -171,6 +171,47 @@ std::vector<RandomRingCase> window_ring_cases() {
   };
 }
 
+std::vector<RandomRingCase> packed_ring_cases() {
+  using A = AttentionKind;
+  using C = Combine;
+  return {
+      {"packed_mixed",
+       {1, 240, 2, 16},
+       A::dense,
+       C::grouped,
+       {},
+       {},
+       0,
+       -1,
+       -1,
+       {1, 37, 150, 2, 50}},
+      {"packed_gqa_b2",
+       {2, 240, 4, 16},
+       A::dense,
+       C::grouped,
+       {},
+       {},
+       2,
+       -1,
+       -1,
+       {100, 1, 1, 80, 58}},
+      {"packed_window_mqa", {1, 240, 4, 16}, A::dense, C::grouped, {}, {}, 1, 9, -1, {70, 3, 167}},
+      {"packed_window_3_40", {1, 240, 2, 16}, A::dense, C::grouped, {}, {}, 0, 3, 40, {120, 120}},
+      {"packed_singletons",
+       {1, 240, 2, 8},
+       A::dense,
+       C::grouped,
+       {},
+       {},
+       0,
+       -1,
+       -1,
+       std::vector<int64_t>(240, 1)},
+      {"packed_n252", {1, 252, 2, 16}, A::dense, C::grouped, {}, {}, 2, -1, -1, {31, 200, 21}},
+      {"unpacked_n252", {1, 252, 2, 16}, A::dense, C::grouped, {}, {}, 0, -1, -1, {}},
+  };
+}
+
 AttentionConfig config_of(const RandomRingCase& c, bool causal) {
   AttentionConfig cfg;
   cfg.shape = c.shape;
@@ -182,6 +223,10 @@ AttentionConfig config_of(const RandomRingCase& c, bool causal) {
   cfg.causal = causal;
   if (c.window_left >= 0) cfg.window_left = c.window_left;
   if (c.window_right >= 0 && !causal) cfg.window_right = c.window_right;
+  if (!c.seqlens.empty()) {
+    cfg.cu_seqlens = {0};
+    for (int64_t len : c.seqlens) cfg.cu_seqlens.push_back(cfg.cu_seqlens.back() + len);
+  }
   return cfg;
 }
 

@@ -43,6 +43,7 @@ struct RandomRingCase {
   std::vector<int64_t> segments, dilations;
   int64_t kv_heads = 0;                         // 0: as many as the query heads
   int64_t window_left = -1, window_right = -1;  // -1: no window / R omitted
+  std::vector<int64_t> seqlens = {};            // packed document lengths; empty: one sequence
 };
 // N = 240 splits over 1..4 ranks (and 2P for zigzag: 2, 4, 6, 8); segments straddle shards.
 std::vector<RandomRingCase> random_ring_cases();
@@ -52,6 +53,10 @@ std::vector<RandomRingCase> gqa_ring_cases();
 // Sliding windows (dense, N = 240): 0, narrower than a shard, spanning shards, wider than N,
 // asymmetric (right reaches are dropped under causal), with GQA.
 std::vector<RandomRingCase> window_ring_cases();
+// Packed sequences (dense): documents of length 1, shorter than a shard and spanning several
+// shards, with GQA and windows; and N = 252, which 2P does not divide at P = 4 (causal runs
+// then take the balanced layout).
+std::vector<RandomRingCase> packed_ring_cases();
 AttentionConfig config_of(const RandomRingCase& c, bool causal);
 RingInputs random_inputs(const AttentionConfig& cfg);
 

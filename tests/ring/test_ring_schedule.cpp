@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 #include <tuple>
@@ -66,8 +67,24 @@ std::vector<Case> cases() {
       if (!causal) cfg.window_right = right;
       v.push_back({name, cfg});
     }
+    // packed documents: of length 1, inside one shard, spanning shards; with a window, GQA
+    for (const auto& [name, window, kv] : {std::tuple{"packed", -1, 0},
+                                           {"packed_window_4", 4, 0},
+                                           {"packed_gqa_window_30", 30, 1}}) {
+      AttentionConfig cfg = make({2, 96, 4, 8}, A::dense, C::grouped, {}, {}, causal, kv);
+      cfg.cu_seqlens = {0, 1, 38, 40, 88, 96};
+      if (window >= 0) cfg.window_left = window;
+      v.push_back({name, cfg});
+    }
   }
   return v;
+}
+
+bool same_document(const AttentionConfig& cfg, int64_t p, int64_t t) {
+  for (std::size_t d = 0; d + 1 < cfg.cu_seqlens.size(); ++d)
+    if (p >= cfg.cu_seqlens[d] && p < cfg.cu_seqlens[d + 1])
+      return t >= cfg.cu_seqlens[d] && t < cfg.cu_seqlens[d + 1];
+  return true;  // not packed
 }
 
 bool in_window(const AttentionConfig& cfg, int64_t p, int64_t t) {
@@ -105,7 +122,7 @@ int64_t brute_rows(const AttentionConfig& cfg, const ShardLayout& l, int dest, i
           if ((t % w) % r != o) continue;
           for (int64_t p = 0; p < cfg.shape.seq_len && !needed; ++p)
             needed = owner(p) == dest && (p % w) % r == o && p / w == t / w &&
-                     (!cfg.causal || t <= p) && in_window(cfg, p, t);
+                     (!cfg.causal || t <= p) && in_window(cfg, p, t) && same_document(cfg, p, t);
         }
         rows += needed;
       }
@@ -276,9 +293,95 @@ TEST(Sharding, UnevenSplitIsAnInputErrorNamingSeqLen) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.subject(), "--seq-len");
   }
+  // Causal runs need only N % P == 0: where 2P does not divide N the layout is balanced.
   cfg.causal = true;
-  EXPECT_THROW(make_layout(cfg, 4), InputError);  // 100 % 8 != 0 under zigzag
-  EXPECT_NO_THROW(make_layout(cfg, 2));
+  const ShardLayout l = make_layout(cfg, 4);
+  EXPECT_STREQ(l.name(), "balanced");
+  EXPECT_STREQ(make_layout(cfg, 2).name(), "zigzag");
+  EXPECT_THROW(make_layout(cfg, 3), InputError);
+}
+
+// Documents of lengths drawn log-uniform from [lo, hi] (the last one cut to fit), N total.
+std::vector<int64_t> log_uniform_documents(int64_t n, int64_t lo, int64_t hi, uint64_t seed) {
+  std::vector<int64_t> cu{0};
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  while (cu.back() < n) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const double u = static_cast<double>(x >> 11) / 9007199254740992.0;
+    const auto len = static_cast<int64_t>(
+        std::exp(std::log(static_cast<double>(lo)) +
+                 u * (std::log(static_cast<double>(hi)) - std::log(static_cast<double>(lo)))));
+    cu.push_back(std::min(n, cu.back() + std::max<int64_t>(1, len)));
+  }
+  return cu;
+}
+
+// Every position on exactly one rank, N/P rows each, chunks ascending and packed back to back.
+void expect_partition(const ShardLayout& l) {
+  std::vector<int> owner(static_cast<std::size_t>(l.seq_len), -1);
+  for (int r = 0; r < l.world; ++r) {
+    int64_t rows = 0, last_end = -1;
+    for (const Chunk& c : l.chunks(r)) {
+      EXPECT_EQ(c.local_begin, rows);
+      EXPECT_GE(c.begin, last_end);
+      EXPECT_GT(c.length, 0);
+      last_end = c.begin + c.length;
+      rows += c.length;
+      for (int64_t p = c.begin; p < c.begin + c.length; ++p) {
+        EXPECT_EQ(owner[static_cast<std::size_t>(p)], -1) << p;
+        owner[static_cast<std::size_t>(p)] = r;
+      }
+    }
+    EXPECT_EQ(rows, l.local_len) << "rank " << r;
+  }
+  EXPECT_EQ(std::count(owner.begin(), owner.end(), -1), 0);
+}
+
+// Causal packed runs of realistic mixes (64K tokens, lengths log-uniform in 128..16K): the
+// balanced layout keeps every rank within 1.1 of the mean attended pairs, where the zigzag
+// layout of the same run is far out.
+TEST(Sharding, BalancedLayoutKeepsCausalPackedMixesWithin1Point1) {
+  for (uint64_t seed = 1; seed <= 6; ++seed)
+    for (int world : {2, 4, 8}) {
+      AttentionConfig cfg;
+      cfg.shape = {1, 65536, 1, 64};
+      cfg.causal = true;
+      cfg.cu_seqlens = log_uniform_documents(65536, 128, 16384, seed);
+      const ShardLayout l = make_layout(cfg, world);
+      expect_partition(l);
+      const double balanced = imbalance(attended_pairs_by_rank(cfg, l));
+      ShardLayout zigzag = l;
+      zigzag.balanced.clear();
+      zigzag.zigzag = true;
+      const double usual = imbalance(attended_pairs_by_rank(cfg, zigzag));
+      EXPECT_LE(balanced, 1.1) << "seed " << seed << " P=" << world << " (" << l.name()
+                               << "; zigzag " << usual << ")";
+      EXPECT_LE(balanced, usual) << "seed " << seed << " P=" << world;
+    }
+}
+
+// Any N divisible by P: the layouts partition the sequence; one causal document with
+// N % 2P != 0 is still balanced.
+TEST(Sharding, LayoutsPartitionTheSequenceForAnyNDivisibleByP) {
+  for (const int64_t n : {12, 60, 252, 1000})
+    for (int world : {1, 2, 3, 4}) {
+      if (n % world != 0) continue;
+      for (bool causal : {false, true})
+        for (bool packed : {false, true}) {
+          AttentionConfig cfg;
+          cfg.shape = {1, n, 2, 8};
+          cfg.causal = causal;
+          if (packed) cfg.cu_seqlens = log_uniform_documents(n, 1, n / 2 + 1, 7);
+          const ShardLayout l = make_layout(cfg, world);
+          SCOPED_TRACE(std::to_string(n) + " P" + std::to_string(world) + l.name());
+          expect_partition(l);
+          if (causal && !packed && n >= 64 * world) {
+            EXPECT_LE(imbalance(attended_pairs_by_rank(cfg, l)), 1.1);
+          }
+        }
+    }
 }
 
 }  // namespace

@@ -1,0 +1,30 @@
+// Runs the single-process CPU Plan forward and backward on seeded random inputs: what the
+// feature tests (GQA, windows, packed sequences) compare with the float64 reference.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ringattn/config.hpp"
+#include "ringattn/plan.hpp"
+
+namespace ringattn::testing {
+
+struct Tensors {
+  std::vector<float> q, k, v, dout;  // k and v [B, N, HKV, D]
+};
+
+// q and dout [B, N, H, D], k and v [B, N, HKV, D]: normal(0, 1) from `seed`.
+Tensors random_tensors(const AttentionConfig& cfg, uint64_t seed);
+
+struct PlanResult {
+  std::vector<float> out, lse, dq, dk, dv;
+  // Everything, concatenated (for bitwise comparisons).
+  std::vector<float> all() const;
+};
+
+// Plan(cfg, opts).forward then .backward, outputs prefilled with NaN so that an unwritten
+// element shows.
+PlanResult run_plan(const AttentionConfig& cfg, const Tensors& in, PlanOptions opts);
+
+}  // namespace ringattn::testing
