@@ -71,9 +71,12 @@ std::vector<double> work_by_rank(const ShardLayout& l, const std::vector<double>
   return by_rank;
 }
 
-// About this many rows per piece (two query tiles), in 2 to 64 bands.
-constexpr int64_t kPieceRows = 256;
+// Band counts tried (fewest first: fewer, longer chunks mean fewer messages and fuller
+// tiles); pieces are kept at least kMinPieceRows long. The first within kGoodEnough of the
+// mean is taken, else the best.
 constexpr int64_t kMaxBands = 64;
+constexpr int64_t kMinPieceRows = 32;
+constexpr double kGoodEnough = 1.03;
 
 // Cuts the sequence into bands of P equal pieces (band j's pieces hold s_j rows, the s_j
 // summing to N/P) and deals each band's pieces to distinct ranks: bands in order of their
@@ -81,11 +84,10 @@ constexpr int64_t kMaxBands = 64;
 // rank gets one piece per band, so exactly N/P rows. A single causal document gives the
 // zigzag layout; mixed documents stay within a piece's work of the mean.
 std::vector<std::vector<Chunk>> deal_pieces(int world, int64_t local_len,
-                                            const std::vector<double>& work) {
+                                            const std::vector<double>& work, int64_t bands) {
   std::vector<double> prefix(work.size() + 1, 0.0);
   for (std::size_t p = 0; p < work.size(); ++p) prefix[p + 1] = prefix[p] + work[p];
-  const int64_t bands =
-      std::min(local_len, std::clamp<int64_t>(local_len / kPieceRows, 2, kMaxBands));
+  bands = std::min(bands, local_len);
   struct Band {
     int64_t begin = 0, rows = 0;  // first position, rows per piece
     double heaviest = 0;
@@ -185,12 +187,22 @@ ShardLayout make_layout(const AttentionConfig& cfg, int world) {
   const auto work = position_work(cfg);
   const double usual = usual_fits ? imbalance(work_by_rank(l, work)) : 0.0;
   if (usual_fits && usual <= kUsualLayoutTolerance) return l;
-  ShardLayout balanced = l;
-  balanced.zigzag = false;
-  balanced.balanced = deal_pieces(world, l.local_len, work);
-  // Pieces too coarse for a short sequence can lose to the usual layout: keep the better.
-  if (usual_fits && usual <= imbalance(work_by_rank(balanced, work))) return l;
-  return balanced;
+  ShardLayout best = l;
+  double best_imbalance = usual_fits ? usual : 0.0;
+  for (int64_t bands = 2; bands <= kMaxBands; bands *= 2) {
+    if (bands > 2 && l.local_len / bands < kMinPieceRows) break;
+    ShardLayout candidate = l;
+    candidate.zigzag = false;
+    candidate.balanced = deal_pieces(world, l.local_len, work, bands);
+    const double x = imbalance(work_by_rank(candidate, work));
+    // The usual layout wins ties; a balanced one must beat it.
+    if (best_imbalance == 0.0 || x < best_imbalance) {
+      best = std::move(candidate);
+      best_imbalance = x;
+    }
+    if (best_imbalance <= kGoodEnough) break;
+  }
+  return best;
 }
 
 void extract_rows(const ShardLayout& l, int rank, int64_t batch, int64_t inner, const float* full,
