@@ -5,7 +5,8 @@
 #   2. causal packed sequences: the layout's imbalance (max / mean attended pairs over ranks)
 #      for 64K tokens of documents log-uniform in 128..16K, P = 2, 4, 8, next to what the
 #      zigzag layout would give on the same documents;
-#   3. sliding window: forward time against N for a fixed causal window (linear in N).
+#   3. sliding window: forward time against N for a fixed causal window (linear in N), next
+#      to dense causal attention's (quadratic).
 # Output: bench/results/features-<date>-<commit>.txt.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,10 +22,10 @@ echo "# ringattn feature benchmarks (CPU; virtual ranks share the cores)"
 echo "# command: bench/run_features.sh   commit: $commit   date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 echo
-echo "## 1. grouped-query attention: forward K/V bytes per rank (P = 4, N = 16384, H = 16, D = 64, causal)"
+echo "## 1. grouped-query attention (16:1, 8:1 = HKV 2, 4:1, MHA): forward K/V bytes per rank and time (P = 4, N = 16384, H = 16, D = 64, causal)"
 printf '%-8s %14s %14s %10s %10s\n' HKV bytes_sent bytes_min vs_MHA fwd_ms
 mha=0
-for kv in 16 4 1; do
+for kv in 16 4 2 1; do
   j=$(json --ring-size 4 --seq-len 16384 --heads 16 --kv-heads $kv --head-dim 64 --causal --iters 1 --warmup 0)
   read -r sent smin ms <<<"$(field "$j" bytes_sent bytes_sent_min fwd_ms)"
   [ "$kv" = 16 ] && mha=$sent
@@ -62,12 +63,17 @@ PY
   done
 done
 echo
-echo "## 3. causal sliding window 512, H = 4, D = 64, one process: forward time against N"
-printf '%8s %10s %12s %12s\n' N fwd_ms ms_per_Ktok GFLOP/s
+echo "## 3. causal sliding window 512 against dense causal, H = 4, D = 64, one process: forward time"
+printf '%8s %12s %12s %10s %12s %12s\n' N window_ms ms_per_Ktok GFLOP/s dense_ms dense/window
 for n in 16384 32768 65536 131072; do
   j=$(json --seq-len $n --heads 4 --head-dim 64 --causal --window 512 --iters 3 --warmup 1)
   read -r ms gf <<<"$(field "$j" fwd_ms fwd_gflops)"
-  printf '%8s %10.1f %12.3f %12.1f\n' "$n" "$ms" "$("$py" -c "print($ms/($n/1024))")" "$gf"
+  dense="-" ratio="-"
+  if [ "$n" -le 65536 ]; then
+    dense=$(field "$(json --seq-len $n --heads 4 --head-dim 64 --causal --iters 1 --warmup 0)" fwd_ms)
+    ratio=$("$py" -c "print(f'{$dense/$ms:.1f}')")
+  fi
+  printf '%8s %12.1f %12.3f %10.1f %12s %12s\n' "$n" "$ms" "$("$py" -c "print($ms/($n/1024))")" "$gf" "$dense" "$ratio"
 done
 } | tee "$out"
 echo "saved $out"

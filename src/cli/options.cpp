@@ -96,10 +96,10 @@ po::options_description run_description() {
       "causal", po::bool_switch(), "causal masking (t <= p by original position)")(
       "window", po::value<std::string>(),
       "sliding window L or L,R: query p attends keys p-L..p+R (R defaults to L; with --causal "
-      "R must be 0 or omitted); dense attention, CPU")(
+      "R must be 0 or omitted); dense attention")(
       "seqlens", po::value<std::string>(),
       "packed sequences: document lengths L1,L2,... summing to the sequence length (every "
-      "batch row); a query attends only to its own document. Dense attention, CPU")(
+      "batch row); a query attends only to its own document. Dense attention")(
       "cu-seqlens", po::value<std::string>(),
       "packed sequences from a file: .npy int32/int64 [n_docs + 1] document offsets, 0 first, "
       "strictly increasing, N last")("scale", po::value<double>(),
@@ -376,14 +376,6 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   if (o.device == "cpu" && !o.dtype.empty() && o.dtype != "fp32")
     throw InputError("--dtype",
                      "'" + o.dtype + "' needs --device cuda; the CPU kernels compute in fp32");
-  // Grouped-query attention is computed on the CPU only in this version. With synthetic
-  // inputs the head counts are known here; with files the run checks once it has read them.
-  if (o.device == "cuda" && o.shape_from_options)
-    require_multi_head(o.cfg, "--device cuda (use --device cpu)");
-  if (o.device == "cuda") require_no_window(o.cfg, "--device cuda (use --device cpu)");
-  if (o.device == "cuda" && (o.cfg.packed() || !o.cu_seqlens_path.empty()))
-    throw InputError(o.cfg.packed() ? "--seqlens" : "--cu-seqlens",
-                     "packed sequences are not yet supported on --device cuda (use --device cpu)");
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
   o.warmup = vm["warmup"].as<int>();

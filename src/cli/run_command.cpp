@@ -396,13 +396,13 @@ void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) 
       st.dtype = st.cuda_ring->dtype();
     }
   }
-  const std::size_t n = st.q.size(), n_lse = st.lse.size();
-  const std::size_t in_bytes = n * (st.dtype == DeviceDType::fp32 ? 4 : 2);
+  // q, out, dout, dq: [B, N/P, H, D]; k, v, dk, dv: [B, N/P, HKV, D] (grouped-query attention).
+  const std::size_t n = st.q.size(), n_kv = st.k.size(), n_lse = st.lse.size();
   const int dev = st.device;
   auto upload = [&](DeviceBuffer& d, HostTensor& h, const char* what) {
-    d = DeviceBuffer(in_bytes, what, dev);
-    d.upload(h.data(), n, st.dtype);
-    if (st.dtype != DeviceDType::fp32) round_to_device_dtype(h.data(), n, st.dtype);
+    d = DeviceBuffer(h.size() * (st.dtype == DeviceDType::fp32 ? 4 : 2), what, dev);
+    d.upload(h.data(), h.size(), st.dtype);
+    if (st.dtype != DeviceDType::fp32) round_to_device_dtype(h.data(), h.size(), st.dtype);
   };
   upload(st.d_q, st.q, "q");
   upload(st.d_k, st.k, "k");
@@ -412,8 +412,8 @@ void setup_cuda(const RunOptions& opts, ring::Communicator& comm, RunState& st) 
   if (opts.backward) {
     upload(st.d_dout, st.dout, "dout");
     st.d_dq = DeviceBuffer(n * sizeof(float), "dq", dev);
-    st.d_dk = DeviceBuffer(n * sizeof(float), "dk", dev);
-    st.d_dv = DeviceBuffer(n * sizeof(float), "dv", dev);
+    st.d_dk = DeviceBuffer(n_kv * sizeof(float), "dk", dev);
+    st.d_dv = DeviceBuffer(n_kv * sizeof(float), "dv", dev);
   }
 }
 
@@ -500,25 +500,13 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     throw InputError("--pattern-out", "this run is " + std::string(to_string(cfg.attention)) +
                                           ", not block-sparse: there is no block mask to write");
   blaming_input_files(opts, [&] { validate(cfg); });
-  // Grouped-query attention, sliding windows and packed sequences run on the CPU in this
-  // version: --device auto keeps such runs there, --device cuda is refused (naming the
-  // option) rather than computed wrongly.
-  auto cpu_only = [&](bool applies, const std::string& what, auto&& refuse_on_cuda) {
-    if (!applies || !use_cuda) return;
-    if (opts.device == "cuda") refuse_on_cuda();
-    use_cuda = false;
-    if (!opts.dtype.empty() && opts.dtype != "fp32")
-      throw InputError("--dtype", "'" + opts.dtype + "' needs the GPU, but " + what +
-                                      " runs on the CPU, in fp32");
-    if (opts.kernel == "cudnn")
-      throw InputError("--kernel", "'cudnn' is a CUDA kernel, but " + what + " runs on the CPU");
-  };
-  const std::string on_cuda = "--device cuda (use --device cpu)";
-  cpu_only(cfg.effective_kv_heads() != cfg.shape.heads, "grouped-query attention",
-           [&] { require_multi_head(cfg, on_cuda); });
-  cpu_only(cfg.windowed(), "a sliding window", [&] { require_no_window(cfg, on_cuda); });
-  cpu_only(cfg.packed(), "packed sequences",
-           [&] { blaming_input_files(opts, [&] { require_unpacked(cfg, on_cuda); }); });
+  // Grouped-query attention, sliding windows and packed sequences run on the GPU's native
+  // kernels; cuDNN's SDPA takes none of them.
+  if (use_cuda && opts.kernel == "cudnn" &&
+      (cfg.effective_kv_heads() != cfg.shape.heads || cfg.windowed() || cfg.packed()))
+    throw InputError("--kernel",
+                     "'cudnn' takes neither grouped-query attention, a sliding window nor packed "
+                     "sequences; use --kernel native or auto");
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path);
     if (!(sd == cfg.shape))

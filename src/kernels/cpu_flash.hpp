@@ -9,6 +9,14 @@
 #include <cstdint>
 #include <span>
 
+// The key-range helpers below are shared with the CUDA kernels (kernels/cuda/): compiled by
+// nvcc they are host and device functions.
+#if defined(__CUDACC__)
+#define RINGATTN_HOST_DEVICE __host__ __device__
+#else
+#define RINGATTN_HOST_DEVICE
+#endif
+
 namespace ringattn::kernels {
 
 // Far beyond any index (and far from overflowing when offsets are added to it).
@@ -74,7 +82,8 @@ struct BackwardParams {
 
 // Number of keys (a prefix of the key view) that query rows [i0, i0 + bq) can see at all,
 // causality only.
-inline int64_t visible_keys(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
+RINGATTN_HOST_DEVICE inline int64_t visible_keys(const SubseqTask& t, bool causal, int64_t i0,
+                                                 int64_t bq) {
   if (!causal) return t.n_k;
   const int64_t k = i0 + bq + t.causal_offset;
   return k < 0 ? 0 : (k > t.n_k ? t.n_k : k);
@@ -85,19 +94,46 @@ struct KeyRange {
   int64_t begin = 0, end = 0;
 };
 
-inline int64_t clamp_index(int64_t x, int64_t lo, int64_t hi) {
+RINGATTN_HOST_DEVICE inline int64_t clamp_index(int64_t x, int64_t lo, int64_t hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
 
 // Keys that query rows [i0, i0 + bq) can see at all: causality and the window (empty when
 // begin >= end).
-inline KeyRange visible_key_range(const SubseqTask& t, bool causal, int64_t i0, int64_t bq) {
+RINGATTN_HOST_DEVICE inline KeyRange visible_key_range(const SubseqTask& t, bool causal, int64_t i0,
+                                                       int64_t bq) {
   int64_t end = visible_keys(t, causal, i0, bq);
-  if (t.window_right != kNoWindow)
-    end = std::min(end, clamp_index(i0 + bq + t.causal_offset + t.window_right, 0, t.n_k));
+  if (t.window_right != kNoWindow) {
+    const int64_t w = clamp_index(i0 + bq + t.causal_offset + t.window_right, 0, t.n_k);
+    end = w < end ? w : end;
+  }
   const int64_t begin =
       t.window_left == kNoWindow ? 0 : clamp_index(i0 + t.causal_offset - t.window_left, 0, t.n_k);
-  return {begin, std::max(begin, end)};
+  return {begin, end > begin ? end : begin};
+}
+
+// Queries (indices into the query view) that see some key of [j0, j0 + bk): causality and the
+// window, the transpose of visible_key_range (empty when begin >= end).
+RINGATTN_HOST_DEVICE inline KeyRange seeing_query_range(const SubseqTask& t, bool causal,
+                                                        int64_t j0, int64_t bk) {
+  // Query i sees key j iff j - window_right <= i + causal_offset (and j <= i + causal_offset
+  // when causal) and i + causal_offset <= j + window_left.
+  const int64_t right = causal ? 0 : t.window_right;
+  const int64_t begin =
+      right == kNoWindow ? 0 : clamp_index(j0 - right - t.causal_offset, 0, t.n_q);
+  const int64_t end =
+      t.window_left == kNoWindow
+          ? t.n_q
+          : clamp_index(j0 + bk - 1 + t.window_left - t.causal_offset + 1, 0, t.n_q);
+  return {begin, end > begin ? end : begin};
+}
+
+// Whether query i may not attend key j of the view: past its end, in the query's future
+// (causal) or outside its window.
+RINGATTN_HOST_DEVICE inline bool outside_reach(const SubseqTask& t, bool causal, int64_t i,
+                                               int64_t j) {
+  const int64_t d = j - (i + t.causal_offset);  // the key relative to the query's position
+  return j >= t.n_k || (causal && d > 0) || d > t.window_right || -d > t.window_left;
 }
 
 // The first key tile (on the k_tile grid from 0) holding a key of `keys`.

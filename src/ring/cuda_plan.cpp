@@ -301,8 +301,6 @@ struct CudaPlan::Impl {
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
-  require_multi_head(cfg, "--device cuda (use --device cpu)");
-  require_no_window(cfg, "--device cuda (use --device cpu)");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
@@ -442,9 +440,10 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   const kc::ScopedDevice on(m.opts.device);
   const Shape4& s = m.cfg.shape;
   const std::size_t bytes = static_cast<std::size_t>(s.numel()) * sizeof(float);
+  const std::size_t kv_bytes = static_cast<std::size_t>(m.cfg.kv_shape().numel()) * sizeof(float);
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
   kc::RowDotParams rd;
   rd.out = out;
   rd.dout = dout;
@@ -475,11 +474,16 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   for (const ring::DevicePass& pass : m.sched.passes) {
     p.q_items = m.q_items.as<kernels::ForwardItem>() + pass.q_item0;
     p.n_q_items = pass.n_q_items;
-    p.k_items = m.k_items.as<kernels::ForwardItem>() + pass.k_item0;
-    p.n_k_items = pass.n_k_items;
     p.out_scale = pass.out_scale;
     p.dout_scale = pass.out_scale;
-    kc::flash_backward(m.elem, p, m.stream);
+    // dQ with the first range's dK/dV, then one launch per further range (query heads that
+    // share a K/V head add into its dK/dV in turn).
+    for (const ring::ItemRange& r : pass.k_ranges) {
+      p.k_items = m.k_items.as<kernels::ForwardItem>() + r.first;
+      p.n_k_items = r.count;
+      kc::flash_backward(m.elem, p, m.stream);
+      p.n_q_items = 0;
+    }
   }
 }
 

@@ -56,7 +56,8 @@ kc::DeviceAllocation upload(const std::vector<T>& v, const char* what, int devic
 
 // One wave's slices of the plan's device lists.
 struct DeviceWave {
-  int64_t task0 = 0, q_item0 = 0, n_q_items = 0, k_item0 = 0, n_k_items = 0;
+  int64_t task0 = 0, q_item0 = 0, n_q_items = 0;
+  std::vector<ItemRange> k_ranges;  // key items of each backward range (one for MHA)
 };
 struct DeviceStep {
   std::vector<DeviceWave> waves;
@@ -178,9 +179,12 @@ struct CudaRingPlan::Impl {
       p.tasks = tasks.as<kernels::SubseqTask>() + w.task0;
       p.q_items = q_items.as<kernels::ForwardItem>() + w.q_item0;
       p.n_q_items = w.n_q_items;
-      p.k_items = k_items.as<kernels::ForwardItem>() + w.k_item0;
-      p.n_k_items = w.n_k_items;
-      kc::flash_backward(elem, p, stream);
+      for (const ItemRange& r : w.k_ranges) {  // see CudaPlan::backward
+        p.k_items = k_items.as<kernels::ForwardItem>() + r.first;
+        p.n_k_items = r.count;
+        kc::flash_backward(elem, p, stream);
+        p.n_q_items = 0;
+      }
     }
   }
 };
@@ -189,8 +193,6 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
                            RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
-  require_multi_head(cfg, "--device cuda (use --device cpu)");
-  require_no_window(cfg, "--device cuda (use --device cpu)");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.comm = &comm;
@@ -227,12 +229,11 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
       dw.task0 = static_cast<int64_t>(all.tasks.size());
       dw.q_item0 = static_cast<int64_t>(all.q_items.size());
       dw.n_q_items = static_cast<int64_t>(w.items.size());
-      const std::vector<kernels::ForwardItem> keys = key_items(w.tasks, cfg.causal, kc::kKeyTile);
-      dw.k_item0 = static_cast<int64_t>(all.k_items.size());
-      dw.n_k_items = static_cast<int64_t>(keys.size());
+      // Task indices are relative to the wave's task0 (the launch's task pointer).
+      dw.k_ranges = append_key_items_by_range(w.tasks, w.backward_ends, cfg.causal, kc::kKeyTile, 0,
+                                              all.k_items);
       all.tasks.insert(all.tasks.end(), w.tasks.begin(), w.tasks.end());
       all.q_items.insert(all.q_items.end(), w.items.begin(), w.items.end());
-      all.k_items.insert(all.k_items.end(), keys.begin(), keys.end());
       ds.waves.push_back(dw);
     }
     ds.run0 = static_cast<int64_t>(runs.size());
@@ -340,10 +341,13 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   const int64_t dd = m.d();
   const auto bytes =
       static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd) * sizeof(float);
+  const auto kv_bytes =
+      static_cast<std::size_t>(s.batch * m.layout.local_len * m.cfg.effective_kv_heads() * dd) *
+      sizeof(float);
   m.ex->start_call();
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
   kc::RowDotParams rd;
   rd.out = out;
   rd.dout = dout;

@@ -6,17 +6,14 @@
 namespace ringattn::ring {
 
 std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask> tasks, bool causal,
-                                            int64_t k_tile) {
+                                            int64_t k_tile, int64_t task0) {
   std::vector<std::pair<int64_t, kernels::ForwardItem>> costed;
   for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
     const auto& t = tasks[ti];
     for (int64_t j0 = 0; j0 < t.n_k; j0 += k_tile) {
       const int64_t bk = std::min(k_tile, t.n_k - j0);
-      // Queries i >= j0 - causal_offset see key j0 (causal); all n_q otherwise.
-      const int64_t seen =
-          causal ? std::clamp<int64_t>(t.n_q - std::max<int64_t>(0, j0 - t.causal_offset), 0, t.n_q)
-                 : t.n_q;
-      costed.push_back({bk * seen, {static_cast<int64_t>(ti), j0}});
+      const kernels::KeyRange seen = kernels::seeing_query_range(t, causal, j0, bk);
+      costed.push_back({bk * (seen.end - seen.begin), {task0 + static_cast<int64_t>(ti), j0}});
     }
   }
   std::stable_sort(costed.begin(), costed.end(),
@@ -25,6 +22,22 @@ std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask>
   items.reserve(costed.size());
   for (const auto& c : costed) items.push_back(c.second);
   return items;
+}
+
+std::vector<ItemRange> append_key_items_by_range(std::span<const kernels::SubseqTask> tasks,
+                                                 std::span<const std::size_t> backward_ends,
+                                                 bool causal, int64_t k_tile, int64_t task0,
+                                                 std::vector<kernels::ForwardItem>& items) {
+  std::vector<ItemRange> ranges;
+  std::size_t begin = 0;
+  for (const std::size_t end : backward_ends) {
+    const auto range = key_items(tasks.subspan(begin, end - begin), causal, k_tile,
+                                 task0 + static_cast<int64_t>(begin));
+    ranges.push_back({static_cast<int64_t>(items.size()), static_cast<int64_t>(range.size())});
+    items.insert(items.end(), range.begin(), range.end());
+    begin = end;
+  }
+  return ranges;
 }
 
 FlatSchedule flatten_schedule(const LocalSchedule& s, bool causal, int64_t k_tile) {
@@ -42,10 +55,8 @@ FlatSchedule flatten_schedule(const LocalSchedule& s, bool causal, int64_t k_til
     }
     d.n_q_items = static_cast<int64_t>(f.q_items.size()) - d.q_item0;
     d.k_item0 = static_cast<int64_t>(f.k_items.size());
-    for (kernels::ForwardItem it : key_items(pass.tasks, causal, k_tile)) {
-      it.task += task0;
-      f.k_items.push_back(it);
-    }
+    d.k_ranges =
+        append_key_items_by_range(pass.tasks, pass.backward_ends, causal, k_tile, task0, f.k_items);
     d.n_k_items = static_cast<int64_t>(f.k_items.size()) - d.k_item0;
     f.tasks.insert(f.tasks.end(), pass.tasks.begin(), pass.tasks.end());
     f.passes.push_back(d);

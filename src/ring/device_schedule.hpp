@@ -14,9 +14,18 @@
 
 namespace ringattn::ring {
 
+// A slice {first, count} of an item list.
+struct ItemRange {
+  int64_t first = 0, count = 0;
+};
+
 struct DevicePass {
   int64_t q_item0 = 0, n_q_items = 0;  // into FlatSchedule::q_items
   int64_t k_item0 = 0, n_k_items = 0;  // into FlatSchedule::k_items
+  // The key items of each of the pass's backward ranges (KernelPass::backward_ends), in
+  // order: one dK/dV launch each, so that query heads sharing a K/V head (grouped-query
+  // attention) add into its dK/dV one after another, never at once. One range for MHA.
+  std::vector<ItemRange> k_ranges;
   bool accumulate = false;
   float out_scale = 1.0f;
 };
@@ -33,9 +42,16 @@ struct FlatSchedule {
 FlatSchedule flatten_schedule(const LocalSchedule& s, bool causal, int64_t k_tile);
 
 // Key items (task, first key row) of `tasks`, k_tile keys each, most expensive first (cost:
-// keys × queries that can see the tile's first key).
+// keys × queries that can see the tile). Item task indices start at `task0`.
 std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask> tasks, bool causal,
-                                            int64_t k_tile);
+                                            int64_t k_tile, int64_t task0 = 0);
+
+// Appends the key items of each backward range [0, e0), [e0, e1), ... of `tasks` to `items`
+// (task indices offset by `task0`) and returns each range's slice of `items`.
+std::vector<ItemRange> append_key_items_by_range(std::span<const kernels::SubseqTask> tasks,
+                                                 std::span<const std::size_t> backward_ends,
+                                                 bool causal, int64_t k_tile, int64_t task0,
+                                                 std::vector<kernels::ForwardItem>& items);
 
 // True when every row start and row stride of every task is a multiple of `multiple`
 // elements (8 for 16-byte copies of 2-byte elements).

@@ -337,14 +337,6 @@ TEST(CliBadInput, GroupedQueryAttentionWithBlockSparseIsRefused) {
       "--kv-heads", "not yet supported on --attention block-sparse");
 }
 
-TEST(CliBadInput, GroupedQueryAttentionOnTheCudaDeviceIsRefused) {
-  TempDir dir;
-  expect_bad_input(dir,
-                   {"run", "--device", "cuda", "--seq-len", "128", "--heads", "4", "--kv-heads",
-                    "1", "--out", dir.file("out.npy")},
-                   "--kv-heads", "not yet supported on --device cuda");
-}
-
 // ---- sliding window (--window) ----------------------------------------------------------
 
 TEST(CliBadInput, BadWindowsAreRejectedNamingWindow) {
@@ -367,8 +359,6 @@ TEST(CliBadInput, BadWindowsAreRejectedNamingWindow) {
                    with(base, {"--window", "4", "--attention", "block-sparse", "--block-size", "16",
                                "--pattern", "local"}),
                    "--window", "not yet supported on --attention block-sparse");
-  expect_bad_input(dir, with(base, {"--window", "4", "--device", "cuda"}), "--window",
-                   "not yet supported on --device cuda");
 }
 
 // ---- packed sequences (--seqlens, --cu-seqlens) -----------------------------------------
@@ -405,8 +395,6 @@ TEST(CliBadInput, BadSeqlensAreRejectedNamingSeqlens) {
                    with(base, {"--seqlens", "32,32", "--attention", "block-sparse", "--block-size",
                                "16", "--pattern", "local"}),
                    "--seqlens", "not yet supported on --attention block-sparse");
-  expect_bad_input(dir, with(base, {"--seqlens", "32,32", "--device", "cuda"}), "--seqlens",
-                   "not yet supported on --device cuda");
   write_offsets(dir.file("cu.npy"), "<i8", "(3,)", {0, 32, 64});
   expect_bad_input(dir, with(base, {"--seqlens", "32,32", "--cu-seqlens", dir.file("cu.npy")}),
                    "--seqlens", "not both");

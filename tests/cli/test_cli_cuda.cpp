@@ -170,40 +170,47 @@ INSTANTIATE_TEST_SUITE_P(
                                  "1,2", "--block-size", "32"}),
     [](const auto& p) { return std::to_string(p.index); });
 
-// Grouped-query attention has no CUDA path yet: --device cuda refuses it naming --kv-heads
-// (from the options, and from K/V files once their heads are read), on one rank and on
-// several, writing nothing; --device auto runs it on the CPU instead.
-TEST(CliCudaGqa, KvHeadsBelowHeadsAreRefusedOnTheGpuAndRunOnTheCpuUnderAuto) {
+// Grouped-query attention, sliding windows and packed sequences on the GPU: one rank and
+// three, checked against float64, K/V files with --kv-heads heads; --kernel cudnn is refused
+// by name for them (cuDNN's SDPA takes none).
+TEST(CliCudaFeatures, GqaWindowsAndPackingRunCheckedOnTheGpu) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
   TempDir dir;
   const std::vector<int64_t> q_dims{1, 128, 4, 16}, kv_dims{1, 128, 2, 16};
-  std::vector<float> q(128 * 4 * 16, 0.5f), kv(128 * 2 * 16, 0.25f);
+  std::vector<float> q(128 * 4 * 16), kv(128 * 2 * 16);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 37) % 11) / 11.0f;
+  for (std::size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<float>((i * 13) % 7) / 7.0f;
   write_npy_float_atomic(dir.file("q.npy"), q_dims, q.data());
   write_npy_float_atomic(dir.file("k.npy"), kv_dims, kv.data());
   write_npy_float_atomic(dir.file("v.npy"), kv_dims, kv.data());
-  const std::vector<std::vector<std::string>> refused = {
+  const std::vector<std::vector<std::string>> runs = {
       {"--seq-len", "128", "--heads", "4", "--kv-heads", "2"},
       {"--q", dir.file("q.npy"), "--k", dir.file("k.npy"), "--v", dir.file("v.npy"), "--kv-heads",
-       "2"},
-      {"--seq-len", "128", "--heads", "4", "--kv-heads", "1", "--ring-size", "2"},
+       "2", "--causal", "--window", "9"},
+      {"--seq-len", "129", "--heads", "4", "--kv-heads", "1", "--ring-size", "3", "--seqlens",
+       "30,1,98", "--causal"},
+      {"--seq-len", "126", "--heads", "2", "--window", "5,20", "--ring-size", "3"},
   };
-  for (const auto& extra : refused) {
-    std::vector<std::string> args = {"run", "--device", "cuda", "--out", dir.file("out.npy")};
+  for (const auto& extra : runs) {
+    std::vector<std::string> args = {"run",     "--device", "cuda",    "--dtype", "fp32",
+                                     "--check", "--json",   "--iters", "1",       "--backward"};
     args.insert(args.end(), extra.begin(), extra.end());
     const CliResult r = testing::run_cli(args);
-    EXPECT_EQ(r.exit_code, 2) << describe(r);
-    EXPECT_NE(r.err.find("--kv-heads"), std::string::npos) << describe(r);
-    EXPECT_NE(r.err.find("not yet supported on --device cuda"), std::string::npos) << describe(r);
-    EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const nlohmann::json j = last_line_json(r.out);
+    EXPECT_EQ(j.value("device", ""), "cuda") << describe(r);
+    EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
+    if (j.value("world_size", 1) > 1) {
+      EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]) << describe(r);
+    }
   }
-  const CliResult r = testing::run_cli({"run", "--device", "auto", "--seq-len", "128", "--heads",
-                                        "4", "--kv-heads", "2", "--check", "--backward", "--json"});
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  const nlohmann::json j = last_line_json(r.out);
-  EXPECT_EQ(j.value("device", ""), "cpu");
-  EXPECT_EQ(j.value("kv_heads", 0), 2);
-  EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
+  const CliResult r =
+      testing::run_cli({"run", "--device", "cuda", "--kernel", "cudnn", "--seq-len", "128",
+                        "--heads", "4", "--kv-heads", "2", "--out", dir.file("out.npy")});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
 }
 
 // --progress shows the GPU engines' steps too (counted when they are enqueued).

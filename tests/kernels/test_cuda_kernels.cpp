@@ -82,12 +82,13 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
   CudaPlan plan(cfg, {t, kernel, 0});
   const Shape4& s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
   const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  const std::size_t in_bytes = n * (t == DeviceDType::fp32 ? 4 : 2);
-  DeviceBuffer q(in_bytes, "q"), k(in_bytes, "k"), v(in_bytes, "v");
+  const std::size_t elem = t == DeviceDType::fp32 ? 4 : 2;
+  DeviceBuffer q(n * elem, "q"), k(n_kv * elem, "k"), v(n_kv * elem, "v");
   q.upload(in.q.data(), n, t);
-  k.upload(in.k.data(), n, t);
-  v.upload(in.v.data(), n, t);
+  k.upload(in.k.data(), n_kv, t);
+  v.upload(in.v.data(), n_kv, t);
   DeviceBuffer out(n * 4, "out"), lse(nl * 4, "lse");
   out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
   lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
@@ -99,18 +100,19 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
   out.download(r.out.data(), n);
   lse.download(r.lse.data(), nl);
   if (backward) {
-    DeviceBuffer dout(in_bytes, "dout"), dq(n * 4, "dq"), dk(n * 4, "dk"), dv(n * 4, "dv");
+    DeviceBuffer dout(n * elem, "dout"), dq(n * 4, "dq"), dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
     dout.upload(in.dout.data(), n, t);
-    for (DeviceBuffer* g : {&dq, &dk, &dv}) g->upload(nan_filled(n).data(), n, DeviceDType::fp32);
+    dq.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+    for (DeviceBuffer* g : {&dk, &dv}) g->upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                   dq.as<float>(), dk.as<float>(), dv.as<float>());
     plan.synchronize();
     r.dq.resize(n);
-    r.dk.resize(n);
-    r.dv.resize(n);
+    r.dk.resize(n_kv);
+    r.dv.resize(n_kv);
     dq.download(r.dq.data(), n);
-    dk.download(r.dk.data(), n);
-    dv.download(r.dv.data(), n);
+    dk.download(r.dk.data(), n_kv);
+    dv.download(r.dv.data(), n_kv);
   }
   r.kernel = plan.kernel_name();
   r.notes = plan.notes();
@@ -330,20 +332,82 @@ TEST(CudaKernels, AutomaticKernelChoiceIsCorrectAndSaysWhatItChose) {
                            false);
 }
 
-// Grouped-query attention has no CUDA kernels yet: the plan refuses it, naming --kv-heads,
-// rather than reading [B, N, HKV, D] K/V as if it had H heads.
-TEST(CudaKernels, GroupedQueryAttentionIsRefusedNamingKvHeads) {
-  REQUIRE_GPU();
+// ---- grouped-query attention, sliding windows, packed sequences ---------------------------
+
+struct FeatureCase {
+  const char* name;
+  Shape4 shape;
+  int64_t kv_heads;
+  bool causal;
+  int64_t window_left, window_right;  // -1: none / R omitted
+  std::vector<int64_t> seqlens;       // empty: not packed
+};
+
+AttentionConfig config_of(const FeatureCase& c) {
   AttentionConfig cfg;
-  cfg.shape = {1, 128, 4, 64};
-  cfg.kv_heads = 2;
-  try {
-    CudaPlan plan(cfg, CudaPlanOptions{});
-    FAIL() << "CudaPlan accepted kv_heads != heads";
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--kv-heads");
-    EXPECT_NE(std::string(e.what()).find("not yet supported on --device cuda"), std::string::npos)
-        << e.what();
+  cfg.shape = c.shape;
+  cfg.kv_heads = c.kv_heads;
+  cfg.causal = c.causal;
+  if (c.window_left >= 0) cfg.window_left = c.window_left;
+  if (c.window_right >= 0) cfg.window_right = c.window_right;
+  if (!c.seqlens.empty()) {
+    cfg.cu_seqlens = {0};
+    for (int64_t len : c.seqlens) cfg.cu_seqlens.push_back(cfg.cu_seqlens.back() + len);
+  }
+  return cfg;
+}
+
+std::vector<FeatureCase> feature_cases() {
+  std::vector<FeatureCase> v;
+  for (bool causal : {false, true}) {
+    v.push_back({"gqa2", {1, 192, 4, 64}, 2, causal, -1, -1, {}});
+    v.push_back({"mqa_d128", {2, 130, 4, 128}, 1, causal, -1, -1, {}});
+    v.push_back({"window_37", {1, 300, 2, 64}, 2, causal, 37, -1, {}});
+    v.push_back({"window_0", {1, 100, 2, 64}, 2, causal, 0, -1, {}});
+    v.push_back({"window_500_gqa", {1, 160, 4, 64}, 2, causal, 500, -1, {}});
+    v.push_back({"packed_gqa", {1, 256, 4, 64}, 2, causal, -1, -1, {1, 90, 3, 150, 12}});
+    v.push_back({"packed_window_mqa", {1, 200, 4, 64}, 1, causal, 20, -1, {130, 70}});
+  }
+  v.push_back({"window_5_70", {1, 240, 2, 64}, 2, false, 5, 70, {}});
+  v.push_back({"window_64_0_d256", {1, 150, 2, 256}, 1, false, 64, 0, {}});
+  return v;
+}
+
+// Names, not raw bytes (pointers included), in the discovered test list.
+void PrintTo(const FeatureCase& c, std::ostream* os) {
+  *os << c.name << (c.causal ? " causal" : "");
+}
+
+class CudaFeatures : public ::testing::TestWithParam<FeatureCase> {};
+
+// The native kernels (bf16 tensor cores and the fp32 kernels) against float64, forward and
+// gradients; dK/dV of a K/V head sum its query heads in separate launches.
+TEST_P(CudaFeatures, NativeKernelsMatchTheReference) {
+  REQUIRE_GPU();
+  const FeatureCase& c = GetParam();
+  const AttentionConfig cfg = config_of(c);
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const Inputs in{testing::random_normal(n, 41), testing::random_normal(n_kv, 42),
+                  testing::random_normal(n_kv, 43), testing::random_normal(n, 44)};
+  for (DeviceDType t : {DeviceDType::bf16, DeviceDType::fp32})
+    expect_matches_reference(c.name, cfg, t, KernelChoice::native, in, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, CudaFeatures, ::testing::ValuesIn(feature_cases()),
+                         [](const auto& p) {
+                           return std::string(p.param.name) + (p.param.causal ? "_causal" : "");
+                         });
+
+// cuDNN's SDPA takes none of these: asked for, the plan says why and runs natively.
+TEST(CudaKernels, CudnnLeavesGqaWindowsAndPackingToTheNativeKernels) {
+  REQUIRE_GPU();
+  if (!kCudnnBuilt) GTEST_SKIP() << "SKIPPED: this build has no cuDNN";
+  for (const FeatureCase& c : feature_cases()) {
+    if (c.causal) continue;
+    CudaPlan plan(config_of(c), CudaPlanOptions{DeviceDType::bf16, KernelChoice::cudnn, 0});
+    EXPECT_EQ(plan.kernel_name(), "native") << c.name;
+    EXPECT_FALSE(plan.notes().empty()) << c.name;
   }
 }
 

@@ -61,6 +61,9 @@ std::vector<float> slice_rows(const std::vector<float>& x, const Shape4& s, int6
   return out;
 }
 
+// Names, not raw bytes (pointers included), in the discovered test list.
+void PrintTo(const PackedCase& c, std::ostream* os) { *os << name_of(c); }
+
 std::vector<PackedCase> cases() {
   std::vector<PackedCase> v;
   for (bool causal : {false, true}) {
@@ -143,6 +146,8 @@ std::string plan_name(const PlanCase& pc) {
   if (pc.q_tile) name += "_t" + std::to_string(pc.q_tile) + "x" + std::to_string(pc.k_tile);
   return name;
 }
+
+void PrintTo(const PlanCase& pc, std::ostream* os) { *os << plan_name(pc); }
 
 class PackedPlan : public ::testing::TestWithParam<PlanCase> {};
 

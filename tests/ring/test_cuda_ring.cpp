@@ -49,9 +49,10 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
                   ring::RingOptions ring_opts = {}, bool one_device = false) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
   Full f{{std::vector<float>(n),
           std::vector<float>(static_cast<std::size_t>(s.batch * s.heads * s.seq_len)),
-          std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)},
+          std::vector<float>(n), std::vector<float>(n_kv), std::vector<float>(n_kv)},
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<std::size_t>(static_cast<std::size_t>(p))};
@@ -63,35 +64,38 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
     ring::CudaRingPlan plan(cfg, *comm, {t, KernelChoice::native, r}, ring_opts);
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim;
+    const int64_t kv_inner = cfg.effective_kv_heads() * s.head_dim;
     const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
+    const auto lnk = static_cast<std::size_t>(s.batch * l.local_len * kv_inner);
     const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
-    auto to_device = [&](const std::vector<float>& full, const char* what) {
-      std::vector<float> local(ln);
-      ring::extract_rows(l, control.rank(), s.batch, inner, full.data(), local.data());
-      DeviceBuffer b(ln * (t == DeviceDType::fp32 ? 4 : 2), what, r);
-      b.upload(local.data(), ln, t);
+    auto to_device = [&](const std::vector<float>& full, int64_t row, const char* what) {
+      const auto count = static_cast<std::size_t>(s.batch * l.local_len * row);
+      std::vector<float> local(count);
+      ring::extract_rows(l, control.rank(), s.batch, row, full.data(), local.data());
+      DeviceBuffer b(count * (t == DeviceDType::fp32 ? 4 : 2), what, r);
+      b.upload(local.data(), count, t);
       return b;
     };
-    DeviceBuffer q = to_device(in.q, "q"), k = to_device(in.k, "k"), v = to_device(in.v, "v"),
-                 dout = to_device(in.dout, "dout");
+    DeviceBuffer q = to_device(in.q, inner, "q"), k = to_device(in.k, kv_inner, "k"),
+                 v = to_device(in.v, kv_inner, "v"), dout = to_device(in.dout, inner, "dout");
     DeviceBuffer out(ln * 4, "out", r), lse(lrows * 4, "lse", r), dq(ln * 4, "dq", r),
-        dk(ln * 4, "dk", r), dv(ln * 4, "dv", r);
+        dk(lnk * 4, "dk", r), dv(lnk * 4, "dv", r);
     plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                   dq.as<float>(), dk.as<float>(), dv.as<float>());
     plan.synchronize();
-    std::vector<float> lo(ln), llse(lrows), ldq(ln), ldk(ln), ldv(ln);
+    std::vector<float> lo(ln), llse(lrows), ldq(ln), ldk(lnk), ldv(lnk);
     out.download(lo.data(), ln);
     lse.download(llse.data(), lrows);
     dq.download(ldq.data(), ln);
-    dk.download(ldk.data(), ln);
-    dv.download(ldv.data(), ln);
+    dk.download(ldk.data(), lnk);
+    dv.download(ldv.data(), lnk);
     std::lock_guard lock(mu);
     ring::insert_rows(l, control.rank(), s.batch, inner, lo.data(), f.out.data());
     ring::insert_lse(l, control.rank(), s.batch, s.heads, llse.data(), f.lse.data());
     ring::insert_rows(l, control.rank(), s.batch, inner, ldq.data(), f.dq.data());
-    ring::insert_rows(l, control.rank(), s.batch, inner, ldk.data(), f.dk.data());
-    ring::insert_rows(l, control.rank(), s.batch, inner, ldv.data(), f.dv.data());
+    ring::insert_rows(l, control.rank(), s.batch, kv_inner, ldk.data(), f.dk.data());
+    ring::insert_rows(l, control.rank(), s.batch, kv_inner, ldv.data(), f.dv.data());
     const auto me = static_cast<std::size_t>(control.rank());
     f.bytes_sent[me] = plan.last_forward().bytes_sent;
     f.workspace[me] = plan.workspace_bytes();
@@ -131,8 +135,8 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const double e[5] = {relative_error(got.out.data(), ref.out.data(), n),
                        relative_error(got.lse.data(), ref.lse.data(), got.lse.size()),
                        relative_error(got.dq.data(), g.dq.data(), n),
-                       relative_error(got.dk.data(), g.dk.data(), n),
-                       relative_error(got.dv.data(), g.dv.data(), n)};
+                       relative_error(got.dk.data(), g.dk.data(), got.dk.size()),
+                       relative_error(got.dv.data(), g.dv.data(), got.dv.size())};
   const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
   for (int i = 0; i < 5; ++i) EXPECT_LE(e[i], tol) << what << " P=" << p << ": " << names[i];
   // And the CPU engine's answer on the same (rounded) inputs, which the CPU ring equals within
@@ -310,27 +314,39 @@ TEST(CudaRing, SharedDeviceCopiesKeepEachSourcesOrder) {
   EXPECT_EQ(wrong.load(), 0) << "transfers from one source arrived out of order";
 }
 
-// Grouped-query attention has no GPU ring yet: the plan refuses it, naming --kv-heads, rather
-// than reading [B, N/P, HKV, D] K/V as if it had H heads.
-TEST(CudaRing, GroupedQueryAttentionIsRefusedNamingKvHeads) {
-  if (const std::string why = skip_reason(1); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
-  AttentionConfig cfg;
-  cfg.shape = {1, 128, 4, 64};
-  cfg.kv_heads = 1;
-  std::string refusal;
-  const int rc = ring::run_virtual_ranks(1, [&](ring::Communicator& control) {
-    auto comm = ring::make_device_inproc_communicator(control, 0);
-    try {
-      ring::CudaRingPlan plan(cfg, *comm, {DeviceDType::bf16, KernelChoice::native, 0});
-    } catch (const InputError& e) {
-      refusal = e.what();
-      EXPECT_EQ(e.subject(), "--kv-heads");
-    }
-    return 0;
-  });
-  EXPECT_EQ(rc, 0);
-  EXPECT_NE(refusal.find("not yet supported on --device cuda"), std::string::npos) << refusal;
+// Grouped-query attention (only K/V heads travel), sliding windows (only ranks within reach
+// exchange) and packed documents (the balanced layout at P = 4 for N = 252) on the GPU ring,
+// P = 1..4, forward and gradients against float64, bytes equal to the minimum.
+class CudaRingFeatures : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(CudaRingFeatures, EveryRankCountMatchesTheReference) {
+  const RingCase& rc = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc.c, rc.causal);
+  const RingInputs in = testing::random_inputs(cfg);
+  for (int p = 1; p <= 4; ++p) {
+    if (cfg.shape.seq_len % p != 0) continue;
+    if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+    expect_matches_reference(name_of(rc), cfg, in, p, DeviceDType::bf16);
+  }
 }
+
+std::vector<RingCase> feature_ring_cases() {
+  std::vector<RingCase> v;
+  std::vector<testing::RandomRingCase> picked;
+  for (const auto& c : testing::gqa_ring_cases()) picked.push_back(c);
+  for (const auto& c : testing::window_ring_cases())
+    if (std::string(c.name) == "window_7" || std::string(c.name) == "window_70_gqa" ||
+        std::string(c.name) == "window_3_90")
+      picked.push_back(c);
+  for (const auto& c : testing::packed_ring_cases())
+    if (std::string(c.name) != "packed_singletons") picked.push_back(c);
+  for (bool causal : {false, true})
+    for (const auto& c : picked) v.push_back({c, causal});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Features, CudaRingFeatures, ::testing::ValuesIn(feature_ring_cases()),
+                         [](const auto& p) { return name_of(p.param); });
 
 // dK/dV partials come back in step order: two runs give the same bits.
 TEST(CudaRing, BackwardIsBitwiseReproducible) {

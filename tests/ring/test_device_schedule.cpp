@@ -77,6 +77,27 @@ void expect_exact_cover(const AttentionConfig& cfg) {
       EXPECT_EQ(a.k_stride, b.k_stride);
       EXPECT_EQ(a.lse0, b.lse0);
     }
+    // The key items split by backward range: contiguous, in order, each range's items only
+    // for its own tasks, so no two items of one launch write the same dK/dV rows.
+    ASSERT_EQ(p.k_ranges.size(), s.passes[pi].backward_ends.size());
+    int64_t next = p.k_item0;
+    std::size_t range_begin = 0;
+    for (std::size_t ri = 0; ri < p.k_ranges.size(); ++ri) {
+      const ItemRange& r = p.k_ranges[ri];
+      EXPECT_EQ(r.first, next);
+      next += r.count;
+      const std::size_t range_end = s.passes[pi].backward_ends[ri];
+      std::map<int64_t, int> k_row0s;  // key rows written in this launch
+      for (int64_t i = r.first; i < r.first + r.count; ++i) {
+        const int64_t t = f.k_items[static_cast<std::size_t>(i)].task - task0;
+        EXPECT_GE(t, static_cast<int64_t>(range_begin));
+        EXPECT_LT(t, static_cast<int64_t>(range_end));
+      }
+      for (std::size_t t = range_begin; t < range_end; ++t)
+        EXPECT_EQ(++k_row0s[s.passes[pi].tasks[t].k_row0], 1) << "range " << ri;
+      range_begin = range_end;
+    }
+    EXPECT_EQ(next, p.k_item0 + p.n_k_items);
     task0 += n_tasks;
     q0 += p.n_q_items;
     k0 += p.n_k_items;
@@ -94,6 +115,31 @@ TEST(DeviceSchedule, GroupedItemsCoverEveryRowOnce) {
 TEST(DeviceSchedule, MixtureItemsCoverEveryRowOncePerPass) {
   expect_exact_cover(dilated(Combine::mixture, false, 512, 4, 128));
   expect_exact_cover(dilated(Combine::mixture, true, 512, 3, 40));
+}
+
+// Grouped-query attention: one key-item range per place in a K/V group (query heads sharing
+// a K/V head add into its dK/dV in separate launches); packed documents and windows.
+TEST(DeviceSchedule, GqaPackedAndWindowedItemsCoverEveryRowOnce) {
+  AttentionConfig cfg;
+  cfg.shape = {2, 300, 6, 64};
+  cfg.kv_heads = 2;
+  cfg.cu_seqlens = {0, 1, 120, 130, 300};
+  for (bool causal : {false, true}) {
+    cfg.causal = causal;
+    cfg.window_left.reset();
+    expect_exact_cover(cfg);
+    cfg.window_left = 17;
+    expect_exact_cover(cfg);
+  }
+  cfg.kv_heads = 6;
+  expect_exact_cover(cfg);
+  cfg.attention = AttentionKind::dilated;
+  cfg.kv_heads = 3;
+  cfg.window_left.reset();
+  cfg.cu_seqlens.clear();
+  cfg.segments = {150, 300};
+  cfg.dilations = {1, 3};
+  expect_exact_cover(cfg);
 }
 
 TEST(DeviceSchedule, DenseWithPartialTiles) {

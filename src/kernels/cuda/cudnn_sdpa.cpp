@@ -389,6 +389,10 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e,
   if (cfg.causal)
     throw CudnnUnavailable(
         "the unified SDPA operation has no causal mask; causal runs on the native kernels");
+  if (cfg.effective_kv_heads() != cfg.shape.heads)
+    throw CudnnUnavailable("grouped-query attention runs on the native kernels");
+  if (cfg.windowed()) throw CudnnUnavailable("a sliding window runs on the native kernels");
+  if (cfg.packed()) throw CudnnUnavailable("packed sequences run on the native kernels");
   if (cfg.shape.head_dim % 8 != 0 || cfg.shape.head_dim > 256)
     throw CudnnUnavailable("head dim " + std::to_string(cfg.shape.head_dim) +
                            " is not a multiple of 8 up to 256");

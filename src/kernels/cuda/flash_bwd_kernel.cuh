@@ -72,17 +72,15 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   }
 
   const int64_t bq = t.n_q - i0 < Tiles::kRows ? t.n_q - i0 : Tiles::kRows;
-  int64_t n_keys = t.n_k;
-  if (p.causal) {
-    const int64_t last = i0 + bq + t.causal_offset;
-    n_keys = last < 0 ? 0 : (last < t.n_k ? last : t.n_k);
-  }
+  const KeyRange visible = visible_key_range(t, p.causal, i0, bq);
+  const int64_t j_first = visible.begin / kStep * kStep;
+  const int64_t n_keys = visible.end > visible.begin ? visible.end : j_first;
 
   float dq[kHeadDim / 8][4];
 #pragma unroll
   for (int d = 0; d < kHeadDim / 8; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
 
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kStep) {
+  for (int64_t j0 = j_first; j0 < n_keys; j0 += kStep) {
     load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sK, k, t.k_stride, j0, t.n_k, p.head_dim,
                                                     p.vector_loads);
     load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sV, v, t.k_stride, j0, t.n_k, p.head_dim,
@@ -104,7 +102,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
-        const bool masked = key >= t.n_k || (p.causal && key > row[e >> 1] + t.causal_offset);
+        const bool masked = outside_reach(t, p.causal, row[e >> 1], key);
         const float pr = masked ? 0.0f : exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
         s[n][e] = pr * (dp[n][e] * p.dout_scale - dlt[e >> 1]);  // dS
       }
@@ -156,10 +154,9 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   const float scale_log2 = p.scale * kLog2e;
   const float d_factor = p.dout_scale / p.out_scale;
   const int64_t key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
-  // Query i sees key j iff j <= i + causal_offset: the block's first key is seen from
-  // query j0 - causal_offset on.
-  int64_t first_query = 0;
-  if (p.causal) first_query = j0 - t.causal_offset > 0 ? j0 - t.causal_offset : 0;
+  // The queries that see some key of this block (causality and the window).
+  const int64_t bk = t.n_k - j0 < Tiles::kRows ? t.n_k - j0 : Tiles::kRows;
+  const KeyRange seeing = seeing_query_range(t, p.causal, j0, bk);
 
   float dk[kHeadDim / 8][4], dv[kHeadDim / 8][4];
 #pragma unroll
@@ -167,7 +164,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.0f;
 
-  for (int64_t i0 = first_query; i0 < t.n_q; i0 += kStep) {
+  for (int64_t i0 = seeing.begin; i0 < seeing.end; i0 += kStep) {
     load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sQ, q, t.q_stride, i0, t.n_q, p.head_dim,
                                                     p.vector_loads);
     load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, dout, t.q_stride, i0, t.n_q, p.head_dim,
@@ -206,9 +203,9 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
       for (int e = 0; e < 4; ++e) {
         const int c = n * 8 + tig * 2 + (e & 1);
         const int64_t kj = key[e >> 1];
-        const bool masked = kj >= t.n_k || (p.causal && kj > i0 + c + t.causal_offset);
+        const bool masked = outside_reach(t, p.causal, i0 + c, kj);
         const float pr = masked ? 0.0f : exp2f(pt[n][e] * scale_log2 - colL[n][e & 1]);
-        pt[n][e] = pr;                                                // Pᵀ
+        pt[n][e] = pr;                                                 // Pᵀ
         dst[n][e] = pr * (dst[n][e] * p.dout_scale - colD[n][e & 1]);  // dSᵀ
       }
     warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dv, pt, sdO, lane);

@@ -41,13 +41,16 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // Scores of one key step → log2-domain logits: s·scale·log2e, and -inf for keys at or past
-// n_k and (causal) keys after query row + causal_offset. Only steps that reach past the end
-// or across the diagonal (`edge`) need the per-element test. Keys j0 + ..., rows `row`.
+// n_k, (causal) keys after query row + causal_offset, and keys outside the row's sliding
+// window (window_left / window_right; kNoWindow: none). Only steps that reach past the end,
+// across the diagonal or a window's edge (`edge`) need the per-element test. Keys j0 + ...,
+// rows `row`.
 template <int kKeys>
 __device__ __forceinline__ void scale_and_mask(float (&s)[kKeys / 8][4], float scale_log2,
                                                bool edge, int64_t j0, int64_t n_k, bool causal,
                                                int64_t causal_offset, const int64_t (&row)[2],
-                                               int tig) {
+                                               int tig, int64_t window_left = kNoWindow,
+                                               int64_t window_right = kNoWindow) {
 #pragma unroll
   for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
@@ -55,7 +58,8 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kKeys / 8][4], float s
       float x = s[n][e] * scale_log2;
       if (edge) {
         const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
-        if (key >= n_k || (causal && key > row[e >> 1] + causal_offset)) x = -INFINITY;
+        const int64_t d = key - (row[e >> 1] + causal_offset);
+        if (key >= n_k || (causal && d > 0) || d > window_right || -d > window_left) x = -INFINITY;
       }
       s[n][e] = x;
     }
@@ -119,11 +123,12 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   cp_async_commit();
 
   const int64_t bq = t.n_q - i0 < Tiles::kRows ? t.n_q - i0 : Tiles::kRows;
-  int64_t n_keys = t.n_k;
-  if (p.causal) {
-    const int64_t last = i0 + bq + t.causal_offset;  // keys [0, last) are visible to someone
-    n_keys = last < 0 ? 0 : (last < t.n_k ? last : t.n_k);
-  }
+  // Keys some row of the tile sees (causality and the window), walked on the kKeys grid:
+  // key tiles wholly outside are never loaded.
+  const KeyRange visible = visible_key_range(t, p.causal, i0, bq);
+  const int64_t j_first = visible.begin / kKeys * kKeys;
+  const int64_t n_keys = visible.end > visible.begin ? visible.end : j_first;
+  const bool windowed = t.window_left != kNoWindow || t.window_right != kNoWindow;
   // This thread's two rows (task query indices).
   const int64_t row[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
   const float scale_log2 = p.scale * kLog2e;
@@ -139,13 +144,13 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   // step issues K_j and V_j itself.
   constexpr bool kPrefetchK = Tiles::kPrefetchK;
   if constexpr (kPrefetchK) {
-    if (n_keys > 0)
-      load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK[0], k, t.k_stride, 0, t.n_k, p.head_dim,
-                                                      p.vector_loads);
+    if (n_keys > j_first)
+      load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK[0], k, t.k_stride, j_first, t.n_k,
+                                                      p.head_dim, p.vector_loads);
     cp_async_commit();
   }
   int buf = 0;
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
+  for (int64_t j0 = j_first; j0 < n_keys; j0 += kKeys) {
     if constexpr (!kPrefetchK) {
       load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK[0], k, t.k_stride, j0, t.n_k, p.head_dim,
                                                       p.vector_loads);
@@ -170,11 +175,12 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
       cp_async_commit();
     }
 
-    // Keys past the view's end, and (causal) keys in a row's future, get -inf.
+    // Keys past the view's end, (causal) keys in a row's future and keys outside a row's
+    // window get -inf.
     const bool tail = j0 + kKeys > t.n_k;
     const bool diagonal = p.causal && j0 + kKeys - 1 > i0 + t.causal_offset;
-    scale_and_mask<kKeys>(s, scale_log2, tail || diagonal, j0, t.n_k, p.causal, t.causal_offset,
-                          row, tig);
+    scale_and_mask<kKeys>(s, scale_log2, tail || diagonal || windowed, j0, t.n_k, p.causal,
+                          t.causal_offset, row, tig, t.window_left, t.window_right);
     online_softmax_step<kKeys, kHeadDim>(s, m, l, acc);
 
     cp_async_wait<kPrefetchK ? 1 : 0>();  // V_j has landed (K_{j+1} may be in flight)

@@ -19,12 +19,6 @@ using simple::kWarps;
 using simple::load_row;
 using simple::warp_sum;
 
-__device__ __forceinline__ int64_t visible(const SubseqTask& t, bool causal, int64_t i) {
-  if (!causal) return t.n_k;
-  const int64_t n = i + 1 + t.causal_offset;
-  return n < 0 ? 0 : (n < t.n_k ? n : t.n_k);
-}
-
 __global__ void __launch_bounds__(kWarps * 32) simple_forward_kernel(const FlashForwardParams p) {
   const ForwardItem item = p.items[blockIdx.x];
   const SubseqTask t = p.tasks[item.task];
@@ -40,8 +34,8 @@ __global__ void __launch_bounds__(kWarps * 32) simple_forward_kernel(const Flash
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) acc[u] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const int64_t nk = visible(t, p.causal, i);
-    for (int64_t j = 0; j < nk; ++j) {
+    const KeyRange keys = visible_key_range(t, p.causal, i, 1);  // causality and the window
+    for (int64_t j = keys.begin; j < keys.end; ++j) {
       const float s = dot_row(qv, k + j * t.k_stride, p.head_dim, lane) * p.scale;
       const float m_new = fmaxf(m, s);
       const float alpha = expf(m - m_new);  // 0 on the first key (m = -inf)
@@ -109,8 +103,8 @@ __global__ void __launch_bounds__(kWarps * 32) simple_dq_kernel(const FlashBackw
     load_row(dov, dout + i * t.q_stride, p.head_dim, lane);
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) acc[u] = 0.0f;
-    const int64_t nk = visible(t, p.causal, i);
-    for (int64_t j = 0; j < nk; ++j) {
+    const KeyRange keys = visible_key_range(t, p.causal, i, 1);  // causality and the window
+    for (int64_t j = keys.begin; j < keys.end; ++j) {
       const float* krow = k + j * t.k_stride;
       const float pr = expf(dot_row(qv, krow, p.head_dim, lane) * p.scale - L);
       const float dp = dot_row(dov, v + j * t.k_stride, p.head_dim, lane) * p.dout_scale;
@@ -147,9 +141,8 @@ __global__ void __launch_bounds__(kWarps * 32) simple_dkdv_kernel(const FlashBac
     load_row(vv, v + j * t.k_stride, p.head_dim, lane);
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) dk[u] = dv[u] = 0.0f;
-    int64_t first = 0;
-    if (p.causal) first = j - t.causal_offset > 0 ? j - t.causal_offset : 0;
-    for (int64_t i = first; i < t.n_q; ++i) {
+    const KeyRange seeing = seeing_query_range(t, p.causal, j, 1);
+    for (int64_t i = seeing.begin; i < seeing.end; ++i) {
       const float L = p.lse[t.lse0 + i * t.lse_stride];
       if (L == -INFINITY) continue;
       const float* qrow = q + i * t.q_stride;
