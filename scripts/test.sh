@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite with CTest; then builds
+# Installs what is missing, builds, and runs the whole test suite with CTest; builds and runs
+# examples/cpp against the installed CMake package; then builds
 # the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
 # CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
 # code runs on every machine. Tests that need hardware this machine lacks print why
@@ -11,6 +12,17 @@ start=$SECONDS
 (cd "$root/build" && ctest --output-on-failure --timeout 600 -j "$(nproc)")
 main_s=$((SECONDS - start))
 
+# The installed CMake package: cmake --install into a fresh prefix, then examples/cpp (a
+# project of its own, find_package(ringattn)) is configured, built and run against it.
+start=$SECONDS
+rm -rf "$root/build/install" "$root/build/consumer"
+cmake --install "$root/build" --prefix "$root/build/install" >/dev/null
+cmake -S "$root/examples/cpp" -B "$root/build/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
+cmake --build "$root/build/consumer" -j "$(nproc)"
+"$root/build/consumer/dilated_forward"
+install_s=$((SECONDS - start))
+
 # The emulator needs none of the CUDA toolkit, MPI or the benchmarks; only the emulated GPU's
 # targets are built.
 start=$SECONDS
@@ -20,4 +32,5 @@ cmake -S "$root" -B "$root/build-emu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRING
 cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests
 (cd "$root/build-emu" && ctest -L gpu-emu --output-on-failure --timeout 600 -j "$(nproc)")
 emu_s=$((SECONDS - start))
-echo "test.sh: main suite ${main_s} s (build + ctest); emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"
+echo "test.sh: main suite ${main_s} s (build + ctest); installed package ${install_s} s" \
+  "(install + examples/cpp); emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"
