@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite with CTest; builds and runs
-# examples/cpp against the installed CMake package; then builds
+# examples/cpp against the installed CMake package; builds the Python package and runs its
+# pytest suite (one process, then mpiexec -n 2 and -n 3); then builds
 # the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
 # CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
 # code runs on every machine. Tests that need hardware this machine lacks print why
@@ -23,6 +24,23 @@ cmake --build "$root/build/consumer" -j "$(nproc)"
 "$root/build/consumer/dilated_forward"
 install_s=$((SECONDS - start))
 
+# The Python package: `pip install .` into ./.venv (Debian's python3, seeing Debian's torch,
+# numpy and pytest), then its pytest suite on one process and the distributed tests under
+# mpiexec -n 2 and -n 3. Explicit /usr/bin/python3: other interpreters (pyenv shims) may be
+# first on PATH.
+start=$SECONDS
+venv="$root/.venv"
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/python" -m pip install -q "$root"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  OMPI_MCA_rmaps_base_oversubscribe=1
+(cd "$root" && "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
+for P in 2 3; do
+  (cd "$root" && OMP_NUM_THREADS=1 mpiexec -n "$P" --oversubscribe "$venv/bin/python" -m pytest \
+    -q -p no:cacheprovider python/tests/test_distributed.py)
+done
+python_s=$((SECONDS - start))
+
 # The emulator needs none of the CUDA toolkit, MPI or the benchmarks; only the emulated GPU's
 # targets are built.
 start=$SECONDS
@@ -33,4 +51,5 @@ cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests
 (cd "$root/build-emu" && ctest -L gpu-emu --output-on-failure --timeout 600 -j "$(nproc)")
 emu_s=$((SECONDS - start))
 echo "test.sh: main suite ${main_s} s (build + ctest); installed package ${install_s} s" \
-  "(install + examples/cpp); emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"
+  "(install + examples/cpp); Python ${python_s} s (pip install + pytest, mpiexec -n 2, -n 3);" \
+  "emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"
