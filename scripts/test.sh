@@ -31,7 +31,12 @@ install_s=$((SECONDS - start))
 start=$SECONDS
 venv="$root/.venv"
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
-CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/python" -m pip install -q "$root"
+# The build requirements go into the venv and the build runs there (no isolated build
+# environment), so that build/python is reused and a second run rebuilds only what changed
+# (an isolated build's temporary paths make scikit-build-core configure afresh each time).
+"$venv/bin/python" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0"
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/python" -m pip install -q --no-build-isolation \
+  "$root"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   OMPI_MCA_rmaps_base_oversubscribe=1
 (cd "$root" && "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)

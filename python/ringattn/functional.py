@@ -208,7 +208,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     inputs and the same keywords, which are passed here again."""
     comm = default_comm() if comm is None else comm
     use_torch = _check_inputs(q, k, v)
-    for name, x, like in (("out", out, q), ("grad_out", grad_out, q)):
+    for name, x in (("out", out), ("grad_out", grad_out)):
         _check_tensor(name, x, use_torch)
     defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
                     causal=False, scale=None, window=None, seqlens=None, pattern=None,

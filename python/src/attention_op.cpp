@@ -35,6 +35,8 @@ std::string number(double x) {
 // --sparse-threshold; the Python API has no keyword for it).
 constexpr int64_t kSparseThreshold = 1048576;
 
+// What the CLI's parser and setup make of the options for a full [B, N, H, D] problem with
+// kv_heads K/V heads. Throws InputError (the CLI's message) on any bad option.
 struct Resolved {
   AttentionConfig cfg;
   std::string pattern;  // block-sparse: the pattern text (auto: dilated-blocks)
@@ -141,11 +143,6 @@ bool core_supports_seqlens() {
   return supported;
 }
 
-AttentionConfig config_from_options(const AttentionOptions& o, const Shape4& full,
-                                    int64_t kv_heads) {
-  return resolve(o, full, kv_heads).cfg;
-}
-
 ring::ShardLayout layout_for(int64_t seq_len, bool causal, int64_t block_size, int world) {
   AttentionConfig cfg;
   cfg.shape = {1, seq_len, 1, 1};
@@ -199,10 +196,9 @@ AttentionOp::AttentionOp(const AttentionOptions& o, const Shape4& local_q, int64
       c.broadcast(&length, sizeof length, first_bad);
       message.resize(length);
       c.broadcast(message.data(), length, first_bad);
-      const std::string text = "rank " + std::to_string(first_bad) + ": " + message;
-      if (worst == static_cast<int64_t>(ExitCode::bad_input))
-        throw InputError("rank " + std::to_string(first_bad), message);
-      throw RuntimeFailure(text);
+      const std::string rank = "rank " + std::to_string(first_bad);
+      if (worst == static_cast<int64_t>(ExitCode::bad_input)) throw InputError(rank, message);
+      throw RuntimeFailure(rank + ": " + message);
     }
   } else if (error) {
     std::rethrow_exception(error);

@@ -38,12 +38,6 @@ struct BlockMask {
   std::vector<int64_t> dims;
 };
 
-// The attention kind and config the options give for a full [B, N, H, D] problem with
-// kv_heads K/V heads: what the CLI's parser and setup make of the same options. Throws
-// InputError (the CLI's message) on any bad option.
-AttentionConfig config_from_options(const AttentionOptions& o, const Shape4& full,
-                                    int64_t kv_heads);
-
 // The layout of a [B, N, ...] tensor over `world` ranks as the engine lays it out: zigzag for
 // causal runs; block_size > 0 for block-sparse (whole blocks per rank).
 ring::ShardLayout layout_for(int64_t seq_len, bool causal, int64_t block_size, int world);

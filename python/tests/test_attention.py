@@ -321,3 +321,22 @@ def test_single_process_comm_and_sharding_are_identities():
 def test_from_torch_is_refused_without_cuda():
     with pytest.raises(NotImplementedError, match="CUDA build"):
         ringattn.Comm.from_torch(None)
+
+
+def test_auto_is_dense_or_dilated_below_the_sparse_threshold():
+    q, k, v, _ = make_inputs((1, 64, 4, 16), seed=21)
+    assert torch.equal(ringattn.attention(q, k, v, attention="auto", causal=True),
+                       ringattn.attention(q, k, v, causal=True))
+    dilated = dict(segments=[32, 64], dilations=[1, 2])
+    assert torch.equal(ringattn.attention(q, k, v, attention="auto", **dilated),
+                       ringattn.attention(q, k, v, attention="dilated", **dilated))
+
+
+def test_inputs_are_left_in_place_and_untouched():
+    q, k, v, _ = make_inputs((1, 32, 2, 16), seed=4)
+    before = [x.clone() for x in (q, k, v)]
+    pointers = [x.data_ptr() for x in (q, k, v)]
+    out = ringattn.attention(q, k, v)
+    assert [x.data_ptr() for x in (q, k, v)] == pointers
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), before))
+    assert out.is_contiguous() and out.dtype == torch.float32
