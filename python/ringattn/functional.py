@@ -228,29 +228,52 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     return dq, dk, dv
 
 
-def _layout(comm, seq_len, causal, block_size):
-    return comm._handle.layout(int(seq_len), bool(causal),
-                               0 if block_size is None else operator.index(block_size))
+def _layout(comm, x_shape, seq_len, causal, block_size, heads, keywords):
+    """Every rank's chunks for a full sequence of seq_len positions, as the plan of
+    attention(..., **keywords) lays them out."""
+    unknown = set(keywords) - {"attention", "segments", "dilations", "combine", "scale", "window",
+                               "seqlens", "pattern", "block_mask"}
+    if unknown:
+        raise TypeError(f"unexpected keyword(s) {sorted(unknown)}: shard/unshard take "
+                        "ringattn.attention's pattern keywords")
+    keywords = dict(keywords)
+    keywords.pop("block_mask", None)  # the layout needs only N and the block size
+    if block_size is not None:
+        keywords.setdefault("attention", "block-sparse")
+    defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
+                    scale=None, window=None, seqlens=None, pattern=None)
+    defaults.update(keywords)
+    options = _options(causal=causal, block_size=128 if block_size is None else block_size,
+                       **defaults)
+    if heads is None:
+        heads = x_shape[2] if len(x_shape) >= 3 else 1
+    return comm._handle.layout(batch=1, seq_len=int(seq_len), heads=operator.index(heads),
+                               **options)
 
 
-def shard(x, comm: Comm | None = None, *, causal=False, block_size=None):
-    """This rank's rows of a full ``[B, N, ...]`` tensor, in the engine's layout: N/P
-    consecutive positions per rank, or for causal runs the balanced zigzag (chunks r and
-    2P-1-r of 2P). Pass ``block_size`` for attention="block-sparse" (whole blocks per rank).
+def shard(x, comm: Comm | None = None, *, causal=False, block_size=None, heads=None, **keywords):
+    """This rank's rows of a full ``[B, N, ...]`` tensor, in the layout the engine uses for
+    the same attention: N/P consecutive positions per rank, or for causal runs the balanced
+    zigzag (chunks r and 2P-1-r of 2P). Pass the keywords the attention call gets
+    (``causal``, and ``block_size`` for block-sparse, whole blocks per rank; any other pattern
+    keyword, e.g. ``seqlens``, where the core lays those runs out by their work) and, for
+    tensors without a heads dimension and a dilated grouped pattern, ``heads``.
     Differentiable for torch tensors (it is slicing and concatenation)."""
     comm = default_comm() if comm is None else comm
     if comm.size == 1:
         return x
-    chunks = _layout(comm, x.shape[1], causal, block_size)[comm.rank]
+    chunks = _layout(comm, x.shape, x.shape[1], causal, block_size, heads, keywords)[comm.rank]
     parts = [x[:, begin:begin + length] for begin, length in chunks]
     if _is_torch(x):
         return torch.cat(parts, dim=1).contiguous()
     return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
-def unshard(x_local, comm: Comm | None = None, *, causal=False, block_size=None):
+def unshard(x_local, comm: Comm | None = None, *, causal=False, block_size=None, heads=None,
+            **keywords):
     """The full ``[B, N, ...]`` tensor on every rank, from every rank's shard (the inverse of
-    ``shard``; a collective: every rank calls it). Not differentiable."""
+    ``shard``, with the same keywords; a collective: every rank calls it). Not
+    differentiable."""
     comm = default_comm() if comm is None else comm
     if comm.size == 1:
         return x_local
@@ -266,7 +289,7 @@ def unshard(x_local, comm: Comm | None = None, *, causal=False, block_size=None)
     full_shape = (shape[0], n) + shape[2:]
     full = torch.empty(full_shape, dtype=local.dtype) if use_torch else np.empty(
         full_shape, dtype=local.dtype)
-    for rank, chunks in enumerate(_layout(comm, n, causal, block_size)):
+    for rank, chunks in enumerate(_layout(comm, shape, n, causal, block_size, heads, keywords)):
         row = 0
         for begin, length in chunks:
             full[:, begin:begin + length] = gathered[rank][:, row:row + length]

@@ -143,16 +143,11 @@ bool core_supports_seqlens() {
   return supported;
 }
 
-ring::ShardLayout layout_for(int64_t seq_len, bool causal, int64_t block_size, int world) {
-  AttentionConfig cfg;
-  cfg.shape = {1, seq_len, 1, 1};
-  cfg.causal = causal;
-  if (block_size > 0) {
-    cfg.attention = AttentionKind::block_sparse;
-    cfg.block_size = block_size;
-    return sparse::sparse_layout(cfg, world);
-  }
-  return ring::make_layout(cfg, world);
+ring::ShardLayout layout_for(AttentionOptions o, const Shape4& full, int world) {
+  if (o.attention == "block-sparse" && !o.pattern) o.has_block_mask = true;
+  const Resolved r = resolve(o, full, full.heads);
+  return r.cfg.attention == AttentionKind::block_sparse ? sparse::sparse_layout(r.cfg, world)
+                                                        : ring::make_layout(r.cfg, world);
 }
 
 AttentionOp::AttentionOp(const AttentionOptions& o, const Shape4& local_q, int64_t kv_heads,

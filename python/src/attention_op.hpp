@@ -38,9 +38,11 @@ struct BlockMask {
   std::vector<int64_t> dims;
 };
 
-// The layout of a [B, N, ...] tensor over `world` ranks as the engine lays it out: zigzag for
-// causal runs; block_size > 0 for block-sparse (whole blocks per rank).
-ring::ShardLayout layout_for(int64_t seq_len, bool causal, int64_t block_size, int world);
+// The layout over `world` ranks that the engine gives a problem of `full` shape with these
+// options (zigzag for causal runs, whole blocks for block-sparse, and whatever the core
+// decides for the others), so that ringattn.shard() places rows where attention() expects
+// them. Block-sparse needs no pattern here: the layout depends only on N and the block size.
+ring::ShardLayout layout_for(AttentionOptions o, const Shape4& full, int world);
 
 class AttentionOp {
  public:

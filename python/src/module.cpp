@@ -159,9 +159,25 @@ NB_MODULE(_core, m) {
           "local"_a, "out"_a)
       .def(
           "layout",
-          [](const CommHandle& c, int64_t seq_len, bool causal, int64_t block_size) {
+          [](const CommHandle& c, int64_t batch, int64_t seq_len, int64_t heads,
+             const std::string& attention, std::optional<std::vector<int64_t>> segments,
+             std::optional<std::vector<int64_t>> dilations, const std::string& combine,
+             bool causal, std::optional<double> scale, std::optional<std::vector<int64_t>> window,
+             std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
+             int64_t block_size) {
+            AttentionOptions o;
+            o.attention = attention;
+            o.segments = std::move(segments);
+            o.dilations = std::move(dilations);
+            o.combine = combine;
+            o.causal = causal;
+            o.scale = scale;
+            o.window = std::move(window);
+            o.seqlens = std::move(seqlens);
+            o.pattern = std::move(pattern);
+            o.block_size = block_size;
             // Per rank, the (first position, length) chunks it owns, in local order.
-            const ring::ShardLayout l = layout_for(seq_len, causal, block_size, c.size());
+            const ring::ShardLayout l = layout_for(o, {batch, seq_len, heads, 1}, c.size());
             std::vector<std::vector<std::pair<int64_t, int64_t>>> all;
             for (int r = 0; r < c.size(); ++r) {
               all.emplace_back();
@@ -169,7 +185,9 @@ NB_MODULE(_core, m) {
             }
             return all;
           },
-          "seq_len"_a, "causal"_a, "block_size"_a);
+          "batch"_a, "seq_len"_a, "heads"_a, "attention"_a, "segments"_a.none(),
+          "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
+          "seqlens"_a.none(), "pattern"_a.none(), "block_size"_a);
 
   nb::class_<AttentionOp>(m, "AttentionOp")
       .def("__init__", &init_op, "q"_a, "k"_a, "attention"_a, "segments"_a.none(),

@@ -47,9 +47,8 @@ def test_sharded_results_equal_single_process(comm, name, kv_heads, kw):
     out_full, lse_full = ringattn.attention(*full, return_lse=True, **kw)
     out_full.backward(dout)
 
-    causal = kw.get("causal", False)
-    block_size = kw.get("block_size") if kw.get("attention") == "block-sparse" else None
-    part = lambda x: ringattn.shard(x, comm, causal=causal, block_size=block_size)
+    # The layout of the plan for these keywords (heads: q's, also for k/v under GQA).
+    part = lambda x: ringattn.shard(x, comm, heads=4, **kw)
     local = [part(x).requires_grad_() for x in (q, k, v)]
     out, lse = ringattn.attention(*local, return_lse=True, comm=comm, **kw)
     out.backward(part(dout))
@@ -62,7 +61,7 @@ def test_sharded_results_equal_single_process(comm, name, kv_heads, kw):
                              ("dv", local[2].grad, part(full[2].grad))):
         err = reference.relative_error(got, want)
         assert err <= TOLERANCE, f"rank {comm.rank}: {name}: {label} relative error {err:.2e}"
-    gathered = ringattn.unshard(out.detach(), comm, causal=causal, block_size=block_size)
+    gathered = ringattn.unshard(out.detach(), comm, **kw)
     assert reference.relative_error(gathered, out_full.detach()) <= TOLERANCE
 
 
