@@ -42,7 +42,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 (cd "$root" && "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
 for P in 2 3; do
   (cd "$root" && OMP_NUM_THREADS=1 mpiexec -n "$P" --oversubscribe "$venv/bin/python" -m pytest \
-    -q -p no:cacheprovider python/tests/test_distributed.py)
+    -q -p no:cacheprovider --color=no python/tests/test_distributed.py)
 done
 python_s=$((SECONDS - start))
 

@@ -43,14 +43,22 @@ struct Resolved {
 };
 
 Resolved resolve(const AttentionOptions& o, const Shape4& full, int64_t kv_heads) {
-  std::vector<std::string> args = {"--device",   "cpu",
-                                   "--quiet",    "--attention",
-                                   o.attention,  "--combine",
-                                   o.combine,    "--batch",
-                                   std::to_string(full.batch), "--seq-len",
-                                   std::to_string(full.seq_len), "--heads",
-                                   std::to_string(full.heads), "--head-dim",
-                                   std::to_string(full.head_dim), "--kv-heads",
+  std::vector<std::string> args = {"--device",
+                                   "cpu",
+                                   "--quiet",
+                                   "--attention",
+                                   o.attention,
+                                   "--combine",
+                                   o.combine,
+                                   "--batch",
+                                   std::to_string(full.batch),
+                                   "--seq-len",
+                                   std::to_string(full.seq_len),
+                                   "--heads",
+                                   std::to_string(full.heads),
+                                   "--head-dim",
+                                   std::to_string(full.head_dim),
+                                   "--kv-heads",
                                    std::to_string(kv_heads)};
   auto add = [&](const char* option, std::string value) {
     args.emplace_back(option);
@@ -105,14 +113,13 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
     if (!shared && !per_head) {
       std::string got;
       for (int64_t x : d) got += (got.empty() ? "" : ", ") + std::to_string(x);
-      throw InputError(
-          "block_mask", "block mask shape [" + got + "] does not match " +
-                            std::to_string(s.heads) + " heads and N / block size = " +
-                            std::to_string(s.seq_len) + " / " + std::to_string(cfg.block_size) +
-                            " = " + std::to_string(nb) + " blocks: expected [" +
-                            std::to_string(s.heads) + ", " + std::to_string(nb) + ", " +
-                            std::to_string(nb) + "] or [" + std::to_string(nb) + ", " +
-                            std::to_string(nb) + "] (see block_size)");
+      throw InputError("block_mask",
+                       "block mask shape [" + got + "] does not match " + std::to_string(s.heads) +
+                           " heads and N / block size = " + std::to_string(s.seq_len) + " / " +
+                           std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
+                           " blocks: expected [" + std::to_string(s.heads) + ", " +
+                           std::to_string(nb) + ", " + std::to_string(nb) + "] or [" +
+                           std::to_string(nb) + ", " + std::to_string(nb) + "] (see block_size)");
     }
     return std::make_shared<const sparse::BlockLists>(
         sparse::lists_from_mask(mask->data, shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
@@ -224,13 +231,13 @@ void AttentionOp::run_engine(F&& f) {
   } catch (const RuntimeFailure& e) {
     // The ring may now hold abandoned transfers: the job ends at exit, not by finalising.
     comm_.mark_failed();
-    if (comm_.size() > 1) throw RuntimeFailure("rank " + std::to_string(comm_.rank()) + ": " + e.what());
+    if (comm_.size() > 1)
+      throw RuntimeFailure("rank " + std::to_string(comm_.rank()) + ": " + e.what());
     throw;
   }
 }
 
-void AttentionOp::forward(const float* q, const float* k, const float* v, float* out,
-                          float* lse) {
+void AttentionOp::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
   run_engine([&] {
     if (sparse_)
       sparse_->forward(q, k, v, out, lse);

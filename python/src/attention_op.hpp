@@ -59,8 +59,8 @@ class AttentionOp {
   // Local shards, float32, C order: q, out [B, N/P, H, D]; k, v [B, N/P, HKV, D];
   // lse [B, H, N/P]. Sizes are checked by the caller.
   void forward(const float* q, const float* k, const float* v, float* out, float* lse);
-  void backward(const float* q, const float* k, const float* v, const float* out,
-                const float* lse, const float* dout, float* dq, float* dk, float* dv);
+  void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                const float* dout, float* dq, float* dk, float* dv);
 
  private:
   template <typename F>

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #ifdef RINGATTN_HAVE_MPI
 #include <mpi.h>
@@ -55,8 +55,8 @@ CommHandle CommHandle::from_mpi(double timeout_s) {
   if (g_mpi_ended)
     throw RuntimeFailure("MPI was already finalised in this process; it cannot start again");
   if (!g_mpi)
-    g_mpi = std::shared_ptr<ring::Communicator>(ring::make_mpi_communicator(nullptr, nullptr).release(),
-                                                [](ring::Communicator*) {});
+    g_mpi = std::shared_ptr<ring::Communicator>(
+        ring::make_mpi_communicator(nullptr, nullptr).release(), [](ring::Communicator*) {});
   return CommHandle(g_mpi, timeout_s, true);
 }
 

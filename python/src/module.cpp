@@ -54,11 +54,12 @@ float* floats(const Array& a, const char* name, const std::vector<int64_t>& want
     throw InputError(name, "must be float32 (the CPU kernels compute in float32)");
   const std::vector<int64_t> got = dims_of(a);
   if (got != want)
-    throw InputError(name, "shape " + dims_text(got) + " does not match the expected " +
-                               dims_text(want));
+    throw InputError(name,
+                     "shape " + dims_text(got) + " does not match the expected " + dims_text(want));
   if (!c_contiguous(a))
-    throw InputError(name, "must be contiguous in C order (the engine reads [B, N, H, D] rows; "
-                           "call .contiguous() or numpy.ascontiguousarray first)");
+    throw InputError(name,
+                     "must be contiguous in C order (the engine reads [B, N, H, D] rows; "
+                     "call .contiguous() or numpy.ascontiguousarray first)");
   return static_cast<float*>(a.data());
 }
 
@@ -69,19 +70,20 @@ struct Shapes {
 Shapes shapes_of(const AttentionOp& op) {
   const Shape4& s = op.config().shape;
   const int64_t nl = op.layout().local_len, hkv = op.config().effective_kv_heads();
-  return {{s.batch, nl, s.heads, s.head_dim}, {s.batch, nl, hkv, s.head_dim}, {s.batch, s.heads, nl}};
+  return {
+      {s.batch, nl, s.heads, s.head_dim}, {s.batch, nl, hkv, s.head_dim}, {s.batch, s.heads, nl}};
 }
 
 void init_op(AttentionOp* self, const Array& q, const Array& k, const std::string& attention,
              std::optional<std::vector<int64_t>> segments,
-             std::optional<std::vector<int64_t>> dilations, const std::string& combine,
-             bool causal, std::optional<double> scale, std::optional<std::vector<int64_t>> window,
+             std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
+             std::optional<double> scale, std::optional<std::vector<int64_t>> window,
              std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
              std::optional<Array> block_mask, int64_t block_size, const CommHandle& comm) {
-  if (q.ndim() != 4) throw InputError("q", "must have 4 dimensions [B, N, H, D], got " +
-                                               std::to_string(q.ndim()));
-  if (k.ndim() != 4) throw InputError("k", "must have 4 dimensions [B, N, HKV, D], got " +
-                                               std::to_string(k.ndim()));
+  if (q.ndim() != 4)
+    throw InputError("q", "must have 4 dimensions [B, N, H, D], got " + std::to_string(q.ndim()));
+  if (k.ndim() != 4)
+    throw InputError("k", "must have 4 dimensions [B, N, HKV, D], got " + std::to_string(k.ndim()));
   AttentionOptions o;
   o.attention = attention;
   o.segments = std::move(segments);
@@ -99,8 +101,9 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
     const Array& m = *block_mask;
     if (m.device_type() != nb::device::cpu::value || m.dtype() != nb::dtype<bool>() ||
         !c_contiguous(m))
-      throw InputError("block_mask", "must be a C-ordered bool array in host memory "
-                                     "([H, nb, nb] or [nb, nb], nb = N / block_size)");
+      throw InputError("block_mask",
+                       "must be a C-ordered bool array in host memory "
+                       "([H, nb, nb] or [nb, nb], nb = N / block_size)");
     mask = BlockMask{static_cast<const uint8_t*>(m.data()), dims_of(m)};
   }
   const Shape4 local{static_cast<int64_t>(q.shape(0)), static_cast<int64_t>(q.shape(1)),
@@ -161,8 +164,8 @@ NB_MODULE(_core, m) {
           "layout",
           [](const CommHandle& c, int64_t batch, int64_t seq_len, int64_t heads,
              const std::string& attention, std::optional<std::vector<int64_t>> segments,
-             std::optional<std::vector<int64_t>> dilations, const std::string& combine,
-             bool causal, std::optional<double> scale, std::optional<std::vector<int64_t>> window,
+             std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
+             std::optional<double> scale, std::optional<std::vector<int64_t>> window,
              std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
              int64_t block_size) {
             AttentionOptions o;
@@ -192,8 +195,7 @@ NB_MODULE(_core, m) {
   nb::class_<AttentionOp>(m, "AttentionOp")
       .def("__init__", &init_op, "q"_a, "k"_a, "attention"_a, "segments"_a.none(),
            "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
-           "seqlens"_a.none(), "pattern"_a.none(), "block_mask"_a.none(), "block_size"_a,
-           "comm"_a)
+           "seqlens"_a.none(), "pattern"_a.none(), "block_mask"_a.none(), "block_size"_a, "comm"_a)
       .def_prop_ro("engine", &AttentionOp::engine)
       .def_prop_ro("local_len", [](const AttentionOp& op) { return op.layout().local_len; })
       .def_prop_ro("seq_len", [](const AttentionOp& op) { return op.config().shape.seq_len; })
