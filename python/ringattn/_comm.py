@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import collections
 import gc
+import os
 import weakref
 
 from . import _core
@@ -40,6 +41,12 @@ class Comm:
                                "reinstall)")
         comm = cls.__new__(cls)
         comm._init(_core.CommHandle.from_mpi(float(timeout)))
+        ntasks = os.environ.get("SLURM_NTASKS", "")
+        if ntasks.isdigit() and int(ntasks) > 1 and comm.size == 1:
+            # The CLI's launch check: a job meant to be parallel that sees one rank.
+            raise ValueError(
+                f"launch: SLURM_NTASKS={ntasks} but MPI reports 1 rank: start the script with "
+                "'srun --mpi=pmix' (or mpirun) inside the allocation, not directly (see launch/)")
         return comm
 
     @classmethod

@@ -226,6 +226,7 @@ template <typename F>
 void AttentionOp::run_engine(F&& f) {
   if (comm_.is_mpi() && mpi_ended())
     throw RuntimeFailure("MPI has been finalised (the interpreter is exiting); no ring can run");
+  std::lock_guard lock(running_);
   try {
     f();
   } catch (const RuntimeFailure& e) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,6 +67,9 @@ class AttentionOp {
   template <typename F>
   void run_engine(F&& f);
 
+  // One call at a time: the plan's workspace is shared by its calls, and Python threads may
+  // reach one cached plan together (the GIL is released while the engine runs).
+  std::mutex running_;
   CommHandle comm_;
   AttentionConfig cfg_;
   ring::ShardLayout layout_;
