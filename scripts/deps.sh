@@ -13,6 +13,8 @@ packages=(
   libboost-context-dev python3-pip
   libopenmpi-dev openmpi-bin
   slurm-wlm munge
+  # The Python package (pip install . into a venv that sees these) and its tests.
+  python3-dev python3-venv python3-numpy python3-torch python3-pytest
 )
 missing=()
 for p in "${packages[@]}"; do

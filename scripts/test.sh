@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite with CTest; then builds
+# Installs what is missing, builds, and runs the whole test suite with CTest; builds and runs
+# examples/cpp against the installed CMake package; builds the Python package and runs its
+# pytest suite (one process, then mpiexec -n 2 and -n 3); then builds
 # the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
 # CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
 # code runs on every machine. Tests that need hardware this machine lacks print why
@@ -11,6 +13,39 @@ start=$SECONDS
 (cd "$root/build" && ctest --output-on-failure --timeout 600 -j "$(nproc)")
 main_s=$((SECONDS - start))
 
+# The installed CMake package: cmake --install into a fresh prefix, then examples/cpp (a
+# project of its own, find_package(ringattn)) is configured, built and run against it.
+start=$SECONDS
+rm -rf "$root/build/install" "$root/build/consumer"
+cmake --install "$root/build" --prefix "$root/build/install" >/dev/null
+cmake -S "$root/examples/cpp" -B "$root/build/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
+cmake --build "$root/build/consumer" -j "$(nproc)"
+"$root/build/consumer/dilated_forward"
+install_s=$((SECONDS - start))
+
+# The Python package: `pip install .` into ./.venv (Debian's python3, seeing Debian's torch,
+# numpy and pytest), then its pytest suite on one process and the distributed tests under
+# mpiexec -n 2 and -n 3. Explicit /usr/bin/python3: other interpreters (pyenv shims) may be
+# first on PATH.
+start=$SECONDS
+venv="$root/.venv"
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+# The build requirements go into the venv and the build runs there (no isolated build
+# environment), so that build/python is reused and a second run rebuilds only what changed
+# (an isolated build's temporary paths make scikit-build-core configure afresh each time).
+"$venv/bin/python" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0"
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$venv/bin/python" -m pip install -q --no-build-isolation \
+  "$root"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  OMPI_MCA_rmaps_base_oversubscribe=1
+(cd "$root" && "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
+for P in 2 3; do
+  (cd "$root" && OMP_NUM_THREADS=1 mpiexec -n "$P" --oversubscribe "$venv/bin/python" -m pytest \
+    -q -p no:cacheprovider --color=no python/tests/test_distributed.py)
+done
+python_s=$((SECONDS - start))
+
 # The emulator needs none of the CUDA toolkit, MPI or the benchmarks; only the emulated GPU's
 # targets are built.
 start=$SECONDS
@@ -20,4 +55,6 @@ cmake -S "$root" -B "$root/build-emu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRING
 cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests
 (cd "$root/build-emu" && ctest -L gpu-emu --output-on-failure --timeout 600 -j "$(nproc)")
 emu_s=$((SECONDS - start))
-echo "test.sh: main suite ${main_s} s (build + ctest); emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"
+echo "test.sh: main suite ${main_s} s (build + ctest); installed package ${install_s} s" \
+  "(install + examples/cpp); Python ${python_s} s (pip install + pytest, mpiexec -n 2, -n 3);" \
+  "emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"

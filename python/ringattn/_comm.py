@@ -1,0 +1,118 @@
+"""Communicators: one process alone, or MPI_COMM_WORLD under mpirun/srun.
+
+A ``Comm`` also owns the cache of attention plans built on it, so that a training loop's
+repeated calls with one configuration reuse one plan (tiles, schedule, workspace, ring
+buffers) and allocate nothing new in the engine.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import gc
+import os
+import weakref
+
+from . import _core
+
+_DEFAULT_TIMEOUT = 300.0
+# Plans kept per communicator (least recently used dropped first).
+_PLAN_CACHE_SIZE = 32
+_LIVE_COMMS: "weakref.WeakSet[Comm]" = weakref.WeakSet()
+
+
+class Comm:
+    """The ranks an attention call is spread over.
+
+    ``Comm()`` is a single process (``rank == 0``, ``size == 1``); ``Comm.from_mpi()`` is
+    ``MPI_COMM_WORLD`` of a job started by ``mpirun``/``mpiexec``/``srun``. ``timeout`` is the
+    watchdog's: the longest a ring step waits for its exchange (seconds, as the CLI's
+    ``--timeout``); past it the call raises ``RuntimeError`` naming the step and peers,
+    instead of hanging.
+    """
+
+    def __init__(self, *, timeout: float = _DEFAULT_TIMEOUT):
+        self._init(_core.CommHandle(float(timeout)))
+
+    @classmethod
+    def from_mpi(cls, *, timeout: float = _DEFAULT_TIMEOUT) -> "Comm":
+        """MPI_COMM_WORLD (MPI is initialised on the first call and finalised at exit)."""
+        if not _core.has_mpi:
+            raise RuntimeError("this build of ringattn has no MPI (install libopenmpi-dev and "
+                               "reinstall)")
+        comm = cls.__new__(cls)
+        comm._init(_core.CommHandle.from_mpi(float(timeout)))
+        ntasks = os.environ.get("SLURM_NTASKS", "")
+        if ntasks.isdigit() and int(ntasks) > 1 and comm.size == 1:
+            # The CLI's launch check: a job meant to be parallel that sees one rank.
+            raise ValueError(
+                f"launch: SLURM_NTASKS={ntasks} but MPI reports 1 rank: start the script with "
+                "'srun --mpi=pmix' (or mpirun) inside the allocation, not directly (see launch/)")
+        return comm
+
+    @classmethod
+    def from_torch(cls, group=None, *, timeout: float = _DEFAULT_TIMEOUT) -> "Comm":
+        """NCCL over a torch.distributed process group (GPU builds only)."""
+        raise NotImplementedError(
+            "Comm.from_torch needs a CUDA build of ringattn with NCCL; this build computes on "
+            "the CPU (use Comm.from_mpi())")
+
+    def _init(self, handle) -> None:
+        self._handle = handle
+        self._plans: "collections.OrderedDict" = collections.OrderedDict()
+        _LIVE_COMMS.add(self)
+
+    @property
+    def rank(self) -> int:
+        return self._handle.rank
+
+    @property
+    def size(self) -> int:
+        return self._handle.size
+
+    @property
+    def timeout(self) -> float:
+        return self._handle.timeout
+
+    def barrier(self) -> None:
+        self._handle.barrier()
+
+    def __repr__(self) -> str:
+        kind = "mpi" if self._handle.is_mpi else "local"
+        return f"Comm({kind}, rank={self.rank}, size={self.size}, timeout={self.timeout})"
+
+    def _plan(self, key, make):
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = make()
+            self._plans[key] = plan
+            if len(self._plans) > _PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def cached_plans(self) -> int:
+        """How many attention plans this communicator holds (one per configuration)."""
+        return len(self._plans)
+
+
+_local = None
+
+
+def default_comm() -> Comm:
+    """The single-process communicator used when ``comm=None``."""
+    global _local
+    if _local is None:
+        _local = Comm()
+    return _local
+
+
+def _shutdown() -> None:
+    # Plans first (their communication threads use MPI), then MPI itself.
+    for comm in list(_LIVE_COMMS):
+        comm._plans.clear()
+    gc.collect()
+    _core.shutdown()
+
+
+atexit.register(_shutdown)

@@ -1,0 +1,314 @@
+"""ringattn.attention and its helpers: options → cached plan → engine, with autograd.
+
+Tensors cross into C++ without copies (DLPack for torch, the buffer protocol for numpy);
+the engine writes into outputs allocated here. Every option means what the CLI's option of
+the same name means, and is checked by the CLI's own code (a bad one raises ValueError
+with the CLI's message).
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from . import _core
+from ._comm import Comm, default_comm
+
+try:
+    import torch
+except ImportError:  # numpy-only use
+    torch = None
+
+
+def _is_torch(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _int_list(name, values):
+    if values is None:
+        return None
+    if isinstance(values, (int, np.integer)):
+        values = [values]
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError:
+        raise TypeError(f"{name}: expected a list of integers, got {values!r}") from None
+
+
+def _window(window):
+    if window is None:
+        return None
+    return _int_list("window", window)
+
+
+def _check_tensor(name, x, want_torch):
+    if want_torch != _is_torch(x):
+        kind = "a torch.Tensor" if want_torch else "a numpy array"
+        raise ValueError(f"{name}: expected {kind} like q, got {type(x).__name__}")
+    if want_torch:
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: is on {x.device}; this build of ringattn computes on the "
+                             "CPU")
+        if x.dtype != torch.float32:
+            raise ValueError(f"{name}: must be float32 (the CPU kernels compute in float32), "
+                             f"got {x.dtype}")
+        contiguous = x.is_contiguous()
+    else:
+        if not isinstance(x, np.ndarray):
+            raise ValueError(f"{name}: expected a torch.Tensor or numpy array, got "
+                             f"{type(x).__name__}")
+        if x.dtype != np.float32:
+            raise ValueError(f"{name}: must be float32 (the CPU kernels compute in float32), "
+                             f"got {x.dtype}")
+        contiguous = x.flags.c_contiguous
+    if x.ndim != 4:
+        raise ValueError(f"{name}: must have 4 dimensions [B, N, H, D], got shape "
+                         f"{list(x.shape)}")
+    if not contiguous:
+        raise ValueError(f"{name}: must be contiguous in C order (the engine reads [B, N, H, D] "
+                         "rows); call .contiguous() or numpy.ascontiguousarray first")
+
+
+def _check_inputs(q, k, v):
+    use_torch = _is_torch(q)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, x, use_torch)
+    for name, x in (("k", k), ("v", v)):
+        qs, xs = tuple(q.shape), tuple(x.shape)
+        if (xs[0], xs[1], xs[3]) != (qs[0], qs[1], qs[3]):
+            raise ValueError(f"{name}: shape {list(xs)} differs from q's {list(qs)} in batch, "
+                             "length or head dim")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"v: shape {list(v.shape)} differs from k's {list(k.shape)}")
+    return use_torch
+
+
+def _mask_array(block_mask):
+    if block_mask is None:
+        return None
+    if _is_torch(block_mask):
+        block_mask = block_mask.detach().cpu().numpy()
+    mask = np.ascontiguousarray(np.asarray(block_mask))
+    if mask.dtype != np.bool_:
+        raise ValueError(f"block_mask: must be a bool array, got dtype {mask.dtype}")
+    return mask
+
+
+def _plan(q, k, comm, options, mask):
+    key = (tuple(q.shape), tuple(k.shape)) + tuple(
+        (name, tuple(value) if isinstance(value, list) else value)
+        for name, value in options.items())
+    if mask is not None:
+        key += (mask.shape, mask.tobytes())
+
+    def make():
+        return _core.AttentionOp(q, k, block_mask=mask, comm=comm._handle, **options)
+
+    return comm._plan(key, make)
+
+
+def _options(attention, segments, dilations, combine, causal, scale, window, seqlens, pattern,
+             block_size):
+    return dict(attention=str(attention), segments=_int_list("segments", segments),
+                dilations=_int_list("dilations", dilations), combine=str(combine),
+                causal=bool(causal), scale=None if scale is None else float(scale),
+                window=_window(window), seqlens=_int_list("seqlens", seqlens),
+                pattern=None if pattern is None else str(pattern),
+                block_size=operator.index(block_size))
+
+
+def _empty_like_outputs(q, op, use_torch):
+    b, n, h, _ = q.shape
+    if use_torch:
+        return torch.empty(q.shape, dtype=torch.float32), torch.empty((b, h, n),
+                                                                       dtype=torch.float32)
+    return np.empty(q.shape, dtype=np.float32), np.empty((b, h, n), dtype=np.float32)
+
+
+def _forward(op, q, k, v, use_torch):
+    out, lse = _empty_like_outputs(q, op, use_torch)
+    if use_torch:
+        op.forward(q.detach(), k.detach(), v.detach(), out, lse)
+    else:
+        op.forward(q, k, v, out, lse)
+    return out, lse
+
+
+if torch is not None:
+
+    class _AttentionFunction(torch.autograd.Function):
+        """Forward and backward through the engine; saves out and lse (never N x N)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, op):
+            out, lse = _forward(op, q, k, v, True)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.op = op
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad_out, _grad_lse):
+            q, k, v, out, lse = ctx.saved_tensors
+            dq = torch.empty(q.shape, dtype=torch.float32)
+            dk = torch.empty(k.shape, dtype=torch.float32)
+            dv = torch.empty(v.shape, dtype=torch.float32)
+            ctx.op.backward(q.detach(), k.detach(), v.detach(), out, lse,
+                            grad_out.contiguous(), dq, dk, dv)
+            return dq, dk, dv, None
+
+
+def attention(q, k, v, *, attention="dense", segments=None, dilations=None, combine="grouped",
+              causal=False, scale=None, window=None, seqlens=None, pattern=None, block_mask=None,
+              block_size=128, return_lse=False, comm: Comm | None = None):
+    """Exact attention of this rank's queries over the whole sequence.
+
+    q: ``[B, N_local, H, D]``; k, v: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
+    query attention when it is less than H); float32, contiguous, torch tensors or numpy
+    arrays (outputs are of the same kind). With ``comm`` spanning P ranks, each rank passes its
+    shard in the engine's layout (``ringattn.shard``) and gets its rows of the output.
+
+    Keywords mean what the CLI's options mean (docs/SEMANTICS.md):
+      attention: "dense" | "dilated" | "block-sparse" | "auto"   (--attention)
+      segments, dilations: lists of ints, dilated patterns        (--segments, --dilations)
+      combine: "grouped" | "mixture"                              (--combine)
+      causal: bool                                                (--causal)
+      scale: float, default 1/sqrt(D)                             (--scale)
+      window: L or (L, R), sliding window                         (--window)
+      seqlens: packed sequence lengths                            (--seqlens, if the core has it)
+      pattern: block-sparse pattern text, e.g. "local+global"     (--pattern)
+      block_mask: bool [H, nb, nb] or [nb, nb] mask               (--block-mask)
+      block_size: tokens per block (block-sparse)                 (--block-size)
+      return_lse: also return lse ``[B, H, N_local]`` (natural log; -inf for empty rows)
+      comm: ringattn.Comm (default: this process alone)
+
+    Bad options raise ValueError with the CLI's message; a failed ring (watchdog, dead peer)
+    raises RuntimeError. With torch tensors that require grad, the result is differentiable:
+    the backward runs the engine's backward from the saved out and lse.
+    """
+    comm = default_comm() if comm is None else comm
+    if not isinstance(comm, Comm):
+        raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")
+    use_torch = _check_inputs(q, k, v)
+    options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
+                       pattern, block_size)
+    op = _plan(q, k, comm, options, _mask_array(block_mask))
+    if use_torch and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out, lse = _AttentionFunction.apply(q, k, v, op)
+    else:
+        out, lse = _forward(op, q, k, v, use_torch)
+    return (out, lse) if return_lse else out
+
+
+def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None, block_mask=None,
+                       **options):
+    """Gradients ``(dq, dk, dv)`` of ``sum(out * grad_out)``, for callers without autograd
+    (numpy). ``out`` and ``lse`` come from ``attention(..., return_lse=True)`` with the same
+    inputs and the same keywords, which are passed here again."""
+    comm = default_comm() if comm is None else comm
+    use_torch = _check_inputs(q, k, v)
+    for name, x in (("out", out), ("grad_out", grad_out)):
+        _check_tensor(name, x, use_torch)
+    defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
+                    causal=False, scale=None, window=None, seqlens=None, pattern=None,
+                    block_size=128)
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")
+    defaults.update(options)
+    op = _plan(q, k, comm, _options(**defaults), _mask_array(block_mask))
+    if use_torch:
+        dq, dk, dv = (torch.empty(x.shape, dtype=torch.float32) for x in (q, k, v))
+        op.backward(q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
+                    grad_out.detach(), dq, dk, dv)
+    else:
+        dq, dk, dv = (np.empty(x.shape, dtype=np.float32) for x in (q, k, v))
+        op.backward(q, k, v, out, lse, grad_out, dq, dk, dv)
+    return dq, dk, dv
+
+
+def _layout(comm, x_shape, seq_len, causal, block_size, heads, keywords):
+    """Every rank's chunks for a full sequence of seq_len positions, as the plan of
+    attention(..., **keywords) lays them out."""
+    unknown = set(keywords) - {"attention", "segments", "dilations", "combine", "scale", "window",
+                               "seqlens", "pattern", "block_mask"}
+    if unknown:
+        raise TypeError(f"unexpected keyword(s) {sorted(unknown)}: shard/unshard take "
+                        "ringattn.attention's pattern keywords")
+    keywords = dict(keywords)
+    keywords.pop("block_mask", None)  # the layout needs only N and the block size
+    if block_size is not None:
+        keywords.setdefault("attention", "block-sparse")
+    defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
+                    scale=None, window=None, seqlens=None, pattern=None)
+    defaults.update(keywords)
+    options = _options(causal=causal, block_size=128 if block_size is None else block_size,
+                       **defaults)
+    if heads is None:
+        heads = x_shape[2] if len(x_shape) >= 3 else 1
+    return comm._handle.layout(batch=1, seq_len=int(seq_len), heads=operator.index(heads),
+                               **options)
+
+
+def shard(x, comm: Comm | None = None, *, causal=False, block_size=None, heads=None, **keywords):
+    """This rank's rows of a full ``[B, N, ...]`` tensor, in the layout the engine uses for
+    the same attention: N/P consecutive positions per rank, or for causal runs the balanced
+    zigzag (chunks r and 2P-1-r of 2P). Pass the keywords the attention call gets
+    (``causal``, and ``block_size`` for block-sparse, whole blocks per rank; any other pattern
+    keyword, e.g. ``seqlens``, where the core lays those runs out by their work) and, for
+    tensors without a heads dimension and a dilated grouped pattern, ``heads``.
+    Differentiable for torch tensors (it is slicing and concatenation)."""
+    comm = default_comm() if comm is None else comm
+    if comm.size == 1:
+        return x
+    chunks = _layout(comm, x.shape, x.shape[1], causal, block_size, heads, keywords)[comm.rank]
+    parts = [x[:, begin:begin + length] for begin, length in chunks]
+    if _is_torch(x):
+        return torch.cat(parts, dim=1).contiguous()
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def unshard(x_local, comm: Comm | None = None, *, causal=False, block_size=None, heads=None,
+            **keywords):
+    """The full ``[B, N, ...]`` tensor on every rank, from every rank's shard (the inverse of
+    ``shard``, with the same keywords; a collective: every rank calls it). Not
+    differentiable."""
+    comm = default_comm() if comm is None else comm
+    if comm.size == 1:
+        return x_local
+    use_torch = _is_torch(x_local)
+    local = x_local.detach().contiguous() if use_torch else np.ascontiguousarray(x_local)
+    shape = tuple(local.shape)
+    if use_torch:
+        gathered = torch.empty((comm.size,) + shape, dtype=local.dtype)
+    else:
+        gathered = np.empty((comm.size,) + shape, dtype=local.dtype)
+    comm._handle.allgather(local, gathered)
+    n = shape[1] * comm.size
+    full_shape = (shape[0], n) + shape[2:]
+    full = torch.empty(full_shape, dtype=local.dtype) if use_torch else np.empty(
+        full_shape, dtype=local.dtype)
+    for rank, chunks in enumerate(_layout(comm, shape, n, causal, block_size, heads, keywords)):
+        row = 0
+        for begin, length in chunks:
+            full[:, begin:begin + length] = gathered[rank][:, row:row + length]
+            row += length
+    return full
+
+
+def all_reduce_sum(x, comm: Comm | None = None):
+    """The sum of ``x`` over every rank, on every rank (a collective; small tensors: it goes
+    through an all-gather). Not differentiable. Used to average gradients of replicated
+    parameters in sequence-parallel training."""
+    comm = default_comm() if comm is None else comm
+    if comm.size == 1:
+        return x
+    use_torch = _is_torch(x)
+    local = x.detach().contiguous() if use_torch else np.ascontiguousarray(x)
+    if use_torch:
+        gathered = torch.empty((comm.size,) + tuple(local.shape), dtype=local.dtype)
+    else:
+        gathered = np.empty((comm.size,) + tuple(local.shape), dtype=local.dtype)
+    comm._handle.allgather(local, gathered)
+    return gathered.sum(0) if use_torch else gathered.sum(axis=0)

@@ -1,0 +1,33 @@
+"""torch.nn modules over ringattn.attention."""
+from __future__ import annotations
+
+import torch
+
+from ._comm import Comm
+from .functional import attention
+
+
+class RingAttention(torch.nn.Module):
+    """Holds the attention pattern's options; ``forward(q, k, v)`` is
+    ``ringattn.attention(q, k, v, **options, comm=comm)``: exact, differentiable, on this
+    rank's shard when ``comm`` spans several ranks. No parameters of its own (the
+    projections are the caller's)."""
+
+    def __init__(self, *, attention: str = "dense", segments=None, dilations=None,
+                 combine: str = "grouped", causal: bool = False, scale=None, window=None,
+                 seqlens=None, pattern=None, block_mask=None, block_size: int = 128,
+                 comm: Comm | None = None):
+        super().__init__()
+        self.options = dict(attention=attention, segments=segments, dilations=dilations,
+                            combine=combine, causal=causal, scale=scale, window=window,
+                            seqlens=seqlens, pattern=pattern, block_mask=block_mask,
+                            block_size=block_size)
+        self.comm = comm
+
+    def forward(self, q, k, v, return_lse: bool = False):
+        return attention(q, k, v, **self.options, return_lse=return_lse, comm=self.comm)
+
+    def extra_repr(self) -> str:
+        shown = {k: v for k, v in self.options.items()
+                 if v is not None and k != "block_mask"}
+        return ", ".join(f"{k}={v!r}" for k, v in shown.items())

@@ -1,0 +1,238 @@
+// ringattn._core: the nanobind module under the Python package. Tensors arrive through
+// DLPack (torch) or the buffer protocol (numpy) without copies; each is checked here (dtype,
+// device, shape, C order) with a ValueError that names the argument, then handed to the
+// engine as a pointer. InputError becomes ValueError, every other failure RuntimeError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+#include "attention_op.hpp"
+#include "comm_handle.hpp"
+#include "ringattn/errors.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace ringattn::python {
+namespace {
+
+using Array = nb::ndarray<>;
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+std::vector<int64_t> dims_of(const Array& a) {
+  std::vector<int64_t> d;
+  for (std::size_t i = 0; i < a.ndim(); ++i) d.push_back(static_cast<int64_t>(a.shape(i)));
+  return d;
+}
+
+// C order, allowing any stride on dimensions of extent 1 (torch reports them freely).
+bool c_contiguous(const Array& a) {
+  int64_t expected = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
+    expected *= static_cast<int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+// The checked float32 data of `a`, whose shape must be `want`.
+float* floats(const Array& a, const char* name, const std::vector<int64_t>& want) {
+  if (a.device_type() != nb::device::cpu::value)
+    throw InputError(name, "is not in host memory; this build of ringattn computes on the CPU");
+  if (a.dtype() != nb::dtype<float>())
+    throw InputError(name, "must be float32 (the CPU kernels compute in float32)");
+  const std::vector<int64_t> got = dims_of(a);
+  if (got != want)
+    throw InputError(name,
+                     "shape " + dims_text(got) + " does not match the expected " + dims_text(want));
+  if (!c_contiguous(a))
+    throw InputError(name,
+                     "must be contiguous in C order (the engine reads [B, N, H, D] rows; "
+                     "call .contiguous() or numpy.ascontiguousarray first)");
+  return static_cast<float*>(a.data());
+}
+
+struct Shapes {
+  std::vector<int64_t> q, kv, lse;
+};
+
+Shapes shapes_of(const AttentionOp& op) {
+  const Shape4& s = op.config().shape;
+  const int64_t nl = op.layout().local_len, hkv = op.config().effective_kv_heads();
+  return {
+      {s.batch, nl, s.heads, s.head_dim}, {s.batch, nl, hkv, s.head_dim}, {s.batch, s.heads, nl}};
+}
+
+void init_op(AttentionOp* self, const Array& q, const Array& k, const std::string& attention,
+             std::optional<std::vector<int64_t>> segments,
+             std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
+             std::optional<double> scale, std::optional<std::vector<int64_t>> window,
+             std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
+             std::optional<Array> block_mask, int64_t block_size, const CommHandle& comm) {
+  if (q.ndim() != 4)
+    throw InputError("q", "must have 4 dimensions [B, N, H, D], got " + std::to_string(q.ndim()));
+  if (k.ndim() != 4)
+    throw InputError("k", "must have 4 dimensions [B, N, HKV, D], got " + std::to_string(k.ndim()));
+  AttentionOptions o;
+  o.attention = attention;
+  o.segments = std::move(segments);
+  o.dilations = std::move(dilations);
+  o.combine = combine;
+  o.causal = causal;
+  o.scale = scale;
+  o.window = std::move(window);
+  o.seqlens = std::move(seqlens);
+  o.pattern = std::move(pattern);
+  o.block_size = block_size;
+  std::optional<BlockMask> mask;
+  if (block_mask) {
+    o.has_block_mask = true;
+    const Array& m = *block_mask;
+    if (m.device_type() != nb::device::cpu::value || m.dtype() != nb::dtype<bool>() ||
+        !c_contiguous(m))
+      throw InputError("block_mask",
+                       "must be a C-ordered bool array in host memory "
+                       "([H, nb, nb] or [nb, nb], nb = N / block_size)");
+    mask = BlockMask{static_cast<const uint8_t*>(m.data()), dims_of(m)};
+  }
+  const Shape4 local{static_cast<int64_t>(q.shape(0)), static_cast<int64_t>(q.shape(1)),
+                     static_cast<int64_t>(q.shape(2)), static_cast<int64_t>(q.shape(3))};
+  const auto kv_heads = static_cast<int64_t>(k.shape(2));
+  nb::gil_scoped_release unlocked;  // other ranks may take a while to agree
+  new (self) AttentionOp(o, local, kv_heads, comm, mask);
+}
+
+}  // namespace
+}  // namespace ringattn::python
+
+NB_MODULE(_core, m) {
+  using namespace ringattn;
+  using namespace ringattn::python;
+  // Plans cached in module-level dicts may outlive the interpreter's last collection.
+  nb::set_leak_warnings(false);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const InputError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  m.attr("__version__") = RINGATTN_VERSION;
+#ifdef RINGATTN_HAVE_MPI
+  m.attr("has_mpi") = true;
+#else
+  m.attr("has_mpi") = false;
+#endif
+  m.def("supports_seqlens", &core_supports_seqlens,
+        "Whether this build's core computes packed sequences (seqlens=).");
+  m.def("shutdown", &shutdown, "Ends MPI if this process started it (atexit).");
+
+  nb::class_<CommHandle>(m, "CommHandle")
+      .def(nb::init<double>(), "timeout"_a)
+      .def_static("from_mpi", &CommHandle::from_mpi, "timeout"_a,
+                  nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("rank", &CommHandle::rank)
+      .def_prop_ro("size", &CommHandle::size)
+      .def_prop_ro("timeout", &CommHandle::timeout_s)
+      .def_prop_ro("is_mpi", &CommHandle::is_mpi)
+      .def("barrier", &CommHandle::barrier, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "allgather",
+          [](const CommHandle& c, const Array& local, const Array& out) {
+            // Raw bytes: `out` holds size() copies of `local`, rank-major.
+            const std::size_t bytes = local.nbytes();
+            if (!c_contiguous(local) || !c_contiguous(out))
+              throw InputError("allgather", "tensors must be contiguous");
+            if (out.nbytes() != bytes * static_cast<std::size_t>(c.size()))
+              throw InputError("allgather", "output must hold size() copies of the input");
+            nb::gil_scoped_release unlocked;
+            c.allgather(local.data(), bytes, out.data());
+          },
+          "local"_a, "out"_a)
+      .def(
+          "layout",
+          [](const CommHandle& c, int64_t batch, int64_t seq_len, int64_t heads,
+             const std::string& attention, std::optional<std::vector<int64_t>> segments,
+             std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
+             std::optional<double> scale, std::optional<std::vector<int64_t>> window,
+             std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
+             int64_t block_size) {
+            AttentionOptions o;
+            o.attention = attention;
+            o.segments = std::move(segments);
+            o.dilations = std::move(dilations);
+            o.combine = combine;
+            o.causal = causal;
+            o.scale = scale;
+            o.window = std::move(window);
+            o.seqlens = std::move(seqlens);
+            o.pattern = std::move(pattern);
+            o.block_size = block_size;
+            // Per rank, the (first position, length) chunks it owns, in local order.
+            const ring::ShardLayout l = layout_for(o, {batch, seq_len, heads, 1}, c.size());
+            std::vector<std::vector<std::pair<int64_t, int64_t>>> all;
+            for (int r = 0; r < c.size(); ++r) {
+              all.emplace_back();
+              for (const ring::Chunk& ch : l.chunks(r)) all.back().push_back({ch.begin, ch.length});
+            }
+            return all;
+          },
+          "batch"_a, "seq_len"_a, "heads"_a, "attention"_a, "segments"_a.none(),
+          "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
+          "seqlens"_a.none(), "pattern"_a.none(), "block_size"_a);
+
+  nb::class_<AttentionOp>(m, "AttentionOp")
+      .def("__init__", &init_op, "q"_a, "k"_a, "attention"_a, "segments"_a.none(),
+           "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
+           "seqlens"_a.none(), "pattern"_a.none(), "block_mask"_a.none(), "block_size"_a, "comm"_a)
+      .def_prop_ro("engine", &AttentionOp::engine)
+      .def_prop_ro("local_len", [](const AttentionOp& op) { return op.layout().local_len; })
+      .def_prop_ro("seq_len", [](const AttentionOp& op) { return op.config().shape.seq_len; })
+      .def_prop_ro("kv_heads",
+                   [](const AttentionOp& op) { return op.config().effective_kv_heads(); })
+      .def_prop_ro("scale", [](const AttentionOp& op) { return op.config().effective_scale(); })
+      .def(
+          "forward",
+          [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
+             const Array& lse) {
+            const Shapes s = shapes_of(op);
+            const float* pq = floats(q, "q", s.q);
+            const float* pk = floats(k, "k", s.kv);
+            const float* pv = floats(v, "v", s.kv);
+            float* po = floats(out, "out", s.q);
+            float* pl = floats(lse, "lse", s.lse);
+            nb::gil_scoped_release unlocked;
+            op.forward(pq, pk, pv, po, pl);
+          },
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a)
+      .def(
+          "backward",
+          [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
+             const Array& lse, const Array& dout, const Array& dq, const Array& dk,
+             const Array& dv) {
+            const Shapes s = shapes_of(op);
+            const float* pq = floats(q, "q", s.q);
+            const float* pk = floats(k, "k", s.kv);
+            const float* pv = floats(v, "v", s.kv);
+            const float* po = floats(out, "out", s.q);
+            const float* pl = floats(lse, "lse", s.lse);
+            const float* pd = floats(dout, "grad_output", s.q);
+            float* pdq = floats(dq, "dq", s.q);
+            float* pdk = floats(dk, "dk", s.kv);
+            float* pdv = floats(dv, "dv", s.kv);
+            nb::gil_scoped_release unlocked;
+            op.backward(pq, pk, pv, po, pl, pd, pdq, pdk, pdv);
+          },
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a);
+}

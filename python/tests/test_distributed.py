@@ -1,0 +1,106 @@
+"""Run under `mpiexec -n P python -m pytest python/tests/test_distributed.py` (P = 2, 3):
+each rank passes its shard (ringattn.shard) through Comm.from_mpi() and must get its rows of
+the single-process answer, forward and gradients. Skipped without an MPI launcher."""
+import os
+
+import pytest
+import torch
+
+import ringattn
+import reference
+
+LAUNCHED = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+pytestmark = pytest.mark.skipif(not LAUNCHED, reason="needs an MPI launcher (mpiexec -n P)")
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return ringattn.Comm.from_mpi(timeout=60)
+
+
+# N = 96 splits over 2 and 3 ranks, zigzag too (N % 2P == 0), and in whole 16-token blocks.
+CASES = [
+    ("dense", None, {}),
+    ("causal", None, dict(causal=True)),
+    ("grouped", None, dict(attention="dilated", segments=[24, 48, 96], dilations=[1, 2, 4])),
+    ("mixture_causal", None, dict(attention="dilated", segments=[32, 96], dilations=[1, 2],
+                                  combine="mixture", causal=True)),
+    ("gqa_causal", 2, dict(causal=True)),
+    ("window", None, dict(window=10)),
+    ("block_local_causal", None, dict(attention="block-sparse", pattern="local:window=48",
+                                      block_size=16, causal=True)),
+    # Packed documents of mixed lengths (where the core has --seqlens; the core may then lay
+    # the sequence out by work, which shard() must follow).
+    ("packed_causal", None, dict(seqlens=[40, 8, 48], causal=True)),
+]
+
+
+@pytest.mark.parametrize("name,kv_heads,kw", CASES, ids=[c[0] for c in CASES])
+def test_sharded_results_equal_single_process(comm, name, kv_heads, kw):
+    if "seqlens" in kw and not ringattn.supports_seqlens():
+        pytest.skip("this build's core has no --seqlens yet")
+    g = torch.Generator().manual_seed(len(name))  # the same full tensors on every rank
+    shape = (2, 96, 4, 16)
+    q = torch.randn(*shape, generator=g)
+    k = torch.randn(2, 96, kv_heads or 4, 16, generator=g)
+    v = torch.randn(2, 96, kv_heads or 4, 16, generator=g)
+    dout = torch.randn(*shape, generator=g)
+
+    # Single process (this rank alone) on the full tensors.
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    out_full, lse_full = ringattn.attention(*full, return_lse=True, **kw)
+    out_full.backward(dout)
+
+    # The layout of the plan for these keywords (heads: q's, also for k/v under GQA).
+    part = lambda x: ringattn.shard(x, comm, heads=4, **kw)
+    local = [part(x).requires_grad_() for x in (q, k, v)]
+    out, lse = ringattn.attention(*local, return_lse=True, comm=comm, **kw)
+    out.backward(part(dout))
+
+    assert out.shape[1] == 96 // comm.size
+    for label, got, want in (("out", out, part(out_full)),
+                             ("lse", lse, part(lse_full.transpose(1, 2)).transpose(1, 2)),
+                             ("dq", local[0].grad, part(full[0].grad)),
+                             ("dk", local[1].grad, part(full[1].grad)),
+                             ("dv", local[2].grad, part(full[2].grad))):
+        err = reference.relative_error(got, want)
+        assert err <= TOLERANCE, f"rank {comm.rank}: {name}: {label} relative error {err:.2e}"
+    gathered = ringattn.unshard(out.detach(), comm, **kw)
+    assert reference.relative_error(gathered, out_full.detach()) <= TOLERANCE
+
+
+def test_shard_then_unshard_is_the_identity_in_every_layout(comm):
+    x = torch.arange(2 * 96 * 3, dtype=torch.float32).view(2, 96, 3)
+    for causal in (False, True):
+        local = ringattn.shard(x, comm, causal=causal)
+        assert local.shape == (2, 96 // comm.size, 3)
+        assert torch.equal(ringattn.unshard(local, comm, causal=causal), x)
+    # zigzag: rank r holds chunks r and 2P-1-r
+    c = 96 // (2 * comm.size)
+    local = ringattn.shard(x, comm, causal=True)
+    r, p = comm.rank, comm.size
+    assert torch.equal(local[:, :c], x[:, r * c:(r + 1) * c])
+    assert torch.equal(local[:, c:], x[:, (2 * p - 1 - r) * c:(2 * p - r) * c])
+
+
+def test_all_reduce_sum(comm):
+    x = torch.full((3,), float(comm.rank + 1))
+    total = ringattn.all_reduce_sum(x, comm)
+    assert torch.equal(total, torch.full((3,), float(comm.size * (comm.size + 1) // 2)))
+
+
+def test_a_bad_option_on_one_rank_raises_on_every_rank(comm):
+    q = torch.randn(1, 32, 2, 16)
+    # Only the last rank asks for segments that do not divide N: every rank must raise the
+    # same ValueError (no rank may be left waiting in the ring).
+    segments = [7 * 32] if comm.rank == comm.size - 1 else [32 * comm.size]
+    with pytest.raises(ValueError) as e:
+        ringattn.attention(q, q, q, attention="dilated", segments=segments, dilations=[1],
+                           comm=comm)
+    assert str(e.value).startswith(f"rank {comm.size - 1}: --segments: ")
+
+
+def test_ranks_and_size(comm):
+    assert comm.size == int(os.environ.get("OMPI_COMM_WORLD_SIZE", comm.size))
+    assert 0 <= comm.rank < comm.size
