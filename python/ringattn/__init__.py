@@ -7,12 +7,12 @@ Dense, LongNet-style dilated and block-sparse attention, forward and backward, o
 process or over MPI ranks (``ringattn.Comm.from_mpi()``), with torch autograd
 (``ringattn.nn.RingAttention``). See docs/API.md.
 """
-from ._core import __version__, supports_seqlens
+from ._core import __version__
 from ._comm import Comm, default_comm
 from .functional import (all_reduce_sum, attention, attention_backward, shard, unshard)
 
 __all__ = ["Comm", "all_reduce_sum", "attention", "attention_backward", "default_comm", "shard",
-           "supports_seqlens", "unshard", "__version__"]
+           "unshard", "__version__"]
 
 
 def __getattr__(name):

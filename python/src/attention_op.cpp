@@ -74,13 +74,7 @@ Resolved resolve(const AttentionOptions& o, const Shape4& full, int64_t kv_heads
   if (o.has_block_mask) add("--block-mask", "block_mask");
   if (o.block_size != 128 || o.attention == "block-sparse" || o.attention == "auto")
     add("--block-size", std::to_string(o.block_size));
-  if (o.seqlens) {
-    if (!core_supports_seqlens())
-      throw InputError("seqlens",
-                       "packed sequences are not supported by this build of ringattn (its core "
-                       "has no --seqlens yet)");
-    add("--seqlens", join(*o.seqlens));
-  }
+  if (o.seqlens) add("--seqlens", join(*o.seqlens));
   cli::RunOptions opts;
   std::ostringstream help;
   cli::parse_run_options(args, opts, help);
@@ -135,20 +129,6 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
 }
 
 }  // namespace
-
-bool core_supports_seqlens() {
-  static const bool supported = [] {
-    cli::RunOptions opts;
-    std::ostringstream help;
-    try {
-      cli::parse_run_options({"--seqlens", "4096"}, opts, help);
-    } catch (const InputError& e) {
-      return e.problem().rfind("unknown option", 0) != 0;
-    }
-    return true;
-  }();
-  return supported;
-}
 
 ring::ShardLayout layout_for(AttentionOptions o, const Shape4& full, int world) {
   if (o.attention == "block-sparse" && !o.pattern) o.has_block_mask = true;

@@ -78,7 +78,4 @@ class AttentionOp {
   std::optional<sparse::SparsePlan> sparse_;
 };
 
-// Whether this build's option parser knows --seqlens (packed sequences).
-bool core_supports_seqlens();
-
 }  // namespace ringattn::python

@@ -134,8 +134,6 @@ NB_MODULE(_core, m) {
 #else
   m.attr("has_mpi") = false;
 #endif
-  m.def("supports_seqlens", &core_supports_seqlens,
-        "Whether this build's core computes packed sequences (seqlens=).");
   m.def("shutdown", &shutdown, "Ends MPI if this process started it (atexit).");
 
   nb::class_<CommHandle>(m, "CommHandle")

@@ -282,17 +282,7 @@ def test_bad_tensors_raise_value_errors_naming_the_argument():
                            block_mask=np.ones((3, 3), dtype=bool))
 
 
-def test_seqlens_without_core_support_is_refused_clearly():
-    if ringattn.supports_seqlens():
-        pytest.skip("this build's core computes packed sequences")
-    q, k, v, _ = make_inputs((1, 32, 2, 16))
-    with pytest.raises(ValueError, match=r"^seqlens: packed sequences are not supported"):
-        ringattn.attention(q, k, v, seqlens=[16, 16])
-
-
 def test_packed_sequences_match_reference():
-    if not ringattn.supports_seqlens():
-        pytest.skip("this build's core has no --seqlens yet")
     shape = (1, 64, 2, 16)
     q, k, v, dout = make_inputs(shape, seed=11)
     for x in (q, k, v):

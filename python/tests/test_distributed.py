@@ -38,8 +38,6 @@ CASES = [
 
 @pytest.mark.parametrize("name,kv_heads,kw", CASES, ids=[c[0] for c in CASES])
 def test_sharded_results_equal_single_process(comm, name, kv_heads, kw):
-    if "seqlens" in kw and not ringattn.supports_seqlens():
-        pytest.skip("this build's core has no --seqlens yet")
     g = torch.Generator().manual_seed(len(name))  # the same full tensors on every rank
     shape = (2, 96, 4, 16)
     q = torch.randn(*shape, generator=g)
