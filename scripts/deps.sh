@@ -13,6 +13,9 @@ packages=(
   libboost-context-dev python3-pip
   libopenmpi-dev openmpi-bin
   slurm-wlm munge
+  # The multihost and fault tests: network namespaces, links and qdiscs (ip, tc), packet
+  # loss where the kernel has no netem (nft), ps for finding ranks.
+  iproute2 nftables procps
 )
 missing=()
 for p in "${packages[@]}"; do

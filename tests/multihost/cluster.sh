@@ -7,6 +7,8 @@
 #   cluster.sh up NAME N            create hosts NAME-h0..NAME-h<N-1> and the switch NAME-sw
 #   cluster.sh down NAME            kill what runs in them and delete them (idempotent)
 #   cluster.sh exec NAME I CMD...   run CMD on host I (its namespace and host name)
+#   cluster.sh daemon NAME I CMD... the same, but keeping the machine's /sys (and with it
+#                                   /sys/fs/cgroup, which slurmd needs); no /etc/hosts
 #   cluster.sh link NAME I up|down  take host I's link up or down (its end of the veth)
 #   cluster.sh tc NAME I ARGS...    `tc qdisc ARGS` on host I's link, e.g. add dev eth0 ...
 #   cluster.sh reap                 delete clusters whose owner process is gone
@@ -110,11 +112,26 @@ run_on() {
     sh -c 'hostname "$0" && exec "$@"' "h$i" "$@"
 }
 
+# `ip netns exec` mounts a fresh /sys for the namespace, which hides the cgroup mounts;
+# nsenter enters only the network namespace.
+daemon_on() {
+  local name=$1 i=$2
+  shift 2
+  check_name "$name"
+  local ns
+  ns=$(host_ns "$name" "$i")
+  [ -e "/var/run/netns/$ns" ] || die "no host h$i in cluster $name"
+  # shellcheck disable=SC2016 # $0 and $@ are for the inner shell
+  RINGATTN_CLUSTER=$name exec nsenter --net="/var/run/netns/$ns" unshare --uts \
+    sh -c 'hostname "$0" && exec "$@"' "h$i" "$@"
+}
+
 cmd=${1:-}
 case "$cmd" in
   up) [ $# -eq 3 ] || die "usage: up NAME N"; up "$2" "$3" ;;
   down) [ $# -eq 2 ] || die "usage: down NAME"; down "$2" ;;
   exec) [ $# -ge 4 ] || die "usage: exec NAME I CMD..."; shift; run_on "$@" ;;
+  daemon) [ $# -ge 4 ] || die "usage: daemon NAME I CMD..."; shift; daemon_on "$@" ;;
   link)
     [ $# -eq 4 ] || die "usage: link NAME I up|down"
     check_name "$2"
@@ -128,5 +145,5 @@ case "$cmd" in
     ip netns exec "$ns" tc qdisc "$@"
     ;;
   reap) reap ;;
-  *) die "usage: cluster.sh up|down|exec|link|tc|reap ..." ;;
+  *) die "usage: cluster.sh up|down|exec|daemon|link|tc|reap ..." ;;
 esac

@@ -12,7 +12,7 @@ source "$(dirname "$0")/lib.sh"
 require_namespaces
 require_mpi
 timeout_s=3
-slack_s=3
+slack_s=5
 
 cluster_up 3
 work=$(mktemp -d /tmp/ringattn-linkdown.XXXXXX)
