@@ -5,7 +5,7 @@
 # Usage: fault_kill_rank.sh <ringattn binary>
 set -euo pipefail
 bin=$1
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 require_namespaces
 require_mpi

@@ -7,7 +7,7 @@
 set -euo pipefail
 bin=$1
 phase=$2
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 require_namespaces
 require_mpi

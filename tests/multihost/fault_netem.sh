@@ -7,7 +7,7 @@
 # Usage: fault_netem.sh <ringattn binary>
 set -euo pipefail
 bin=$1
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 require_namespaces
 require_mpi

@@ -9,7 +9,7 @@ set -euo pipefail
 bin=$1
 src=$2
 seed=${3:-$RANDOM}
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 require_namespaces
 require_mpi

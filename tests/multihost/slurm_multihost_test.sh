@@ -1,34 +1,28 @@
 #!/usr/bin/env bash
 # A real two-node Slurm job (labels multihost, slurm): slurmctld on host h0, one slurmd on
-# each of the namespace hosts h0 and h1 (one munged, shared through its socket file), and
+# each of the namespace hosts h0 and h1 (one munged on h0, shared through its socket file), and
 # `sbatch -N 2` of launch/ringattn.sbatch (srun --mpi=pmix), checked against float64.
 # Then the fault: a rank of a second job is SIGKILLed, and the job must end FAILED.
 # Usage: slurm_multihost_test.sh <ringattn binary> <source dir>
 set -euo pipefail
 bin=$1
 src=$2
-# shellcheck source=lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 require_namespaces
-for tool in munged slurmctld slurmd sbatch sacct; do
+for tool in munged slurmctld slurmd sbatch scontrol; do
   command -v "$tool" >/dev/null || skip "$tool not installed (scripts/deps.sh installs slurm-wlm and munge)"
 done
 
 cluster_up 2
 work=$(mktemp -d /tmp/ringattn-slurm2.XXXXXX)
 chmod 755 "$work"
-munge_pid=""
-stop_munge() {
-  [ -n "$munge_pid" ] && kill "$munge_pid" 2>/dev/null
-  cluster_down
-}
-trap stop_munge EXIT
-
 dd if=/dev/urandom of="$work/munge.key" bs=1024 count=1 status=none
 chmod 400 "$work/munge.key"
-munged --force --key-file="$work/munge.key" --socket="$work/munge.socket" \
+# Every daemon runs inside a host's namespace, so that deleting the cluster (on exit, or by
+# the next run's reap if this one was killed) ends them all.
+"$cluster_sh" daemon "$cluster" 0 munged --force --key-file="$work/munge.key" --socket="$work/munge.socket" \
   --pid-file="$work/munged.pid" --log-file="$work/munged.log" --seed-file="$work/munged.seed"
-munge_pid=$(cat "$work/munged.pid")
 
 mkdir -p "$work/state" "$work/spool-h0" "$work/spool-h1"
 cat > "$work/slurm.conf" <<CONF
