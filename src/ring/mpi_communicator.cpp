@@ -9,9 +9,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <span>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -150,8 +150,8 @@ class MpiCommunicator final : public Communicator {
       for (std::size_t off = 0; off < bytes; off += kPiece) {
         reqs.push_back(MPI_REQUEST_NULL);
         RINGATTN_MPI_CHECK(MPI_Irecv(o + static_cast<std::size_t>(src) * bytes + off,
-                                     static_cast<int>(std::min(kPiece, bytes - off)), MPI_BYTE,
-                                     src, kTag, MPI_COMM_WORLD, &reqs.back()));
+                                     static_cast<int>(std::min(kPiece, bytes - off)), MPI_BYTE, src,
+                                     kTag, MPI_COMM_WORLD, &reqs.back()));
       }
     wait_all(reqs, "gather to rank 0", "ranks 1.." + std::to_string(size_ - 1));
   }
@@ -173,8 +173,8 @@ class MpiCommunicator final : public Communicator {
     std::vector<char> all_buf(rank_ == 0 ? sizeof buf * static_cast<std::size_t>(size_) : 0);
     std::vector<int> all_nums(rank_ == 0 ? 2 * static_cast<std::size_t>(size_) : 0);
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    RINGATTN_MPI_CHECK(MPI_Igather(buf, sizeof buf, MPI_CHAR, all_buf.data(), sizeof buf,
-                                   MPI_CHAR, 0, MPI_COMM_WORLD, &reqs[0]));
+    RINGATTN_MPI_CHECK(MPI_Igather(buf, sizeof buf, MPI_CHAR, all_buf.data(), sizeof buf, MPI_CHAR,
+                                   0, MPI_COMM_WORLD, &reqs[0]));
     RINGATTN_MPI_CHECK(
         MPI_Igather(nums, 2, MPI_INT, all_nums.data(), 2, MPI_INT, 0, MPI_COMM_WORLD, &reqs[1]));
     wait_all(reqs, "gather of rank facts", "all ranks");

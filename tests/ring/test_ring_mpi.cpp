@@ -110,8 +110,7 @@ TEST(RingCollectives, BarrierGivesUpAfterTheTimeout) {
                 std::string::npos)
           << e.what();
     }
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_GE(s, 0.3);
     EXPECT_LT(s, 1.0);
   } else {
