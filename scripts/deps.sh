@@ -15,6 +15,9 @@ packages=(
   slurm-wlm munge
   # The Python package (pip install . into a venv that sees these) and its tests.
   python3-dev python3-venv python3-numpy python3-torch python3-pytest
+  # The multihost and fault tests: network namespaces, links and qdiscs (ip, tc), packet
+  # loss where the kernel has no netem (nft), ps for finding ranks.
+  iproute2 nftables procps
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -156,7 +156,8 @@ po::options_description run_description() {
       "ranks in the ring; without an MPI launcher P > 1 runs P virtual ranks in this process "
       "(0: the launcher's world size, else 1)")(
       "timeout", po::value<double>()->default_value(300),
-      "seconds a ring step may wait for its exchange before the job is aborted")(
+      "seconds a ring step may wait for its exchange, or a rank for the others at a "
+      "collective (between calls, gathering results), before the job is aborted")(
       "config", po::value<std::string>(), "read options from FILE (name = value lines)")(
       "help,h", "show this help");
 

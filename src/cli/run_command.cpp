@@ -1029,6 +1029,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
 }  // namespace
 
 int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& out) {
+  comm.set_collective_timeout(opts.timeout_s);
   // Rank 0 alone reports progress; the others' reporter is off and gives the engines no hook.
   ProgressReporter progress(
       comm.rank() == 0 ? progress_mode(opts.progress, opts.quiet, isatty(STDERR_FILENO) == 1)

@@ -64,6 +64,10 @@ class Communicator {
   // Device backends: the next start() waits (on the device) for this cudaEvent_t.
   virtual void stream_wait(void* cuda_event) { (void)cuda_event; }
 
+  // The collectives below give up after this long (the CLI passes --timeout), throwing a
+  // RuntimeFailure, so that a rank cut off between ring steps (a link down, a dead peer)
+  // ends the job instead of waiting forever. Backends whose collectives cannot hang ignore it.
+  virtual void set_collective_timeout(double seconds) { (void)seconds; }
   virtual void barrier() = 0;
   virtual int64_t max(int64_t v) = 0;
   virtual double max(double v) = 0;

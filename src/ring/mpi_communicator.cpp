@@ -5,10 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <span>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
@@ -105,39 +110,59 @@ class MpiCommunicator final : public Communicator {
     return ex;
   }
 
-  void barrier() override { RINGATTN_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void set_collective_timeout(double seconds) override { timeout_s_ = seconds; }
+
+  void barrier() override {
+    MPI_Request r = MPI_REQUEST_NULL;
+    RINGATTN_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &r));
+    wait_all({&r, 1}, "barrier", "all ranks");
+  }
   int64_t max(int64_t v) override {
     int64_t out = 0;
-    RINGATTN_MPI_CHECK(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+    MPI_Request r = MPI_REQUEST_NULL;
+    RINGATTN_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &r));
+    wait_all({&r, 1}, "max over ranks", "all ranks");
     return out;
   }
   double max(double v) override {
     double out = 0;
-    RINGATTN_MPI_CHECK(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    MPI_Request r = MPI_REQUEST_NULL;
+    RINGATTN_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r));
+    wait_all({&r, 1}, "max over ranks", "all ranks");
     return out;
   }
   void gather(const void* data, std::size_t bytes, void* out) override {
     constexpr int kTag = 1 << 14;
+    std::vector<MPI_Request> reqs;
     if (rank_ != 0) {
       const auto* p = static_cast<const char*>(data);
-      for (std::size_t off = 0; off < bytes; off += kPiece)
-        RINGATTN_MPI_CHECK(MPI_Send(p + off, static_cast<int>(std::min(kPiece, bytes - off)),
-                                    MPI_BYTE, 0, kTag, MPI_COMM_WORLD));
+      for (std::size_t off = 0; off < bytes; off += kPiece) {
+        reqs.push_back(MPI_REQUEST_NULL);
+        RINGATTN_MPI_CHECK(MPI_Isend(p + off, static_cast<int>(std::min(kPiece, bytes - off)),
+                                     MPI_BYTE, 0, kTag, MPI_COMM_WORLD, &reqs.back()));
+      }
+      wait_all(reqs, "gather to rank 0", "rank 0");
       return;
     }
     auto* o = static_cast<char*>(out);
     if (bytes) std::memcpy(o, data, bytes);
     for (int src = 1; src < size_; ++src)
-      for (std::size_t off = 0; off < bytes; off += kPiece)
-        RINGATTN_MPI_CHECK(MPI_Recv(o + static_cast<std::size_t>(src) * bytes + off,
-                                    static_cast<int>(std::min(kPiece, bytes - off)), MPI_BYTE, src,
-                                    kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+      for (std::size_t off = 0; off < bytes; off += kPiece) {
+        reqs.push_back(MPI_REQUEST_NULL);
+        RINGATTN_MPI_CHECK(MPI_Irecv(o + static_cast<std::size_t>(src) * bytes + off,
+                                     static_cast<int>(std::min(kPiece, bytes - off)), MPI_BYTE, src,
+                                     kTag, MPI_COMM_WORLD, &reqs.back()));
+      }
+    wait_all(reqs, "gather to rank 0", "ranks 1.." + std::to_string(size_ - 1));
   }
   void broadcast(void* data, std::size_t bytes, int root) override {
     auto* p = static_cast<char*>(data);
-    for (std::size_t off = 0; off < bytes; off += kPiece)
-      RINGATTN_MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(kPiece, bytes - off)),
-                                   MPI_BYTE, root, MPI_COMM_WORLD));
+    for (std::size_t off = 0; off < bytes; off += kPiece) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      RINGATTN_MPI_CHECK(MPI_Ibcast(p + off, static_cast<int>(std::min(kPiece, bytes - off)),
+                                    MPI_BYTE, root, MPI_COMM_WORLD, &r));
+      wait_all({&r, 1}, "broadcast from rank " + std::to_string(root), "all ranks");
+    }
   }
   std::vector<RankInfo> gather_info(const RankInfo& mine) override {
     constexpr std::size_t kField = 128;
@@ -147,10 +172,12 @@ class MpiCommunicator final : public Communicator {
     int nums[2] = {mine.pid, mine.local_rank};
     std::vector<char> all_buf(rank_ == 0 ? sizeof buf * static_cast<std::size_t>(size_) : 0);
     std::vector<int> all_nums(rank_ == 0 ? 2 * static_cast<std::size_t>(size_) : 0);
-    RINGATTN_MPI_CHECK(MPI_Gather(buf, sizeof buf, MPI_CHAR, all_buf.data(), sizeof buf, MPI_CHAR,
-                                  0, MPI_COMM_WORLD));
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    RINGATTN_MPI_CHECK(MPI_Igather(buf, sizeof buf, MPI_CHAR, all_buf.data(), sizeof buf, MPI_CHAR,
+                                   0, MPI_COMM_WORLD, &reqs[0]));
     RINGATTN_MPI_CHECK(
-        MPI_Gather(nums, 2, MPI_INT, all_nums.data(), 2, MPI_INT, 0, MPI_COMM_WORLD));
+        MPI_Igather(nums, 2, MPI_INT, all_nums.data(), 2, MPI_INT, 0, MPI_COMM_WORLD, &reqs[1]));
+    wait_all(reqs, "gather of rank facts", "all ranks");
     std::vector<RankInfo> out;
     for (int r = 0; rank_ == 0 && r < size_; ++r) {
       const char* b = all_buf.data() + static_cast<std::size_t>(r) * sizeof buf;
@@ -165,7 +192,30 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // MPI_Waitall with the watchdog's deadline (set_collective_timeout): a blocking collective
+  // would wait forever for a rank behind a dead link. Spins briefly (collectives between
+  // ring steps are short), then polls every 100 us so that a long wait costs no core.
+  void wait_all(std::span<MPI_Request> reqs, const std::string& what, const std::string& peers) {
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                             std::chrono::duration<double>(timeout_s_));
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      RINGATTN_MPI_CHECK(
+          MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
+      if (done) return;
+      if (clock::now() > deadline) {
+        std::ostringstream os;
+        os << what << " did not complete within " << timeout_s_ << " s (--timeout), waiting for "
+           << peers << "; a peer has stalled, died or is unreachable";
+        throw RuntimeFailure(os.str());
+      }
+      if (polls > 10000) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
   int rank_ = 0, size_ = 1, local_rank_ = 0;
+  double timeout_s_ = 300;  // --timeout's default until the CLI sets it
 };
 
 }  // namespace

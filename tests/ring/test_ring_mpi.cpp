@@ -4,12 +4,16 @@
 // rank's traffic equals the computed minimum. Every rank checks its own shard.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
+#include <string>
+#include <thread>
 
 #include "golden.hpp"
 #include "mpi_gtest_main.hpp"
 #include "ring/communicator.hpp"
 #include "ring_compare.hpp"
+#include "ringattn/errors.hpp"
 
 namespace ringattn::ring {
 namespace {
@@ -109,6 +113,33 @@ INSTANTIATE_TEST_SUITE_P(Configs, RingPacked,
                            return std::string(std::get<0>(p.param).name) +
                                   (std::get<1>(p.param) ? "_causal" : "");
                          });
+
+// A rank that is late to a collective (as one behind a dead link would be) makes the others
+// give up after the collective timeout with a RuntimeFailure, not wait forever; once the
+// late rank arrives the pending collective completes and the job goes on.
+TEST(RingCollectives, BarrierGivesUpAfterTheTimeout) {
+  if (g_comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  g_comm->set_collective_timeout(0.3);
+  if (g_comm->rank() == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      g_comm->barrier();
+      ADD_FAILURE() << "the barrier returned while rank 1 was away";
+    } catch (const RuntimeFailure& e) {
+      EXPECT_NE(std::string(e.what()).find("barrier did not complete within 0.3 s (--timeout)"),
+                std::string::npos)
+          << e.what();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GE(s, 0.3);
+    EXPECT_LT(s, 2.0);  // generous: CI cores are shared
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    g_comm->barrier();  // matches rank 0's abandoned barrier
+  }
+  g_comm->set_collective_timeout(60);
+  EXPECT_EQ(g_comm->max(int64_t{g_comm->rank()}), g_comm->size() - 1);
+}
 
 }  // namespace
 }  // namespace ringattn::ring
