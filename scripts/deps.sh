@@ -13,6 +13,9 @@ packages=(
   libboost-context-dev python3-pip
   libopenmpi-dev openmpi-bin
   slurm-wlm munge
+  # Sanitizer and fuzzing builds (scripts/sanitize_and_fuzz.sh): clang, its sanitizer and
+  # libFuzzer runtimes, and LLVM's OpenMP (with Archer, which lets TSan see OpenMP).
+  clang libclang-rt-dev libomp-dev
 )
 missing=()
 for p in "${packages[@]}"; do
