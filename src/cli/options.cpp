@@ -173,8 +173,13 @@ void translating_errors(const std::string& where, F&& f) {
   try {
     f();
   } catch (const po::unknown_option& e) {
-    throw InputError(escaped(e.get_option_name()),
-                     "unknown option" + where + " (see 'ringattn run --help')");
+    // A --config line "= value" has no name: say so instead of naming an empty option
+    // (found by fuzz_config).
+    const std::string name = e.get_option_name();
+    if (name.empty())
+      throw InputError("options", "a line with a value but no option name" + where +
+                                      " (lines are 'name = value')");
+    throw InputError(escaped(name), "unknown option" + where + " (see 'ringattn run --help')");
   } catch (const po::error_with_option_name& e) {
     throw InputError(escaped(option_name(e)), printable(e.what(), kBoostMessageMaxBytes) + where);
   } catch (const po::error& e) {

@@ -767,6 +767,18 @@ TEST(CliBadInput, ConfigFileWithUnknownOptionIsRejected) {
                    "warp-speed", "unknown option in config file '" + dir.file("run.cfg") + "'");
 }
 
+// A line "= value" has no name; the error says so rather than naming an empty option
+// (found by fuzz_config).
+TEST(CliBadInput, ConfigLineWithoutANameIsRejected) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("run.cfg"), "seq-len = 64\n= 9\n");
+  const std::string problem =
+      "a line with a value but no option name in config file '" + dir.file("run.cfg") + "'";
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--config", dir.file("run.cfg")})),
+                   "options", problem);
+}
+
 // ---- commands --------------------------------------------------------------------------
 
 TEST(CliBadInput, NoCommandExitsWithUsageError) {
