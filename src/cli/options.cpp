@@ -168,6 +168,24 @@ std::string option_name(const po::error_with_option_name& e) {
 // line) raw; it may come from a file, so it is escaped and the message kept short.
 constexpr std::size_t kBoostMessageMaxBytes = 200;
 
+// Boost (1.74) builds what() by replacing each %name% placeholder with its token until none
+// is left, so a token holding its own placeholder (--seq-len '%value%', or a --config line
+// with it) never finishes and grows without bound (found by fuzz_config). Before what() is
+// called, every '%' in the tokens becomes the text \x25, as quote.hpp writes escapes. The
+// tokens are a protected member; a pointer to it, named through a derived class, reaches
+// it on any error_with_option_name.
+struct BoostTokens : po::error_with_option_name {
+  static constexpr auto member = &BoostTokens::m_substitutions;
+};
+
+void defuse_placeholders(po::error_with_option_name& e) {
+  for (auto& [name, token] : e.*BoostTokens::member) {
+    std::string safe;
+    for (const char c : token) safe += c == '%' ? std::string("\\x25") : std::string(1, c);
+    token = std::move(safe);
+  }
+}
+
 template <typename F>
 void translating_errors(const std::string& where, F&& f) {
   try {
@@ -180,7 +198,8 @@ void translating_errors(const std::string& where, F&& f) {
       throw InputError("options", "a line with a value but no option name" + where +
                                       " (lines are 'name = value')");
     throw InputError(escaped(name), "unknown option" + where + " (see 'ringattn run --help')");
-  } catch (const po::error_with_option_name& e) {
+  } catch (po::error_with_option_name& e) {
+    defuse_placeholders(e);
     throw InputError(escaped(option_name(e)), printable(e.what(), kBoostMessageMaxBytes) + where);
   } catch (const po::error& e) {
     throw InputError("options", printable(e.what(), kBoostMessageMaxBytes) + where);

@@ -779,6 +779,18 @@ TEST(CliBadInput, ConfigLineWithoutANameIsRejected) {
                    "options", problem);
 }
 
+// Boost formats its messages by replacing %placeholders% until none is left; a value that
+// holds one made that loop forever (found by fuzz_config). Now exit 2, promptly.
+TEST(CliBadInput, ValueHoldingABoostPlaceholderIsRejectedPromptly) {
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--threads", "x%value%"})),
+                   "--threads", "x\\x25value\\x25");
+  write_bytes(dir.file("run.cfg"), "seq-len = %value%%original_token%\n");
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--config", dir.file("run.cfg")})),
+                   "--seq-len", "\\x25value\\x25");
+}
+
 // ---- commands --------------------------------------------------------------------------
 
 TEST(CliBadInput, NoCommandExitsWithUsageError) {
