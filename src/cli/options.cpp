@@ -242,7 +242,17 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   }
   const po::options_description desc = run_description();
   po::variables_map vm;
-  translating_errors("", [&] { po::store(po::command_line_parser(args).options(desc).run(), vm); });
+  translating_errors("", [&] {
+    const po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
+    // Boost keeps words that are no option (a forgotten "--", a typo such as "seq-len 64")
+    // as unnamed positional options and store() drops them: the run would silently use
+    // defaults instead of what the user meant.
+    for (const po::option& o : parsed.options)
+      if (o.string_key.empty() && !o.original_tokens.empty())
+        throw InputError("options", "unexpected argument " + quote(o.original_tokens.front()) +
+                                        " (options are written --name value)");
+    po::store(parsed, vm);
+  });
   if (vm.count("help")) {
     help_out << desc << '\n';
     return false;

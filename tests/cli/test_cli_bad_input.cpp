@@ -791,6 +791,14 @@ TEST(CliBadInput, ValueHoldingABoostPlaceholderIsRejectedPromptly) {
                    "--seq-len", "\\x25value\\x25");
 }
 
+// Words that are no option were dropped by Boost, so the run went on with defaults.
+TEST(CliBadInput, StrayArgumentIsRejectedNotIgnored) {
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"seq-len", "64"})), "options",
+                   "unexpected argument 'seq-len'");
+}
+
 // ---- commands --------------------------------------------------------------------------
 
 TEST(CliBadInput, NoCommandExitsWithUsageError) {
