@@ -55,9 +55,13 @@ struct OutputDir {
   ~OutputDir() { std::filesystem::remove_all(path); }
 };
 
+// numpy's count: 0 if any dimension is 0 (the others may then multiply past int64).
 int64_t element_count(const NpyHeader& h) {
   int64_t n = 1;
-  for (const int64_t d : h.shape) n *= d;  // the reader checked that this fits
+  for (const int64_t d : h.shape)
+    if (d == 0) return 0;
+  for (const int64_t d : h.shape)
+    check(!__builtin_mul_overflow(n, d, &n), "accepted a shape whose count overflows");
   return n;
 }
 
