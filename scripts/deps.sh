@@ -18,6 +18,9 @@ packages=(
   # The multihost and fault tests: network namespaces, links and qdiscs (ip, tc), packet
   # loss where the kernel has no netem (nft), ps for finding ranks.
   iproute2 nftables procps
+  # Sanitizer and fuzzing builds (scripts/sanitize_and_fuzz.sh): clang, its sanitizer and
+  # libFuzzer runtimes, and LLVM's OpenMP (with Archer, which lets TSan see OpenMP).
+  clang libclang-rt-dev libomp-dev
 )
 missing=()
 for p in "${packages[@]}"; do

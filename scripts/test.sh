@@ -4,7 +4,8 @@
 # pytest suite (one process, then mpiexec -n 2 and -n 3); then builds
 # the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
 # CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
-# code runs on every machine. Tests that need hardware this machine lacks print why
+# code runs on every machine; then the sanitizer builds and the fuzzers
+# (scripts/sanitize_and_fuzz.sh). Tests that need hardware this machine lacks print why
 # they skip.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +56,13 @@ cmake -S "$root" -B "$root/build-emu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRING
 cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests
 (cd "$root/build-emu" && ctest -L gpu-emu --output-on-failure --timeout 600 -j "$(nproc)")
 emu_s=$((SECONDS - start))
+
+# Sanitizers (ASan+UBSan, TSan) over the CPU suite, and the fuzzers for a fixed time each;
+# it prints its own timings and the fuzzers' executions and findings.
+start=$SECONDS
+"$root/scripts/sanitize_and_fuzz.sh"
+san_s=$((SECONDS - start))
 echo "test.sh: main suite ${main_s} s (build + ctest); installed package ${install_s} s" \
   "(install + examples/cpp); Python ${python_s} s (pip install + pytest, mpiexec -n 2, -n 3);" \
-  "emulated GPU ${emu_s} s (build + ctest -L gpu-emu)"
+  "emulated GPU ${emu_s} s (build + ctest -L gpu-emu); sanitizers and fuzzing ${san_s} s" \
+  "(scripts/sanitize_and_fuzz.sh)"

@@ -143,6 +143,23 @@ bool checked_mul(int64_t a, int64_t b, int64_t* product) {
   return true;
 }
 
+// The number of elements of `shape`, or false for a negative dimension or a count past
+// `limit`. A zero dimension empties the array whatever the others are, as in numpy
+// ((2**40, 2**40, 0) is a valid empty shape), so reader and writer accept the same shapes
+// (fuzz_npy found the writer refusing an empty shape the reader had accepted).
+bool shape_elements(const std::vector<int64_t>& shape, int64_t limit, int64_t* count) {
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) return false;
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) {
+    *count = 0;
+    return true;
+  }
+  int64_t n = 1;
+  for (const int64_t dim : shape)
+    if (!checked_mul(n, dim, &n) || n > limit) return false;
+  *count = n;
+  return true;
+}
+
 // Parses the Python dict literal of a .npy header. Accepts exactly what the spec allows
 // for our dtypes: keys 'descr', 'fortran_order', 'shape', each once, in any order.
 class HeaderParser {
@@ -380,11 +397,10 @@ void open_and_parse(const std::string& path, OpenNpy* npy) {
   header.shape = fields.shape;
   header.data_offset = preamble_bytes + static_cast<std::size_t>(header_bytes);
 
-  int64_t count = 1, data_bytes = 0;
-  for (const int64_t dim : header.shape)
-    if (!checked_mul(count, dim, &count))
-      throw InputError(
-          path, "shape " + shape_text(header.shape) + " has more elements than fit in int64");
+  int64_t count = 0, data_bytes = 0;
+  if (!shape_elements(header.shape, kInt64Max, &count))
+    throw InputError(path,
+                     "shape " + shape_text(header.shape) + " has more elements than fit in int64");
   if (!checked_mul(count, dtype_bytes(header.dtype), &data_bytes))
     throw InputError(path,
                      "shape " + shape_text(header.shape) + " needs more bytes than fit in int64");
@@ -455,10 +471,9 @@ std::string write_temp_file(const std::string& path, const std::string& header, 
 // Elements of `shape`, refusing negative dimensions and products past `max_count`.
 int64_t element_count(const std::string& path, const std::vector<int64_t>& shape,
                       int64_t max_count) {
-  int64_t count = 1;
-  for (const int64_t dim : shape)
-    if (dim < 0 || !checked_mul(count, dim, &count) || count > max_count)
-      throw RuntimeFailure("cannot write '" + path + "': invalid shape " + shape_text(shape));
+  int64_t count = 0;
+  if (!shape_elements(shape, max_count, &count))
+    throw RuntimeFailure("cannot write '" + path + "': invalid shape " + shape_text(shape));
   return count;
 }
 

@@ -176,14 +176,38 @@ std::string option_name(const po::error_with_option_name& e) {
 // line) raw; it may come from a file, so it is escaped and the message kept short.
 constexpr std::size_t kBoostMessageMaxBytes = 200;
 
+// Boost (1.74) builds what() by replacing each %name% placeholder with its token until none
+// is left, so a token holding its own placeholder (--seq-len '%value%', or a --config line
+// with it) never finishes and grows without bound (found by fuzz_config). Before what() is
+// called, every '%' in the tokens becomes the text \x25, as quote.hpp writes escapes. The
+// tokens are a protected member; a pointer to it, named through a derived class, reaches
+// it on any error_with_option_name.
+struct BoostTokens : po::error_with_option_name {
+  static constexpr auto member = &BoostTokens::m_substitutions;
+};
+
+void defuse_placeholders(po::error_with_option_name& e) {
+  for (auto& [name, token] : e.*BoostTokens::member) {
+    std::string safe;
+    for (const char c : token) safe += c == '%' ? std::string("\\x25") : std::string(1, c);
+    token = std::move(safe);
+  }
+}
+
 template <typename F>
 void translating_errors(const std::string& where, F&& f) {
   try {
     f();
   } catch (const po::unknown_option& e) {
-    throw InputError(escaped(e.get_option_name()),
-                     "unknown option" + where + " (see 'ringattn run --help')");
-  } catch (const po::error_with_option_name& e) {
+    // A --config line "= value" has no name: say so instead of naming an empty option
+    // (found by fuzz_config).
+    const std::string name = e.get_option_name();
+    if (name.empty())
+      throw InputError("options", "a line with a value but no option name" + where +
+                                      " (lines are 'name = value')");
+    throw InputError(escaped(name), "unknown option" + where + " (see 'ringattn run --help')");
+  } catch (po::error_with_option_name& e) {
+    defuse_placeholders(e);
     throw InputError(escaped(option_name(e)), printable(e.what(), kBoostMessageMaxBytes) + where);
   } catch (const po::error& e) {
     throw InputError("options", printable(e.what(), kBoostMessageMaxBytes) + where);
@@ -226,7 +250,17 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   }
   const po::options_description desc = run_description();
   po::variables_map vm;
-  translating_errors("", [&] { po::store(po::command_line_parser(args).options(desc).run(), vm); });
+  translating_errors("", [&] {
+    const po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
+    // Boost keeps words that are no option (a forgotten "--", a typo such as "seq-len 64")
+    // as unnamed positional options and store() drops them: the run would silently use
+    // defaults instead of what the user meant.
+    for (const po::option& o : parsed.options)
+      if (o.string_key.empty() && !o.original_tokens.empty())
+        throw InputError("options", "unexpected argument " + quote(o.original_tokens.front()) +
+                                        " (options are written --name value)");
+    po::store(parsed, vm);
+  });
   if (vm.count("help")) {
     help_out << desc << '\n';
     return false;

@@ -200,7 +200,9 @@ float synthetic_value(uint64_t seed, uint64_t stream, uint64_t index) {
 void fill_synthetic(HostTensor& t, const ring::ShardLayout& l, int rank, const Shape4& s,
                     uint64_t seed, uint64_t stream) {
   float* p = t.data();
-  for (const auto& [first, count] : shard_ranges(l, rank, s)) {
+  for (const auto& range : shard_ranges(l, rank, s)) {
+    // Plain locals: clang (before 16) cannot use structured bindings inside an OpenMP region.
+    const int64_t first = range.first, count = range.second;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i)
       p[i] = synthetic_value(seed, stream, static_cast<uint64_t>(first + i));

@@ -187,8 +187,12 @@ std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {
   if (cfg.attention == AttentionKind::block_sparse)
     throw std::logic_error("patterns_of: block-sparse patterns live in the sparse layer");
   std::vector<DilatedPattern> out;
+  // A dilation past its segment selects at most one position per segment, so the segment
+  // length is an equal dilation; clamping keeps every stride (dilation·H·D) inside the
+  // tensor instead of overflowing int64 for dilations near INT64_MAX (found by
+  // fuzz_segments). Offsets still come from the given dilations (pattern_offset).
   for (std::size_t i = 0; i < cfg.segments.size(); ++i)
-    out.push_back({cfg.segments[i], cfg.dilations[i]});
+    out.push_back({cfg.segments[i], std::min(cfg.dilations[i], cfg.segments[i])});
   return out;
 }
 
@@ -206,7 +210,9 @@ int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head
 
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset) {
   if (offset >= p.segment) return 0;
-  return (p.segment - offset + p.dilation - 1) / p.dilation;
+  // ceil((w - o) / r) without forming w - o + r - 1, which overflows for a dilation near
+  // INT64_MAX (validate() accepts any positive dilation; found by fuzz_segments).
+  return 1 + (p.segment - offset - 1) / p.dilation;
 }
 
 int64_t selected_in(int64_t length, const DilatedPattern& p, int64_t offset) {

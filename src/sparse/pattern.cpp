@@ -128,6 +128,10 @@ Pattern parse_pattern(const std::string& text, const Geometry& g,
     const std::string name = term.substr(0, colon);
     Params prm(term, colon == std::string::npos ? "" : term.substr(colon + 1));
     const int64_t kMax = INT64_MAX / 4;
+    // Defaults counted in blocks are capped at the sequence's blocks, as given values are
+    // checked against them: the canonical form spells defaults out, and it must parse back
+    // (found by fuzz_pattern: "bigbird" on one block described itself as global:blocks=2).
+    auto blocks_default = [nb](int64_t d) { return std::min(d, nb); };
     if (name == "local") {
       p.terms.push_back(make_local(g, prm.get("window", 3 * bs, 1, kMax, "tokens")));
       prm.finish("window");
@@ -135,7 +139,7 @@ Pattern parse_pattern(const std::string& text, const Geometry& g,
       p.terms.push_back(make_global(g, prm.get("blocks", 1, 1, nb, "blocks in the sequence")));
       prm.finish("blocks");
     } else if (name == "random") {
-      const int64_t k = prm.get("blocks", 2, 1, nb, "blocks in the sequence");
+      const int64_t k = prm.get("blocks", blocks_default(2), 1, nb, "blocks in the sequence");
       const auto seed = static_cast<uint64_t>(
           prm.get("seed", static_cast<int64_t>(default_seed & INT64_MAX), 0, INT64_MAX, "seed"));
       p.terms.push_back(make_random(g, k, seed));
@@ -151,9 +155,9 @@ Pattern parse_pattern(const std::string& text, const Geometry& g,
       check_dilated(term, g, w, r);
       p.terms.push_back(make_dilated_blocks(g, std::move(w), std::move(r)));
     } else if (name == "bigbird") {
-      const int64_t global = prm.get("global", 2, 1, nb, "blocks in the sequence");
+      const int64_t global = prm.get("global", blocks_default(2), 1, nb, "blocks in the sequence");
       const int64_t window = prm.get("window", 3 * bs, 1, kMax, "tokens");
-      const int64_t random = prm.get("random", 3, 1, nb, "blocks in the sequence");
+      const int64_t random = prm.get("random", blocks_default(3), 1, nb, "blocks in the sequence");
       const auto seed = static_cast<uint64_t>(
           prm.get("seed", static_cast<int64_t>(default_seed & INT64_MAX), 0, INT64_MAX, "seed"));
       prm.finish("global, window, random, seed");

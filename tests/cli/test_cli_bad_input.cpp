@@ -825,6 +825,38 @@ TEST(CliBadInput, ConfigFileWithUnknownOptionIsRejected) {
                    "warp-speed", "unknown option in config file '" + dir.file("run.cfg") + "'");
 }
 
+// A line "= value" has no name; the error says so rather than naming an empty option
+// (found by fuzz_config).
+TEST(CliBadInput, ConfigLineWithoutANameIsRejected) {
+  TempDir dir;
+  write_inputs(dir);
+  write_bytes(dir.file("run.cfg"), "seq-len = 64\n= 9\n");
+  const std::string problem =
+      "a line with a value but no option name in config file '" + dir.file("run.cfg") + "'";
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--config", dir.file("run.cfg")})),
+                   "options", problem);
+}
+
+// Boost formats its messages by replacing %placeholders% until none is left; a value that
+// holds one made that loop forever (found by fuzz_config). Now exit 2, promptly.
+TEST(CliBadInput, ValueHoldingABoostPlaceholderIsRejectedPromptly) {
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--threads", "x%value%"})),
+                   "--threads", "x\\x25value\\x25");
+  write_bytes(dir.file("run.cfg"), "seq-len = %value%%original_token%\n");
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--config", dir.file("run.cfg")})),
+                   "--seq-len", "\\x25value\\x25");
+}
+
+// Words that are no option were dropped by Boost, so the run went on with defaults.
+TEST(CliBadInput, StrayArgumentIsRejectedNotIgnored) {
+  TempDir dir;
+  write_inputs(dir);
+  expect_bad_input(dir, with(base_args(dir), with(kPattern, {"seq-len", "64"})), "options",
+                   "unexpected argument 'seq-len'");
+}
+
 // ---- commands --------------------------------------------------------------------------
 
 TEST(CliBadInput, NoCommandExitsWithUsageError) {

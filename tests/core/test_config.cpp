@@ -2,6 +2,8 @@
 // against brute-force evaluation of the definitions.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include "ringattn/config.hpp"
 #include "ringattn/errors.hpp"
 
@@ -157,6 +159,23 @@ TEST(PatternArithmetic, AttendedPairsMatchesBruteForce) {
         }
       EXPECT_DOUBLE_EQ(attended_pairs(cfg), brute * static_cast<double>(s.batch));
     }
+}
+
+// A dilation past its segment is legal and selects at most one position per segment; one
+// near INT64_MAX once overflowed ceil((w - o) / r) and the schedule's strides r·H·D
+// (found by fuzz_segments under UBSan). It must behave as any other dilation past w.
+TEST(PatternArithmetic, HugeDilationSelectsOnePositionPerSegment) {
+  EXPECT_EQ(selected_per_segment({16, INT64_MAX}, 3), 1);
+  EXPECT_EQ(selected_per_segment({16, INT64_MAX}, 15), 1);
+  EXPECT_EQ(selected_per_segment({16, INT64_MAX}, 16), 0);
+  const Shape4 s{1, 64, 6, 8};
+  for (Combine c : {Combine::grouped, Combine::mixture}) {
+    const AttentionConfig huge = dilated(s, {16, 64}, {INT64_MAX, 2}, c);
+    const AttentionConfig large = dilated(s, {16, 64}, {1000, 2}, c);
+    ASSERT_NO_THROW(validate(huge));
+    EXPECT_LE(patterns_of(huge)[0].dilation, 16);  // every stride stays inside the tensor
+    EXPECT_DOUBLE_EQ(attended_pairs(huge), attended_pairs(large));
+  }
 }
 
 TEST(PatternArithmetic, DenseIsOneFullPattern) {

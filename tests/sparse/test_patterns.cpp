@@ -84,6 +84,22 @@ TEST(Patterns, DilatedBlocksFollowLongNetPerHead) {
   EXPECT_EQ(l.head_list[0], l.head_list[4]);
 }
 
+// Many patterns with large dilations: the head classes once overflowed int64 (a number
+// built from the offsets in base r), which UBSan reports and which could merge heads.
+TEST(Patterns, DilatedBlocksWithManyPatternsKeepHeadsApart) {
+  const Geometry g{48, 1, 50};
+  std::vector<int64_t> w(14, 48), r(14, 47);
+  r[0] = 2;  // lcm 94: heads 0..49 are all different, and so are their lists
+  const Rule rule = [&](int64_t h, int64_t i, int64_t j) {
+    for (std::size_t k = 0; k < w.size(); ++k)
+      if ((i % w[k]) % r[k] == h % r[k] && (j % w[k]) % r[k] == h % r[k]) return true;
+    return false;
+  };
+  const BlockLists l = lists_for("dilated-blocks", g, w, r);
+  expect_matches(l, rule, "14 dilated-blocks patterns");
+  EXPECT_EQ(l.lists.size(), 50u);
+}
+
 TEST(Patterns, RandomIsSeededDistinctAndPerHead) {
   const Geometry g{1024, 16, 3};
   const BlockLists a = lists_for("random:blocks=5,seed=11", g);
@@ -128,6 +144,20 @@ TEST(Patterns, UnionsAndBigbird) {
   // Canonical text is order-independent (it is the cache key).
   EXPECT_EQ(parse_pattern("global+local", g, {}, {}, 0).canonical,
             parse_pattern("local+global", g, {}, {}, 0).canonical);
+}
+
+// The canonical form spells every parameter out, defaults included; it must parse back to
+// itself even where a default exceeds a short sequence's blocks (fuzz_pattern found
+// "bigbird" on one block describing itself as global:blocks=2, which is refused).
+TEST(Patterns, CanonicalFormParsesBackOnShortSequences) {
+  for (const Geometry& g : {Geometry{16, 16, 2}, Geometry{32, 16, 2}, Geometry{256, 16, 3}})
+    for (const char* text : {"bigbird", "random", "global", "strided", "local"}) {
+      const Pattern p = parse_pattern(text, g, {}, {}, 3);
+      Pattern again;
+      ASSERT_NO_THROW(again = parse_pattern(p.canonical, g, {}, {}, 4))
+          << text << " on " << g.blocks() << " blocks: " << p.canonical;
+      EXPECT_EQ(again.canonical, p.canonical);
+    }
 }
 
 TEST(Patterns, BadTextIsAnInputErrorNamingPattern) {

@@ -2,7 +2,9 @@
 // offsets of the mixture combine (offset = head mod r). Pattern k splits the blocks into
 // segments of w_k / bs blocks and keeps block m of a segment when m mod r_k == offset; a
 // kept query block attends to the kept key blocks of its own segment. Heads differ only by
-// their offsets, so the head class is the tuple of offsets.
+// their offsets, so heads congruent modulo the lcm of the dilations share a class.
+#include <numeric>
+
 #include "sparse/pattern.hpp"
 
 namespace ringattn::sparse {
@@ -22,10 +24,18 @@ class DilatedBlocks final : public BlockGenerator {
       s += (k ? "/" : "") + std::to_string(dilations_[k]);
     return s;
   }
+  // Heads with equal offsets (head mod r_k for every k) are the heads congruent modulo the
+  // lcm of the dilations. Once the running lcm passes `head`, head is its own class, so the
+  // lcm stays below head and cannot overflow (a mixed-radix number of the offsets did, with
+  // a dozen patterns: signed overflow, and classes that could collide).
   int64_t head_class(int64_t head) const override {
-    int64_t c = 0;  // mixed-radix number of the offsets
-    for (int64_t r : dilations_) c = c * r + head % r;
-    return c;
+    int64_t lcm = 1;
+    for (const int64_t r : dilations_) {
+      const int64_t step = r / std::gcd(lcm, r);
+      if (lcm > head / step) return head;
+      lcm *= step;
+    }
+    return head % lcm;
   }
   void row(int64_t head, int64_t i, std::vector<int32_t>& cols) const override {
     for (std::size_t k = 0; k < segments_.size(); ++k) {
