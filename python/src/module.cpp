@@ -74,16 +74,14 @@ Shapes shapes_of(const AttentionOp& op) {
       {s.batch, nl, s.heads, s.head_dim}, {s.batch, nl, hkv, s.head_dim}, {s.batch, s.heads, nl}};
 }
 
-void init_op(AttentionOp* self, const Array& q, const Array& k, const std::string& attention,
-             std::optional<std::vector<int64_t>> segments,
-             std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
-             std::optional<double> scale, std::optional<std::vector<int64_t>> window,
-             std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
-             std::optional<Array> block_mask, int64_t block_size, const CommHandle& comm) {
-  if (q.ndim() != 4)
-    throw InputError("q", "must have 4 dimensions [B, N, H, D], got " + std::to_string(q.ndim()));
-  if (k.ndim() != 4)
-    throw InputError("k", "must have 4 dimensions [B, N, HKV, D], got " + std::to_string(k.ndim()));
+// The attention keywords both init_op and Comm.layout take, as the options the core parses.
+AttentionOptions options_of(const std::string& attention,
+                            std::optional<std::vector<int64_t>> segments,
+                            std::optional<std::vector<int64_t>> dilations,
+                            const std::string& combine, bool causal, std::optional<double> scale,
+                            std::optional<std::vector<int64_t>> window,
+                            std::optional<std::vector<int64_t>> seqlens,
+                            std::optional<std::string> pattern, int64_t block_size) {
   AttentionOptions o;
   o.attention = attention;
   o.segments = std::move(segments);
@@ -95,6 +93,22 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
   o.seqlens = std::move(seqlens);
   o.pattern = std::move(pattern);
   o.block_size = block_size;
+  return o;
+}
+
+void init_op(AttentionOp* self, const Array& q, const Array& k, const std::string& attention,
+             std::optional<std::vector<int64_t>> segments,
+             std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
+             std::optional<double> scale, std::optional<std::vector<int64_t>> window,
+             std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
+             std::optional<Array> block_mask, int64_t block_size, const CommHandle& comm) {
+  if (q.ndim() != 4)
+    throw InputError("q", "must have 4 dimensions [B, N, H, D], got " + std::to_string(q.ndim()));
+  if (k.ndim() != 4)
+    throw InputError("k", "must have 4 dimensions [B, N, HKV, D], got " + std::to_string(k.ndim()));
+  AttentionOptions o =
+      options_of(attention, std::move(segments), std::move(dilations), combine, causal, scale,
+                 std::move(window), std::move(seqlens), std::move(pattern), block_size);
   std::optional<BlockMask> mask;
   if (block_mask) {
     o.has_block_mask = true;
@@ -166,17 +180,9 @@ NB_MODULE(_core, m) {
              std::optional<double> scale, std::optional<std::vector<int64_t>> window,
              std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
              int64_t block_size) {
-            AttentionOptions o;
-            o.attention = attention;
-            o.segments = std::move(segments);
-            o.dilations = std::move(dilations);
-            o.combine = combine;
-            o.causal = causal;
-            o.scale = scale;
-            o.window = std::move(window);
-            o.seqlens = std::move(seqlens);
-            o.pattern = std::move(pattern);
-            o.block_size = block_size;
+            const AttentionOptions o = options_of(
+                attention, std::move(segments), std::move(dilations), combine, causal, scale,
+                std::move(window), std::move(seqlens), std::move(pattern), block_size);
             // Per rank, the (first position, length) chunks it owns, in local order.
             const ring::ShardLayout l = layout_for(o, {batch, seq_len, heads, 1}, c.size());
             std::vector<std::vector<std::pair<int64_t, int64_t>>> all;

@@ -1,8 +1,12 @@
 #include "plan_runner.hpp"
 
+#include <gtest/gtest.h>
+
+#include <cstring>
 #include <limits>
 
 #include "random.hpp"
+#include "ringattn/reference.hpp"
 
 namespace ringattn::testing {
 
@@ -32,6 +36,30 @@ PlanResult run_plan(const AttentionConfig& cfg, const Tensors& in, PlanOptions o
   plan.backward(in.q.data(), in.k.data(), in.v.data(), r.out.data(), r.lse.data(), in.dout.data(),
                 r.dq.data(), r.dk.data(), r.dv.data());
   return r;
+}
+
+void expect_matches_float64(const AttentionConfig& cfg, const Tensors& in, const PlanResult& got,
+                            double tol) {
+  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+  const ReferenceGradients g =
+      reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+  EXPECT_LE(relative_error(got.out.data(), ref.out.data(), got.out.size()), tol);
+  EXPECT_LE(relative_error(got.lse.data(), ref.lse.data(), got.lse.size()), tol);
+  EXPECT_LE(relative_error(got.dq.data(), g.dq.data(), got.dq.size()), tol);
+  ASSERT_EQ(got.dk.size(), g.dk.size());
+  EXPECT_LE(relative_error(got.dk.data(), g.dk.data(), got.dk.size()), tol);
+  EXPECT_LE(relative_error(got.dv.data(), g.dv.data(), got.dv.size()), tol);
+}
+
+void expect_same_bits_for_thread_counts(const AttentionConfig& cfg, const Tensors& in,
+                                        std::initializer_list<int> threads) {
+  const std::vector<float> first = run_plan(cfg, in, PlanOptions{1, 32, 64}).all();
+  for (int t : threads) {
+    const std::vector<float> again = run_plan(cfg, in, PlanOptions{t, 32, 64}).all();
+    ASSERT_EQ(first.size(), again.size());
+    EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)))
+        << t << " threads";
+  }
 }
 
 }  // namespace ringattn::testing

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "ringattn/config.hpp"
@@ -26,5 +27,13 @@ struct PlanResult {
 // Plan(cfg, opts).forward then .backward, outputs prefilled with NaN so that an unwritten
 // element shows.
 PlanResult run_plan(const AttentionConfig& cfg, const Tensors& in, PlanOptions opts);
+
+// Every tensor of `got` (from `in`) within `tol` relative error of the float64 reference.
+void expect_matches_float64(const AttentionConfig& cfg, const Tensors& in, const PlanResult& got,
+                            double tol = 1e-5);
+
+// The same bits with each of `threads` threads as with one (tiles 32 x 64).
+void expect_same_bits_for_thread_counts(const AttentionConfig& cfg, const Tensors& in,
+                                        std::initializer_list<int> threads);
 
 }  // namespace ringattn::testing

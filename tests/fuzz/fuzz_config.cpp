@@ -16,6 +16,7 @@
 
 #include "cli/options.hpp"
 #include "fuzz_check.hpp"
+#include "memory_file.hpp"
 #include "ringattn/config.hpp"
 
 namespace {
@@ -23,26 +24,6 @@ namespace {
 using ringattn::InputError;
 using ringattn::fuzz::check;
 using ringattn::fuzz::Text;
-
-// The file lives in memory (see fuzz_npy.cpp); the parser opens it by path.
-struct ConfigFile {
-  int fd = -1;
-  std::string path;
-  ConfigFile() {
-    fd = ::memfd_create("fuzz_config_input", 0);
-    check(fd >= 0, "memfd_create failed");
-    path = "/proc/self/fd/" + std::to_string(fd);
-  }
-  void set(const uint8_t* data, std::size_t size) {
-    check(::ftruncate(fd, 0) == 0, "ftruncate failed");
-    std::size_t done = 0;
-    while (done < size) {
-      const ssize_t put = ::pwrite(fd, data + done, size - done, static_cast<off_t>(done));
-      check(put > 0, "pwrite failed");
-      done += static_cast<std::size_t>(put);
-    }
-  }
-};
 
 void check_ranges(const ringattn::cli::RunOptions& o) {
   check(o.threads >= 0 && o.warmup >= 0 && o.iters >= 1, "thread/warmup/iters out of range");
@@ -68,7 +49,7 @@ void check_ranges(const ringattn::cli::RunOptions& o) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
-  static ConfigFile file;
+  static ringattn::fuzz::MemoryFile file("fuzz_config_input");
   file.set(data, size);
   ringattn::cli::RunOptions o;
   std::ostringstream help;

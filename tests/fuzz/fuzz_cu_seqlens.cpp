@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fuzz_check.hpp"
+#include "memory_file.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/npy.hpp"
@@ -20,25 +21,6 @@ namespace {
 
 using ringattn::fuzz::check;
 
-struct InputFile {
-  int fd = -1;
-  std::string path;
-  InputFile() {
-    fd = ::memfd_create("fuzz_cu_seqlens_input", 0);
-    check(fd >= 0, "memfd_create failed");
-    path = "/proc/self/fd/" + std::to_string(fd);
-  }
-  void set(const uint8_t* data, std::size_t size) {
-    check(::ftruncate(fd, 0) == 0, "ftruncate failed");
-    std::size_t done = 0;
-    while (done < size) {
-      const ssize_t put = ::pwrite(fd, data + done, size - done, static_cast<off_t>(done));
-      check(put > 0, "pwrite failed");
-      done += static_cast<std::size_t>(put);
-    }
-  }
-};
-
 // Sequences longer than this are accepted by validation but not laid out here (the layout
 // costs O(N) per rank count).
 constexpr int64_t kMaxLaidOut = 1 << 16;
@@ -46,7 +28,7 @@ constexpr int64_t kMaxLaidOut = 1 << 16;
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
-  static InputFile file;
+  static ringattn::fuzz::MemoryFile file("fuzz_cu_seqlens_input");
   file.set(data, size);
   std::vector<int64_t> cu;
   ringattn::NpyHeader h;

@@ -225,16 +225,7 @@ TEST_P(WindowPlan, MatchesFloat64Reference) {
   const AttentionConfig cfg = config_of(pc.c);
   const Tensors in = random_tensors(cfg, std::hash<std::string>{}(plan_name(pc)));
   const PlanResult got = run_plan(cfg, in, PlanOptions{2, pc.q_tile, pc.k_tile});
-  const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
-  const ReferenceGradients g =
-      reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
-  constexpr double kTol = 1e-5;
-  EXPECT_LE(relative_error(got.out.data(), ref.out.data(), got.out.size()), kTol);
-  EXPECT_LE(relative_error(got.lse.data(), ref.lse.data(), got.lse.size()), kTol);
-  EXPECT_LE(relative_error(got.dq.data(), g.dq.data(), got.dq.size()), kTol);
-  ASSERT_EQ(got.dk.size(), g.dk.size());
-  EXPECT_LE(relative_error(got.dk.data(), g.dk.data(), got.dk.size()), kTol);
-  EXPECT_LE(relative_error(got.dv.data(), g.dv.data(), got.dv.size()), kTol);
+  testing::expect_matches_float64(cfg, in, got);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, WindowPlan, ::testing::ValuesIn(plan_cases()),
@@ -253,13 +244,7 @@ TEST(WindowPlan, ResultsAreBitwiseIdenticalAcrossThreadCounts) {
     SCOPED_TRACE(name_of(c));
     const AttentionConfig cfg = config_of(c);
     const Tensors in = random_tensors(cfg, 31);
-    const std::vector<float> first = run_plan(cfg, in, PlanOptions{1, 32, 64}).all();
-    for (int threads : {2, 3, 7}) {
-      const std::vector<float> again = run_plan(cfg, in, PlanOptions{threads, 32, 64}).all();
-      ASSERT_EQ(first.size(), again.size());
-      EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)))
-          << threads << " threads";
-    }
+    testing::expect_same_bits_for_thread_counts(cfg, in, {2, 3, 7});
   }
 }
 
