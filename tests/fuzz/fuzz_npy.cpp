@@ -1,7 +1,8 @@
 // libFuzzer target for the .npy reader (ringattn/npy.hpp): the input is a whole file.
 // Invariants: a file is either read, with a header that accounts for every byte, or refused
 // with an InputError naming the file whose message shows header bytes only escaped; the
-// three readers and the ranged reader agree; a float32 array written back and read again
+// float, bool and int readers each take only their dtypes and the ranged reader agrees with
+// the float one; a float32 array written back and read again
 // is bitwise the same, and writing leaves no temporary file behind.
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "fuzz_check.hpp"
+#include "memory_file.hpp"
 #include "ringattn/npy.hpp"
 
 namespace {
@@ -22,27 +24,6 @@ using ringattn::InputError;
 using ringattn::NpyDtype;
 using ringattn::NpyHeader;
 using ringattn::fuzz::check;
-
-// The input lives in a memory file, so each run costs no disk I/O; the reader opens it by
-// path as it would any file.
-struct InputFile {
-  int fd = -1;
-  std::string path;
-  InputFile() {
-    fd = ::memfd_create("fuzz_npy_input", 0);
-    check(fd >= 0, "memfd_create failed");
-    path = "/proc/self/fd/" + std::to_string(fd);
-  }
-  void set(const uint8_t* data, std::size_t size) {
-    check(::ftruncate(fd, 0) == 0, "ftruncate failed");
-    std::size_t done = 0;
-    while (done < size) {
-      const ssize_t put = ::pwrite(fd, data + done, size - done, static_cast<off_t>(done));
-      check(put > 0, "pwrite failed");
-      done += static_cast<std::size_t>(put);
-    }
-  }
-};
 
 // A private directory for the write round trip.
 struct OutputDir {
@@ -66,7 +47,18 @@ int64_t element_count(const NpyHeader& h) {
 }
 
 int64_t item_bytes(NpyDtype dtype) {
-  return dtype == NpyDtype::float32 ? 4 : dtype == NpyDtype::float16 ? 2 : 1;
+  switch (dtype) {
+    case NpyDtype::float32:
+    case NpyDtype::int32:
+      return 4;
+    case NpyDtype::float16:
+      return 2;
+    case NpyDtype::int64:
+      return 8;
+    case NpyDtype::bool8:
+      return 1;
+  }
+  return 1;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -91,7 +83,7 @@ void write_round_trip(const std::vector<float>& values, const NpyHeader& h) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
-  static InputFile input;
+  static ringattn::fuzz::MemoryFile input("fuzz_npy_input");
   input.set(data, size);
   const std::string& path = input.path;
 
@@ -124,6 +116,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       ringattn::fuzz::check_input_error(e, path);
     }
     return 0;
+  }
+
+  if (h.dtype == NpyDtype::int32 || h.dtype == NpyDtype::int64) {
+    // Integers (document offsets): read as int64, element for element; the float and bool
+    // readers refuse them.
+    const std::vector<int64_t> ints = ringattn::read_npy_int64(path);
+    check(ints.size() == static_cast<std::size_t>(count), "int read has the wrong length");
+    for (std::size_t i = 0; i < ints.size(); ++i) {
+      int64_t want = 0;
+      if (h.dtype == NpyDtype::int64) {
+        std::memcpy(&want, data + h.data_offset + 8 * i, 8);
+      } else {
+        int32_t narrow = 0;
+        std::memcpy(&narrow, data + h.data_offset + 4 * i, 4);
+        want = narrow;
+      }
+      check(ints[i] == want, "int element read wrongly");
+    }
+    for (const bool as_float : {true, false}) {
+      try {
+        if (as_float)
+          ringattn::read_npy_float(path);
+        else
+          ringattn::read_npy_bool(path);
+        ringattn::fuzz::fail("an int array was read as float or bool");
+      } catch (const InputError& e) {
+        ringattn::fuzz::check_input_error(e, path);
+      }
+    }
+    return 0;
+  }
+  try {
+    ringattn::read_npy_int64(path);
+    ringattn::fuzz::fail("a float or bool array was read as int");
+  } catch (const InputError& e) {
+    ringattn::fuzz::check_input_error(e, path);
   }
 
   // float32 or float16: the whole array, and a few ranges of it, agree.
