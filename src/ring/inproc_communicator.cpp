@@ -158,12 +158,23 @@ class InprocExchange final : public PendingExchange {
   bool test() override {
     world_.check_aborted();
     bool all = true;
+    // Receives from one source match its sends in issue order (MPI's non-overtaking rule):
+    // once one finds nothing, the later ones from that source wait for the next test(). The
+    // sender may post between them, and a later receive must not take the earlier send (two
+    // same-sized messages, K then V, would swap silently).
+    std::vector<int> unmatched_sources;
     for (RecvSlot& r : recvs) {
       if (r.done) continue;
       if (!r.send) {
+        if (std::find(unmatched_sources.begin(), unmatched_sources.end(), r.src) !=
+            unmatched_sources.end()) {
+          all = false;
+          continue;
+        }
         r.send = world_.match(me_, r.src, r.tag);
         if (!r.send) {
           all = false;
+          unmatched_sources.push_back(r.src);
           continue;
         }
         if (r.send->bytes != r.bytes)
