@@ -44,13 +44,14 @@ struct AttentionConfig {
   std::optional<int64_t> kv_heads;
   // Sliding window (--window L or L,R): query p attends keys [p - window_left, p +
   // window_right]. Unset: no window. window_right defaults to window_left (0 when causal,
-  // where it must be 0 or unset). Dense attention only (dilated is refused).
+  // where it must be 0 or unset). Dense and block-sparse attention (dilated is refused).
   std::optional<int64_t> window_left;
   std::optional<int64_t> window_right;
   // Packed sequences (--seqlens, --cu-seqlens): document d holds positions [cu_seqlens[d],
   // cu_seqlens[d + 1]) of every batch row; a query attends only to keys of its own document,
   // and causality and the window count positions within it. Empty: one document of seq_len.
-  // Otherwise it starts at 0, increases strictly and ends at seq_len. Dense attention only.
+  // Otherwise it starts at 0, increases strictly and ends at seq_len. Dense and block-sparse
+  // attention (dilated is refused).
   std::vector<int64_t> cu_seqlens;
 
   double effective_scale() const;
@@ -75,8 +76,6 @@ struct AttentionConfig {
 };
 
 // Throws InputError naming the option ("--segments", "--heads", ...) that is wrong.
-// Grouped-query attention (kv_heads != heads) is refused with block-sparse attention
-// (naming --kv-heads): not supported there yet.
 void validate(const AttentionConfig& cfg);
 
 // For the paths that do not compute grouped-query attention yet: throws InputError naming
@@ -142,7 +141,7 @@ SegmentList segments_of(const AttentionConfig& cfg, const DilatedPattern& p);
 
 // Keys that the query at position p attends under a dense configuration: the half-open
 // position range allowed by its document, causality and the window (empty when begin >=
-// end). Dense only.
+// end). Block-sparse attention applies the same rule inside its listed blocks.
 struct PositionRange {
   int64_t begin = 0, end = 0;
 };

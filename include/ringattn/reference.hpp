@@ -30,14 +30,19 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
                                       const float* v, const float* dout);
 
 // Block-sparse attention (docs/SEMANTICS.md): query p of head h attends key t when key block
-// t / bs is among key_blocks(h, p / bs) (and t <= p when causal); one softmax per row over
+// t / bs is among key_blocks(h, p / bs) and the dense rule allows the pair: t <= p when
+// causal, t in p's document, p - window_left <= t <= p + window_right; one softmax per row over
 // every allowed key; rows with none output 0 and lse -inf. The callback is the caller's
-// statement of the mask (tests read it straight from a bool mask).
+// statement of the mask (tests read it straight from a bool mask). K and V have kv_heads
+// heads; query head h reads K/V head h / (heads / kv_heads).
 struct BlockReferenceProblem {
   Shape4 shape;
   int64_t block_size = 0;
   bool causal = false;
-  double scale = 0;  // 0: 1/sqrt(D)
+  double scale = 0;                             // 0: 1/sqrt(D)
+  int64_t kv_heads = 0;                         // 0: shape.heads
+  std::vector<int64_t> cu_seqlens;              // document starts then N; empty: one document
+  int64_t window_left = -1, window_right = -1;  // -1: no limit on that side
   std::function<std::vector<int64_t>(int64_t head, int64_t qblock)> key_blocks;
 };
 
@@ -46,8 +51,8 @@ ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const
 ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, const float* q,
                                              const float* k, const float* v, const float* dout);
 // One query row (head h, position p) from rows the caller fetches: key_row(t) and
-// value_row(t) return head h's D floats at position t. Writes out [D] and *lse. This is how
-// a huge run is checked on sampled rows without the full tensors.
+// value_row(t) return the D floats at position t of the K/V head that h reads. Writes out [D] and
+// *lse. This is how a huge run is checked on sampled rows without the full tensors.
 void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p, const float* q_row,
                           const std::function<const float*(int64_t)>& key_row,
                           const std::function<const float*(int64_t)>& value_row, double* out,

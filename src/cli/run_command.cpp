@@ -40,6 +40,7 @@
 #include "sparse/pattern.hpp"
 #include "sparse/pattern_cache.hpp"
 #include "sparse/sparse_plan.hpp"
+#include "sparse/token_rule.hpp"
 
 namespace ringattn::cli {
 
@@ -518,7 +519,7 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
   }
   if (block_sparse) {
     st.lists = block_lists(opts, cfg, pattern, st.pattern_text);
-    const double work = sparse::attended_token_pairs(*st.lists, cfg.causal) *
+    const double work = sparse::attended_token_pairs(*st.lists, cfg) *
                         static_cast<double>(cfg.shape.batch * cfg.shape.head_dim);
     st.sampled_check =
         opts.check && (work > kCheckMaxWork || cfg.shape.numel() > kFullCheckMaxElements);
@@ -604,6 +605,13 @@ BlockReferenceProblem block_problem(const RunState& st) {
   pb.block_size = st.cfg.block_size;
   pb.causal = st.cfg.causal;
   pb.scale = st.cfg.effective_scale();
+  pb.kv_heads = st.cfg.effective_kv_heads();
+  pb.cu_seqlens = st.cfg.cu_seqlens;
+  if (st.cfg.windowed()) {
+    const auto reach = st.cfg.window_reach();
+    pb.window_left = reach.left;
+    pb.window_right = reach.right;
+  }
   pb.key_blocks = [lists = st.lists](int64_t h, int64_t i) {
     const auto row = lists->of_head(h).row(i);
     return std::vector<int64_t>(row.begin(), row.end());
@@ -633,7 +641,8 @@ std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicat
         std::vector<int64_t> keys;
         for (int32_t j : st.lists->of_head(h).row(p / bs))
           for (int64_t t = j * bs; t < (j + 1) * bs; ++t) keys.push_back(t);
-        auto element = [&](int64_t t) { return ((b * s.seq_len + t) * H + h) * D; };
+        const int64_t kv_heads = st.cfg.effective_kv_heads(), kvh = st.cfg.kv_head_of(h);
+        auto element = [&](int64_t t) { return ((b * s.seq_len + t) * kv_heads + kvh) * D; };
         std::vector<float> kv[2];
         for (int which = 0; which < 2; ++which) {
           const std::string& path = which == 0 ? opts.k_path : opts.v_path;
@@ -842,7 +851,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   if (st.cuda_sparse) {
     const sparse::BlockLists& l = *st.lists;
     rep.attended_pairs =
-        sparse::attended_token_pairs(l, st.cfg.causal) * static_cast<double>(st.cfg.shape.batch);
+        sparse::attended_token_pairs(l, st.cfg) * static_cast<double>(st.cfg.shape.batch);
     rep.pattern = st.pattern_text;
     rep.sparsity = sparse::sparsity(l, st.cfg.causal);
     const auto ws =
@@ -864,7 +873,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   } else if (st.sparse) {
     const sparse::BlockLists& l = *st.lists;
     rep.attended_pairs =
-        sparse::attended_token_pairs(l, st.cfg.causal) * static_cast<double>(st.cfg.shape.batch);
+        sparse::attended_token_pairs(l, st.cfg) * static_cast<double>(st.cfg.shape.batch);
     rep.pattern = st.pattern_text;
     rep.sparsity = sparse::sparsity(l, st.cfg.causal);
     rep.workspace_bytes =
@@ -914,7 +923,7 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
 
   rep.layout = st.layout.name();
   rep.imbalance =
-      ring::imbalance(st.lists ? sparse::attended_pairs_by_rank(*st.lists, st.layout, st.cfg.causal)
+      ring::imbalance(st.lists ? sparse::attended_pairs_by_rank(*st.lists, st.layout, st.cfg)
                                : ring::attended_pairs_by_rank(st.cfg, st.layout));
 
   // A sampled check runs on every rank, on its own shard.
@@ -972,8 +981,8 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       if (opts.backward) {
         const ReferenceGradients g = reference_backward_blocks(pb, q, k, v, dout);
         rep.checks.push_back({"dq", relative_error(dq, g.dq.data(), n_full)});
-        rep.checks.push_back({"dk", relative_error(dk, g.dk.data(), n_full)});
-        rep.checks.push_back({"dv", relative_error(dv, g.dv.data(), n_full)});
+        rep.checks.push_back({"dk", relative_error(dk, g.dk.data(), n_kv)});
+        rep.checks.push_back({"dv", relative_error(dv, g.dv.data(), n_kv)});
       }
     } else if (opts.check) {
       rep.check_mode = "full";

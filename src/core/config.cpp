@@ -63,8 +63,6 @@ void validate_window(const AttentionConfig& cfg) {
     throw InputError("--window",
                      "a sliding window does not combine with --attention dilated "
                      "(use dense attention)");
-  if (cfg.attention == AttentionKind::block_sparse)
-    require_no_window(cfg, "--attention block-sparse (use dense attention)");
 }
 
 void validate_packing(const AttentionConfig& cfg) {
@@ -88,8 +86,6 @@ void validate_packing(const AttentionConfig& cfg) {
     throw InputError("--seqlens",
                      "packed sequences do not combine with --attention dilated yet (use dense "
                      "attention)");
-  if (cfg.attention == AttentionKind::block_sparse)
-    require_unpacked(cfg, "--attention block-sparse (use dense attention)");
 }
 
 }  // namespace
@@ -116,8 +112,6 @@ void validate(const AttentionConfig& cfg) {
     throw InputError("--kv-heads", std::to_string(kv_heads) + " K/V heads cannot be shared by " +
                                        std::to_string(s.heads) +
                                        " query heads (--heads): --kv-heads must divide --heads");
-  if (cfg.attention == AttentionKind::block_sparse)
-    require_multi_head(cfg, "--attention block-sparse (use dense or dilated attention)");
   validate_window(cfg);
   validate_packing(cfg);
 

@@ -44,25 +44,32 @@ Scratch carve(float* base, const TileConfig& t, int64_t d) {
 
 int sz(int64_t v) { return static_cast<int>(v); }
 
-// Keys of a span that query rows [i0, i0 + bq) can see at all (a prefix).
-int64_t visible(const KeySpan& sp, bool causal, int64_t i0, int64_t bq) {
-  if (!causal) return sp.n_k;
-  return std::clamp<int64_t>(i0 + bq + sp.causal_offset, 0, sp.n_k);
+// A span as the dense kernels' task view: causality and the window in the span's index
+// units, so the key-range rules (cpu_flash.hpp) are the dense kernels' own.
+SubseqTask view_of(const SparseParams& p, int64_t n_q, int64_t n_k, int64_t causal_offset) {
+  SubseqTask t;
+  t.n_q = n_q;
+  t.n_k = n_k;
+  t.causal_offset = causal_offset;
+  t.window_left = p.window_left;
+  t.window_right = p.window_right;
+  return t;
 }
 
-// Sets P = exp(S - lse) row by row on a bq × bk tile, zero past each row's causal limit
-// (key j visible iff j <= i + diag). Rows with lse = -inf attend nothing: zeros.
-void probabilities(float* p, int64_t ld, int64_t bq, int64_t bk, const float* lse, bool causal,
-                   int64_t diag) {
+// Sets P = exp(S - lse) row by row on a bq × bk tile (rows i0.., keys j0.. of `t`), zero
+// outside each row's keys. Rows with lse = -inf attend nothing: zeros.
+void probabilities(float* p, int64_t ld, int64_t bq, int64_t bk, const float* lse,
+                   const SubseqTask& t, bool causal, int64_t i0, int64_t j0) {
   for (int64_t i = 0; i < bq; ++i) {
     float* row = p + i * ld;
-    const int64_t limit = causal ? std::clamp<int64_t>(i + diag + 1, 0, bk) : bk;
     if (lse[i] == kNegInf) {
       std::fill(row, row + bk, 0.0f);
       continue;
     }
-    exp_shift_sum(row, limit, lse[i]);
-    std::fill(row + limit, row + bk, 0.0f);
+    const KeyRange r = row_keys_in_tile(t, causal, i0 + i, j0, bk);
+    exp_shift_sum(row + r.begin, r.end - r.begin, lse[i]);
+    std::fill(row, row + r.begin, 0.0f);
+    std::fill(row + r.end, row + bk, 0.0f);
   }
 }
 
@@ -77,26 +84,28 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
 
   for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
     const KeySpan& sp = spans[static_cast<std::size_t>(s)];
-    const int64_t kmax = visible(sp, p.causal, i0, bq);
-    for (int64_t j0 = 0; j0 < kmax; j0 += tc.k_tile) {
-      const int64_t bk = std::min(tc.k_tile, kmax - j0);
+    const SubseqTask view = view_of(p, t.n_q, sp.n_k, sp.causal_offset);
+    const KeyRange keys = visible_key_range(view, p.causal, i0, bq);
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += tc.k_tile) {
+      const int64_t bk = std::min(tc.k_tile, keys.end - j0);
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
       sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, sz(p.q_stride), k,
             sz(sp.k_stride), 0.0f, w.s, sz(ld));
-      const int64_t diag = i0 + sp.causal_offset - j0;  // key j visible to row i iff j <= i+diag
-      const bool crosses = p.causal && bk - 1 > diag;
       for (int64_t i = 0; i < bq; ++i) {
         float* srow = w.s + i * ld;
-        const int64_t limit = crosses ? std::clamp<int64_t>(i + diag + 1, 0, bk) : bk;
-        const float m_new = std::max(w.m[i], max_of(srow, limit));
+        // Keys of this tile outside [a, b) are in the row's future or outside its window.
+        const KeyRange row = row_keys_in_tile(view, p.causal, i0 + i, j0, bk);
+        const int64_t a = row.begin, b = row.end;
+        const float m_new = std::max(w.m[i], max_of(srow + a, b - a));
         if (m_new == kNegInf) {
           std::fill(srow, srow + bk, 0.0f);
           continue;
         }
         const float alpha = exp_approx(w.m[i] - m_new);
-        const float row_sum = exp_shift_sum(srow, limit, m_new);
-        std::fill(srow + limit, srow + bk, 0.0f);
+        const float row_sum = exp_shift_sum(srow + a, b - a, m_new);
+        std::fill(srow, srow + a, 0.0f);
+        std::fill(srow + b, srow + bk, 0.0f);
         w.l[i] = w.l[i] * alpha + row_sum;
         w.m[i] = m_new;
         if (alpha != 1.0f) {
@@ -144,15 +153,16 @@ void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const Ke
   std::fill(w.acc, w.acc + bq * d, 0.0f);
   for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
     const KeySpan& sp = spans[static_cast<std::size_t>(s)];
-    const int64_t kmax = visible(sp, p.causal, i0, bq);
-    for (int64_t j0 = 0; j0 < kmax; j0 += tc.k_tile) {
-      const int64_t bk = std::min(tc.k_tile, kmax - j0);
+    const SubseqTask view = view_of(p, t.n_q, sp.n_k, sp.causal_offset);
+    const KeyRange keys = visible_key_range(view, p.causal, i0, bq);
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += tc.k_tile) {
+      const int64_t bk = std::min(tc.k_tile, keys.end - j0);
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
       const int ldk = sz(sp.k_stride);
       sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, sz(p.q_stride), k, ldk,
             0.0f, w.s, sz(ld));
-      probabilities(w.s, ld, bq, bk, w.m, p.causal, i0 + sp.causal_offset - j0);
+      probabilities(w.s, ld, bq, bk, w.m, view, p.causal, i0, j0);
       sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, sz(p.q_stride), v, ldk,
             0.0f, w.ds, sz(ld));
       for (int64_t i = 0; i < bq; ++i) {
@@ -185,10 +195,11 @@ void dkdv_tile(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
   std::fill(w.dv, w.dv + bk * d, 0.0f);
   for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
     const QuerySpan& sp = spans[static_cast<std::size_t>(s)];
-    for (int64_t i0 = 0; i0 < sp.n_q; i0 += tc.q_tile) {
-      const int64_t bq = std::min(tc.q_tile, sp.n_q - i0);
-      const int64_t diag = i0 + sp.causal_offset - j0;  // key j visible to row i iff j <= i+diag
-      if (p.causal && diag + bq - 1 < 0) continue;      // every key in the rows' future
+    const SubseqTask view = view_of(p, sp.n_q, t.n_k, sp.causal_offset);
+    const KeyRange rows = seeing_query_range(view, p.causal, j0, bk);
+    // Query tiles stay on the q_tile grid from the span's first row.
+    for (int64_t i0 = rows.begin / tc.q_tile * tc.q_tile; i0 < rows.end; i0 += tc.q_tile) {
+      const int64_t bq = std::min(tc.q_tile, rows.end - i0);
       bool any = false;
       for (int64_t i = 0; i < bq; ++i) {
         w.m[i] = p.lse[sp.lse0 + (i0 + i) * p.lse_stride];
@@ -200,7 +211,7 @@ void dkdv_tile(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
       const float* dout = p.dout + sp.q_row0 + i0 * p.q_stride;
       sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, ldq, k, ldk, 0.0f, w.s,
             sz(ld));
-      probabilities(w.s, ld, bq, bk, w.m, p.causal, diag);
+      probabilities(w.s, ld, bq, bk, w.m, view, p.causal, i0, j0);
       // dV += Pᵀ dO ; dP = dO Vᵀ ; dS = P ∘ (dP − delta) ; dK += scale · dSᵀ Q
       sgemm(CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), 1.0f, w.s, sz(ld), dout, ldq, 1.0f,
             w.dv, sz(d));

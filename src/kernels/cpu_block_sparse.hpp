@@ -14,8 +14,9 @@
 
 namespace ringattn::kernels {
 
-// n_k consecutive key rows from k_row0, k_stride floats apart (into k, v, dk, dv). When
-// causal, key j is allowed for query i of the tile iff j <= i + causal_offset.
+// n_k consecutive key rows from k_row0, k_stride floats apart (into k, v, dk, dv), at
+// consecutive positions: key j sits causal_offset positions before query i = j of the tile,
+// so when causal, key j is allowed for query i iff j <= i + causal_offset.
 struct KeySpan {
   int64_t k_row0 = 0, k_stride = 0, n_k = 0, causal_offset = 0;
 };
@@ -42,18 +43,23 @@ struct SparseParams {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
-  float* out = nullptr;           // forward
-  float* lse = nullptr;           // forward: written; backward: read (as const)
-  const float* delta = nullptr;   // backward: rowsum(dO ∘ O), laid out like lse
-  const float* dout = nullptr;    // backward
-  float* dq = nullptr;            // backward, += (query-tile pass)
-  float* dk = nullptr;            // backward, += (key-tile pass)
-  float* dv = nullptr;            // backward, += (key-tile pass)
+  float* out = nullptr;          // forward
+  float* lse = nullptr;          // forward: written; backward: read (as const)
+  const float* delta = nullptr;  // backward: rowsum(dO ∘ O), laid out like lse
+  const float* dout = nullptr;   // backward
+  float* dq = nullptr;           // backward, += (query-tile pass)
+  float* dk = nullptr;           // backward, += (key-tile pass)
+  float* dv = nullptr;           // backward, += (key-tile pass)
   int64_t head_dim = 0;
   int64_t q_stride = 0;  // floats between consecutive query rows (q, out, dout, dq)
   int64_t lse_stride = 1;
   float scale = 1.0f;
   bool causal = false;
+  // Sliding window in the spans' index units: key j is allowed for query i only when
+  // i + causal_offset - window_left <= j <= i + causal_offset + window_right (kNoWindow: no
+  // limit). Documents of packed sequences need nothing here: the lists cut tiles and spans at
+  // document bounds, so a (tile, span) pair never crosses one.
+  int64_t window_left = kNoWindow, window_right = kNoWindow;
   // Forward: false overwrites out/lse; true merges into them by log-sum-exp weights.
   bool accumulate = false;
 };

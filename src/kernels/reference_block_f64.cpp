@@ -25,11 +25,29 @@ std::vector<int64_t> allowed_keys(const BlockReferenceProblem& pb, int64_t h, in
   std::vector<int64_t> blocks = pb.key_blocks(h, p / bs);
   std::sort(blocks.begin(), blocks.end());
   blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  // The document of p: [doc_begin, doc_end).
+  int64_t doc_begin = 0, doc_end = n;
+  for (std::size_t d = 0; d + 1 < pb.cu_seqlens.size(); ++d)
+    if (pb.cu_seqlens[d] <= p && p < pb.cu_seqlens[d + 1]) {
+      doc_begin = pb.cu_seqlens[d];
+      doc_end = pb.cu_seqlens[d + 1];
+    }
   std::vector<int64_t> keys;
   for (int64_t kb : blocks)
-    for (int64_t t = kb * bs; t < (kb + 1) * bs; ++t)
-      if (!pb.causal || t <= p) keys.push_back(t);
+    for (int64_t t = kb * bs; t < (kb + 1) * bs; ++t) {
+      if (pb.causal && t > p) continue;
+      if (t < doc_begin || t >= doc_end) continue;
+      if (pb.window_left >= 0 && t < p - pb.window_left) continue;
+      if (pb.window_right >= 0 && t > p + pb.window_right) continue;
+      keys.push_back(t);
+    }
   return keys;
+}
+
+int64_t kv_heads_of(const BlockReferenceProblem& pb) {
+  const int64_t g = pb.kv_heads > 0 ? pb.kv_heads : pb.shape.heads;
+  if (pb.shape.heads % g != 0) throw std::invalid_argument("reference: kv_heads must divide heads");
+  return g;
 }
 
 double dot(const float* a, const float* b, int64_t n) {
@@ -41,8 +59,7 @@ double dot(const float* a, const float* b, int64_t n) {
 // Probabilities of one row over `keys`; returns the lse (-inf when there are none).
 double softmax_row(const BlockReferenceProblem& pb, const float* q_row,
                    const std::vector<int64_t>& keys,
-                   const std::function<const float*(int64_t)>& key_row,
-                   std::vector<double>& prob) {
+                   const std::function<const float*(int64_t)>& key_row, std::vector<double>& prob) {
   const int64_t d = pb.shape.head_dim;
   const double sc = scale_of(pb);
   prob.resize(keys.size());
@@ -67,8 +84,8 @@ struct At {
 
 }  // namespace
 
-void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p,
-                          const float* q_row, const std::function<const float*(int64_t)>& key_row,
+void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p, const float* q_row,
+                          const std::function<const float*(int64_t)>& key_row,
                           const std::function<const float*(int64_t)>& value_row, double* out,
                           double* lse) {
   const int64_t d = pb.shape.head_dim;
@@ -86,6 +103,8 @@ ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const
                                           const float* k, const float* v) {
   const Shape4& s = pb.shape;
   const At at{s.seq_len, s.heads, s.head_dim};
+  const int64_t g = kv_heads_of(pb), per_kv = s.heads / g;
+  const At kv{s.seq_len, g, s.head_dim};
   ReferenceForward r;
   r.out.assign(static_cast<std::size_t>(s.numel()), 0.0);
   r.lse.assign(static_cast<std::size_t>(s.batch * s.heads * s.seq_len), -kInf);
@@ -93,8 +112,8 @@ ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t p = 0; p < s.seq_len; ++p)
         reference_row_blocks(
-            pb, h, p, q + at.row(b, p, h), [&](int64_t t) { return k + at.row(b, t, h); },
-            [&](int64_t t) { return v + at.row(b, t, h); }, r.out.data() + at.row(b, p, h),
+            pb, h, p, q + at.row(b, p, h), [&](int64_t t) { return k + kv.row(b, t, h / per_kv); },
+            [&](int64_t t) { return v + kv.row(b, t, h / per_kv); }, r.out.data() + at.row(b, p, h),
             &r.lse[static_cast<std::size_t>((b * s.heads + h) * s.seq_len + p)]);
   return r;
 }
@@ -105,10 +124,12 @@ ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, co
   const int64_t d = s.head_dim;
   const double sc = scale_of(pb);
   const At at{s.seq_len, s.heads, d};
+  const int64_t n_kv = kv_heads_of(pb), per_kv = s.heads / n_kv;
+  const At kv{s.seq_len, n_kv, d};
   ReferenceGradients g;
   g.dq.assign(static_cast<std::size_t>(s.numel()), 0.0);
-  g.dk.assign(static_cast<std::size_t>(s.numel()), 0.0);
-  g.dv.assign(static_cast<std::size_t>(s.numel()), 0.0);
+  g.dk.assign(static_cast<std::size_t>(s.batch * s.seq_len * n_kv * d), 0.0);
+  g.dv.assign(static_cast<std::size_t>(s.batch * s.seq_len * n_kv * d), 0.0);
   std::vector<double> prob, dprob;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
@@ -116,15 +137,16 @@ ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, co
         const std::vector<int64_t> keys = allowed_keys(pb, h, p);
         if (keys.empty()) continue;
         const std::size_t pa = at.row(b, p, h);
-        softmax_row(pb, q + pa, keys, [&](int64_t t) { return k + at.row(b, t, h); }, prob);
+        softmax_row(
+            pb, q + pa, keys, [&](int64_t t) { return k + kv.row(b, t, h / per_kv); }, prob);
         dprob.assign(keys.size(), 0.0);
         double row_dot = 0;
         for (std::size_t i = 0; i < keys.size(); ++i) {
-          dprob[i] = dot(dout + pa, v + at.row(b, keys[i], h), d);
+          dprob[i] = dot(dout + pa, v + kv.row(b, keys[i], h / per_kv), d);
           row_dot += prob[i] * dprob[i];
         }
         for (std::size_t i = 0; i < keys.size(); ++i) {
-          const std::size_t ta = at.row(b, keys[i], h);
+          const std::size_t ta = kv.row(b, keys[i], h / per_kv);
           const double ds = prob[i] * (dprob[i] - row_dot);
           for (int64_t c = 0; c < d; ++c) {
             g.dq[pa + c] += sc * ds * static_cast<double>(k[ta + c]);

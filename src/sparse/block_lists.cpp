@@ -1,7 +1,6 @@
 // CSR helpers for block patterns: transpose, counts, and conversion from and to dense masks.
 #include "sparse/block_lists.hpp"
 
-
 namespace ringattn::sparse {
 
 std::size_t BlockLists::bytes() const {
@@ -51,20 +50,6 @@ double sparsity(const BlockLists& l, bool causal) {
   return dense == 0 ? 0.0 : 1.0 - static_cast<double>(computed_block_pairs(l, causal)) / dense;
 }
 
-double attended_token_pairs(const BlockLists& l, bool causal) {
-  const auto bs = static_cast<double>(l.block_size);
-  double total = 0;
-  for (int64_t h = 0; h < l.heads; ++h) {
-    const BlockCsr& c = l.of_head(h);
-    for (int64_t i = 0; i < l.blocks; ++i)
-      for (int32_t j : c.row(i)) {
-        if (!causal || j < i) total += bs * bs;
-        else if (j == i) total += bs * (bs + 1) / 2;
-      }
-  }
-  return total;
-}
-
 BlockLists lists_from_mask(const uint8_t* mask, int64_t mask_heads, int64_t heads, int64_t blocks,
                            int64_t block_size) {
   BlockLists l;
@@ -97,8 +82,7 @@ std::vector<uint8_t> mask_from_lists(const BlockLists& l) {
   std::vector<uint8_t> m(static_cast<std::size_t>(l.heads * nb * nb), 0);
   for (int64_t h = 0; h < l.heads; ++h)
     for (int64_t i = 0; i < nb; ++i)
-      for (int32_t j : l.of_head(h).row(i))
-        m[static_cast<std::size_t>((h * nb + i) * nb + j)] = 1;
+      for (int32_t j : l.of_head(h).row(i)) m[static_cast<std::size_t>((h * nb + i) * nb + j)] = 1;
   return m;
 }
 

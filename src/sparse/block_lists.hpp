@@ -44,9 +44,8 @@ int64_t computed_block_pairs(const BlockLists& l, bool causal);
 int64_t dense_block_pairs(const BlockLists& l, bool causal);
 // Fraction of the dense run's block pairs that are skipped (0: dense, 1: nothing computed).
 double sparsity(const BlockLists& l, bool causal);
-// Query-key token pairs attended, summed over heads (causal pairs counted as attended), for
-// one batch element. Forward FLOPs are 4 · D · B · this.
-double attended_token_pairs(const BlockLists& l, bool causal);
+// Attended token pairs under a configuration's documents, causality and window:
+// attended_token_pairs in token_rule.hpp.
 
 // From an explicit bool mask, [mask_heads, nb, nb] with mask_heads 1 (shared) or `heads`.
 BlockLists lists_from_mask(const uint8_t* mask, int64_t mask_heads, int64_t heads, int64_t blocks,

@@ -263,6 +263,9 @@ struct CudaSparsePlan::Impl {
     if (o.kernel == KernelChoice::cudnn)
       throw InputError("--kernel",
                        "'cudnn' has no block-sparse kernel; use --kernel native or auto");
+    require_multi_head(c, "--attention block-sparse --device cuda");
+    require_unpacked(c, "--attention block-sparse --device cuda");
+    require_no_window(c, "--attention block-sparse --device cuda");
     cfg = c;
     lists = std::move(l);
     opts = o;

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <tuple>
 
+#include "sparse/token_rule.hpp"
+
 namespace ringattn::sparse {
 
 std::vector<Owner> block_owners(const ring::ShardLayout& l, int64_t blocks, int64_t bs) {
@@ -116,13 +118,20 @@ std::vector<kernels::ForwardItem> sparse_key_items(const std::vector<kernels::Sp
       });
 }
 
-RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLists& l,
+RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLists& lists,
                                       const ring::ShardLayout& layout, int me) {
   const Shape4& s = cfg.shape;
   const int64_t B = s.batch, H = s.heads, D = s.head_dim, NL = layout.local_len;
-  const int64_t bs = l.block_size;
+  const int64_t G = cfg.effective_kv_heads(), per_kv = cfg.queries_per_kv_head();
+  const int64_t bs = lists.block_size;
+  // Pairs the dense rule leaves nothing of neither travel nor get a span.
+  const BlockLists reached = has_token_rule(cfg) ? within_reach(lists, cfg) : BlockLists{};
+  const BlockLists& l = has_token_rule(cfg) ? reached : lists;
   auto row = [&](int64_t b, int64_t local_row, int64_t h) {
     return ((b * NL + local_row) * H + h) * D;
+  };
+  auto kv_row = [&](int64_t b, int64_t local_row, int64_t g) {
+    return ((b * NL + local_row) * G + g) * D;
   };
   auto lse_at = [&](int64_t b, int64_t h, int64_t local_row) {
     return (b * H + h) * NL + local_row;
@@ -133,17 +142,19 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   w.owners = block_owners(layout, l.blocks, bs);
   const std::vector<Owner>& owners = w.owners;
 
-  // The exchange.
+  // The exchange: (K/V head, key block) rows, once per peer whatever the query heads sharing
+  // the K/V head ask.
   for (int64_t h = 0; h < H; ++h) {
     const BlockCsr& c = l.of_head(h);
+    const auto g = static_cast<int32_t>(h / per_kv);
     for (int64_t i = 0; i < l.blocks; ++i) {
       const int qr = owners[static_cast<std::size_t>(i)].rank;
       for (int32_t j : c.row(i)) {
         if (cfg.causal && j > i) break;  // rows are sorted
         const int kr = owners[static_cast<std::size_t>(j)].rank;
         if (qr == kr) continue;
-        if (qr == me) w.recv_entries.push_back({kr, static_cast<int32_t>(h), j});
-        if (kr == me) w.send_entries.push_back({qr, static_cast<int32_t>(h), j});
+        if (qr == me) w.recv_entries.push_back({kr, g, j});
+        if (kr == me) w.send_entries.push_back({qr, g, j});
       }
     }
   }
@@ -168,80 +179,102 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   }
   w.ret_group_ptr.push_back(static_cast<int64_t>(w.ret_order.size()));
 
-  auto find_recv = [&](int peer, int64_t h, int64_t j) {
-    const Entry key{peer, static_cast<int32_t>(h), static_cast<int32_t>(j)};
+  auto find_recv = [&](int peer, int64_t g, int64_t j) {
+    const Entry key{peer, static_cast<int32_t>(g), static_cast<int32_t>(j)};
     return std::lower_bound(w.recv_entries.begin(), w.recv_entries.end(), key) -
            w.recv_entries.begin();
   };
 
-  // The work lists.
+  // The work lists. A query tile is one block's rows within one document (the whole block
+  // when unpacked); its key spans are the listed blocks' keys in that document.
   std::vector<int64_t> my_blocks;  // global blocks I own, in local order
   for (const ring::Chunk& c : layout.chunks(me))
     for (int64_t p = c.begin; p < c.begin + c.length; p += bs) my_blocks.push_back(p / bs);
   std::vector<BlockCsr> cols;
   for (const BlockCsr& c : l.lists) cols.push_back(transpose(c, l.blocks));
-  for (int64_t b = 0; b < B; ++b)
+  auto column = [&](int64_t h) -> const BlockCsr& {
+    return cols[static_cast<std::size_t>(l.head_list[static_cast<std::size_t>(h)])];
+  };
+  for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const BlockCsr& c = l.of_head(h);
-      const BlockCsr& t = cols[static_cast<std::size_t>(l.head_list[static_cast<std::size_t>(h)])];
+      const int64_t g = h / per_kv;
       for (int64_t i : my_blocks) {
         const int64_t lr = owners[static_cast<std::size_t>(i)].local_row;
-        kernels::SparseQueryTile lt{row(b, lr, h), lse_at(b, h, lr), bs,
-                                    static_cast<int64_t>(w.local_spans.size()), 0};
-        kernels::SparseQueryTile rt = lt;
-        rt.first_span = static_cast<int64_t>(w.remote_spans.size());
-        for (int32_t j : c.row(i)) {
-          if (cfg.causal && j > i) break;
-          const Owner& o = owners[static_cast<std::size_t>(j)];
-          const int64_t off = (i - j) * bs;
-          if (o.rank == me)
-            add_key_span(w.local_spans, lt.first_span, {row(b, o.local_row, h), H * D, bs, off});
-          else
-            add_key_span(w.remote_spans, rt.first_span,
-                         {slab(find_recv(o.rank, h, j), b), D, bs, off});
+        for (const Piece& qp : document_pieces(cfg, i * bs, bs)) {
+          const int64_t qr = lr + (qp.begin - i * bs);
+          kernels::SparseQueryTile lt{row(b, qr, h), lse_at(b, h, qr), qp.size(),
+                                      static_cast<int64_t>(w.local_spans.size()), 0};
+          kernels::SparseQueryTile rt = lt;
+          rt.first_span = static_cast<int64_t>(w.remote_spans.size());
+          for (int32_t j : c.row(i)) {
+            if (cfg.causal && j > i) break;
+            const Piece kp = in_document_of(cfg, qp.begin, j * bs, bs);
+            if (kp.size() <= 0) continue;
+            const Owner& o = owners[static_cast<std::size_t>(j)];
+            const int64_t skip = kp.begin - j * bs, off = qp.begin - kp.begin;
+            if (o.rank == me)
+              add_key_span(w.local_spans, lt.first_span,
+                           {kv_row(b, o.local_row + skip, g), G * D, kp.size(), off});
+            else
+              add_key_span(w.remote_spans, rt.first_span,
+                           {slab(find_recv(o.rank, g, j), b) + skip * D, D, kp.size(), off});
+          }
+          lt.n_spans = static_cast<int64_t>(w.local_spans.size()) - lt.first_span;
+          rt.n_spans = static_cast<int64_t>(w.remote_spans.size()) - rt.first_span;
+          w.local_tiles.push_back(lt);  // every tile: the local pass initialises every row
+          if (rt.n_spans > 0) w.remote_tiles.push_back(rt);
         }
-        lt.n_spans = static_cast<int64_t>(w.local_spans.size()) - lt.first_span;
-        rt.n_spans = static_cast<int64_t>(w.remote_spans.size()) - rt.first_span;
-        w.local_tiles.push_back(lt);  // every tile: the local pass initialises every row
-        if (rt.n_spans > 0) w.remote_tiles.push_back(rt);
-      }
-      // dK/dV of my key blocks, from my query blocks.
-      for (int64_t j : my_blocks) {
-        const int64_t lr = owners[static_cast<std::size_t>(j)].local_row;
-        kernels::SparseKeyTile kt{row(b, lr, h), H * D, bs,
-                                  static_cast<int64_t>(w.local_qspans.size()), 0};
-        for (int32_t i : t.row(j)) {
-          if (cfg.causal && j > i) continue;
-          const Owner& o = owners[static_cast<std::size_t>(i)];
-          if (o.rank != me) continue;
-          add_query_span(w.local_qspans, kt.first_span,
-                         {row(b, o.local_row, h), lse_at(b, h, o.local_row), bs, (i - j) * bs},
-                         H * D, 1);
-        }
-        kt.n_spans = static_cast<int64_t>(w.local_qspans.size()) - kt.first_span;
-        if (kt.n_spans > 0) w.local_ktiles.push_back(kt);
       }
     }
+    // dK/dV of my key blocks (per K/V head, one tile per document piece), from my query
+    // blocks of every query head sharing the K/V head.
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t j : my_blocks) {
+        const int64_t lr = owners[static_cast<std::size_t>(j)].local_row;
+        for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
+          kernels::SparseKeyTile kt{kv_row(b, lr + (kp.begin - j * bs), g), G * D, kp.size(),
+                                    static_cast<int64_t>(w.local_qspans.size()), 0};
+          for (int64_t h = g * per_kv; h < (g + 1) * per_kv; ++h)
+            for (int32_t i : column(h).row(j)) {
+              if (cfg.causal && j > i) continue;
+              const Owner& o = owners[static_cast<std::size_t>(i)];
+              if (o.rank != me) continue;
+              const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
+              if (qp.size() <= 0) continue;
+              const int64_t qr = o.local_row + (qp.begin - i * bs);
+              add_query_span(w.local_qspans, kt.first_span,
+                             {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin},
+                             H * D, 1);
+            }
+          kt.n_spans = static_cast<int64_t>(w.local_qspans.size()) - kt.first_span;
+          if (kt.n_spans > 0) w.local_ktiles.push_back(kt);
+        }
+      }
+  }
   // dK/dV partials of received blocks, from my query blocks.
   for (std::size_t e = 0; e < w.recv_entries.size(); ++e) {
     const Entry& en = w.recv_entries[e];
-    const BlockCsr& t =
-        cols[static_cast<std::size_t>(l.head_list[static_cast<std::size_t>(en.head)])];
-    for (int64_t b = 0; b < B; ++b) {
-      kernels::SparseKeyTile kt{slab(static_cast<int64_t>(e), b), D, bs,
-                                static_cast<int64_t>(w.remote_qspans.size()), 0};
-      for (int32_t i : t.row(en.block)) {
-        if (cfg.causal && en.block > i) continue;
-        const Owner& o = owners[static_cast<std::size_t>(i)];
-        if (o.rank != me) continue;
-        add_query_span(w.remote_qspans, kt.first_span,
-                       {row(b, o.local_row, en.head), lse_at(b, en.head, o.local_row), bs,
-                        (i - en.block) * bs},
-                       H * D, 1);
+    const int64_t j = en.block;
+    for (int64_t b = 0; b < B; ++b)
+      for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
+        kernels::SparseKeyTile kt{slab(static_cast<int64_t>(e), b) + (kp.begin - j * bs) * D, D,
+                                  kp.size(), static_cast<int64_t>(w.remote_qspans.size()), 0};
+        for (int64_t h = en.head * per_kv; h < (en.head + 1) * per_kv; ++h)
+          for (int32_t i : column(h).row(j)) {
+            if (cfg.causal && j > i) continue;
+            const Owner& o = owners[static_cast<std::size_t>(i)];
+            if (o.rank != me) continue;
+            const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
+            if (qp.size() <= 0) continue;
+            const int64_t qr = o.local_row + (qp.begin - i * bs);
+            add_query_span(w.remote_qspans, kt.first_span,
+                           {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin}, H * D,
+                           1);
+          }
+        kt.n_spans = static_cast<int64_t>(w.remote_qspans.size()) - kt.first_span;
+        if (kt.n_spans > 0) w.remote_ktiles.push_back(kt);
       }
-      kt.n_spans = static_cast<int64_t>(w.remote_qspans.size()) - kt.first_span;
-      if (kt.n_spans > 0) w.remote_ktiles.push_back(kt);
-    }
   }
   return w;
 }

@@ -21,6 +21,7 @@
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
 #include "sparse/rank_work.hpp"
+#include "sparse/token_rule.hpp"
 
 namespace ringattn::sparse {
 
@@ -61,19 +62,16 @@ ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world) {
 }
 
 std::vector<double> attended_pairs_by_rank(const BlockLists& lists, const ring::ShardLayout& layout,
-                                           bool causal) {
-  const auto bs = static_cast<double>(lists.block_size);
+                                           const AttentionConfig& cfg) {
+  const int64_t bs = lists.block_size;
   std::vector<double> by_rank(static_cast<std::size_t>(layout.world), 0.0);
   for (int r = 0; r < layout.world; ++r)
     for (const ring::Chunk& c : layout.chunks(r))
-      for (int64_t i = c.begin / lists.block_size; i < (c.begin + c.length) / lists.block_size; ++i)
+      for (int64_t i = c.begin / bs; i < (c.begin + c.length) / bs; ++i)
         for (int64_t h = 0; h < lists.heads; ++h)
-          for (int32_t j : lists.of_head(h).row(i)) {
-            if (!causal || j < i)
-              by_rank[static_cast<std::size_t>(r)] += bs * bs;
-            else if (j == i)
-              by_rank[static_cast<std::size_t>(r)] += bs * (bs + 1) / 2;
-          }
+          for (int32_t j : lists.of_head(h).row(i))
+            by_rank[static_cast<std::size_t>(r)] +=
+                static_cast<double>(allowed_token_pairs(cfg, bs, i, j));
   return by_rank;
 }
 
@@ -85,19 +83,23 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
   for (const BlockCsr& c : lists.lists) cols.push_back(transpose(c, lists.blocks));
   int64_t sends = 0;
   std::vector<char> needs(static_cast<std::size_t>(layout.world));
-  for (int64_t h = 0; h < s.heads; ++h) {
-    const BlockCsr& t =
-        cols[static_cast<std::size_t>(lists.head_list[static_cast<std::size_t>(h)])];
+  const int64_t per_kv = cfg.queries_per_kv_head();
+  // A K/V head's key block goes once to each rank owning a query block that some query head
+  // sharing it attends, with at least one token pair the dense rule allows.
+  for (int64_t g = 0; g < cfg.effective_kv_heads(); ++g)
     for (int64_t j = 0; j < lists.blocks; ++j) {
       if (owners[static_cast<std::size_t>(j)].rank != rank) continue;
       std::fill(needs.begin(), needs.end(), 0);
-      for (int32_t i : t.row(j))
-        if (!cfg.causal || j <= i)
-          needs[static_cast<std::size_t>(owners[static_cast<std::size_t>(i)].rank)] = 1;
+      for (int64_t h = g * per_kv; h < (g + 1) * per_kv; ++h) {
+        const BlockCsr& t =
+            cols[static_cast<std::size_t>(lists.head_list[static_cast<std::size_t>(h)])];
+        for (int32_t i : t.row(j))
+          if (allowed_token_pairs(cfg, lists.block_size, i, j) > 0)
+            needs[static_cast<std::size_t>(owners[static_cast<std::size_t>(i)].rank)] = 1;
+      }
       needs[static_cast<std::size_t>(rank)] = 0;
       for (char c : needs) sends += c;
     }
-  }
   return sends * 2 * s.batch * lists.block_size * s.head_dim * static_cast<int64_t>(sizeof(float));
 }
 
@@ -108,7 +110,7 @@ struct SparsePlan::Impl {
   int threads = 1, me = 0, world = 1;
   kernels::TileConfig tiles;
   ring::ShardLayout layout;
-  int64_t bs = 0, B = 0, H = 0, D = 0, NL = 0;
+  int64_t bs = 0, B = 0, H = 0, G = 0, D = 0, NL = 0;  // G: K/V heads
 
   RankSparseWork w;  // the exchange and the work lists (rank_work.hpp)
 
@@ -125,8 +127,8 @@ struct SparsePlan::Impl {
   }
   ring::RingTimings fwd, bwd;
 
-  int64_t row(int64_t b, int64_t local_row, int64_t h) const {
-    return ((b * NL + local_row) * H + h) * D;
+  int64_t kv_row(int64_t b, int64_t local_row, int64_t g) const {
+    return ((b * NL + local_row) * G + g) * D;
   }
   int64_t lse_at(int64_t b, int64_t h, int64_t local_row) const {
     return (b * H + h) * NL + local_row;
@@ -170,7 +172,7 @@ struct SparsePlan::Impl {
       const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t r = 0; r < bs; ++r) {
-          const int64_t src = row(b, lr + r, en.head), dst = slab(e, b) + r * D;
+          const int64_t src = kv_row(b, lr + r, en.head), dst = slab(e, b) + r * D;
           std::memcpy(send_k.get() + dst, k + src, sizeof(float) * static_cast<std::size_t>(D));
           std::memcpy(send_v.get() + dst, v + src, sizeof(float) * static_cast<std::size_t>(D));
         }
@@ -211,6 +213,9 @@ struct SparsePlan::Impl {
     p.lse_stride = 1;
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
+    const WindowLimits win = kernel_window(cfg);
+    p.window_left = win.left;
+    p.window_right = win.right;
     return p;
   }
 
@@ -235,6 +240,7 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.bs = cfg.block_size;
   m.B = s.batch;
   m.H = s.heads;
+  m.G = cfg.effective_kv_heads();
   m.D = s.head_dim;
   // A query tile is one block (or a q_tile slice of one); key spans run k_tile at a time.
   m.tiles = ring::choose_tiles(
@@ -339,6 +345,7 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   Impl& m = *impl_;
   m.bwd = {};
   const auto n = static_cast<std::size_t>(m.B * m.NL * m.H * m.D);
+  const auto n_kv = static_cast<std::size_t>(m.B * m.NL * m.G * m.D);
   int ticket = -1;
   auto t0 = std::chrono::steady_clock::now();
   const bool exchanging = m.world > 1 && m.exchanges();
@@ -350,8 +357,8 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
                m.recv_v.get(), kBwdKv, m.bwd.bytes_sent, "block-sparse backward K/V");
   }
   std::fill(dq, dq + n, 0.0f);
-  std::fill(dk, dk + n, 0.0f);
-  std::fill(dv, dv + n, 0.0f);
+  std::fill(dk, dk + n_kv, 0.0f);
+  std::fill(dv, dv + n_kv, 0.0f);
   // delta = rowsum(dO ∘ O) per (batch, head, row), laid out like lse.
   const int64_t rows = m.B * m.NL * m.H;
   float* delta = m.delta.get();
@@ -413,8 +420,8 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
       const int64_t lr = m.w.owners[static_cast<std::size_t>(en.block)].local_row;
       for (int64_t b = 0; b < m.B; ++b)
         for (int64_t r = 0; r < m.bs; ++r) {
-          float* dkr = dk + m.row(b, lr + r, en.head);
-          float* dvr = dv + m.row(b, lr + r, en.head);
+          float* dkr = dk + m.kv_row(b, lr + r, en.head);
+          float* dvr = dv + m.kv_row(b, lr + r, en.head);
           const float* pk = m.ret_k.get() + m.slab(e, b) + r * m.D;
           const float* pv = m.ret_v.get() + m.slab(e, b) + r * m.D;
           for (int64_t c = 0; c < m.D; ++c) dkr[c] += pk[c], dvr[c] += pv[c];

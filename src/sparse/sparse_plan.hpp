@@ -25,16 +25,18 @@ namespace ringattn::sparse {
 // --seq-len or --block-size when N/P tokens are not whole blocks.
 ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world);
 
-// The fewest K/V bytes `rank` must send in the forward: for each of its (head, key block)
+// The fewest K/V bytes `rank` must send in the forward: for each of its (K/V head, key block)
 // pairs, K and V (fp32, every batch) once to every other rank that owns a query block
-// attending it. Computed from the transposed lists, independently of the plan's exchange.
+// attending it through a query head sharing that K/V head, with a token pair the dense rule
+// (documents, causality, window: token_rule.hpp) allows. Computed from the transposed lists,
+// independently of the plan's exchange.
 int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
                            const ring::ShardLayout& layout, int rank);
 
 // Attended (query, key) token pairs of each rank's query blocks under `layout` (every batch
 // row counted once: multiply by B), for the imbalance a run reports.
 std::vector<double> attended_pairs_by_rank(const BlockLists& lists, const ring::ShardLayout& layout,
-                                           bool causal);
+                                           const AttentionConfig& cfg);
 
 class SparsePlan {
  public:
@@ -49,8 +51,8 @@ class SparsePlan {
   int threads() const noexcept;
   const BlockLists& lists() const noexcept;
 
-  // Local shards in layout() order: q, k, v, out, dout, dq, dk, dv [B, N/P, H, D];
-  // lse [B, H, N/P]. dq, dk, dv are overwritten.
+  // Local shards in layout() order: q, out, dout, dq [B, N/P, H, D]; k, v, dk, dv
+  // [B, N/P, kv_heads, D]; lse [B, H, N/P]. dq, dk, dv are overwritten.
   void forward(const float* q, const float* k, const float* v, float* out, float* lse);
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv);

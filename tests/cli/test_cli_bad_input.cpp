@@ -327,16 +327,6 @@ TEST(CliBadInput, KeyHeadsThatDoNotDivideTheQueryHeadsAreRejected) {
                    "must divide --heads");
 }
 
-// Paths without grouped-query attention yet refuse it, naming --kv-heads.
-TEST(CliBadInput, GroupedQueryAttentionWithBlockSparseIsRefused) {
-  TempDir dir;
-  expect_bad_input(
-      dir,
-      {"run", "--seq-len", "256", "--heads", "4", "--kv-heads", "2", "--attention", "block-sparse",
-       "--block-size", "64", "--pattern", "local", "--out", dir.file("out.npy")},
-      "--kv-heads", "not yet supported on --attention block-sparse");
-}
-
 // ---- sliding window (--window) ----------------------------------------------------------
 
 TEST(CliBadInput, BadWindowsAreRejectedNamingWindow) {
@@ -355,10 +345,6 @@ TEST(CliBadInput, BadWindowsAreRejectedNamingWindow) {
                    with(base, {"--window", "4", "--attention", "dilated", "--segments", "32",
                                "--dilations", "2"}),
                    "--window", "does not combine with --attention dilated");
-  expect_bad_input(dir,
-                   with(base, {"--window", "4", "--attention", "block-sparse", "--block-size", "16",
-                               "--pattern", "local"}),
-                   "--window", "not yet supported on --attention block-sparse");
 }
 
 // ---- packed sequences (--seqlens, --cu-seqlens) -----------------------------------------
@@ -391,10 +377,6 @@ TEST(CliBadInput, BadSeqlensAreRejectedNamingSeqlens) {
                    with(base, {"--seqlens", "32,32", "--attention", "dilated", "--segments", "32",
                                "--dilations", "2"}),
                    "--seqlens", "do not combine with --attention dilated");
-  expect_bad_input(dir,
-                   with(base, {"--seqlens", "32,32", "--attention", "block-sparse", "--block-size",
-                               "16", "--pattern", "local"}),
-                   "--seqlens", "not yet supported on --attention block-sparse");
   write_offsets(dir.file("cu.npy"), "<i8", "(3,)", {0, 32, 64});
   expect_bad_input(dir, with(base, {"--seqlens", "32,32", "--cu-seqlens", dir.file("cu.npy")}),
                    "--seqlens", "not both");

@@ -24,8 +24,8 @@ using testing::run_cli;
 using testing::TempDir;
 
 std::string describe(const CliResult& r) {
-  return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out +
-         "--- stderr ---\n" + r.err;
+  return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out + "--- stderr ---\n" +
+         r.err;
 }
 
 nlohmann::json last_json(const CliResult& r) {
@@ -44,12 +44,37 @@ TEST(CliSparse, GoldenMasksThroughFilesMatchGolden) {
   for (const std::string& name : testing::golden_case_names("blockmask")) {
     const auto c = testing::load_golden(name);
     TempDir dir;
-    Args a = {"run", "--q", c.dir + "/q.npy", "--k", c.dir + "/k.npy", "--v", c.dir + "/v.npy",
-              "--dout", c.dir + "/dout.npy", "--attention", "block-sparse", "--block-size",
-              std::to_string(c.block_size), "--block-mask", c.dir + "/block_mask.npy",
-              "--scale", "0.25", "--out", dir.file("out.npy"), "--dq-out", dir.file("dq.npy"),
-              "--dk-out", dir.file("dk.npy"), "--dv-out", dir.file("dv.npy"), "--check",
-              "--iters", "1", "--warmup", "0", "--json"};
+    Args a = {"run",
+              "--q",
+              c.dir + "/q.npy",
+              "--k",
+              c.dir + "/k.npy",
+              "--v",
+              c.dir + "/v.npy",
+              "--dout",
+              c.dir + "/dout.npy",
+              "--attention",
+              "block-sparse",
+              "--block-size",
+              std::to_string(c.block_size),
+              "--block-mask",
+              c.dir + "/block_mask.npy",
+              "--scale",
+              "0.25",
+              "--out",
+              dir.file("out.npy"),
+              "--dq-out",
+              dir.file("dq.npy"),
+              "--dk-out",
+              dir.file("dk.npy"),
+              "--dv-out",
+              dir.file("dv.npy"),
+              "--check",
+              "--iters",
+              "1",
+              "--warmup",
+              "0",
+              "--json"};
     if (c.cfg.causal) a.push_back("--causal");
     const CliResult r = run_cli(a);
     ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -67,10 +92,25 @@ TEST(CliSparse, GoldenMasksThroughFilesMatchGolden) {
 
 TEST(CliSparse, PatternOutWritesTheMaskItRan) {
   TempDir dir;
-  const CliResult r = run_cli({"run", "--attention", "block-sparse", "--pattern",
-                               "local:window=64+global:blocks=1", "--seq-len", "256", "--heads",
-                               "2", "--head-dim", "16", "--block-size", "32", "--pattern-out",
-                               dir.file("mask.npy"), "--check", "--backward", "--iters", "1",
+  const CliResult r = run_cli({"run",
+                               "--attention",
+                               "block-sparse",
+                               "--pattern",
+                               "local:window=64+global:blocks=1",
+                               "--seq-len",
+                               "256",
+                               "--heads",
+                               "2",
+                               "--head-dim",
+                               "16",
+                               "--block-size",
+                               "32",
+                               "--pattern-out",
+                               dir.file("mask.npy"),
+                               "--check",
+                               "--backward",
+                               "--iters",
+                               "1",
                                "--json"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   NpyHeader h;
@@ -85,18 +125,19 @@ TEST(CliSparse, PatternOutWritesTheMaskItRan) {
   EXPECT_EQ(j["pattern"], "global:blocks=1+local:window=64");
   EXPECT_NEAR(j["sparsity"].get<double>(), 1.0 - (3 * 8 - 2 + 6 + 6) / 64.0, 1e-12);
   // The written mask run back through --block-mask gives the same answer.
-  const CliResult again = run_cli({"run", "--attention", "block-sparse", "--block-mask",
-                                   dir.file("mask.npy"), "--seq-len", "256", "--heads", "2",
-                                   "--head-dim", "16", "--block-size", "32", "--check", "--iters",
-                                   "1", "--json"});
+  const CliResult again =
+      run_cli({"run", "--attention", "block-sparse", "--block-mask", dir.file("mask.npy"),
+               "--seq-len", "256", "--heads", "2", "--head-dim", "16", "--block-size", "32",
+               "--check", "--iters", "1", "--json"});
   ASSERT_EQ(again.exit_code, 0) << describe(again);
   EXPECT_EQ(last_json(again)["attended_pairs"], j["attended_pairs"]);
 }
 
 TEST(CliSparse, AutoSwitchesPastTheThresholdAndSaysSo) {
-  const Args common = {"run", "--attention", "auto", "--segments", "128,256", "--dilations",
-                       "1,2", "--seq-len", "1024", "--heads", "2", "--head-dim", "16",
-                       "--block-size", "64", "--iters", "1", "--check", "--json"};
+  const Args common = {"run",         "--attention", "auto",      "--segments",   "128,256",
+                       "--dilations", "1,2",         "--seq-len", "1024",         "--heads",
+                       "2",           "--head-dim",  "16",        "--block-size", "64",
+                       "--iters",     "1",           "--check",   "--json"};
   Args below = common, above = common;
   below.insert(below.end(), {"--sparse-threshold", "1024"});
   above.insert(above.end(), {"--sparse-threshold", "1023"});
@@ -112,15 +153,57 @@ TEST(CliSparse, AutoSwitchesPastTheThresholdAndSaysSo) {
 
 TEST(CliSparse, VirtualRanksRunTheDistributedPlanExactly) {
   for (const char* p : {"2", "3", "4"}) {
-    const CliResult r = run_cli({"run", "--attention", "block-sparse", "--pattern", "bigbird",
-                                 "--seq-len", "6144", "--heads", "2", "--head-dim", "32",
-                                 "--block-size", "64", "--causal", "--ring-size", p, "--check",
-                                 "--backward", "--iters", "1", "--json"});
+    const CliResult r =
+        run_cli({"run",       "--attention",  "block-sparse", "--pattern", "bigbird",
+                 "--seq-len", "6144",         "--heads",      "2",         "--head-dim",
+                 "32",        "--block-size", "64",           "--causal",  "--ring-size",
+                 p,           "--check",      "--backward",   "--iters",   "1",
+                 "--json"});
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     const auto j = last_json(r);
     EXPECT_TRUE(j["check"]["passed"].get<bool>()) << "P=" << p;
     EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]) << "P=" << p;
     EXPECT_GT(j["bytes_sent"].get<int64_t>(), 0) << "P=" << p;
+  }
+}
+
+// Grouped-query attention, a sliding window and packed sequences together on block-sparse,
+// one process and virtual ranks: the float64 check passes (forward and gradients), K/V bytes
+// are the minimum, and the JSON reports the layout's imbalance.
+TEST(CliSparse, GqaWindowAndPackedSequencesPassTheirCheck) {
+  for (const char* p : {"1", "2", "3"}) {
+    const CliResult r = run_cli({"run",
+                                 "--attention",
+                                 "block-sparse",
+                                 "--pattern",
+                                 "local:window=512+global",
+                                 "--seq-len",
+                                 "1536",
+                                 "--heads",
+                                 "4",
+                                 "--kv-heads",
+                                 "2",
+                                 "--head-dim",
+                                 "32",
+                                 "--block-size",
+                                 "64",
+                                 "--causal",
+                                 "--window",
+                                 "200",
+                                 "--seqlens",
+                                 "1,300,35,900,300",
+                                 "--ring-size",
+                                 p,
+                                 "--check",
+                                 "--backward",
+                                 "--iters",
+                                 "1",
+                                 "--json"});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const auto j = last_json(r);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << "P=" << p;
+    EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]) << "P=" << p;
+    EXPECT_GE(j["imbalance"].get<double>(), 1.0) << "P=" << p;
   }
 }
 
@@ -142,8 +225,17 @@ TEST(CliSparse, BadInputExits2NamingTheOptionOrFile) {
   write_mask(dir.file("mask_wrong_heads.npy"), {3, 8, 8}, std::vector<uint8_t>(192, 1));
   const std::vector<float> ones(64, 1.0f);
   write_npy_float_atomic(dir.file("mask_float.npy"), {8, 8}, ones.data());
-  const Args files = {"run", "--q", dir.file("q.npy"), "--k", dir.file("k.npy"), "--v",
-                      dir.file("v.npy"), "--out", dir.file("out.npy"), "--iters", "1"};
+  const Args files = {"run",
+                      "--q",
+                      dir.file("q.npy"),
+                      "--k",
+                      dir.file("k.npy"),
+                      "--v",
+                      dir.file("v.npy"),
+                      "--out",
+                      dir.file("out.npy"),
+                      "--iters",
+                      "1"};
   auto with = [&](Args more) {
     Args a = files;
     a.insert(a.end(), more.begin(), more.end());
@@ -174,8 +266,7 @@ TEST(CliSparse, BadInputExits2NamingTheOptionOrFile) {
        "--pattern", "unknown parameter 'size'"},
       {with({"--attention", "block-sparse", "--block-size", "16", "--pattern", "dilated-blocks"}),
        "--pattern", "needs segments and dilations"},
-      {with({"--attention", "block-sparse", "--block-size", "16"}), "--pattern",
-       "needs a pattern"},
+      {with({"--attention", "block-sparse", "--block-size", "16"}), "--pattern", "needs a pattern"},
       {with({"--attention", "block-sparse", "--pattern", "local", "--block-mask",
              dir.file("mask_float.npy")}),
        "--block-mask", "not both"},

@@ -29,33 +29,37 @@ struct Inputs {
 
 // Runs one process's plan on the full tensors and the distributed plan on this rank's
 // shard; compares the shard. Returns the distributed plan's forward bytes.
-void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
-             const Inputs& in, const std::string& what) {
+void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists, const Inputs& in,
+             const std::string& what) {
   const Shape4 s = cfg.shape;
+  const int64_t g = cfg.effective_kv_heads();
   const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(s.batch * s.seq_len * g * s.head_dim);
   const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  std::vector<float> out(n), lse(rows), dq(n), dk(n), dv(n);
+  std::vector<float> out(n), lse(rows), dq(n), dk(n_kv), dv(n_kv);
   {
     auto local = ring::make_local_communicator();
     SparsePlan single(cfg, lists, *local, PlanOptions{1});
     single.forward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data());
-    single.backward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(),
-                    in.dout.data(), dq.data(), dk.data(), dv.data());
+    single.backward(in.q.data(), in.k.data(), in.v.data(), out.data(), lse.data(), in.dout.data(),
+                    dq.data(), dk.data(), dv.data());
   }
   SparsePlan plan(cfg, lists, *g_comm, PlanOptions{2, 16, 32});
   const ring::ShardLayout& l = plan.layout();
   const int rank = g_comm->rank();
-  const int64_t inner = s.heads * s.head_dim;
-  const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
+  const auto ln = static_cast<std::size_t>(s.batch * l.local_len * s.heads * s.head_dim);
+  const auto ln_kv = static_cast<std::size_t>(s.batch * l.local_len * g * s.head_dim);
   const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
-  auto shard = [&](const std::vector<float>& full) {
-    std::vector<float> part(ln);
+  // This rank's rows of a [B, N, heads, D] tensor.
+  auto shard = [&](const std::vector<float>& full, int64_t heads = 0) {
+    const int64_t inner = (heads ? heads : s.heads) * s.head_dim;
+    std::vector<float> part(static_cast<std::size_t>(s.batch * l.local_len * inner));
     ring::extract_rows(l, rank, s.batch, inner, full.data(), part.data());
     return part;
   };
-  const auto q = shard(in.q), k = shard(in.k), v = shard(in.v), dout = shard(in.dout);
+  const auto q = shard(in.q), k = shard(in.k, g), v = shard(in.v, g), dout = shard(in.dout);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> lo(ln, nan), llse(lrows, nan), ldq(ln, nan), ldk(ln, nan), ldv(ln, nan);
+  std::vector<float> lo(ln, nan), llse(lrows, nan), ldq(ln, nan), ldk(ln_kv, nan), ldv(ln_kv, nan);
   plan.forward(q.data(), k.data(), v.data(), lo.data(), llse.data());
   plan.backward(q.data(), k.data(), v.data(), lo.data(), llse.data(), dout.data(), ldq.data(),
                 ldk.data(), ldv.data());
@@ -67,8 +71,8 @@ void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists
   const double e_out = relative_error(lo.data(), shard(out).data(), ln);
   const double e_lse = relative_error(llse.data(), want_lse.data(), lrows);
   const double e_dq = relative_error(ldq.data(), shard(dq).data(), ln);
-  const double e_dk = relative_error(ldk.data(), shard(dk).data(), ln);
-  const double e_dv = relative_error(ldv.data(), shard(dv).data(), ln);
+  const double e_dk = relative_error(ldk.data(), shard(dk, g).data(), ln_kv);
+  const double e_dv = relative_error(ldv.data(), shard(dv, g).data(), ln_kv);
   EXPECT_LE(e_out, kTol) << what << " rank " << rank;
   EXPECT_LE(e_lse, kTol) << what << " rank " << rank;
   EXPECT_LE(e_dq, kTol) << what << " rank " << rank;
@@ -77,10 +81,11 @@ void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists
   const int64_t minimum = minimum_bytes_sent(cfg, *lists, l, rank);
   EXPECT_EQ(plan.last_forward().bytes_sent, minimum) << what << " rank " << rank;
   if (rank == 0)
-    std::printf("  %s P=%d%s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, sent %lld bytes, "
-                "%d peers\n",
-                what.c_str(), g_comm->size(), l.zigzag ? " zigzag" : "", e_out, e_lse, e_dq, e_dk,
-                e_dv, static_cast<long long>(plan.last_forward().bytes_sent), plan.peers());
+    std::printf(
+        "  %s P=%d%s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, sent %lld bytes, "
+        "%d peers\n",
+        what.c_str(), g_comm->size(), l.zigzag ? " zigzag" : "", e_out, e_lse, e_dq, e_dk, e_dv,
+        static_cast<long long>(plan.last_forward().bytes_sent), plan.peers());
 }
 
 Inputs random_inputs(const Shape4& s, uint64_t seed) {
@@ -130,18 +135,18 @@ TEST_P(SparsePatternMpi, EqualsSingleProcess) {
   compare(cfg, lists, random_inputs(cfg.shape, 40), std::string(text) + (causal ? " causal" : ""));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Patterns, SparsePatternMpi,
-    ::testing::Combine(::testing::Values("local:window=64", "local:window=96+global:blocks=2",
-                                         "bigbird:window=48,global=1,random=3",
-                                         "strided:stride=5", "dilated-blocks"),
-                       ::testing::Bool()),
-    [](const auto& p) {
-      std::string n = std::get<0>(p.param);
-      for (char& ch : n)
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return n + (std::get<1>(p.param) ? "_causal" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Patterns, SparsePatternMpi,
+                         ::testing::Combine(::testing::Values("local:window=64",
+                                                              "local:window=96+global:blocks=2",
+                                                              "bigbird:window=48,global=1,random=3",
+                                                              "strided:stride=5", "dilated-blocks"),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           std::string n = std::get<0>(p.param);
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n + (std::get<1>(p.param) ? "_causal" : "");
+                         });
 
 TEST(SparseMpi, RandomMasksEqualSingleProcess) {
   for (bool causal : {false, true}) {
@@ -152,15 +157,45 @@ TEST(SparseMpi, RandomMasksEqualSingleProcess) {
     std::vector<uint8_t> mask(static_cast<std::size_t>(2 * nb * nb));
     for (auto& m : mask) m = keep(gen) ? 1 : 0;
     auto lists = std::make_shared<const BlockLists>(lists_from_mask(mask.data(), 2, 2, nb, 16));
-    compare(cfg, lists, random_inputs(cfg.shape, 50), causal ? "random mask causal" : "random mask");
+    compare(cfg, lists, random_inputs(cfg.shape, 50),
+            causal ? "random mask causal" : "random mask");
+  }
+}
+
+// Grouped-query attention, sliding windows and packed sequences (token_rule.hpp): the same
+// comparison, K/V heads only on the wire, documents cut at their bounds.
+TEST(SparseMpi, GqaWindowsAndPackedSequencesEqualSingleProcess) {
+  struct Case {
+    const char* name;
+    int64_t kv_heads, window;
+    std::vector<int64_t> cu_seqlens;
+    bool causal;
+  };
+  for (const Case& c :
+       {Case{"gqa 4:2", 2, -1, {}, true}, Case{"mqa", 1, -1, {}, false},
+        Case{"window 40", 2, 40, {}, false}, Case{"window 24 causal mqa", 1, 24, {}, true},
+        Case{"packed", 4, -1, {0, 1, 77, 83, 300, 384}, true},
+        Case{"packed window gqa", 2, 30, {0, 150, 151, 384}, false}}) {
+    AttentionConfig cfg = config({2, 384, 4, 32}, 16, c.causal);
+    cfg.kv_heads = c.kv_heads;
+    if (c.window >= 0) cfg.window_left = c.window;
+    cfg.cu_seqlens = c.cu_seqlens;
+    const Geometry g{384, 16, 4};
+    auto lists = std::make_shared<const BlockLists>(
+        build_lists(parse_pattern("bigbird:window=96,global=1,random=3", g, {}, {}, 3), g));
+    Inputs in = random_inputs(cfg.shape, 60);
+    const auto n_kv = static_cast<std::size_t>(2 * 384 * c.kv_heads * 32);
+    in.k.resize(n_kv);
+    in.v.resize(n_kv);
+    compare(cfg, lists, in, c.name);
   }
 }
 
 TEST(SparseMpi, LocalPatternTalksOnlyToNeighbours) {
   const AttentionConfig cfg = config({1, 384, 2, 16}, 16, false);
   const Geometry g{384, 16, 2};
-  auto lists =
-      std::make_shared<const BlockLists>(build_lists(parse_pattern("local:window=64", g, {}, {}, 0), g));
+  auto lists = std::make_shared<const BlockLists>(
+      build_lists(parse_pattern("local:window=64", g, {}, {}, 0), g));
   SparsePlan plan(cfg, lists, *g_comm, PlanOptions{1});
   EXPECT_LE(plan.peers(), std::min(2, g_comm->size() - 1));
 }
