@@ -19,6 +19,7 @@
 #include "ringattn/errors.hpp"
 #include "sparse/rank_work.hpp"
 #include "sparse/sparse_plan.hpp"
+#include "sparse/token_rule.hpp"
 
 namespace ringattn::sparse {
 
@@ -109,8 +110,8 @@ struct CudaSparsePlan::Impl {
   RankSparseWork w;
   ring::FaultInjection fault;
   cudaStream_t stream = nullptr;
-  int64_t B = 0, H = 0, D = 0, NL = 0, bs = 0;
-  int64_t send_rows = 0, recv_rows = 0;  // rows of each half (K, V) of the slabs
+  int64_t B = 0, H = 0, G = 0, D = 0, NL = 0, bs = 0;  // G: K/V heads
+  int64_t send_rows = 0, recv_rows = 0;                // rows of each half (K, V) of the slabs
   DeviceLists local, remote;
   kc::DeviceAllocation delta, send_buf, recv_buf, grad_buf, ret_buf, send_runs, ret_runs;
   std::vector<std::pair<int64_t, int64_t>> ret_slots;  // (first run, runs) per launch
@@ -142,8 +143,8 @@ struct CudaSparsePlan::Impl {
   }
 
   std::size_t eb() const { return static_cast<std::size_t>(kc::elem_bytes(elem)); }
-  int64_t row(int64_t b, int64_t local_row, int64_t h) const {
-    return ((b * NL + local_row) * H + h) * D;
+  int64_t kv_row(int64_t b, int64_t local_row, int64_t g) const {
+    return ((b * NL + local_row) * G + g) * D;
   }
   int64_t slab_row(int64_t entry, int64_t b) const { return (entry * B + b) * bs; }
   bool distributed() const { return ex && w.exchanges(); }
@@ -152,6 +153,7 @@ struct CudaSparsePlan::Impl {
     const Shape4& s = cfg.shape;
     B = s.batch;
     H = s.heads;
+    G = cfg.effective_kv_heads();
     D = s.head_dim;
     bs = cfg.block_size;
     layout = sparse_layout(cfg, world);
@@ -173,7 +175,7 @@ struct CudaSparsePlan::Impl {
       const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t at = slab_row(static_cast<int64_t>(e), b);
-        runs.push_back({row(b, lr, en.head), H * D, bs, at, at});
+        runs.push_back({kv_row(b, lr, en.head), G * D, bs, at, at});
       }
     }
     // The returned partials of one (head, block) come from several peers: launch k adds
@@ -190,7 +192,7 @@ struct CudaSparsePlan::Impl {
         const Entry& en = w.send_entries[static_cast<std::size_t>(e)];
         const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
         for (int64_t b = 0; b < B; ++b) {
-          ret.push_back({row(b, lr, en.head), H * D, bs, rows, slab_row(e, b)});
+          ret.push_back({kv_row(b, lr, en.head), G * D, bs, rows, slab_row(e, b)});
           rows += bs;
         }
       }
@@ -212,7 +214,7 @@ struct CudaSparsePlan::Impl {
     ret_buf = kc::DeviceAllocation(kv(send_rows, sizeof(float)),
                                    "the block-sparse returned dK/dV partials", dev, stream);
     vector_loads = elem != kc::Elem::fp32 && D == kc::padded_head_dim(D) && (H * D) % 8 == 0 &&
-                   local.rows_aligned && remote.rows_aligned;
+                   (G * D) % 8 == 0 && local.rows_aligned && remote.rows_aligned;
   }
 
   // One K and one V transfer per peer range of a slab of `rows` rows per half (K, then V) of
@@ -263,9 +265,6 @@ struct CudaSparsePlan::Impl {
     if (o.kernel == KernelChoice::cudnn)
       throw InputError("--kernel",
                        "'cudnn' has no block-sparse kernel; use --kernel native or auto");
-    require_multi_head(c, "--attention block-sparse --device cuda");
-    require_unpacked(c, "--attention block-sparse --device cuda");
-    require_no_window(c, "--attention block-sparse --device cuda");
     cfg = c;
     lists = std::move(l);
     opts = o;
@@ -292,6 +291,9 @@ struct CudaSparsePlan::Impl {
     p.head_dim = static_cast<int>(D);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
+    const WindowLimits win = kernel_window(cfg);
+    p.window_left = win.left;
+    p.window_right = win.right;
     p.accumulate = accumulate;
     p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v);
     return p;
@@ -323,6 +325,9 @@ struct CudaSparsePlan::Impl {
     p.head_dim = static_cast<int>(D);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
+    const WindowLimits win = kernel_window(cfg);
+    p.window_left = win.left;
+    p.window_right = win.right;
     p.vector_loads =
         vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
     return p;
@@ -447,11 +452,12 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
   m.bwd = {};
   if (m.ex) m.ex->start_call();
   const std::size_t bytes = static_cast<std::size_t>(m.B * m.NL * m.H * m.D) * sizeof(float);
+  const std::size_t kv_bytes = static_cast<std::size_t>(m.B * m.NL * m.G * m.D) * sizeof(float);
   const int ticket =
       m.distributed() ? m.post_kv(k, v, kBwdKv, m.bwd, "block-sparse backward K/V") : -1;
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
   kc::RowDotParams rd;
   rd.out = out;
   rd.dout = dout;

@@ -59,10 +59,13 @@ struct Inputs {
   std::vector<float> q, k, v, dout;
 };
 
-Inputs random_inputs(const Shape4& s, uint64_t seed) {
+// q and dout [B, N, H, D]; k and v [B, N, kv_heads, D] (kv_heads 0: H).
+Inputs random_inputs(const Shape4& s, uint64_t seed, int64_t kv_heads = 0) {
   const auto n = static_cast<std::size_t>(s.numel());
-  return {testing::random_normal(n, seed), testing::random_normal(n, seed + 1),
-          testing::random_normal(n, seed + 2), testing::random_normal(n, seed + 3)};
+  const auto n_kv =
+      static_cast<std::size_t>(s.batch * s.seq_len * (kv_heads ? kv_heads : s.heads) * s.head_dim);
+  return {testing::random_normal(n, seed), testing::random_normal(n_kv, seed + 1),
+          testing::random_normal(n_kv, seed + 2), testing::random_normal(n, seed + 3)};
 }
 
 struct Result {
@@ -80,12 +83,13 @@ Result run_on_device(const AttentionConfig& cfg, std::shared_ptr<const BlockList
   EXPECT_EQ(plan.dtype(), t) << "the plan fell back to fp32";
   const Shape4& s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
   const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  const std::size_t in_bytes = n * (t == DeviceDType::fp32 ? 4 : 2);
-  DeviceBuffer q(in_bytes, "q", device), k(in_bytes, "k", device), v(in_bytes, "v", device);
+  const std::size_t eb = t == DeviceDType::fp32 ? 4 : 2, in_bytes = n * eb;
+  DeviceBuffer q(in_bytes, "q", device), k(n_kv * eb, "k", device), v(n_kv * eb, "v", device);
   q.upload(in.q.data(), n, t);
-  k.upload(in.k.data(), n, t);
-  v.upload(in.v.data(), n, t);
+  k.upload(in.k.data(), n_kv, t);
+  v.upload(in.v.data(), n_kv, t);
   DeviceBuffer out(n * 4, "out", device), lse(nl * 4, "lse", device);
   out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
   lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
@@ -97,19 +101,20 @@ Result run_on_device(const AttentionConfig& cfg, std::shared_ptr<const BlockList
   out.download(r.out.data(), n);
   lse.download(r.lse.data(), nl);
   if (!backward) return r;
-  DeviceBuffer dout(in_bytes, "dout", device), dq(n * 4, "dq", device), dk(n * 4, "dk", device),
-      dv(n * 4, "dv", device);
+  DeviceBuffer dout(in_bytes, "dout", device), dq(n * 4, "dq", device), dk(n_kv * 4, "dk", device),
+      dv(n_kv * 4, "dv", device);
   dout.upload(in.dout.data(), n, t);
-  for (DeviceBuffer* g : {&dq, &dk, &dv}) g->upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  dq.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  for (DeviceBuffer* g : {&dk, &dv}) g->upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
   plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                 dq.as<float>(), dk.as<float>(), dv.as<float>());
   plan.synchronize();
   r.dq.resize(n);
-  r.dk.resize(n);
-  r.dv.resize(n);
+  r.dk.resize(n_kv);
+  r.dv.resize(n_kv);
   dq.download(r.dq.data(), n);
-  dk.download(r.dk.data(), n);
-  dv.download(r.dv.data(), n);
+  dk.download(r.dk.data(), n_kv);
+  dv.download(r.dv.data(), n_kv);
   return r;
 }
 
@@ -121,6 +126,12 @@ BlockReferenceProblem problem_of(const AttentionConfig& cfg, std::vector<uint8_t
   pb.block_size = cfg.block_size;
   pb.causal = cfg.causal;
   pb.scale = cfg.effective_scale();
+  pb.kv_heads = cfg.effective_kv_heads();
+  pb.cu_seqlens = cfg.cu_seqlens;
+  if (cfg.windowed()) {
+    pb.window_left = *cfg.window_left;
+    pb.window_right = cfg.causal ? 0 : cfg.window_right.value_or(*cfg.window_left);
+  }
   pb.key_blocks = [mask = std::move(mask), nb](int64_t h, int64_t i) {
     std::vector<int64_t> out;
     for (int64_t j = 0; j < nb; ++j)
@@ -171,6 +182,9 @@ struct SparseCase {
   // of head 0 attends nothing.
   const char* pattern;
   double density;
+  // Grouped-query attention, a sliding window (-1: none) and packed sequences (empty: none).
+  int64_t kv_heads = 0, window = -1;
+  std::vector<int64_t> seqlens = {};
 };
 
 void PrintTo(const SparseCase& c, std::ostream* os) { *os << c.name; }
@@ -181,6 +195,12 @@ AttentionConfig config_of(const SparseCase& c) {
   cfg.attention = AttentionKind::block_sparse;
   cfg.block_size = c.block_size;
   cfg.causal = c.causal;
+  if (c.kv_heads) cfg.kv_heads = c.kv_heads;
+  if (c.window >= 0) cfg.window_left = c.window;
+  if (!c.seqlens.empty()) {
+    cfg.cu_seqlens = {0};
+    for (int64_t len : c.seqlens) cfg.cu_seqlens.push_back(cfg.cu_seqlens.back() + len);
+  }
   return cfg;
 }
 
@@ -222,6 +242,41 @@ std::vector<SparseCase> cases() {
       {"mask_bs32_D128_batch2", {2, 128, 1, 128}, 32, false, T::fp16, "", 0.5},
       {"mask_bs16_D40", {1, 128, 2, 40}, 16, false, T::fp32, "", 0.3},
       {"mask_bs32_D256_causal", {1, 128, 1, 256}, 32, true, T::fp32, "", 0.6},
+      // Grouped-query attention, sliding windows, packed sequences and their combinations.
+      {"gqa_4to2_local_causal", {1, 256, 4, 64}, 64, true, T::bf16, "local:window=128", 0, 2},
+      {"mqa_mask_bs32", {2, 128, 3, 32}, 32, false, T::fp32, "", 0.5, 1},
+      {"window_40_bigbird",
+       {1, 256, 2, 64},
+       32,
+       false,
+       T::fp16,
+       "bigbird:window=128,global=1",
+       0,
+       0,
+       40},
+      {"window_24_causal_gqa", {1, 256, 4, 128}, 64, true, T::bf16, "local:window=192", 0, 2, 24},
+      {"window_0_fp32", {1, 128, 2, 48}, 16, false, T::fp32, "local:window=32", 0, 0, 0},
+      {"packed_causal",
+       {1, 256, 2, 64},
+       32,
+       true,
+       T::bf16,
+       "local:window=128+global",
+       0,
+       0,
+       -1,
+       {1, 70, 3, 150, 32}},
+      {"packed_window_mqa_fp32", {1, 192, 2, 40}, 16, false, T::fp32, "", 0.6, 1, 20, {60, 1, 131}},
+      {"packed_window_gqa_bs128",
+       {1, 256, 4, 64},
+       128,
+       true,
+       T::fp16,
+       "local:window=256",
+       0,
+       2,
+       50,
+       {100, 156}},
   };
 }
 
@@ -232,10 +287,11 @@ TEST_P(CudaSparse, ForwardAndGradientsMatchTheReference) {
   const SparseCase& c = GetParam();
   const AttentionConfig cfg = config_of(c);
   const auto lists = lists_of(c);
-  const Inputs in = random_inputs(c.shape, 31 + static_cast<uint64_t>(c.shape.head_dim));
+  const Inputs in = random_inputs(c.shape, 31 + static_cast<uint64_t>(c.shape.head_dim),
+                                  cfg.effective_kv_heads());
   const Result got = run_on_device(cfg, lists, c.dtype, in, true);
   expect_matches_reference(c.name, cfg, mask_from_lists(*lists), c.dtype, in, got);
-  if (!*c.pattern) {
+  if (!*c.pattern && c.window < 0 && c.seqlens.empty()) {
     // Query block 1 of head 0 attends nothing: out 0 and lse -inf, not NaN.
     const int64_t H = c.shape.heads, D = c.shape.head_dim;
     for (int64_t p = c.block_size; p < 2 * c.block_size; ++p) {

@@ -51,11 +51,13 @@ bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; 
 Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
                      const Inputs& in, int p, DeviceDType t, bool force_shared = false) {
   const Shape4 s = cfg.shape;
+  const int64_t g = cfg.effective_kv_heads();
   const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
   const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
   const bool shared = force_shared || ranks_share_a_device(p);
   Full f{{std::vector<float>(n), std::vector<float>(rows), std::vector<float>(n),
-          std::vector<float>(n), std::vector<float>(n)},
+          std::vector<float>(n_kv), std::vector<float>(n_kv)},
          std::vector<int64_t>(p),
          std::vector<int64_t>(p),
          std::vector<int>(p)};
@@ -67,15 +69,18 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
     CudaSparsePlan plan(cfg, lists, *comm, {t, KernelChoice::native, r});
     EXPECT_EQ(plan.dtype(), t) << "the plan fell back to fp32";
     const ring::ShardLayout& l = plan.layout();
-    const int64_t inner = s.heads * s.head_dim;
+    const int64_t inner = s.heads * s.head_dim, kv_inner = g * s.head_dim;
     const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
+    const auto ln_kv = static_cast<std::size_t>(s.batch * l.local_len * kv_inner);
     const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
     const std::size_t eb = t == DeviceDType::fp32 ? 4 : 2;
-    auto to_device = [&](const std::vector<float>& full, const char* what) {
-      std::vector<float> local(ln);
-      ring::extract_rows(l, control.rank(), s.batch, inner, full.data(), local.data());
-      DeviceBuffer b(ln * eb, what, r);
-      b.upload(local.data(), ln, t);
+    auto to_device = [&](const std::vector<float>& full, const char* what, bool kv = false) {
+      const std::size_t count = kv ? ln_kv : ln;
+      std::vector<float> local(count);
+      ring::extract_rows(l, control.rank(), s.batch, kv ? kv_inner : inner, full.data(),
+                         local.data());
+      DeviceBuffer b(count * eb, what, r);
+      b.upload(local.data(), count, t);
       return b;
     };
     auto poisoned = [&](std::size_t count, const char* what) {
@@ -84,29 +89,29 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
                DeviceDType::fp32);
       return b;
     };
-    DeviceBuffer q = to_device(in.q, "q"), k = to_device(in.k, "k"), v = to_device(in.v, "v"),
-                 dout = to_device(in.dout, "dout");
+    DeviceBuffer q = to_device(in.q, "q"), k = to_device(in.k, "k", true),
+                 v = to_device(in.v, "v", true), dout = to_device(in.dout, "dout");
     DeviceBuffer out = poisoned(ln, "out"), lse = poisoned(lrows, "lse"), dq = poisoned(ln, "dq"),
-                 dk = poisoned(ln, "dk"), dv = poisoned(ln, "dv");
+                 dk = poisoned(ln_kv, "dk"), dv = poisoned(ln_kv, "dv");
     plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
     plan.synchronize();
     const int64_t fwd_bytes = plan.last_forward().bytes_sent;
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                   dq.as<float>(), dk.as<float>(), dv.as<float>());
     plan.synchronize();
-    std::vector<float> lo(ln), llse(lrows), ldq(ln), ldk(ln), ldv(ln);
+    std::vector<float> lo(ln), llse(lrows), ldq(ln), ldk(ln_kv), ldv(ln_kv);
     out.download(lo.data(), ln);
     lse.download(llse.data(), lrows);
     dq.download(ldq.data(), ln);
-    dk.download(ldk.data(), ln);
-    dv.download(ldv.data(), ln);
+    dk.download(ldk.data(), ln_kv);
+    dv.download(ldv.data(), ln_kv);
     std::lock_guard lock(mu);
     const int me = control.rank();
     ring::insert_rows(l, me, s.batch, inner, lo.data(), f.out.data());
     ring::insert_lse(l, me, s.batch, s.heads, llse.data(), f.lse.data());
     ring::insert_rows(l, me, s.batch, inner, ldq.data(), f.dq.data());
-    ring::insert_rows(l, me, s.batch, inner, ldk.data(), f.dk.data());
-    ring::insert_rows(l, me, s.batch, inner, ldv.data(), f.dv.data());
+    ring::insert_rows(l, me, s.batch, kv_inner, ldk.data(), f.dk.data());
+    ring::insert_rows(l, me, s.batch, kv_inner, ldv.data(), f.dv.data());
     const auto i = static_cast<std::size_t>(me);
     f.bytes_sent[i] = fwd_bytes;
     // The minimum is counted in fp32 K/V; the exchange moves them in the device dtype.
@@ -125,6 +130,12 @@ BlockReferenceProblem problem_of(const AttentionConfig& cfg,
   pb.block_size = cfg.block_size;
   pb.causal = cfg.causal;
   pb.scale = cfg.effective_scale();
+  pb.kv_heads = cfg.effective_kv_heads();
+  pb.cu_seqlens = cfg.cu_seqlens;
+  if (cfg.windowed()) {
+    pb.window_left = *cfg.window_left;
+    pb.window_right = cfg.causal ? 0 : cfg.window_right.value_or(*cfg.window_left);
+  }
   pb.key_blocks = [lists = std::move(lists)](int64_t h, int64_t i) {
     const auto row = lists->of_head(h).row(i);
     return std::vector<int64_t>(row.begin(), row.end());
@@ -157,8 +168,8 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
     const double e[5] = {relative_error(got.out.data(), ref.out.data(), n),
                          relative_error(got.lse.data(), ref.lse.data(), got.lse.size()),
                          relative_error(got.dq.data(), g.dq.data(), n),
-                         relative_error(got.dk.data(), g.dk.data(), n),
-                         relative_error(got.dv.data(), g.dv.data(), n)};
+                         relative_error(got.dk.data(), g.dk.data(), got.dk.size()),
+                         relative_error(got.dv.data(), g.dv.data(), got.dv.size())};
     const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
     for (int i = 0; i < 5; ++i) EXPECT_LE(e[i], tol) << what << " P=" << p << ": " << names[i];
     if (golden_out) {
@@ -272,6 +283,36 @@ TEST_P(CudaSparseRing, EveryRankCountMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Patterns, CudaSparseRing, ::testing::ValuesIn(ring_sparse_cases()),
                          [](const auto& p) { return std::string(p.param.name); });
+
+// Grouped-query attention, sliding windows and packed sequences on the GPU ring: K/V heads
+// only on the wire, the window and the document bounds applied inside listed blocks.
+TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
+  struct Feature {
+    const char* name;
+    int64_t kv_heads, window;
+    std::vector<int64_t> cu_seqlens;
+    bool causal;
+    DeviceDType dtype;
+  };
+  using T = DeviceDType;
+  for (const Feature& f :
+       {Feature{"gqa_4to2_causal", 2, -1, {}, true, T::bf16},
+        Feature{"window_50_mqa", 1, 50, {}, false, T::fp16},
+        Feature{"packed_window_gqa_causal", 2, 40, {0, 1, 300, 500, 768}, true, T::bf16}}) {
+    AttentionConfig cfg = config({1, 768, 4, 64}, 64, f.causal);
+    cfg.kv_heads = f.kv_heads;
+    if (f.window >= 0) cfg.window_left = f.window;
+    cfg.cu_seqlens = f.cu_seqlens;
+    const Geometry g{768, 64, 4};
+    auto lists = std::make_shared<const BlockLists>(
+        build_lists(parse_pattern("local:window=256+global:blocks=1", g, {}, {}, 0), g));
+    Inputs in = random_inputs(cfg.shape, 90);
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    in.k.resize(n_kv);
+    in.v.resize(n_kv);
+    expect_every_p_matches_reference(f.name, cfg, lists, in, f.dtype);
+  }
+}
 
 using testing::same_bits;
 

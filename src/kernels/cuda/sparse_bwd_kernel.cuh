@@ -62,14 +62,12 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 
   for (int64_t si = tile.first_span; si < tile.first_span + tile.n_spans; ++si) {
     const KeySpan sp = p.key_spans[si];
-    int64_t n_keys = sp.n_k;
-    if (p.causal) {
-      const int64_t last = i0 + bq + sp.causal_offset;
-      n_keys = last < 0 ? 0 : (last < sp.n_k ? last : sp.n_k);
-    }
+    const SubseqTask view =
+        span_view(tile.n_q, sp.n_k, sp.causal_offset, p.window_left, p.window_right);
+    const KeyRange keys = visible_key_range(view, p.causal, i0, bq);
     const T* k = static_cast<const T*>(p.k) + sp.k_row0;
     const T* v = static_cast<const T*>(p.v) + sp.k_row0;
-    for (int64_t j0 = 0; j0 < n_keys; j0 += kStep) {
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kStep) {
       load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sK, k, sp.k_stride, j0, sp.n_k, p.head_dim,
                                                       p.vector_loads);
       load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sV, v, sp.k_stride, j0, sp.n_k, p.head_dim,
@@ -91,7 +89,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
-          const bool masked = key >= sp.n_k || (p.causal && key > row[e >> 1] + sp.causal_offset);
+          const bool masked = outside_reach(view, p.causal, row[e >> 1], key);
           const float pr = masked ? 0.0f : exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
           s[n][e] = pr * (dp[n][e] - dlt[e >> 1]);  // dS
         }
@@ -143,6 +141,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 
   const float scale_log2 = p.scale * kLog2e;
   const int64_t key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
+  const int64_t bk = tile.n_k - j0 < Tiles::kRows ? tile.n_k - j0 : Tiles::kRows;
 
   float dk[kHeadDim / 8][4], dv[kHeadDim / 8][4];
 #pragma unroll
@@ -152,13 +151,13 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 
   for (int64_t si = tile.first_span; si < tile.first_span + tile.n_spans; ++si) {
     const QuerySpan sp = p.query_spans[si];
-    // Query i sees key j iff j <= i + causal_offset: the block's first key is seen from
-    // query j0 - causal_offset on.
-    int64_t first_query = 0;
-    if (p.causal) first_query = j0 - sp.causal_offset > 0 ? j0 - sp.causal_offset : 0;
+    const SubseqTask view =
+        span_view(sp.n_q, tile.n_k, sp.causal_offset, p.window_left, p.window_right);
+    // Queries that see some key of this block (causality and the window).
+    const KeyRange rows = seeing_query_range(view, p.causal, j0, bk);
     const T* q = static_cast<const T*>(p.q) + sp.q_row0;
     const T* dout = static_cast<const T*>(p.dout) + sp.q_row0;
-    for (int64_t i0 = first_query; i0 < sp.n_q; i0 += kStep) {
+    for (int64_t i0 = rows.begin; i0 < rows.end; i0 += kStep) {
       load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sQ, q, p.q_stride, i0, sp.n_q, p.head_dim,
                                                       p.vector_loads);
       load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, dout, p.q_stride, i0, sp.n_q, p.head_dim,
@@ -195,8 +194,8 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = n * 8 + tig * 2 + (e & 1);
-          const int64_t kj = key[e >> 1];
-          const bool masked = kj >= tile.n_k || (p.causal && kj > i0 + c + sp.causal_offset);
+          const bool masked =
+              i0 + c >= sp.n_q || outside_reach(view, p.causal, i0 + c, key[e >> 1]);
           const float pr = masked ? 0.0f : exp2f(pt[n][e] * scale_log2 - colL[n][e & 1]);
           pt[n][e] = pr;                                  // Pᵀ
           dst[n][e] = pr * (dst[n][e] - colD[n][e & 1]);  // dSᵀ

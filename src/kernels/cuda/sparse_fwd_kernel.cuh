@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(SparseForwardTiles<kHeadDim>::kThreads)
   // This thread's two rows (tile query indices).
   const int64_t row[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
   const float scale_log2 = p.scale * kLog2e;
+  const bool windowed = p.window_left != kNoWindow || p.window_right != kNoWindow;
 
   float m[2] = {kNegInf, kNegInf};  // running max of scale·log2e·s
   float l[2] = {0.0f, 0.0f};        // this thread's part of the running sum
@@ -63,15 +64,13 @@ __global__ void __launch_bounds__(SparseForwardTiles<kHeadDim>::kThreads)
 
   for (int64_t si = tile.first_span; si < tile.first_span + tile.n_spans; ++si) {
     const KeySpan sp = p.spans[si];
-    // Keys [0, n_keys) of the span are visible to some row of the item.
-    int64_t n_keys = sp.n_k;
-    if (p.causal) {
-      const int64_t last = i0 + bq + sp.causal_offset;
-      n_keys = last < 0 ? 0 : (last < sp.n_k ? last : sp.n_k);
-    }
+    const SubseqTask view =
+        span_view(tile.n_q, sp.n_k, sp.causal_offset, p.window_left, p.window_right);
+    // Keys some row of the item sees (causality and the window); none outside is loaded.
+    const KeyRange keys = visible_key_range(view, p.causal, i0, bq);
     const T* k = static_cast<const T*>(p.k) + sp.k_row0;
     const T* v = static_cast<const T*>(p.v) + sp.k_row0;
-    for (int64_t j0 = 0; j0 < n_keys; j0 += kKeys) {
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kKeys) {
       load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sK, k, sp.k_stride, j0, sp.n_k, p.head_dim,
                                                       p.vector_loads);
       cp_async_commit();
@@ -86,11 +85,12 @@ __global__ void __launch_bounds__(SparseForwardTiles<kHeadDim>::kThreads)
       for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
       warp_mma_rows_rows<T, kKeys, kHeadDim, kPitch>(s, sQ + warp * 16 * kPitch, sK, lane);
 
-      // Keys past the span's end, and (causal) keys in a row's future, get -inf.
+      // Keys past the span's end, (causal) keys in a row's future and keys outside a row's
+      // window get -inf.
       const bool tail = j0 + kKeys > sp.n_k;
       const bool diagonal = p.causal && j0 + kKeys - 1 > i0 + sp.causal_offset;
-      scale_and_mask<kKeys>(s, scale_log2, tail || diagonal, j0, sp.n_k, p.causal, sp.causal_offset,
-                            row, tig);
+      scale_and_mask<kKeys>(s, scale_log2, tail || diagonal || windowed, j0, sp.n_k, p.causal,
+                            sp.causal_offset, row, tig, p.window_left, p.window_right);
       online_softmax_step<kKeys, kHeadDim>(s, m, l, acc);
 
       cp_async_wait<0>();  // V has landed

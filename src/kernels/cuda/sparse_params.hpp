@@ -31,6 +31,9 @@ struct SparseForwardParams {
   int head_dim = 0;
   float scale = 1.0f;
   bool causal = false;
+  // Sliding window in the spans' index units (KeySpan/QuerySpan causal_offset), as for the CPU
+  // kernels (SparseParams); kNoWindow: none.
+  int64_t window_left = kNoWindow, window_right = kNoWindow;
   bool accumulate = false;  // merge into (out, lse) by log-sum-exp instead of writing
   // Every row start and stride is a multiple of 8 elements, the pointers 16-byte aligned and
   // head_dim the instantiated head dim: rows are read with 16-byte copies.
@@ -62,11 +65,25 @@ struct SparseBackwardParams {
   int head_dim = 0;
   float scale = 1.0f;
   bool causal = false;
+  int64_t window_left = kNoWindow, window_right = kNoWindow;  // as in SparseForwardParams
   bool vector_loads = false;
 };
 
 // The forward walks several key spans per item, so it keeps one K tile (no prefetch across
 // span boundaries): Q (kQueryTile rows), one K tile and one V tile.
+// A (tile, span) pair as the dense kernels' task view, so that the key-range rules
+// (cpu_flash.hpp: visible_key_range, seeing_query_range, outside_reach) are theirs.
+RINGATTN_HOST_DEVICE inline SubseqTask span_view(int64_t n_q, int64_t n_k, int64_t causal_offset,
+                                                 int64_t window_left, int64_t window_right) {
+  SubseqTask t;
+  t.n_q = n_q;
+  t.n_k = n_k;
+  t.causal_offset = causal_offset;
+  t.window_left = window_left;
+  t.window_right = window_right;
+  return t;
+}
+
 constexpr int sparse_forward_smem_bytes(int head_dim, int elem_bytes) {
   return (kQueryTile + 2 * forward_key_step(head_dim)) * (head_dim + kRowPad) * elem_bytes;
 }

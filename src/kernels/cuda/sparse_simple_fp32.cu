@@ -20,11 +20,11 @@ using simple::kWarps;
 using simple::load_row;
 using simple::warp_sum;
 
-// Keys of span `sp` that query row i (of the span's query view) sees: a prefix.
-__device__ __forceinline__ int64_t visible(const KeySpan& sp, bool causal, int64_t i) {
-  if (!causal) return sp.n_k;
-  const int64_t n = i + 1 + sp.causal_offset;
-  return n < 0 ? 0 : (n < sp.n_k ? n : sp.n_k);
+// Keys of span `sp` that query row i (of a tile of n_q rows) sees: causality and the window.
+__device__ __forceinline__ KeyRange row_keys(const KeySpan& sp, int64_t n_q, int64_t i, bool causal,
+                                             int64_t window_left, int64_t window_right) {
+  return visible_key_range(span_view(n_q, sp.n_k, sp.causal_offset, window_left, window_right),
+                           causal, i, 1);
 }
 
 __global__ void __launch_bounds__(kWarps * 32)
@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const KeySpan sp = p.spans[si];
       const float* k = static_cast<const float*>(p.k) + sp.k_row0;
       const float* v = static_cast<const float*>(p.v) + sp.k_row0;
-      const int64_t nk = visible(sp, p.causal, i);
-      for (int64_t j = 0; j < nk; ++j) {
+      const KeyRange keys = row_keys(sp, tile.n_q, i, p.causal, p.window_left, p.window_right);
+      for (int64_t j = keys.begin; j < keys.end; ++j) {
         const float s = dot_row(qv, k + j * sp.k_stride, p.head_dim, lane) * p.scale;
         const float m_new = fmaxf(m, s);
         const float alpha = expf(m - m_new);  // 0 on the first key (m = -inf)
@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const KeySpan sp = p.key_spans[si];
       const float* k = static_cast<const float*>(p.k) + sp.k_row0;
       const float* v = static_cast<const float*>(p.v) + sp.k_row0;
-      const int64_t nk = visible(sp, p.causal, i);
-      for (int64_t j = 0; j < nk; ++j) {
+      const KeyRange keys = row_keys(sp, tile.n_q, i, p.causal, p.window_left, p.window_right);
+      for (int64_t j = keys.begin; j < keys.end; ++j) {
         const float* krow = k + j * sp.k_stride;
         const float pr = expf(dot_row(qv, krow, p.head_dim, lane) * p.scale - L);
         const float dp = dot_row(dov, v + j * sp.k_stride, p.head_dim, lane);
@@ -156,9 +156,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       const QuerySpan sp = p.query_spans[si];
       const float* q = static_cast<const float*>(p.q) + sp.q_row0;
       const float* dout = static_cast<const float*>(p.dout) + sp.q_row0;
-      int64_t first = 0;
-      if (p.causal) first = j - sp.causal_offset > 0 ? j - sp.causal_offset : 0;
-      for (int64_t i = first; i < sp.n_q; ++i) {
+      const KeyRange rows = seeing_query_range(
+          span_view(sp.n_q, tile.n_k, sp.causal_offset, p.window_left, p.window_right), p.causal, j,
+          1);
+      for (int64_t i = rows.begin; i < rows.end; ++i) {
         const int64_t at = sp.lse0 + i * p.lse_stride;
         const float L = p.lse[at];
         if (L == -INFINITY) continue;
