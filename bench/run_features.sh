@@ -6,7 +6,8 @@
 #      for 64K tokens of documents log-uniform in 128..16K, P = 2, 4, 8, next to what the
 #      zigzag layout would give on the same documents;
 #   3. sliding window: forward time against N for a fixed causal window (linear in N), next
-#      to dense causal attention's (quadratic).
+#      to dense causal attention's (quadratic);
+#   4. block-sparse with GQA and a window inside the listed blocks: K/V bytes per rank (P = 4).
 # Output: bench/results/features-<date>-<commit>.txt.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,6 +75,20 @@ for n in 16384 32768 65536 131072; do
     ratio=$("$py" -c "print(f'{$dense/$ms:.1f}')")
   fi
   printf '%8s %12.1f %12.3f %10.1f %12s %12s\n' "$n" "$ms" "$("$py" -c "print($ms/($n/1024))")" "$gf" "$dense" "$ratio"
+done
+echo
+echo "## 4. block-sparse (local:window=4096+global:blocks=1, bs 128), P = 4, N = 65536, H = 16, D = 64, causal:"
+echo "##    forward K/V bytes per rank with GQA and with a window inside the listed blocks"
+printf '%-26s %14s %14s %10s %10s %10s\n' run bytes_sent bytes_min vs_MHA imbalance fwd_ms
+base=0
+for spec in "MHA|--kv-heads 16" "GQA 8:1|--kv-heads 2" "GQA 8:1, window 1024|--kv-heads 2 --window 1024"; do
+  name=${spec%%|*}; extra=${spec#*|}
+  # shellcheck disable=SC2086
+  j=$(json --attention block-sparse --pattern local:window=4096+global:blocks=1 --block-size 128 \
+    --ring-size 4 --seq-len 65536 --heads 16 --head-dim 64 --causal $extra --iters 1 --warmup 0)
+  read -r sent smin imb ms <<<"$(field "$j" bytes_sent bytes_sent_min imbalance fwd_ms)"
+  [ "$base" = 0 ] && base=$sent
+  printf '%-26s %14s %14s %9.2fx %10.3f %10.1f\n' "$name" "$sent" "$smin" "$("$py" -c "print($base/$sent)")" "$imb" "$ms"
 done
 } | tee "$out"
 echo "saved $out"
