@@ -137,55 +137,80 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
   }
 }
 
+// The backward's unit of work is a (query chunk, key chunk) pair: a query chunk is q_tile rows
+// of a query piece on the grid from its first row, a key chunk k_tile rows of a key piece on
+// the grid from its first row. The dQ pass, the dK/dV pass and the fused backward visit the
+// same pairs (those pair_visible admits) with the same calls, and every dQ element receives
+// its terms in ascending key order: the fused result is the split one, bit for bit.
+bool pair_visible(const SubseqTask& view, bool causal, int64_t i0, int64_t bq, int64_t j0,
+                  int64_t bk) {
+  const KeyRange r = visible_key_range(view, causal, i0, bq);
+  return r.begin < r.end && j0 < r.end && j0 + bk > r.begin;
+}
+
+// lse and delta of rows [i0, i0 + bq) of a piece into w.m and w.l; false when no row attends
+// anything.
+bool load_rows(const SparseParams& p, int64_t lse0, int64_t i0, int64_t bq, const Scratch& w) {
+  bool any = false;
+  for (int64_t i = 0; i < bq; ++i) {
+    w.m[i] = p.lse[lse0 + (i0 + i) * p.lse_stride];
+    w.l[i] = p.delta[lse0 + (i0 + i) * p.lse_stride];
+    any |= w.m[i] != kNegInf;
+  }
+  return any;
+}
+
+// P (into w.s) and dS = P ∘ (dP − delta) (into w.ds) of one pair: S and dP, two products.
+void p_and_ds(const SparseParams& p, const SubseqTask& view, const float* q, const float* dout,
+              const float* k, const float* v, int ldk, int64_t i0, int64_t bq, int64_t j0,
+              int64_t bk, const TileConfig& tc, const Scratch& w) {
+  const int64_t d = p.head_dim, ld = tc.k_tile;
+  const int ldq = sz(p.q_stride);
+  sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, ldq, k, ldk, 0.0f, w.s,
+        sz(ld));
+  probabilities(w.s, ld, bq, bk, w.m, view, p.causal, i0, j0);
+  sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, ldq, v, ldk, 0.0f, w.ds,
+        sz(ld));
+  for (int64_t i = 0; i < bq; ++i) {
+    float* dsrow = w.ds + i * ld;
+    const float* prow = w.s + i * ld;
+    const float di = w.l[i];
+#pragma omp simd
+    for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
+  }
+}
+
+// dQ rows [i0, i0 + bq) of query piece `t` += scale · dS K over the piece's key spans (one per
+// key tile, ascending): the split backward's dQ pass.
 void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const KeySpan> spans,
              int64_t i0, const TileConfig& tc, const Scratch& w) {
   const int64_t d = p.head_dim, ld = tc.k_tile;
   const int64_t bq = std::min(tc.q_tile, t.n_q - i0);
+  if (!load_rows(p, t.lse0, i0, bq, w)) return;
   const float* q = p.q + t.q_row0 + i0 * p.q_stride;
   const float* dout = p.dout + t.q_row0 + i0 * p.q_stride;
-  bool any = false;
-  for (int64_t i = 0; i < bq; ++i) {
-    w.m[i] = p.lse[t.lse0 + (i0 + i) * p.lse_stride];
-    w.l[i] = p.delta[t.lse0 + (i0 + i) * p.lse_stride];
-    any |= w.m[i] != kNegInf;
-  }
-  if (!any) return;
-  std::fill(w.acc, w.acc + bq * d, 0.0f);
+  float* dq = p.dq + t.q_row0 + i0 * p.q_stride;
   for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
     const KeySpan& sp = spans[static_cast<std::size_t>(s)];
     const SubseqTask view = view_of(p, t.n_q, sp.n_k, sp.causal_offset);
     const KeyRange keys = visible_key_range(view, p.causal, i0, bq);
-    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += tc.k_tile) {
-      const int64_t bk = std::min(tc.k_tile, keys.end - j0);
+    if (keys.begin >= keys.end) continue;
+    for (int64_t j0 = keys.begin / tc.k_tile * tc.k_tile; j0 < keys.end; j0 += tc.k_tile) {
+      const int64_t bk = std::min(tc.k_tile, sp.n_k - j0);
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
       const int ldk = sz(sp.k_stride);
-      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, sz(p.q_stride), k, ldk,
-            0.0f, w.s, sz(ld));
-      probabilities(w.s, ld, bq, bk, w.m, view, p.causal, i0, j0);
-      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, sz(p.q_stride), v, ldk,
-            0.0f, w.ds, sz(ld));
-      for (int64_t i = 0; i < bq; ++i) {
-        float* dsrow = w.ds + i * ld;
-        const float* prow = w.s + i * ld;
-        const float di = w.l[i];
-#pragma omp simd
-        for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
-      }
+      p_and_ds(p, view, q, dout, k, v, ldk, i0, bq, j0, bk, tc, w);
       sgemm(CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), p.scale, w.ds, sz(ld), k, ldk, 1.0f,
-            w.acc, sz(d));
+            dq, sz(p.q_stride));
     }
-  }
-  for (int64_t i = 0; i < bq; ++i) {
-    float* dqrow = p.dq + t.q_row0 + (i0 + i) * p.q_stride;
-    const float* a = w.acc + i * d;
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) dqrow[c] += a[c];
   }
 }
 
-void dkdv_tile(const SparseParams& p, const SparseKeyTile& t, std::span<const QuerySpan> spans,
-               int64_t j0, const TileConfig& tc, const Scratch& w) {
+// Key chunk [j0, j0 + bk) of key piece `t` against its query spans: dK, dV of the chunk (in
+// scratch, then added to the tensors), and with `with_dq` also dQ of the query rows.
+void key_chunk(const SparseParams& p, const SparseKeyTile& t, std::span<const QuerySpan> spans,
+               int64_t j0, const TileConfig& tc, const Scratch& w, bool with_dq) {
   const int64_t d = p.head_dim, ld = tc.k_tile;
   const int64_t bk = std::min(tc.k_tile, t.n_k - j0);
   const int ldk = sz(t.k_stride), ldq = sz(p.q_stride);
@@ -197,35 +222,21 @@ void dkdv_tile(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
     const QuerySpan& sp = spans[static_cast<std::size_t>(s)];
     const SubseqTask view = view_of(p, sp.n_q, t.n_k, sp.causal_offset);
     const KeyRange rows = seeing_query_range(view, p.causal, j0, bk);
-    // Query tiles stay on the q_tile grid from the span's first row.
     for (int64_t i0 = rows.begin / tc.q_tile * tc.q_tile; i0 < rows.end; i0 += tc.q_tile) {
-      const int64_t bq = std::min(tc.q_tile, rows.end - i0);
-      bool any = false;
-      for (int64_t i = 0; i < bq; ++i) {
-        w.m[i] = p.lse[sp.lse0 + (i0 + i) * p.lse_stride];
-        w.l[i] = p.delta[sp.lse0 + (i0 + i) * p.lse_stride];
-        any |= w.m[i] != kNegInf;
-      }
-      if (!any) continue;
+      const int64_t bq = std::min(tc.q_tile, sp.n_q - i0);
+      if (!pair_visible(view, p.causal, i0, bq, j0, bk) || !load_rows(p, sp.lse0, i0, bq, w))
+        continue;
       const float* q = p.q + sp.q_row0 + i0 * p.q_stride;
       const float* dout = p.dout + sp.q_row0 + i0 * p.q_stride;
-      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, ldq, k, ldk, 0.0f, w.s,
-            sz(ld));
-      probabilities(w.s, ld, bq, bk, w.m, view, p.causal, i0, j0);
-      // dV += Pᵀ dO ; dP = dO Vᵀ ; dS = P ∘ (dP − delta) ; dK += scale · dSᵀ Q
+      p_and_ds(p, view, q, dout, k, v, ldk, i0, bq, j0, bk, tc, w);
+      // dV += Pᵀ dO ; dK += scale · dSᵀ Q ; (fused) dQ += scale · dS K
       sgemm(CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), 1.0f, w.s, sz(ld), dout, ldq, 1.0f,
             w.dv, sz(d));
-      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, ldq, v, ldk, 0.0f, w.ds,
-            sz(ld));
-      for (int64_t i = 0; i < bq; ++i) {
-        float* dsrow = w.ds + i * ld;
-        const float* prow = w.s + i * ld;
-        const float di = w.l[i];
-#pragma omp simd
-        for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
-      }
       sgemm(CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), p.scale, w.ds, sz(ld), q, ldq, 1.0f,
             w.dk, sz(d));
+      if (with_dq)
+        sgemm(CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), p.scale, w.ds, sz(ld), k, ldk,
+              1.0f, p.dq + sp.q_row0 + i0 * p.q_stride, ldq);
     }
   }
   for (int64_t j = 0; j < bk; ++j) {
@@ -288,8 +299,28 @@ void sparse_backward_dkdv(const SparseParams& p, std::span<const SparseKeyTile> 
                           float* workspace) {
   run_tiles(tiles, tc.k_tile, tc, p.head_dim, threads, workspace,
             [&](const SparseKeyTile& t, int64_t step, const Scratch& w) {
-              for (int64_t j0 = 0; j0 < t.n_k; j0 += step) dkdv_tile(p, t, spans, j0, tc, w);
+              for (int64_t j0 = 0; j0 < t.n_k; j0 += step) key_chunk(p, t, spans, j0, tc, w, false);
             });
+}
+
+void sparse_backward_fused(const SparseParams& p, std::span<const SparseKeyTile> tiles,
+                           std::span<const QuerySpan> spans, std::span<const int64_t> task_ptr,
+                           const TileConfig& tc, int threads, float* workspace) {
+  const std::size_t per_thread = sparse_workspace_floats(tc, p.head_dim);
+  const auto n_tasks = static_cast<int64_t>(task_ptr.size()) - 1;
+  const BlasSingleThreadScope one_thread_per_sgemm;
+#pragma omp parallel num_threads(threads)
+  {
+    const Scratch w = carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread,
+                            tc, p.head_dim);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < n_tasks; ++task)
+      for (int64_t x = task_ptr[static_cast<std::size_t>(task)];
+           x < task_ptr[static_cast<std::size_t>(task) + 1]; ++x) {
+        const SparseKeyTile& t = tiles[static_cast<std::size_t>(x)];
+        for (int64_t j0 = 0; j0 < t.n_k; j0 += tc.k_tile) key_chunk(p, t, spans, j0, tc, w, true);
+      }
+  }
 }
 
 }  // namespace ringattn::kernels

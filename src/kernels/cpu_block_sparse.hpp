@@ -82,4 +82,14 @@ void sparse_backward_dkdv(const SparseParams& p, std::span<const SparseKeyTile> 
                           std::span<const QuerySpan> spans, const TileConfig& tc, int threads,
                           float* workspace);
 
+// The fused backward: dQ, dK and dV in one pass, 5 products per tile pair instead of the split
+// form's 7 (dQ pass 3, dK/dV pass 4). Task t owns key tiles [task_ptr[t], task_ptr[t + 1]) and
+// is one thread's, so the tasks must not share key rows nor the query rows their spans name
+// (one task per (batch, K/V head)). Bit for bit the result of sparse_backward_dq over the
+// same pairs (query tiles with one key span per key tile, ascending) then
+// sparse_backward_dkdv, when the key tiles of a task are in ascending key position.
+void sparse_backward_fused(const SparseParams& p, std::span<const SparseKeyTile> tiles,
+                           std::span<const QuerySpan> spans, std::span<const int64_t> task_ptr,
+                           const TileConfig& tc, int threads, float* workspace);
+
 }  // namespace ringattn::kernels

@@ -32,20 +32,6 @@ void add_key_span(std::vector<kernels::KeySpan>& spans, int64_t tile_first, kern
   spans.push_back(s);
 }
 
-void add_query_span(std::vector<kernels::QuerySpan>& spans, int64_t tile_first,
-                    kernels::QuerySpan s, int64_t q_stride, int64_t lse_stride) {
-  if (static_cast<int64_t>(spans.size()) > tile_first) {
-    kernels::QuerySpan& last = spans.back();
-    if (last.q_row0 + last.n_q * q_stride == s.q_row0 &&
-        last.lse0 + last.n_q * lse_stride == s.lse0 &&
-        last.causal_offset + last.n_q == s.causal_offset) {
-      last.n_q += s.n_q;
-      return;
-    }
-  }
-  spans.push_back(s);
-}
-
 namespace {
 
 std::vector<PeerRange> ranges_of(const std::vector<Entry>& entries) {
@@ -190,6 +176,8 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   std::vector<int64_t> my_blocks;  // global blocks I own, in local order
   for (const ring::Chunk& c : layout.chunks(me))
     for (int64_t p = c.begin; p < c.begin + c.length; p += bs) my_blocks.push_back(p / bs);
+  std::vector<int64_t> blocks_by_position = my_blocks;
+  std::sort(blocks_by_position.begin(), blocks_by_position.end());
   std::vector<BlockCsr> cols;
   for (const BlockCsr& c : l.lists) cols.push_back(transpose(c, l.blocks));
   auto column = [&](int64_t h) -> const BlockCsr& {
@@ -207,30 +195,43 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
                                       static_cast<int64_t>(w.local_spans.size()), 0};
           kernels::SparseQueryTile rt = lt;
           rt.first_span = static_cast<int64_t>(w.remote_spans.size());
+          kernels::SparseQueryTile blt = lt, brt = lt;  // the backward's: one span per key tile
+          blt.first_span = static_cast<int64_t>(w.bwd_local_spans.size());
+          brt.first_span = static_cast<int64_t>(w.bwd_remote_spans.size());
           for (int32_t j : c.row(i)) {
             if (cfg.causal && j > i) break;
             const Piece kp = in_document_of(cfg, qp.begin, j * bs, bs);
             if (kp.size() <= 0) continue;
             const Owner& o = owners[static_cast<std::size_t>(j)];
             const int64_t skip = kp.begin - j * bs, off = qp.begin - kp.begin;
-            if (o.rank == me)
-              add_key_span(w.local_spans, lt.first_span,
-                           {kv_row(b, o.local_row + skip, g), G * D, kp.size(), off});
-            else
-              add_key_span(w.remote_spans, rt.first_span,
-                           {slab(find_recv(o.rank, g, j), b) + skip * D, D, kp.size(), off});
+            if (o.rank == me) {
+              const kernels::KeySpan sp{kv_row(b, o.local_row + skip, g), G * D, kp.size(), off};
+              add_key_span(w.local_spans, lt.first_span, sp);
+              w.bwd_local_spans.push_back(sp);
+            } else {
+              const kernels::KeySpan sp{slab(find_recv(o.rank, g, j), b) + skip * D, D, kp.size(),
+                                        off};
+              add_key_span(w.remote_spans, rt.first_span, sp);
+              w.bwd_remote_spans.push_back(sp);
+            }
           }
           lt.n_spans = static_cast<int64_t>(w.local_spans.size()) - lt.first_span;
           rt.n_spans = static_cast<int64_t>(w.remote_spans.size()) - rt.first_span;
+          blt.n_spans = static_cast<int64_t>(w.bwd_local_spans.size()) - blt.first_span;
+          brt.n_spans = static_cast<int64_t>(w.bwd_remote_spans.size()) - brt.first_span;
           w.local_tiles.push_back(lt);  // every tile: the local pass initialises every row
           if (rt.n_spans > 0) w.remote_tiles.push_back(rt);
+          if (blt.n_spans > 0) w.bwd_local_tiles.push_back(blt);
+          if (brt.n_spans > 0) w.bwd_remote_tiles.push_back(brt);
         }
       }
     }
-    // dK/dV of my key blocks (per K/V head, one tile per document piece), from my query
-    // blocks of every query head sharing the K/V head.
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t j : my_blocks) {
+    // dK/dV of my key blocks (per K/V head, one tile per document piece, in ascending
+    // position), from my query blocks of every query head sharing the K/V head; one query span
+    // per query block piece, since the fused backward and the dQ pass must cut alike.
+    for (int64_t g = 0; g < G; ++g) {
+      w.local_task_ptr.push_back(static_cast<int64_t>(w.local_ktiles.size()));
+      for (int64_t j : blocks_by_position) {
         const int64_t lr = owners[static_cast<std::size_t>(j)].local_row;
         for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
           kernels::SparseKeyTile kt{kv_row(b, lr + (kp.begin - j * bs), g), G * D, kp.size(),
@@ -243,39 +244,51 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
               const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
               if (qp.size() <= 0) continue;
               const int64_t qr = o.local_row + (qp.begin - i * bs);
-              add_query_span(w.local_qspans, kt.first_span,
-                             {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin},
-                             H * D, 1);
+              w.local_qspans.push_back(
+                  {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin});
             }
           kt.n_spans = static_cast<int64_t>(w.local_qspans.size()) - kt.first_span;
           if (kt.n_spans > 0) w.local_ktiles.push_back(kt);
         }
       }
+    }
   }
-  // dK/dV partials of received blocks, from my query blocks.
-  for (std::size_t e = 0; e < w.recv_entries.size(); ++e) {
-    const Entry& en = w.recv_entries[e];
-    const int64_t j = en.block;
-    for (int64_t b = 0; b < B; ++b)
-      for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
-        kernels::SparseKeyTile kt{slab(static_cast<int64_t>(e), b) + (kp.begin - j * bs) * D, D,
-                                  kp.size(), static_cast<int64_t>(w.remote_qspans.size()), 0};
-        for (int64_t h = en.head * per_kv; h < (en.head + 1) * per_kv; ++h)
-          for (int32_t i : column(h).row(j)) {
-            if (cfg.causal && j > i) continue;
-            const Owner& o = owners[static_cast<std::size_t>(i)];
-            if (o.rank != me) continue;
-            const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
-            if (qp.size() <= 0) continue;
-            const int64_t qr = o.local_row + (qp.begin - i * bs);
-            add_query_span(w.remote_qspans, kt.first_span,
-                           {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin}, H * D,
-                           1);
-          }
-        kt.n_spans = static_cast<int64_t>(w.remote_qspans.size()) - kt.first_span;
-        if (kt.n_spans > 0) w.remote_ktiles.push_back(kt);
+  w.local_task_ptr.push_back(static_cast<int64_t>(w.local_ktiles.size()));
+  // dK/dV partials of received blocks, from my query blocks: per (batch, K/V head), in
+  // ascending key position (a block has one owner, so one entry per (head, block)).
+  std::vector<std::size_t> by_block(w.recv_entries.size());
+  std::iota(by_block.begin(), by_block.end(), std::size_t{0});
+  std::sort(by_block.begin(), by_block.end(), [&](std::size_t x, std::size_t y) {
+    return std::tie(w.recv_entries[x].head, w.recv_entries[x].block) <
+           std::tie(w.recv_entries[y].head, w.recv_entries[y].block);
+  });
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < G; ++g) {
+      w.remote_task_ptr.push_back(static_cast<int64_t>(w.remote_ktiles.size()));
+      for (std::size_t e : by_block) {
+        const Entry& en = w.recv_entries[e];
+        if (en.head != g) continue;
+        const int64_t j = en.block;
+        for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
+          kernels::SparseKeyTile kt{slab(static_cast<int64_t>(e), b) + (kp.begin - j * bs) * D, D,
+                                    kp.size(), static_cast<int64_t>(w.remote_qspans.size()), 0};
+          for (int64_t h = g * per_kv; h < (g + 1) * per_kv; ++h)
+            for (int32_t i : column(h).row(j)) {
+              if (cfg.causal && j > i) continue;
+              const Owner& o = owners[static_cast<std::size_t>(i)];
+              if (o.rank != me) continue;
+              const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
+              if (qp.size() <= 0) continue;
+              const int64_t qr = o.local_row + (qp.begin - i * bs);
+              w.remote_qspans.push_back(
+                  {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin});
+            }
+          kt.n_spans = static_cast<int64_t>(w.remote_qspans.size()) - kt.first_span;
+          if (kt.n_spans > 0) w.remote_ktiles.push_back(kt);
+        }
       }
-  }
+    }
+  w.remote_task_ptr.push_back(static_cast<int64_t>(w.remote_ktiles.size()));
   return w;
 }
 

@@ -48,9 +48,17 @@ struct RankSparseWork {
   std::vector<kernels::SparseQueryTile> local_tiles, remote_tiles;
   std::vector<kernels::KeySpan> local_spans, remote_spans;
   // dK/dV: local key tiles with local query spans; received key tiles (rows of the slabs, into
-  // same-shaped partial buffers) with local query spans.
+  // same-shaped partial buffers) with local query spans. One span per query block piece; key
+  // tiles grouped per backward task t = b·kv_heads + g, [task_ptr[t], task_ptr[t + 1]), in
+  // ascending key position within a task.
   std::vector<kernels::SparseKeyTile> local_ktiles, remote_ktiles;
   std::vector<kernels::QuerySpan> local_qspans, remote_qspans;
+  std::vector<int64_t> local_task_ptr, remote_task_ptr;
+  // dQ: the query tiles again, with one key span per key tile (never merged, in ascending key
+  // position), so that the split backward cuts tile pairs exactly as the fused one does. Only
+  // tiles with spans.
+  std::vector<kernels::SparseQueryTile> bwd_local_tiles, bwd_remote_tiles;
+  std::vector<kernels::KeySpan> bwd_local_spans, bwd_remote_spans;
   // What travels, sorted by (peer, head, block), and each peer's range of it.
   std::vector<Entry> recv_entries, send_entries;
   std::vector<PeerRange> recv_ranges, send_ranges;
@@ -68,10 +76,6 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
 // Appends a key span to the spans of the tile starting at `tile_first`, extending the previous
 // span when the rows continue it in memory and in causal offset.
 void add_key_span(std::vector<kernels::KeySpan>& spans, int64_t tile_first, kernels::KeySpan s);
-// The same for query spans of rows `q_stride` apart with lse `lse_stride` apart.
-void add_query_span(std::vector<kernels::QuerySpan>& spans, int64_t tile_first,
-                    kernels::QuerySpan s, int64_t q_stride, int64_t lse_stride);
-
 // Device work items of at most `rows_per_item` rows over query tiles (key tiles), longest
 // first by the keys (queries) the item's rows can see; ties keep tile order.
 std::vector<kernels::ForwardItem> sparse_query_items(

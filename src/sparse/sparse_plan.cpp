@@ -113,6 +113,7 @@ struct SparsePlan::Impl {
   int64_t bs = 0, B = 0, H = 0, G = 0, D = 0, NL = 0;  // G: K/V heads
 
   RankSparseWork w;  // the exchange and the work lists (rank_work.hpp)
+  std::vector<kernels::SparseKeyTile> split_local_ktiles, split_remote_ktiles;
 
   std::unique_ptr<float[], AlignedFree> workspace, send_k, send_v, recv_k, recv_v, grad_k, grad_v,
       ret_k, ret_v, delta;
@@ -160,8 +161,16 @@ struct SparsePlan::Impl {
     };
     std::stable_sort(w.local_tiles.begin(), w.local_tiles.end(), cost_q(w.local_spans));
     std::stable_sort(w.remote_tiles.begin(), w.remote_tiles.end(), cost_q(w.remote_spans));
-    std::stable_sort(w.local_ktiles.begin(), w.local_ktiles.end(), cost_k(w.local_qspans));
-    std::stable_sort(w.remote_ktiles.begin(), w.remote_ktiles.end(), cost_k(w.remote_qspans));
+    std::stable_sort(w.bwd_local_tiles.begin(), w.bwd_local_tiles.end(), cost_q(w.bwd_local_spans));
+    std::stable_sort(w.bwd_remote_tiles.begin(), w.bwd_remote_tiles.end(),
+                     cost_q(w.bwd_remote_spans));
+    // The fused backward walks the key tiles in task order; the split one takes them most
+    // expensive first (the order of tiles changes no bit: one writer per row).
+    split_local_ktiles = w.local_ktiles;
+    split_remote_ktiles = w.remote_ktiles;
+    std::stable_sort(split_local_ktiles.begin(), split_local_ktiles.end(), cost_k(w.local_qspans));
+    std::stable_sort(split_remote_ktiles.begin(), split_remote_ktiles.end(),
+                     cost_k(w.remote_qspans));
   }
 
   void pack(const float* k, const float* v) {
@@ -220,6 +229,26 @@ struct SparsePlan::Impl {
   }
 
   bool exchanges() const { return w.exchanges(); }
+
+  // One phase of the backward (the local blocks, or the received ones): fused (5 products
+  // per tile pair) when there are at least as many (batch, K/V head) tasks as threads, else
+  // split into a dQ pass over query tiles and a dK/dV pass over key tiles (7 products, every
+  // thread busy). Both give the same bits (cpu_block_sparse.hpp), so the result does not
+  // depend on the thread count.
+  void backward_pass(const kernels::SparseParams& p, bool local) {
+    if (B * G >= threads) {
+      kernels::sparse_backward_fused(
+          p, local ? w.local_ktiles : w.remote_ktiles, local ? w.local_qspans : w.remote_qspans,
+          local ? w.local_task_ptr : w.remote_task_ptr, tiles, threads, workspace.get());
+      return;
+    }
+    kernels::sparse_backward_dq(p, local ? w.bwd_local_tiles : w.bwd_remote_tiles,
+                                local ? w.bwd_local_spans : w.bwd_remote_spans, tiles, threads,
+                                workspace.get());
+    kernels::sparse_backward_dkdv(p, local ? split_local_ktiles : split_remote_ktiles,
+                                  local ? w.local_qspans : w.remote_qspans, tiles, threads,
+                                  workspace.get());
+  }
 };
 
 SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
@@ -382,10 +411,7 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   p.v = v;
   p.dk = dk;
   p.dv = dv;
-  kernels::sparse_backward_dq(p, m.w.local_tiles, m.w.local_spans, m.tiles, m.threads,
-                              m.workspace.get());
-  kernels::sparse_backward_dkdv(p, m.w.local_ktiles, m.w.local_qspans, m.tiles, m.threads,
-                                m.workspace.get());
+  m.backward_pass(p, true);
   m.bwd.compute_ms += ms_since(t0);
   m.step_done(1, exchanging);
   if (ticket < 0) return;
@@ -394,16 +420,13 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   t0 = std::chrono::steady_clock::now();
   p.k = m.recv_k.get();
   p.v = m.recv_v.get();
-  kernels::sparse_backward_dq(p, m.w.remote_tiles, m.w.remote_spans, m.tiles, m.threads,
-                              m.workspace.get());
   const auto n_recv =
       static_cast<std::size_t>(m.slab_floats(static_cast<int64_t>(m.w.recv_entries.size())));
   std::fill(m.grad_k.get(), m.grad_k.get() + n_recv, 0.0f);
   std::fill(m.grad_v.get(), m.grad_v.get() + n_recv, 0.0f);
   p.dk = m.grad_k.get();
   p.dv = m.grad_v.get();
-  kernels::sparse_backward_dkdv(p, m.w.remote_ktiles, m.w.remote_qspans, m.tiles, m.threads,
-                                m.workspace.get());
+  m.backward_pass(p, false);
   m.bwd.compute_ms += ms_since(t0);
   // Partials go back to the blocks' owners, the reverse of the K/V exchange.
   ticket = m.post(m.w.recv_ranges, m.grad_k.get(), m.grad_v.get(), m.w.send_ranges, m.ret_k.get(),

@@ -32,11 +32,12 @@ Result run_plan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> li
   const auto n = static_cast<std::size_t>(cfg.shape.numel());
   const auto rows = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
   Result r{std::vector<float>(n, nan), std::vector<float>(rows, nan), std::vector<float>(n, nan),
-           std::vector<float>(n, nan), std::vector<float>(n, nan)};
+           std::vector<float>(n_kv, nan), std::vector<float>(n_kv, nan)};
   plan.forward(q.data(), k.data(), v.data(), r.out.data(), r.lse.data());
-  plan.backward(q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(),
-                r.dq.data(), r.dk.data(), r.dv.data());
+  plan.backward(q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(), r.dq.data(),
+                r.dk.data(), r.dv.data());
   return r;
 }
 
@@ -150,11 +151,12 @@ TEST_P(BlockSparseRandom, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Masks, BlockSparseRandom,
     ::testing::Combine(
-        ::testing::Values(RandomMaskCase{"bs16_D32_dense_tiles", {2, 192, 3, 32}, 16, 0.3, false, 0, 0},
-                          RandomMaskCase{"bs32_D64_small_tiles", {1, 256, 2, 64}, 32, 0.4, true, 16, 8},
-                          RandomMaskCase{"bs64_D16_tile_lt_block", {1, 256, 2, 16}, 64, 0.5, false, 16, 32},
-                          RandomMaskCase{"bs8_D128", {1, 128, 2, 128}, 8, 0.2, false, 0, 0},
-                          RandomMaskCase{"bs16_D256_dense_mask", {1, 96, 1, 256}, 16, 1.0, true, 0, 0}),
+        ::testing::Values(
+            RandomMaskCase{"bs16_D32_dense_tiles", {2, 192, 3, 32}, 16, 0.3, false, 0, 0},
+            RandomMaskCase{"bs32_D64_small_tiles", {1, 256, 2, 64}, 32, 0.4, true, 16, 8},
+            RandomMaskCase{"bs64_D16_tile_lt_block", {1, 256, 2, 16}, 64, 0.5, false, 16, 32},
+            RandomMaskCase{"bs8_D128", {1, 128, 2, 128}, 8, 0.2, false, 0, 0},
+            RandomMaskCase{"bs16_D256_dense_mask", {1, 96, 1, 256}, 16, 1.0, true, 0, 0}),
         ::testing::Bool()),
     [](const auto& p) {
       return std::string(std::get<0>(p.param).name) + (std::get<1>(p.param) ? "_causal" : "");
@@ -187,22 +189,56 @@ TEST(BlockSparsePatterns, GeneratedPatternsMatchReference) {
   }
 }
 
+// One thread per (batch, K/V head) task runs the fused backward (5 products per tile pair);
+// more threads than tasks run the split one (7). Both must give the same bits, with every
+// feature that changes how tiles are cut: causality, GQA, windows, documents, tiles smaller
+// and larger than blocks.
 TEST(BlockSparsePatterns, BackwardIsDeterministicAcrossThreadCounts) {
-  AttentionConfig cfg;
-  cfg.shape = {1, 512, 2, 32};
-  cfg.attention = AttentionKind::block_sparse;
-  cfg.block_size = 32;
-  const Geometry g{512, 32, 2};
-  const auto lists = std::make_shared<const BlockLists>(
-      build_lists(parse_pattern("bigbird", g, {}, {}, 1), g));
-  const auto n = static_cast<std::size_t>(cfg.shape.numel());
-  const auto q = testing::random_normal(n, 1), k = testing::random_normal(n, 2),
-             v = testing::random_normal(n, 3), dout = testing::random_normal(n, 4);
-  const Result a = run_plan(cfg, lists, q, k, v, dout, PlanOptions{1});
-  const Result b = run_plan(cfg, lists, q, k, v, dout, PlanOptions{3});
-  EXPECT_EQ(a.dq, b.dq);
-  EXPECT_EQ(a.dk, b.dk);
-  EXPECT_EQ(a.dv, b.dv);
+  struct Case {
+    const char* name;
+    Shape4 shape;
+    int64_t kv_heads, bs, q_tile, k_tile;
+    bool causal;
+    int64_t window;
+    std::vector<int64_t> cu_seqlens;
+  };
+  for (const Case& c : {Case{"bigbird", {1, 512, 2, 32}, 2, 32, 0, 0, false, -1, {}},
+                        Case{"causal gqa", {2, 512, 4, 32}, 2, 32, 16, 48, true, -1, {}},
+                        Case{"mqa window", {1, 512, 3, 16}, 1, 64, 24, 32, false, 40, {}},
+                        Case{"packed window causal",
+                             {1, 512, 2, 32},
+                             1,
+                             32,
+                             0,
+                             0,
+                             true,
+                             70,
+                             {0, 1, 100, 101, 333, 512}}}) {
+    AttentionConfig cfg;
+    cfg.shape = c.shape;
+    cfg.attention = AttentionKind::block_sparse;
+    cfg.block_size = c.bs;
+    cfg.causal = c.causal;
+    cfg.kv_heads = c.kv_heads;
+    if (c.window >= 0) cfg.window_left = c.window;
+    cfg.cu_seqlens = c.cu_seqlens;
+    const Geometry g{c.shape.seq_len, c.bs, c.shape.heads};
+    const auto lists =
+        std::make_shared<const BlockLists>(build_lists(parse_pattern("bigbird", g, {}, {}, 1), g));
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    const auto q = testing::random_normal(n, 1), k = testing::random_normal(n_kv, 2),
+               v = testing::random_normal(n_kv, 3), dout = testing::random_normal(n, 4);
+    const Result fused = run_plan(cfg, lists, q, k, v, dout, PlanOptions{1, c.q_tile, c.k_tile});
+    for (int threads : {2, 5}) {
+      const Result r =
+          run_plan(cfg, lists, q, k, v, dout, PlanOptions{threads, c.q_tile, c.k_tile});
+      EXPECT_EQ(fused.out, r.out) << c.name << " threads " << threads;
+      EXPECT_EQ(fused.dq, r.dq) << c.name << " threads " << threads;
+      EXPECT_EQ(fused.dk, r.dk) << c.name << " threads " << threads;
+      EXPECT_EQ(fused.dv, r.dv) << c.name << " threads " << threads;
+    }
+  }
 }
 
 }  // namespace
