@@ -57,6 +57,11 @@ CASES = [
      dict(attention="block-sparse", pattern="local:window=48", block_size=16)),
     ("block_local_causal", (1, 128, 2, 16), None,
      dict(attention="block-sparse", pattern="local:window=48", block_size=16, causal=True)),
+    ("block_gqa_window_packed_causal", (1, 128, 4, 16), 2,
+     dict(attention="block-sparse", pattern="local:window=48", block_size=16, causal=True,
+          window=20, seqlens=[1, 50, 77])),
+    ("block_mqa_window_two_sided", (2, 96, 3, 8), 1,
+     dict(attention="block-sparse", pattern="local:window=64", block_size=16, window=(5, 11))),
 ]
 
 
