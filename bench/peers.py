@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""ringattn against PyTorch on this CPU, in one run (bench/run_peers.sh calls this).
+
+Rows, each timed as the median of --iters after one warm-up, implementations alternating per
+configuration so that both see the same machine state:
+  - dense and causal, forward and backward: PyTorch scaled_dot_product_attention (fp32, CPU)
+    and `ringattn run --device cpu`;
+  - block-sparse local band (--window tokens, blocks of --block): FlexAttention compiled with
+    torch.compile on the CPU (forward; its backward where the CPU backend has one) and
+    `ringattn run --attention block-sparse --pattern local:window=W`;
+  - the same run's SGEMM rate (cpu_bench --sgemm-only), measured first and last.
+Both implementations get the same thread count (torch.set_num_threads, ringattn --threads).
+FLOPs: forward 4*B*H*D*(attended pairs), backward 2.5x that; the ratio column is PyTorch's
+time over ringattn's on the same row (> 1: ringattn is faster).
+
+Without torch the ringattn rows and the SGEMM rate still run and the output says how to get
+torch. Writes <prefix>.txt (table) and <prefix>.jsonl (one JSON object per row)."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HOW_TO_GET_TORCH = """PyTorch is not importable from this Python ({exe}).
+To add the peer rows: make a venv outside the repository and install torch from PyPI,
+  /usr/bin/python3 -m venv ~/torch-venv
+  ~/torch-venv/bin/pip install torch
+(PyPI's Linux wheel is the CUDA build; with only PyPI reachable and no GPU, the CPU code
+still runs: see bench/README.md for the smaller set of packages that was enough here), then
+  TORCH_PYTHON=~/torch-venv/bin/python bench/run_peers.sh"""
+
+
+def sh(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"peers.py: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def ringattn_row(args, extra, backward):
+    cmd = [args.ringattn, "run", "--device", "cpu", "--batch", "1", "--seq-len", str(args.n),
+           "--heads", str(args.heads), "--head-dim", str(args.dim), "--threads",
+           str(args.threads), "--iters", str(args.iters), "--warmup", "1", "--json"] + extra
+    if backward:
+        cmd.append("--backward")
+    out = sh(cmd)
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1]), cmd
+
+
+def sgemm_rate(args):
+    out = sh([args.cpu_bench, "--sgemm-only", "--threads", str(args.threads)])
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])[
+        "sgemm_gflops"]
+
+
+def median_ms(fn, iters):
+    fn()  # warm-up
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+class Torch:
+    def __init__(self, threads):
+        import torch
+        self.torch = torch
+        torch.set_num_threads(threads)
+        self.version = torch.__version__
+
+    def inputs(self, b, h, n, d, grad):
+        t = self.torch
+        g = t.Generator().manual_seed(0)
+        return [t.randn(b, h, n, d, generator=g, requires_grad=grad) for _ in range(3)]
+
+    def sdpa(self, args, causal, backward):
+        t = self.torch
+        F = t.nn.functional
+        q, k, v = self.inputs(1, args.heads, args.n, args.dim, backward)
+        if not backward:
+            with t.no_grad():
+                return median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                 args.iters)
+        dout = t.randn(1, args.heads, args.n, args.dim)
+
+        def bwd_only():  # times the backward alone, the forward outside the clock
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            for x in (q, k, v):
+                x.grad = None
+            t0 = time.perf_counter()
+            out.backward(dout)
+            return (time.perf_counter() - t0) * 1e3
+
+        bwd_only()
+        return statistics.median(bwd_only() for _ in range(args.iters))
+
+    def flex(self, args, backward):
+        t = self.torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        reach = args.window // (2 * args.block)  # the same band as ringattn's local pattern
+
+        def band(b, h, qi, ki):
+            return (qi // args.block - ki // args.block).abs() <= reach
+
+        mask = create_block_mask(band, None, None, args.n, args.n, device="cpu",
+                                 BLOCK_SIZE=args.block)
+        fa = t.compile(flex_attention)
+        q, k, v = self.inputs(1, args.heads, args.n, args.dim, backward)
+        nb = args.n // args.block
+        pairs = sum(min(nb - 1, i + reach) - max(0, i - reach) + 1 for i in range(nb))
+        pairs *= args.block * args.block * args.heads
+        if not backward:
+            with t.no_grad():
+                fa(q, k, v, block_mask=mask)  # compile outside the clock
+                return median_ms(lambda: fa(q, k, v, block_mask=mask), args.iters), pairs
+        dout = t.randn(1, args.heads, args.n, args.dim)
+
+        def bwd_only():
+            out = fa(q, k, v, block_mask=mask)
+            for x in (q, k, v):
+                x.grad = None
+            t0 = time.perf_counter()
+            out.backward(dout)
+            return (time.perf_counter() - t0) * 1e3
+
+        bwd_only()
+        return statistics.median(bwd_only() for _ in range(args.iters)), pairs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ringattn", required=True)
+    ap.add_argument("--cpu-bench", required=True)
+    ap.add_argument("--prefix", required=True, help="output path without .txt/.jsonl")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--n", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--window", type=int, default=1536)
+    ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args()
+
+    lines, rows = [], []
+
+    def say(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    torch = None
+    if not args.no_torch:
+        try:
+            torch = Torch(args.threads)
+        except ImportError:
+            say("# " + HOW_TO_GET_TORCH.format(exe=sys.executable).replace("\n", "\n# "))
+    machine = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                    if ln.startswith("model name")), "unknown CPU")
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    gemm_first = sgemm_rate(args)
+    say(f"# ringattn vs PyTorch on the CPU, one run; commit {args.commit}, {date}")
+    say(f"# machine: {machine}, {args.threads} threads for every implementation")
+    say(f"# torch: {torch.version if torch else 'not available'} ({sys.executable})")
+    say(f"# shape B=1 N={args.n} H={args.heads} D={args.dim}, fp32, median of {args.iters} "
+        "after a warm-up; FLOPs fwd 4*B*H*D*pairs, bwd 2.5x")
+    say(f"# OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset: ringattn picks from CPUID)')}"
+        f" OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
+    say(f"# block-sparse: local band, window {args.window} tokens, blocks of {args.block}")
+    say(f"# SGEMM (cpu_bench --sgemm-only, 512^3 per thread): {gemm_first:.1f} GFLOP/s at the start")
+    header = (f"{'impl':<22} {'attention':<13} {'causal':<6} {'pass':<4} {'ms':>10} "
+              f"{'GFLOP/s':>8} {'%gemm':>6} {'torch/ours':>10}")
+    say(header)
+
+    def emit(impl, attention, causal, pss, ms, pairs, ours_ms=None, note=None):
+        flops = 4.0 * args.heads * args.dim * pairs * (2.5 if pss == "bwd" else 1.0)
+        gf = flops / (ms * 1e6) if ms else None
+        row = {"impl": impl, "attention": attention, "causal": causal, "pass": pss, "N": args.n,
+               "H": args.heads, "D": args.dim, "B": 1, "threads": args.threads, "ms": ms,
+               "gflops": gf, "attended_pairs": pairs, "commit": args.commit, "date": date,
+               "machine": machine}
+        ratio = ""
+        if ours_ms and ms and impl != "ringattn":
+            row["ratio_vs_ringattn"] = ms / ours_ms
+            ratio = f"{ms / ours_ms:.2f}x"
+        if note:
+            row["note"] = note
+        rows.append(row)
+        if ms is None:
+            say(f"{impl:<22} {attention:<13} {str(causal):<6} {pss:<4} {'-':>10}  {note}")
+        else:
+            say(f"{impl:<22} {attention:<13} {str(causal):<6} {pss:<4} {ms:>10.1f} {gf:>8.1f} "
+                f"{100 * gf / gemm_first:>5.0f}% {ratio:>10}")
+
+    for causal in (False, True):
+        extra = ["--attention", "dense"] + (["--causal"] if causal else [])
+        ours, cmd = ringattn_row(args, extra, backward=True)
+        pairs = ours["attended_pairs"] if "attended_pairs" in ours else (
+            args.heads * (args.n * (args.n + 1) // 2 if causal else args.n * args.n))
+        if not causal:
+            b = ours.get("blas", {})
+            say(f"# ringattn BLAS: {b.get('config')}; kernels {b.get('core')}; "
+                f"{b.get('threading')}, {b.get('threads_per_call')} thread(s) per call")
+        emit("ringattn", "dense", causal, "fwd", ours["fwd_ms"], pairs)
+        emit("ringattn", "dense", causal, "bwd", ours["bwd_ms"], pairs)
+        if torch:
+            emit("torch_sdpa", "dense", causal, "fwd", torch.sdpa(args, causal, False), pairs,
+                 ours["fwd_ms"])
+            emit("torch_sdpa", "dense", causal, "bwd", torch.sdpa(args, causal, True), pairs,
+                 ours["bwd_ms"])
+
+    extra = ["--attention", "block-sparse", "--block-size", str(args.block), "--pattern",
+             f"local:window={args.window}"]
+    ours, cmd = ringattn_row(args, extra, backward=True)
+    pairs = ours.get("attended_pairs")
+    emit("ringattn", "block-sparse", False, "fwd", ours["fwd_ms"], pairs)
+    emit("ringattn", "block-sparse", False, "bwd", ours["bwd_ms"], pairs)
+    if torch:
+        try:
+            ms, flex_pairs = torch.flex(args, False)
+            if pairs and flex_pairs != pairs * 1:
+                say(f"# note: FlexAttention mask has {flex_pairs} pairs, ringattn {pairs}")
+            emit("torch_flex_compiled", "block-sparse", False, "fwd", ms, flex_pairs,
+                 ours["fwd_ms"])
+        except Exception as e:  # noqa: BLE001 - a peer that cannot run is a row that says so
+            emit("torch_flex_compiled", "block-sparse", False, "fwd", None, pairs,
+                 note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        try:
+            ms, flex_pairs = torch.flex(args, True)
+            emit("torch_flex_compiled", "block-sparse", False, "bwd", ms, flex_pairs,
+                 ours["bwd_ms"])
+        except Exception as e:  # noqa: BLE001
+            emit("torch_flex_compiled", "block-sparse", False, "bwd", None, pairs,
+                 note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+
+    gemm_last = sgemm_rate(args)
+    say(f"# SGEMM at the end: {gemm_last:.1f} GFLOP/s (start {gemm_first:.1f})")
+    rows.append({"impl": "sgemm", "pass": "gemm", "threads": args.threads,
+                 "gflops": gemm_first, "gflops_end": gemm_last, "commit": args.commit,
+                 "date": date, "machine": machine})
+    with open(args.prefix + ".txt", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(args.prefix + ".jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print(f"saved {args.prefix}.txt and {args.prefix}.jsonl")
+
+
+if __name__ == "__main__":
+    main()
