@@ -106,9 +106,10 @@ class Torch:
         def band(b, h, qi, ki):
             return (qi // args.block - ki // args.block).abs() <= reach
 
-        mask = create_block_mask(band, None, None, args.n, args.n, device="cpu",
-                                 BLOCK_SIZE=args.block)
-        fa = t.compile(flex_attention)
+        if not hasattr(self, "_flex"):  # compiled once per process, reused by every round
+            self._flex = (create_block_mask(band, None, None, args.n, args.n, device="cpu",
+                                            BLOCK_SIZE=args.block), t.compile(flex_attention))
+        mask, fa = self._flex
         q, k, v = self.inputs(1, args.heads, args.n, args.dim, backward)
         nb = args.n // args.block
         pairs = sum(min(nb - 1, i + reach) - max(0, i - reach) + 1 for i in range(nb))
@@ -144,6 +145,8 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--window", type=int, default=1536)
     ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds per row, alternating which implementation runs first")
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
 
@@ -167,17 +170,19 @@ def main():
     say(f"# machine: {machine}, {args.threads} threads for every implementation")
     say(f"# torch: {torch.version if torch else 'not available'} ({sys.executable})")
     say(f"# shape B=1 N={args.n} H={args.heads} D={args.dim}, fp32, median of {args.iters} "
-        "after a warm-up; FLOPs fwd 4*B*H*D*pairs, bwd 2.5x")
+        f"after a warm-up, per round; {args.rounds} rounds alternating which side runs first, "
+        "median of the rounds; FLOPs fwd 4*B*H*D*pairs, bwd 2.5x")
+    say(f"# load average at the start: {open('/proc/loadavg').read().strip()}")
     say(f"# OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset: ringattn picks from CPUID)')}"
         f" OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
     say(f"# block-sparse: local band, window {args.window} tokens, blocks of {args.block}")
     say(f"# SGEMM (cpu_bench --sgemm-only, 512^3 per thread): {gemm_first:.1f} GFLOP/s at the start")
     header = (f"{'impl':<22} {'attention':<13} {'causal':<6} {'pass':<4} {'ms':>10} "
               f"{'GFLOP/s':>8} {'%gemm':>6} {'torch/ours':>10}")
-    say(header)
 
     def emit(impl, attention, causal, pss, ms, pairs, ours_ms=None, note=None):
-        flops = 4.0 * args.heads * args.dim * pairs * (2.5 if pss == "bwd" else 1.0)
+        # pairs counts every (batch, head) row, like ringattn's attended_pairs
+        flops = 4.0 * args.dim * pairs * (2.5 if pss == "bwd" else 1.0)
         gf = flops / (ms * 1e6) if ms else None
         row = {"impl": impl, "attention": attention, "causal": causal, "pass": pss, "N": args.n,
                "H": args.heads, "D": args.dim, "B": 1, "threads": args.threads, "ms": ms,
@@ -196,49 +201,78 @@ def main():
             say(f"{impl:<22} {attention:<13} {str(causal):<6} {pss:<4} {ms:>10.1f} {gf:>8.1f} "
                 f"{100 * gf / gemm_first:>5.0f}% {ratio:>10}")
 
-    for causal in (False, True):
-        extra = ["--attention", "dense"] + (["--causal"] if causal else [])
-        ours, cmd = ringattn_row(args, extra, backward=True)
-        pairs = ours["attended_pairs"] if "attended_pairs" in ours else (
-            args.heads * (args.n * (args.n + 1) // 2 if causal else args.n * args.n))
-        if not causal:
-            b = ours.get("blas", {})
-            say(f"# ringattn BLAS: {b.get('config')}; kernels {b.get('core')}; "
-                f"{b.get('threading')}, {b.get('threads_per_call')} thread(s) per call")
-        emit("ringattn", "dense", causal, "fwd", ours["fwd_ms"], pairs)
-        emit("ringattn", "dense", causal, "bwd", ours["bwd_ms"], pairs)
-        if torch:
-            emit("torch_sdpa", "dense", causal, "fwd", torch.sdpa(args, causal, False), pairs,
-                 ours["fwd_ms"])
-            emit("torch_sdpa", "dense", causal, "bwd", torch.sdpa(args, causal, True), pairs,
-                 ours["bwd_ms"])
+    # Rounds alternate which implementation goes first; a row's figure is the median of its
+    # rounds' medians, so a burst of other load on the machine hits both sides alike.
+    samples, pairs_of, notes, blas = {}, {}, {}, None
 
-    extra = ["--attention", "block-sparse", "--block-size", str(args.block), "--pattern",
-             f"local:window={args.window}"]
-    ours, cmd = ringattn_row(args, extra, backward=True)
-    pairs = ours.get("attended_pairs")
-    emit("ringattn", "block-sparse", False, "fwd", ours["fwd_ms"], pairs)
-    emit("ringattn", "block-sparse", False, "bwd", ours["bwd_ms"], pairs)
-    if torch:
-        try:
-            ms, flex_pairs = torch.flex(args, False)
-            if pairs and flex_pairs != pairs * 1:
-                say(f"# note: FlexAttention mask has {flex_pairs} pairs, ringattn {pairs}")
-            emit("torch_flex_compiled", "block-sparse", False, "fwd", ms, flex_pairs,
-                 ours["fwd_ms"])
-        except Exception as e:  # noqa: BLE001 - a peer that cannot run is a row that says so
-            emit("torch_flex_compiled", "block-sparse", False, "fwd", None, pairs,
-                 note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-        try:
-            ms, flex_pairs = torch.flex(args, True)
-            emit("torch_flex_compiled", "block-sparse", False, "bwd", ms, flex_pairs,
-                 ours["bwd_ms"])
-        except Exception as e:  # noqa: BLE001
-            emit("torch_flex_compiled", "block-sparse", False, "bwd", None, pairs,
-                 note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    def add(key, ms, pairs):
+        samples.setdefault(key, []).append(ms)
+        pairs_of[key] = pairs
+
+    sparse_extra = ["--attention", "block-sparse", "--block-size", str(args.block), "--pattern",
+                    f"local:window={args.window}"]
+    for rnd in range(args.rounds):
+        for attention, causal in (("dense", False), ("dense", True), ("block-sparse", False)):
+            def ours_side():
+                nonlocal blas
+                extra = sparse_extra if attention == "block-sparse" else (
+                    ["--attention", "dense"] + (["--causal"] if causal else []))
+                j, _ = ringattn_row(args, extra, backward=True)
+                blas = blas or j.get("blas", {})
+                for pss in ("fwd", "bwd"):
+                    add(("ringattn", attention, causal, pss), j[f"{pss}_ms"],
+                        j["attended_pairs"])
+
+            def torch_side():
+                if attention == "dense":
+                    pairs = args.heads * (args.n * (args.n + 1) // 2 if causal else args.n ** 2)
+                    for pss in ("fwd", "bwd"):
+                        add(("torch_sdpa", attention, causal, pss),
+                            torch.sdpa(args, causal, pss == "bwd"), pairs)
+                    return
+                for pss in ("fwd", "bwd"):
+                    key = ("torch_flex_compiled", attention, causal, pss)
+                    if key in notes:
+                        continue
+                    try:
+                        ms, pairs = torch.flex(args, pss == "bwd")
+                        add(key, ms, pairs)
+                    except Exception as e:  # noqa: BLE001 - a peer that cannot run says so
+                        notes[key] = (f"failed: {type(e).__name__}: "
+                                      f"{str(e).splitlines()[0][:120]}")
+
+            sides = [ours_side] + ([torch_side] if torch else [])
+            for side in (sides if rnd % 2 == 0 else sides[::-1]):
+                side()
+    b = blas or {}
+    say(f"# ringattn BLAS: {b.get('config')}; kernels {b.get('core')}; "
+        f"{b.get('threading')}, {b.get('threads_per_call')} thread(s) per call")
+    say(header)
+    for attention, causal in (("dense", False), ("dense", True), ("block-sparse", False)):
+        for pss in ("fwd", "bwd"):
+            ours_key = ("ringattn", attention, causal, pss)
+            ours_ms = statistics.median(samples[ours_key])
+            emit("ringattn", attention, causal, pss, ours_ms, pairs_of[ours_key])
+            peer = "torch_sdpa" if attention == "dense" else "torch_flex_compiled"
+            key = (peer, attention, causal, pss)
+            if key in samples:
+                emit(peer, attention, causal, pss, statistics.median(samples[key]),
+                     pairs_of[key], ours_ms)
+                rows[-1]["round_medians_ms"] = samples[key]
+            elif key in notes:
+                emit(peer, attention, causal, pss, None, pairs_of[ours_key], note=notes[key])
+    for r in rows:
+        k = (r["impl"], r["attention"], r["causal"], r["pass"])
+        if r["impl"] == "ringattn":
+            r["round_medians_ms"] = samples[k]
+    pf = [k for k in pairs_of if k[0] == "torch_flex_compiled"]
+    if pf and pairs_of[pf[0]] != pairs_of[("ringattn", "block-sparse", False, "fwd")]:
+        say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
+            f"{pairs_of[('ringattn', 'block-sparse', False, 'fwd')]}")
 
     gemm_last = sgemm_rate(args)
-    say(f"# SGEMM at the end: {gemm_last:.1f} GFLOP/s (start {gemm_first:.1f})")
+    say(f"# SGEMM at the end: {gemm_last:.1f} GFLOP/s (start {gemm_first:.1f}); load average "
+        f"at the end: {open('/proc/loadavg').read().strip()}")
     rows.append({"impl": "sgemm", "pass": "gemm", "threads": args.threads,
                  "gflops": gemm_first, "gflops_end": gemm_last, "commit": args.commit,
                  "date": date, "machine": machine})
