@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-HOW_TO_GET_TORCH = """PyTorch is not importable from this Python ({exe}).
+HOW_TO_GET_TORCH = """PyTorch >= 2.0 is not importable from this Python ({exe}).
 To add the peer rows: make a venv outside the repository and install torch from PyPI,
   /usr/bin/python3 -m venv ~/torch-venv
   ~/torch-venv/bin/pip install torch
@@ -68,6 +68,9 @@ def median_ms(fn, iters):
 class Torch:
     def __init__(self, threads):
         import torch
+        if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            # e.g. Debian bookworm's python3-torch 1.13: SDPA arrived in torch 2.0
+            raise ImportError(f"torch {torch.__version__} has no scaled_dot_product_attention")
         self.torch = torch
         torch.set_num_threads(threads)
         self.version = torch.__version__
@@ -161,7 +164,8 @@ def main():
     if not args.no_torch:
         try:
             torch = Torch(args.threads)
-        except ImportError:
+        except ImportError as e:
+            say(f"# ({e})")
             say("# " + HOW_TO_GET_TORCH.format(exe=sys.executable).replace("\n", "\n# "))
     machine = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                     if ln.startswith("model name")), "unknown CPU")

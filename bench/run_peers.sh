@@ -12,7 +12,8 @@ build=${BUILD:-$root/build}
 for exe in "$build/ringattn" "$build/bench/cpu_bench"; do
   [ -x "$exe" ] || { echo "run_peers.sh: $exe missing; build first (scripts/build.sh)" >&2; exit 2; }
 done
-has_torch() { "$1" -c 'import torch' >/dev/null 2>&1; }
+# torch >= 2.0 (scaled_dot_product_attention); Debian bookworm's python3-torch is 1.13
+has_torch() { "$1" -c 'import torch; torch.nn.functional.scaled_dot_product_attention' >/dev/null 2>&1; }
 py=""
 for cand in "${TORCH_PYTHON:-}" "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python}" python3 \
             "$root/../torch-venv/bin/python" "$HOME/torch-venv/bin/python"; do
@@ -30,7 +31,6 @@ OMP_NUM_THREADS=$threads "$py" "$root/bench/peers.py" --ringattn "$build/ringatt
   --cpu-bench "$build/bench/cpu_bench" --prefix "$prefix" --commit "$commit" \
   --threads "$threads" "${torch_args[@]}" "$@"
 if [ ${#torch_args[@]} -gt 0 ]; then
-  "$py" "$root/bench/peers.py" --help >/dev/null  # (keeps set -e honest)
   cat <<'MSG'
 To add PyTorch's rows: python3 -m venv ~/torch-venv && ~/torch-venv/bin/pip install torch
 then TORCH_PYTHON=~/torch-venv/bin/python bench/run_peers.sh (see bench/README.md).
