@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
       "threads", po::value<int>()->default_value(0), "threads (0: all)")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median)")(
       "no-backward", po::bool_switch(), "forward only")(
+      "sgemm-only", po::bool_switch(),
+      "print only the SGEMM rate (and a JSON line with sgemm_gflops), for other scripts")(
       "commit", po::value<std::string>()->default_value("unknown"), "commit id to print")("help,h",
                                                                                           "help");
   po::variables_map vm;
@@ -120,6 +122,14 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
 
   const double gemm = sgemm_gflops(512, threads);
+  if (vm["sgemm-only"].as<bool>()) {
+    std::printf(
+        "# same-run SGEMM (512^3 per thread, one thread per call, %d threads): %.1f GFLOP/s\n",
+        threads, gemm);
+    std::printf("%s\n",
+                nlohmann::json{{"threads", threads}, {"sgemm_gflops", gemm}}.dump().c_str());
+    return 0;
+  }
   std::printf(
       "# ringattn CPU benchmark\n# command: %s\n# machine: %s, %d threads\n# date: %s\n"
       "# commit: %s\n# BLAS: %s\n"

@@ -3,7 +3,8 @@
 # for P = 1, 2, 4 ranks, dense and dilated, forward and backward. Prints per-rank compute,
 # communication, exposed communication and bytes sent, the dilated traffic next to what a
 # dense ring would send, and causal compute imbalance (max/mean over ranks). Output is
-# saved as bench/results/ring-<date>.txt. Ranks share this machine's cores: with P ranks
+# saved as bench/results/ring-<date>.txt, its rows also as JSON lines in ring-<date>.jsonl
+# (bench/plot_all.py plots them). Ranks share this machine's cores: with P ranks
 # each gets cores/P threads (at least 1), so P=4 on 2 cores is oversubscribed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +24,7 @@ run() {  # name P args...
   local name=$1 p=$2; shift 2
   "$root/launch/mpirun.sh" -n "$p" -b "$bin" -- run --heads 8 --head-dim 64 --backward \
       --warmup 1 --iters 1 --json "$@" > "$tmp/run.txt" 2>&1 || { cat "$tmp/run.txt"; exit 1; }
-  tail -n 1 "$tmp/run.txt" | python3 "$root/bench/ring_row.py" "$name" "$p"
+  tail -n 1 "$tmp/run.txt" | python3 "$root/bench/ring_row.py" "$name" "$p" "${out%.txt}.jsonl"
 }
 printf '%-24s %2s %7s %4s %10s %10s %9s %9s %7s %6s %12s %12s\n' config P N pass ms compute comm exposed exp/cmp imbal bytes_sent dense_ring | tee -a "$out"
 for p in 1 2 4; do

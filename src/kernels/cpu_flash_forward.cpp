@@ -103,6 +103,31 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
   }
 }
 
+// Work a task costs: its visible (query, key) pairs, counted per query tile as the schedule
+// counts items (a sliding window or causality cuts them).
+int64_t task_cost(const SubseqTask& t, bool causal, const TileConfig& tiles) {
+  int64_t cost = 0;
+  for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
+    const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
+    const KeyRange keys = visible_key_range(t, causal, i0, bq);
+    cost += bq * (keys.end - keys.begin);
+  }
+  return cost;
+}
+
+// Whether whole tasks are fine enough units of work: the largest is at most 1/32 of a
+// thread's share, so even if it comes last the others wait at most ~3 % of the call.
+bool tasks_are_fine_units(const ForwardParams& p, std::span<const SubseqTask> tasks,
+                          const TileConfig& tiles, int threads) {
+  int64_t total = 0, largest = 0;
+  for (const SubseqTask& t : tasks) {
+    const int64_t c = task_cost(t, p.causal, tiles);
+    total += c;
+    largest = std::max(largest, c);
+  }
+  return largest > 0 && largest * 32 * static_cast<int64_t>(threads) <= total;
+}
+
 }  // namespace
 
 std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim) {
@@ -116,15 +141,32 @@ void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
                    float* workspace) {
   const std::size_t per_thread = forward_workspace_floats(tiles, p.head_dim);
   const auto n_items = static_cast<int64_t>(items.size());
+  const auto n_tasks = static_cast<int64_t>(tasks.size());
   const BlasSingleThreadScope one_thread_per_sgemm;
+  // Items arrive longest first, which balances the threads' ends; but under causality the
+  // items of equal cost come from different tasks, so a thread's next item reads another
+  // task's K/V rows and, past the last-level cache (many dilated tasks at large N), every
+  // item streams its keys from memory. When tasks are many and small, a thread takes a
+  // whole task instead and runs its query tiles back to back over the same K/V rows. Each
+  // item writes only its own rows, so the order changes no bit of the result. (The items
+  // cover every query tile of every task, as ring::forward_items builds them.)
+  const bool task_major = tasks_are_fine_units(p, tasks, tiles, threads);
 #pragma omp parallel num_threads(threads)
   {
     const ForwardScratch w = carve(
         workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles, p.head_dim);
+    if (task_major) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < n_items; ++it) {
-      const ForwardItem& item = items[static_cast<std::size_t>(it)];
-      forward_tile(p, tasks[static_cast<std::size_t>(item.task)], item.q_begin, tiles, w);
+      for (int64_t ti = 0; ti < n_tasks; ++ti) {
+        const SubseqTask& t = tasks[static_cast<std::size_t>(ti)];
+        for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) forward_tile(p, t, i0, tiles, w);
+      }
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < n_items; ++it) {
+        const ForwardItem& item = items[static_cast<std::size_t>(it)];
+        forward_tile(p, tasks[static_cast<std::size_t>(item.task)], item.q_begin, tiles, w);
+      }
     }
   }
 }

@@ -136,6 +136,34 @@ TEST(FlashDeterminism, ResultsAreBitwiseIdenticalAcrossThreadCounts) {
               std::memcmp(results[0].data(), results[i].data(), results[0].size() * sizeof(float)));
 }
 
+// With many small tasks per thread the forward runs whole tasks (task-major) instead of the
+// longest-first list of query tiles: 96 causal tasks of 64 rows take the task-major path on
+// 1 and 3 threads and the list on 4 (largest task > 1/32 of a thread's share); the bits
+// must not change.
+TEST(FlashDeterminism, TaskMajorForwardGivesTheItemOrderBits) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 2048, 4, 16};
+  cfg.attention = AttentionKind::dilated;
+  cfg.segments = {64, 128};
+  cfg.dilations = {1, 2};
+  cfg.causal = true;
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto rows = static_cast<std::size_t>(4 * 2048);
+  const auto q = testing::random_normal(n, 21), k = testing::random_normal(n, 22),
+             v = testing::random_normal(n, 23);
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 3, 4}) {
+    std::vector<float> out(n), lse(rows);
+    Plan plan(cfg, PlanOptions{threads, 32, 64});
+    plan.forward(q.data(), k.data(), v.data(), out.data(), lse.data());
+    out.insert(out.end(), lse.begin(), lse.end());
+    results.push_back(std::move(out));
+  }
+  for (std::size_t i = 1; i < results.size(); ++i)
+    EXPECT_EQ(0,
+              std::memcmp(results[0].data(), results[i].data(), results[0].size() * sizeof(float)));
+}
+
 // With fewer tasks than threads (B·H = 1, or a few dilated tasks), the backward splits into a
 // query-tile pass and a key-tile pass that make the fused pass's calls in its order: the
 // same bits for every thread count, and the float64 reference's answer.
