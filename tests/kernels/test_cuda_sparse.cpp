@@ -372,7 +372,14 @@ TEST(SingleDeviceLists, ALocalWindowIsOneSpanPerTileAndItemsCoverEveryRowOnce) {
   const SingleDeviceWork w = build_single_device_work(cfg, lists, 64);
   ASSERT_EQ(w.q_tiles.size(), 8u);
   for (const auto& t : w.q_tiles) EXPECT_EQ(t.n_spans, 1) << "contiguous key blocks merge";
-  for (const auto& t : w.k_tiles) EXPECT_EQ(t.n_spans, 1) << "contiguous query blocks merge";
+  // Query spans of a key tile are one per query block, never merged: the CPU's fused and split
+  // backward must cut (query chunk, key chunk) pairs alike (cpu_block_sparse.hpp).
+  ASSERT_EQ(w.k_tiles.size(), 8u);
+  for (std::size_t j = 0; j < w.k_tiles.size(); ++j) {
+    const auto jj = static_cast<int64_t>(j);
+    EXPECT_EQ(w.k_tiles[j].n_spans, std::min<int64_t>(jj + 2, 7) - std::max<int64_t>(jj - 2, 0) + 1)
+        << "key block " << j;
+  }
   // Every (tile, row) exactly once, in pieces of at most 64 rows, longest first.
   std::vector<int> seen(1024, 0);
   for (const auto& it : w.q_items) {
