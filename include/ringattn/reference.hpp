@@ -46,6 +46,10 @@ struct BlockReferenceProblem {
   std::function<std::vector<int64_t>(int64_t head, int64_t qblock)> key_blocks;
 };
 
+// The problem for cfg's shape, block size, causality, scale, K/V heads, documents and window;
+// the caller states the mask (key_blocks).
+BlockReferenceProblem block_problem_of(const AttentionConfig& cfg);
+
 ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const float* q,
                                           const float* k, const float* v);
 ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, const float* q,

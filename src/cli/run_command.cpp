@@ -600,18 +600,7 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
 
 // The float64 reference's view of a block-sparse run: the run's own lists.
 BlockReferenceProblem block_problem(const RunState& st) {
-  BlockReferenceProblem pb;
-  pb.shape = st.cfg.shape;
-  pb.block_size = st.cfg.block_size;
-  pb.causal = st.cfg.causal;
-  pb.scale = st.cfg.effective_scale();
-  pb.kv_heads = st.cfg.effective_kv_heads();
-  pb.cu_seqlens = st.cfg.cu_seqlens;
-  if (st.cfg.windowed()) {
-    const auto reach = st.cfg.window_reach();
-    pb.window_left = reach.left;
-    pb.window_right = reach.right;
-  }
+  BlockReferenceProblem pb = block_problem_of(st.cfg);
   pb.key_blocks = [lists = st.lists](int64_t h, int64_t i) {
     const auto row = lists->of_head(h).row(i);
     return std::vector<int64_t>(row.begin(), row.end());

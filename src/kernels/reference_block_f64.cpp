@@ -99,6 +99,22 @@ void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p,
   }
 }
 
+BlockReferenceProblem block_problem_of(const AttentionConfig& cfg) {
+  BlockReferenceProblem pb;
+  pb.shape = cfg.shape;
+  pb.block_size = cfg.block_size;
+  pb.causal = cfg.causal;
+  pb.scale = cfg.effective_scale();
+  pb.kv_heads = cfg.effective_kv_heads();
+  pb.cu_seqlens = cfg.cu_seqlens;
+  if (cfg.windowed()) {
+    const auto reach = cfg.window_reach();
+    pb.window_left = reach.left;
+    pb.window_right = reach.right;
+  }
+  return pb;
+}
+
 ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const float* q,
                                           const float* k, const float* v) {
   const Shape4& s = pb.shape;

@@ -183,6 +183,21 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   auto column = [&](int64_t h) -> const BlockCsr& {
     return cols[static_cast<std::size_t>(l.head_list[static_cast<std::size_t>(h)])];
   };
+  // The query spans of key piece `kp` of block j, K/V head g, batch b: my query blocks of every
+  // query head sharing g that list j, cut to kp's document, one span per query block piece.
+  auto add_query_spans = [&](std::vector<kernels::QuerySpan>& spans, int64_t b, int64_t g,
+                             int64_t j, const Piece& kp) {
+    for (int64_t h = g * per_kv; h < (g + 1) * per_kv; ++h)
+      for (int32_t i : column(h).row(j)) {
+        if (cfg.causal && j > i) continue;
+        const Owner& o = owners[static_cast<std::size_t>(i)];
+        if (o.rank != me) continue;
+        const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
+        if (qp.size() <= 0) continue;
+        const int64_t qr = o.local_row + (qp.begin - i * bs);
+        spans.push_back({row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin});
+      }
+  };
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const BlockCsr& c = l.of_head(h);
@@ -236,17 +251,7 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
         for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
           kernels::SparseKeyTile kt{kv_row(b, lr + (kp.begin - j * bs), g), G * D, kp.size(),
                                     static_cast<int64_t>(w.local_qspans.size()), 0};
-          for (int64_t h = g * per_kv; h < (g + 1) * per_kv; ++h)
-            for (int32_t i : column(h).row(j)) {
-              if (cfg.causal && j > i) continue;
-              const Owner& o = owners[static_cast<std::size_t>(i)];
-              if (o.rank != me) continue;
-              const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
-              if (qp.size() <= 0) continue;
-              const int64_t qr = o.local_row + (qp.begin - i * bs);
-              w.local_qspans.push_back(
-                  {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin});
-            }
+          add_query_spans(w.local_qspans, b, g, j, kp);
           kt.n_spans = static_cast<int64_t>(w.local_qspans.size()) - kt.first_span;
           if (kt.n_spans > 0) w.local_ktiles.push_back(kt);
         }
@@ -272,17 +277,7 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
         for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
           kernels::SparseKeyTile kt{slab(static_cast<int64_t>(e), b) + (kp.begin - j * bs) * D, D,
                                     kp.size(), static_cast<int64_t>(w.remote_qspans.size()), 0};
-          for (int64_t h = g * per_kv; h < (g + 1) * per_kv; ++h)
-            for (int32_t i : column(h).row(j)) {
-              if (cfg.causal && j > i) continue;
-              const Owner& o = owners[static_cast<std::size_t>(i)];
-              if (o.rank != me) continue;
-              const Piece qp = in_document_of(cfg, kp.begin, i * bs, bs);
-              if (qp.size() <= 0) continue;
-              const int64_t qr = o.local_row + (qp.begin - i * bs);
-              w.remote_qspans.push_back(
-                  {row(b, qr, h), lse_at(b, h, qr), qp.size(), qp.begin - kp.begin});
-            }
+          add_query_spans(w.remote_qspans, b, g, j, kp);
           kt.n_spans = static_cast<int64_t>(w.remote_qspans.size()) - kt.first_span;
           if (kt.n_spans > 0) w.remote_ktiles.push_back(kt);
         }

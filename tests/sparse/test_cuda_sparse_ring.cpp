@@ -125,17 +125,7 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
 
 BlockReferenceProblem problem_of(const AttentionConfig& cfg,
                                  std::shared_ptr<const BlockLists> lists) {
-  BlockReferenceProblem pb;
-  pb.shape = cfg.shape;
-  pb.block_size = cfg.block_size;
-  pb.causal = cfg.causal;
-  pb.scale = cfg.effective_scale();
-  pb.kv_heads = cfg.effective_kv_heads();
-  pb.cu_seqlens = cfg.cu_seqlens;
-  if (cfg.windowed()) {
-    pb.window_left = *cfg.window_left;
-    pb.window_right = cfg.causal ? 0 : cfg.window_right.value_or(*cfg.window_left);
-  }
+  BlockReferenceProblem pb = block_problem_of(cfg);
   pb.key_blocks = [lists = std::move(lists)](int64_t h, int64_t i) {
     const auto row = lists->of_head(h).row(i);
     return std::vector<int64_t>(row.begin(), row.end());

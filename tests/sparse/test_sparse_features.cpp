@@ -68,17 +68,7 @@ std::vector<uint8_t> mask_of(const FeatureCase& c, const AttentionConfig& cfg) {
 
 BlockReferenceProblem problem_of(const AttentionConfig& cfg, const std::vector<uint8_t>& mask) {
   const int64_t nb = cfg.shape.seq_len / cfg.block_size;
-  BlockReferenceProblem pb;
-  pb.shape = cfg.shape;
-  pb.block_size = cfg.block_size;
-  pb.causal = cfg.causal;
-  pb.scale = cfg.effective_scale();
-  pb.kv_heads = cfg.effective_kv_heads();
-  pb.cu_seqlens = cfg.cu_seqlens;
-  if (cfg.windowed()) {
-    pb.window_left = *cfg.window_left;
-    pb.window_right = cfg.causal ? 0 : cfg.window_right.value_or(*cfg.window_left);
-  }
+  BlockReferenceProblem pb = block_problem_of(cfg);
   pb.key_blocks = [&mask, nb](int64_t h, int64_t i) {
     std::vector<int64_t> out;
     for (int64_t j = 0; j < nb; ++j)
