@@ -1,9 +1,12 @@
 // The CPU flash-attention backward in the FlashAttention-2 way: scores are recomputed tile
 // by tile from the saved lse (P = exp(S - lse)), D = rowsum(dO ∘ O), dS = P ∘ (dP − D),
-// and dQ, dK, dV are accumulated with sgemm on strided views. One thread owns a task, so
-// its dK/dV rows and its dQ rows have a single writer and the result is deterministic; with
-// fewer tasks than threads, a query-tile pass (dQ) and a key-tile pass (dK, dV) keep every
-// thread busy and give the same bits.
+// and dQ, dK, dV are accumulated tile by tile. Tiles are key-major (cpu_keymajor.hpp): the
+// query side (Q, dO, and the dQ accumulator) is transposed once per query tile, K, V, Q, dO,
+// dK and dV are read and written in place as column-major operands of the small products
+// (cpu_small_gemm.hpp), and scale factors are folded into the prepared operands. One thread
+// owns a task, so its dK/dV rows and its dQ rows have a single writer and the result is
+// deterministic; with fewer tasks than threads, a query-tile pass (dQ) and a key-tile pass
+// (dK, dV) keep every thread busy and give the same bits.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,39 +14,55 @@
 
 #include "kernels/cpu_blas.hpp"
 #include "kernels/cpu_flash.hpp"
+#include "kernels/cpu_keymajor.hpp"
 #include "kernels/cpu_math.hpp"
+#include "kernels/cpu_small_gemm.hpp"
 
 namespace ringattn::kernels {
 
 namespace {
 
 struct BackwardScratch {
-  float* p;    // q_tile × k_tile probabilities
-  float* ds;   // q_tile × k_tile dP, then dS
-  float* dq;   // q_tile × head_dim dQ accumulator
-  float* lse;  // q_tile row lse
-  float* dd;   // q_tile D = rowsum(dO ∘ O)
+  int64_t ld;   // queries per key column: q_tile rounded up to 16
+  float* qt;    // head_dim × ld: scale · Qᵀ of the query tile
+  float* dot;   // head_dim × ld: dout_scale · dOᵀ
+  float* dos;   // q_tile × head_dim rows: dout_scale · dO (when dout_scale != 1)
+  float* p;     // k_tile × ld probabilities
+  float* ds;    // k_tile × ld dP, then scale · dS
+  float* dqt;   // head_dim × ld dQ accumulator
+  float* lse;   // ld row lse (-inf past the tile's rows)
+  float* dd;    // ld D = rowsum(dO ∘ O) · dout_scale/out_scale
+  const float* dout_rows = nullptr;  // dout_scale · dO rows: dos, or dO in place
+  int64_t dout_ld = 0;
 };
 
 BackwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   BackwardScratch s{};
-  const auto tile = round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile));
+  s.ld = static_cast<int64_t>(round_up16(static_cast<std::size_t>(t.q_tile)));
+  const auto ld = static_cast<std::size_t>(s.ld);
+  const auto ud = static_cast<std::size_t>(d);
+  const std::size_t side = round_up16(ld * ud);
+  const std::size_t tile = round_up16(ld * static_cast<std::size_t>(t.k_tile));
+  s.qt = base;
+  s.dot = base + side;
+  s.dos = base + 2 * side;
+  s.dqt = base + 3 * side;
+  base += 4 * side;
   s.p = base;
   s.ds = base + tile;
   base += 2 * tile;
-  s.dq = base;
-  base += round_up16(static_cast<std::size_t>(t.q_tile * d));
   s.lse = base;
-  base += round_up16(static_cast<std::size_t>(t.q_tile));
-  s.dd = base;
+  s.dd = base + ld;
   return s;
 }
 
-// One query tile's rows: their lse and D = rowsum(dO ∘ O) · dout_scale/out_scale into the
-// scratch; false when every row is empty (lse −inf), so the tile contributes nothing.
+// One query tile's rows: their lse and D, the transposed query side, and dO's rows scaled;
+// false when every row is empty (lse −inf), so the tile contributes nothing.
 bool load_query_rows(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq,
-                     const BackwardScratch& w) {
+                     BackwardScratch& w) {
+  const int64_t d = p.head_dim;
   const float d_factor = p.dout_scale / p.out_scale;
+  const float* q = p.q + t.q_row0 + i0 * t.q_stride;
   const float* o = p.out + t.q_row0 + i0 * t.q_stride;
   const float* dout = p.dout + t.q_row0 + i0 * t.q_stride;
   bool any_row = false;
@@ -54,82 +73,70 @@ bool load_query_rows(const BackwardParams& p, const SubseqTask& t, int64_t i0, i
     const float* orow = o + i * t.q_stride;
     const float* grow = dout + i * t.q_stride;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t c = 0; c < p.head_dim; ++c) acc += orow[c] * grow[c];
+    for (int64_t c = 0; c < d; ++c) acc += orow[c] * grow[c];
     w.dd[i] = acc * d_factor;
   }
-  return any_row;
+  std::fill(w.lse + bq, w.lse + w.ld, kNegInf);
+  std::fill(w.dd + bq, w.dd + w.ld, 0.0f);
+  if (!any_row) return false;
+  km::transpose_rows(q, t.q_stride, bq, d, p.scale, w.qt, w.ld);
+  km::transpose_rows(dout, t.q_stride, bq, d, p.dout_scale, w.dot, w.ld);
+  if (p.dout_scale == 1.0f) {
+    w.dout_rows = dout;
+    w.dout_ld = t.q_stride;
+  } else {
+    for (int64_t i = 0; i < bq; ++i)
+      for (int64_t c = 0; c < d; ++c) w.dos[i * d + c] = p.dout_scale * dout[i * t.q_stride + c];
+    w.dout_rows = w.dos;
+    w.dout_ld = d;
+  }
+  return true;
 }
 
 // The tile pair (query rows i0.., key rows j0..): P into w.p, then, when `want_dv`,
-// dV += dout_scale · Pᵀ dO, and dS = P ∘ (dP − D) into w.ds. Every pass calls exactly this,
-// so the fused and the split backward compute the same bits.
-void tile_pair(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
-               int64_t bq, int64_t j0, int64_t bk, bool want_dv, const BackwardScratch& w) {
-  const int64_t ld = tiles.k_tile;
-  const int ld_q = static_cast<int>(t.q_stride), ld_k = static_cast<int>(t.k_stride);
+// dV += Pᵀ (dout_scale · dO), and scale · dS = scale · P ∘ (dP − D) into w.ds. Every pass
+// calls exactly this, so the fused and the split backward compute the same bits.
+void tile_pair(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq, int64_t j0,
+               int64_t bk, bool want_dv, const BackwardScratch& w) {
+  const int ld = static_cast<int>(w.ld), ldk = static_cast<int>(t.k_stride);
   const int ibq = static_cast<int>(bq), ibk = static_cast<int>(bk);
   const int id = static_cast<int>(p.head_dim);
-  const float* q = p.q + t.q_row0 + i0 * t.q_stride;
-  const float* dout = p.dout + t.q_row0 + i0 * t.q_stride;
   const float* k = p.k + t.k_row0 + j0 * t.k_stride;
   const float* v = p.v + t.k_row0 + j0 * t.k_stride;
 
-  sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.scale, q, ld_q, k, ld_k, 0.0f, w.p,
-        static_cast<int>(ld));
-  for (int64_t i = 0; i < bq; ++i) {
-    float* prow = w.p + i * ld;
-    const float l = w.lse[i];
-    if (l == kNegInf) {
-      std::fill(prow, prow + bk, 0.0f);
-      continue;
-    }
-    // Keys of this tile outside [a, b) are in the query's future or outside its window.
-    const KeyRange row = row_keys_in_tile(t, p.causal, i0 + i, j0, bk);
-    exp_shift_sum(prow + row.begin, row.end - row.begin, l);
-    std::fill(prow, prow + row.begin, 0.0f);
-    std::fill(prow + row.end, prow + bk, 0.0f);
-  }
-  if (want_dv) {
+  small_gemm(false, ld, ibk, id, w.qt, ld, k, ldk, 0.0f, w.p, ld);  // S = (scale·Q)·Kᵀ
+  km::mask_outside_reach(w.p, w.ld, t, p.causal, i0, bq, j0, bk);
+  km::probabilities(w.p, w.ld, w.ld, bk, w.lse);
+  if (want_dv) {  // dVᵀ (column-major d × bk) += dOᵀ·P
     float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
-    sgemm(CblasTrans, CblasNoTrans, ibk, id, ibq, p.dout_scale, w.p, static_cast<int>(ld), dout,
-          ld_q, 1.0f, dv, ld_k);
+    small_gemm(false, id, ibk, ibq, w.dout_rows, static_cast<int>(w.dout_ld), w.p, ld, 1.0f, dv,
+               ldk);
   }
-  // dP = dout_scale · dO Vᵀ, then dS
-  sgemm(CblasNoTrans, CblasTrans, ibq, ibk, id, p.dout_scale, dout, ld_q, v, ld_k, 0.0f, w.ds,
-        static_cast<int>(ld));
-  for (int64_t i = 0; i < bq; ++i) {
-    float* dsrow = w.ds + i * ld;
-    const float* prow = w.p + i * ld;
-    const float di = w.dd[i];
-#pragma omp simd
-    for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
-  }
+  small_gemm(false, ld, ibk, id, w.dot, ld, v, ldk, 0.0f, w.ds, ld);  // dP = (dout_scale·dO)·Vᵀ
+  km::scores_gradient(w.ds, w.p, w.ld, w.ld, bk, w.dd, p.scale);
 }
 
-// dQ += scale · dS K into the scratch accumulator; dK += scale · dSᵀ Q in place.
-void add_dq(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t bq,
-            int64_t j0, int64_t bk, const BackwardScratch& w) {
-  const int id = static_cast<int>(p.head_dim);
-  sgemm(CblasNoTrans, CblasNoTrans, static_cast<int>(bq), id, static_cast<int>(bk), p.scale, w.ds,
-        static_cast<int>(tiles.k_tile), p.k + t.k_row0 + j0 * t.k_stride,
-        static_cast<int>(t.k_stride), 1.0f, w.dq, id);
+// dQ += (scale · dS) K into the transposed accumulator; dK += (scale · dS)ᵀ Q in place.
+void add_dq(const BackwardParams& p, const SubseqTask& t, int64_t j0, int64_t bk,
+            const BackwardScratch& w) {
+  const int ld = static_cast<int>(w.ld);
+  small_gemm(true, ld, static_cast<int>(p.head_dim), static_cast<int>(bk), w.ds, ld,
+             p.k + t.k_row0 + j0 * t.k_stride, static_cast<int>(t.k_stride), 1.0f, w.dqt, ld);
 }
-void add_dk(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
-            int64_t bq, int64_t j0, int64_t bk, const BackwardScratch& w) {
-  sgemm(CblasTrans, CblasNoTrans, static_cast<int>(bk), static_cast<int>(p.head_dim),
-        static_cast<int>(bq), p.scale, w.ds, static_cast<int>(tiles.k_tile),
-        p.q + t.q_row0 + i0 * t.q_stride, static_cast<int>(t.q_stride), 1.0f,
-        p.dk + t.k_row0 + j0 * t.k_stride, static_cast<int>(t.k_stride));
+void add_dk(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq, int64_t j0,
+            int64_t bk, const BackwardScratch& w) {
+  small_gemm(false, static_cast<int>(p.head_dim), static_cast<int>(bk), static_cast<int>(bq),
+             p.q + t.q_row0 + i0 * t.q_stride, static_cast<int>(t.q_stride), w.ds,
+             static_cast<int>(w.ld), 1.0f, p.dk + t.k_row0 + j0 * t.k_stride,
+             static_cast<int>(t.k_stride));
 }
 
-// dQ rows i0.. += the scratch accumulator.
+// dQ rows i0.. += the transposed accumulator.
 void store_dq(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq,
               const BackwardScratch& w) {
   for (int64_t i = 0; i < bq; ++i) {
     float* dqrow = p.dq + t.q_row0 + (i0 + i) * t.q_stride;
-    const float* acc = w.dq + i * p.head_dim;
-#pragma omp simd
-    for (int64_t c = 0; c < p.head_dim; ++c) dqrow[c] += acc[c];
+    for (int64_t c = 0; c < p.head_dim; ++c) dqrow[c] += w.dqt[c * w.ld + i];
   }
 }
 
@@ -138,22 +145,22 @@ void store_dq(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t 
 // query tiles in order, so dQ of a query tile sums over key tiles in order and dK/dV of a key
 // tile over query tiles in order.
 void query_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t i0,
-                bool fused, const BackwardScratch& w) {
+                bool fused, BackwardScratch& w) {
   const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
   if (!load_query_rows(p, t, i0, bq, w)) return;
   const KeyRange keys = visible_key_range(t, p.causal, i0, bq);
-  std::fill(w.dq, w.dq + bq * p.head_dim, 0.0f);
+  std::fill(w.dqt, w.dqt + w.ld * p.head_dim, 0.0f);
   for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
-    tile_pair(p, t, tiles, i0, bq, j0, bk, fused, w);
-    add_dq(p, t, tiles, bq, j0, bk, w);
-    if (fused) add_dk(p, t, tiles, i0, bq, j0, bk, w);
+    tile_pair(p, t, i0, bq, j0, bk, fused, w);
+    add_dq(p, t, j0, bk, w);
+    if (fused) add_dk(p, t, i0, bq, j0, bk, w);
   }
   store_dq(p, t, i0, bq, w);
 }
 
 void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles,
-                   const BackwardScratch& w) {
+                   BackwardScratch& w) {
   for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) query_tile(p, t, tiles, i0, true, w);
 }
 
@@ -162,7 +169,7 @@ void backward_task(const BackwardParams& p, const SubseqTask& t, const TileConfi
 // tile pair instead of 5). Both visit tile pairs in the fused order and make the same calls,
 // so the result is the fused one, bit for bit, whatever the thread count.
 void dkdv_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& tiles, int64_t j0,
-               const BackwardScratch& w) {
+               BackwardScratch& w) {
   for (int64_t i0 = 0; i0 < t.n_q; i0 += tiles.q_tile) {
     const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
     const KeyRange keys = visible_key_range(t, p.causal, i0, bq);
@@ -170,8 +177,8 @@ void dkdv_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& t
     if (j0 >= keys.end || j0 < first_key_tile(keys, tiles) || !load_query_rows(p, t, i0, bq, w))
       continue;
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
-    tile_pair(p, t, tiles, i0, bq, j0, bk, true, w);
-    add_dk(p, t, tiles, i0, bq, j0, bk, w);
+    tile_pair(p, t, i0, bq, j0, bk, true, w);
+    add_dk(p, t, i0, bq, j0, bk, w);
   }
 }
 
@@ -180,9 +187,9 @@ int64_t tiles_of(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 }  // namespace
 
 std::size_t backward_workspace_floats(const TileConfig& t, int64_t head_dim) {
-  return 2 * round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile)) +
-         round_up16(static_cast<std::size_t>(t.q_tile * head_dim)) +
-         2 * round_up16(static_cast<std::size_t>(t.q_tile));
+  const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
+  return 4 * round_up16(ld * static_cast<std::size_t>(head_dim)) +
+         2 * round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld;
 }
 
 void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
@@ -193,7 +200,7 @@ void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
   if (n_tasks >= threads) {
 #pragma omp parallel num_threads(threads)
     {
-      const BackwardScratch w =
+      BackwardScratch w =
           carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles,
                 p.head_dim);
 #pragma omp for schedule(dynamic, 1)
@@ -211,7 +218,7 @@ void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,
   }
 #pragma omp parallel num_threads(threads)
   {
-    const BackwardScratch w = carve(
+    BackwardScratch w = carve(
         workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles, p.head_dim);
 #pragma omp for schedule(dynamic, 1) collapse(2) nowait
     for (int64_t i = 0; i < n_tasks; ++i)

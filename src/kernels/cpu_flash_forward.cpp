@@ -1,7 +1,9 @@
 // The CPU flash-attention forward: for each tile of queries, stream tiles of keys with an
-// online softmax (running max and sum per row), fp32 accumulation, and finish with out and
-// the natural-log lse. Score and P·V products are OpenBLAS sgemm calls on strided views;
-// no N×N matrix exists at any time, only one q_tile × k_tile score tile per thread.
+// online softmax (running max and sum per query), fp32 accumulation, and finish with out and
+// the natural-log lse. Scores are held key-major (cpu_keymajor.hpp): the query tile is
+// transposed (and scaled) once, S = Qᵀ·K and acc += P·V are small column-major products on
+// K and V in place (cpu_small_gemm.hpp), and the softmax runs on 16 queries per vector. No
+// N×N matrix exists at any time, only one q_tile × k_tile score tile per thread.
 #include <omp.h>
 
 #include <algorithm>
@@ -9,7 +11,9 @@
 
 #include "kernels/cpu_blas.hpp"
 #include "kernels/cpu_flash.hpp"
+#include "kernels/cpu_keymajor.hpp"
 #include "kernels/cpu_math.hpp"
+#include "kernels/cpu_small_gemm.hpp"
 #include "kernels/merge_lse.hpp"
 
 namespace ringattn::kernels {
@@ -17,21 +21,30 @@ namespace ringattn::kernels {
 namespace {
 
 struct ForwardScratch {
-  float* s;    // q_tile × k_tile scores, then probabilities
-  float* acc;  // q_tile × head_dim unnormalised output
-  float* m;    // q_tile running max
-  float* l;    // q_tile running sum
+  int64_t ld;  // queries per key column: q_tile rounded up to 16
+  float* qt;   // head_dim × ld: the query tile, transposed and scaled
+  float* s;    // k_tile × ld scores, then probabilities
+  float* acc;  // head_dim × ld unnormalised output
+  float* m;    // ld running max
+  float* l;    // ld running sum
+  float* row;  // head_dim: one output row, for merging
 };
 
 ForwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   ForwardScratch s{};
+  s.ld = static_cast<int64_t>(round_up16(static_cast<std::size_t>(t.q_tile)));
+  const auto ld = static_cast<std::size_t>(s.ld);
+  s.qt = base;
+  base += round_up16(ld * static_cast<std::size_t>(d));
   s.s = base;
-  base += round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile));
+  base += round_up16(ld * static_cast<std::size_t>(t.k_tile));
   s.acc = base;
-  base += round_up16(static_cast<std::size_t>(t.q_tile * d));
+  base += round_up16(ld * static_cast<std::size_t>(d));
   s.m = base;
-  base += round_up16(static_cast<std::size_t>(t.q_tile));
+  base += ld;
   s.l = base;
+  base += ld;
+  s.row = base;
   return s;
 }
 
@@ -39,65 +52,40 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
                   const ForwardScratch& w) {
   const int64_t d = p.head_dim;
   const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
-  const int64_t ldS = tiles.k_tile;
-  const float* q = p.q + t.q_row0 + i0 * t.q_stride;
+  const int64_t ld = w.ld;
   const KeyRange keys = visible_key_range(t, p.causal, i0, bq);
 
-  std::fill(w.m, w.m + bq, kNegInf);
-  std::fill(w.l, w.l + bq, 0.0f);
-  std::fill(w.acc, w.acc + bq * d, 0.0f);
+  km::transpose_rows(p.q + t.q_row0 + i0 * t.q_stride, t.q_stride, bq, d, p.scale, w.qt, ld);
+  std::fill(w.m, w.m + ld, kNegInf);
+  std::fill(w.l, w.l + ld, 0.0f);
+  std::fill(w.acc, w.acc + ld * d, 0.0f);
 
+  const int ild = static_cast<int>(ld), id = static_cast<int>(d);
+  const int ldk = static_cast<int>(t.k_stride);
   // Key tiles lie on the k_tile grid; those wholly outside every row's keys are not visited.
   for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
+    const int ibk = static_cast<int>(bk);
     const float* k = p.k + t.k_row0 + j0 * t.k_stride;
     const float* v = p.v + t.k_row0 + j0 * t.k_stride;
-    sgemm(CblasNoTrans, CblasTrans, static_cast<int>(bq), static_cast<int>(bk), static_cast<int>(d),
-          p.scale, q, static_cast<int>(t.q_stride), k, static_cast<int>(t.k_stride), 0.0f, w.s,
-          static_cast<int>(ldS));
-    for (int64_t i = 0; i < bq; ++i) {
-      float* srow = w.s + i * ldS;
-      // Keys of this tile outside [a, b) are in the query's future or outside its window.
-      const KeyRange row = row_keys_in_tile(t, p.causal, i0 + i, j0, bk);
-      const int64_t a = row.begin, b = row.end;
-      const float row_max = max_of(srow + a, b - a);
-      const float m_new = std::max(w.m[i], row_max);
-      if (m_new == kNegInf) {  // nothing visible yet for this row
-        std::fill(srow, srow + bk, 0.0f);
-        continue;
-      }
-      const float alpha = exp_approx(w.m[i] - m_new);
-      const float row_sum = exp_shift_sum(srow + a, b - a, m_new);
-      std::fill(srow, srow + a, 0.0f);
-      std::fill(srow + b, srow + bk, 0.0f);
-      w.l[i] = w.l[i] * alpha + row_sum;
-      w.m[i] = m_new;
-      if (alpha != 1.0f) {
-        float* arow = w.acc + i * d;
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) arow[c] *= alpha;
-      }
-    }
-    sgemm(CblasNoTrans, CblasNoTrans, static_cast<int>(bq), static_cast<int>(d),
-          static_cast<int>(bk), 1.0f, w.s, static_cast<int>(ldS), v, static_cast<int>(t.k_stride),
-          1.0f, w.acc, static_cast<int>(d));
+    small_gemm(false, ild, ibk, id, w.qt, ild, k, ldk, 0.0f, w.s, ild);  // S = (scale·Q)·Kᵀ
+    km::mask_outside_reach(w.s, ld, t, p.causal, i0, bq, j0, bk);
+    km::online_softmax(w.s, ld, ld, bk, w.m, w.l, w.acc, ld, d);
+    small_gemm(true, ild, id, ibk, w.s, ild, v, ldk, 1.0f, w.acc, ild);  // acc += P·V
   }
 
   for (int64_t i = 0; i < bq; ++i) {
-    float* arow = w.acc + i * d;
     float* orow = p.out + t.q_row0 + (i0 + i) * t.q_stride;
     float* lse = p.lse + t.lse0 + (i0 + i) * t.lse_stride;
     const bool empty = w.l[i] == 0.0f;
     const float row_lse = empty ? kNegInf : w.m[i] + std::log(w.l[i]);
     const float inv = empty ? 0.0f : 1.0f / w.l[i];
     if (p.accumulate) {
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) arow[c] *= inv;
-      merge_lse_row(orow, lse, arow, row_lse, d);
+      for (int64_t c = 0; c < d; ++c) w.row[c] = w.acc[c * ld + i] * inv;
+      merge_lse_row(orow, lse, w.row, row_lse, d);
     } else {
       const float f = inv * p.out_scale;
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) orow[c] = arow[c] * f;
+      for (int64_t c = 0; c < d; ++c) orow[c] = w.acc[c * ld + i] * f;
       *lse = row_lse;
     }
   }
@@ -131,9 +119,10 @@ bool tasks_are_fine_units(const ForwardParams& p, std::span<const SubseqTask> ta
 }  // namespace
 
 std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim) {
-  return round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile)) +
-         round_up16(static_cast<std::size_t>(t.q_tile * head_dim)) +
-         2 * round_up16(static_cast<std::size_t>(t.q_tile));
+  const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
+  const auto d = static_cast<std::size_t>(head_dim);
+  return 2 * round_up16(ld * d) + round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld +
+         round_up16(d);
 }
 
 void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,

@@ -1,0 +1,231 @@
+// Key-major softmax steps (see cpu_keymajor.hpp).
+#include "kernels/cpu_keymajor.hpp"
+
+#include <algorithm>
+
+#include "kernels/cpu_math.hpp"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// GCC 12 reports its own intrinsics' deliberately undefined pass-through operand
+// (_mm512_undefined_ps) as maybe-uninitialized when they inline here (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#endif
+
+namespace ringattn::kernels::km {
+
+// Queries of a tile past a key's reach get -inf scores; tiles every query sees whole (the
+// common case) are left alone. Reach bounds grow with the query, so the first and last rows
+// decide that.
+void mask_outside_reach(float* s, int64_t ld, const SubseqTask& t, bool causal, int64_t i0,
+                        int64_t bq, int64_t j0, int64_t bk) {
+  const KeyRange first = row_keys_in_tile(t, causal, i0, j0, bk);
+  const KeyRange last = row_keys_in_tile(t, causal, i0 + bq - 1, j0, bk);
+  if (first.end == bk && last.begin == 0) return;
+  for (int64_t i = 0; i < bq; ++i) {
+    const KeyRange r = row_keys_in_tile(t, causal, i0 + i, j0, bk);
+    for (int64_t j = 0; j < r.begin; ++j) s[j * ld + i] = kNegInf;
+    for (int64_t j = r.end; j < bk; ++j) s[j * ld + i] = kNegInf;
+  }
+}
+
+// dst (cols × ld, column-major) = factor · src rows [0, rows) (row-major, stride `stride`,
+// `cols` each), rows [rows, ld) zero.
+void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
+                    float* dst, int64_t ld) {
+  for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + (c + 1) * ld, 0.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* r = src + i * stride;
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld + i] = factor * r[c];
+  }
+}
+
+namespace generic {
+
+void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
+                    int64_t ld_acc, int64_t d) {
+  for (int64_t g = 0; g < bqp; g += kLanes) {
+    float mx[kLanes], use[kLanes], alpha[kLanes], sum[kLanes] = {};
+    for (int64_t x = 0; x < kLanes; ++x) mx[x] = m[g + x];
+    for (int64_t j = 0; j < bk; ++j) {
+      const float* col = s + j * ld + g;
+#pragma omp simd
+      for (int64_t x = 0; x < kLanes; ++x) mx[x] = col[x] > mx[x] ? col[x] : mx[x];
+    }
+#pragma omp simd
+    for (int64_t x = 0; x < kLanes; ++x) {
+      use[x] = mx[x] == kNegInf ? 0.0f : mx[x];
+      alpha[x] = exp_approx(m[g + x] - use[x]);
+    }
+    for (int64_t j = 0; j < bk; ++j) {
+      float* col = s + j * ld + g;
+#pragma omp simd
+      for (int64_t x = 0; x < kLanes; ++x) {
+        col[x] = exp_approx(col[x] - use[x]);
+        sum[x] += col[x];
+      }
+    }
+    bool rescale = false;
+    for (int64_t x = 0; x < kLanes; ++x) {
+      l[g + x] = l[g + x] * alpha[x] + sum[x];
+      m[g + x] = mx[x];
+      rescale |= alpha[x] != 1.0f;
+    }
+    if (!rescale) continue;
+    for (int64_t c = 0; c < d; ++c) {
+      float* a = acc + c * ld_acc + g;
+#pragma omp simd
+      for (int64_t x = 0; x < kLanes; ++x) a[x] *= alpha[x];
+    }
+  }
+}
+
+void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
+  for (int64_t j = 0; j < bk; ++j) {
+    float* col = s + j * ld;
+#pragma omp simd
+    for (int64_t i = 0; i < bqp; ++i) col[i] = lse[i] == kNegInf ? 0.0f : exp_approx(col[i] - lse[i]);
+  }
+}
+
+void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
+                     const float* dd, float factor) {
+  for (int64_t j = 0; j < bk; ++j) {
+    float* col = dp + j * ld;
+    const float* pc = p + j * ld;
+#pragma omp simd
+    for (int64_t i = 0; i < bqp; ++i) col[i] = factor * pc[i] * (col[i] - dd[i]);
+  }
+}
+
+}  // namespace generic
+
+#if defined(__AVX512F__)
+
+namespace {
+
+// exp(x) for 16 floats, as exp_approx computes it (range reduction to [-ln2/2, ln2/2], the
+// same degree-6 polynomial), with the 2^n scaling by vscalefps; exactly 0 below -87.3
+// (including -inf), clamped above 88.3.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+  __m512 p = _mm512_set1_ps(1.3888889e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3333333e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1666667e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666667e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+void online_softmax_avx512(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l,
+                           float* acc, int64_t ld_acc, int64_t d) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  for (int64_t g = 0; g < bqp; g += kLanes) {
+    const __m512 m_old = _mm512_loadu_ps(m + g);
+    __m512 mx0 = m_old, mx1 = neg_inf;
+    int64_t j = 0;
+    for (; j + 1 < bk; j += 2) {
+      mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + j * ld + g));
+      mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + (j + 1) * ld + g));
+    }
+    if (j < bk) mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + j * ld + g));
+    const __m512 m_new = _mm512_max_ps(mx0, mx1);
+    const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
+    const __m512 use = _mm512_mask_mov_ps(m_new, none, _mm512_setzero_ps());
+    const __m512 alpha = exp16(_mm512_sub_ps(m_old, use));
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    for (j = 0; j + 1 < bk; j += 2) {
+      float* c0 = s + j * ld + g;
+      float* c1 = c0 + ld;
+      const __m512 p0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(c0), use));
+      const __m512 p1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(c1), use));
+      _mm512_storeu_ps(c0, p0);
+      _mm512_storeu_ps(c1, p1);
+      sum0 = _mm512_add_ps(sum0, p0);
+      sum1 = _mm512_add_ps(sum1, p1);
+    }
+    if (j < bk) {
+      float* c0 = s + j * ld + g;
+      const __m512 p0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(c0), use));
+      _mm512_storeu_ps(c0, p0);
+      sum0 = _mm512_add_ps(sum0, p0);
+    }
+    _mm512_storeu_ps(l + g, _mm512_fmadd_ps(_mm512_loadu_ps(l + g), alpha, _mm512_add_ps(sum0, sum1)));
+    _mm512_storeu_ps(m + g, m_new);
+    if (_mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0) continue;
+    for (int64_t c = 0; c < d; ++c) {
+      float* a = acc + c * ld_acc + g;
+      _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(a), alpha));
+    }
+  }
+}
+
+void probabilities_avx512(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  for (int64_t g = 0; g < bqp; g += kLanes) {
+    const __m512 shift = _mm512_loadu_ps(lse + g);
+    const __mmask16 live = _mm512_cmp_ps_mask(shift, neg_inf, _CMP_NEQ_UQ);
+    for (int64_t j = 0; j < bk; ++j) {
+      float* col = s + j * ld + g;
+      _mm512_storeu_ps(col, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(col), shift))));
+    }
+  }
+}
+
+void scores_gradient_avx512(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
+                            const float* dd, float factor) {
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int64_t g = 0; g < bqp; g += kLanes) {
+    const __m512 dg = _mm512_loadu_ps(dd + g);
+    for (int64_t j = 0; j < bk; ++j) {
+      float* col = dp + j * ld + g;
+      const __m512 pf = _mm512_mul_ps(f, _mm512_loadu_ps(p + j * ld + g));
+      _mm512_storeu_ps(col, _mm512_mul_ps(pf, _mm512_sub_ps(_mm512_loadu_ps(col), dg)));
+    }
+  }
+}
+
+}  // namespace
+
+void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
+                    int64_t ld_acc, int64_t d) {
+  online_softmax_avx512(s, ld, bqp, bk, m, l, acc, ld_acc, d);
+}
+void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
+  probabilities_avx512(s, ld, bqp, bk, lse);
+}
+void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
+                     const float* dd, float factor) {
+  scores_gradient_avx512(dp, p, ld, bqp, bk, dd, factor);
+}
+bool uses_avx512() { return true; }
+
+#else
+
+void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
+                    int64_t ld_acc, int64_t d) {
+  generic::online_softmax(s, ld, bqp, bk, m, l, acc, ld_acc, d);
+}
+void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
+  generic::probabilities(s, ld, bqp, bk, lse);
+}
+void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
+                     const float* dd, float factor) {
+  generic::scores_gradient(dp, p, ld, bqp, bk, dd, factor);
+}
+bool uses_avx512() { return false; }
+
+#endif
+
+}  // namespace ringattn::kernels::km
