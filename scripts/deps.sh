@@ -22,6 +22,11 @@ packages=(
   # libFuzzer runtimes, and LLVM's OpenMP (with Archer, which lets TSan see OpenMP).
   clang libclang-rt-dev libomp-dev
 )
+# libxsmm (generated small-GEMM kernels for the CPU kernels' tile products) is packaged for
+# amd64 only; elsewhere the tile products run on OpenBLAS.
+if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then
+  packages+=(libxsmm-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -1,6 +1,7 @@
 // The CPU block-sparse kernels: the flash-attention forward and FA2-style backward of
 // cpu_flash_*.cpp, walking lists of key spans (or, for dK/dV, query spans) instead of one
-// contiguous key range. sgemm on strided views throughout; one score tile per thread.
+// contiguous key range. Key-major score tiles and small products on the tensors in place, as
+// there (cpu_keymajor.hpp, cpu_small_gemm.hpp); one score tile per thread.
 #include "kernels/cpu_block_sparse.hpp"
 
 #include <omp.h>
@@ -9,7 +10,9 @@
 #include <cmath>
 
 #include "kernels/cpu_blas.hpp"
+#include "kernels/cpu_keymajor.hpp"
 #include "kernels/cpu_math.hpp"
+#include "kernels/cpu_small_gemm.hpp"
 #include "kernels/merge_lse.hpp"
 
 namespace ringattn::kernels {
@@ -17,28 +20,34 @@ namespace ringattn::kernels {
 namespace {
 
 struct Scratch {
-  float* s;    // q_tile × k_tile: scores / probabilities
-  float* ds;   // q_tile × k_tile: dP, then dS
-  float* acc;  // q_tile × D: output or dQ accumulator
-  float* dk;   // k_tile × D
-  float* dv;   // k_tile × D
-  float* m;    // q_tile: running max, or lse
-  float* l;    // q_tile: running sum, or delta
+  int64_t ld;  // queries per key column: q_tile rounded up to 16
+  float* qt;   // D × ld: scale · Qᵀ of the query chunk
+  float* dot;  // D × ld: dOᵀ
+  float* s;    // k_tile × ld: scores / probabilities
+  float* ds;   // k_tile × ld: dP, then scale · dS
+  float* acc;  // D × ld: output accumulator
+  float* dk;   // k_tile × D rows (also one output row, for merging)
+  float* dv;   // k_tile × D rows
+  float* m;    // ld: running max, or lse (-inf past the chunk's rows)
+  float* l;    // ld: running sum, or delta (0 past the chunk's rows)
 };
 
 Scratch carve(float* base, const TileConfig& t, int64_t d) {
-  const auto st = round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile));
-  const auto qd = round_up16(static_cast<std::size_t>(t.q_tile * d));
-  const auto kd = round_up16(static_cast<std::size_t>(t.k_tile * d));
-  const auto q1 = round_up16(static_cast<std::size_t>(t.q_tile));
   Scratch s{};
-  s.s = base;
+  s.ld = static_cast<int64_t>(round_up16(static_cast<std::size_t>(t.q_tile)));
+  const auto ld = static_cast<std::size_t>(s.ld);
+  const auto side = round_up16(ld * static_cast<std::size_t>(d));
+  const auto st = round_up16(ld * static_cast<std::size_t>(t.k_tile));
+  const auto kd = round_up16(static_cast<std::size_t>(t.k_tile * d));
+  s.qt = base;
+  s.dot = s.qt + side;
+  s.acc = s.dot + side;
+  s.s = s.acc + side;
   s.ds = s.s + st;
-  s.acc = s.ds + st;
-  s.dk = s.acc + qd;
+  s.dk = s.ds + st;
   s.dv = s.dk + kd;
   s.m = s.dv + kd;
-  s.l = s.m + q1;
+  s.l = s.m + ld;
   return s;
 }
 
@@ -56,31 +65,15 @@ SubseqTask view_of(const SparseParams& p, int64_t n_q, int64_t n_k, int64_t caus
   return t;
 }
 
-// Sets P = exp(S - lse) row by row on a bq × bk tile (rows i0.., keys j0.. of `t`), zero
-// outside each row's keys. Rows with lse = -inf attend nothing: zeros.
-void probabilities(float* p, int64_t ld, int64_t bq, int64_t bk, const float* lse,
-                   const SubseqTask& t, bool causal, int64_t i0, int64_t j0) {
-  for (int64_t i = 0; i < bq; ++i) {
-    float* row = p + i * ld;
-    if (lse[i] == kNegInf) {
-      std::fill(row, row + bk, 0.0f);
-      continue;
-    }
-    const KeyRange r = row_keys_in_tile(t, causal, i0 + i, j0, bk);
-    exp_shift_sum(row + r.begin, r.end - r.begin, lse[i]);
-    std::fill(row, row + r.begin, 0.0f);
-    std::fill(row + r.end, row + bk, 0.0f);
-  }
-}
-
 void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const KeySpan> spans,
                   int64_t i0, const TileConfig& tc, const Scratch& w) {
-  const int64_t d = p.head_dim, ld = tc.k_tile;
+  const int64_t d = p.head_dim, ld = w.ld;
   const int64_t bq = std::min(tc.q_tile, t.n_q - i0);
-  const float* q = p.q + t.q_row0 + i0 * p.q_stride;
-  std::fill(w.m, w.m + bq, kNegInf);
-  std::fill(w.l, w.l + bq, 0.0f);
-  std::fill(w.acc, w.acc + bq * d, 0.0f);
+  const int ild = sz(ld), id = sz(d);
+  km::transpose_rows(p.q + t.q_row0 + i0 * p.q_stride, p.q_stride, bq, d, p.scale, w.qt, ld);
+  std::fill(w.m, w.m + ld, kNegInf);
+  std::fill(w.l, w.l + ld, 0.0f);
+  std::fill(w.acc, w.acc + ld * d, 0.0f);
 
   for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
     const KeySpan& sp = spans[static_cast<std::size_t>(s)];
@@ -90,48 +83,24 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
       const int64_t bk = std::min(tc.k_tile, keys.end - j0);
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
-      sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, sz(p.q_stride), k,
-            sz(sp.k_stride), 0.0f, w.s, sz(ld));
-      for (int64_t i = 0; i < bq; ++i) {
-        float* srow = w.s + i * ld;
-        // Keys of this tile outside [a, b) are in the row's future or outside its window.
-        const KeyRange row = row_keys_in_tile(view, p.causal, i0 + i, j0, bk);
-        const int64_t a = row.begin, b = row.end;
-        const float m_new = std::max(w.m[i], max_of(srow + a, b - a));
-        if (m_new == kNegInf) {
-          std::fill(srow, srow + bk, 0.0f);
-          continue;
-        }
-        const float alpha = exp_approx(w.m[i] - m_new);
-        const float row_sum = exp_shift_sum(srow + a, b - a, m_new);
-        std::fill(srow, srow + a, 0.0f);
-        std::fill(srow + b, srow + bk, 0.0f);
-        w.l[i] = w.l[i] * alpha + row_sum;
-        w.m[i] = m_new;
-        if (alpha != 1.0f) {
-          float* arow = w.acc + i * d;
-#pragma omp simd
-          for (int64_t c = 0; c < d; ++c) arow[c] *= alpha;
-        }
-      }
-      sgemm(CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), 1.0f, w.s, sz(ld), v,
-            sz(sp.k_stride), 1.0f, w.acc, sz(d));
+      small_gemm(false, ild, sz(bk), id, w.qt, ild, k, sz(sp.k_stride), 0.0f, w.s, ild);
+      km::mask_outside_reach(w.s, ld, view, p.causal, i0, bq, j0, bk);
+      km::online_softmax(w.s, ld, ld, bk, w.m, w.l, w.acc, ld, d);
+      small_gemm(true, ild, id, sz(bk), w.s, ild, v, sz(sp.k_stride), 1.0f, w.acc, ild);
     }
   }
 
   for (int64_t i = 0; i < bq; ++i) {
-    float* arow = w.acc + i * d;
     float* orow = p.out + t.q_row0 + (i0 + i) * p.q_stride;
     float* lse = p.lse + t.lse0 + (i0 + i) * p.lse_stride;
     const bool empty = w.l[i] == 0.0f;
     const float row_lse = empty ? kNegInf : w.m[i] + std::log(w.l[i]);
     const float inv = empty ? 0.0f : 1.0f / w.l[i];
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) arow[c] *= inv;
     if (p.accumulate) {
-      merge_lse_row(orow, lse, arow, row_lse, d);
+      for (int64_t c = 0; c < d; ++c) w.dk[c] = w.acc[c * ld + i] * inv;
+      merge_lse_row(orow, lse, w.dk, row_lse, d);
     } else {
-      std::copy(arow, arow + d, orow);
+      for (int64_t c = 0; c < d; ++c) orow[c] = w.acc[c * ld + i] * inv;
       *lse = row_lse;
     }
   }
@@ -148,47 +117,50 @@ bool pair_visible(const SubseqTask& view, bool causal, int64_t i0, int64_t bq, i
   return r.begin < r.end && j0 < r.end && j0 + bk > r.begin;
 }
 
-// lse and delta of rows [i0, i0 + bq) of a piece into w.m and w.l; false when no row attends
-// anything.
-bool load_rows(const SparseParams& p, int64_t lse0, int64_t i0, int64_t bq, const Scratch& w) {
+// lse and delta of rows [i0, i0 + bq) of a piece into w.m and w.l, and the chunk's
+// scale · Qᵀ and dOᵀ; false when no row attends anything.
+bool load_rows(const SparseParams& p, int64_t q_row0, int64_t lse0, int64_t i0, int64_t bq,
+               const Scratch& w) {
   bool any = false;
   for (int64_t i = 0; i < bq; ++i) {
     w.m[i] = p.lse[lse0 + (i0 + i) * p.lse_stride];
     w.l[i] = p.delta[lse0 + (i0 + i) * p.lse_stride];
     any |= w.m[i] != kNegInf;
   }
-  return any;
+  if (!any) return false;
+  std::fill(w.m + bq, w.m + w.ld, kNegInf);
+  std::fill(w.l + bq, w.l + w.ld, 0.0f);
+  const int64_t row = q_row0 + i0 * p.q_stride;
+  km::transpose_rows(p.q + row, p.q_stride, bq, p.head_dim, p.scale, w.qt, w.ld);
+  km::transpose_rows(p.dout + row, p.q_stride, bq, p.head_dim, 1.0f, w.dot, w.ld);
+  return true;
 }
 
-// P (into w.s) and dS = P ∘ (dP − delta) (into w.ds) of one pair: S and dP, two products.
-void p_and_ds(const SparseParams& p, const SubseqTask& view, const float* q, const float* dout,
-              const float* k, const float* v, int ldk, int64_t i0, int64_t bq, int64_t j0,
-              int64_t bk, const TileConfig& tc, const Scratch& w) {
-  const int64_t d = p.head_dim, ld = tc.k_tile;
-  const int ldq = sz(p.q_stride);
-  sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), p.scale, q, ldq, k, ldk, 0.0f, w.s,
-        sz(ld));
-  probabilities(w.s, ld, bq, bk, w.m, view, p.causal, i0, j0);
-  sgemm(CblasNoTrans, CblasTrans, sz(bq), sz(bk), sz(d), 1.0f, dout, ldq, v, ldk, 0.0f, w.ds,
-        sz(ld));
-  for (int64_t i = 0; i < bq; ++i) {
-    float* dsrow = w.ds + i * ld;
-    const float* prow = w.s + i * ld;
-    const float di = w.l[i];
-#pragma omp simd
-    for (int64_t j = 0; j < bk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di);
-  }
+// P (into w.s) and scale · dS = scale · P ∘ (dP − delta) (into w.ds) of one pair: S and dP,
+// two products, from the chunk load_rows prepared.
+void p_and_ds(const SparseParams& p, const SubseqTask& view, const float* k, const float* v,
+              int ldk, int64_t i0, int64_t bq, int64_t j0, int64_t bk, const Scratch& w) {
+  const int ld = sz(w.ld), id = sz(p.head_dim), ibk = sz(bk);
+  small_gemm(false, ld, ibk, id, w.qt, ld, k, ldk, 0.0f, w.s, ld);
+  km::mask_outside_reach(w.s, w.ld, view, p.causal, i0, bq, j0, bk);
+  km::probabilities(w.s, w.ld, w.ld, bk, w.m);
+  small_gemm(false, ld, ibk, id, w.dot, ld, v, ldk, 0.0f, w.ds, ld);
+  km::scores_gradient(w.ds, w.s, w.ld, w.ld, bk, w.l, p.scale);
+}
+
+// dQ rows (row-major, ldq apart; column-major D × bq) += K's rows ᵀ · (scale · dS)ᵀ.
+void add_dq(const SparseParams& p, const float* k, int ldk, int64_t bq, int64_t bk, float* dq,
+            const Scratch& w) {
+  small_gemm(true, sz(p.head_dim), sz(bq), sz(bk), k, ldk, w.ds, sz(w.ld), 1.0f, dq,
+             sz(p.q_stride));
 }
 
 // dQ rows [i0, i0 + bq) of query piece `t` += scale · dS K over the piece's key spans (one per
 // key tile, ascending): the split backward's dQ pass.
 void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const KeySpan> spans,
              int64_t i0, const TileConfig& tc, const Scratch& w) {
-  const int64_t d = p.head_dim, ld = tc.k_tile;
   const int64_t bq = std::min(tc.q_tile, t.n_q - i0);
-  if (!load_rows(p, t.lse0, i0, bq, w)) return;
-  const float* q = p.q + t.q_row0 + i0 * p.q_stride;
-  const float* dout = p.dout + t.q_row0 + i0 * p.q_stride;
+  if (!load_rows(p, t.q_row0, t.lse0, i0, bq, w)) return;
   float* dq = p.dq + t.q_row0 + i0 * p.q_stride;
   for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
     const KeySpan& sp = spans[static_cast<std::size_t>(s)];
@@ -200,9 +172,8 @@ void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const Ke
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
       const int ldk = sz(sp.k_stride);
-      p_and_ds(p, view, q, dout, k, v, ldk, i0, bq, j0, bk, tc, w);
-      sgemm(CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), p.scale, w.ds, sz(ld), k, ldk, 1.0f,
-            dq, sz(p.q_stride));
+      p_and_ds(p, view, k, v, ldk, i0, bq, j0, bk, w);
+      add_dq(p, k, ldk, bq, bk, dq, w);
     }
   }
 }
@@ -211,9 +182,9 @@ void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const Ke
 // scratch, then added to the tensors), and with `with_dq` also dQ of the query rows.
 void key_chunk(const SparseParams& p, const SparseKeyTile& t, std::span<const QuerySpan> spans,
                int64_t j0, const TileConfig& tc, const Scratch& w, bool with_dq) {
-  const int64_t d = p.head_dim, ld = tc.k_tile;
+  const int64_t d = p.head_dim;
   const int64_t bk = std::min(tc.k_tile, t.n_k - j0);
-  const int ldk = sz(t.k_stride), ldq = sz(p.q_stride);
+  const int ldk = sz(t.k_stride), ldq = sz(p.q_stride), ld = sz(w.ld);
   const float* k = p.k + t.k_row0 + j0 * t.k_stride;
   const float* v = p.v + t.k_row0 + j0 * t.k_stride;
   std::fill(w.dk, w.dk + bk * d, 0.0f);
@@ -224,19 +195,16 @@ void key_chunk(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
     const KeyRange rows = seeing_query_range(view, p.causal, j0, bk);
     for (int64_t i0 = rows.begin / tc.q_tile * tc.q_tile; i0 < rows.end; i0 += tc.q_tile) {
       const int64_t bq = std::min(tc.q_tile, sp.n_q - i0);
-      if (!pair_visible(view, p.causal, i0, bq, j0, bk) || !load_rows(p, sp.lse0, i0, bq, w))
+      if (!pair_visible(view, p.causal, i0, bq, j0, bk) ||
+          !load_rows(p, sp.q_row0, sp.lse0, i0, bq, w))
         continue;
       const float* q = p.q + sp.q_row0 + i0 * p.q_stride;
       const float* dout = p.dout + sp.q_row0 + i0 * p.q_stride;
-      p_and_ds(p, view, q, dout, k, v, ldk, i0, bq, j0, bk, tc, w);
-      // dV += Pᵀ dO ; dK += scale · dSᵀ Q ; (fused) dQ += scale · dS K
-      sgemm(CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), 1.0f, w.s, sz(ld), dout, ldq, 1.0f,
-            w.dv, sz(d));
-      sgemm(CblasTrans, CblasNoTrans, sz(bk), sz(d), sz(bq), p.scale, w.ds, sz(ld), q, ldq, 1.0f,
-            w.dk, sz(d));
-      if (with_dq)
-        sgemm(CblasNoTrans, CblasNoTrans, sz(bq), sz(d), sz(bk), p.scale, w.ds, sz(ld), k, ldk,
-              1.0f, p.dq + sp.q_row0 + i0 * p.q_stride, ldq);
+      p_and_ds(p, view, k, v, ldk, i0, bq, j0, bk, w);
+      // dV += Pᵀ dO ; dK += (scale · dS)ᵀ Q, as column-major D × bk ; (fused) dQ
+      small_gemm(false, sz(d), sz(bk), sz(bq), dout, ldq, w.s, ld, 1.0f, w.dv, sz(d));
+      small_gemm(false, sz(d), sz(bk), sz(bq), q, ldq, w.ds, ld, 1.0f, w.dk, sz(d));
+      if (with_dq) add_dq(p, k, ldk, bq, bk, p.dq + sp.q_row0 + i0 * p.q_stride, w);
     }
   }
   for (int64_t j = 0; j < bk; ++j) {
@@ -270,10 +238,10 @@ void run_tiles(std::span<const Tile> tiles, int64_t rows_per_tile_step, const Ti
 }  // namespace
 
 std::size_t sparse_workspace_floats(const TileConfig& t, int64_t head_dim) {
-  return 2 * round_up16(static_cast<std::size_t>(t.q_tile * t.k_tile)) +
-         round_up16(static_cast<std::size_t>(t.q_tile * head_dim)) +
-         2 * round_up16(static_cast<std::size_t>(t.k_tile * head_dim)) +
-         2 * round_up16(static_cast<std::size_t>(t.q_tile));
+  const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
+  return 3 * round_up16(ld * static_cast<std::size_t>(head_dim)) +
+         2 * round_up16(ld * static_cast<std::size_t>(t.k_tile)) +
+         2 * round_up16(static_cast<std::size_t>(t.k_tile * head_dim)) + 2 * ld;
 }
 
 void sparse_forward(const SparseParams& p, std::span<const SparseQueryTile> tiles,

@@ -31,8 +31,8 @@ void mask_outside_reach(float* s, int64_t ld, const SubseqTask& t, bool causal, 
   }
 }
 
-// dst (cols × ld, column-major) = factor · src rows [0, rows) (row-major, stride `stride`,
-// `cols` each), rows [rows, ld) zero.
+namespace generic {
+
 void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
                     float* dst, int64_t ld) {
   for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + (c + 1) * ld, 0.0f);
@@ -41,8 +41,6 @@ void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols
     for (int64_t c = 0; c < cols; ++c) dst[c * ld + i] = factor * r[c];
   }
 }
-
-namespace generic {
 
 void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
                     int64_t ld_acc, int64_t d) {
@@ -128,6 +126,43 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
+// 16 rows of 16 lanes transposed in registers: four rounds of swapping the off-diagonal
+// h×h blocks (h = 8, 4, 2, 1), each one two-source permute per row.
+inline void transpose16(__m512 r[16]) {
+  for (int h = 8; h >= 1; h /= 2) {
+    alignas(64) int32_t lo[16], hi[16];
+    for (int c = 0; c < 16; ++c) {
+      lo[c] = (c & h) ? 16 + (c - h) : c;  // row i: its own low lanes, row i+h's low lanes
+      hi[c] = (c & h) ? 16 + c : c + h;    // row i+h: row i's high lanes, its own high lanes
+    }
+    const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+    for (int i = 0; i < 16; ++i) {
+      if (i & h) continue;
+      const __m512 a = r[i], b = r[i + h];
+      r[i] = _mm512_permutex2var_ps(a, ilo, b);
+      r[i + h] = _mm512_permutex2var_ps(a, ihi, b);
+    }
+  }
+}
+
+void transpose_rows_avx512(const float* src, int64_t stride, int64_t rows, int64_t cols,
+                           float factor, float* dst, int64_t ld) {
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int64_t i0 = 0; i0 < ld; i0 += kLanes) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+      const int64_t nc = std::min<int64_t>(kLanes, cols - c0);
+      const auto cmask = static_cast<__mmask16>((1u << nc) - 1u);
+      __m512 r[16];
+      for (int64_t x = 0; x < kLanes; ++x)
+        r[x] = i0 + x < rows ? _mm512_maskz_loadu_ps(cmask, src + (i0 + x) * stride + c0)
+                             : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t x = 0; x < nc; ++x)
+        _mm512_storeu_ps(dst + (c0 + x) * ld + i0, _mm512_mul_ps(r[x], f));
+    }
+  }
+}
+
 void online_softmax_avx512(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l,
                            float* acc, int64_t ld_acc, int64_t d) {
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
@@ -198,6 +233,10 @@ void scores_gradient_avx512(float* dp, const float* p, int64_t ld, int64_t bqp, 
 
 }  // namespace
 
+void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
+                    float* dst, int64_t ld) {
+  transpose_rows_avx512(src, stride, rows, cols, factor, dst, ld);
+}
 void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
                     int64_t ld_acc, int64_t d) {
   online_softmax_avx512(s, ld, bqp, bk, m, l, acc, ld_acc, d);
@@ -213,6 +252,10 @@ bool uses_avx512() { return true; }
 
 #else
 
+void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
+                    float* dst, int64_t ld) {
+  generic::transpose_rows(src, stride, rows, cols, factor, dst, ld);
+}
 void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
                     int64_t ld_acc, int64_t d) {
   generic::online_softmax(s, ld, bqp, bk, m, l, acc, ld_acc, d);

@@ -40,11 +40,13 @@ void mask_outside_reach(float* s, int64_t ld, const SubseqTask& t, bool causal, 
                         int64_t bq, int64_t j0, int64_t bk);
 
 // dst (cols × ld, column-major) = factor · src rows [0, rows) (row-major, `stride` apart,
-// `cols` each); rows [rows, ld) of dst are zeroed.
+// `cols` each); rows [rows, ld) of dst are zeroed (ld a multiple of 16, rows <= ld).
 void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
                     float* dst, int64_t ld);
 
 namespace generic {
+void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
+                    float* dst, int64_t ld);
 void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
                     int64_t ld_acc, int64_t d);
 void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse);
