@@ -175,7 +175,8 @@ void print_json(const RunReport& r, std::ostream& os) {
   if (r.blas)
     j["blas"] = {{"config", r.blas->config},       {"core", r.blas->core},
                  {"core_from", r.blas->core_from}, {"file", r.blas->file},
-                 {"threading", r.blas->threading}, {"threads_per_call", r.blas->threads_per_call}};
+                 {"threading", r.blas->threading}, {"threads_per_call", r.blas->threads_per_call},
+                 {"small_gemm", r.blas->small_gemm}};
   j["bytes_sent"] = r.bytes_sent;
   j["bytes_sent_min"] = r.bytes_sent_min;
   j["layout"] = r.layout;

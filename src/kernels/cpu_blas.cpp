@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cpu_small_gemm.hpp"
 #include "ringattn/errors.hpp"
 
 #ifndef RINGATTN_OPENBLAS_FILE
@@ -139,13 +140,15 @@ BlasInfo blas_info() {
   info.threading = threading_name(b.get_parallel());
   BlasSingleThreadScope scope;
   info.threads_per_call = b.get_num_threads();
+  info.small_gemm = small_gemm_summary();
   return info;
 }
 
 std::string BlasInfo::summary() const {
   return config + "; kernels " + core + " (chosen by " + core_from + "); " + threading +
          " build, " + std::to_string(threads_per_call) +
-         " thread(s) per call inside ringattn's regions; " + file;
+         " thread(s) per call inside ringattn's regions; " + file + "; tile products: " +
+         small_gemm;
 }
 
 void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k, float alpha,
@@ -154,6 +157,7 @@ void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k
 }
 
 BlasSingleThreadScope::BlasSingleThreadScope() {
+  (void)small_gemm_backend();  // RINGATTN_SMALL_GEMM read (and checked) outside any region
   const OpenBlas& b = blas();  // opened before the region: its threads never race the open
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_open_scopes++ == 0) {

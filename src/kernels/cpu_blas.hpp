@@ -22,6 +22,7 @@ struct BlasInfo {
   std::string file;          // the shared object opened
   std::string threading;     // openblas_get_parallel(): "openmp", "pthreads" or "sequential"
   int threads_per_call = 1;  // threads one sgemm uses inside ringattn's parallel regions
+  std::string small_gemm;    // what the kernels' tile products run on (cpu_small_gemm.hpp)
   std::string summary() const;
 };
 
@@ -42,7 +43,9 @@ void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k
 // thread per MPI or virtual rank) is inactive, and there it would start a team of its own.
 // A pthreads build always uses its pool. So the first scope sets OpenBLAS to one thread and
 // the last one to close restores the caller's setting (scopes on concurrent threads, e.g.
-// virtual ranks, share one count); the calling thread's OpenMP thread count is kept.
+// virtual ranks, share one count); the calling thread's OpenMP thread count is kept. It also
+// settles the tile products' backend (RINGATTN_SMALL_GEMM), so that a bad value is an
+// InputError here, before any parallel region.
 class BlasSingleThreadScope {
  public:
   BlasSingleThreadScope();

@@ -115,4 +115,19 @@ TEST(CliBlas, ALibraryThatCannotBeOpenedIsBadInputNamingTheVariable) {
   EXPECT_NE(r.err.find("/nonexistent/libopenblas.so.0"), std::string::npos) << r.err;
 }
 
+// The tile products' backend (kernels/cpu_small_gemm.hpp) is reported, can be forced to
+// OpenBLAS, and a value that names neither is bad input naming the variable.
+TEST(CliBlas, TileProductBackendIsReportedAndCanBeChosen) {
+  const nlohmann::json forced = run_dense_forward({"RINGATTN_SMALL_GEMM=openblas"});
+  EXPECT_NE(forced["small_gemm"].get<std::string>().find("OpenBLAS"), std::string::npos)
+      << forced.dump();
+  const nlohmann::json fallback = run_dense_forward({});
+  EXPECT_FALSE(fallback["small_gemm"].get<std::string>().empty()) << fallback.dump();
+  const CliResult r =
+      run_cli({"run", "--seq-len", "64", "--iters", "1"}, {"RINGATTN_SMALL_GEMM=mkl"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("RINGATTN_SMALL_GEMM"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'mkl'"), std::string::npos) << r.err;
+}
+
 }  // namespace

@@ -1,0 +1,167 @@
+// The CPU kernels' building blocks: the small tile products on each backend (libxsmm's
+// generated kernels, OpenBLAS) against a float64 product, and the key-major softmax steps'
+// AVX-512 forms against their portable forms. The kernels built on them are checked against
+// the float64 reference elsewhere, on the default backend and (ctest's *_on_openblas entries)
+// on OpenBLAS.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu_keymajor.hpp"
+#include "kernels/cpu_small_gemm.hpp"
+#include "random.hpp"
+
+namespace ringattn::kernels {
+namespace {
+
+std::vector<SmallGemmBackend> backends() {
+  std::vector<SmallGemmBackend> v{SmallGemmBackend::openblas};
+  if (small_gemm_libxsmm_built()) v.push_back(SmallGemmBackend::libxsmm);
+  return v;
+}
+
+struct BackendGuard {
+  SmallGemmBackend saved = small_gemm_backend();
+  ~BackendGuard() { set_small_gemm_backend(saved); }
+};
+
+TEST(SmallGemm, EveryBackendMatchesAFloat64ProductOnTileShapes) {
+  BackendGuard guard;
+  struct Shape {
+    int m, n, k;
+  };
+  // The kernels' shapes (query tile padded to 16, key tiles, head dims) and odd edges.
+  const Shape shapes[] = {{128, 256, 64}, {128, 64, 256}, {64, 128, 128}, {16, 7, 40},
+                          {48, 100, 13},  {40, 256, 72},  {1, 1, 1}};
+  for (SmallGemmBackend b : backends()) {
+    set_small_gemm_backend(b);
+    for (const Shape& s : shapes)
+      for (bool trans_b : {false, true})
+        for (float beta : {0.0f, 1.0f}) {
+          SCOPED_TRACE(std::string(b == SmallGemmBackend::libxsmm ? "libxsmm" : "openblas") +
+                       " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
+                       " k=" + std::to_string(s.k) + (trans_b ? " trans_b" : "") +
+                       " beta=" + std::to_string(beta));
+          // Leading dimensions larger than the matrices, as the kernels' strided views are.
+          const int lda = s.m + 3, ldb = (trans_b ? s.n : s.k) + 5, ldc = s.m + 1;
+          const auto a = testing::random_normal(static_cast<std::size_t>(lda * s.k), 1);
+          const auto bm = testing::random_normal(
+              static_cast<std::size_t>(ldb * (trans_b ? s.k : s.n)), 2);
+          auto c = testing::random_normal(static_cast<std::size_t>(ldc * s.n), 3);
+          std::vector<double> want(c.size());
+          for (int j = 0; j < s.n; ++j)
+            for (int i = 0; i < s.m; ++i) {
+              double acc = beta * c[static_cast<std::size_t>(j * ldc + i)];
+              for (int x = 0; x < s.k; ++x) {
+                const float bv = trans_b ? bm[static_cast<std::size_t>(x * ldb + j)]
+                                         : bm[static_cast<std::size_t>(j * ldb + x)];
+                acc += static_cast<double>(a[static_cast<std::size_t>(x * lda + i)]) * bv;
+              }
+              want[static_cast<std::size_t>(j * ldc + i)] = acc;
+            }
+          const std::vector<float> before = c;
+          small_gemm(trans_b, s.m, s.n, s.k, a.data(), lda, bm.data(), ldb, beta, c.data(), ldc);
+          for (int j = 0; j < s.n; ++j)
+            for (int i = 0; i < ldc; ++i) {
+              const auto x = static_cast<std::size_t>(j * ldc + i);
+              if (i >= s.m) {  // padding between columns is never written
+                ASSERT_EQ(c[x], before[x]);
+                continue;
+              }
+              ASSERT_NEAR(c[x], want[x], 1e-5 * (1.0 + std::abs(want[x])) * std::sqrt(s.k));
+            }
+        }
+  }
+}
+
+TEST(SmallGemm, UnknownBackendInTheEnvironmentIsNamed) {
+  EXPECT_NE(small_gemm_summary().find(small_gemm_backend() == SmallGemmBackend::libxsmm
+                                          ? "libxsmm"
+                                          : "OpenBLAS"),
+            std::string::npos);
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Scores with the cases the kernels produce: masked keys (-inf), a query with nothing
+// visible, large and tiny values.
+std::vector<float> scores(int64_t ld, int64_t bk, uint64_t seed) {
+  auto s = testing::random_normal(static_cast<std::size_t>(ld * bk), seed, 4.0f);
+  for (int64_t j = 0; j < bk; ++j) {
+    s[static_cast<std::size_t>(j * ld + 3)] = -kInf;           // query 3 sees nothing
+    if (j % 3 == 0) s[static_cast<std::size_t>(j * ld + 5)] = -kInf;  // query 5 sees some
+    s[static_cast<std::size_t>(j * ld + 7)] = j == 1 ? 80.0f : -90.0f;
+  }
+  return s;
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) || std::isinf(b[i]) || a[i] == 0.0f || b[i] == 0.0f) {
+      ASSERT_EQ(a[i], b[i]) << what << " at " << i;  // exact zeros and infinities agree
+      continue;
+    }
+    ASSERT_NEAR(a[i], b[i], 4e-7f * std::abs(b[i]) + 1e-30f) << what << " at " << i;
+  }
+}
+
+TEST(KeyMajor, TransposeGivesTheGenericBitsForEveryEdge) {
+  for (int64_t rows : {1, 15, 16, 17, 128})
+    for (int64_t cols : {1, 8, 16, 40, 64, 100}) {
+      const int64_t ld = (rows + 15) / 16 * 16 + (rows == 17 ? 16 : 0), stride = cols + 9;
+      const auto src = testing::random_normal(static_cast<std::size_t>(rows * stride), 5);
+      std::vector<float> a(static_cast<std::size_t>(cols * ld), 7.0f), b = a;
+      km::transpose_rows(src.data(), stride, rows, cols, 0.125f, a.data(), ld);
+      km::generic::transpose_rows(src.data(), stride, rows, cols, 0.125f, b.data(), ld);
+      ASSERT_EQ(a, b) << rows << "x" << cols;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(b[static_cast<std::size_t>(c * ld + i)],
+                    0.125f * src[static_cast<std::size_t>(i * stride + c)]);
+    }
+}
+
+TEST(KeyMajor, SoftmaxStepsAgreeWithTheirPortableForms) {
+  SCOPED_TRACE(km::uses_avx512() ? "AVX-512 against portable" : "portable against itself");
+  const int64_t ld = 32, d = 24;
+  for (int64_t bk : {1, 2, 7, 64}) {
+    // Online softmax: two steps, the second raising some maxima.
+    auto s1 = scores(ld, bk, 11), s2 = scores(ld, bk, 12);
+    std::vector<float> m(ld, -kInf), l(ld, 0.0f);
+    auto acc = testing::random_normal(static_cast<std::size_t>(ld * d), 13);
+    auto s1b = s1, s2b = s2, mb = m, lb = l, accb = acc;
+    km::online_softmax(s1.data(), ld, ld, bk, m.data(), l.data(), acc.data(), ld, d);
+    km::online_softmax(s2.data(), ld, ld, bk, m.data(), l.data(), acc.data(), ld, d);
+    km::generic::online_softmax(s1b.data(), ld, ld, bk, mb.data(), lb.data(), accb.data(), ld, d);
+    km::generic::online_softmax(s2b.data(), ld, ld, bk, mb.data(), lb.data(), accb.data(), ld, d);
+    expect_close(s1, s1b, "p1");
+    expect_close(s2, s2b, "p2");
+    expect_close(m, mb, "m");
+    expect_close(l, lb, "l");
+    expect_close(acc, accb, "acc");
+    EXPECT_EQ(m[3], -kInf);  // nothing visible: max -inf, sum 0, probabilities exactly 0
+    EXPECT_EQ(l[3], 0.0f);
+    for (int64_t j = 0; j < bk; ++j) EXPECT_EQ(s2[static_cast<std::size_t>(j * ld + 3)], 0.0f);
+
+    // Probabilities from an lse, with an empty row, then dS.
+    auto p = scores(ld, bk, 14), pb = p;
+    auto lse = testing::random_normal(static_cast<std::size_t>(ld), 15, 2.0f);
+    lse[4] = -kInf;
+    km::probabilities(p.data(), ld, ld, bk, lse.data());
+    km::generic::probabilities(pb.data(), ld, ld, bk, lse.data());
+    expect_close(p, pb, "P");
+    for (int64_t j = 0; j < bk; ++j) EXPECT_EQ(p[static_cast<std::size_t>(j * ld + 4)], 0.0f);
+    auto dp = testing::random_normal(static_cast<std::size_t>(ld * bk), 16), dpb = dp;
+    const auto dd = testing::random_normal(static_cast<std::size_t>(ld), 17);
+    km::scores_gradient(dp.data(), p.data(), ld, ld, bk, dd.data(), 0.3f);
+    km::generic::scores_gradient(dpb.data(), p.data(), ld, ld, bk, dd.data(), 0.3f);
+    expect_close(dp, dpb, "dS");
+  }
+}
+
+}  // namespace
+}  // namespace ringattn::kernels
