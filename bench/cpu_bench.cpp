@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
       "threads", po::value<int>()->default_value(0), "threads (0: all)")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median)")(
       "no-backward", po::bool_switch(), "forward only")(
+      "q-tile", po::value<int64_t>()->default_value(0), "query tile (0: the plan's choice)")(
+      "k-tile", po::value<int64_t>()->default_value(0), "key tile (0: the plan's choice)")(
       "sgemm-only", po::bool_switch(),
       "print only the SGEMM rate (and a JSON line with sgemm_gflops), for other scripts")(
       "commit", po::value<std::string>()->default_value("unknown"), "commit id to print")("help,h",
@@ -114,6 +116,7 @@ int main(int argc, char** argv) {
   const int iters = vm["iters"].as<int>();
   const int64_t heads = vm["heads"].as<int64_t>(), dim = vm["head-dim"].as<int64_t>();
   const bool backward = !vm["no-backward"].as<bool>();
+  const int64_t q_tile = vm["q-tile"].as<int64_t>(), k_tile = vm["k-tile"].as<int64_t>();
 
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
@@ -178,7 +181,7 @@ int main(int argc, char** argv) {
         cfg.segments = series.segments;
         cfg.dilations = series.dilations;
         cfg.causal = causal;
-        Plan p(cfg, PlanOptions{threads});
+        Plan p(cfg, PlanOptions{threads, q_tile, k_tile});
         HostTensor q(cfg.shape, "q"), k(cfg.shape, "k"), v(cfg.shape, "v"), o(cfg.shape, "out"),
             lse(std::vector<int64_t>{1, heads, n}, "lse");
         std::mt19937 gen(static_cast<unsigned>(n));
