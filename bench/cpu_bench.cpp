@@ -66,13 +66,26 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// A comma-separated list of sequence lengths; "0" or "" skips the series. Anything else
+// that is not a positive integer throws std::invalid_argument naming the value.
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
+  if (s.empty() || s == "0") return v;
   std::size_t pos = 0;
-  while (pos < s.size()) {
+  while (pos <= s.size()) {
     std::size_t end = s.find(',', pos);
     if (end == std::string::npos) end = s.size();
-    v.push_back(std::stoll(s.substr(pos, end - pos)));
+    const std::string item = s.substr(pos, end - pos);
+    std::size_t used = 0;
+    long long n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || item.empty() || n <= 0)
+      throw std::invalid_argument("'" + item + "' is not a positive sequence length");
+    v.push_back(n);
     pos = end + 1;
   }
   return v;
@@ -111,6 +124,14 @@ int main(int argc, char** argv) {
   if (vm.count("help")) {
     std::cout << desc << "\n";
     return 0;
+  }
+  for (const char* list : {"dense-n", "dilated-n", "legacy-n"}) {
+    try {
+      (void)parse_list(vm[list].as<std::string>());
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "cpu_bench: --" << list << ": " << e.what() << " (0 skips the series)\n";
+      return 2;
+    }
   }
   const int threads = vm["threads"].as<int>() > 0 ? vm["threads"].as<int>() : omp_get_max_threads();
   const int iters = vm["iters"].as<int>();
