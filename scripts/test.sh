@@ -4,7 +4,9 @@
 # pytest suite (one process, then mpiexec -n 2 and -n 3); then builds
 # the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
 # CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
-# code runs on every machine; then the sanitizer builds and the fuzzers
+# code runs on every machine; then a portable build of the CPU kernels (./build-portable: no
+# -march=native, no libxsmm), as a machine without AVX-512 or libxsmm builds them; then the
+# sanitizer builds and the fuzzers
 # (scripts/sanitize_and_fuzz.sh). Tests that need hardware this machine lacks print why
 # they skip.
 set -euo pipefail
@@ -57,6 +59,18 @@ cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests
 (cd "$root/build-emu" && ctest -L gpu-emu --output-on-failure --timeout 600 -j "$(nproc)")
 emu_s=$((SECONDS - start))
 
+# The CPU kernels as a portable build runs them: the softmax steps' portable forms (no
+# AVX-512 at compile time) and every tile product on OpenBLAS (no libxsmm); their float64,
+# golden and determinism tests.
+start=$SECONDS
+cmake -S "$root" -B "$root/build-portable" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DRINGATTN_WERROR=ON -DRINGATTN_NATIVE=OFF -DRINGATTN_WITH_LIBXSMM=OFF \
+  -DRINGATTN_WITH_CUDA=OFF -DRINGATTN_WITH_MPI=OFF -DRINGATTN_BUILD_BENCH=OFF >/dev/null
+cmake --build "$root/build-portable" -j "$(nproc)" --target test_kernels test_sparse
+"$root/build-portable/tests/test_kernels" --gtest_brief=1
+"$root/build-portable/tests/test_sparse" --gtest_brief=1
+portable_s=$((SECONDS - start))
+
 # Sanitizers (ASan+UBSan, TSan) over the CPU suite, and the fuzzers for a fixed time each;
 # it prints its own timings and the fuzzers' executions and findings.
 start=$SECONDS
@@ -64,5 +78,6 @@ start=$SECONDS
 san_s=$((SECONDS - start))
 echo "test.sh: main suite ${main_s} s (build + ctest); installed package ${install_s} s" \
   "(install + examples/cpp); Python ${python_s} s (pip install + pytest, mpiexec -n 2, -n 3);" \
-  "emulated GPU ${emu_s} s (build + ctest -L gpu-emu); sanitizers and fuzzing ${san_s} s" \
+  "emulated GPU ${emu_s} s (build + ctest -L gpu-emu); portable CPU kernels ${portable_s} s" \
+  "(build + test_kernels, test_sparse); sanitizers and fuzzing ${san_s} s" \
   "(scripts/sanitize_and_fuzz.sh)"
