@@ -93,42 +93,46 @@ bool load_query_rows(const BackwardParams& p, const SubseqTask& t, int64_t i0, i
   return true;
 }
 
-// The tile pair (query rows i0.., key rows j0..): P into w.p, then, when `want_dv`,
-// dV += Pᵀ (dout_scale · dO), and scale · dS = scale · P ∘ (dP − D) into w.ds. Every pass
-// calls exactly this, so the fused and the split backward compute the same bits.
+// What a pass accumulates from a tile pair.
+struct Want {
+  bool dq = false, dkdv = false;
+};
+
+// The tile pair (query rows i0.., key rows j0..), part by part (km::for_each_part skips what
+// causality or a window hides): P = exp(S − lse), then with `want.dkdv` dV += Pᵀ
+// (dout_scale · dO); scale · dS = scale · P ∘ (dP − D); then with `want.dq` dQ += (scale · dS)
+// K into the transposed accumulator, and with `want.dkdv` dK += (scale · dS)ᵀ Q in place.
+// Every pass calls exactly this, so the fused and the split backward compute the same bits.
 void tile_pair(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq, int64_t j0,
-               int64_t bk, bool want_dv, const BackwardScratch& w) {
+               int64_t bk, Want want, const BackwardScratch& w) {
   const int ld = static_cast<int>(w.ld), ldk = static_cast<int>(t.k_stride);
-  const int ibq = static_cast<int>(bq), ibk = static_cast<int>(bk);
   const int id = static_cast<int>(p.head_dim);
-  const float* k = p.k + t.k_row0 + j0 * t.k_stride;
-  const float* v = p.v + t.k_row0 + j0 * t.k_stride;
-
-  small_gemm(false, ld, ibk, id, w.qt, ld, k, ldk, 0.0f, w.p, ld);  // S = (scale·Q)·Kᵀ
-  km::mask_outside_reach(w.p, w.ld, t, p.causal, i0, bq, j0, bk);
-  km::probabilities(w.p, w.ld, w.ld, bk, w.lse);
-  if (want_dv) {  // dVᵀ (column-major d × bk) += dOᵀ·P
-    float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
-    small_gemm(false, id, ibk, ibq, w.dout_rows, static_cast<int>(w.dout_ld), w.p, ld, 1.0f, dv,
-               ldk);
-  }
-  small_gemm(false, ld, ibk, id, w.dot, ld, v, ldk, 0.0f, w.ds, ld);  // dP = (dout_scale·dO)·Vᵀ
-  km::scores_gradient(w.ds, w.p, w.ld, w.ld, bk, w.dd, p.scale);
-}
-
-// dQ += (scale · dS) K into the transposed accumulator; dK += (scale · dS)ᵀ Q in place.
-void add_dq(const BackwardParams& p, const SubseqTask& t, int64_t j0, int64_t bk,
-            const BackwardScratch& w) {
-  const int ld = static_cast<int>(w.ld);
-  small_gemm(true, ld, static_cast<int>(p.head_dim), static_cast<int>(bk), w.ds, ld,
-             p.k + t.k_row0 + j0 * t.k_stride, static_cast<int>(t.k_stride), 1.0f, w.dqt, ld);
-}
-void add_dk(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq, int64_t j0,
-            int64_t bk, const BackwardScratch& w) {
-  small_gemm(false, static_cast<int>(p.head_dim), static_cast<int>(bk), static_cast<int>(bq),
-             p.q + t.q_row0 + i0 * t.q_stride, static_cast<int>(t.q_stride), w.ds,
-             static_cast<int>(w.ld), 1.0f, p.dk + t.k_row0 + j0 * t.k_stride,
-             static_cast<int>(t.k_stride));
+  const int64_t ks = t.k_stride;
+  const float* k = p.k + t.k_row0 + j0 * ks;
+  const float* v = p.v + t.k_row0 + j0 * ks;
+  float* dk = p.dk + t.k_row0 + j0 * ks;
+  float* dv = p.dv + t.k_row0 + j0 * ks;
+  km::for_each_part(t, p.causal, i0, bq, w.ld, j0, bk, [&](const km::TilePart& b) {
+    const int m = static_cast<int>(b.r1 - b.r0), n = static_cast<int>(b.c1 - b.c0);
+    const int64_t real = std::min(b.r1, bq) - b.r0;  // rows of the part that exist
+    const int ireal = static_cast<int>(real);
+    float* pt = w.p + b.c0 * w.ld + b.r0;
+    float* ds = w.ds + b.c0 * w.ld + b.r0;
+    small_gemm(false, m, n, id, w.qt + b.r0, ld, k + b.c0 * ks, ldk, 0.0f, pt, ld);  // S
+    km::mask_outside_reach(pt, w.ld, t, p.causal, i0 + b.r0, real, j0 + b.c0, n);
+    km::probabilities(pt, w.ld, m, n, w.lse + b.r0);
+    if (want.dkdv)  // dVᵀ (column-major d × n) += dOᵀ·P
+      small_gemm(false, id, n, ireal, w.dout_rows + b.r0 * w.dout_ld,
+                 static_cast<int>(w.dout_ld), pt, ld, 1.0f, dv + b.c0 * ks, ldk);
+    small_gemm(false, m, n, id, w.dot + b.r0, ld, v + b.c0 * ks, ldk, 0.0f, ds,
+               ld);  // dP = (dout_scale·dO)·Vᵀ
+    km::scores_gradient(ds, pt, w.ld, m, n, w.dd + b.r0, p.scale);
+    if (want.dq)
+      small_gemm(true, m, id, n, ds, ld, k + b.c0 * ks, ldk, 1.0f, w.dqt + b.r0, ld);
+    if (want.dkdv)
+      small_gemm(false, id, n, ireal, p.q + t.q_row0 + (i0 + b.r0) * t.q_stride,
+                 static_cast<int>(t.q_stride), ds, ld, 1.0f, dk + b.c0 * ks, ldk);
+  });
 }
 
 // dQ rows i0.. += the transposed accumulator.
@@ -152,9 +156,7 @@ void query_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& 
   std::fill(w.dqt, w.dqt + w.ld * p.head_dim, 0.0f);
   for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
-    tile_pair(p, t, i0, bq, j0, bk, fused, w);
-    add_dq(p, t, j0, bk, w);
-    if (fused) add_dk(p, t, i0, bq, j0, bk, w);
+    tile_pair(p, t, i0, bq, j0, bk, Want{true, fused}, w);
   }
   store_dq(p, t, i0, bq, w);
 }
@@ -177,8 +179,7 @@ void dkdv_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& t
     if (j0 >= keys.end || j0 < first_key_tile(keys, tiles) || !load_query_rows(p, t, i0, bq, w))
       continue;
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
-    tile_pair(p, t, i0, bq, j0, bk, true, w);
-    add_dk(p, t, i0, bq, j0, bk, w);
+    tile_pair(p, t, i0, bq, j0, bk, Want{false, true}, w);
   }
 }
 

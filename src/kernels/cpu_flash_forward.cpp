@@ -65,13 +65,21 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
   // Key tiles lie on the k_tile grid; those wholly outside every row's keys are not visited.
   for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
-    const int ibk = static_cast<int>(bk);
     const float* k = p.k + t.k_row0 + j0 * t.k_stride;
     const float* v = p.v + t.k_row0 + j0 * t.k_stride;
-    small_gemm(false, ild, ibk, id, w.qt, ild, k, ldk, 0.0f, w.s, ild);  // S = (scale·Q)·Kᵀ
-    km::mask_outside_reach(w.s, ld, t, p.causal, i0, bq, j0, bk);
-    km::online_softmax(w.s, ld, ld, bk, w.m, w.l, w.acc, ld, d);
-    small_gemm(true, ild, id, ibk, w.s, ild, v, ldk, 1.0f, w.acc, ild);  // acc += P·V
+    const auto part = [&](const km::TilePart& b) {
+      const int m = static_cast<int>(b.r1 - b.r0), n = static_cast<int>(b.c1 - b.c0);
+      float* s = w.s + b.c0 * ld + b.r0;
+      float* acc = w.acc + b.r0;
+      small_gemm(false, m, n, id, w.qt + b.r0, ild, k + b.c0 * t.k_stride, ldk, 0.0f, s,
+                 ild);  // S = (scale·Q)·Kᵀ
+      km::mask_outside_reach(s, ld, t, p.causal, i0 + b.r0, std::min(b.r1, bq) - b.r0, j0 + b.c0,
+                             n);
+      km::online_softmax(s, ld, m, n, w.m + b.r0, w.l + b.r0, acc, ld, d);
+      small_gemm(true, m, id, n, s, ild, v + b.c0 * t.k_stride, ldk, 1.0f, acc,
+                 ild);  // acc += P·V
+    };
+    km::for_each_part(t, p.causal, i0, bq, ld, j0, bk, part);
   }
 
   for (int64_t i = 0; i < bq; ++i) {

@@ -17,17 +17,22 @@
 namespace ringattn::kernels::km {
 
 // Queries of a tile past a key's reach get -inf scores; tiles every query sees whole (the
-// common case) are left alone. Reach bounds grow with the query, so the first and last rows
-// decide that.
+// common case) are left alone. Row i sees the tile's keys [b_i, e_i), both nondecreasing in i
+// (reach bounds grow with the query, so the first and last rows decide the common case), so
+// key j is hidden from the rows [0, a_j) with e_i <= j and [c_j, bq) with b_i > j, where a_j
+// and c_j grow with j: each key column is masked by two contiguous fills.
 void mask_outside_reach(float* s, int64_t ld, const SubseqTask& t, bool causal, int64_t i0,
                         int64_t bq, int64_t j0, int64_t bk) {
   const KeyRange first = row_keys_in_tile(t, causal, i0, j0, bk);
   const KeyRange last = row_keys_in_tile(t, causal, i0 + bq - 1, j0, bk);
   if (first.end == bk && last.begin == 0) return;
-  for (int64_t i = 0; i < bq; ++i) {
-    const KeyRange r = row_keys_in_tile(t, causal, i0 + i, j0, bk);
-    for (int64_t j = 0; j < r.begin; ++j) s[j * ld + i] = kNegInf;
-    for (int64_t j = r.end; j < bk; ++j) s[j * ld + i] = kNegInf;
+  int64_t a = 0, c = 0;
+  for (int64_t j = 0; j < bk; ++j) {
+    while (a < bq && row_keys_in_tile(t, causal, i0 + a, j0, bk).end <= j) ++a;
+    while (c < bq && row_keys_in_tile(t, causal, i0 + c, j0, bk).begin <= j) ++c;
+    float* col = s + j * ld;
+    std::fill(col, col + a, kNegInf);
+    std::fill(col + c, col + bq, kNegInf);
   }
 }
 
@@ -106,11 +111,11 @@ namespace {
 
 // exp(x) for 16 floats, as exp_approx computes it (range reduction to [-ln2/2, ln2/2], the
 // same degree-6 polynomial), with the 2^n scaling by vscalefps; exactly 0 below -87.3
-// (including -inf), clamped above 88.3.
+// (including -inf). Only for x <= 88.3, which every softmax argument here is (s - max <= 0,
+// s - lse <= 0 up to rounding), so exp_approx's clamps are not needed: lanes below -87.3
+// (where -inf makes r NaN) are zeroed by the mask, and no lane is above.
 inline __m512 exp16(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
   const __m512 n = _mm512_roundscale_ps(
       _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
       _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);

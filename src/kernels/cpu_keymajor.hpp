@@ -10,6 +10,7 @@
 // build targets AVX-512, an intrinsics form that the plain names call; a test compares the two.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu_flash.hpp"
@@ -38,6 +39,48 @@ void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t
 // alone. Reach bounds grow with the query, so the first and last rows decide that.
 void mask_outside_reach(float* s, int64_t ld, const SubseqTask& t, bool causal, int64_t i0,
                         int64_t bq, int64_t j0, int64_t bk);
+
+// A part of a (query tile, key tile) pair that holds visible pairs: tile rows [r0, r1) and
+// tile keys [c0, c1). r0, r1 and c0 are multiples of 16 (r1 <= ld may cover padding rows),
+// c1 is a multiple of 16 or the tile's end.
+struct TilePart {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+};
+
+inline constexpr int64_t kPartRows = 64;
+
+// Calls f(TilePart) for the parts of the pair (task rows i0.. of which bq are real, padded to
+// ld; keys j0.., bk of them) that cover every visible (query, key) pair, so that the products
+// skip what causality or a window hides: the rows that see some key of the tile; and when
+// some of those do not see the whole tile (the diagonal, a window's edge), those rows in
+// blocks of kPartRows, each with only the keys its rows see. Under causality with 256 × 128
+// tiles this computes 40 960 of a diagonal query tile's 65 536 pairs instead of all (32 896
+// are visible). Hidden pairs inside a part are still masked (mask_outside_reach); the pairs
+// skipped contribute exact zeros, so the result is what the whole tile would give.
+template <class F>
+void for_each_part(const SubseqTask& t, bool causal, int64_t i0, int64_t bq, int64_t ld,
+                   int64_t j0, int64_t bk, F&& f) {
+  const KeyRange seeing = seeing_query_range(t, causal, j0, bk);
+  const int64_t lo = clamp_index(seeing.begin - i0, 0, bq);
+  const int64_t hi = clamp_index(seeing.end - i0, 0, bq);
+  if (lo >= hi) return;
+  const auto up16 = [](int64_t x) { return (x + 15) / 16 * 16; };
+  const int64_t r0 = lo / 16 * 16, r1 = std::min(ld, up16(hi));
+  const KeyRange first = row_keys_in_tile(t, causal, i0 + lo, j0, bk);
+  const KeyRange last = row_keys_in_tile(t, causal, i0 + hi - 1, j0, bk);
+  if (first.begin == 0 && first.end == bk && last.begin == 0 && last.end == bk) {
+    f(TilePart{r0, r1, 0, bk});
+    return;
+  }
+  for (int64_t b0 = r0; b0 < r1; b0 += kPartRows) {
+    const int64_t b1 = std::min(r1, b0 + kPartRows);
+    const int64_t real0 = std::max(b0, lo), real1 = std::min(b1, hi);
+    if (real0 >= real1) continue;
+    const int64_t c0 = row_keys_in_tile(t, causal, i0 + real0, j0, bk).begin / 16 * 16;
+    const int64_t c1 = std::min(bk, up16(row_keys_in_tile(t, causal, i0 + real1 - 1, j0, bk).end));
+    if (c0 < c1) f(TilePart{b0, b1, c0, c1});
+  }
+}
 
 // dst (cols × ld, column-major) = factor · src rows [0, rows) (row-major, `stride` apart,
 // `cols` each); rows [rows, ld) of dst are zeroed (ld a multiple of 16, rows <= ld).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu_keymajor.hpp"
@@ -161,6 +162,78 @@ TEST(KeyMajor, SoftmaxStepsAgreeWithTheirPortableForms) {
     km::generic::scores_gradient(dpb.data(), p.data(), ld, ld, bk, dd.data(), 0.3f);
     expect_close(dp, dpb, "dS");
   }
+}
+
+// Tasks whose reach cuts tiles in every way: causal with offsets, windows on either side.
+std::vector<std::pair<SubseqTask, bool>> reach_cases() {
+  std::vector<std::pair<SubseqTask, bool>> cases;
+  for (int64_t offset : {0, -37, 50})
+    for (int64_t left : {kNoWindow, int64_t{0}, int64_t{23}, int64_t{200}})
+      for (int64_t right : {kNoWindow, int64_t{0}, int64_t{9}})
+        for (bool causal : {false, true}) {
+          SubseqTask t;
+          t.n_q = 300;
+          t.n_k = 290;
+          t.causal_offset = offset;
+          t.window_left = left;
+          t.window_right = right;
+          cases.emplace_back(t, causal);
+        }
+  return cases;
+}
+
+TEST(KeyMajor, PartsCoverEveryVisiblePairExactlyOnce) {
+  for (const auto& [t, causal] : reach_cases())
+    for (const auto& [q_tile, k_tile] : {std::pair<int64_t, int64_t>{256, 128}, {64, 96}, {48, 16}})
+      for (int64_t i0 = 0; i0 < t.n_q; i0 += q_tile)
+        for (int64_t j0 = 0; j0 < t.n_k; j0 += k_tile) {
+          const int64_t bq = std::min(q_tile, t.n_q - i0), bk = std::min(k_tile, t.n_k - j0);
+          const int64_t ld = (q_tile + 15) / 16 * 16;
+          std::vector<int> covered(static_cast<std::size_t>(ld * bk), 0);
+          km::for_each_part(t, causal, i0, bq, ld, j0, bk, [&](const km::TilePart& b) {
+            ASSERT_EQ(b.r0 % 16, 0);
+            ASSERT_EQ(b.c0 % 16, 0);
+            ASSERT_TRUE(b.c1 % 16 == 0 || b.c1 == bk);
+            ASSERT_TRUE(b.r0 < b.r1 && b.r1 <= ld && b.c0 < b.c1 && b.c1 <= bk);
+            for (int64_t i = b.r0; i < b.r1; ++i)
+              for (int64_t j = b.c0; j < b.c1; ++j) ++covered[static_cast<std::size_t>(j * ld + i)];
+          });
+          for (int64_t i = 0; i < ld; ++i)
+            for (int64_t j = 0; j < bk; ++j) {
+              const int n = covered[static_cast<std::size_t>(j * ld + i)];
+              ASSERT_LE(n, 1) << "pair computed twice";
+              if (i < bq && !outside_reach(t, causal, i0 + i, j0 + j)) {
+                ASSERT_EQ(n, 1) << "visible pair (" << i0 + i << ", " << j0 + j << ") skipped";
+              }
+            }
+        }
+}
+
+TEST(KeyMajor, PartsOfTheCausalDiagonalSkipWhatIsHidden) {
+  SubseqTask t;
+  t.n_q = t.n_k = 1024;
+  int64_t computed = 0;
+  for (int64_t j0 : {256, 384})  // the two key tiles the query tile at 256 crosses
+    km::for_each_part(t, true, 256, 256, 256, j0, 128, [&](const km::TilePart& b) {
+      computed += (b.r1 - b.r0) * (b.c1 - b.c0);
+    });
+  EXPECT_EQ(computed, 40960);  // of 65 536 in the two tiles; 32 896 are visible
+}
+
+TEST(KeyMajor, MaskHidesExactlyThePairsOutsideReach) {
+  for (const auto& [t, causal] : reach_cases())
+    for (int64_t i0 : {0, 40, 176})
+      for (int64_t j0 : {0, 32, 160}) {
+        const int64_t bq = 64, ld = 80, bk = std::min<int64_t>(100, t.n_k - j0);
+        std::vector<float> s(static_cast<std::size_t>(ld * bk), 1.0f);
+        km::mask_outside_reach(s.data(), ld, t, causal, i0, bq, j0, bk);
+        for (int64_t i = 0; i < ld; ++i)
+          for (int64_t j = 0; j < bk; ++j) {
+            const float x = s[static_cast<std::size_t>(j * ld + i)];
+            const bool hidden = i < bq && outside_reach(t, causal, i0 + i, j0 + j);
+            ASSERT_EQ(x, hidden ? -kInf : 1.0f) << "query " << i0 + i << " key " << j0 + j;
+          }
+      }
 }
 
 }  // namespace
