@@ -83,10 +83,17 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
       const int64_t bk = std::min(tc.k_tile, keys.end - j0);
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
-      small_gemm(false, ild, sz(bk), id, w.qt, ild, k, sz(sp.k_stride), 0.0f, w.s, ild);
-      km::mask_outside_reach(w.s, ld, view, p.causal, i0, bq, j0, bk);
-      km::online_softmax(w.s, ld, ld, bk, w.m, w.l, w.acc, ld, d);
-      small_gemm(true, ild, id, sz(bk), w.s, ild, v, sz(sp.k_stride), 1.0f, w.acc, ild);
+      const int ldk = sz(sp.k_stride);
+      km::for_each_part(view, p.causal, i0, bq, ld, j0, bk, [&](const km::TilePart& b) {
+        const int m = sz(b.r1 - b.r0), n = sz(b.c1 - b.c0);
+        float* sc = w.s + b.c0 * ld + b.r0;
+        float* acc = w.acc + b.r0;
+        small_gemm(false, m, n, id, w.qt + b.r0, ild, k + b.c0 * sp.k_stride, ldk, 0.0f, sc, ild);
+        km::mask_outside_reach(sc, ld, view, p.causal, i0 + b.r0, std::min(b.r1, bq) - b.r0,
+                               j0 + b.c0, n);
+        km::online_softmax(sc, ld, m, n, w.m + b.r0, w.l + b.r0, acc, ld, d);
+        small_gemm(true, m, id, n, sc, ild, v + b.c0 * sp.k_stride, ldk, 1.0f, acc, ild);
+      });
     }
   }
 
@@ -136,23 +143,44 @@ bool load_rows(const SparseParams& p, int64_t q_row0, int64_t lse0, int64_t i0, 
   return true;
 }
 
-// P (into w.s) and scale · dS = scale · P ∘ (dP − delta) (into w.ds) of one pair: S and dP,
-// two products, from the chunk load_rows prepared.
-void p_and_ds(const SparseParams& p, const SubseqTask& view, const float* k, const float* v,
-              int ldk, int64_t i0, int64_t bq, int64_t j0, int64_t bk, const Scratch& w) {
-  const int ld = sz(w.ld), id = sz(p.head_dim), ibk = sz(bk);
-  small_gemm(false, ld, ibk, id, w.qt, ld, k, ldk, 0.0f, w.s, ld);
-  km::mask_outside_reach(w.s, w.ld, view, p.causal, i0, bq, j0, bk);
-  km::probabilities(w.s, w.ld, w.ld, bk, w.m);
-  small_gemm(false, ld, ibk, id, w.dot, ld, v, ldk, 0.0f, w.ds, ld);
-  km::scores_gradient(w.ds, w.s, w.ld, w.ld, bk, w.l, p.scale);
-}
+// One (query chunk, key chunk) pair, part by part (km::for_each_part skips what causality or
+// a window hides): P (into w.s) and scale · dS = scale · P ∘ (dP − delta) (into w.ds), two
+// products, from the chunk load_rows prepared; then, when given, dQ rows (row-major, q_stride
+// apart) += scale · dS K, and with `dkdv` the chunk's dV += Pᵀ dO and dK += (scale · dS)ᵀ Q
+// into scratch (column-major D × bk). A query row lies in one part of a pair, so dQ still
+// receives its terms in ascending key order.
+struct PairOut {
+  float* dq = nullptr;         // dQ rows of the chunk, or none
+  const float* q = nullptr;    // Q and dO rows of the chunk, with dkdv
+  const float* dout = nullptr;
+  bool dkdv = false;
+};
 
-// dQ rows (row-major, ldq apart; column-major D × bq) += K's rows ᵀ · (scale · dS)ᵀ.
-void add_dq(const SparseParams& p, const float* k, int ldk, int64_t bq, int64_t bk, float* dq,
-            const Scratch& w) {
-  small_gemm(true, sz(p.head_dim), sz(bq), sz(bk), k, ldk, w.ds, sz(w.ld), 1.0f, dq,
-             sz(p.q_stride));
+void pair_parts(const SparseParams& p, const SubseqTask& view, const float* k, const float* v,
+                int ldk, int64_t i0, int64_t bq, int64_t j0, int64_t bk, const Scratch& w,
+                const PairOut& out) {
+  const int ld = sz(w.ld), id = sz(p.head_dim), ldq = sz(p.q_stride);
+  const int64_t ks = ldk;
+  km::for_each_part(view, p.causal, i0, bq, w.ld, j0, bk, [&](const km::TilePart& b) {
+    const int m = sz(b.r1 - b.r0), n = sz(b.c1 - b.c0);
+    const int64_t real = std::min(b.r1, bq) - b.r0;  // rows of the part that exist
+    float* sc = w.s + b.c0 * w.ld + b.r0;
+    float* ds = w.ds + b.c0 * w.ld + b.r0;
+    small_gemm(false, m, n, id, w.qt + b.r0, ld, k + b.c0 * ks, ldk, 0.0f, sc, ld);
+    km::mask_outside_reach(sc, w.ld, view, p.causal, i0 + b.r0, real, j0 + b.c0, n);
+    km::probabilities(sc, w.ld, m, n, w.m + b.r0);
+    small_gemm(false, m, n, id, w.dot + b.r0, ld, v + b.c0 * ks, ldk, 0.0f, ds, ld);
+    km::scores_gradient(ds, sc, w.ld, m, n, w.l + b.r0, p.scale);
+    if (out.dkdv) {  // dV += Pᵀ dO ; dK += (scale · dS)ᵀ Q, as column-major D × bk
+      small_gemm(false, id, n, sz(real), out.dout + b.r0 * p.q_stride, ldq, sc, ld, 1.0f,
+                 w.dv + b.c0 * p.head_dim, id);
+      small_gemm(false, id, n, sz(real), out.q + b.r0 * p.q_stride, ldq, ds, ld, 1.0f,
+                 w.dk + b.c0 * p.head_dim, id);
+    }
+    if (out.dq)  // dQ rows (column-major D × rows) += K's rowsᵀ · (scale · dS)ᵀ
+      small_gemm(true, id, sz(real), n, k + b.c0 * ks, ldk, ds, ld, 1.0f,
+                 out.dq + b.r0 * p.q_stride, ldq);
+  });
 }
 
 // dQ rows [i0, i0 + bq) of query piece `t` += scale · dS K over the piece's key spans (one per
@@ -172,8 +200,7 @@ void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const Ke
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
       const int ldk = sz(sp.k_stride);
-      p_and_ds(p, view, k, v, ldk, i0, bq, j0, bk, w);
-      add_dq(p, k, ldk, bq, bk, dq, w);
+      pair_parts(p, view, k, v, ldk, i0, bq, j0, bk, w, PairOut{dq, nullptr, nullptr, false});
     }
   }
 }
@@ -184,7 +211,7 @@ void key_chunk(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
                int64_t j0, const TileConfig& tc, const Scratch& w, bool with_dq) {
   const int64_t d = p.head_dim;
   const int64_t bk = std::min(tc.k_tile, t.n_k - j0);
-  const int ldk = sz(t.k_stride), ldq = sz(p.q_stride), ld = sz(w.ld);
+  const int ldk = sz(t.k_stride);
   const float* k = p.k + t.k_row0 + j0 * t.k_stride;
   const float* v = p.v + t.k_row0 + j0 * t.k_stride;
   std::fill(w.dk, w.dk + bk * d, 0.0f);
@@ -198,13 +225,9 @@ void key_chunk(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
       if (!pair_visible(view, p.causal, i0, bq, j0, bk) ||
           !load_rows(p, sp.q_row0, sp.lse0, i0, bq, w))
         continue;
-      const float* q = p.q + sp.q_row0 + i0 * p.q_stride;
-      const float* dout = p.dout + sp.q_row0 + i0 * p.q_stride;
-      p_and_ds(p, view, k, v, ldk, i0, bq, j0, bk, w);
-      // dV += Pᵀ dO ; dK += (scale · dS)ᵀ Q, as column-major D × bk ; (fused) dQ
-      small_gemm(false, sz(d), sz(bk), sz(bq), dout, ldq, w.s, ld, 1.0f, w.dv, sz(d));
-      small_gemm(false, sz(d), sz(bk), sz(bq), q, ldq, w.ds, ld, 1.0f, w.dk, sz(d));
-      if (with_dq) add_dq(p, k, ldk, bq, bk, p.dq + sp.q_row0 + i0 * p.q_stride, w);
+      const int64_t row = sp.q_row0 + i0 * p.q_stride;
+      pair_parts(p, view, k, v, ldk, i0, bq, j0, bk, w,
+                 PairOut{with_dq ? p.dq + row : nullptr, p.q + row, p.dout + row, true});
     }
   }
   for (int64_t j = 0; j < bk; ++j) {
