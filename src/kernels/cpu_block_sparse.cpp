@@ -28,6 +28,8 @@ struct Scratch {
   float* acc;  // D × ld: output accumulator
   float* dk;   // k_tile × D rows (also one output row, for merging)
   float* dv;   // k_tile × D rows
+  float* kp;   // k_tile × D rows: the key chunk's K, packed (when strided)
+  float* vp;   // k_tile × D rows: its V
   float* m;    // ld: running max, or lse (-inf past the chunk's rows)
   float* l;    // ld: running sum, or delta (0 past the chunk's rows)
 };
@@ -46,7 +48,9 @@ Scratch carve(float* base, const TileConfig& t, int64_t d) {
   s.ds = s.s + st;
   s.dk = s.ds + st;
   s.dv = s.dk + kd;
-  s.m = s.dv + kd;
+  s.kp = s.dv + kd;
+  s.vp = s.kp + kd;
+  s.m = s.vp + kd;
   s.l = s.m + ld;
   return s;
 }
@@ -84,6 +88,11 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
       const int ldk = sz(sp.k_stride);
+      if (sp.k_stride != d && j0 + tc.k_tile < keys.end) {  // the next tile's rows, strided
+        const int64_t next = std::min(tc.k_tile, keys.end - j0 - tc.k_tile);
+        km::prefetch_rows(k + tc.k_tile * sp.k_stride, sp.k_stride, next, d, false);
+        km::prefetch_rows(v + tc.k_tile * sp.k_stride, sp.k_stride, next, d, false);
+      }
       km::for_each_part(view, p.causal, i0, bq, ld, j0, bk, [&](const km::TilePart& b) {
         const int m = sz(b.r1 - b.r0), n = sz(b.c1 - b.c0);
         float* sc = w.s + b.c0 * ld + b.r0;
@@ -199,7 +208,14 @@ void dq_tile(const SparseParams& p, const SparseQueryTile& t, std::span<const Ke
       const int64_t bk = std::min(tc.k_tile, sp.n_k - j0);
       const float* k = p.k + sp.k_row0 + j0 * sp.k_stride;
       const float* v = p.v + sp.k_row0 + j0 * sp.k_stride;
-      const int ldk = sz(sp.k_stride);
+      int ldk = sz(sp.k_stride);
+      if (sp.k_stride != p.head_dim) {  // strided rows: packed (see km::prefetch_rows)
+        km::pack_rows(k, sp.k_stride, bk, p.head_dim, 1.0f, w.kp);
+        km::pack_rows(v, sp.k_stride, bk, p.head_dim, 1.0f, w.vp);
+        k = w.kp;
+        v = w.vp;
+        ldk = sz(p.head_dim);
+      }
       pair_parts(p, view, k, v, ldk, i0, bq, j0, bk, w, PairOut{dq, nullptr, nullptr, false});
     }
   }
@@ -211,9 +227,16 @@ void key_chunk(const SparseParams& p, const SparseKeyTile& t, std::span<const Qu
                int64_t j0, const TileConfig& tc, const Scratch& w, bool with_dq) {
   const int64_t d = p.head_dim;
   const int64_t bk = std::min(tc.k_tile, t.n_k - j0);
-  const int ldk = sz(t.k_stride);
+  int ldk = sz(t.k_stride);
   const float* k = p.k + t.k_row0 + j0 * t.k_stride;
   const float* v = p.v + t.k_row0 + j0 * t.k_stride;
+  if (t.k_stride != d) {  // strided rows: packed once for all the chunk's query spans
+    km::pack_rows(k, t.k_stride, bk, d, 1.0f, w.kp);
+    km::pack_rows(v, t.k_stride, bk, d, 1.0f, w.vp);
+    k = w.kp;
+    v = w.vp;
+    ldk = sz(d);
+  }
   std::fill(w.dk, w.dk + bk * d, 0.0f);
   std::fill(w.dv, w.dv + bk * d, 0.0f);
   for (int64_t s = t.first_span; s < t.first_span + t.n_spans; ++s) {
@@ -264,7 +287,7 @@ std::size_t sparse_workspace_floats(const TileConfig& t, int64_t head_dim) {
   const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
   return 3 * round_up16(ld * static_cast<std::size_t>(head_dim)) +
          2 * round_up16(ld * static_cast<std::size_t>(t.k_tile)) +
-         2 * round_up16(static_cast<std::size_t>(t.k_tile * head_dim)) + 2 * ld;
+         4 * round_up16(static_cast<std::size_t>(t.k_tile * head_dim)) + 2 * ld;
 }
 
 void sparse_forward(const SparseParams& p, std::span<const SparseQueryTile> tiles,

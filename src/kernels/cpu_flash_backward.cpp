@@ -26,7 +26,9 @@ struct BackwardScratch {
   int64_t ld;   // queries per key column: q_tile rounded up to 16
   float* qt;    // head_dim × ld: scale · Qᵀ of the query tile
   float* dot;   // head_dim × ld: dout_scale · dOᵀ
-  float* dos;   // q_tile × head_dim rows: dout_scale · dO (when dout_scale != 1)
+  float* dos;   // q_tile × head_dim rows: dout_scale · dO, packed (unless in place will do)
+  float* qs;    // q_tile × head_dim rows: Q, packed (when strided)
+  float* kv;    // 4 × k_tile × head_dim: the key tile's K and V packed, its dK and dV sums
   float* p;     // k_tile × ld probabilities
   float* ds;    // k_tile × ld dP, then scale · dS
   float* dqt;   // head_dim × ld dQ accumulator
@@ -34,6 +36,8 @@ struct BackwardScratch {
   float* dd;    // ld D = rowsum(dO ∘ O) · dout_scale/out_scale
   const float* dout_rows = nullptr;  // dout_scale · dO rows: dos, or dO in place
   int64_t dout_ld = 0;
+  const float* q_rows = nullptr;  // Q rows: qs, or Q in place
+  int64_t q_ld = 0;
 };
 
 BackwardScratch carve(float* base, const TileConfig& t, int64_t d) {
@@ -47,12 +51,14 @@ BackwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   s.dot = base + side;
   s.dos = base + 2 * side;
   s.dqt = base + 3 * side;
-  base += 4 * side;
+  s.qs = base + 4 * side;
+  base += 5 * side;
   s.p = base;
   s.ds = base + tile;
   base += 2 * tile;
   s.lse = base;
   s.dd = base + ld;
+  s.kv = base + 2 * ld;
   return s;
 }
 
@@ -81,14 +87,24 @@ bool load_query_rows(const BackwardParams& p, const SubseqTask& t, int64_t i0, i
   if (!any_row) return false;
   km::transpose_rows(q, t.q_stride, bq, d, p.scale, w.qt, w.ld);
   km::transpose_rows(dout, t.q_stride, bq, d, p.dout_scale, w.dot, w.ld);
-  if (p.dout_scale == 1.0f) {
+  // Q and dO rows are operands of every dK and dV product of the tile: packed once here
+  // when they are strided (or dO needs its scale), read in place otherwise.
+  const bool strided = t.q_stride != d;
+  if (p.dout_scale == 1.0f && !strided) {
     w.dout_rows = dout;
     w.dout_ld = t.q_stride;
   } else {
-    for (int64_t i = 0; i < bq; ++i)
-      for (int64_t c = 0; c < d; ++c) w.dos[i * d + c] = p.dout_scale * dout[i * t.q_stride + c];
+    km::pack_rows(dout, t.q_stride, bq, d, p.dout_scale, w.dos);
     w.dout_rows = w.dos;
     w.dout_ld = d;
+  }
+  if (strided) {
+    km::pack_rows(q, t.q_stride, bq, d, 1.0f, w.qs);
+    w.q_rows = w.qs;
+    w.q_ld = d;
+  } else {
+    w.q_rows = q;
+    w.q_ld = t.q_stride;
   }
   return true;
 }
@@ -105,13 +121,32 @@ struct Want {
 // Every pass calls exactly this, so the fused and the split backward compute the same bits.
 void tile_pair(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t bq, int64_t j0,
                int64_t bk, Want want, const BackwardScratch& w) {
-  const int ld = static_cast<int>(w.ld), ldk = static_cast<int>(t.k_stride);
+  const int ld = static_cast<int>(w.ld);
   const int id = static_cast<int>(p.head_dim);
-  const int64_t ks = t.k_stride;
-  const float* k = p.k + t.k_row0 + j0 * ks;
-  const float* v = p.v + t.k_row0 + j0 * ks;
-  float* dk = p.dk + t.k_row0 + j0 * ks;
-  float* dv = p.dv + t.k_row0 + j0 * ks;
+  const int64_t d = p.head_dim;
+  const float* k = p.k + t.k_row0 + j0 * t.k_stride;
+  const float* v = p.v + t.k_row0 + j0 * t.k_stride;
+  float* dk = p.dk + t.k_row0 + j0 * t.k_stride;
+  float* dv = p.dv + t.k_row0 + j0 * t.k_stride;
+  // K and V rows of one head among others are strided: the tile's rows are packed, and its
+  // dK and dV summed in scratch and added to the tensors at the end.
+  const bool strided = t.k_stride != d;
+  int64_t ks = t.k_stride;
+  if (strided) {
+    float* kp = w.kv;
+    float* vp = kp + bk * d;
+    km::pack_rows(k, t.k_stride, bk, d, 1.0f, kp);
+    km::pack_rows(v, t.k_stride, bk, d, 1.0f, vp);
+    k = kp;
+    v = vp;
+    if (want.dkdv) {
+      dk = vp + bk * d;
+      dv = dk + bk * d;
+      std::fill(dk, dk + 2 * bk * d, 0.0f);
+    }
+    ks = d;
+  }
+  const int ldk = static_cast<int>(ks);
   km::for_each_part(t, p.causal, i0, bq, w.ld, j0, bk, [&](const km::TilePart& b) {
     const int m = static_cast<int>(b.r1 - b.r0), n = static_cast<int>(b.c1 - b.c0);
     const int64_t real = std::min(b.r1, bq) - b.r0;  // rows of the part that exist
@@ -130,9 +165,13 @@ void tile_pair(const BackwardParams& p, const SubseqTask& t, int64_t i0, int64_t
     if (want.dq)
       small_gemm(true, m, id, n, ds, ld, k + b.c0 * ks, ldk, 1.0f, w.dqt + b.r0, ld);
     if (want.dkdv)
-      small_gemm(false, id, n, ireal, p.q + t.q_row0 + (i0 + b.r0) * t.q_stride,
-                 static_cast<int>(t.q_stride), ds, ld, 1.0f, dk + b.c0 * ks, ldk);
+      small_gemm(false, id, n, ireal, w.q_rows + b.r0 * w.q_ld, static_cast<int>(w.q_ld), ds, ld,
+                 1.0f, dk + b.c0 * ks, ldk);
   });
+  if (strided && want.dkdv) {
+    km::add_rows(dk, bk, d, p.dk + t.k_row0 + j0 * t.k_stride, t.k_stride);
+    km::add_rows(dv, bk, d, p.dv + t.k_row0 + j0 * t.k_stride, t.k_stride);
+  }
 }
 
 // dQ rows i0.. += the transposed accumulator.
@@ -156,6 +195,17 @@ void query_tile(const BackwardParams& p, const SubseqTask& t, const TileConfig& 
   std::fill(w.dqt, w.dqt + w.ld * p.head_dim, 0.0f);
   for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
+    const int64_t next = j0 + tiles.k_tile;
+    if (t.k_stride != p.head_dim && next < keys.end) {  // the next pair's rows, strided
+      const int64_t nk = std::min(tiles.k_tile, keys.end - next);
+      const int64_t row = t.k_row0 + next * t.k_stride;
+      km::prefetch_rows(p.k + row, t.k_stride, nk, p.head_dim, false);
+      km::prefetch_rows(p.v + row, t.k_stride, nk, p.head_dim, false);
+      if (fused) {
+        km::prefetch_rows(p.dk + row, t.k_stride, nk, p.head_dim, true);
+        km::prefetch_rows(p.dv + row, t.k_stride, nk, p.head_dim, true);
+      }
+    }
     tile_pair(p, t, i0, bq, j0, bk, Want{true, fused}, w);
   }
   store_dq(p, t, i0, bq, w);
@@ -189,8 +239,9 @@ int64_t tiles_of(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 
 std::size_t backward_workspace_floats(const TileConfig& t, int64_t head_dim) {
   const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
-  return 4 * round_up16(ld * static_cast<std::size_t>(head_dim)) +
-         2 * round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld;
+  return 5 * round_up16(ld * static_cast<std::size_t>(head_dim)) +
+         2 * round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld +
+         4 * static_cast<std::size_t>(t.k_tile * head_dim);
 }
 
 void flash_backward(const BackwardParams& p, std::span<const SubseqTask> tasks,

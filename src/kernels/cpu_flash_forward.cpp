@@ -67,6 +67,11 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
     const float* k = p.k + t.k_row0 + j0 * t.k_stride;
     const float* v = p.v + t.k_row0 + j0 * t.k_stride;
+    if (t.k_stride != d && j0 + tiles.k_tile < keys.end) {  // the next tile's rows, strided
+      const int64_t next = std::min(tiles.k_tile, keys.end - j0 - tiles.k_tile);
+      km::prefetch_rows(k + tiles.k_tile * t.k_stride, t.k_stride, next, d, false);
+      km::prefetch_rows(v + tiles.k_tile * t.k_stride, t.k_stride, next, d, false);
+    }
     const auto part = [&](const km::TilePart& b) {
       const int m = static_cast<int>(b.r1 - b.r0), n = static_cast<int>(b.c1 - b.c0);
       float* s = w.s + b.c0 * ld + b.r0;

@@ -36,6 +36,42 @@ void mask_outside_reach(float* s, int64_t ld, const SubseqTask& t, bool causal, 
   }
 }
 
+void prefetch_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, bool for_write) {
+  constexpr int64_t kLine = 16;  // floats per 64-byte line
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * stride;
+    for (int64_t c = 0; c < cols; c += kLine) {
+      if (for_write)
+        __builtin_prefetch(row + c, 1, 2);
+      else
+        __builtin_prefetch(row + c, 0, 2);
+    }
+  }
+}
+
+void pack_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
+               float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * stride;
+    float* out = dst + r * cols;
+    if (factor == 1.0f) {
+      std::copy_n(in, cols, out);
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) out[c] = factor * in[c];
+    }
+  }
+}
+
+void add_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * cols;
+    float* out = dst + r * stride;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) out[c] += in[c];
+  }
+}
+
 namespace generic {
 
 void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
