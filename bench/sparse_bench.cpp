@@ -13,6 +13,7 @@
 #include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -52,26 +53,63 @@ int main(int argc, char** argv) {
       "threads", po::value<int>()->default_value(0), "")(
       "iters", po::value<int>()->default_value(3), "")(
       "backward", po::bool_switch(), "time the backward too")(
-      "commit", po::value<std::string>()->default_value("unknown"), "");
+      "commit", po::value<std::string>()->default_value("unknown"), "")("help,h", "help");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, desc), vm);
-  po::notify(vm);
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "sparse_bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
   const int threads = vm["threads"].as<int>() > 0 ? vm["threads"].as<int>() : omp_get_max_threads();
   const int64_t H = vm["heads"].as<int64_t>(), D = vm["head-dim"].as<int64_t>(),
                 bs = vm["block-size"].as<int64_t>(), dense_n = vm["dense-n"].as<int64_t>();
   const int iters = vm["iters"].as<int>();
   const bool bwd = vm["backward"].as<bool>();
   std::vector<int64_t> lens;
-  {
-    std::string s = vm["seq-lens"].as<std::string>(), item;
-    std::stringstream ss(s);
-    while (std::getline(ss, item, ',')) lens.push_back(std::stoll(item));
-  }
   std::vector<double> densities;
   {
-    std::string s = vm["densities"].as<std::string>(), item;
-    std::stringstream ss(s);
-    while (std::getline(ss, item, ',')) densities.push_back(std::stod(item));
+    // Every item must be a whole number (lengths > 0) or a fraction in (0, 1] (densities).
+    const auto items = [](const std::string& s) {
+      std::vector<std::string> v;
+      std::stringstream ss(s);
+      for (std::string item; std::getline(ss, item, ',');) v.push_back(item);
+      return v;
+    };
+    const auto bad = [](const char* option, const std::string& item, const char* want) {
+      std::cerr << "sparse_bench: --" << option << ": '" << item << "' is not " << want << "\n";
+      return 2;
+    };
+    for (const std::string& item : items(vm["seq-lens"].as<std::string>())) {
+      std::size_t used = 0;
+      long long n = 0;
+      try {
+        n = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size() || n <= 0)
+        return bad("seq-lens", item, "a positive sequence length");
+      lens.push_back(n);
+    }
+    for (const std::string& item : items(vm["densities"].as<std::string>())) {
+      std::size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size() || !(x > 0.0 && x <= 1.0))
+        return bad("densities", item, "a fraction in (0, 1]");
+      densities.push_back(x);
+    }
+    if (lens.empty() || densities.empty()) return bad("seq-lens/--densities", "", "a list");
   }
   char date[32];
   const std::time_t now = std::time(nullptr);
