@@ -106,20 +106,8 @@ void forward_tile(const SparseParams& p, const SparseQueryTile& t, std::span<con
     }
   }
 
-  for (int64_t i = 0; i < bq; ++i) {
-    float* orow = p.out + t.q_row0 + (i0 + i) * p.q_stride;
-    float* lse = p.lse + t.lse0 + (i0 + i) * p.lse_stride;
-    const bool empty = w.l[i] == 0.0f;
-    const float row_lse = empty ? kNegInf : w.m[i] + std::log(w.l[i]);
-    const float inv = empty ? 0.0f : 1.0f / w.l[i];
-    if (p.accumulate) {
-      for (int64_t c = 0; c < d; ++c) w.dk[c] = w.acc[c * ld + i] * inv;
-      merge_lse_row(orow, lse, w.dk, row_lse, d);
-    } else {
-      for (int64_t c = 0; c < d; ++c) orow[c] = w.acc[c * ld + i] * inv;
-      *lse = row_lse;
-    }
-  }
+  km::finish_rows(w.acc, ld, w.m, w.l, bq, d, p.out + t.q_row0 + i0 * p.q_stride, p.q_stride,
+                  p.lse + t.lse0 + i0 * p.lse_stride, p.lse_stride, p.accumulate, 1.0f, w.dk);
 }
 
 // The backward's unit of work is a (query chunk, key chunk) pair: a query chunk is q_tile rows

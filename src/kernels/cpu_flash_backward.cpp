@@ -2,8 +2,9 @@
 // by tile from the saved lse (P = exp(S - lse)), D = rowsum(dO ∘ O), dS = P ∘ (dP − D),
 // and dQ, dK, dV are accumulated tile by tile. Tiles are key-major (cpu_keymajor.hpp): the
 // query side (Q, dO, and the dQ accumulator) is transposed once per query tile, K, V, Q, dO,
-// dK and dV are read and written in place as column-major operands of the small products
-// (cpu_small_gemm.hpp), and scale factors are folded into the prepared operands. One thread
+// dK and dV are column-major operands of the small products (cpu_small_gemm.hpp), in place
+// when their rows are contiguous and packed per tile when they are one head among others
+// (km::pack_rows), and scale factors are folded into the prepared operands. One thread
 // owns a task, so its dK/dV rows and its dQ rows have a single writer and the result is
 // deterministic; with fewer tasks than threads, a query-tile pass (dQ) and a key-tile pass
 // (dK, dV) keep every thread busy and give the same bits.

@@ -87,21 +87,9 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
     km::for_each_part(t, p.causal, i0, bq, ld, j0, bk, part);
   }
 
-  for (int64_t i = 0; i < bq; ++i) {
-    float* orow = p.out + t.q_row0 + (i0 + i) * t.q_stride;
-    float* lse = p.lse + t.lse0 + (i0 + i) * t.lse_stride;
-    const bool empty = w.l[i] == 0.0f;
-    const float row_lse = empty ? kNegInf : w.m[i] + std::log(w.l[i]);
-    const float inv = empty ? 0.0f : 1.0f / w.l[i];
-    if (p.accumulate) {
-      for (int64_t c = 0; c < d; ++c) w.row[c] = w.acc[c * ld + i] * inv;
-      merge_lse_row(orow, lse, w.row, row_lse, d);
-    } else {
-      const float f = inv * p.out_scale;
-      for (int64_t c = 0; c < d; ++c) orow[c] = w.acc[c * ld + i] * f;
-      *lse = row_lse;
-    }
-  }
+  km::finish_rows(w.acc, ld, w.m, w.l, bq, d, p.out + t.q_row0 + i0 * t.q_stride, t.q_stride,
+                  p.lse + t.lse0 + i0 * t.lse_stride, t.lse_stride, p.accumulate, p.out_scale,
+                  w.row);
 }
 
 // Work a task costs: its visible (query, key) pairs, counted per query tile as the schedule

@@ -2,8 +2,10 @@
 #include "kernels/cpu_keymajor.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu_math.hpp"
+#include "kernels/merge_lse.hpp"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -33,6 +35,26 @@ void mask_outside_reach(float* s, int64_t ld, const SubseqTask& t, bool causal, 
     float* col = s + j * ld;
     std::fill(col, col + a, kNegInf);
     std::fill(col + c, col + bq, kNegInf);
+  }
+}
+
+void finish_rows(const float* acc, int64_t ld, const float* m, const float* l, int64_t bq,
+                 int64_t d, float* out, int64_t out_stride, float* lse, int64_t lse_stride,
+                 bool accumulate, float out_scale, float* row) {
+  for (int64_t i = 0; i < bq; ++i) {
+    float* orow = out + i * out_stride;
+    float* row_lse_out = lse + i * lse_stride;
+    const bool empty = l[i] == 0.0f;
+    const float row_lse = empty ? kNegInf : m[i] + std::log(l[i]);
+    const float inv = empty ? 0.0f : 1.0f / l[i];
+    if (accumulate) {
+      for (int64_t c = 0; c < d; ++c) row[c] = acc[c * ld + i] * inv;
+      merge_lse_row(orow, row_lse_out, row, row_lse, d);
+    } else {
+      const float f = inv * out_scale;
+      for (int64_t c = 0; c < d; ++c) orow[c] = acc[c * ld + i] * f;
+      *row_lse_out = row_lse;
+    }
   }
 }
 

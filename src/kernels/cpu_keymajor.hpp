@@ -82,6 +82,15 @@ void for_each_part(const SubseqTask& t, bool causal, int64_t i0, int64_t bq, int
   }
 }
 
+// Finishes a query tile from its transposed accumulator (acc[c·ld + i], c < d) and the online
+// softmax's m and l: row i of `out` (rows `out_stride` apart) = out_scale · acc[·][i] / l[i]
+// and lse[i · lse_stride] = m[i] + ln l[i]; or, with `accumulate`, the row (without
+// out_scale) merged into the (out, lse) already there by log-sum-exp weights, `row` being d
+// floats of scratch. A row that saw nothing (l = 0) gives zeros and lse -inf.
+void finish_rows(const float* acc, int64_t ld, const float* m, const float* l, int64_t bq,
+                 int64_t d, float* out, int64_t out_stride, float* lse, int64_t lse_stride,
+                 bool accumulate, float out_scale, float* row);
+
 // Rows of one head among H heads sit H·D floats apart, so a key tile's 128 rows of 256 bytes
 // span 256 KiB in 128 pieces, which the hardware prefetchers do not stream (the same kernels
 // ran 5-12 % faster on head-major [H, N, D] rows); the kernels move such tiles themselves:
