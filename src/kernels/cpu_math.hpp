@@ -35,42 +35,4 @@ inline float exp_approx(float x) {
   return underflow ? 0.0f : p * scale;
 }
 
-// Maximum of x[0..n) (-inf when n <= 0). Written with independent lanes because GCC does
-// not vectorise a float max reduction without -ffast-math.
-inline float max_of(const float* x, int64_t n) {
-  constexpr int kLanes = 16;
-  float lanes[kLanes];
-  for (float& l : lanes) l = kNegInf;
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
-  for (; j < n; ++j) lanes[0] = x[j] > lanes[0] ? x[j] : lanes[0];
-  float m = kNegInf;
-  for (float l : lanes) m = l > m ? l : m;
-  return m;
-}
-
-// x[j] = exp(x[j] - shift) for j < n; returns the sum of the new values. Blocked in fixed
-// lanes so that the exponential vectorises (a plain loop with a sum reduction did not).
-inline float exp_shift_sum(float* x, int64_t n, float shift) {
-  constexpr int kLanes = 16;
-  float sums[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-#pragma omp simd
-    for (int l = 0; l < kLanes; ++l) {
-      const float e = exp_approx(x[j + l] - shift);
-      x[j + l] = e;
-      sums[l] += e;
-    }
-  }
-  float total = 0.0f;
-  for (; j < n; ++j) {
-    x[j] = exp_approx(x[j] - shift);
-    total += x[j];
-  }
-  for (float v : sums) total += v;
-  return total;
-}
-
 }  // namespace ringattn::kernels
