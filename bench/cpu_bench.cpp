@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "bench_timing.hpp"
 #include "kernels/cpu_blas.hpp"
 #include "ringattn/plan.hpp"
@@ -69,26 +70,9 @@ std::string cpu_model() {
 // A comma-separated list of sequence lengths; "0" or "" skips the series. Anything else
 // that is not a positive integer throws std::invalid_argument naming the value.
 std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  if (s.empty() || s == "0") return v;
-  std::size_t pos = 0;
-  while (pos <= s.size()) {
-    std::size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    const std::string item = s.substr(pos, end - pos);
-    std::size_t used = 0;
-    long long n = 0;
-    try {
-      n = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || item.empty() || n <= 0)
-      throw std::invalid_argument("'" + item + "' is not a positive sequence length");
-    v.push_back(n);
-    pos = end + 1;
-  }
-  return v;
+  if (s.empty() || s == "0") return {};
+  return bench::parse_numbers<int64_t>(s, [](int64_t n) { return n > 0; },
+                                       "a positive sequence length");
 }
 
 }  // namespace
@@ -114,17 +98,7 @@ int main(int argc, char** argv) {
       "commit", po::value<std::string>()->default_value("unknown"), "commit id to print")("help,h",
                                                                                           "help");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "cpu_bench: " << e.what() << "\n";
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (const int rc = bench::parse_options("cpu_bench", desc, argc, argv, vm); rc >= 0) return rc;
   for (const char* list : {"dense-n", "dilated-n", "legacy-n"}) {
     try {
       (void)parse_list(vm[list].as<std::string>());

@@ -13,11 +13,11 @@
 #include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ring/communicator.hpp"
+#include "bench_args.hpp"
 #include "bench_timing.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/tensor.hpp"
@@ -55,17 +55,7 @@ int main(int argc, char** argv) {
       "backward", po::bool_switch(), "time the backward too")(
       "commit", po::value<std::string>()->default_value("unknown"), "")("help,h", "help");
   po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "sparse_bench: " << e.what() << "\n";
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (const int rc = bench::parse_options("sparse_bench", desc, argc, argv, vm); rc >= 0) return rc;
   const int threads = vm["threads"].as<int>() > 0 ? vm["threads"].as<int>() : omp_get_max_threads();
   const int64_t H = vm["heads"].as<int64_t>(), D = vm["head-dim"].as<int64_t>(),
                 bs = vm["block-size"].as<int64_t>(), dense_n = vm["dense-n"].as<int64_t>();
@@ -73,43 +63,19 @@ int main(int argc, char** argv) {
   const bool bwd = vm["backward"].as<bool>();
   std::vector<int64_t> lens;
   std::vector<double> densities;
-  {
-    // Every item must be a whole number (lengths > 0) or a fraction in (0, 1] (densities).
-    const auto items = [](const std::string& s) {
-      std::vector<std::string> v;
-      std::stringstream ss(s);
-      for (std::string item; std::getline(ss, item, ',');) v.push_back(item);
-      return v;
-    };
-    const auto bad = [](const char* option, const std::string& item, const char* want) {
-      std::cerr << "sparse_bench: --" << option << ": '" << item << "' is not " << want << "\n";
+  for (const char* list : {"seq-lens", "densities"}) {
+    try {
+      const std::string text = vm[list].as<std::string>();
+      if (std::string(list) == "seq-lens")
+        lens = bench::parse_numbers<int64_t>(text, [](int64_t n) { return n > 0; },
+                                             "a positive sequence length");
+      else
+        densities = bench::parse_numbers<double>(text, [](double x) { return x > 0.0 && x <= 1.0; },
+                                                 "a fraction in (0, 1]");
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "sparse_bench: --" << list << ": " << e.what() << "\n";
       return 2;
-    };
-    for (const std::string& item : items(vm["seq-lens"].as<std::string>())) {
-      std::size_t used = 0;
-      long long n = 0;
-      try {
-        n = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != item.size() || n <= 0)
-        return bad("seq-lens", item, "a positive sequence length");
-      lens.push_back(n);
     }
-    for (const std::string& item : items(vm["densities"].as<std::string>())) {
-      std::size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != item.size() || !(x > 0.0 && x <= 1.0))
-        return bad("densities", item, "a fraction in (0, 1]");
-      densities.push_back(x);
-    }
-    if (lens.empty() || densities.empty()) return bad("seq-lens/--densities", "", "a list");
   }
   char date[32];
   const std::time_t now = std::time(nullptr);
