@@ -19,8 +19,11 @@
 #include "bench_args.hpp"
 #include "bench_timing.hpp"
 #include "kernels/cpu_blas.hpp"
+#include "kernels/cpu_peak.hpp"
+#include "kernels/cpu_small_gemm.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/tensor.hpp"
+#include "ring/schedule.hpp"
 
 namespace po = boost::program_options;
 using namespace ringattn;
@@ -59,6 +62,36 @@ double sgemm_gflops(int n, int threads) {
   return 4.0 * threads * 2.0 * n * static_cast<double>(n) * n / (ms * 1e6);
 }
 
+// The forward's two tile products alone, at the plan's tile shape for head_dim, operands hot
+// in cache: S = Qᵀ-tile · Kᵀ, then acc += P · V, as the forward calls them (cpu_small_gemm),
+// every thread on its own tiles. What the forward could reach with a free softmax.
+double tile_products_gflops(int64_t d, int threads) {
+  const kernels::TileConfig tiles = ring::choose_tiles(d, 0, 0);
+  const int ld = static_cast<int>((tiles.q_tile + 15) / 16 * 16), bk = static_cast<int>(tiles.k_tile);
+  const int id = static_cast<int>(d);
+  const auto side = static_cast<std::size_t>(ld) * static_cast<std::size_t>(d);
+  const auto tile = static_cast<std::size_t>(ld) * static_cast<std::size_t>(bk);
+  const auto keys = static_cast<std::size_t>(bk) * static_cast<std::size_t>(d);
+  constexpr int kReps = 400;
+  const double ms = time_ms(
+      [&] {
+#pragma omp parallel num_threads(threads)
+        {
+          std::vector<float> qt(side, 0.01f), s(tile), acc(side, 0.0f), k(keys, 0.02f),
+              v(keys, 0.03f);
+          for (int rep = 0; rep < kReps; ++rep) {
+            kernels::small_gemm(false, ld, bk, id, qt.data(), ld, k.data(), id, 0.0f, s.data(),
+                                ld);
+            kernels::small_gemm(true, ld, id, bk, s.data(), ld, v.data(), id, 1.0f, acc.data(),
+                                ld);
+          }
+        }
+      },
+      3);
+  return 4.0 * kReps * threads * static_cast<double>(ld) * bk * static_cast<double>(d) /
+         (ms * 1e6);
+}
+
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
@@ -94,7 +127,8 @@ int main(int argc, char** argv) {
       "q-tile", po::value<int64_t>()->default_value(0), "query tile (0: the plan's choice)")(
       "k-tile", po::value<int64_t>()->default_value(0), "key tile (0: the plan's choice)")(
       "sgemm-only", po::bool_switch(),
-      "print only the SGEMM rate (and a JSON line with sgemm_gflops), for other scripts")(
+      "print only the machine's rates: SGEMM, the FMA peak and the forward's tile products "
+      "alone (and a JSON line with them), for other scripts")(
       "commit", po::value<std::string>()->default_value("unknown"), "commit id to print")("help,h",
                                                                                           "help");
   po::variables_map vm;
@@ -120,21 +154,35 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
 
   const double gemm = sgemm_gflops(512, threads);
+  const double peak = kernels::fma_peak_gflops(threads);
+  const double products = tile_products_gflops(dim, threads);
   if (vm["sgemm-only"].as<bool>()) {
     std::printf(
         "# same-run SGEMM (512^3 per thread, one thread per call, %d threads): %.1f GFLOP/s\n",
         threads, gemm);
-    std::printf("%s\n",
-                nlohmann::json{{"threads", threads}, {"sgemm_gflops", gemm}}.dump().c_str());
+    std::printf("# FMA peak of this build (%s, registers only, %d threads): %.1f "
+                "GFLOP/s\n",
+                kernels::fma_peak_isa(), threads, peak);
+    std::printf("# forward tile products alone (head dim %lld, %s): %.1f GFLOP/s\n",
+                static_cast<long long>(dim), kernels::small_gemm_summary().c_str(), products);
+    std::printf("%s\n", nlohmann::json{{"threads", threads},
+                                       {"sgemm_gflops", gemm},
+                                       {"fma_peak_gflops", peak},
+                                       {"tile_products_gflops", products}}
+                            .dump()
+                            .c_str());
     return 0;
   }
   std::printf(
       "# ringattn CPU benchmark\n# command: %s\n# machine: %s, %d threads\n# date: %s\n"
       "# commit: %s\n# BLAS: %s\n"
       "# same-run SGEMM (512^3 per thread, one thread per call, %d threads): %.1f GFLOP/s\n"
+      "# FMA peak of this build (%s, registers only): %.1f GFLOP/s\n"
+      "# forward tile products alone (head dim %lld, operands in cache): %.1f GFLOP/s\n"
       "# FLOPs: forward 4*B*H*D*(attended pairs); backward 2.5x that\n\n",
       cmd.c_str(), cpu_model().c_str(), threads, date, vm["commit"].as<std::string>().c_str(),
-      kernels::blas_info().summary().c_str(), threads, gemm);
+      kernels::blas_info().summary().c_str(), threads, gemm, kernels::fma_peak_isa(), peak,
+      static_cast<long long>(dim), products);
   std::printf("%-42s %8s %6s %11s %9s %6s %11s %9s %6s\n", "config", "N", "causal", "fwd ms",
               "GFLOP/s", "%gemm", "bwd ms", "GFLOP/s", "%gemm");
 
@@ -243,7 +291,9 @@ int main(int argc, char** argv) {
   nlohmann::json j{{"machine", cpu_model()}, {"threads", threads},
                    {"date", date},           {"commit", vm["commit"].as<std::string>()},
                    {"command", cmd},         {"sgemm_gflops", gemm},
-                   {"rows", rows},           {"dilated_slopes", slopes}};
+                   {"fma_peak_gflops", peak}, {"tile_products_gflops", products},
+                   {"rows", rows},
+                   {"dilated_slopes", slopes}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

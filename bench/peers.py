@@ -8,7 +8,9 @@ configuration so that both see the same machine state:
   - block-sparse local band (--window tokens, blocks of --block): FlexAttention compiled with
     torch.compile on the CPU (forward; its backward where the CPU backend has one) and
     `ringattn run --attention block-sparse --pattern local:window=W`;
-  - the same run's SGEMM rate (cpu_bench --sgemm-only), measured first and last.
+  - the same run's SGEMM rate, the machine's FMA peak and ringattn's forward tile products
+    alone (cpu_bench --sgemm-only), measured first and last; %peak is each row's GFLOP/s over
+    the FMA peak at the start.
 Both implementations get the same thread count (torch.set_num_threads, ringattn --threads).
 FLOPs: forward 4*B*H*D*(attended pairs), backward 2.5x that; the ratio column is PyTorch's
 time over ringattn's on the same row (> 1: ringattn is faster).
@@ -50,9 +52,10 @@ def ringattn_row(args, extra, backward):
 
 
 def sgemm_rate(args):
+    """(SGEMM, FMA peak, forward tile products alone) in GFLOP/s on args.threads threads."""
     out = sh([args.cpu_bench, "--sgemm-only", "--threads", str(args.threads)])
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])[
-        "sgemm_gflops"]
+    j = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return j["sgemm_gflops"], j.get("fma_peak_gflops") or None, j.get("tile_products_gflops")
 
 
 def median_ms(fn, iters):
@@ -170,7 +173,7 @@ def main():
     machine = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                     if ln.startswith("model name")), "unknown CPU")
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    gemm_first = sgemm_rate(args)
+    gemm_first, peak_first, products_first = sgemm_rate(args)
     say(f"# ringattn vs PyTorch on the CPU, one run; commit {args.commit}, {date}")
     say(f"# machine: {machine}, {args.threads} threads for every implementation")
     say(f"# torch: {torch.version if torch else 'not available'} ({sys.executable})")
@@ -182,8 +185,13 @@ def main():
         f" OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
     say(f"# block-sparse: local band, window {args.window} tokens, blocks of {args.block}")
     say(f"# SGEMM (cpu_bench --sgemm-only, 512^3 per thread): {gemm_first:.1f} GFLOP/s at the start")
+    say("# FMA peak (cpu_bench --sgemm-only, registers only): "
+        + (f"{peak_first:.1f} GFLOP/s at the start" if peak_first else "not measured (no FMA build)"))
+    if products_first:
+        say(f"# ringattn's forward tile products alone (cpu_bench --sgemm-only, operands in "
+            f"cache): {products_first:.1f} GFLOP/s at the start")
     header = (f"{'impl':<22} {'attention':<13} {'causal':<6} {'pass':<4} {'ms':>10} "
-              f"{'GFLOP/s':>8} {'%gemm':>6} {'torch/ours':>10} {'best/best':>9}")
+              f"{'GFLOP/s':>8} {'%gemm':>6} {'%peak':>6} {'torch/ours':>10} {'best/best':>9}")
 
     def emit(impl, attention, causal, pss, ms, pairs, ours_ms=None, note=None, best=None):
         # pairs counts every (batch, head) row, like ringattn's attended_pairs
@@ -206,8 +214,9 @@ def main():
         if ms is None:
             say(f"{impl:<22} {attention:<13} {str(causal):<6} {pss:<4} {'-':>10}  {note}")
         else:
+            pk = f"{100 * gf / peak_first:>5.0f}%" if peak_first else f"{'-':>6}"
             say(f"{impl:<22} {attention:<13} {str(causal):<6} {pss:<4} {ms:>10.1f} {gf:>8.1f} "
-                f"{100 * gf / gemm_first:>5.0f}% {ratio:>10}")
+                f"{100 * gf / gemm_first:>5.0f}% {pk} {ratio:>10}")
 
     # Rounds alternate which implementation goes first; a row's figure is the median of its
     # rounds' medians, so a burst of other load on the machine hits both sides alike.
@@ -281,12 +290,20 @@ def main():
         say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
             f"{pairs_of[('ringattn', 'block-sparse', False, 'fwd')]}")
 
-    gemm_last = sgemm_rate(args)
-    say(f"# SGEMM at the end: {gemm_last:.1f} GFLOP/s (start {gemm_first:.1f}); load average "
-        f"at the end: {open('/proc/loadavg').read().strip()}")
+    gemm_last, peak_last, products_last = sgemm_rate(args)
+    say(f"# SGEMM at the end: {gemm_last:.1f} GFLOP/s (start {gemm_first:.1f}); FMA peak "
+        + (f"{peak_last:.1f} (start {peak_first:.1f})" if peak_first and peak_last else "-")
+        + (f"; tile products {products_last:.1f} (start {products_first:.1f})"
+           if products_first and products_last else "")
+        + f"; load average at the end: {open('/proc/loadavg').read().strip()}")
     rows.append({"impl": "sgemm", "pass": "gemm", "threads": args.threads,
                  "gflops": gemm_first, "gflops_end": gemm_last, "commit": args.commit,
-                 "date": date, "machine": machine})
+                 "date": date, "machine": machine, "tile_products_gflops": products_first,
+                 "tile_products_gflops_end": products_last})
+    if peak_first:
+        rows.append({"impl": "fma_peak", "pass": "peak", "threads": args.threads,
+                     "gflops": peak_first, "gflops_end": peak_last, "commit": args.commit,
+                     "date": date, "machine": machine})
     with open(args.prefix + ".txt", "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(args.prefix + ".jsonl", "w") as f:

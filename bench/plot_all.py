@@ -192,6 +192,13 @@ def plot_cpu(cpu, cpu_run, sparse, peers, out):
         axes[1].text(0.01, gemm[0]["gflops"], "SGEMM of the peer run",
                      transform=axes[1].get_yaxis_transform(), va="bottom", fontsize=7,
                      color="purple")
+    peak = [r for r in peers or [] if r.get("impl") == "fma_peak"]
+    peak_rate = peak[0]["gflops"] if peak else (cpu_run or {}).get("fma_peak_gflops")
+    if peak_rate:  # the machine's ceiling: no kernel of this build runs faster
+        axes[1].axhline(peak_rate, color="firebrick", linewidth=0.8, linestyle="--")
+        axes[1].text(0.01, peak_rate, "FMA peak (registers only)",
+                     transform=axes[1].get_yaxis_transform(), va="bottom", fontsize=7,
+                     color="firebrick")
     axes[0].set_yscale("log")
     axes[0].set_ylabel("ms per head (B = 1, D = 64)")
     axes[0].set_title("time against N (solid / filled: forward; dashed / open: backward)",

@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/cpu_keymajor.hpp"
+#include "kernels/cpu_peak.hpp"
 #include "kernels/cpu_small_gemm.hpp"
 #include "random.hpp"
 
@@ -234,6 +236,17 @@ TEST(KeyMajor, MaskHidesExactlyThePairsOutsideReach) {
             ASSERT_EQ(x, hidden ? -kInf : 1.0f) << "query " << i0 + i << " key " << j0 + j;
           }
       }
+}
+
+// The benchmarks' ceiling: measured where the build has FMA vectors, 0 (not a made-up figure)
+// where it has none. Its value is a benchmark figure and is not judged here.
+TEST(CpuPeak, MeasuresExactlyWhereTheBuildHasFmaVectors) {
+  const std::string isa = fma_peak_isa();
+  const double rate = fma_peak_gflops(1);
+  if (isa == "none")
+    EXPECT_EQ(rate, 0.0);
+  else
+    EXPECT_GT(rate, 0.0) << isa;
 }
 
 }  // namespace
