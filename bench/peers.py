@@ -13,7 +13,9 @@ configuration so that both see the same machine state:
     the FMA peak at the start.
 Both implementations get the same thread count (torch.set_num_threads, ringattn --threads).
 FLOPs: forward 4*B*H*D*(attended pairs), backward 2.5x that; the ratio column is PyTorch's
-time over ringattn's on the same row (> 1: ringattn is faster).
+time over ringattn's on the same row (> 1: ringattn is faster): the ratio of the two medians,
+then each side's best round over the other's, then the median of the per-round ratios (both
+sides of a round run back to back).
 
 Without torch the ringattn rows and the SGEMM rate still run and the output says how to get
 torch. Writes <prefix>.txt (table) and <prefix>.jsonl (one JSON object per row)."""
@@ -191,9 +193,19 @@ def main():
         say(f"# ringattn's forward tile products alone (cpu_bench --sgemm-only, operands in "
             f"cache): {products_first:.1f} GFLOP/s at the start")
     header = (f"{'impl':<22} {'attention':<13} {'causal':<6} {'pass':<4} {'ms':>10} "
-              f"{'GFLOP/s':>8} {'%gemm':>6} {'%peak':>6} {'torch/ours':>10} {'best/best':>9}")
+              f"{'GFLOP/s':>8} {'%gemm':>6} {'%peak':>6} {'torch/ours':>10} {'best/best':>9} "
+              f"{'paired':>9}")
 
-    def emit(impl, attention, causal, pss, ms, pairs, ours_ms=None, note=None, best=None):
+    def paired_ratio(peer_rounds, ours_rounds):
+        # Both sides of a round run back to back, so a slow phase of the machine (other
+        # tenants) mostly hits both: the median of the per-round ratios is steadier than the
+        # ratio of the two medians when rounds drift.
+        if len(peer_rounds) != len(ours_rounds):
+            return None
+        return statistics.median(p / o for p, o in zip(peer_rounds, ours_rounds))
+
+    def emit(impl, attention, causal, pss, ms, pairs, ours_ms=None, note=None, best=None,
+             paired=None):
         # pairs counts every (batch, head) row, like ringattn's attended_pairs
         flops = 4.0 * args.dim * pairs * (2.5 if pss == "bwd" else 1.0)
         gf = flops / (ms * 1e6) if ms else None
@@ -208,6 +220,9 @@ def main():
         if best:  # each side's least disturbed round: other load on the machine only adds time
             row["best_round_ratio_vs_ringattn"] = best
             ratio += f" {best:>8.2f}x"
+        if paired:
+            row["paired_round_ratio_vs_ringattn"] = paired
+            ratio += f" {paired:>8.2f}x"
         if note:
             row["note"] = note
         rows.append(row)
@@ -277,7 +292,8 @@ def main():
             key = (peer, attention, causal, pss)
             if key in samples:
                 emit(peer, attention, causal, pss, statistics.median(samples[key]),
-                     pairs_of[key], ours_ms, best=min(samples[key]) / min(samples[ours_key]))
+                     pairs_of[key], ours_ms, best=min(samples[key]) / min(samples[ours_key]),
+                     paired=paired_ratio(samples[key], samples[ours_key]))
                 rows[-1]["round_medians_ms"] = samples[key]
             elif key in notes:
                 emit(peer, attention, causal, pss, None, pairs_of[ours_key], note=notes[key])
