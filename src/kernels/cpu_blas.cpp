@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
@@ -115,7 +116,7 @@ std::string threading_name(int parallel) {
 }
 
 std::mutex g_mu;
-int g_open_scopes = 0;
+std::atomic<int> g_open_scopes{0};  // changed under g_mu; read by sgemm without it
 int g_saved_threads = 0;
 
 // openblas_set_num_threads in the OpenMP build also calls omp_set_num_threads on this
@@ -153,7 +154,22 @@ std::string BlasInfo::summary() const {
 
 void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k, float alpha,
            const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  blas().sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const OpenBlas& lib = blas();
+  // Outside an active OpenMP region (a one-thread region: --threads 1, one thread per rank)
+  // OpenBLAS's OpenMP build takes as many threads as the calling thread's OpenMP thread
+  // count says, and resets its own count to that, so the scope's openblas_set_num_threads(1)
+  // does not hold there. Inside a scope the call runs with that count at 1 on this thread
+  // (an OpenMP setting of the calling task only), restored after the call.
+  if (g_open_scopes.load(std::memory_order_relaxed) > 0 && !omp_in_parallel()) {
+    const int omp_threads = omp_get_max_threads();
+    if (omp_threads != 1) {
+      omp_set_num_threads(1);
+      lib.sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      omp_set_num_threads(omp_threads);
+      return;
+    }
+  }
+  lib.sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 BlasSingleThreadScope::BlasSingleThreadScope() {

@@ -43,7 +43,10 @@ void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k
 // thread per MPI or virtual rank) is inactive, and there it would start a team of its own.
 // A pthreads build always uses its pool. So the first scope sets OpenBLAS to one thread and
 // the last one to close restores the caller's setting (scopes on concurrent threads, e.g.
-// virtual ranks, share one count); the calling thread's OpenMP thread count is kept. It also
+// virtual ranks, share one count); the calling thread's OpenMP thread count is kept. Outside
+// an active region the OpenMP build still takes the calling thread's OpenMP thread count
+// (and resets its own to it), so sgemm inside a scope also runs with that count at 1 for
+// the call (tests/kernels/test_blas_threads.cpp). It also
 // settles the tile products' backend (RINGATTN_SMALL_GEMM), so that a bad value is an
 // InputError here, before any parallel region.
 class BlasSingleThreadScope {
