@@ -19,6 +19,7 @@
 #include "bench_args.hpp"
 #include "bench_timing.hpp"
 #include "kernels/cpu_blas.hpp"
+#include "kernels/cpu_flash.hpp"
 #include "kernels/cpu_peak.hpp"
 #include "kernels/cpu_small_gemm.hpp"
 #include "ringattn/plan.hpp"
@@ -67,7 +68,8 @@ double sgemm_gflops(int n, int threads) {
 // every thread on its own tiles. What the forward could reach with a free softmax.
 double tile_products_gflops(int64_t d, int threads) {
   const kernels::TileConfig tiles = ring::choose_tiles(d, 0, 0);
-  const int ld = static_cast<int>((tiles.q_tile + 15) / 16 * 16), bk = static_cast<int>(tiles.k_tile);
+  const int ld = static_cast<int>(kernels::round_up16(static_cast<std::size_t>(tiles.q_tile)));
+  const int bk = static_cast<int>(tiles.k_tile);
   const int id = static_cast<int>(d);
   const auto side = static_cast<std::size_t>(ld) * static_cast<std::size_t>(d);
   const auto tile = static_cast<std::size_t>(ld) * static_cast<std::size_t>(bk);

@@ -160,16 +160,13 @@ void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k
   // count says, and resets its own count to that, so the scope's openblas_set_num_threads(1)
   // does not hold there. Inside a scope the call runs with that count at 1 on this thread
   // (an OpenMP setting of the calling task only), restored after the call.
-  if (g_open_scopes.load(std::memory_order_relaxed) > 0 && !omp_in_parallel()) {
-    const int omp_threads = omp_get_max_threads();
-    if (omp_threads != 1) {
-      omp_set_num_threads(1);
-      lib.sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      omp_set_num_threads(omp_threads);
-      return;
-    }
-  }
+  const int omp_threads =
+      g_open_scopes.load(std::memory_order_relaxed) > 0 && !omp_in_parallel()
+          ? omp_get_max_threads()
+          : 1;
+  if (omp_threads != 1) omp_set_num_threads(1);
   lib.sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (omp_threads != 1) omp_set_num_threads(omp_threads);
 }
 
 BlasSingleThreadScope::BlasSingleThreadScope() {
