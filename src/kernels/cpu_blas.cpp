@@ -65,15 +65,31 @@ OpenBlas open_blas() {
     candidates.emplace_back(env);
   else
     candidates = {RINGATTN_OPENBLAS_FILE, "libopenblas.so.0"};
-  // OpenBLAS reads OPENBLAS_CORETYPE in its constructor, which runs inside dlopen.
-  if (const char* set = std::getenv("OPENBLAS_CORETYPE"); set && *set) {
+  // OpenBLAS reads its environment in its constructor, which runs inside dlopen. What
+  // ringattn sets there is set for the open only, so that another OpenBLAS the process opens
+  // later (numpy's, say) sees the user's own environment.
+  std::vector<const char*> set_for_open;
+  const auto set_unless_given = [&](const char* name, const char* value) {
+    if (const char* given = std::getenv(name); given && *given) return false;
+    setenv(name, value, 1);
+    set_for_open.push_back(name);
+    return true;
+  };
+  if (const char* given = std::getenv("OPENBLAS_CORETYPE"); given && *given) {
     b.core_from = "OPENBLAS_CORETYPE";
   } else if (const char* core = core_from_cpu_features()) {
-    setenv("OPENBLAS_CORETYPE", core, 1);
+    set_unless_given("OPENBLAS_CORETYPE", core);
     b.core_from = "ringattn, from the CPU's features";
   } else {
     b.core_from = "OpenBLAS's own detection";
   }
+  // The pthreads build starts a pool of threads at load, and a pool thread that has nothing
+  // to do spins (yielding) for 2^OPENBLAS_THREAD_TIMEOUT cycles (2^28, ~0.1 s, by default)
+  // before it sleeps. ringattn never gives that pool work (each sgemm runs on its caller),
+  // so the spinning only takes the cores the kernels run on: `cpu_bench --sgemm-only` read
+  // 93-166 GFLOP/s under the pthreads build against 180-191 with the pool asleep. 4 is
+  // OpenBLAS's smallest value: its threads sleep at once. (The OpenMP build has no pool.)
+  set_unless_given("OPENBLAS_THREAD_TIMEOUT", "4");
   std::string tried;
   void* handle = nullptr;
   for (const std::string& c : candidates) {
@@ -86,6 +102,7 @@ OpenBlas open_blas() {
     const char* why = dlerror();
     tried += (tried.empty() ? "" : "; ") + c + ": " + (why ? why : "not found");
   }
+  for (const char* name : set_for_open) unsetenv(name);
   if (!handle && candidates.size() == 1)
     throw InputError("RINGATTN_BLAS_LIBRARY",
                      "cannot open '" + candidates[0] + "' (" + tried +

@@ -30,7 +30,10 @@ struct BlasInfo {
 // RINGATTN_BLAS_LIBRARY if set, else the OpenMP build found at configure time, else
 // libopenblas.so.0 through the loader's search. Its kernels: OPENBLAS_CORETYPE if set, else
 // SkylakeX on CPUs with AVX-512 (F, CD, BW, DQ, VL), Haswell on CPUs with AVX2 and FMA, else
-// OpenBLAS's own choice. Throws RuntimeFailure naming what it tried when none opens.
+// OpenBLAS's own choice. A pthreads build's idle pool threads sleep at once
+// (OPENBLAS_THREAD_TIMEOUT=4 unless the user set it): ringattn never gives that pool work.
+// What ringattn sets for the open is unset after it. Throws RuntimeFailure naming what it
+// tried when none opens.
 BlasInfo blas_info();
 
 // C = alpha · op(A) · op(B) + beta · C, row-major, on the calling thread (inside a scope).
