@@ -301,6 +301,7 @@ def main():
         k = (r["impl"], r["attention"], r["causal"], r["pass"])
         if r["impl"] == "ringattn":
             r["round_medians_ms"] = samples[k]
+            r["blas"] = {f: b.get(f) for f in ("file", "threading", "threads_per_call", "core")}
     pf = [k for k in pairs_of if k[0] == "torch_flex_compiled"]
     if pf and pairs_of[pf[0]] != pairs_of[("ringattn", "block-sparse", False, "fwd")]:
         say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
