@@ -4,7 +4,9 @@
 Rows, each timed as the median of --iters after one warm-up, implementations alternating per
 configuration so that both see the same machine state:
   - dense and causal, forward and backward: PyTorch scaled_dot_product_attention (fp32, CPU)
-    and `ringattn run --device cpu`;
+    on contiguous [B,H,N,D] tensors (its own convention) and `ringattn run --device cpu`
+    (which reads [B,N,H,D]); with --sdpa-bnhd also SDPA on [B,N,H,D] views (rows
+    torch_sdpa_bnhd), the layout and the bytes ringattn reads;
   - block-sparse local band (--window tokens, blocks of --block): FlexAttention compiled with
     torch.compile on the CPU (forward; its backward where the CPU backend has one) and
     `ringattn run --attention block-sparse --pattern local:window=W`;
@@ -80,15 +82,21 @@ class Torch:
         torch.set_num_threads(threads)
         self.version = torch.__version__
 
-    def inputs(self, b, h, n, d, grad):
+    def inputs(self, b, h, n, d, grad, layout="bhnd"):
+        """[B, H, N, D] tensors: contiguous (SDPA's own convention), or with layout "bnhd"
+        views of contiguous [B, N, H, D] storage, as a model passes them after
+        q.view(B, N, H, D).transpose(1, 2) (ringattn's layout, the same bytes it reads)."""
         t = self.torch
         g = t.Generator().manual_seed(0)
+        if layout == "bnhd":
+            base = [t.randn(b, n, h, d, generator=g, requires_grad=grad) for _ in range(3)]
+            return [x.transpose(1, 2) for x in base]
         return [t.randn(b, h, n, d, generator=g, requires_grad=grad) for _ in range(3)]
 
-    def sdpa(self, args, causal, backward):
+    def sdpa(self, args, causal, backward, layout="bhnd"):
         t = self.torch
         F = t.nn.functional
-        q, k, v = self.inputs(1, args.heads, args.n, args.dim, backward)
+        q, k, v = self.inputs(1, args.heads, args.n, args.dim, backward, layout)
         if not backward:
             with t.no_grad():
                 return median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
@@ -97,8 +105,8 @@ class Torch:
 
         def bwd_only():  # times the backward alone, the forward outside the clock
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            for x in (q, k, v):
-                x.grad = None
+            for x in (q, k, v):  # a view's gradient is its base's
+                (x if x._base is None else x._base).grad = None
             t0 = time.perf_counter()
             out.backward(dout)
             return (time.perf_counter() - t0) * 1e3
@@ -157,6 +165,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds per row, alternating which implementation runs first")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--sdpa-bnhd", action="store_true",
+                    help="also time SDPA on [B,N,H,D] views (torch_sdpa_bnhd rows): the same "
+                         "tensors, in the same layout, as ringattn reads")
     args = ap.parse_args()
 
     lines, rows = [], []
@@ -261,6 +272,9 @@ def main():
                     for pss in ("fwd", "bwd"):
                         add(("torch_sdpa", attention, causal, pss),
                             torch.sdpa(args, causal, pss == "bwd"), pairs)
+                        if args.sdpa_bnhd:
+                            add(("torch_sdpa_bnhd", attention, causal, pss),
+                                torch.sdpa(args, causal, pss == "bwd", "bnhd"), pairs)
                     return
                 # The backward (no CPU backward in torch 2.15) is tried once, in the last round:
                 # a failed try changes the compiled function's guards, and the recompiled
@@ -288,15 +302,17 @@ def main():
             ours_key = ("ringattn", attention, causal, pss)
             ours_ms = statistics.median(samples[ours_key])
             emit("ringattn", attention, causal, pss, ours_ms, pairs_of[ours_key])
-            peer = "torch_sdpa" if attention == "dense" else "torch_flex_compiled"
-            key = (peer, attention, causal, pss)
-            if key in samples:
-                emit(peer, attention, causal, pss, statistics.median(samples[key]),
-                     pairs_of[key], ours_ms, best=min(samples[key]) / min(samples[ours_key]),
-                     paired=paired_ratio(samples[key], samples[ours_key]))
-                rows[-1]["round_medians_ms"] = samples[key]
-            elif key in notes:
-                emit(peer, attention, causal, pss, None, pairs_of[ours_key], note=notes[key])
+            peers = (["torch_sdpa", "torch_sdpa_bnhd"] if attention == "dense"
+                     else ["torch_flex_compiled"])
+            for peer in peers:
+                key = (peer, attention, causal, pss)
+                if key in samples:
+                    emit(peer, attention, causal, pss, statistics.median(samples[key]),
+                         pairs_of[key], ours_ms, best=min(samples[key]) / min(samples[ours_key]),
+                         paired=paired_ratio(samples[key], samples[ours_key]))
+                    rows[-1]["round_medians_ms"] = samples[key]
+                elif key in notes:
+                    emit(peer, attention, causal, pss, None, pairs_of[ours_key], note=notes[key])
     for r in rows:
         k = (r["impl"], r["attention"], r["causal"], r["pass"])
         if r["impl"] == "ringattn":
