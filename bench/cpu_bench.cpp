@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -94,6 +95,86 @@ double tile_products_gflops(int64_t d, int threads) {
          (ms * 1e6);
 }
 
+// The same dense kernels on rows of one head strided among the others ([B,N,H,D], the
+// layout ringattn's API takes) and on each head's rows contiguous ([B,H,N,D], PyTorch SDPA's
+// convention), forward and backward, alternating which goes first round by round: what the
+// layout alone costs. The kernels take any row stride (SubseqTask), so only the task table
+// differs. Returns the JSON row and prints one line.
+nlohmann::json layout_ab(int64_t n, int64_t heads, int64_t d, int threads, int rounds) {
+  const auto size = static_cast<std::size_t>(n * heads * d);
+  std::vector<float> q(size), k(size), v(size), out(size), dout(size), dq(size), dk(size),
+      dv(size), lse(static_cast<std::size_t>(n * heads));
+  std::mt19937 gen(7);
+  std::normal_distribution<float> dist;
+  for (auto* t : {&q, &k, &v, &dout})
+    for (auto& x : *t) x = dist(gen);
+  std::vector<kernels::SubseqTask> layouts[2];  // 0: [B,N,H,D], 1: [B,H,N,D]
+  for (int64_t h = 0; h < heads; ++h) {
+    kernels::SubseqTask t;
+    t.n_q = t.n_k = n;
+    t.lse0 = h * n;
+    t.lse_stride = 1;
+    t.q_row0 = t.k_row0 = h * d;
+    t.q_stride = t.k_stride = heads * d;
+    layouts[0].push_back(t);
+    t.q_row0 = t.k_row0 = h * n * d;
+    t.q_stride = t.k_stride = d;
+    layouts[1].push_back(t);
+  }
+  const kernels::TileConfig tiles = ring::choose_tiles(d, 0, 0);
+  const std::vector<kernels::ForwardItem> items[2] = {
+      ring::forward_items(layouts[0], false, tiles), ring::forward_items(layouts[1], false, tiles)};
+  const std::size_t per_thread = std::max(kernels::forward_workspace_floats(tiles, d),
+                                          kernels::backward_workspace_floats(tiles, d));
+  std::vector<float> workspace(per_thread * static_cast<std::size_t>(threads) + 16);
+  float* ws = workspace.data() + (16 - reinterpret_cast<std::uintptr_t>(workspace.data()) / 4 % 16) % 16;
+  kernels::ForwardParams fp;
+  fp.q = q.data(), fp.k = k.data(), fp.v = v.data(), fp.out = out.data(), fp.lse = lse.data();
+  fp.head_dim = d;
+  fp.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  kernels::BackwardParams bp;
+  bp.q = q.data(), bp.k = k.data(), bp.v = v.data(), bp.out = out.data(), bp.lse = lse.data();
+  bp.dout = dout.data(), bp.dq = dq.data(), bp.dk = dk.data(), bp.dv = dv.data();
+  bp.head_dim = d;
+  bp.scale = fp.scale;
+  const auto timed = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return bench::seconds_since(t0) * 1e3;
+  };
+  std::vector<double> fwd[2], bwd[2], fwd_ratio, bwd_ratio;
+  for (int r = -1; r < rounds; ++r) {  // round -1 warms both up
+    double f[2], b[2];
+    for (int x : {r % 2 == 0 ? 0 : 1, r % 2 == 0 ? 1 : 0}) {
+      f[x] = timed([&] { kernels::flash_forward(fp, layouts[x], items[x], tiles, threads, ws); });
+      b[x] = timed([&] { kernels::flash_backward(bp, layouts[x], tiles, threads, ws); });
+    }
+    if (r < 0) continue;
+    for (int x : {0, 1}) fwd[x].push_back(f[x]), bwd[x].push_back(b[x]);
+    fwd_ratio.push_back(f[0] / f[1]);
+    bwd_ratio.push_back(b[0] / b[1]);
+  }
+  const auto median = [](std::vector<double> xs) {
+    std::sort(xs.begin(), xs.end());
+    return xs[xs.size() / 2];
+  };
+  const double flops = 4.0 * static_cast<double>(heads) * static_cast<double>(n) *
+                       static_cast<double>(n) * static_cast<double>(d);
+  std::printf("# layout A/B, dense N=%lld H=%lld D=%lld, %d rounds: forward [B,N,H,D] %.1f ms "
+              "(%.1f GFLOP/s), [B,H,N,D] %.1f ms (%.1f); backward %.1f ms (%.1f), %.1f ms (%.1f); "
+              "[B,N,H,D] time / [B,H,N,D] time per round (median): forward %.3f, backward %.3f\n",
+              static_cast<long long>(n), static_cast<long long>(heads), static_cast<long long>(d),
+              rounds, median(fwd[0]), flops / (median(fwd[0]) * 1e6), median(fwd[1]),
+              flops / (median(fwd[1]) * 1e6), median(bwd[0]), 2.5 * flops / (median(bwd[0]) * 1e6),
+              median(bwd[1]), 2.5 * flops / (median(bwd[1]) * 1e6), median(fwd_ratio),
+              median(bwd_ratio));
+  return {{"seq_len", n},           {"heads", heads},
+          {"head_dim", d},          {"rounds", rounds},
+          {"fwd_ms_bnhd", fwd[0]},  {"fwd_ms_bhnd", fwd[1]},
+          {"bwd_ms_bnhd", bwd[0]},  {"bwd_ms_bhnd", bwd[1]},
+          {"fwd_paired_ratio", median(fwd_ratio)}, {"bwd_paired_ratio", median(bwd_ratio)}};
+}
+
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
@@ -128,6 +209,9 @@ int main(int argc, char** argv) {
       "no-backward", po::bool_switch(), "forward only")(
       "q-tile", po::value<int64_t>()->default_value(0), "query tile (0: the plan's choice)")(
       "k-tile", po::value<int64_t>()->default_value(0), "key tile (0: the plan's choice)")(
+      "layout-ab", po::value<int64_t>()->default_value(0),
+      "dense sequence length for the layout A/B: the kernels on [B,N,H,D] rows against "
+      "[B,H,N,D] rows, alternating, --iters rounds (at least 3; 0: skip)")(
       "sgemm-only", po::bool_switch(),
       "print only the machine's rates: SGEMM, the FMA peak and the forward's tile products "
       "alone (and a JSON line with them), for other scripts")(
@@ -271,6 +355,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  nlohmann::json layout = nullptr;
+  if (const int64_t n = vm["layout-ab"].as<int64_t>(); n > 0)
+    layout = layout_ab(n, heads, dim, threads, std::max(iters, 3));
+
   // Log-log slope of dilated forward time from 16K up to the largest N measured.
   nlohmann::json slopes = nlohmann::json::object();
   for (const auto& [series, ns] : plan) {
@@ -295,7 +383,7 @@ int main(int argc, char** argv) {
                    {"command", cmd},         {"sgemm_gflops", gemm},
                    {"fma_peak_gflops", peak}, {"tile_products_gflops", products},
                    {"rows", rows},
-                   {"dilated_slopes", slopes}};
+                   {"dilated_slopes", slopes}, {"layout_ab", layout}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
