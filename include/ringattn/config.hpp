@@ -18,10 +18,18 @@ inline constexpr int64_t kMaxHeadDim = 256;
 enum class AttentionKind { dense, dilated, block_sparse };
 enum class Combine { grouped, mixture };
 
+// How q, k, v, out and their gradients are laid out in memory, all row-major (C order):
+// bnhd: [batch, seq_len, heads, head_dim], token-major (the default; what the ring shards);
+// bhnd: [batch, heads, seq_len, head_dim], each head's rows contiguous (PyTorch SDPA's
+// convention). The single-process CPU engine (Plan) reads either; the other paths refuse
+// bhnd (require_bnhd). lse is [batch, heads, seq_len] in both.
+enum class TensorLayout { bnhd, bhnd };
+
 const char* to_string(AttentionKind k);
 const char* to_string(Combine c);
+const char* to_string(TensorLayout l);
 
-// Tensors are [batch, seq_len, heads, head_dim], row-major (C order).
+// The logical shape, [batch, seq_len, heads, head_dim] whatever the TensorLayout.
 struct Shape4 {
   int64_t batch = 0, seq_len = 0, heads = 0, head_dim = 0;
   int64_t numel() const { return batch * seq_len * heads * head_dim; }
@@ -53,6 +61,7 @@ struct AttentionConfig {
   // Otherwise it starts at 0, increases strictly and ends at seq_len. Dense and block-sparse
   // attention (dilated is refused).
   std::vector<int64_t> cu_seqlens;
+  TensorLayout layout = TensorLayout::bnhd;
 
   double effective_scale() const;
   int64_t effective_kv_heads() const { return kv_heads ? *kv_heads : shape.heads; }
@@ -90,6 +99,10 @@ void require_unpacked(const AttentionConfig& cfg, const std::string& path);
 // For the paths that do not compute a sliding window yet: throws InputError naming --window,
 // saying it is not yet supported on `path`, when the config has a window.
 void require_no_window(const AttentionConfig& cfg, const std::string& path);
+
+// For the paths that read only [B, N, H, D] tensors: throws InputError naming --layout,
+// saying bhnd is not supported on `path`, when the config's layout is bhnd.
+void require_bnhd(const AttentionConfig& cfg, const std::string& path);
 
 // One dilated pattern: segments of `segment` tokens, every `dilation`-th position from
 // `offset` (offset < dilation). Dense attention is the single pattern {N, 1, 0}.

@@ -31,11 +31,12 @@ class Plan {
   int threads() const noexcept;
 
   // q, out: [B, N, H, D]; k, v: [B, N, HKV, D] (HKV = cfg.kv_heads, default H);
-  // lse: [B, H, N]. All float32, C order.
+  // lse: [B, H, N]. All float32, C order. With cfg.layout bhnd, q, out, dout, dq are
+  // [B, H, N, D] and k, v, dk, dv [B, HKV, N, D] (lse as above).
   void forward(const float* q, const float* k, const float* v, float* out, float* lse);
 
   // Gradients of sum(out * dout). `out` and `lse` must come from forward() on the same
-  // inputs. dq: [B, N, H, D], dk, dv: [B, N, HKV, D]; they are overwritten.
+  // inputs. dq: [B, N, H, D], dk, dv: [B, N, HKV, D] (bhnd: as above); they are overwritten.
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv);
 

@@ -39,4 +39,9 @@ class HostTensor {
   std::unique_ptr<float[], AlignedFree> data_;
 };
 
+// Copies between the two TensorLayouts of the logical shape `s` ([B, N, H, D]):
+// to_head_major reads bnhd `src` and writes bhnd `dst`; from_head_major the reverse.
+void to_head_major(const float* src, const Shape4& s, float* dst);
+void from_head_major(const float* src, const Shape4& s, float* dst);
+
 }  // namespace ringattn

@@ -146,6 +146,10 @@ po::options_description run_description() {
       "dtype", po::value<std::string>(),
       "device input precision: bf16 (cuda default) | fp16 | fp32 (cpu: fp32 only)")(
       "threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")(
+      "layout", po::value<std::string>()->default_value("bnhd"),
+      "how the engine holds q, k, v and the results: bnhd ([B,N,H,D]) | bhnd ([B,H,N,D], "
+      "PyTorch SDPA's convention; the CPU on one rank, dense or dilated). Files stay "
+      "[B,N,H,D]: the CLI lays them out outside the timed calls")(
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
       "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
@@ -400,6 +404,10 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
       throw InputError(name, "needs the backward pass: give --dout FILE (or --backward)");
 
   o.device = require_choice("--device", vm["device"].as<std::string>(), {"cpu", "cuda", "auto"});
+  o.cfg.layout = require_choice("--layout", vm["layout"].as<std::string>(), {"bnhd", "bhnd"}) ==
+                         "bnhd"
+                     ? TensorLayout::bnhd
+                     : TensorLayout::bhnd;
   o.kernel =
       require_choice("--kernel", vm["kernel"].as<std::string>(), {"auto", "native", "cudnn"});
   if (vm.count("dtype"))

@@ -58,6 +58,9 @@ void print_table(const RunReport& r, std::ostream& os) {
   if (c.effective_kv_heads() != c.shape.heads)
     os << "   K/V heads " << c.effective_kv_heads() << " (grouped-query)";
   os << "   causal " << (c.causal ? "yes" : "no") << "   scale " << c.effective_scale() << "\n";
+  if (c.layout != TensorLayout::bnhd)
+    os << "  tensor layout    " << to_string(c.layout) << " (the engine's tensors; files stay "
+       << "[B,N,H,D])\n";
   if (c.windowed())
     os << "  window           keys p-" << c.window_reach().left << " .. p+"
        << c.window_reach().right << "\n";
@@ -180,6 +183,7 @@ void print_json(const RunReport& r, std::ostream& os) {
   j["bytes_sent"] = r.bytes_sent;
   j["bytes_sent_min"] = r.bytes_sent_min;
   j["layout"] = r.layout;
+  j["tensor_layout"] = to_string(c.layout);
   j["imbalance"] = r.imbalance;
   auto ranks_json = [](const std::vector<RankFigures>& v) {
     nlohmann::json a = nlohmann::json::array();

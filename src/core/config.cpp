@@ -25,6 +25,8 @@ const char* to_string(AttentionKind k) {
 }
 const char* to_string(Combine c) { return c == Combine::grouped ? "grouped" : "mixture"; }
 
+const char* to_string(TensorLayout l) { return l == TensorLayout::bnhd ? "bnhd" : "bhnd"; }
+
 std::string to_string(const Shape4& s) {
   std::ostringstream os;
   os << '[' << s.batch << ", " << s.seq_len << ", " << s.heads << ", " << s.head_dim << ']';
@@ -174,6 +176,13 @@ void require_unpacked(const AttentionConfig& cfg, const std::string& path) {
 void require_no_window(const AttentionConfig& cfg, const std::string& path) {
   if (!cfg.window_left && !cfg.window_right) return;
   throw InputError("--window", "a sliding window is not yet supported on " + path);
+}
+
+void require_bnhd(const AttentionConfig& cfg, const std::string& path) {
+  if (cfg.layout == TensorLayout::bnhd) return;
+  throw InputError("--layout", "bhnd ([B, H, N, D] tensors) is supported by the CPU engine on "
+                               "one rank for dense and dilated attention, not on " + path +
+                               "; use bnhd there");
 }
 
 std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {

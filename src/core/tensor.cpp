@@ -59,4 +59,28 @@ HostTensor::HostTensor(std::vector<int64_t> dims, const char* what) : dims_(std:
   std::memset(data_.get(), 0, size_ * sizeof(float));
 }
 
+namespace {
+
+// dst[b][h][n] row = src[b][n][h] row, or the reverse.
+void swap_rows(const float* src, const Shape4& s, float* dst, bool to_head_major) {
+  const int64_t n = s.seq_len, h = s.heads, d = s.head_dim;
+  const auto row_bytes = static_cast<std::size_t>(d) * sizeof(float);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < h; ++j) {
+        const int64_t token_major = ((b * n + t) * h + j) * d;
+        const int64_t head_major = ((b * h + j) * n + t) * d;
+        std::memcpy(dst + (to_head_major ? head_major : token_major),
+                    src + (to_head_major ? token_major : head_major), row_bytes);
+      }
+}
+
+}  // namespace
+
+void to_head_major(const float* src, const Shape4& s, float* dst) { swap_rows(src, s, dst, true); }
+void from_head_major(const float* src, const Shape4& s, float* dst) {
+  swap_rows(src, s, dst, false);
+}
+
 }  // namespace ringattn

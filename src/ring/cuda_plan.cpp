@@ -301,6 +301,7 @@ struct CudaPlan::Impl {
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
+  require_bnhd(cfg, "--device cuda (use --device cpu)");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;

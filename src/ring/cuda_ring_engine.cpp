@@ -193,6 +193,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
                            RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
+  require_bnhd(cfg, "the GPU ring");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.comm = &comm;

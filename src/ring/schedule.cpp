@@ -1,7 +1,8 @@
 // Builds the single-rank schedule: one task per (batch, head, pattern, segment) that
 // selects at least one position (a packed sequence's documents are dense attention's
 // segments), as a strided view with stride dilation·H·D for queries and
-// dilation·HKV·D for keys (query head h reads K/V head h / (H / HKV) in place).
+// dilation·HKV·D for keys (query head h reads K/V head h / (H / HKV) in place); with
+// [B, H, N, D] tensors (TensorLayout::bhnd) the strides are dilation·D.
 #include "ring/schedule.hpp"
 
 #include <algorithm>
@@ -10,14 +11,24 @@ namespace ringattn::ring {
 
 namespace {
 
+// Floats between consecutive batch rows, positions and heads of a tensor of `shape`.
+struct Strides {
+  int64_t batch, position, head;
+};
+
+Strides strides_of(TensorLayout layout, const Shape4& shape) {
+  const int64_t n = shape.seq_len, h = shape.heads, d = shape.head_dim;
+  return layout == TensorLayout::bnhd ? Strides{n * h * d, h * d, d} : Strides{h * n * d, d, n * d};
+}
+
 void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head,
                        std::vector<kernels::SubseqTask>& tasks) {
   const Shape4& s = cfg.shape;
   const DilatedPattern pat = patterns_of(cfg)[static_cast<std::size_t>(pattern)];
   const int64_t offset = pattern_offset(cfg, pattern, head);
   const SegmentList segs = segments_of(cfg, pat);
-  const int64_t row = s.heads * s.head_dim;
-  const int64_t kv_row = cfg.effective_kv_heads() * s.head_dim;
+  const Strides q = strides_of(cfg.layout, s);
+  const Strides kv = strides_of(cfg.layout, cfg.kv_shape());
   const int64_t kv_head = cfg.kv_head_of(head);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t seg = 0; seg < segs.count(); ++seg) {
@@ -25,10 +36,10 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
       if (m == 0) continue;
       const int64_t p0 = segs.begin(seg) + offset;
       kernels::SubseqTask t;
-      t.q_row0 = (b * s.seq_len + p0) * row + head * s.head_dim;
-      t.k_row0 = (b * s.seq_len + p0) * kv_row + kv_head * s.head_dim;
-      t.q_stride = pat.dilation * row;
-      t.k_stride = pat.dilation * kv_row;
+      t.q_row0 = b * q.batch + p0 * q.position + head * q.head;
+      t.k_row0 = b * kv.batch + p0 * kv.position + kv_head * kv.head;
+      t.q_stride = pat.dilation * q.position;
+      t.k_stride = pat.dilation * kv.position;
       t.lse0 = (b * s.heads + head) * s.seq_len + p0;
       t.lse_stride = pat.dilation;
       t.n_q = t.n_k = m;

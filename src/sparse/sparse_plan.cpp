@@ -255,6 +255,7 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
                        ring::Communicator& comm, PlanOptions opts, ring::RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
+  require_bnhd(cfg, "block-sparse attention");
   if (cfg.attention != AttentionKind::block_sparse)
     throw std::invalid_argument("SparsePlan: the configuration is not block-sparse");
   check_lists(cfg, *lists);
