@@ -5,8 +5,9 @@ Rows, each timed as the median of --iters after one warm-up, implementations alt
 configuration so that both see the same machine state:
   - dense and causal, forward and backward: PyTorch scaled_dot_product_attention (fp32, CPU)
     on contiguous [B,H,N,D] tensors (its own convention) and `ringattn run --device cpu`
-    (which reads [B,N,H,D]); with --sdpa-bnhd also SDPA on [B,N,H,D] views (rows
-    torch_sdpa_bnhd), the layout and the bytes ringattn reads;
+    on [B,N,H,D] (its default), or on [B,H,N,D] like SDPA with --ringattn-layout bhnd; with
+    --sdpa-bnhd also SDPA on [B,N,H,D] views (rows torch_sdpa_bnhd), the bytes ringattn
+    reads by default. Every row's JSON says its layout;
   - block-sparse local band (--window tokens, blocks of --block): FlexAttention compiled with
     torch.compile on the CPU (forward; its backward where the CPU backend has one) and
     `ringattn run --attention block-sparse --pattern local:window=W`;
@@ -165,6 +166,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds per row, alternating which implementation runs first")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--ringattn-layout", choices=("bnhd", "bhnd"), default="bnhd",
+                    help="ringattn's tensors in the dense rows (--layout): bhnd computes on "
+                         "[B,H,N,D], as SDPA's rows do; block-sparse rows stay bnhd (the "
+                         "block-sparse engine reads only [B,N,H,D])")
     ap.add_argument("--sdpa-bnhd", action="store_true",
                     help="also time SDPA on [B,N,H,D] views (torch_sdpa_bnhd rows): the same "
                          "tensors, in the same layout, as ringattn reads")
@@ -246,7 +251,7 @@ def main():
 
     # Rounds alternate which implementation goes first; a row's figure is the median of its
     # rounds' medians, so a burst of other load on the machine hits both sides alike.
-    samples, pairs_of, notes, blas = {}, {}, {}, None
+    samples, pairs_of, notes, blas, layouts = {}, {}, {}, None, {}
 
     def add(key, ms, pairs):
         samples.setdefault(key, []).append(ms)
@@ -259,8 +264,10 @@ def main():
             def ours_side():
                 nonlocal blas
                 extra = sparse_extra if attention == "block-sparse" else (
-                    ["--attention", "dense"] + (["--causal"] if causal else []))
+                    ["--attention", "dense", "--layout", args.ringattn_layout]
+                    + (["--causal"] if causal else []))
                 j, _ = ringattn_row(args, extra, backward=True)
+                layouts[attention] = j.get("tensor_layout", "bnhd")
                 blas = blas or j.get("blas", {})
                 for pss in ("fwd", "bwd"):
                     add(("ringattn", attention, causal, pss), j[f"{pss}_ms"],
@@ -294,6 +301,9 @@ def main():
             for side in (sides if rnd % 2 == 0 else sides[::-1]):
                 side()
     b = blas or {}
+    say(f"# tensors: torch_sdpa and FlexAttention [B,H,N,D] contiguous; torch_sdpa_bnhd "
+        f"[B,N,H,D] views; ringattn {layouts.get('dense', '-')} (dense), "
+        f"{layouts.get('block-sparse', '-')} (block-sparse)")
     say(f"# ringattn BLAS: {b.get('config')}; kernels {b.get('core')}; "
         f"{b.get('threading')}, {b.get('threads_per_call')} thread(s) per call")
     say(header)
@@ -318,6 +328,9 @@ def main():
         if r["impl"] == "ringattn":
             r["round_medians_ms"] = samples[k]
             r["blas"] = {f: b.get(f) for f in ("file", "threading", "threads_per_call", "core")}
+        # the tensors each side computed on: [B,N,H,D] rows or [B,H,N,D] (head-major)
+        r["layout"] = (layouts.get(r["attention"], "bnhd") if r["impl"] == "ringattn"
+                       else "bnhd" if r["impl"] == "torch_sdpa_bnhd" else "bhnd")
     pf = [k for k in pairs_of if k[0] == "torch_flex_compiled"]
     if pf and pairs_of[pf[0]] != pairs_of[("ringattn", "block-sparse", False, "fwd")]:
         say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
