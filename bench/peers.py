@@ -301,9 +301,12 @@ def main():
             for side in (sides if rnd % 2 == 0 else sides[::-1]):
                 side()
     b = blas or {}
+    dense_layout = layouts.get("dense", "bnhd")
     say(f"# tensors: torch_sdpa and FlexAttention [B,H,N,D] contiguous; torch_sdpa_bnhd "
-        f"[B,N,H,D] views; ringattn {layouts.get('dense', '-')} (dense), "
-        f"{layouts.get('block-sparse', '-')} (block-sparse)")
+        f"[B,N,H,D] views; ringattn {dense_layout} (dense), "
+        f"{layouts.get('block-sparse', '-')} (block-sparse). The dense rows whose tensors are "
+        f"laid out as ringattn's: {'torch_sdpa' if dense_layout == 'bhnd' else 'torch_sdpa_bnhd'}"
+        f" (the other SDPA rows' ratios compare across layouts)")
     say(f"# ringattn BLAS: {b.get('config')}; kernels {b.get('core')}; "
         f"{b.get('threading')}, {b.get('threads_per_call')} thread(s) per call")
     say(header)
@@ -331,6 +334,8 @@ def main():
         # the tensors each side computed on: [B,N,H,D] rows or [B,H,N,D] (head-major)
         r["layout"] = (layouts.get(r["attention"], "bnhd") if r["impl"] == "ringattn"
                        else "bnhd" if r["impl"] == "torch_sdpa_bnhd" else "bhnd")
+        if r["impl"] != "ringattn" and "ratio_vs_ringattn" in r:
+            r["same_layout_as_ringattn"] = r["layout"] == layouts.get(r["attention"], "bnhd")
     pf = [k for k in pairs_of if k[0] == "torch_flex_compiled"]
     if pf and pairs_of[pf[0]] != pairs_of[("ringattn", "block-sparse", False, "fwd")]:
         say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
