@@ -53,6 +53,7 @@ def _check_tensor(name, x, want_torch):
             raise ValueError(f"{name}: must be float32 (the CPU kernels compute in float32), "
                              f"got {x.dtype}")
         contiguous = x.is_contiguous()
+        head_major = x.ndim == 4 and x.transpose(1, 2).is_contiguous()
     else:
         if not isinstance(x, np.ndarray):
             raise ValueError(f"{name}: expected a torch.Tensor or numpy array, got "
@@ -61,18 +62,31 @@ def _check_tensor(name, x, want_torch):
             raise ValueError(f"{name}: must be float32 (the CPU kernels compute in float32), "
                              f"got {x.dtype}")
         contiguous = x.flags.c_contiguous
+        head_major = x.ndim == 4 and np.swapaxes(x, 1, 2).flags.c_contiguous
     if x.ndim != 4:
         raise ValueError(f"{name}: must have 4 dimensions [B, N, H, D], got shape "
                          f"{list(x.shape)}")
-    if not contiguous:
-        raise ValueError(f"{name}: must be contiguous in C order (the engine reads [B, N, H, D] "
-                         "rows); call .contiguous() or numpy.ascontiguousarray first")
+    if contiguous:
+        return "bnhd"
+    if head_major:  # x.transpose(1, 2) of a contiguous [B, H, N, D] tensor: read in place
+        return "bhnd"
+    raise ValueError(f"{name}: must be contiguous in C order (the engine reads [B, N, H, D] "
+                     "rows), or the transpose(1, 2) of a contiguous [B, H, N, D] tensor; call "
+                     ".contiguous() or numpy.ascontiguousarray first")
 
 
 def _check_inputs(q, k, v):
+    """(torch or numpy, layout): "bnhd" for contiguous [B, N, H, D] tensors, "bhnd" for
+    [B, N, H, D] views of contiguous [B, H, N, D] ones (PyTorch SDPA's convention)."""
     use_torch = _is_torch(q)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, x, use_torch)
+    layout = _check_tensor("q", q, use_torch)
+    for name, x in (("k", k), ("v", v)):
+        if _check_tensor(name, x, use_torch) != layout:
+            raise ValueError(
+                f"{name}: must be contiguous in C order, as q is (the engine reads [B, N, H, D] "
+                "rows); call .contiguous() first" if layout == "bnhd" else
+                f"{name}: must be the transpose(1, 2) of a contiguous [B, H, N, D] tensor, as q "
+                "is; or call .contiguous() on all three")
     for name, x in (("k", k), ("v", v)):
         qs, xs = tuple(q.shape), tuple(x.shape)
         if (xs[0], xs[1], xs[3]) != (qs[0], qs[1], qs[3]):
@@ -80,7 +94,7 @@ def _check_inputs(q, k, v):
                              "length or head dim")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"v: shape {list(v.shape)} differs from k's {list(k.shape)}")
-    return use_torch
+    return use_torch, layout
 
 
 def _mask_array(block_mask):
@@ -94,8 +108,8 @@ def _mask_array(block_mask):
     return mask
 
 
-def _plan(q, k, comm, options, mask):
-    key = (tuple(q.shape), tuple(k.shape)) + tuple(
+def _plan(q, k, comm, options, mask, layout="bnhd"):
+    key = (tuple(q.shape), tuple(k.shape), layout) + tuple(
         (name, tuple(value) if isinstance(value, list) else value)
         for name, value in options.items())
     if mask is not None:
@@ -117,12 +131,30 @@ def _options(attention, segments, dilations, combine, causal, scale, window, seq
                 block_size=operator.index(block_size))
 
 
+def _empty_like(x, layout, use_torch):
+    """An uninitialised float32 tensor of x's [B, N, H, D] shape in `layout`."""
+    b, n, h, d = x.shape
+    if use_torch:
+        if layout == "bhnd":
+            return torch.empty((b, h, n, d), dtype=torch.float32).transpose(1, 2)
+        return torch.empty(x.shape, dtype=torch.float32)
+    if layout == "bhnd":
+        return np.swapaxes(np.empty((b, h, n, d), dtype=np.float32), 1, 2)
+    return np.empty(x.shape, dtype=np.float32)
+
+
+def _in_layout(x, layout):
+    """x (torch, [B, N, H, D], any strides) laid out as `layout` says, copied only if needed."""
+    if layout == "bhnd":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    return x.contiguous()
+
+
 def _empty_like_outputs(q, op, use_torch):
     b, n, h, _ = q.shape
-    if use_torch:
-        return torch.empty(q.shape, dtype=torch.float32), torch.empty((b, h, n),
-                                                                       dtype=torch.float32)
-    return np.empty(q.shape, dtype=np.float32), np.empty((b, h, n), dtype=np.float32)
+    lse = (torch.empty((b, h, n), dtype=torch.float32) if use_torch
+           else np.empty((b, h, n), dtype=np.float32))
+    return _empty_like(q, op.layout, use_torch), lse
 
 
 def _forward(op, q, k, v, use_torch):
@@ -151,11 +183,10 @@ if torch is not None:
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_out, _grad_lse):
             q, k, v, out, lse = ctx.saved_tensors
-            dq = torch.empty(q.shape, dtype=torch.float32)
-            dk = torch.empty(k.shape, dtype=torch.float32)
-            dv = torch.empty(v.shape, dtype=torch.float32)
+            layout = ctx.op.layout
+            dq, dk, dv = (_empty_like(x, layout, True) for x in (q, k, v))
             ctx.op.backward(q.detach(), k.detach(), v.detach(), out, lse,
-                            grad_out.contiguous(), dq, dk, dv)
+                            _in_layout(grad_out, layout), dq, dk, dv)
             return dq, dk, dv, None
 
 
@@ -166,7 +197,10 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
 
     q: ``[B, N_local, H, D]``; k, v: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
     query attention when it is less than H); float32, contiguous, torch tensors or numpy
-    arrays (outputs are of the same kind). With ``comm`` spanning P ranks, each rank passes its
+    arrays (outputs are of the same kind). Or, on one rank for dense and dilated attention,
+    all three the ``transpose(1, 2)`` of contiguous ``[B, H, N, D]`` tensors (PyTorch SDPA's
+    convention): the engine reads them in place, and out and the gradients come back laid
+    out the same way. With ``comm`` spanning P ranks, each rank passes its
     shard in the engine's layout (``ringattn.shard``) and gets its rows of the output.
 
     Keywords mean what the CLI's options mean (docs/SEMANTICS.md):
@@ -190,10 +224,10 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
     comm = default_comm() if comm is None else comm
     if not isinstance(comm, Comm):
         raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")
-    use_torch = _check_inputs(q, k, v)
+    use_torch, layout = _check_inputs(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
                        pattern, block_size)
-    op = _plan(q, k, comm, options, _mask_array(block_mask))
+    op = _plan(q, k, comm, options, _mask_array(block_mask), layout)
     if use_torch and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out, lse = _AttentionFunction.apply(q, k, v, op)
     else:
@@ -207,9 +241,10 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     (numpy). ``out`` and ``lse`` come from ``attention(..., return_lse=True)`` with the same
     inputs and the same keywords, which are passed here again."""
     comm = default_comm() if comm is None else comm
-    use_torch = _check_inputs(q, k, v)
+    use_torch, layout = _check_inputs(q, k, v)
     for name, x in (("out", out), ("grad_out", grad_out)):
-        _check_tensor(name, x, use_torch)
+        if _check_tensor(name, x, use_torch) != layout:
+            raise ValueError(f"{name}: must be laid out as q is")
     defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
                     causal=False, scale=None, window=None, seqlens=None, pattern=None,
                     block_size=128)
@@ -217,13 +252,12 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     if unknown:
         raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")
     defaults.update(options)
-    op = _plan(q, k, comm, _options(**defaults), _mask_array(block_mask))
+    op = _plan(q, k, comm, _options(**defaults), _mask_array(block_mask), layout)
+    dq, dk, dv = (_empty_like(x, layout, use_torch) for x in (q, k, v))
     if use_torch:
-        dq, dk, dv = (torch.empty(x.shape, dtype=torch.float32) for x in (q, k, v))
         op.backward(q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
                     grad_out.detach(), dq, dk, dv)
     else:
-        dq, dk, dv = (np.empty(x.shape, dtype=np.float32) for x in (q, k, v))
         op.backward(q, k, v, out, lse, grad_out, dq, dk, dv)
     return dq, dk, dv
 

@@ -67,6 +67,7 @@ Resolved resolve(const AttentionOptions& o, const Shape4& full, int64_t kv_heads
   if (o.segments) add("--segments", join(*o.segments));
   if (o.dilations) add("--dilations", join(*o.dilations));
   if (o.causal) args.emplace_back("--causal");
+  add("--layout", o.layout);
   if (o.scale) add("--scale", number(*o.scale));
   if (o.window) add("--window", join(*o.window));
   if (o.pattern) add("--pattern", *o.pattern);
@@ -160,6 +161,12 @@ AttentionOp::AttentionOp(const AttentionOptions& o, const Shape4& local_q, int64
       if (mask) throw InputError("block_mask", "only applies to attention=\"block-sparse\"");
       layout_ = ring::make_layout(cfg_, world);
     }
+    if (cfg_.layout == TensorLayout::bhnd &&
+        (world > 1 || cfg_.attention == AttentionKind::block_sparse))
+      throw InputError("q", "is a view of a [B, H, N, D] tensor (transpose(1, 2) of a contiguous "
+                            "one), which the engine reads in place only for dense and dilated "
+                            "attention on one rank; pass contiguous [B, N, H, D] tensors here "
+                            "(.contiguous())");
   } catch (const InputError& e) {
     code = static_cast<int>(ExitCode::bad_input);
     message = e.what();

@@ -31,6 +31,10 @@ struct AttentionOptions {
   std::optional<std::string> pattern;
   bool has_block_mask = false;
   int64_t block_size = 128;
+  // "bnhd": q, k, v, out and the gradients are C-contiguous [B, N, H, D]; "bhnd": they are
+  // [B, N, H, D] views of C-contiguous [B, H, N, D] tensors (x.transpose(1, 2) of PyTorch
+  // SDPA's convention), read in place. bhnd: dense and dilated on one rank only.
+  std::string layout = "bnhd";
 };
 
 // An explicit block mask: bool (as bytes), [mask_heads, nb, nb], C order.

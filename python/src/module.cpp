@@ -46,8 +46,21 @@ bool c_contiguous(const Array& a) {
   return true;
 }
 
-// The checked float32 data of `a`, whose shape must be `want`.
-float* floats(const Array& a, const char* name, const std::vector<int64_t>& want) {
+// A [B, N, H, D] view of a C-contiguous [B, H, N, D] tensor (x.transpose(1, 2)), allowing
+// any stride on dimensions of extent 1.
+bool head_major_view(const Array& a) {
+  if (a.ndim() != 4) return false;
+  const int64_t n = static_cast<int64_t>(a.shape(1)), h = static_cast<int64_t>(a.shape(2)),
+                d = static_cast<int64_t>(a.shape(3));
+  const int64_t want[4] = {h * n * d, d, n * d, 1};
+  for (std::size_t i = 0; i < 4; ++i)
+    if (a.shape(i) != 1 && a.stride(i) != want[i]) return false;
+  return true;
+}
+
+// The checked float32 data of `a`, whose shape must be `want`, laid out as `layout` says.
+float* floats(const Array& a, const char* name, const std::vector<int64_t>& want,
+              TensorLayout layout = TensorLayout::bnhd) {
   if (a.device_type() != nb::device::cpu::value)
     throw InputError(name, "is not in host memory; this build of ringattn computes on the CPU");
   if (a.dtype() != nb::dtype<float>())
@@ -56,10 +69,12 @@ float* floats(const Array& a, const char* name, const std::vector<int64_t>& want
   if (got != want)
     throw InputError(name,
                      "shape " + dims_text(got) + " does not match the expected " + dims_text(want));
-  if (!c_contiguous(a))
-    throw InputError(name,
-                     "must be contiguous in C order (the engine reads [B, N, H, D] rows; "
-                     "call .contiguous() or numpy.ascontiguousarray first)");
+  if (layout == TensorLayout::bhnd ? !head_major_view(a) : !c_contiguous(a))
+    throw InputError(name, layout == TensorLayout::bhnd
+                               ? "must be laid out as q is: a [B, N, H, D] view of a contiguous "
+                                 "[B, H, N, D] tensor (transpose(1, 2))"
+                               : "must be contiguous in C order (the engine reads [B, N, H, D] "
+                                 "rows; call .contiguous() or numpy.ascontiguousarray first)");
   return static_cast<float*>(a.data());
 }
 
@@ -109,6 +124,8 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
   AttentionOptions o =
       options_of(attention, std::move(segments), std::move(dilations), combine, causal, scale,
                  std::move(window), std::move(seqlens), std::move(pattern), block_size);
+  // q's strides say the layout (forward() checks that k, v and the outputs share it).
+  if (!c_contiguous(q) && head_major_view(q)) o.layout = "bhnd";
   std::optional<BlockMask> mask;
   if (block_mask) {
     o.has_block_mask = true;
@@ -206,15 +223,18 @@ NB_MODULE(_core, m) {
       .def_prop_ro("kv_heads",
                    [](const AttentionOp& op) { return op.config().effective_kv_heads(); })
       .def_prop_ro("scale", [](const AttentionOp& op) { return op.config().effective_scale(); })
+      .def_prop_ro("layout",
+                   [](const AttentionOp& op) { return std::string(to_string(op.config().layout)); })
       .def(
           "forward",
           [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
              const Array& lse) {
             const Shapes s = shapes_of(op);
-            const float* pq = floats(q, "q", s.q);
-            const float* pk = floats(k, "k", s.kv);
-            const float* pv = floats(v, "v", s.kv);
-            float* po = floats(out, "out", s.q);
+            const TensorLayout l = op.config().layout;
+            const float* pq = floats(q, "q", s.q, l);
+            const float* pk = floats(k, "k", s.kv, l);
+            const float* pv = floats(v, "v", s.kv, l);
+            float* po = floats(out, "out", s.q, l);
             float* pl = floats(lse, "lse", s.lse);
             nb::gil_scoped_release unlocked;
             op.forward(pq, pk, pv, po, pl);
@@ -226,15 +246,16 @@ NB_MODULE(_core, m) {
              const Array& lse, const Array& dout, const Array& dq, const Array& dk,
              const Array& dv) {
             const Shapes s = shapes_of(op);
-            const float* pq = floats(q, "q", s.q);
-            const float* pk = floats(k, "k", s.kv);
-            const float* pv = floats(v, "v", s.kv);
-            const float* po = floats(out, "out", s.q);
+            const TensorLayout l = op.config().layout;
+            const float* pq = floats(q, "q", s.q, l);
+            const float* pk = floats(k, "k", s.kv, l);
+            const float* pv = floats(v, "v", s.kv, l);
+            const float* po = floats(out, "out", s.q, l);
             const float* pl = floats(lse, "lse", s.lse);
-            const float* pd = floats(dout, "grad_output", s.q);
-            float* pdq = floats(dq, "dq", s.q);
-            float* pdk = floats(dk, "dk", s.kv);
-            float* pdv = floats(dv, "dv", s.kv);
+            const float* pd = floats(dout, "grad_output", s.q, l);
+            float* pdq = floats(dq, "dq", s.q, l);
+            float* pdk = floats(dk, "dk", s.kv, l);
+            float* pdv = floats(dv, "dv", s.kv, l);
             nb::gil_scoped_release unlocked;
             op.backward(pq, pk, pv, po, pl, pd, pdq, pdk, pdv);
           },

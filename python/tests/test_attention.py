@@ -287,6 +287,44 @@ def test_bad_tensors_raise_value_errors_naming_the_argument():
                            block_mask=np.ones((3, 3), dtype=bool))
 
 
+# [B, N, H, D] views of contiguous [B, H, N, D] tensors (PyTorch SDPA's convention) are read
+# in place (the engine's bhnd layout): out comes back laid out the same way, and out, lse and
+# dq are the same bits as from contiguous copies (dk, dv agree to rounding).
+@pytest.mark.parametrize("kw,kv_heads", [
+    (dict(causal=True), 2),
+    (dict(attention="dilated", segments=[16, 64], dilations=[1, 2], combine="mixture"), None),
+    (dict(window=[8, 3]), None),
+], ids=["gqa_causal", "mixture", "window"])
+def test_head_major_views_are_read_in_place(kw, kv_heads):
+    q, k, v, dout = make_inputs((2, 64, 4, 16), kv_heads, seed=5)
+    leaves = [x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)]
+    out_h, lse_h = ringattn.attention(*(x.transpose(1, 2) for x in leaves), return_lse=True,
+                                      **kw)
+    assert out_h.transpose(1, 2).is_contiguous()
+    out_h.backward(dout)
+    rows = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, lse = ringattn.attention(*rows, return_lse=True, **kw)
+    out.backward(dout)
+    assert torch.equal(out_h, out) and torch.equal(lse_h, lse)
+    assert torch.equal(leaves[0].grad.transpose(1, 2), rows[0].grad)
+    want = reference.forward_backward(q, k, v, dout, **kw)
+    got = (out_h, lse_h) + tuple(x.grad.transpose(1, 2) for x in leaves)
+    for g, ref in zip(got, want):
+        assert reference.relative_error(g, ref) <= TOLERANCE
+
+
+def test_head_major_views_elsewhere_raise_value_errors():
+    q, k, v, _ = (x.transpose(1, 2).contiguous().transpose(1, 2)
+                  for x in make_inputs((1, 64, 2, 16)))
+    with pytest.raises(ValueError, match=r"^q: is a view of a \[B, H, N, D\] tensor"):
+        ringattn.attention(q, k, v, attention="block-sparse", pattern="local:window=32",
+                           block_size=16)
+    with pytest.raises(ValueError, match=r"^v: must be the transpose\(1, 2\)"):
+        ringattn.attention(q, k, v.contiguous())
+    with pytest.raises(ValueError, match=r"^q: must be contiguous in C order"):
+        ringattn.attention(q[:, ::2], k[:, ::2], v[:, ::2])
+
+
 def test_packed_sequences_match_reference():
     shape = (1, 64, 2, 16)
     q, k, v, dout = make_inputs(shape, seed=11)
