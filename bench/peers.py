@@ -166,10 +166,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds per row, alternating which implementation runs first")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--ringattn-layout", choices=("bnhd", "bhnd"), default="bnhd",
+    ap.add_argument("--ringattn-layout", choices=("bnhd", "bhnd", "both"), default="bnhd",
                     help="ringattn's tensors in the dense rows (--layout): bhnd computes on "
-                         "[B,H,N,D], as SDPA's rows do; block-sparse rows stay bnhd (the "
-                         "block-sparse engine reads only [B,N,H,D])")
+                         "[B,H,N,D], as SDPA's rows do (rows ringattn_bhnd); both runs each, "
+                         "and SDPA on each (implies --sdpa-bnhd); block-sparse rows stay bnhd "
+                         "(the block-sparse engine reads only [B,N,H,D])")
     ap.add_argument("--sdpa-bnhd", action="store_true",
                     help="also time SDPA on [B,N,H,D] views (torch_sdpa_bnhd rows): the same "
                          "tensors, in the same layout, as ringattn reads")
@@ -251,7 +252,17 @@ def main():
 
     # Rounds alternate which implementation goes first; a row's figure is the median of its
     # rounds' medians, so a burst of other load on the machine hits both sides alike.
-    samples, pairs_of, notes, blas, layouts = {}, {}, {}, None, {}
+    samples, pairs_of, notes, blas = {}, {}, {}, None
+    # ringattn's dense rows per tensor layout: "ringattn" reads [B,N,H,D] (its default),
+    # "ringattn_bhnd" [B,H,N,D] (--layout bhnd); block-sparse rows are "ringattn" ([B,N,H,D]).
+    ours_impl = {"bnhd": "ringattn", "bhnd": "ringattn_bhnd"}
+    dense_layouts = (["bnhd", "bhnd"] if args.ringattn_layout == "both"
+                     else [args.ringattn_layout])
+    sdpa_layouts = ["bhnd"] + (["bnhd"] if args.sdpa_bnhd or args.ringattn_layout == "both"
+                               else [])
+    sdpa_impl = {"bhnd": "torch_sdpa", "bnhd": "torch_sdpa_bnhd"}
+    layout_of = {"ringattn": "bnhd", "ringattn_bhnd": "bhnd", "torch_sdpa": "bhnd",
+                 "torch_sdpa_bnhd": "bnhd", "torch_flex_compiled": "bhnd"}
 
     def add(key, ms, pairs):
         samples.setdefault(key, []).append(ms)
@@ -263,25 +274,23 @@ def main():
         for attention, causal in (("dense", False), ("dense", True), ("block-sparse", False)):
             def ours_side():
                 nonlocal blas
-                extra = sparse_extra if attention == "block-sparse" else (
-                    ["--attention", "dense", "--layout", args.ringattn_layout]
-                    + (["--causal"] if causal else []))
-                j, _ = ringattn_row(args, extra, backward=True)
-                layouts[attention] = j.get("tensor_layout", "bnhd")
-                blas = blas or j.get("blas", {})
-                for pss in ("fwd", "bwd"):
-                    add(("ringattn", attention, causal, pss), j[f"{pss}_ms"],
-                        j["attended_pairs"])
+                for layout in (dense_layouts if attention == "dense" else ["bnhd"]):
+                    extra = sparse_extra if attention == "block-sparse" else (
+                        ["--attention", "dense", "--layout", layout]
+                        + (["--causal"] if causal else []))
+                    j, _ = ringattn_row(args, extra, backward=True)
+                    blas = blas or j.get("blas", {})
+                    for pss in ("fwd", "bwd"):
+                        add((ours_impl[layout], attention, causal, pss), j[f"{pss}_ms"],
+                            j["attended_pairs"])
 
             def torch_side():
                 if attention == "dense":
                     pairs = args.heads * (args.n * (args.n + 1) // 2 if causal else args.n ** 2)
                     for pss in ("fwd", "bwd"):
-                        add(("torch_sdpa", attention, causal, pss),
-                            torch.sdpa(args, causal, pss == "bwd"), pairs)
-                        if args.sdpa_bnhd:
-                            add(("torch_sdpa_bnhd", attention, causal, pss),
-                                torch.sdpa(args, causal, pss == "bwd", "bnhd"), pairs)
+                        for layout in sdpa_layouts:
+                            add((sdpa_impl[layout], attention, causal, pss),
+                                torch.sdpa(args, causal, pss == "bwd", layout), pairs)
                     return
                 # The backward (no CPU backward in torch 2.15) is tried once, in the last round:
                 # a failed try changes the compiled function's guards, and the recompiled
@@ -301,41 +310,41 @@ def main():
             for side in (sides if rnd % 2 == 0 else sides[::-1]):
                 side()
     b = blas or {}
-    dense_layout = layouts.get("dense", "bnhd")
-    say(f"# tensors: torch_sdpa and FlexAttention [B,H,N,D] contiguous; torch_sdpa_bnhd "
-        f"[B,N,H,D] views; ringattn {dense_layout} (dense), "
-        f"{layouts.get('block-sparse', '-')} (block-sparse). The dense rows whose tensors are "
-        f"laid out as ringattn's: {'torch_sdpa' if dense_layout == 'bhnd' else 'torch_sdpa_bnhd'}"
-        f" (the other SDPA rows' ratios compare across layouts)")
+    say("# tensors: torch_sdpa and FlexAttention [B,H,N,D] contiguous, torch_sdpa_bnhd "
+        "[B,N,H,D] views; ringattn [B,N,H,D], ringattn_bhnd [B,H,N,D] (--layout bhnd); "
+        "each PyTorch row's ratios are against the ringattn row on its layout when there is "
+        "one (same_layout_as_ringattn in the JSON), else against the other")
     say(f"# ringattn BLAS: {b.get('config')}; kernels {b.get('core')}; "
         f"{b.get('threading')}, {b.get('threads_per_call')} thread(s) per call")
     say(header)
     for attention, causal in (("dense", False), ("dense", True), ("block-sparse", False)):
         for pss in ("fwd", "bwd"):
-            ours_key = ("ringattn", attention, causal, pss)
-            ours_ms = statistics.median(samples[ours_key])
-            emit("ringattn", attention, causal, pss, ours_ms, pairs_of[ours_key])
-            peers = (["torch_sdpa", "torch_sdpa_bnhd"] if attention == "dense"
+            ours = [ours_impl[lay] for lay in (dense_layouts if attention == "dense" else ["bnhd"])]
+            for impl in ours:
+                key = (impl, attention, causal, pss)
+                emit(impl, attention, causal, pss, statistics.median(samples[key]),
+                     pairs_of[key])
+                rows[-1]["round_medians_ms"] = samples[key]
+                rows[-1]["blas"] = {f: b.get(f)
+                                    for f in ("file", "threading", "threads_per_call", "core")}
+                rows[-1]["layout"] = layout_of[impl]
+            peers = ([sdpa_impl[lay] for lay in sdpa_layouts] if attention == "dense"
                      else ["torch_flex_compiled"])
             for peer in peers:
+                same = [o for o in ours if layout_of[o] == layout_of[peer]]
+                ours_key = (same or ours)[0], attention, causal, pss
+                ours_ms = statistics.median(samples[ours_key])
                 key = (peer, attention, causal, pss)
                 if key in samples:
                     emit(peer, attention, causal, pss, statistics.median(samples[key]),
                          pairs_of[key], ours_ms, best=min(samples[key]) / min(samples[ours_key]),
                          paired=paired_ratio(samples[key], samples[ours_key]))
                     rows[-1]["round_medians_ms"] = samples[key]
+                    rows[-1]["ratio_against"] = ours_key[0]
+                    rows[-1]["same_layout_as_ringattn"] = bool(same)
                 elif key in notes:
                     emit(peer, attention, causal, pss, None, pairs_of[ours_key], note=notes[key])
-    for r in rows:
-        k = (r["impl"], r["attention"], r["causal"], r["pass"])
-        if r["impl"] == "ringattn":
-            r["round_medians_ms"] = samples[k]
-            r["blas"] = {f: b.get(f) for f in ("file", "threading", "threads_per_call", "core")}
-        # the tensors each side computed on: [B,N,H,D] rows or [B,H,N,D] (head-major)
-        r["layout"] = (layouts.get(r["attention"], "bnhd") if r["impl"] == "ringattn"
-                       else "bnhd" if r["impl"] == "torch_sdpa_bnhd" else "bhnd")
-        if r["impl"] != "ringattn" and "ratio_vs_ringattn" in r:
-            r["same_layout_as_ringattn"] = r["layout"] == layouts.get(r["attention"], "bnhd")
+                rows[-1]["layout"] = layout_of[peer]
     pf = [k for k in pairs_of if k[0] == "torch_flex_compiled"]
     if pf and pairs_of[pf[0]] != pairs_of[("ringattn", "block-sparse", False, "fwd")]:
         say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
