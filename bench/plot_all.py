@@ -168,7 +168,8 @@ def plot_cpu(cpu, cpu_run, sparse, peers, out):
         axes[0].plot([r["N"] for r in rs], [r["ms"] / r["H"] for r in rs], **kw,
                      label=f"{label} {pss} (H={rs[0]['H']}, {rs[0]['source']})")
         axes[1].plot([r["N"] for r in rs], [r["gflops"] for r in rs], **kw)
-    peer_style = {"torch_sdpa": "*", "torch_flex_compiled": "P", "ringattn": "D"}
+    peer_style = {"torch_sdpa": "*", "torch_sdpa_bnhd": "p", "torch_flex_compiled": "P",
+                  "ringattn": "D", "ringattn_bhnd": "d"}
     pc = {("dense", False): "black", ("dense", True): "dimgray", ("block-sparse", False): "purple"}
     for r in peers or []:
         if r.get("pass") not in ("fwd", "bwd") or not r.get("ms"):
@@ -179,7 +180,7 @@ def plot_cpu(cpu, cpu_run, sparse, peers, out):
         face = color if r["pass"] == "fwd" else "none"
         for ax, y in ((axes[0], r["ms"] / r["H"]), (axes[1], r["gflops"])):
             ax.scatter([r["N"]], [y], marker=peer_style.get(r["impl"], "x"),
-                       s=120 if r["impl"] != "ringattn" else 45, facecolors=face,
+                       s=45 if r["impl"].startswith("ringattn") else 120, facecolors=face,
                        edgecolors=color, label=name if ax is axes[0] else None, zorder=5)
     if cpu_run:
         axes[1].axhline(cpu_run["sgemm_gflops"], color="gray", linewidth=0.8)
