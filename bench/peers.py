@@ -242,6 +242,7 @@ def main():
             ratio += f" {paired:>8.2f}x"
         if note:
             row["note"] = note
+        row["layout"] = layout_of[impl]  # the tensors the row computed on
         rows.append(row)
         if ms is None:
             say(f"{impl:<22} {attention:<13} {str(causal):<6} {pss:<4} {'-':>10}  {note}")
@@ -327,7 +328,6 @@ def main():
                 rows[-1]["round_medians_ms"] = samples[key]
                 rows[-1]["blas"] = {f: b.get(f)
                                     for f in ("file", "threading", "threads_per_call", "core")}
-                rows[-1]["layout"] = layout_of[impl]
             peers = ([sdpa_impl[lay] for lay in sdpa_layouts] if attention == "dense"
                      else ["torch_flex_compiled"])
             for peer in peers:
@@ -344,7 +344,6 @@ def main():
                     rows[-1]["same_layout_as_ringattn"] = bool(same)
                 elif key in notes:
                     emit(peer, attention, causal, pss, None, pairs_of[ours_key], note=notes[key])
-                rows[-1]["layout"] = layout_of[peer]
     pf = [k for k in pairs_of if k[0] == "torch_flex_compiled"]
     if pf and pairs_of[pf[0]] != pairs_of[("ringattn", "block-sparse", False, "fwd")]:
         say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
