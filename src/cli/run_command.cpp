@@ -247,8 +247,9 @@ struct RunState {
   std::vector<int64_t> lse_dims;
   HostTensor q, k, v, o, lse, dout, dq, dk, dv;
   std::optional<Plan> plan;            // world size 1
-  // --layout bhnd (Plan only): the tensors the plan reads and writes, [B, H, N, D], laid out
-  // from and back into the [B, N, H, D] ones above outside the timed calls.
+  // --layout bhnd (Plan and SparsePlan): the tensors the engine reads and writes, this rank's
+  // [B, H, N/P, D], laid out from and back into the [B, N/P, H, D] ones above outside the
+  // timed calls.
   struct HeadMajor {
     HostTensor q, k, v, o, dout, dq, dk, dv;
   };
@@ -598,28 +599,29 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     setup_cuda(opts, comm, st);
   else if (block_sparse)
     st.sparse.emplace(cfg, st.lists, comm, PlanOptions{opts.threads}, ring_options(opts, st));
-  else if (comm.size() == 1) {
+  else if (comm.size() == 1)
     st.plan.emplace(cfg, PlanOptions{opts.threads});
-    if (cfg.layout == TensorLayout::bhnd) {
-      const auto head_major = [](const HostTensor& x, const Shape4& sx, const char* what) {
-        HostTensor t(std::vector<int64_t>{sx.batch, sx.heads, sx.seq_len, sx.head_dim}, what);
-        to_head_major(x.data(), sx, t.data());
-        return t;
-      };
-      RunState::HeadMajor& hm = st.head_major.emplace();
-      hm.q = head_major(st.q, s, "q [B,H,N,D]");
-      hm.k = head_major(st.k, skv, "k [B,H,N,D]");
-      hm.v = head_major(st.v, skv, "v [B,H,N,D]");
-      hm.o = head_major(st.o, s, "out [B,H,N,D]");
-      if (opts.backward) {
-        hm.dout = head_major(st.dout, s, "dout [B,H,N,D]");
-        hm.dq = head_major(st.dq, s, "dq [B,H,N,D]");
-        hm.dk = head_major(st.dk, skv, "dk [B,H,N,D]");
-        hm.dv = head_major(st.dv, skv, "dv [B,H,N,D]");
-      }
-    }
-  } else
+  else
     st.ring.emplace(cfg, comm, PlanOptions{opts.threads}, ring_options(opts, st));
+  // The engines above refuse bhnd where they cannot take it, so here it is Plan or SparsePlan.
+  if (cfg.layout == TensorLayout::bhnd) {
+    const auto head_major = [](const HostTensor& x, const Shape4& sx, const char* what) {
+      HostTensor t(std::vector<int64_t>{sx.batch, sx.heads, sx.seq_len, sx.head_dim}, what);
+      to_head_major(x.data(), sx, t.data());
+      return t;
+    };
+    RunState::HeadMajor& hm = st.head_major.emplace();
+    hm.q = head_major(st.q, st.local, "q [B,H,N,D]");
+    hm.k = head_major(st.k, st.local_kv, "k [B,H,N,D]");
+    hm.v = head_major(st.v, st.local_kv, "v [B,H,N,D]");
+    hm.o = head_major(st.o, st.local, "out [B,H,N,D]");
+    if (opts.backward) {
+      hm.dout = head_major(st.dout, st.local, "dout [B,H,N,D]");
+      hm.dq = head_major(st.dq, st.local, "dq [B,H,N,D]");
+      hm.dk = head_major(st.dk, st.local_kv, "dk [B,H,N,D]");
+      hm.dv = head_major(st.dv, st.local_kv, "dv [B,H,N,D]");
+    }
+  }
 }
 
 // The float64 reference's view of a block-sparse run: the run's own lists.
@@ -749,7 +751,10 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
   }
 
   auto forward = [&] {
-    if (st.sparse)
+    if (st.sparse && st.head_major) {
+      RunState::HeadMajor& hm = *st.head_major;
+      st.sparse->forward(hm.q.data(), hm.k.data(), hm.v.data(), hm.o.data(), st.lse.data());
+    } else if (st.sparse)
       st.sparse->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
     else if (st.cuda_sparse) {
       st.cuda_sparse->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
@@ -772,7 +777,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       st.ring->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
   };
   auto backward = [&] {
-    if (st.sparse)
+    if (st.sparse && st.head_major) {
+      RunState::HeadMajor& hm = *st.head_major;
+      st.sparse->backward(hm.q.data(), hm.k.data(), hm.v.data(), hm.o.data(), st.lse.data(),
+                          hm.dout.data(), hm.dq.data(), hm.dk.data(), hm.dv.data());
+    } else if (st.sparse)
       st.sparse->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
                           st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
     else if (st.cuda_sparse) {
@@ -821,12 +830,11 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
 
   if (st.head_major) {  // results back to the [B, N, H, D] tensors
     const RunState::HeadMajor& hm = *st.head_major;
-    const Shape4 skv = st.cfg.kv_shape();
-    from_head_major(hm.o.data(), st.cfg.shape, st.o.data());
+    from_head_major(hm.o.data(), st.local, st.o.data());
     if (opts.backward) {
-      from_head_major(hm.dq.data(), st.cfg.shape, st.dq.data());
-      from_head_major(hm.dk.data(), skv, st.dk.data());
-      from_head_major(hm.dv.data(), skv, st.dv.data());
+      from_head_major(hm.dq.data(), st.local, st.dq.data());
+      from_head_major(hm.dk.data(), st.local_kv, st.dk.data());
+      from_head_major(hm.dv.data(), st.local_kv, st.dv.data());
     }
   }
   const bool on_gpu = st.on_gpu();

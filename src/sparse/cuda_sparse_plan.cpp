@@ -260,7 +260,7 @@ struct CudaSparsePlan::Impl {
 
   void init(const AttentionConfig& c, std::shared_ptr<const BlockLists> l, CudaPlanOptions o) {
     validate(c);
-    require_bnhd(c, "block-sparse attention");
+    require_bnhd(c, "--device cuda (use --device cpu)");
     if (c.attention != AttentionKind::block_sparse)
       throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
     if (o.kernel == KernelChoice::cudnn)

@@ -113,12 +113,16 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   // Pairs the dense rule leaves nothing of neither travel nor get a span.
   const BlockLists reached = has_token_rule(cfg) ? within_reach(lists, cfg) : BlockLists{};
   const BlockLists& l = has_token_rule(cfg) ? reached : lists;
+  // Rows of the local shard: [B, NL, heads, D] (bnhd) or [B, heads, NL, D] (bhnd), so a
+  // head's consecutive rows are heads·D or D floats apart. Slabs are [rows, D] either way.
+  const bool head_major = cfg.layout == TensorLayout::bhnd;
   auto row = [&](int64_t b, int64_t local_row, int64_t h) {
-    return ((b * NL + local_row) * H + h) * D;
+    return head_major ? ((b * H + h) * NL + local_row) * D : ((b * NL + local_row) * H + h) * D;
   };
   auto kv_row = [&](int64_t b, int64_t local_row, int64_t g) {
-    return ((b * NL + local_row) * G + g) * D;
+    return head_major ? ((b * G + g) * NL + local_row) * D : ((b * NL + local_row) * G + g) * D;
   };
+  const int64_t kv_stride = head_major ? D : G * D;
   auto lse_at = [&](int64_t b, int64_t h, int64_t local_row) {
     return (b * H + h) * NL + local_row;
   };
@@ -220,7 +224,8 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
             const Owner& o = owners[static_cast<std::size_t>(j)];
             const int64_t skip = kp.begin - j * bs, off = qp.begin - kp.begin;
             if (o.rank == me) {
-              const kernels::KeySpan sp{kv_row(b, o.local_row + skip, g), G * D, kp.size(), off};
+              const kernels::KeySpan sp{kv_row(b, o.local_row + skip, g), kv_stride, kp.size(),
+                                             off};
               add_key_span(w.local_spans, lt.first_span, sp);
               w.bwd_local_spans.push_back(sp);
             } else {
@@ -249,7 +254,7 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
       for (int64_t j : blocks_by_position) {
         const int64_t lr = owners[static_cast<std::size_t>(j)].local_row;
         for (const Piece& kp : document_pieces(cfg, j * bs, bs)) {
-          kernels::SparseKeyTile kt{kv_row(b, lr + (kp.begin - j * bs), g), G * D, kp.size(),
+          kernels::SparseKeyTile kt{kv_row(b, lr + (kp.begin - j * bs), g), kv_stride, kp.size(),
                                     static_cast<int64_t>(w.local_qspans.size()), 0};
           add_query_spans(w.local_qspans, b, g, j, kp);
           kt.n_spans = static_cast<int64_t>(w.local_qspans.size()) - kt.first_span;

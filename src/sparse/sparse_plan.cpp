@@ -128,8 +128,12 @@ struct SparsePlan::Impl {
   }
   ring::RingTimings fwd, bwd;
 
+  bool head_major = false;  // [B, H, NL, D] tensors (TensorLayout::bhnd)
+  int64_t q_row(int64_t b, int64_t local_row, int64_t h) const {
+    return head_major ? ((b * H + h) * NL + local_row) * D : ((b * NL + local_row) * H + h) * D;
+  }
   int64_t kv_row(int64_t b, int64_t local_row, int64_t g) const {
-    return ((b * NL + local_row) * G + g) * D;
+    return head_major ? ((b * G + g) * NL + local_row) * D : ((b * NL + local_row) * G + g) * D;
   }
   int64_t lse_at(int64_t b, int64_t h, int64_t local_row) const {
     return (b * H + h) * NL + local_row;
@@ -218,7 +222,7 @@ struct SparsePlan::Impl {
   kernels::SparseParams params() const {
     kernels::SparseParams p;
     p.head_dim = D;
-    p.q_stride = H * D;
+    p.q_stride = head_major ? D : H * D;
     p.lse_stride = 1;
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
@@ -255,7 +259,6 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
                        ring::Communicator& comm, PlanOptions opts, ring::RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
-  require_bnhd(cfg, "block-sparse attention");
   if (cfg.attention != AttentionKind::block_sparse)
     throw std::invalid_argument("SparsePlan: the configuration is not block-sparse");
   check_lists(cfg, *lists);
@@ -272,6 +275,7 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.H = s.heads;
   m.G = cfg.effective_kv_heads();
   m.D = s.head_dim;
+  m.head_major = cfg.layout == TensorLayout::bhnd;
   // A query tile is one block (or a q_tile slice of one); key spans run k_tile at a time.
   m.tiles = ring::choose_tiles(
       s.head_dim, opts.q_tile > 0 ? opts.q_tile : std::min<int64_t>(128, m.bs), opts.k_tile);
@@ -390,13 +394,13 @@ void SparsePlan::backward(const float* q, const float* k, const float* v, const 
   std::fill(dk, dk + n_kv, 0.0f);
   std::fill(dv, dv + n_kv, 0.0f);
   // delta = rowsum(dO ∘ O) per (batch, head, row), laid out like lse.
-  const int64_t rows = m.B * m.NL * m.H;
+  const int64_t rows = m.B * m.H * m.NL;
   float* delta = m.delta.get();
 #pragma omp parallel for num_threads(m.threads) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = r % m.H, bl = r / m.H, b = bl / m.NL, lr = bl % m.NL;
-    const float* o = out + r * m.D;
-    const float* g = dout + r * m.D;
+    const int64_t lr = r % m.NL, bh = r / m.NL, b = bh / m.H, h = bh % m.H;
+    const float* o = out + m.q_row(b, lr, h);
+    const float* g = dout + m.q_row(b, lr, h);
     float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
     for (int64_t c = 0; c < m.D; ++c) acc += o[c] * g[c];

@@ -1,7 +1,8 @@
 // --layout bhnd: the engine computes on [B, H, N, D] tensors (PyTorch SDPA's convention) and
 // gives what it gives on [B, N, H, D]: the float64 check passes, and the files written (which
-// stay [B, N, H, D]) hold the same out and dQ bits. Paths that read only [B, N, H, D] refuse
-// it as bad input naming --layout, before any output is written.
+// stay [B, N, H, D]) hold the same out and dQ bits, for dense and dilated attention on one rank
+// and block-sparse on one or more. Paths that read only [B, N, H, D] (the dense ring) refuse it
+// as bad input naming --layout, before any output is written.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -61,9 +62,32 @@ TEST(CliLayout, HeadMajorDilatedMixturePassesTheCheck) {
   EXPECT_TRUE(last_json_line(r.out)["check"]["passed"].get<bool>()) << r.out;
 }
 
+// Block-sparse on one rank and on two virtual ranks (the exchange packs head-major rows).
+TEST(CliLayout, HeadMajorBlockSparseRunsCheckAndWriteTheSameResults) {
+  for (const std::string ranks : {"1", "2"}) {
+    TempDir dir;
+    for (const std::string& layout : {std::string("bnhd"), std::string("bhnd")}) {
+      const CliResult r = run_cli(
+          {"run", "--seq-len", "512", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+           "--attention", "block-sparse", "--block-size", "32", "--pattern",
+           "local:window=96+global:blocks=1", "--causal", "--backward", "--check",
+           "--ring-size", ranks, "--layout", layout, "--iters", "1", "--warmup", "0", "--json",
+           "--out", dir.file("out_" + layout + ".npy"), "--dq-out",
+           dir.file("dq_" + layout + ".npy"), "--dk-out", dir.file("dk_" + layout + ".npy")});
+      ASSERT_EQ(r.exit_code, 0) << ranks << " ranks, " << layout << ": " << r.out << r.err;
+      const nlohmann::json j = last_json_line(r.out);
+      EXPECT_EQ(j["tensor_layout"], layout);
+      EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j["check"].dump();
+    }
+    for (const char* what : {"out", "dq", "dk"})
+      EXPECT_EQ(bytes_of(dir.file(std::string(what) + "_bhnd.npy")),
+                bytes_of(dir.file(std::string(what) + "_bnhd.npy")))
+          << what << ", " << ranks << " ranks";
+  }
+}
+
 TEST(CliLayout, PathsThatReadOnlyTokenMajorTensorsRefuseIt) {
   const std::vector<std::vector<std::string>> refused{
-      {"--attention", "block-sparse", "--pattern", "local:window=128"},
       {"--ring-size", "2"},
   };
   for (const auto& extra : refused) {

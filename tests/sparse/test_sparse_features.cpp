@@ -15,6 +15,7 @@
 #include "ring/communicator.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ringattn/reference.hpp"
+#include "ringattn/tensor.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/sparse_plan.hpp"
 #include "sparse/token_rule.hpp"
@@ -124,6 +125,20 @@ std::vector<float> lse_of(const ring::ShardLayout& l, int rank, const Shape4& s,
 }
 std::vector<float> to_float(const std::vector<double>& x) { return {x.begin(), x.end()}; }
 
+// A shard's rows laid out [B, heads, N/P, D] (TensorLayout::bhnd), and back.
+std::vector<float> laid_out(const std::vector<float>& x, const ring::ShardLayout& l,
+                            const Shape4& s, int64_t heads, bool to_head_major_rows) {
+  const Shape4 shard{s.batch, l.local_len, heads, s.head_dim};
+  std::vector<float> y(x.size());
+  if (to_head_major_rows)
+    to_head_major(x.data(), shard, y.data());
+  else
+    from_head_major(x.data(), shard, y.data());
+  return y;
+}
+
+// This rank's outputs, always returned as [B, N/P, heads, D] rows; with cfg.layout bhnd the
+// plan reads and writes head-major copies of the shards.
 Outputs run_rank(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
                  const Tensors& full, ring::Communicator& comm, const FeatureCase& c) {
   SparsePlan plan(cfg, std::move(lists), comm, PlanOptions{2, c.q_tile, c.k_tile});
@@ -131,8 +146,13 @@ Outputs run_rank(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> l
   const Shape4& s = cfg.shape;
   const int64_t g = cfg.effective_kv_heads();
   const int r = comm.rank();
-  const auto q = rows_of(l, r, s, s.heads, full.q), k = rows_of(l, r, s, g, full.k),
-             v = rows_of(l, r, s, g, full.v), dout = rows_of(l, r, s, s.heads, full.dout);
+  const bool hm = cfg.layout == TensorLayout::bhnd;
+  auto shard = [&](const std::vector<float>& x, int64_t heads) {
+    const std::vector<float> rows = rows_of(l, r, s, heads, x);
+    return hm ? laid_out(rows, l, s, heads, true) : rows;
+  };
+  const auto q = shard(full.q, s.heads), k = shard(full.k, g), v = shard(full.v, g),
+             dout = shard(full.dout, s.heads);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Outputs o{std::vector<float>(q.size(), nan),
             std::vector<float>(static_cast<std::size_t>(s.batch * s.heads * l.local_len), nan),
@@ -143,6 +163,10 @@ Outputs run_rank(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> l
                 o.dk.data(), o.dv.data());
   EXPECT_EQ(plan.last_forward().bytes_sent, minimum_bytes_sent(cfg, plan.lists(), l, r))
       << c.name << " rank " << r << " of " << comm.size();
+  if (hm)
+    for (auto [x, heads] : {std::pair{&o.out, s.heads}, std::pair{&o.dq, s.heads},
+                            std::pair{&o.dk, g}, std::pair{&o.dv, g}})
+      *x = laid_out(*x, l, s, heads, false);
   return o;
 }
 
@@ -195,6 +219,44 @@ TEST_P(SparseFeatures, MatchFloat64OnOneAndFourRanks) {
           << c.name << " P=" << p << " (out, lse, dq, dk, dv)[" << x << "]";
     std::printf("  %s P=%d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", c.name, p, worst[0],
                 worst[1], worst[2], worst[3], worst[4]);
+  }
+}
+
+// On [B, H, N, D] tensors the plan computes the same bits as on [B, N, H, D] (which the test
+// above checks against float64), on every world size: only the rows' strides change, and the
+// kernels read strided key rows through packed copies of the same values.
+TEST_P(SparseFeatures, HeadMajorTensorsGiveTheSameBitsOnOneToFourRanks) {
+  const FeatureCase& c = GetParam();
+  const AttentionConfig cfg = config_of(c);
+  AttentionConfig hm_cfg = cfg;
+  hm_cfg.layout = TensorLayout::bhnd;
+  const Shape4& s = cfg.shape;
+  const int64_t g = cfg.effective_kv_heads();
+  const std::vector<uint8_t> mask = mask_of(c, cfg);
+  auto lists = std::make_shared<const BlockLists>(
+      lists_from_mask(mask.data(), s.heads, s.heads, s.seq_len / c.block_size, c.block_size));
+  const auto nq = static_cast<std::size_t>(s.numel());
+  const auto nkv = static_cast<std::size_t>(s.batch * s.seq_len * g * s.head_dim);
+  const Tensors in{testing::random_normal(nq, 81), testing::random_normal(nkv, 82),
+                   testing::random_normal(nkv, 83), testing::random_normal(nq, 84)};
+  for (int p = 1; p <= 4; ++p) {
+    if (s.seq_len % (p * c.block_size) != 0) continue;
+    std::vector<Outputs> rows(static_cast<std::size_t>(p)), heads(static_cast<std::size_t>(p));
+    for (bool hm : {false, true}) {
+      const int code = ring::run_virtual_ranks(p, [&](ring::Communicator& comm) {
+        (hm ? heads : rows)[static_cast<std::size_t>(comm.rank())] =
+            run_rank(hm ? hm_cfg : cfg, lists, in, comm, c);
+        return 0;
+      });
+      ASSERT_EQ(code, 0) << c.name << " P=" << p << (hm ? " bhnd" : " bnhd");
+    }
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      EXPECT_EQ(heads[r].out, rows[r].out) << c.name << " P=" << p << " rank " << r;
+      EXPECT_EQ(heads[r].lse, rows[r].lse) << c.name << " P=" << p << " rank " << r;
+      EXPECT_EQ(heads[r].dq, rows[r].dq) << c.name << " P=" << p << " rank " << r;
+      EXPECT_EQ(heads[r].dk, rows[r].dk) << c.name << " P=" << p << " rank " << r;
+      EXPECT_EQ(heads[r].dv, rows[r].dv) << c.name << " P=" << p << " rank " << r;
+    }
   }
 }
 
