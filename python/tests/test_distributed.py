@@ -82,6 +82,29 @@ def test_shard_then_unshard_is_the_identity_in_every_layout(comm):
     assert torch.equal(local[:, c:], x[:, (2 * p - 1 - r) * c:(2 * p - r) * c])
 
 
+# Block-sparse reads each rank's [B, N/P, H, D] view of a contiguous [B, H, N/P, D] shard in
+# place, on any number of ranks, and gives the bits the contiguous shard gives; the dense
+# ring does not, and says so on every rank.
+def test_head_major_views_on_several_ranks(comm):
+    kw = dict(attention="block-sparse", pattern="local:window=48", block_size=16, causal=True)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, dout = (torch.randn(2, 96, h, 16, generator=g) for h in (4, 2, 2, 4))
+    part = lambda x: ringattn.shard(x, comm, heads=4, **kw)
+    rows = [part(x).requires_grad_() for x in (q, k, v)]
+    out, lse = ringattn.attention(*rows, return_lse=True, comm=comm, **kw)
+    out.backward(part(dout))
+    leaves = [part(x).transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)]
+    out_h, lse_h = ringattn.attention(*(x.transpose(1, 2) for x in leaves), return_lse=True,
+                                      comm=comm, **kw)
+    assert out_h.transpose(1, 2).is_contiguous()
+    out_h.backward(part(dout))
+    assert torch.equal(out_h, out) and torch.equal(lse_h, lse)
+    for got, want in zip(leaves, rows):
+        assert torch.equal(got.grad.transpose(1, 2), want.grad)
+    with pytest.raises(ValueError, match=r"q: is a view of a \[B, H, N, D\] tensor"):
+        ringattn.attention(*(x.detach().transpose(1, 2) for x in leaves), comm=comm)
+
+
 def test_all_reduce_sum(comm):
     x = torch.full((3,), float(comm.rank + 1))
     total = ringattn.all_reduce_sum(x, comm)
