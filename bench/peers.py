@@ -10,7 +10,8 @@ configuration so that both see the same machine state:
     reads by default. Every row's JSON says its layout;
   - block-sparse local band (--window tokens, blocks of --block): FlexAttention compiled with
     torch.compile on the CPU (forward; its backward where the CPU backend has one) and
-    `ringattn run --attention block-sparse --pattern local:window=W`;
+    `ringattn run --attention block-sparse --pattern local:window=W`, on the layout(s)
+    --ringattn-layout names, like the dense rows;
   - the same run's SGEMM rate, the machine's FMA peak and ringattn's forward tile products
     alone (cpu_bench --sgemm-only), measured first and last; %peak is each row's GFLOP/s over
     the FMA peak at the start.
@@ -167,10 +168,9 @@ def main():
                     help="rounds per row, alternating which implementation runs first")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--ringattn-layout", choices=("bnhd", "bhnd", "both"), default="bnhd",
-                    help="ringattn's tensors in the dense rows (--layout): bhnd computes on "
-                         "[B,H,N,D], as SDPA's rows do (rows ringattn_bhnd); both runs each, "
-                         "and SDPA on each (implies --sdpa-bnhd); block-sparse rows stay bnhd "
-                         "(the block-sparse engine reads only [B,N,H,D])")
+                    help="ringattn's tensors (--layout): bhnd computes on [B,H,N,D], as "
+                         "SDPA's and FlexAttention's rows do (rows ringattn_bhnd); both runs "
+                         "each, and SDPA on each (implies --sdpa-bnhd)")
     ap.add_argument("--sdpa-bnhd", action="store_true",
                     help="also time SDPA on [B,N,H,D] views (torch_sdpa_bnhd rows): the same "
                          "tensors, in the same layout, as ringattn reads")
@@ -255,10 +255,10 @@ def main():
     # rounds' medians, so a burst of other load on the machine hits both sides alike.
     samples, pairs_of, notes, blas = {}, {}, {}, None
     # ringattn's dense rows per tensor layout: "ringattn" reads [B,N,H,D] (its default),
-    # "ringattn_bhnd" [B,H,N,D] (--layout bhnd); block-sparse rows are "ringattn" ([B,N,H,D]).
+    # "ringattn_bhnd" [B,H,N,D] (--layout bhnd), dense and block-sparse alike.
     ours_impl = {"bnhd": "ringattn", "bhnd": "ringattn_bhnd"}
-    dense_layouts = (["bnhd", "bhnd"] if args.ringattn_layout == "both"
-                     else [args.ringattn_layout])
+    our_layouts = (["bnhd", "bhnd"] if args.ringattn_layout == "both"
+                   else [args.ringattn_layout])
     sdpa_layouts = ["bhnd"] + (["bnhd"] if args.sdpa_bnhd or args.ringattn_layout == "both"
                                else [])
     sdpa_impl = {"bhnd": "torch_sdpa", "bnhd": "torch_sdpa_bnhd"}
@@ -275,10 +275,10 @@ def main():
         for attention, causal in (("dense", False), ("dense", True), ("block-sparse", False)):
             def ours_side():
                 nonlocal blas
-                for layout in (dense_layouts if attention == "dense" else ["bnhd"]):
-                    extra = sparse_extra if attention == "block-sparse" else (
-                        ["--attention", "dense", "--layout", layout]
-                        + (["--causal"] if causal else []))
+                for layout in our_layouts:
+                    extra = ["--layout", layout] + (
+                        sparse_extra if attention == "block-sparse" else
+                        ["--attention", "dense"] + (["--causal"] if causal else []))
                     j, _ = ringattn_row(args, extra, backward=True)
                     blas = blas or j.get("blas", {})
                     for pss in ("fwd", "bwd"):
@@ -320,7 +320,7 @@ def main():
     say(header)
     for attention, causal in (("dense", False), ("dense", True), ("block-sparse", False)):
         for pss in ("fwd", "bwd"):
-            ours = [ours_impl[lay] for lay in (dense_layouts if attention == "dense" else ["bnhd"])]
+            ours = [ours_impl[lay] for lay in our_layouts]
             for impl in ours:
                 key = (impl, attention, causal, pss)
                 emit(impl, attention, causal, pss, statistics.median(samples[key]),
@@ -345,9 +345,10 @@ def main():
                 elif key in notes:
                     emit(peer, attention, causal, pss, None, pairs_of[ours_key], note=notes[key])
     pf = [k for k in pairs_of if k[0] == "torch_flex_compiled"]
-    if pf and pairs_of[pf[0]] != pairs_of[("ringattn", "block-sparse", False, "fwd")]:
+    sparse_pairs = pairs_of[(ours_impl[our_layouts[0]], "block-sparse", False, "fwd")]
+    if pf and pairs_of[pf[0]] != sparse_pairs:
         say(f"# note: FlexAttention's mask has {pairs_of[pf[0]]} pairs, ringattn's "
-            f"{pairs_of[('ringattn', 'block-sparse', False, 'fwd')]}")
+            f"{sparse_pairs}")
 
     gemm_last, peak_last, products_last = sgemm_rate(args)
     say(f"# SGEMM at the end: {gemm_last:.1f} GFLOP/s (start {gemm_first:.1f}); FMA peak "
