@@ -134,7 +134,6 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
                    RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg);
-  require_bnhd(cfg, "the ring (more than one rank)");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.comm = &comm;

@@ -13,6 +13,7 @@
 #include "ring/sharding.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
+#include "ringattn/tensor.hpp"
 
 namespace ringattn::testing {
 
@@ -73,12 +74,33 @@ void expect_ring_matches(const AttentionConfig& cfg, const RingInputs& in, const
     ring::extract_rows(l, rank, s.batch, kv_inner, full.data(), local.data());
     return local;
   };
-  const auto q = shard(in.q), k = kv_shard(in.k), v = kv_shard(in.v), dout = shard(in.dout);
+  auto q = shard(in.q), k = kv_shard(in.k), v = kv_shard(in.v), dout = shard(in.dout);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> lo(ln, nan), llse(lrows, nan), ldq(ln, nan), ldk(ln_kv, nan), ldv(ln_kv, nan);
+  // With TensorLayout::bhnd the ring reads and writes this rank's [B, H, N/P, D] shards: lay
+  // the inputs out so, and the results back, to compare them with `want`'s [B, N, H, D] rows.
+  const bool head_major = cfg.layout == TensorLayout::bhnd;
+  const Shape4 local{s.batch, l.local_len, s.heads, s.head_dim};
+  const Shape4 local_kv{s.batch, l.local_len, cfg.effective_kv_heads(), s.head_dim};
+  auto relaid = [&](std::vector<float>& x, const Shape4& sh, bool to_heads) {
+    std::vector<float> y(x.size());
+    if (to_heads)
+      to_head_major(x.data(), sh, y.data());
+    else
+      from_head_major(x.data(), sh, y.data());
+    x.swap(y);
+  };
+  if (head_major) {
+    relaid(q, local, true), relaid(dout, local, true);
+    relaid(k, local_kv, true), relaid(v, local_kv, true);
+  }
   ring.forward(q.data(), k.data(), v.data(), lo.data(), llse.data());
   ring.backward(q.data(), k.data(), v.data(), lo.data(), llse.data(), dout.data(), ldq.data(),
                 ldk.data(), ldv.data());
+  if (head_major) {
+    relaid(lo, local, false), relaid(ldq, local, false);
+    relaid(ldk, local_kv, false), relaid(ldv, local_kv, false);
+  }
 
   // The single-process lse, sharded: lse is [B, H, N], positions last.
   std::vector<float> want_lse(lrows);

@@ -29,6 +29,8 @@ FullResult float64_reference(const AttentionConfig& cfg, const RingInputs& in);
 
 // Runs RingPlan on this rank of `comm` (small tiles, `threads` threads) and EXPECTs its shard of
 // out, lse, dq, dk, dv within kRingTolerance of `want`, and its forward bytes equal to the minimum.
+// `in` and `want` are [B, N, H, D]; with cfg.layout bhnd the ring computes on head-major copies
+// of the shards.
 void expect_ring_matches(const AttentionConfig& cfg, const RingInputs& in, const FullResult& want,
                          ring::Communicator& comm, const std::string& what, int threads);
 

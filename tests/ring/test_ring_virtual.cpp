@@ -5,6 +5,7 @@
 // reason, and never hangs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -102,6 +103,44 @@ TEST_P(VirtualRingWindow, MatchesFloat64ReferenceForRingSizes1To4) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingWindow,
                          ::testing::Combine(::testing::ValuesIn(testing::window_ring_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) ? "_causal" : "");
+                         });
+
+// [B, H, N, D] tensors (TensorLayout::bhnd): each rank's shard head-major, every feature the
+// ring has (dilated grouped and mixture, GQA, windows, packed documents), against float64.
+class VirtualRingHeadMajor
+    : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {};
+
+TEST_P(VirtualRingHeadMajor, MatchesFloat64ReferenceForRingSizes1To4) {
+  const auto& [rc, causal] = GetParam();
+  AttentionConfig cfg = testing::config_of(rc, causal);
+  const testing::RingInputs in = testing::random_inputs(cfg);
+  const testing::FullResult want = testing::float64_reference(cfg, in);
+  cfg.layout = TensorLayout::bhnd;
+  expect_all_ring_sizes_match(cfg, in, std::string(rc.name) + (causal ? "_causal" : "") + "_bhnd",
+                              want);
+}
+
+std::vector<testing::RandomRingCase> head_major_cases() {
+  // Grouped and mixture dilation with segments straddling shards, GQA under mixture (whose
+  // returned partials share rows), a window across shards with GQA, packed documents with a
+  // window and MQA, and N = 252 (the balanced layout at P = 4 when causal).
+  const std::vector<std::string> names{"grouped_straddling", "mixture_straddling",
+                                       "gqa_mixture_half",   "window_70_gqa",
+                                       "packed_window_mqa",  "packed_n252"};
+  std::vector<testing::RandomRingCase> v;
+  for (const auto& list : {testing::random_ring_cases(), testing::gqa_ring_cases(),
+                           testing::window_ring_cases(), testing::packed_ring_cases()})
+    for (const auto& c : list)
+      if (std::find(names.begin(), names.end(), c.name) != names.end()) v.push_back(c);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingHeadMajor,
+                         ::testing::Combine(::testing::ValuesIn(head_major_cases()),
                                             ::testing::Bool()),
                          [](const auto& p) {
                            return std::string(std::get<0>(p.param).name) +
