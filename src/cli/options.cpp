@@ -148,8 +148,7 @@ po::options_description run_description() {
       "threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")(
       "layout", po::value<std::string>()->default_value("bnhd"),
       "how the engine holds q, k, v and the results: bnhd ([B,N,H,D]) | bhnd ([B,H,N,D], "
-      "PyTorch SDPA's convention; the CPU: dense or dilated on one rank, block-sparse on "
-      "any number). Files stay "
+      "PyTorch SDPA's convention; the CPU engines, any number of ranks). Files stay "
       "[B,N,H,D]: the CLI lays them out outside the timed calls")(
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(

@@ -247,7 +247,7 @@ struct RunState {
   std::vector<int64_t> lse_dims;
   HostTensor q, k, v, o, lse, dout, dq, dk, dv;
   std::optional<Plan> plan;            // world size 1
-  // --layout bhnd (Plan and SparsePlan): the tensors the engine reads and writes, this rank's
+  // --layout bhnd (the CPU engines): the tensors the engine reads and writes, this rank's
   // [B, H, N/P, D], laid out from and back into the [B, N/P, H, D] ones above outside the
   // timed calls.
   struct HeadMajor {
@@ -603,7 +603,7 @@ void setup(const RunOptions& opts, ring::Communicator& comm, RunState& st) {
     st.plan.emplace(cfg, PlanOptions{opts.threads});
   else
     st.ring.emplace(cfg, comm, PlanOptions{opts.threads}, ring_options(opts, st));
-  // The engines above refuse bhnd where they cannot take it, so here it is Plan or SparsePlan.
+  // The GPU engines refuse bhnd (setup_cuda), so here it is one of the CPU engines.
   if (cfg.layout == TensorLayout::bhnd) {
     const auto head_major = [](const HostTensor& x, const Shape4& sx, const char* what) {
       HostTensor t(std::vector<int64_t>{sx.batch, sx.heads, sx.seq_len, sx.head_dim}, what);
@@ -750,12 +750,18 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
     }
   }
 
+  // With --layout bhnd the CPU engines read and write the head-major copies.
+  HostTensor* const q_in = st.head_major ? &st.head_major->q : &st.q;
+  HostTensor* const k_in = st.head_major ? &st.head_major->k : &st.k;
+  HostTensor* const v_in = st.head_major ? &st.head_major->v : &st.v;
+  HostTensor* const o_io = st.head_major ? &st.head_major->o : &st.o;
+  HostTensor* const dout_in = st.head_major ? &st.head_major->dout : &st.dout;
+  HostTensor* const dq_out = st.head_major ? &st.head_major->dq : &st.dq;
+  HostTensor* const dk_out = st.head_major ? &st.head_major->dk : &st.dk;
+  HostTensor* const dv_out = st.head_major ? &st.head_major->dv : &st.dv;
   auto forward = [&] {
-    if (st.sparse && st.head_major) {
-      RunState::HeadMajor& hm = *st.head_major;
-      st.sparse->forward(hm.q.data(), hm.k.data(), hm.v.data(), hm.o.data(), st.lse.data());
-    } else if (st.sparse)
-      st.sparse->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
+    if (st.sparse)
+      st.sparse->forward(q_in->data(), k_in->data(), v_in->data(), o_io->data(), st.lse.data());
     else if (st.cuda_sparse) {
       st.cuda_sparse->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
                               st.d_lse.as<float>());
@@ -768,22 +774,15 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
       st.cuda_ring->forward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
                             st.d_lse.as<float>());
       st.cuda_ring->synchronize();
-    } else if (st.head_major) {
-      RunState::HeadMajor& hm = *st.head_major;
-      st.plan->forward(hm.q.data(), hm.k.data(), hm.v.data(), hm.o.data(), st.lse.data());
     } else if (st.plan)
-      st.plan->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
+      st.plan->forward(q_in->data(), k_in->data(), v_in->data(), o_io->data(), st.lse.data());
     else
-      st.ring->forward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data());
+      st.ring->forward(q_in->data(), k_in->data(), v_in->data(), o_io->data(), st.lse.data());
   };
   auto backward = [&] {
-    if (st.sparse && st.head_major) {
-      RunState::HeadMajor& hm = *st.head_major;
-      st.sparse->backward(hm.q.data(), hm.k.data(), hm.v.data(), hm.o.data(), st.lse.data(),
-                          hm.dout.data(), hm.dq.data(), hm.dk.data(), hm.dv.data());
-    } else if (st.sparse)
-      st.sparse->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
-                          st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
+    if (st.sparse)
+      st.sparse->backward(q_in->data(), k_in->data(), v_in->data(), o_io->data(), st.lse.data(),
+                          dout_in->data(), dq_out->data(), dk_out->data(), dv_out->data());
     else if (st.cuda_sparse) {
       st.cuda_sparse->backward(st.d_q.data(), st.d_k.data(), st.d_v.data(), st.d_o.as<float>(),
                                st.d_lse.as<float>(), st.d_dout.data(), st.d_dq.as<float>(),
@@ -799,16 +798,12 @@ int run_and_report(const RunOptions& opts, ring::Communicator& comm, RunState& s
                              st.d_lse.as<float>(), st.d_dout.data(), st.d_dq.as<float>(),
                              st.d_dk.as<float>(), st.d_dv.as<float>());
       st.cuda_ring->synchronize();
-    } else if (st.head_major) {
-      RunState::HeadMajor& hm = *st.head_major;
-      st.plan->backward(hm.q.data(), hm.k.data(), hm.v.data(), hm.o.data(), st.lse.data(),
-                        hm.dout.data(), hm.dq.data(), hm.dk.data(), hm.dv.data());
     } else if (st.plan)
-      st.plan->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
-                        st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
+      st.plan->backward(q_in->data(), k_in->data(), v_in->data(), o_io->data(), st.lse.data(),
+                        dout_in->data(), dq_out->data(), dk_out->data(), dv_out->data());
     else
-      st.ring->backward(st.q.data(), st.k.data(), st.v.data(), st.o.data(), st.lse.data(),
-                        st.dout.data(), st.dq.data(), st.dk.data(), st.dv.data());
+      st.ring->backward(q_in->data(), k_in->data(), v_in->data(), o_io->data(), st.lse.data(),
+                        dout_in->data(), dq_out->data(), dk_out->data(), dv_out->data());
   };
   std::vector<double> fwd_times, bwd_times;
   for (int it = 0; it < opts.warmup + opts.iters; ++it) {

@@ -1,8 +1,8 @@
 // --layout bhnd: the engine computes on [B, H, N, D] tensors (PyTorch SDPA's convention) and
 // gives what it gives on [B, N, H, D]: the float64 check passes, and the files written (which
-// stay [B, N, H, D]) hold the same out and dQ bits, for dense and dilated attention on one rank
-// and block-sparse on one or more. Paths that read only [B, N, H, D] (the dense ring) refuse it
-// as bad input naming --layout, before any output is written.
+// stay [B, N, H, D]) hold the same out and dQ bits, on one rank and on several (the ring and
+// block-sparse). The GPU paths, which read only [B, N, H, D], refuse it naming --layout
+// (test_cli_cuda, where a GPU is).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -32,25 +32,28 @@ std::string bytes_of(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+// One rank (Plan) and the ring on three virtual ranks, each rank's shard laid out head-major.
 TEST(CliLayout, HeadMajorRunsCheckAndWriteTheSameResults) {
-  TempDir dir;
-  const std::vector<std::string> problem{"run",      "--seq-len", "192",     "--heads",
-                                         "4",        "--kv-heads", "2",      "--head-dim",
-                                         "32",       "--causal",   "--backward", "--check",
-                                         "--iters",  "1",          "--warmup", "0",
-                                         "--json"};
-  for (const std::string& layout : {std::string("bnhd"), std::string("bhnd")}) {
-    std::vector<std::string> args = problem;
-    args.insert(args.end(), {"--layout", layout, "--out", dir.file("out_" + layout + ".npy"),
-                             "--dq-out", dir.file("dq_" + layout + ".npy")});
-    const CliResult r = run_cli(args);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    const nlohmann::json j = last_json_line(r.out);
-    EXPECT_EQ(j["tensor_layout"], layout);
-    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j["check"].dump();
+  for (const std::string ranks : {"1", "3"}) {
+    TempDir dir;
+    const std::vector<std::string> problem{
+        "run",     "--seq-len", "192",        "--heads",  "4",           "--kv-heads",
+        "2",       "--head-dim", "32",        "--causal", "--backward",  "--check",
+        "--iters", "1",          "--warmup",  "0",        "--ring-size", ranks,
+        "--json"};
+    for (const std::string& layout : {std::string("bnhd"), std::string("bhnd")}) {
+      std::vector<std::string> args = problem;
+      args.insert(args.end(), {"--layout", layout, "--out", dir.file("out_" + layout + ".npy"),
+                               "--dq-out", dir.file("dq_" + layout + ".npy")});
+      const CliResult r = run_cli(args);
+      ASSERT_EQ(r.exit_code, 0) << ranks << " ranks, " << layout << ": " << r.out << r.err;
+      const nlohmann::json j = last_json_line(r.out);
+      EXPECT_EQ(j["tensor_layout"], layout);
+      EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j["check"].dump();
+    }
+    EXPECT_EQ(bytes_of(dir.file("out_bhnd.npy")), bytes_of(dir.file("out_bnhd.npy"))) << ranks;
+    EXPECT_EQ(bytes_of(dir.file("dq_bhnd.npy")), bytes_of(dir.file("dq_bnhd.npy"))) << ranks;
   }
-  EXPECT_EQ(bytes_of(dir.file("out_bhnd.npy")), bytes_of(dir.file("out_bnhd.npy")));
-  EXPECT_EQ(bytes_of(dir.file("dq_bhnd.npy")), bytes_of(dir.file("dq_bnhd.npy")));
 }
 
 TEST(CliLayout, HeadMajorDilatedMixturePassesTheCheck) {
@@ -86,25 +89,14 @@ TEST(CliLayout, HeadMajorBlockSparseRunsCheckAndWriteTheSameResults) {
   }
 }
 
-TEST(CliLayout, PathsThatReadOnlyTokenMajorTensorsRefuseIt) {
-  const std::vector<std::vector<std::string>> refused{
-      {"--ring-size", "2"},
-  };
-  for (const auto& extra : refused) {
-    TempDir dir;
-    std::vector<std::string> args{"run",      "--seq-len", "256",
-                                  "--layout", "bhnd",      "--iters",
-                                  "1",        "--out",     dir.file("out.npy")};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const CliResult r = run_cli(args);
-    EXPECT_EQ(r.exit_code, 2) << extra.front() << ": " << r.out << r.err;
-    EXPECT_NE(r.err.find("--layout"), std::string::npos) << r.err;
-    EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy"))) << "--out written despite the error";
-  }
-  const CliResult bad = run_cli({"run", "--seq-len", "64", "--layout", "nhbd"});
+TEST(CliLayout, AnUnknownLayoutIsRefusedNamingTheOption) {
+  TempDir dir;
+  const CliResult bad =
+      run_cli({"run", "--seq-len", "64", "--layout", "nhbd", "--out", dir.file("out.npy")});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("--layout"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("bhnd"), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy"))) << "--out written despite the error";
 }
 
 }  // namespace
