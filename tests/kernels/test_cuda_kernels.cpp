@@ -276,6 +276,21 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaRandom, ::testing::ValuesIn(random_cases())
                          [](const auto& p) { return name_of(p.param); });
 
 // ---- properties ---------------------------------------------------------------------------
+// The GPU kernels read [B, N, H, D] only: [B, H, N, D] tensors (--layout bhnd) are bad input
+// naming --layout, before any device work.
+TEST(CudaKernels, HeadMajorTensorsAreRefusedNamingLayout) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, 128, 2, 64};
+  cfg.layout = TensorLayout::bhnd;
+  try {
+    CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::native, 0});
+    ADD_FAILURE() << "--layout bhnd accepted by the GPU plan";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.subject(), "--layout") << e.what();
+  }
+}
+
 TEST(CudaKernels, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   AttentionConfig cfg;

@@ -413,6 +413,21 @@ TEST(CudaSparseKernels, CudnnIsRefusedNamingKernel) {
   }
 }
 
+// The GPU kernels read [B, N, H, D] only: [B, H, N, D] tensors (--layout bhnd) are bad input
+// naming --layout, before any device work.
+TEST(CudaSparseKernels, HeadMajorTensorsAreRefusedNamingLayout) {
+  REQUIRE_GPU();
+  const SparseCase c{"bhnd", {1, 128, 2, 64}, 64, false, DeviceDType::bf16, "local", 0};
+  AttentionConfig cfg = config_of(c);
+  cfg.layout = TensorLayout::bhnd;
+  try {
+    CudaSparsePlan plan(cfg, lists_of(c), {DeviceDType::bf16, KernelChoice::native, 0});
+    ADD_FAILURE() << "--layout bhnd accepted by the GPU block-sparse plan";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.subject(), "--layout") << e.what();
+  }
+}
+
 // The CLI runs block-sparse on the GPU when asked (one rank), checks it against the float64
 // reference at the dtype's tolerance, and refuses cuDNN naming --kernel.
 TEST(CudaSparseCli, DeviceCudaRunsBlockSparseAndPassesItsCheck) {
