@@ -197,8 +197,7 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
 
     q: ``[B, N_local, H, D]``; k, v: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
     query attention when it is less than H); float32, contiguous, torch tensors or numpy
-    arrays (outputs are of the same kind). Or, for block-sparse attention on any number of
-    ranks and for dense and dilated attention on one, all three the ``transpose(1, 2)`` of
+    arrays (outputs are of the same kind). Or all three the ``transpose(1, 2)`` of
     contiguous ``[B, H, N, D]`` tensors (PyTorch SDPA's convention; with P ranks, of this
     rank's shard): the engine reads them in place, and out and the gradients come back laid
     out the same way. With ``comm`` spanning P ranks, each rank passes its

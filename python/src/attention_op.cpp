@@ -161,13 +161,6 @@ AttentionOp::AttentionOp(const AttentionOptions& o, const Shape4& local_q, int64
       if (mask) throw InputError("block_mask", "only applies to attention=\"block-sparse\"");
       layout_ = ring::make_layout(cfg_, world);
     }
-    if (cfg_.layout == TensorLayout::bhnd && world > 1 &&
-        cfg_.attention != AttentionKind::block_sparse)
-      throw InputError("q", "is a view of a [B, H, N, D] tensor (transpose(1, 2) of a contiguous "
-                            "one), which the engine reads in place for block-sparse attention "
-                            "and, on one rank, for dense and dilated attention, not for the "
-                            "ring over several ranks; pass contiguous [B, N, H, D] tensors here "
-                            "(.contiguous())");
   } catch (const InputError& e) {
     code = static_cast<int>(ExitCode::bad_input);
     message = e.what();

@@ -33,7 +33,7 @@ struct AttentionOptions {
   int64_t block_size = 128;
   // "bnhd": q, k, v, out and the gradients are C-contiguous [B, N, H, D]; "bhnd": they are
   // [B, N, H, D] views of C-contiguous [B, H, N, D] tensors (x.transpose(1, 2) of PyTorch
-  // SDPA's convention), read in place. bhnd: dense and dilated on one rank only.
+  // SDPA's convention), read in place, on any number of ranks.
   std::string layout = "bnhd";
 };
 

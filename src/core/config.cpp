@@ -180,9 +180,8 @@ void require_no_window(const AttentionConfig& cfg, const std::string& path) {
 
 void require_bnhd(const AttentionConfig& cfg, const std::string& path) {
   if (cfg.layout == TensorLayout::bnhd) return;
-  throw InputError("--layout", "bhnd ([B, H, N, D] tensors) is supported by the CPU engines "
-                               "(dense and dilated on one rank, block-sparse on any number of "
-                               "ranks), not on " + path + "; use bnhd there");
+  throw InputError("--layout", "bhnd ([B, H, N, D] tensors) is supported by the CPU engines, "
+                               "not on " + path + "; use bnhd there");
 }
 
 std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {
