@@ -225,7 +225,7 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
             const int64_t skip = kp.begin - j * bs, off = qp.begin - kp.begin;
             if (o.rank == me) {
               const kernels::KeySpan sp{kv_row(b, o.local_row + skip, g), kv_stride, kp.size(),
-                                             off};
+                                        off};
               add_key_span(w.local_spans, lt.first_span, sp);
               w.bwd_local_spans.push_back(sp);
             } else {

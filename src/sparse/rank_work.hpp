@@ -43,8 +43,8 @@ struct PeerRange {
 struct RankSparseWork {
   std::vector<Owner> owners;
   // Forward and dQ: every local query tile with its local key spans (rows of the local shard,
-  // G·D apart for [B, N, H, D] tensors, D for [B, H, N, D]); the tiles that also attend received blocks again, with those spans (rows of
-  // the receive slabs, D apart).
+  // G·D apart for [B, N, H, D] tensors, D for [B, H, N, D]); the tiles that also attend received
+  // blocks again, with those spans (rows of the receive slabs, D apart).
   std::vector<kernels::SparseQueryTile> local_tiles, remote_tiles;
   std::vector<kernels::KeySpan> local_spans, remote_spans;
   // dK/dV: local key tiles with local query spans; received key tiles (rows of the slabs, into
