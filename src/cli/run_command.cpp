@@ -337,11 +337,14 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const RunOptions& opts,
 }
 
 // Whether this run uses the GPU: --device cuda (checked: CUDA built in, a usable device,
-// and NCCL for several ranks), or auto with one rank and a usable device. Everything else
-// runs on the CPU.
+// and NCCL for several ranks), or auto with one rank, a usable device and [B, N, H, D]
+// tensors (the GPU engines read no other layout: auto keeps --layout bhnd on the CPU, and
+// --device cuda refuses it naming --layout). Everything else runs on the CPU.
 bool resolve_cuda(const RunOptions& opts, const ring::Communicator& comm) {
   if (opts.device == "cpu") return false;
-  if (opts.device == "auto") return comm.size() == 1 && probe_cuda_device().usable;
+  if (opts.device == "auto")
+    return comm.size() == 1 && opts.cfg.layout == TensorLayout::bnhd &&
+           probe_cuda_device().usable;
   if (comm.size() > 1 && ring::nccl_version_string().find("none") == 0)
     throw InputError("--device", "'cuda' on " + std::to_string(comm.size()) +
                                      " ranks needs NCCL, and this build has none (build with "

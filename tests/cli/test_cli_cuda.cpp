@@ -120,6 +120,29 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
 }
 #endif
 
+// --layout bhnd: the GPU engines read [B, N, H, D] only, so --device auto keeps the run on the
+// CPU (where it passes its check) and --device cuda refuses it naming --layout, writing
+// nothing.
+TEST(CliCudaRun, HeadMajorLayoutStaysOnTheCpuUnderAutoAndIsRefusedOnCuda) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  TempDir dir;
+  const CliResult refused = testing::run_cli({"run", "--device", "cuda", "--layout", "bhnd",
+                                              "--seq-len", "128", "--heads", "2", "--out",
+                                              dir.file("out.npy")});
+  EXPECT_EQ(refused.exit_code, 2) << describe(refused);
+  EXPECT_NE(refused.err.find("--layout"), std::string::npos) << describe(refused);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  const CliResult r =
+      testing::run_cli({"run", "--device", "auto", "--layout", "bhnd", "--seq-len", "256",
+                        "--heads", "2", "--causal", "--check", "--backward", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const nlohmann::json j = last_line_json(r.out);
+  EXPECT_EQ(j.value("device", ""), "cpu");
+  EXPECT_EQ(j.value("tensor_layout", ""), "bhnd");
+  EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
+}
+
 // The GPU ring from the command line: virtual ranks, K/V over NCCL where each has its own
 // GPU, by device copies where they share one.
 std::string ring_skip_reason(int) {
