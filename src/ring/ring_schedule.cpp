@@ -52,12 +52,9 @@ std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, 
     r.k_begin = k_lo;
     r.k_end = k_hi;
     const int64_t local_row = ch.local_begin + (first + k_lo * pat.dilation - ch.begin);
-    // [B, N/P, heads, D] (bnhd) or [B, heads, N/P, D] (bhnd) local tensors.
-    const bool head_major = cfg.layout == TensorLayout::bhnd;
-    r.row0 = (head_major ? (batch * heads + head) * layout.local_len + local_row
-                         : (batch * layout.local_len + local_row) * heads + head) *
-             s.head_dim;
-    r.stride = pat.dilation * (head_major ? 1 : heads) * s.head_dim;
+    const RowStrides rs = row_strides(cfg.layout, layout.local_len, heads, s.head_dim);
+    r.row0 = rs.at(batch, local_row, head);
+    r.stride = pat.dilation * rs.position;
     r.lse0 = (batch * heads + head) * layout.local_len + local_row;
     r.lse_stride = pat.dilation;
     runs.push_back(r);

@@ -11,14 +11,8 @@ namespace ringattn::ring {
 
 namespace {
 
-// Floats between consecutive batch rows, positions and heads of a tensor of `shape`.
-struct Strides {
-  int64_t batch, position, head;
-};
-
-Strides strides_of(TensorLayout layout, const Shape4& shape) {
-  const int64_t n = shape.seq_len, h = shape.heads, d = shape.head_dim;
-  return layout == TensorLayout::bnhd ? Strides{n * h * d, h * d, d} : Strides{h * n * d, d, n * d};
+RowStrides strides_of(TensorLayout layout, const Shape4& shape) {
+  return row_strides(layout, shape.seq_len, shape.heads, shape.head_dim);
 }
 
 void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head,
@@ -27,8 +21,8 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
   const DilatedPattern pat = patterns_of(cfg)[static_cast<std::size_t>(pattern)];
   const int64_t offset = pattern_offset(cfg, pattern, head);
   const SegmentList segs = segments_of(cfg, pat);
-  const Strides q = strides_of(cfg.layout, s);
-  const Strides kv = strides_of(cfg.layout, cfg.kv_shape());
+  const RowStrides q = strides_of(cfg.layout, s);
+  const RowStrides kv = strides_of(cfg.layout, cfg.kv_shape());
   const int64_t kv_head = cfg.kv_head_of(head);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t seg = 0; seg < segs.count(); ++seg) {
@@ -36,8 +30,8 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
       if (m == 0) continue;
       const int64_t p0 = segs.begin(seg) + offset;
       kernels::SubseqTask t;
-      t.q_row0 = b * q.batch + p0 * q.position + head * q.head;
-      t.k_row0 = b * kv.batch + p0 * kv.position + kv_head * kv.head;
+      t.q_row0 = q.at(b, p0, head);
+      t.k_row0 = kv.at(b, p0, kv_head);
       t.q_stride = pat.dilation * q.position;
       t.k_stride = pat.dilation * kv.position;
       t.lse0 = (b * s.heads + head) * s.seq_len + p0;

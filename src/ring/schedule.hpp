@@ -11,6 +11,21 @@
 
 namespace ringattn::ring {
 
+// Floats between consecutive batches, positions and heads of a tensor of `n` positions,
+// `heads` heads and head dim `d` laid out as `layout` ([B, n, heads, d] for bnhd,
+// [B, heads, n, d] for bhnd), and the offset of (batch, position, head)'s row. Every engine
+// and work list derives its row bases and strides from this.
+struct RowStrides {
+  int64_t batch = 0, position = 0, head = 0;
+  int64_t at(int64_t b, int64_t pos, int64_t h) const {
+    return b * batch + pos * position + h * head;
+  }
+};
+inline RowStrides row_strides(TensorLayout layout, int64_t n, int64_t heads, int64_t d) {
+  return layout == TensorLayout::bnhd ? RowStrides{n * heads * d, heads * d, d}
+                                      : RowStrides{heads * n * d, d, n * d};
+}
+
 // One forward kernel launch. Tasks inside a pass share no query rows; they share key rows
 // only under grouped-query attention, where the query heads of one K/V group read the same
 // K/V rows.

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "ring/schedule.hpp"
 #include "sparse/token_rule.hpp"
 
 namespace ringattn::sparse {
@@ -113,16 +114,15 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   // Pairs the dense rule leaves nothing of neither travel nor get a span.
   const BlockLists reached = has_token_rule(cfg) ? within_reach(lists, cfg) : BlockLists{};
   const BlockLists& l = has_token_rule(cfg) ? reached : lists;
-  // Rows of the local shard: [B, NL, heads, D] (bnhd) or [B, heads, NL, D] (bhnd), so a
-  // head's consecutive rows are heads·D or D floats apart. Slabs are [rows, D] either way.
-  const bool head_major = cfg.layout == TensorLayout::bhnd;
-  auto row = [&](int64_t b, int64_t local_row, int64_t h) {
-    return head_major ? ((b * H + h) * NL + local_row) * D : ((b * NL + local_row) * H + h) * D;
-  };
+  // Rows of the local shard in the config's layout (a head's consecutive rows heads·D or D
+  // floats apart); slabs are [rows, D] either way.
+  const ring::RowStrides q_rows = ring::row_strides(cfg.layout, NL, H, D);
+  const ring::RowStrides kv_rows = ring::row_strides(cfg.layout, NL, G, D);
+  auto row = [&](int64_t b, int64_t local_row, int64_t h) { return q_rows.at(b, local_row, h); };
   auto kv_row = [&](int64_t b, int64_t local_row, int64_t g) {
-    return head_major ? ((b * G + g) * NL + local_row) * D : ((b * NL + local_row) * G + g) * D;
+    return kv_rows.at(b, local_row, g);
   };
-  const int64_t kv_stride = head_major ? D : G * D;
+  const int64_t kv_stride = kv_rows.position;
   auto lse_at = [&](int64_t b, int64_t h, int64_t local_row) {
     return (b * H + h) * NL + local_row;
   };

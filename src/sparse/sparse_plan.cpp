@@ -128,12 +128,12 @@ struct SparsePlan::Impl {
   }
   ring::RingTimings fwd, bwd;
 
-  bool head_major = false;  // [B, H, NL, D] tensors (TensorLayout::bhnd)
+  ring::RowStrides q_rows, kv_rows;  // the local shard's rows in the config's layout
   int64_t q_row(int64_t b, int64_t local_row, int64_t h) const {
-    return head_major ? ((b * H + h) * NL + local_row) * D : ((b * NL + local_row) * H + h) * D;
+    return q_rows.at(b, local_row, h);
   }
   int64_t kv_row(int64_t b, int64_t local_row, int64_t g) const {
-    return head_major ? ((b * G + g) * NL + local_row) * D : ((b * NL + local_row) * G + g) * D;
+    return kv_rows.at(b, local_row, g);
   }
   int64_t lse_at(int64_t b, int64_t h, int64_t local_row) const {
     return (b * H + h) * NL + local_row;
@@ -222,7 +222,7 @@ struct SparsePlan::Impl {
   kernels::SparseParams params() const {
     kernels::SparseParams p;
     p.head_dim = D;
-    p.q_stride = head_major ? D : H * D;
+    p.q_stride = q_rows.position;
     p.lse_stride = 1;
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
@@ -275,12 +275,13 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.H = s.heads;
   m.G = cfg.effective_kv_heads();
   m.D = s.head_dim;
-  m.head_major = cfg.layout == TensorLayout::bhnd;
   // A query tile is one block (or a q_tile slice of one); key spans run k_tile at a time.
   m.tiles = ring::choose_tiles(
       s.head_dim, opts.q_tile > 0 ? opts.q_tile : std::min<int64_t>(128, m.bs), opts.k_tile);
   m.layout = sparse_layout(cfg, m.world);
   m.NL = m.layout.local_len;
+  m.q_rows = ring::row_strides(cfg.layout, m.NL, m.H, m.D);
+  m.kv_rows = ring::row_strides(cfg.layout, m.NL, m.G, m.D);
   m.w = build_rank_sparse_work(cfg, *m.lists, m.layout, m.me);
   m.sort_by_cost();
 
