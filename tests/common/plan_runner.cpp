@@ -7,8 +7,21 @@
 
 #include "random.hpp"
 #include "ringattn/reference.hpp"
+#include "ringattn/tensor.hpp"
 
 namespace ringattn::testing {
+
+std::vector<float> head_major_copy(const std::vector<float>& x, const Shape4& s) {
+  std::vector<float> y(x.size());
+  to_head_major(x.data(), s, y.data());
+  return y;
+}
+
+std::vector<float> token_major_copy(const std::vector<float>& x, const Shape4& s) {
+  std::vector<float> y(x.size());
+  from_head_major(x.data(), s, y.data());
+  return y;
+}
 
 Tensors random_tensors(const AttentionConfig& cfg, uint64_t seed) {
   const auto n = static_cast<std::size_t>(cfg.shape.numel());

@@ -24,6 +24,11 @@ struct PlanResult {
   std::vector<float> all() const;
 };
 
+// Copies of `x` ([B, N, H, D] rows of shape `s`) laid out [B, H, N, D], and back: the tensors
+// TensorLayout::bhnd runs read (for a shard, N is its local length).
+std::vector<float> head_major_copy(const std::vector<float>& x, const Shape4& s);
+std::vector<float> token_major_copy(const std::vector<float>& x, const Shape4& s);
+
 // Plan(cfg, opts).forward then .backward, outputs prefilled with NaN so that an unwritten
 // element shows.
 PlanResult run_plan(const AttentionConfig& cfg, const Tensors& in, PlanOptions opts);

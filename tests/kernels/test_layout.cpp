@@ -60,17 +60,8 @@ std::vector<LayoutCase> cases() {
   return v;
 }
 
-std::vector<float> head_major(const std::vector<float>& x, const Shape4& s) {
-  std::vector<float> y(x.size());
-  to_head_major(x.data(), s, y.data());
-  return y;
-}
-
-std::vector<float> token_major(const std::vector<float>& x, const Shape4& s) {
-  std::vector<float> y(x.size());
-  from_head_major(x.data(), s, y.data());
-  return y;
-}
+using testing::head_major_copy;
+using testing::token_major_copy;
 
 class Layout : public ::testing::TestWithParam<LayoutCase> {};
 
@@ -83,15 +74,15 @@ TEST_P(Layout, HeadMajorTensorsGiveTheSameAttention) {
 
   AttentionConfig hm_cfg = cfg;
   hm_cfg.layout = TensorLayout::bhnd;
-  const testing::Tensors hm_in{head_major(in.q, s), head_major(in.k, skv), head_major(in.v, skv),
-                               head_major(in.dout, s)};
+  const testing::Tensors hm_in{head_major_copy(in.q, s), head_major_copy(in.k, skv),
+                               head_major_copy(in.v, skv), head_major_copy(in.dout, s)};
   const testing::PlanResult hm = testing::run_plan(hm_cfg, hm_in, opts);
   testing::PlanResult back;
-  back.out = token_major(hm.out, s);
+  back.out = token_major_copy(hm.out, s);
   back.lse = hm.lse;  // [B, H, N] in both layouts
-  back.dq = token_major(hm.dq, s);
-  back.dk = token_major(hm.dk, skv);
-  back.dv = token_major(hm.dv, skv);
+  back.dq = token_major_copy(hm.dq, s);
+  back.dk = token_major_copy(hm.dk, skv);
+  back.dv = token_major_copy(hm.dv, skv);
 
   EXPECT_EQ(back.out, rows.out);
   EXPECT_EQ(back.lse, rows.lse);
@@ -107,10 +98,10 @@ TEST(Layout, TheLayoutCopiesAreInverse) {
   const Shape4 s{2, 5, 3, 4};
   std::vector<float> x(static_cast<std::size_t>(s.numel()));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
-  const std::vector<float> y = head_major(x, s);
+  const std::vector<float> y = head_major_copy(x, s);
   // [b][h][n][d] of y is [b][n][h][d] of x
   EXPECT_EQ(y[((1 * 3 + 2) * 5 + 4) * 4 + 3], x[((1 * 5 + 4) * 3 + 2) * 4 + 3]);
-  EXPECT_EQ(token_major(y, s), x);
+  EXPECT_EQ(token_major_copy(y, s), x);
 }
 
 }  // namespace

@@ -8,12 +8,12 @@
 #include <utility>
 
 #include "golden.hpp"
+#include "plan_runner.hpp"
 #include "random.hpp"
 #include "ring/ring_engine.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
-#include "ringattn/tensor.hpp"
 
 namespace ringattn::testing {
 
@@ -82,24 +82,16 @@ void expect_ring_matches(const AttentionConfig& cfg, const RingInputs& in, const
   const bool head_major = cfg.layout == TensorLayout::bhnd;
   const Shape4 local{s.batch, l.local_len, s.heads, s.head_dim};
   const Shape4 local_kv{s.batch, l.local_len, cfg.effective_kv_heads(), s.head_dim};
-  auto relaid = [&](std::vector<float>& x, const Shape4& sh, bool to_heads) {
-    std::vector<float> y(x.size());
-    if (to_heads)
-      to_head_major(x.data(), sh, y.data());
-    else
-      from_head_major(x.data(), sh, y.data());
-    x.swap(y);
-  };
   if (head_major) {
-    relaid(q, local, true), relaid(dout, local, true);
-    relaid(k, local_kv, true), relaid(v, local_kv, true);
+    q = head_major_copy(q, local), dout = head_major_copy(dout, local);
+    k = head_major_copy(k, local_kv), v = head_major_copy(v, local_kv);
   }
   ring.forward(q.data(), k.data(), v.data(), lo.data(), llse.data());
   ring.backward(q.data(), k.data(), v.data(), lo.data(), llse.data(), dout.data(), ldq.data(),
                 ldk.data(), ldv.data());
   if (head_major) {
-    relaid(lo, local, false), relaid(ldq, local, false);
-    relaid(ldk, local_kv, false), relaid(ldv, local_kv, false);
+    lo = token_major_copy(lo, local), ldq = token_major_copy(ldq, local);
+    ldk = token_major_copy(ldk, local_kv), ldv = token_major_copy(ldv, local_kv);
   }
 
   // The single-process lse, sharded: lse is [B, H, N], positions last.

@@ -11,11 +11,11 @@
 #include <mutex>
 #include <random>
 
+#include "plan_runner.hpp"
 #include "random.hpp"
 #include "ring/communicator.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ringattn/reference.hpp"
-#include "ringattn/tensor.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/sparse_plan.hpp"
 #include "sparse/token_rule.hpp"
@@ -125,18 +125,6 @@ std::vector<float> lse_of(const ring::ShardLayout& l, int rank, const Shape4& s,
 }
 std::vector<float> to_float(const std::vector<double>& x) { return {x.begin(), x.end()}; }
 
-// A shard's rows laid out [B, heads, N/P, D] (TensorLayout::bhnd), and back.
-std::vector<float> laid_out(const std::vector<float>& x, const ring::ShardLayout& l,
-                            const Shape4& s, int64_t heads, bool to_head_major_rows) {
-  const Shape4 shard{s.batch, l.local_len, heads, s.head_dim};
-  std::vector<float> y(x.size());
-  if (to_head_major_rows)
-    to_head_major(x.data(), shard, y.data());
-  else
-    from_head_major(x.data(), shard, y.data());
-  return y;
-}
-
 // This rank's outputs, always returned as [B, N/P, heads, D] rows; with cfg.layout bhnd the
 // plan reads and writes head-major copies of the shards.
 Outputs run_rank(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
@@ -147,9 +135,10 @@ Outputs run_rank(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> l
   const int64_t g = cfg.effective_kv_heads();
   const int r = comm.rank();
   const bool hm = cfg.layout == TensorLayout::bhnd;
+  auto shape_of = [&](int64_t heads) { return Shape4{s.batch, l.local_len, heads, s.head_dim}; };
   auto shard = [&](const std::vector<float>& x, int64_t heads) {
     const std::vector<float> rows = rows_of(l, r, s, heads, x);
-    return hm ? laid_out(rows, l, s, heads, true) : rows;
+    return hm ? testing::head_major_copy(rows, shape_of(heads)) : rows;
   };
   const auto q = shard(full.q, s.heads), k = shard(full.k, g), v = shard(full.v, g),
              dout = shard(full.dout, s.heads);
@@ -166,7 +155,7 @@ Outputs run_rank(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> l
   if (hm)
     for (auto [x, heads] : {std::pair{&o.out, s.heads}, std::pair{&o.dq, s.heads},
                             std::pair{&o.dk, g}, std::pair{&o.dv, g}})
-      *x = laid_out(*x, l, s, heads, false);
+      *x = testing::token_major_copy(*x, shape_of(heads));
   return o;
 }
 
