@@ -3,7 +3,7 @@
 its last line is cpu_bench's JSON) as a plot next to it: GFLOP/s against N, forward and
 backward, one line per configuration (causal dashed), and the same run's per-thread SGEMM
 rate as the ceiling. Also prints each configuration's rate over the dense one at the same
-N and causal setting, the figure issue 14 asks about for dilated causal attention.
+N and causal setting (the dilated causal figure).
 
 Usage: bench/plot_cpu.py bench/results/cpu-<date>.txt   → cpu-<date>.png
 Needs matplotlib (Debian: apt-get install python3-matplotlib); not a build or test need."""

@@ -99,6 +99,8 @@ class CudaPlan {
                 const void* dout, float* dq, float* dk, float* dv);
 
   void synchronize();
+  // The plan's cudaStream_t (its work is ordered on it; null in a build without CUDA).
+  void* stream() const noexcept;
 
   // "native" or "cudnn": the forward kernel in use (after the first forward for automatic).
   std::string kernel_name() const;

@@ -21,16 +21,33 @@ class InputError : public std::runtime_error {
   const std::string& subject() const noexcept { return subject_; }
   // The message without the subject, so that a caller who knows better can re-aim it.
   const std::string& problem() const noexcept { return problem_; }
+  // The rank whose error this is, when every rank of a job raised it together (make_engine
+  // agrees on setup errors); -1 when only this rank knows of it.
+  int rank() const noexcept { return rank_; }
+  InputError& from_rank(int rank) noexcept {
+    rank_ = rank;
+    return *this;
+  }
 
  private:
   std::string subject_;
   std::string problem_;
+  int rank_ = -1;
 };
 
 // Failures after validation: allocation, I/O while writing results, library errors.
 class RuntimeFailure : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // As InputError::rank().
+  int rank() const noexcept { return rank_; }
+  RuntimeFailure& from_rank(int rank) noexcept {
+    rank_ = rank;
+    return *this;
+  }
+
+ private:
+  int rank_ = -1;
 };
 
 }  // namespace ringattn

@@ -1,207 +1,160 @@
-// Keywords → config → engine, for the Python package. The options go through the CLI's
-// parser (cli::parse_run_options) as the words a user would type, so that option values and
-// errors mean exactly what they mean on the command line.
+// Keywords -> JobSpec -> Engine, for the Python package (attention_op.hpp). Keyword
+// combinations are checked here, naming the keyword; everything else (validation, layout,
+// block lists, agreement across ranks) is make_engine's, whose errors name the field in the
+// CLI's spelling and are re-aimed at the keyword here.
 #include "attention_op.hpp"
 
-#include <iomanip>
-#include <sstream>
 #include <utility>
 
-#include "cli/options.hpp"
+#include "job/agree.hpp"
 #include "ringattn/errors.hpp"
-#include "ringattn/quote.hpp"
-#include "sparse/block_lists.hpp"
-#include "sparse/pattern.hpp"
-#include "sparse/pattern_cache.hpp"
 
 namespace ringattn::python {
 
 namespace {
 
-std::string join(const std::vector<int64_t>& values) {
-  std::string text;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    text += (i ? "," : "") + std::to_string(values[i]);
-  return text;
+// "--seq-len" -> "seq_len", "--block-mask" -> "block_mask": the keyword (or argument) a
+// library error is about.
+std::string keyword_of(const std::string& subject) {
+  if (subject.rfind("--", 0) != 0) return subject;
+  std::string k = subject.substr(2);
+  for (char& c : k)
+    if (c == '-') c = '_';
+  return k;
 }
 
-std::string number(double x) {
-  std::ostringstream s;
-  s << std::setprecision(17) << x;
-  return s.str();
-}
-
-// --attention auto switches to block-sparse above this many tokens (the CLI's default
-// --sparse-threshold; the Python API has no keyword for it).
-constexpr int64_t kSparseThreshold = 1048576;
-
-// What the CLI's parser and setup make of the options for a full [B, N, H, D] problem with
-// kv_heads K/V heads. Throws InputError (the CLI's message) on any bad option.
-struct Resolved {
-  AttentionConfig cfg;
-  std::string pattern;  // block-sparse: the pattern text (auto: dilated-blocks)
-};
-
-Resolved resolve(const AttentionOptions& o, const Shape4& full, int64_t kv_heads) {
-  std::vector<std::string> args = {"--device",
-                                   "cpu",
-                                   "--quiet",
-                                   "--attention",
-                                   o.attention,
-                                   "--combine",
-                                   o.combine,
-                                   "--batch",
-                                   std::to_string(full.batch),
-                                   "--seq-len",
-                                   std::to_string(full.seq_len),
-                                   "--heads",
-                                   std::to_string(full.heads),
-                                   "--head-dim",
-                                   std::to_string(full.head_dim),
-                                   "--kv-heads",
-                                   std::to_string(kv_heads)};
-  auto add = [&](const char* option, std::string value) {
-    args.emplace_back(option);
-    args.push_back(std::move(value));
-  };
-  if (o.segments) add("--segments", join(*o.segments));
-  if (o.dilations) add("--dilations", join(*o.dilations));
-  if (o.causal) args.emplace_back("--causal");
-  add("--layout", o.layout);
-  if (o.scale) add("--scale", number(*o.scale));
-  if (o.window) add("--window", join(*o.window));
-  if (o.pattern) add("--pattern", *o.pattern);
-  // The mask itself is an array here, not a file; the parser only needs to know it is given.
-  if (o.has_block_mask) add("--block-mask", "block_mask");
-  if (o.block_size != 128 || o.attention == "block-sparse" || o.attention == "auto")
-    add("--block-size", std::to_string(o.block_size));
-  if (o.seqlens) add("--seqlens", join(*o.seqlens));
-  cli::RunOptions opts;
-  std::ostringstream help;
-  cli::parse_run_options(args, opts, help);
-
-  Resolved r{opts.cfg, opts.pattern};
-  if (opts.attention_auto && full.seq_len > kSparseThreshold) {
-    // What the CLI's setup does for --attention auto past --sparse-threshold.
-    if (r.cfg.segments.empty())
-      throw InputError("--attention", "auto: N = " + std::to_string(full.seq_len) +
-                                          " is above --sparse-threshold " +
-                                          std::to_string(kSparseThreshold) +
-                                          ", where block-sparse runs the dilated-blocks pattern; "
-                                          "give --segments and --dilations for it");
-    r.cfg.attention = AttentionKind::block_sparse;
-    r.pattern = "dilated-blocks";
+template <typename F>
+auto naming_keywords(F&& f) {
+  try {
+    return f();
+  } catch (const InputError& e) {
+    throw InputError(keyword_of(e.subject()), e.problem()).from_rank(e.rank());
   }
-  validate(r.cfg);
-  return r;
 }
 
-std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg,
-                                                      const std::string& pattern,
-                                                      const std::optional<BlockMask>& mask) {
-  const Shape4& s = cfg.shape;
-  const int64_t nb = s.seq_len / cfg.block_size;
-  if (mask) {
-    const auto& d = mask->dims;
-    const bool shared = d.size() == 2 && d[0] == nb && d[1] == nb;
-    const bool per_head = d.size() == 3 && d[0] == s.heads && d[1] == nb && d[2] == nb;
-    if (!shared && !per_head) {
-      std::string got;
-      for (int64_t x : d) got += (got.empty() ? "" : ", ") + std::to_string(x);
-      throw InputError("block_mask",
-                       "block mask shape [" + got + "] does not match " + std::to_string(s.heads) +
-                           " heads and N / block size = " + std::to_string(s.seq_len) + " / " +
-                           std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
-                           " blocks: expected [" + std::to_string(s.heads) + ", " +
-                           std::to_string(nb) + ", " + std::to_string(nb) + "] or [" +
-                           std::to_string(nb) + ", " + std::to_string(nb) + "] (see block_size)");
+std::string choice(const char* keyword, const std::string& value,
+                   std::initializer_list<const char*> choices) {
+  std::string list;
+  for (const char* c : choices) {
+    if (value == c) return value;
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  throw InputError(keyword, "unknown value '" + value + "' (choose one of: " + list + ")");
+}
+
+// The keywords as a JobSpec for a full [B, N, H, D] problem with kv_heads K/V heads.
+JobSpec spec_of(const AttentionOptions& o, const Shape4& full, int64_t kv_heads,
+                const std::optional<BlockMask>& mask, double timeout_s) {
+  JobSpec spec;
+  AttentionConfig& c = spec.config;
+  c.shape = full;
+  c.kv_heads = kv_heads;
+  const std::string attention =
+      choice("attention", o.attention, {"dense", "dilated", "block-sparse", "auto"});
+  spec.attention_auto = attention == "auto";
+  c.attention = attention == "dilated"              ? AttentionKind::dilated
+                : attention == "block-sparse"       ? AttentionKind::block_sparse
+                : spec.attention_auto && o.segments ? AttentionKind::dilated
+                                                    : AttentionKind::dense;
+  const bool sparse = c.attention == AttentionKind::block_sparse;
+  c.combine = choice("combine", o.combine, {"grouped", "mixture"}) == "grouped" ? Combine::grouped
+                                                                                : Combine::mixture;
+  if (attention == "dense" && (o.segments || o.dilations))
+    throw InputError(o.segments ? "segments" : "dilations",
+                     "only applies to attention=\"dilated\" (or block-sparse's dilated-blocks)");
+  if (o.segments) c.segments = *o.segments;
+  if (o.dilations) c.dilations = *o.dilations;
+  c.causal = o.causal;
+  c.scale = o.scale;
+  if (o.window) {
+    if (o.window->empty() || o.window->size() > 2)
+      throw InputError("window", "expected L or (L, R): one or two integers");
+    for (const int64_t r : *o.window)
+      if (r < 0) throw InputError("window", "reaches must be >= 0, got " + std::to_string(r));
+    c.window_left = (*o.window)[0];
+    if (o.window->size() == 2) c.window_right = (*o.window)[1];
+  }
+  if (o.seqlens) {
+    c.cu_seqlens = {0};
+    for (const int64_t len : *o.seqlens) {
+      if (len <= 0)
+        throw InputError("seqlens",
+                         "document lengths must be positive, got " + std::to_string(len));
+      c.cu_seqlens.push_back(c.cu_seqlens.back() + len);
     }
-    return std::make_shared<const sparse::BlockLists>(
-        sparse::lists_from_mask(mask->data, shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
   }
-  const sparse::Geometry g{s.seq_len, cfg.block_size, s.heads};
-  const sparse::Pattern p = sparse::parse_pattern(pattern, g, cfg.segments, cfg.dilations, 0);
-  if (!cfg.segments.empty() && p.canonical.find("dilated-blocks") == std::string::npos)
-    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern " +
-                                       quote(pattern) + " has none)");
-  return sparse::PatternCache::global().get(
-      sparse::cache_key(s.seq_len, cfg.block_size, s.heads, p.canonical),
-      [&] { return sparse::build_lists(p, g); });
+  if (o.block_size != 128 && !sparse && !spec.attention_auto)
+    throw InputError("block_size", "only applies to attention=\"block-sparse\" or \"auto\"");
+  if (o.block_size <= 0)
+    throw InputError("block_size", "must be positive, got " + std::to_string(o.block_size));
+  c.block_size = o.block_size;
+  if ((o.pattern || o.has_block_mask) && !sparse)
+    throw InputError(o.pattern ? "pattern" : "block_mask",
+                     spec.attention_auto ? "not used by attention=\"auto\" (it derives the "
+                                           "dilated-blocks pattern from segments/dilations)"
+                                         : "only applies to attention=\"block-sparse\"");
+  if (o.pattern && o.has_block_mask)
+    throw InputError("block_mask", "give either pattern or block_mask, not both");
+  if (sparse && !o.pattern && !o.has_block_mask)
+    throw InputError("pattern",
+                     "block-sparse attention needs a pattern: pattern=TEXT or block_mask=ARRAY");
+  if (o.pattern) spec.block_sparse.pattern = *o.pattern;
+  if (mask) {
+    std::size_t n = 1;
+    for (const int64_t d : mask->dims) n *= static_cast<std::size_t>(d);
+    spec.block_sparse.mask =
+        std::make_shared<const std::vector<uint8_t>>(mask->data, mask->data + n);
+    spec.block_sparse.mask_dims = mask->dims;
+    spec.block_sparse.mask_name = "block_mask";
+  }
+  c.layout = choice("layout", o.layout, {"bnhd", "bhnd"}) == "bnhd" ? TensorLayout::bnhd
+                                                                    : TensorLayout::bhnd;
+  // This version of the package computes on the CPU.
+  spec.device = Device::cpu;
+  spec.timeout_s = timeout_s;
+  return spec;
 }
 
 }  // namespace
 
-ring::ShardLayout layout_for(AttentionOptions o, const Shape4& full, int world) {
-  if (o.attention == "block-sparse" && !o.pattern) o.has_block_mask = true;
-  const Resolved r = resolve(o, full, full.heads);
-  return r.cfg.attention == AttentionKind::block_sparse ? sparse::sparse_layout(r.cfg, world)
-                                                        : ring::make_layout(r.cfg, world);
+std::vector<std::vector<int64_t>> rows_for(const AttentionOptions& o, const Shape4& full,
+                                           int world) {
+  return naming_keywords([&] {
+    AttentionOptions layout_only = o;
+    // The layout needs no block lists: stand in for a pattern the caller may pass later.
+    if (layout_only.attention == "block-sparse" && !o.pattern) layout_only.has_block_mask = true;
+    const JobSpec spec = spec_of(layout_only, full, full.heads, std::nullopt, 300);
+    std::vector<std::vector<int64_t>> rows;
+    for (int r = 0; r < world; ++r) rows.push_back(shard_rows(spec, world, r));
+    return rows;
+  });
 }
 
 AttentionOp::AttentionOp(const AttentionOptions& o, const Shape4& local_q, int64_t kv_heads,
                          const CommHandle& comm, const std::optional<BlockMask>& mask)
     : comm_(comm) {
-  ring::Communicator& c = comm.comm();
-  const int world = c.size();
-  std::shared_ptr<const sparse::BlockLists> lists;
-  // Setup (options, validation, layout, block lists) is agreed on by every rank before any
-  // engine is built, as the CLI's is: one rank's bad option must not leave the others waiting
-  // inside the engine's first exchange.
-  int code = 0;
-  std::string message;
-  std::exception_ptr error;
+  const Shape4 full{local_q.batch, local_q.seq_len * comm.size(), local_q.heads, local_q.head_dim};
   try {
-    const Shape4 full{local_q.batch, local_q.seq_len * world, local_q.heads, local_q.head_dim};
-    Resolved r = resolve(o, full, kv_heads);
-    cfg_ = r.cfg;
-    if (cfg_.attention == AttentionKind::block_sparse) {
-      lists = block_lists(cfg_, r.pattern, mask);
-      layout_ = sparse::sparse_layout(cfg_, world);
-    } else {
-      if (mask) throw InputError("block_mask", "only applies to attention=\"block-sparse\"");
-      layout_ = ring::make_layout(cfg_, world);
-    }
+    // A keyword error on one rank reaches every rank (the lowest failing rank's), as
+    // make_engine's own errors do, so no rank is left waiting in the engine's setup.
+    JobSpec spec;
+    job::agree_on_errors(comm.comm(),
+                         [&] { spec = spec_of(o, full, kv_heads, mask, comm.timeout_s()); });
+    Comm c = Comm::borrow(comm.comm());
+    engine_.emplace(make_engine(spec, c));
   } catch (const InputError& e) {
-    code = static_cast<int>(ExitCode::bad_input);
-    message = e.what();
-    error = std::current_exception();
-  } catch (const std::exception& e) {
-    code = static_cast<int>(ExitCode::runtime_failure);
-    message = e.what();
-    error = std::current_exception();
+    const InputError k(keyword_of(e.subject()), e.problem());
+    if (comm.size() > 1 && e.rank() >= 0)
+      throw InputError("rank " + std::to_string(e.rank()), k.what());
+    throw k;
+  } catch (const RuntimeFailure& e) {
+    if (comm.size() > 1 && e.rank() >= 0)
+      throw RuntimeFailure("rank " + std::to_string(e.rank()) + ": " + e.what());
+    throw;
   }
-  if (world > 1) {
-    const int64_t worst = c.max(static_cast<int64_t>(code));
-    if (worst != 0) {
-      const auto first_bad =
-          static_cast<int>(-c.max(code ? -static_cast<int64_t>(c.rank()) : INT64_MIN));
-      uint64_t length = message.size();
-      c.broadcast(&length, sizeof length, first_bad);
-      message.resize(length);
-      c.broadcast(message.data(), length, first_bad);
-      const std::string rank = "rank " + std::to_string(first_bad);
-      if (worst == static_cast<int64_t>(ExitCode::bad_input)) throw InputError(rank, message);
-      throw RuntimeFailure(rank + ": " + message);
-    }
-  } else if (error) {
-    std::rethrow_exception(error);
-  }
-
-  ring::RingOptions ring_opts;
-  ring_opts.timeout_s = comm.timeout_s();
-  if (lists)
-    sparse_.emplace(cfg_, lists, c, PlanOptions{}, ring_opts);
-  else if (world == 1)
-    plan_.emplace(cfg_, PlanOptions{});
-  else
-    ring_.emplace(cfg_, c, PlanOptions{}, ring_opts);
 }
 
 AttentionOp::~AttentionOp() = default;
-
-std::string AttentionOp::engine() const {
-  return sparse_ ? "SparsePlan" : plan_ ? "Plan" : "RingPlan";
-}
 
 template <typename F>
 void AttentionOp::run_engine(F&& f) {
@@ -220,26 +173,12 @@ void AttentionOp::run_engine(F&& f) {
 }
 
 void AttentionOp::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
-  run_engine([&] {
-    if (sparse_)
-      sparse_->forward(q, k, v, out, lse);
-    else if (plan_)
-      plan_->forward(q, k, v, out, lse);
-    else
-      ring_->forward(q, k, v, out, lse);
-  });
+  run_engine([&] { engine_->forward(q, k, v, out, lse); });
 }
 
 void AttentionOp::backward(const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const float* dout, float* dq, float* dk, float* dv) {
-  run_engine([&] {
-    if (sparse_)
-      sparse_->backward(q, k, v, out, lse, dout, dq, dk, dv);
-    else if (plan_)
-      plan_->backward(q, k, v, out, lse, dout, dq, dk, dv);
-    else
-      ring_->backward(q, k, v, out, lse, dout, dq, dk, dv);
-  });
+  run_engine([&] { engine_->backward(q, k, v, out, lse, dout, dq, dk, dv); });
 }
 
 }  // namespace ringattn::python

@@ -1,8 +1,8 @@
 // One configured attention problem for the Python package: the keywords of
-// ringattn.attention() turned into an AttentionConfig by the CLI's own option parser (so
-// every bad option is the CLI's InputError, message and all), validated, and the engine
-// built once for it: Plan on one rank, RingPlan over several, SparsePlan for block-sparse.
-// Python caches one AttentionOp per configuration; forward/backward then allocate nothing.
+// ringattn.attention() turned into the library's JobSpec (each bad keyword an InputError
+// naming it), and the Engine made once for it by make_engine, which resolves, validates and
+// plans as for every front end; its errors are re-aimed at the keywords. Python caches one
+// AttentionOp per configuration; forward/backward then allocate nothing.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +12,7 @@
 #include <vector>
 
 #include "comm_handle.hpp"
-#include "ring/ring_engine.hpp"
-#include "ring/sharding.hpp"
-#include "ringattn/config.hpp"
-#include "ringattn/plan.hpp"
-#include "sparse/sparse_plan.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace ringattn::python {
 
@@ -43,11 +39,12 @@ struct BlockMask {
   std::vector<int64_t> dims;
 };
 
-// The layout over `world` ranks that the engine gives a problem of `full` shape with these
-// options (zigzag for causal runs, whole blocks for block-sparse, and whatever the core
-// decides for the others), so that ringattn.shard() places rows where attention() expects
-// them. Block-sparse needs no pattern here: the layout depends only on N and the block size.
-ring::ShardLayout layout_for(AttentionOptions o, const Shape4& full, int world);
+// The global positions each of `world` ranks holds for a problem of `full` shape with these
+// options (ringattn::shard_rows: zigzag for causal runs, whole blocks for block-sparse), so
+// that ringattn.shard() places rows where attention() expects them. Block-sparse needs no
+// pattern here: the layout depends only on N and the block size.
+std::vector<std::vector<int64_t>> rows_for(const AttentionOptions& o, const Shape4& full,
+                                           int world);
 
 class AttentionOp {
  public:
@@ -57,9 +54,9 @@ class AttentionOp {
               const CommHandle& comm, const std::optional<BlockMask>& mask);
   ~AttentionOp();
 
-  const AttentionConfig& config() const { return cfg_; }
-  const ring::ShardLayout& layout() const { return layout_; }
-  std::string engine() const;
+  const AttentionConfig& config() const { return engine_->config(); }
+  int64_t local_len() const { return engine_->local_len(); }
+  std::string engine() const { return engine_->stats().engine; }
 
   // Local shards, float32, C order: q, out [B, N/P, H, D]; k, v [B, N/P, HKV, D];
   // lse [B, H, N/P]. Sizes are checked by the caller.
@@ -75,11 +72,7 @@ class AttentionOp {
   // reach one cached plan together (the GIL is released while the engine runs).
   std::mutex running_;
   CommHandle comm_;
-  AttentionConfig cfg_;
-  ring::ShardLayout layout_;
-  std::optional<Plan> plan_;
-  std::optional<ring::RingPlan> ring_;
-  std::optional<sparse::SparsePlan> sparse_;
+  std::optional<Engine> engine_;
 };
 
 }  // namespace ringattn::python

@@ -14,7 +14,6 @@
 #include <mpi.h>
 #endif
 
-#include "cli/options.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::python {
@@ -33,12 +32,13 @@ std::atomic<double> g_failed_timeout_s{0};
 }  // namespace
 
 void check_timeout(double timeout_s) {
-  // The CLI's own parser and message for --timeout.
-  std::ostringstream text;
-  text << std::setprecision(17) << timeout_s;
-  cli::RunOptions opts;
-  std::ostringstream help;
-  cli::parse_run_options({"--timeout", text.str()}, opts, help);
+  // The range the library's JobSpec takes (make_engine checks it again); checked here so
+  // that a bad Comm fails where it is made.
+  if (!(timeout_s > 0) || timeout_s > 1e6) {
+    std::ostringstream got;
+    got << timeout_s;
+    throw InputError("timeout", "must be a number of seconds in (0, 1e6], got " + got.str());
+  }
 }
 
 CommHandle::CommHandle(double timeout_s)

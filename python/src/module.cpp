@@ -84,7 +84,7 @@ struct Shapes {
 
 Shapes shapes_of(const AttentionOp& op) {
   const Shape4& s = op.config().shape;
-  const int64_t nl = op.layout().local_len, hkv = op.config().effective_kv_heads();
+  const int64_t nl = op.local_len(), hkv = op.config().effective_kv_heads();
   return {
       {s.batch, nl, s.heads, s.head_dim}, {s.batch, nl, hkv, s.head_dim}, {s.batch, s.heads, nl}};
 }
@@ -200,12 +200,17 @@ NB_MODULE(_core, m) {
             const AttentionOptions o = options_of(
                 attention, std::move(segments), std::move(dilations), combine, causal, scale,
                 std::move(window), std::move(seqlens), std::move(pattern), block_size);
-            // Per rank, the (first position, length) chunks it owns, in local order.
-            const ring::ShardLayout l = layout_for(o, {batch, seq_len, heads, 1}, c.size());
+            // Per rank, the (first position, length) runs it owns, in local order.
             std::vector<std::vector<std::pair<int64_t, int64_t>>> all;
-            for (int r = 0; r < c.size(); ++r) {
+            for (const std::vector<int64_t>& rows :
+                 rows_for(o, {batch, seq_len, heads, 1}, c.size())) {
               all.emplace_back();
-              for (const ring::Chunk& ch : l.chunks(r)) all.back().push_back({ch.begin, ch.length});
+              for (std::size_t i = 0; i < rows.size();) {
+                std::size_t j = i + 1;
+                while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+                all.back().push_back({rows[i], static_cast<int64_t>(j - i)});
+                i = j;
+              }
             }
             return all;
           },
@@ -218,7 +223,7 @@ NB_MODULE(_core, m) {
            "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
            "seqlens"_a.none(), "pattern"_a.none(), "block_mask"_a.none(), "block_size"_a, "comm"_a)
       .def_prop_ro("engine", &AttentionOp::engine)
-      .def_prop_ro("local_len", [](const AttentionOp& op) { return op.layout().local_len; })
+      .def_prop_ro("local_len", [](const AttentionOp& op) { return op.local_len(); })
       .def_prop_ro("seq_len", [](const AttentionOp& op) { return op.config().shape.seq_len; })
       .def_prop_ro("kv_heads",
                    [](const AttentionOp& op) { return op.config().effective_kv_heads(); })

@@ -235,30 +235,30 @@ def raises_value_error(message, **kw):
     return e
 
 
-def test_bad_options_raise_the_clis_messages():
-    raises_value_error("--attention: unknown value 'sparse' (choose one of: dense, dilated, "
+def test_bad_options_raise_messages_naming_the_keyword():
+    raises_value_error("attention: unknown value 'sparse' (choose one of: dense, dilated, "
                        "block-sparse, auto)", attention="sparse")
-    raises_value_error("--combine: unknown value 'sum' (choose one of: grouped, mixture)",
+    raises_value_error("combine: unknown value 'sum' (choose one of: grouped, mixture)",
                        attention="dilated", segments=[64], dilations=[1], combine="sum")
-    raises_value_error("--segments: only applies to --attention dilated (or block-sparse's "
+    raises_value_error('segments: only applies to attention="dilated" (or block-sparse\'s '
                        "dilated-blocks)", segments=[32])
-    raises_value_error("--window: reaches must be >= 0, got -1 in '-1'", window=-1)
-    raises_value_error("--block-size: only applies to --attention block-sparse or auto",
+    raises_value_error("window: reaches must be >= 0, got -1", window=-1)
+    raises_value_error('block_size: only applies to attention="block-sparse" or "auto"',
                        block_size=64)
-    raises_value_error("--pattern: block-sparse attention needs a pattern: --pattern TEXT or "
-                       "--block-mask FILE", attention="block-sparse", block_size=16)
+    raises_value_error("pattern: block-sparse attention needs a pattern: pattern=TEXT or "
+                       "block_mask=ARRAY", attention="block-sparse", block_size=16)
 
 
-def test_bad_configurations_raise_the_clis_validation_messages():
-    e = raises_value_error_prefix("--segments", attention="dilated", segments=[48],
+def test_bad_configurations_raise_the_librarys_validation_messages():
+    e = raises_value_error_prefix("segments", attention="dilated", segments=[48],
                                   dilations=[1])
     assert "48" in str(e.value)
-    raises_value_error_prefix("--kv-heads", kv_heads=3)
-    raises_value_error_prefix("--window", attention="dilated", segments=[64], dilations=[1],
+    raises_value_error_prefix("kv_heads", kv_heads=3)
+    raises_value_error_prefix("window", attention="dilated", segments=[64], dilations=[1],
                               window=4)
-    raises_value_error_prefix("--segments", attention="dilated", segments=[32, 64],
+    raises_value_error_prefix("segments", attention="dilated", segments=[32, 64],
                               dilations=[1])
-    raises_value_error_prefix("--pattern", attention="block-sparse", block_size=16,
+    raises_value_error_prefix("pattern", attention="block-sparse", block_size=16,
                               pattern="nonsense")
 
 
@@ -339,8 +339,8 @@ def test_packed_sequences_match_reference():
         assert reference.relative_error(got, ref) <= TOLERANCE
 
 
-def test_comm_timeout_is_checked_as_the_clis_timeout():
-    with pytest.raises(ValueError, match=r"^--timeout: must be a number of seconds"):
+def test_comm_timeout_is_checked_naming_the_keyword():
+    with pytest.raises(ValueError, match=r"^timeout: must be a number of seconds"):
         ringattn.Comm(timeout=-1)
     assert ringattn.Comm(timeout=5).timeout == 5
 

@@ -1,44 +1,35 @@
-// Implementation of agree_on_errors (a template, so it lives beside its header).
+// Implementation of agree_on_errors (a template, so it lives beside its header): the
+// library's agreement (job/agree.hpp) and the CLI's way of saying it: the rank the error
+// came from prints it once, every rank returns its exit code.
 #include <iostream>
-#include <new>
 #include <string>
 
+#include "core/quote.hpp"
+#include "job/agree.hpp"
 #include "ringattn/errors.hpp"
-#include "ringattn/quote.hpp"
 
 namespace ringattn::cli {
 
 template <typename F>
 int agree_on_errors(ring::Communicator& comm, F&& f) {
-  int code = 0;
+  int code = 0, rank = -1;
   std::string message;
   try {
-    f();
+    job::agree_on_errors(comm, f);
+    return 0;
   } catch (const InputError& e) {
-    code = static_cast<int>(ExitCode::bad_input);
-    message = e.what();
+    code = static_cast<int>(ExitCode::bad_input), rank = e.rank(), message = e.what();
   } catch (const RuntimeFailure& e) {
-    code = static_cast<int>(ExitCode::runtime_failure);
-    message = e.what();
-  } catch (const std::bad_alloc&) {
-    code = static_cast<int>(ExitCode::runtime_failure);
-    message = "out of memory; use more ranks or a smaller --seq-len/--batch/--heads";
-  } catch (const std::exception& e) {
-    code = static_cast<int>(ExitCode::runtime_failure);
-    message = e.what();
+    code = static_cast<int>(ExitCode::runtime_failure), rank = e.rank(), message = e.what();
   }
-  const int64_t worst = comm.max(static_cast<int64_t>(code));
-  if (worst == 0) return 0;
-  // The lowest failing rank speaks (ranks usually fail alike, e.g. on a bad option).
-  const int64_t first_bad = -comm.max(code ? -static_cast<int64_t>(comm.rank()) : INT64_MIN);
-  if (code && comm.rank() == first_bad) {
+  if (comm.size() == 1 || comm.rank() == rank) {
     std::cerr << "ringattn: ";
-    if (comm.size() > 1) std::cerr << "rank " << comm.rank() << ": ";
+    if (comm.size() > 1) std::cerr << "rank " << rank << ": ";
     // Messages quote file contents and option values; printable() is the last guard that
     // nothing in them reaches the terminal as a control sequence.
     std::cerr << "error: " << printable(message) << "\n";
   }
-  return static_cast<int>(worst);
+  return code;
 }
 
 }  // namespace ringattn::cli

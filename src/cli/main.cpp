@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "cli/comm_choice.hpp"
 #include "cli/options.hpp"
 #include "cli/run_command.hpp"
+#include "core/quote.hpp"
+#include "ring/comm_choice.hpp"
 #include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
-#include "ringattn/quote.hpp"
 
 namespace {
 
@@ -93,31 +93,30 @@ int main(int argc, char** argv) {
   ringattn::cli::RunOptions opts;
   bool help = false;
   std::ostringstream help_text;
-  ringattn::cli::CommKind kind = ringattn::cli::CommKind::local;
+  ringattn::ring::CommKind kind = ringattn::ring::CommKind::local;
   const int parse_code = ringattn::cli::agree_on_errors(*comm, [&] {
     check_launch(*comm);
     help = !ringattn::cli::parse_run_options(args, opts, help_text);
     if (help) return;
     check_ring_size(*comm, opts);
-    ringattn::cli::CommContext c = ringattn::cli::this_build();
+    ringattn::ring::CommContext c = ringattn::ring::this_build();
     c.requested = opts.comm;
-    // auto: the communicator is chosen as for the CPU; the run resolves auto to the GPU
-    // only on a single rank (the multi-rank GPU engine is issue 5's remaining part).
+    // --device auto resolves to the GPU only on one rank, so the control communicator is
+    // chosen as for the CPU; a GPU job's device transport is chosen by make_engine.
     c.device = opts.device == "cuda" ? "cuda" : "cpu";
     c.launched_by_mpi = ringattn::ring::launched_by_mpi();
     c.world_size = comm->size();
     c.ring_size = opts.ring_size;
-    kind = ringattn::cli::choose_comm(c);
+    kind = ringattn::ring::choose_comm(c);
   });
   if (parse_code) return parse_code;
   if (help) {
     if (comm->rank() == 0) std::cout << help_text.str();
     return 0;
   }
-  // NCCL is chosen only with --device cuda. Until the GPU ring engine exists (issue 5), the
-  // run itself refuses --device cuda on several ranks; one rank runs CudaPlan directly. The
-  // GPU engine will wrap `comm` in make_nccl_communicator here.
-  if (kind == ringattn::cli::CommKind::local && opts.ring_size > 1)
+  // The control communicator is MPI under a launcher, else this process (virtual ranks
+  // with --ring-size P); the engine bootstraps NCCL (or device copies) over it for GPU jobs.
+  if (kind == ringattn::ring::CommKind::local && opts.ring_size > 1)
     return ringattn::cli::run_command_virtual_ranks(opts, std::cout);
   return ringattn::cli::run_command(opts, *comm, std::cout);
 }

@@ -1,7 +1,7 @@
-// The .npy reader and writer behind ringattn/npy.hpp, written from the NumPy format spec:
+// The .npy reader and writer behind cli/npy.hpp, written from the NumPy format spec:
 // strict header parsing with sizes checked against the real file before any allocation,
 // writes through temp files + rename, output path checks, and IEEE half <-> single.
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "ringattn/errors.hpp"
-#include "ringattn/quote.hpp"
+#include "core/quote.hpp"
 
 namespace ringattn {
 

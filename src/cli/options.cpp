@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "ringattn/errors.hpp"
-#include "ringattn/quote.hpp"
+#include "core/quote.hpp"
 
 namespace po = boost::program_options;
 

@@ -393,6 +393,8 @@ std::string CudaPlan::device_description() const {
   return d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) + ")";
 }
 
+void* CudaPlan::stream() const noexcept { return impl_->stream; }
+
 void CudaPlan::synchronize() {
   const kc::ScopedDevice on(impl_->opts.device);
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));

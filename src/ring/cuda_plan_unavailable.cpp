@@ -1,6 +1,7 @@
 // CudaPlan in a build without the CUDA toolkit: the interface exists so that the CLI and
 // library users compile unchanged, and every entry point says, naming --device, that this
 // build has no CUDA kernels.
+#include "kernels/cuda/stream_order.hpp"
 #include "ring/cuda_ring_engine.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
@@ -55,6 +56,7 @@ void CudaPlan::backward(const void*, const void*, const void*, const float*, con
   no_cuda();
 }
 void CudaPlan::synchronize() { no_cuda(); }
+void* CudaPlan::stream() const noexcept { return nullptr; }
 std::string CudaPlan::kernel_name() const { return "none"; }
 const std::vector<std::string>& CudaPlan::notes() const noexcept {
   static const std::vector<std::string> none;
@@ -87,8 +89,13 @@ void CudaRingPlan::backward(const void*, const void*, const void*, const float*,
   no_cuda();
 }
 void CudaRingPlan::synchronize() { no_cuda(); }
+void* CudaRingPlan::stream() const noexcept { return nullptr; }
 const RingTimings& CudaRingPlan::last_forward() const noexcept { return impl_->none; }
 const RingTimings& CudaRingPlan::last_backward() const noexcept { return impl_->none; }
 std::size_t CudaRingPlan::workspace_bytes() const noexcept { return 0; }
 
 }  // namespace ringattn::ring
+
+namespace ringattn::kernels::cuda {
+void order_after(void*, void*, int) { no_cuda(); }
+}  // namespace ringattn::kernels::cuda

@@ -292,6 +292,8 @@ std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   return b;
 }
 
+void* CudaRingPlan::stream() const noexcept { return impl_->stream; }
+
 void CudaRingPlan::synchronize() {
   const kc::ScopedDevice on(impl_->opts.device);
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));

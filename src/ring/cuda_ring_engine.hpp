@@ -38,6 +38,8 @@ class CudaRingPlan {
   void backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
                 const void* dout, float* dq, float* dk, float* dv);
   void synchronize();
+  // The plan's cudaStream_t (its work is ordered on it; null in a build without CUDA).
+  void* stream() const noexcept;
 
   // Of the last call, once synchronised: compute_ms is the stream's time from the first to
   // the last kernel, exposed_ms the time the compute stream stood waiting for transfers

@@ -17,6 +17,7 @@
 
 #include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/mpi.hpp"
 
 #define RINGATTN_MPI_CHECK(call)                                                        \
   do {                                                                                  \
@@ -60,23 +61,38 @@ class MpiExchange final : public PendingExchange {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(int* argc, char*** argv) {
+  // Initialises MPI (thread level MULTIPLE) and runs on MPI_COMM_WORLD; finalises MPI on
+  // destruction.
+  MpiCommunicator(int* argc, char*** argv) : owns_mpi_(true) {
     int provided = 0;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
       throw RuntimeFailure("MPI_Init_thread failed");
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    RINGATTN_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    RINGATTN_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
-    if (provided < MPI_THREAD_SERIALIZED)
-      throw RuntimeFailure("the MPI library provides thread level " + std::to_string(provided) +
-                           "; ringattn's communication thread needs MPI_THREAD_SERIALIZED");
-    MPI_Comm node;
-    RINGATTN_MPI_CHECK(
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
-    RINGATTN_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
-    MPI_Comm_free(&node);
+    comm_ = MPI_COMM_WORLD;
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    set_up(provided);
   }
-  ~MpiCommunicator() override { MPI_Finalize(); }
+  // Runs on a duplicate of the caller's communicator (so its messages never match the
+  // caller's own); MPI stays the caller's to finalise.
+  explicit MpiCommunicator(MPI_Comm comm) : owns_mpi_(false) {
+    int initialised = 0, finalised = 0;
+    MPI_Initialized(&initialised);
+    MPI_Finalized(&finalised);
+    if (!initialised || finalised)
+      throw RuntimeFailure(
+          "ringattn::mpi_comm: MPI is not initialised (call MPI_Init_thread "
+          "first, and keep MPI running while the engine lives)");
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    RINGATTN_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    set_up(provided);
+  }
+  ~MpiCommunicator() override {
+    if (owns_mpi_)
+      MPI_Finalize();
+    else
+      MPI_Comm_free(&comm_);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -99,9 +115,9 @@ class MpiCommunicator final : public Communicator {
         const int n = static_cast<int>(std::min(kPiece, t.bytes - off));
         MPI_Request r;
         if (send)
-          RINGATTN_MPI_CHECK(MPI_Isend(p + off, n, MPI_BYTE, t.peer, tag, MPI_COMM_WORLD, &r));
+          RINGATTN_MPI_CHECK(MPI_Isend(p + off, n, MPI_BYTE, t.peer, tag, comm_, &r));
         else
-          RINGATTN_MPI_CHECK(MPI_Irecv(p + off, n, MPI_BYTE, t.peer, tag, MPI_COMM_WORLD, &r));
+          RINGATTN_MPI_CHECK(MPI_Irecv(p + off, n, MPI_BYTE, t.peer, tag, comm_, &r));
         ex->requests.push_back(r);
       }
     };
@@ -114,20 +130,20 @@ class MpiCommunicator final : public Communicator {
 
   void barrier() override {
     MPI_Request r = MPI_REQUEST_NULL;
-    RINGATTN_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &r));
+    RINGATTN_MPI_CHECK(MPI_Ibarrier(comm_, &r));
     wait_all({&r, 1}, "barrier", "all ranks");
   }
   int64_t max(int64_t v) override {
     int64_t out = 0;
     MPI_Request r = MPI_REQUEST_NULL;
-    RINGATTN_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &r));
+    RINGATTN_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, comm_, &r));
     wait_all({&r, 1}, "max over ranks", "all ranks");
     return out;
   }
   double max(double v) override {
     double out = 0;
     MPI_Request r = MPI_REQUEST_NULL;
-    RINGATTN_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &r));
+    RINGATTN_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_, &r));
     wait_all({&r, 1}, "max over ranks", "all ranks");
     return out;
   }
@@ -139,7 +155,7 @@ class MpiCommunicator final : public Communicator {
       for (std::size_t off = 0; off < bytes; off += kPiece) {
         reqs.push_back(MPI_REQUEST_NULL);
         RINGATTN_MPI_CHECK(MPI_Isend(p + off, static_cast<int>(std::min(kPiece, bytes - off)),
-                                     MPI_BYTE, 0, kTag, MPI_COMM_WORLD, &reqs.back()));
+                                     MPI_BYTE, 0, kTag, comm_, &reqs.back()));
       }
       wait_all(reqs, "gather to rank 0", "rank 0");
       return;
@@ -151,7 +167,7 @@ class MpiCommunicator final : public Communicator {
         reqs.push_back(MPI_REQUEST_NULL);
         RINGATTN_MPI_CHECK(MPI_Irecv(o + static_cast<std::size_t>(src) * bytes + off,
                                      static_cast<int>(std::min(kPiece, bytes - off)), MPI_BYTE, src,
-                                     kTag, MPI_COMM_WORLD, &reqs.back()));
+                                     kTag, comm_, &reqs.back()));
       }
     wait_all(reqs, "gather to rank 0", "ranks 1.." + std::to_string(size_ - 1));
   }
@@ -160,7 +176,7 @@ class MpiCommunicator final : public Communicator {
     for (std::size_t off = 0; off < bytes; off += kPiece) {
       MPI_Request r = MPI_REQUEST_NULL;
       RINGATTN_MPI_CHECK(MPI_Ibcast(p + off, static_cast<int>(std::min(kPiece, bytes - off)),
-                                    MPI_BYTE, root, MPI_COMM_WORLD, &r));
+                                    MPI_BYTE, root, comm_, &r));
       wait_all({&r, 1}, "broadcast from rank " + std::to_string(root), "all ranks");
     }
   }
@@ -174,9 +190,9 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> all_nums(rank_ == 0 ? 2 * static_cast<std::size_t>(size_) : 0);
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     RINGATTN_MPI_CHECK(MPI_Igather(buf, sizeof buf, MPI_CHAR, all_buf.data(), sizeof buf, MPI_CHAR,
-                                   0, MPI_COMM_WORLD, &reqs[0]));
+                                   0, comm_, &reqs[0]));
     RINGATTN_MPI_CHECK(
-        MPI_Igather(nums, 2, MPI_INT, all_nums.data(), 2, MPI_INT, 0, MPI_COMM_WORLD, &reqs[1]));
+        MPI_Igather(nums, 2, MPI_INT, all_nums.data(), 2, MPI_INT, 0, comm_, &reqs[1]));
     wait_all(reqs, "gather of rank facts", "all ranks");
     std::vector<RankInfo> out;
     for (int r = 0; rank_ == 0 && r < size_; ++r) {
@@ -214,6 +230,21 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  void set_up(int provided) {
+    RINGATTN_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    RINGATTN_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw RuntimeFailure("the MPI library provides thread level " + std::to_string(provided) +
+                           "; ringattn's communication thread needs MPI_THREAD_SERIALIZED");
+    MPI_Comm node;
+    RINGATTN_MPI_CHECK(
+        MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    RINGATTN_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+    MPI_Comm_free(&node);
+  }
+
+  bool owns_mpi_ = false;
+  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   double timeout_s_ = 300;  // --timeout's default until the CLI sets it
 };
@@ -225,3 +256,11 @@ std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv) {
 }
 
 }  // namespace ringattn::ring
+
+namespace ringattn {
+
+Comm mpi_comm(MPI_Comm comm) {
+  return Comm(std::shared_ptr<ring::Communicator>(std::make_unique<ring::MpiCommunicator>(comm)));
+}
+
+}  // namespace ringattn

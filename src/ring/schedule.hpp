@@ -1,6 +1,6 @@
 // The schedule: how a configuration's attention breaks into kernel passes of strided
-// subsequence tasks on one rank. It is built once per Plan (this is the "pattern cache" of
-// the replaced project: computed once, reused by every call).
+// subsequence tasks on one rank. It is built once per Plan, computed once and reused by
+// every call: the pattern cache is the schedule itself.
 #pragma once
 
 #include <span>

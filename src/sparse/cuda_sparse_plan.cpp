@@ -418,6 +418,8 @@ std::string CudaSparsePlan::device_description() const {
   return d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) + ")";
 }
 
+void* CudaSparsePlan::stream() const noexcept { return impl_->stream; }
+
 void CudaSparsePlan::synchronize() {
   const kc::ScopedDevice on(impl_->opts.device);
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));

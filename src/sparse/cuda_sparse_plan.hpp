@@ -55,6 +55,8 @@ class CudaSparsePlan {
   void backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
                 const void* dout, float* dq, float* dk, float* dv);
   void synchronize();
+  // The plan's cudaStream_t (its work is ordered on it; null in a build without CUDA).
+  void* stream() const noexcept;
 
   std::string kernel_name() const { return "native"; }
   const ring::ShardLayout& layout() const noexcept;

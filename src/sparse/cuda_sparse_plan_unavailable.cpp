@@ -28,6 +28,7 @@ void CudaSparsePlan::forward(const void*, const void*, const void*, float*, floa
 void CudaSparsePlan::backward(const void*, const void*, const void*, const float*, const float*,
                               const void*, float*, float*, float*) {}
 void CudaSparsePlan::synchronize() {}
+void* CudaSparsePlan::stream() const noexcept { return nullptr; }
 const std::vector<std::string>& CudaSparsePlan::notes() const noexcept {
   static const std::vector<std::string> none;
   return none;

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "ringattn/errors.hpp"
-#include "ringattn/quote.hpp"
+#include "core/quote.hpp"
 
 namespace ringattn::sparse {
 

@@ -17,7 +17,7 @@
 #include "cli_runner.hpp"
 #include "random.hpp"
 #include "ringattn/cuda_plan.hpp"
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 
 using ringattn::testing::CliResult;
 using ringattn::testing::run_cli;

@@ -15,7 +15,7 @@
 #include "cli_runner.hpp"
 #include "golden.hpp"
 #include "ringattn/cuda_plan.hpp"
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {

@@ -12,7 +12,7 @@
 #include "cli_runner.hpp"
 #include "golden.hpp"
 #include "random.hpp"
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {

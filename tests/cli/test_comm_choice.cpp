@@ -3,12 +3,14 @@
 // choose_comm(); the CLI-reachable refusals are also run end to end (exit 2, naming the option).
 #include <gtest/gtest.h>
 
-#include "cli/comm_choice.hpp"
 #include "cli_runner.hpp"
+#include "ring/comm_choice.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::cli {
 namespace {
+
+using namespace ringattn::ring;
 
 CommContext ctx(const std::string& requested, const std::string& device, bool nccl, bool mpi,
                 bool launched, int world, int ring_size) {
@@ -92,6 +94,34 @@ TEST(CommChoice, CliLocalRunsOneProcessAndVirtualRanks) {
                           "1", "--comm", "local", "--ring-size", p, "--json"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find(std::string("\"world_size\":") + p), std::string::npos) << r.out;
+  }
+}
+
+// The GPU job's device transport (make_engine): NCCL with a GPU per rank, device copies for
+// virtual ranks sharing GPUs, --comm honoured or refused by name.
+TEST(DeviceTransport, AutoIsNcclWithAGpuPerRankAndDeviceCopiesForSharedGpus) {
+  EXPECT_EQ(choose_device_transport({"auto", 1, false, 1}), DeviceTransport::none);
+  EXPECT_EQ(choose_device_transport({"auto", 4, false, 1}), DeviceTransport::nccl);
+  EXPECT_EQ(choose_device_transport({"auto", 4, true, 4}), DeviceTransport::nccl);
+  EXPECT_EQ(choose_device_transport({"auto", 4, true, 1}), DeviceTransport::device_copies);
+  EXPECT_EQ(choose_device_transport({"local", 2, true, 2}), DeviceTransport::device_copies);
+  EXPECT_EQ(choose_device_transport({"nccl", 2, false, 8}), DeviceTransport::nccl);
+  EXPECT_EQ(device_of_rank(DeviceTransport::device_copies, 5, 0, 2), 1);
+  EXPECT_EQ(device_of_rank(DeviceTransport::nccl, 5, 3, 8), 3);
+  EXPECT_EQ(device_of_rank(DeviceTransport::nccl, 5, 3, 1), 0);
+}
+
+TEST(DeviceTransport, RequestsThatCannotMoveDeviceMemoryAreRefusedNamingComm) {
+  for (const DeviceTransportContext& c :
+       {DeviceTransportContext{"mpi", 2, false, 2}, DeviceTransportContext{"local", 2, false, 2},
+        DeviceTransportContext{"nccl", 4, true, 1}}) {
+    try {
+      (void)choose_device_transport(c);
+      ADD_FAILURE() << "--comm " << c.requested << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.subject(), "--comm") << e.what();
+      EXPECT_NE(std::string(e.what()).find("'" + c.requested + "'"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "ringattn/errors.hpp"
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 
 using ringattn::AtomicOutputs;
 using ringattn::InputError;

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 
 namespace ringattn::testing {
 

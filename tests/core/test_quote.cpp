@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "ringattn/quote.hpp"
+#include "core/quote.hpp"
 
 namespace ringattn {
 namespace {

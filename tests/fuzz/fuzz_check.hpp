@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "ringattn/errors.hpp"
-#include "ringattn/quote.hpp"
+#include "core/quote.hpp"
 
 namespace ringattn::fuzz {
 

@@ -15,7 +15,7 @@
 #include "memory_file.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// libFuzzer target for the .npy reader (ringattn/npy.hpp): the input is a whole file.
+// libFuzzer target for the .npy reader (cli/npy.hpp): the input is a whole file.
 // Invariants: a file is either read, with a header that accounts for every byte, or refused
 // with an InputError naming the file whose message shows header bytes only escaped; the
 // float, bool and int readers each take only their dtypes and the ranged reader agrees with
@@ -16,7 +16,7 @@
 
 #include "fuzz_check.hpp"
 #include "memory_file.hpp"
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 
 namespace {
 

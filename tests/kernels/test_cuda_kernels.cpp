@@ -479,7 +479,7 @@ TEST(CudaKernels, DeviceLseMergeMatchesTheHostMerge) {
 }
 #endif
 
-// ---- the review's fixes (issue 10): each fails on the code before its fix ----------------
+// ---- review fixes: each fails on the code before its fix ---------------------------------
 
 // The tensor-core kernels' shared memory fits the smallest opt-in limit among supported GPUs
 // (compute capability 8.6/8.9: 101,376 bytes); the D = 256 backward asked for 101,632.

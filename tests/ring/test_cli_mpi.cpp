@@ -11,7 +11,7 @@
 #include "cli_runner.hpp"
 #include "golden.hpp"
 #include "ringattn/cuda_plan.hpp"
-#include "ringattn/npy.hpp"
+#include "cli/npy.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {
@@ -91,8 +91,6 @@ TEST(CliMpi, UnevenSplitFailsOnEveryRankWithExit2AndNoOutput) {
   EXPECT_LT(s, 30.0);
 }
 
-// The multi-rank GPU path comes with the NCCL ring (issue 5); until then --device cuda on
-// several ranks is refused on every rank, before any device is touched.
 // Several ranks with --device cuda run the GPU ring (tests/ring/test_cuda_ring.cpp); where
 // no GPU is usable every rank refuses, naming --device and why.
 TEST(CliMpi, CudaDeviceOnSeveralRanksWithoutAGpuIsRefusedWithExit2) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/stream_order.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -144,5 +145,19 @@ void release_unused_device_memory(int device) noexcept {
 
 std::size_t device_bytes_now() noexcept { return g_now.load(); }
 std::size_t device_bytes_peak() noexcept { return g_peak.load(); }
+
+void order_after(void* first, void* then, int device) {
+  if (first == then) return;
+  const ScopedDevice on(device);
+  cudaEvent_t e = nullptr;
+  RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(e, static_cast<cudaStream_t>(first));
+  const cudaError_t waited = recorded == cudaSuccess
+                                 ? cudaStreamWaitEvent(static_cast<cudaStream_t>(then), e, 0)
+                                 : recorded;
+  // The wait holds what it needs of the event: it may go now.
+  (void)cudaEventDestroy(e);
+  RINGATTN_CUDA_CHECK(waited);
+}
 
 }  // namespace ringattn::kernels::cuda

@@ -1,0 +1,365 @@
+// make_engine and the Engine: the setup errors of every rank agreed on (so no rank is left
+// waiting in a collective or an exchange), the device communicator chosen and made, the
+// backend built once; then each call hands this rank's shard to the backend, staging host
+// tensors through the device for GPU engines, and ordering device work after the caller's
+// stream.
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "job/agree.hpp"
+#include "job/backends.hpp"
+#include "job/engine_impl.hpp"
+#include "job/resolve.hpp"
+#include "kernels/cuda/stream_order.hpp"
+#include "ring/comm_choice.hpp"
+#include "ring/fault_injection.hpp"
+#include "ring/nccl_communicator.hpp"
+#include "ring/ring_schedule.hpp"
+#include "ringattn/ringattn.hpp"
+#include "sparse/sparse_plan.hpp"
+#include "sparse/token_rule.hpp"
+
+namespace ringattn {
+
+namespace {
+
+std::size_t elem_bytes(DeviceDType t) { return t == DeviceDType::fp32 ? 4 : 2; }
+
+ring::RingOptions ring_options(const JobSpec& spec) {
+  ring::RingOptions r;
+  r.timeout_s = spec.timeout_s;
+  r.fault = ring::FaultInjection::from_env();
+  r.on_step = spec.on_step;
+  return r;
+}
+
+void build(Engine::Impl& m, const JobSpec& spec) {
+  ring::Communicator& comm = m.comm.communicator();
+  const PlanOptions plan_opts{spec.threads};
+  if (!m.on_gpu()) {
+    m.backend = job::make_host_backend(m.job, comm, plan_opts, ring_options(spec));
+    return;
+  }
+  const int gpus = std::max(1, probe_cuda_device().device_count);
+  const ring::DeviceTransport t = ring::choose_device_transport(
+      {to_string(spec.transport), comm.size(), comm.in_process(), gpus});
+  m.device_index = ring::device_of_rank(t, comm.rank(), comm.local_rank(), gpus);
+  if (t == ring::DeviceTransport::device_copies)
+    m.device_comm = ring::make_device_inproc_communicator(comm, m.device_index);
+  else if (t == ring::DeviceTransport::nccl)
+    m.device_comm = ring::make_nccl_communicator(comm, {spec.timeout_s});
+  if (t == ring::DeviceTransport::nccl && gpus > 1) m.device_index = comm.local_rank();
+  if (m.device_comm && spec.kernel == KernelChoice::cudnn)
+    throw InputError("--kernel", std::string("'cudnn' runs on one rank; the GPU ") +
+                                     (m.job.lists ? "block-sparse mode" : "ring") +
+                                     " uses the native kernels (use --kernel native or auto)");
+  const CudaPlanOptions opts{spec.dtype.value_or(DeviceDType::bf16),
+                             m.device_comm ? KernelChoice::native : spec.kernel, m.device_index};
+  m.backend = job::make_device_backend(m.job, m.device_comm.get(), opts, ring_options(spec));
+}
+
+}  // namespace
+
+const char* to_string(Device d) {
+  return d == Device::cpu ? "cpu" : d == Device::cuda ? "cuda" : "auto";
+}
+
+const char* to_string(Transport t) {
+  switch (t) {
+    case Transport::nccl:
+      return "nccl";
+    case Transport::mpi:
+      return "mpi";
+    case Transport::local:
+      return "local";
+    case Transport::automatic:
+      break;
+  }
+  return "auto";
+}
+
+// --- Comm -----------------------------------------------------------------------------------
+
+Comm::Comm(std::shared_ptr<ring::Communicator> comm) : comm_(std::move(comm)) {
+  if (!comm_) throw RuntimeFailure("ringattn::Comm: no communicator");
+}
+Comm Comm::single() {
+  return Comm(std::shared_ptr<ring::Communicator>(ring::make_local_communicator()));
+}
+Comm Comm::borrow(ring::Communicator& comm) {
+  return Comm(std::shared_ptr<ring::Communicator>(&comm, [](ring::Communicator*) {}));
+}
+int Comm::rank() const { return comm_->rank(); }
+int Comm::size() const { return comm_->size(); }
+
+// --- Engine ---------------------------------------------------------------------------------
+
+Engine::Impl::~Impl() {
+  // The backend's communication thread uses the device communicator: the backend goes first.
+  backend.reset();
+  staging.reset();
+  device_comm.reset();
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine::~Engine() = default;
+
+Engine make_engine(const JobSpec& spec, Comm& comm) {
+  ring::Communicator& c = comm.communicator();
+  c.set_collective_timeout(spec.timeout_s);
+  auto impl = std::make_unique<Engine::Impl>(comm);
+  job::agree_on_errors(c, [&] {
+    impl->job = job::resolve(spec, {c.size(), c.in_process(), true});
+  });
+  job::agree_on_errors(c, [&] { build(*impl, spec); });
+  return Engine(std::move(impl));
+}
+
+const AttentionConfig& Engine::config() const noexcept { return impl_->job.cfg; }
+Device Engine::device() const noexcept { return impl_->job.device; }
+DeviceDType Engine::dtype() const noexcept { return impl_->backend->dtype(); }
+int Engine::rank() const noexcept { return impl_->comm.rank(); }
+int Engine::world_size() const noexcept { return impl_->comm.size(); }
+int64_t Engine::local_len() const noexcept { return impl_->job.layout.local_len; }
+
+std::vector<int64_t> Engine::rows_of(int rank) const {
+  std::vector<int64_t> rows;
+  rows.reserve(static_cast<std::size_t>(local_len()));
+  for (const ring::Chunk& c : impl_->job.layout.chunks(rank))
+    for (int64_t i = 0; i < c.length; ++i) rows.push_back(c.begin + i);
+  return rows;
+}
+std::vector<int64_t> Engine::local_rows() const { return rows_of(rank()); }
+
+Shape4 Engine::local_shape() const noexcept {
+  const Shape4& s = config().shape;
+  return {s.batch, local_len(), s.heads, s.head_dim};
+}
+Shape4 Engine::local_kv_shape() const noexcept {
+  const Shape4& s = config().shape;
+  return {s.batch, local_len(), config().effective_kv_heads(), s.head_dim};
+}
+
+void Engine::synchronize() { impl_->backend->synchronize(); }
+
+// The device copies of this rank's shard for host calls, allocated on the first call that
+// needs each (the forward's five, the backward's four more).
+Engine::Impl::Staging& Engine::Impl::stage(bool backward_too) {
+  const Shape4 local{job.cfg.shape.batch, job.layout.local_len, job.cfg.shape.heads,
+                     job.cfg.shape.head_dim};
+  const auto n = static_cast<std::size_t>(local.numel());
+  const auto n_kv = n / static_cast<std::size_t>(job.cfg.queries_per_kv_head());
+  const auto n_lse = n / static_cast<std::size_t>(local.head_dim);
+  const std::size_t eb = elem_bytes(backend->dtype());
+  const int dev = device_index;
+  if (!staging) {
+    staging = std::make_unique<Staging>();
+    staging->q = DeviceBuffer(n * eb, "q (staged)", dev);
+    staging->k = DeviceBuffer(n_kv * eb, "k (staged)", dev);
+    staging->v = DeviceBuffer(n_kv * eb, "v (staged)", dev);
+    staging->out = DeviceBuffer(n * sizeof(float), "out (staged)", dev);
+    staging->lse = DeviceBuffer(n_lse * sizeof(float), "lse (staged)", dev);
+  }
+  if (backward_too && !staging->dq.data()) {
+    staging->dout = DeviceBuffer(n * eb, "dout (staged)", dev);
+    staging->dq = DeviceBuffer(n * sizeof(float), "dq (staged)", dev);
+    staging->dk = DeviceBuffer(n_kv * sizeof(float), "dk (staged)", dev);
+    staging->dv = DeviceBuffer(n_kv * sizeof(float), "dv (staged)", dev);
+  }
+  return *staging;
+}
+
+void Engine::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
+  Impl& m = *impl_;
+  if (!m.on_gpu()) return m.backend->forward(q, k, v, out, lse);
+  const auto n = static_cast<std::size_t>(local_shape().numel());
+  const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
+  const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
+  const DeviceDType t = dtype();
+  Impl::Staging& s = m.stage(false);
+  s.q.upload(q, n, t);
+  s.k.upload(k, n_kv, t);
+  s.v.upload(v, n_kv, t);
+  m.backend->forward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>());
+  m.backend->synchronize();
+  s.out.download(out, n);
+  s.lse.download(lse, n_lse);
+}
+
+void Engine::backward(const float* q, const float* k, const float* v, const float* out,
+                      const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+  Impl& m = *impl_;
+  if (!m.on_gpu()) return m.backend->backward(q, k, v, out, lse, dout, dq, dk, dv);
+  const auto n = static_cast<std::size_t>(local_shape().numel());
+  const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
+  const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
+  const DeviceDType t = dtype();
+  Impl::Staging& s = m.stage(true);
+  s.q.upload(q, n, t);
+  s.k.upload(k, n_kv, t);
+  s.v.upload(v, n_kv, t);
+  s.out.upload(out, n, DeviceDType::fp32);
+  s.lse.upload(lse, n_lse, DeviceDType::fp32);
+  s.dout.upload(dout, n, t);
+  m.backend->backward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>(),
+                      s.dout.data(), s.dq.as<float>(), s.dk.as<float>(), s.dv.as<float>());
+  m.backend->synchronize();
+  s.dq.download(dq, n);
+  s.dk.download(dk, n_kv);
+  s.dv.download(dv, n_kv);
+}
+
+namespace {
+
+// The checks of a tensor reference against what the engine reads or writes there.
+void check_ref(const TensorRef& t, const char* name, Memory memory, DeviceDType dtype) {
+  if (!t.data) throw InputError(name, "is null");
+  if (t.memory != memory)
+    throw InputError(name, memory == Memory::device
+                               ? "is in host memory, and this call's other tensors are on the GPU"
+                               : "is in device memory, and this engine computes on the CPU");
+  if (t.dtype != dtype)
+    throw InputError(name,
+                     std::string("must be ") + to_string(dtype) + ", got " + to_string(t.dtype));
+}
+
+}  // namespace
+
+void Engine::forward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                     const TensorRef& out, const TensorRef& lse) {
+  Impl& m = *impl_;
+  if (!m.on_gpu() || q.memory == Memory::host) {
+    for (const auto& [t, name] :
+         {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}})
+      check_ref(*t, name, Memory::host, DeviceDType::fp32);
+    return forward(static_cast<const float*>(q.data), static_cast<const float*>(k.data),
+                   static_cast<const float*>(v.data), static_cast<float*>(out.data),
+                   static_cast<float*>(lse.data));
+  }
+  const DeviceDType t = dtype();
+  for (const auto& [ref, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}})
+    check_ref(*ref, name, Memory::device, t);
+  for (const auto& [ref, name] : {std::pair{&out, "out"}, {&lse, "lse"}})
+    check_ref(*ref, name, Memory::device, DeviceDType::fp32);
+  void* caller = q.stream;
+  kernels::cuda::order_after(caller, m.backend->stream(), m.device_index);
+  m.backend->forward(q.data, k.data, v.data, static_cast<float*>(out.data),
+                     static_cast<float*>(lse.data));
+  kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
+}
+
+void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                      const TensorRef& out, const TensorRef& lse, const TensorRef& dout,
+                      const TensorRef& dq, const TensorRef& dk, const TensorRef& dv) {
+  Impl& m = *impl_;
+  if (!m.on_gpu() || q.memory == Memory::host) {
+    for (const auto& [t, name] : {std::pair{&q, "q"},
+                                  {&k, "k"},
+                                  {&v, "v"},
+                                  {&out, "out"},
+                                  {&lse, "lse"},
+                                  {&dout, "dout"},
+                                  {&dq, "dq"},
+                                  {&dk, "dk"},
+                                  {&dv, "dv"}})
+      check_ref(*t, name, Memory::host, DeviceDType::fp32);
+    return backward(static_cast<const float*>(q.data), static_cast<const float*>(k.data),
+                    static_cast<const float*>(v.data), static_cast<const float*>(out.data),
+                    static_cast<const float*>(lse.data), static_cast<const float*>(dout.data),
+                    static_cast<float*>(dq.data), static_cast<float*>(dk.data),
+                    static_cast<float*>(dv.data));
+  }
+  const DeviceDType t = dtype();
+  for (const auto& [ref, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&dout, "dout"}})
+    check_ref(*ref, name, Memory::device, t);
+  for (const auto& [ref, name] :
+       {std::pair{&out, "out"}, {&lse, "lse"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
+    check_ref(*ref, name, Memory::device, DeviceDType::fp32);
+  void* caller = q.stream;
+  kernels::cuda::order_after(caller, m.backend->stream(), m.device_index);
+  m.backend->backward(q.data, k.data, v.data, static_cast<const float*>(out.data),
+                      static_cast<const float*>(lse.data), dout.data, static_cast<float*>(dq.data),
+                      static_cast<float*>(dk.data), static_cast<float*>(dv.data));
+  kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
+}
+
+EngineStats Engine::stats() const {
+  const Impl& m = *impl_;
+  const job::ResolvedJob& j = m.job;
+  const int rank = m.comm.rank();
+  EngineStats s;
+  s.device = to_string(j.device);
+  s.world_size = m.comm.size();
+  s.threads = 1;
+  m.backend->fill(s);
+  s.layout = j.layout.name();
+  s.attention_note = j.auto_note;
+  if (j.lists) {
+    const sparse::BlockLists& l = *j.lists;
+    s.attended_pairs =
+        sparse::attended_token_pairs(l, j.cfg) * static_cast<double>(j.cfg.shape.batch);
+    s.pattern = j.pattern_text;
+    s.sparsity = sparse::sparsity(l, j.cfg.causal);
+    s.imbalance = ring::imbalance(sparse::attended_pairs_by_rank(l, j.layout, j.cfg));
+    if (s.world_size > 1) s.bytes_sent_min = sparse::minimum_bytes_sent(j.cfg, l, j.layout, rank);
+  } else {
+    s.attended_pairs = attended_pairs(j.cfg);
+    s.imbalance = ring::imbalance(ring::attended_pairs_by_rank(j.cfg, j.layout));
+    if (s.world_size > 1) s.bytes_sent_min = ring::minimum_bytes_sent(j.cfg, j.layout, rank);
+  }
+  if (m.on_gpu()) {
+    // K/V travel in the device dtype; the minimum is counted in fp32.
+    s.bytes_sent_min = s.bytes_sent_min * static_cast<int64_t>(elem_bytes(s.dtype)) / 4;
+    s.device_peak_bytes = device_bytes_peak();
+    const CudaDeviceStatus d = probe_cuda_device(m.device_index);
+    s.emulated_device = d.emulated;
+    const std::string kernel = std::string(to_string(s.dtype)) + " inputs, kernel " + s.kernel;
+    if (s.device_detail.empty())  // the GPU ring: one line per rank's device
+      s.device_detail = d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) +
+                        ") per rank, " + kernel;
+    else
+      s.device_detail += ", " + kernel + (m.device_comm ? " per rank" : "");
+    if (m.device_comm) s.device_detail += ", " + m.device_comm->library_version();
+  }
+  return s;
+}
+
+std::string field_of(const std::string& subject) {
+  static const std::pair<const char*, const char*> kFields[] = {
+      {"--batch", "config.shape.batch"},
+      {"--seq-len", "config.shape.seq_len"},
+      {"--heads", "config.shape.heads"},
+      {"--head-dim", "config.shape.head_dim"},
+      {"--kv-heads", "config.kv_heads"},
+      {"--attention", "config.attention"},
+      {"--combine", "config.combine"},
+      {"--segments", "config.segments"},
+      {"--dilations", "config.dilations"},
+      {"--causal", "config.causal"},
+      {"--scale", "config.scale"},
+      {"--window", "config.window_left"},
+      {"--seqlens", "config.cu_seqlens"},
+      {"--block-size", "config.block_size"},
+      {"--layout", "config.layout"},
+      {"--pattern", "block_sparse.pattern"},
+      {"--sparse-threshold", "sparse_threshold"},
+      {"--device", "device"},
+      {"--dtype", "dtype"},
+      {"--kernel", "kernel"},
+      {"--comm", "transport"},
+      {"--threads", "threads"},
+      {"--timeout", "timeout_s"},
+  };
+  for (const auto& [option, field] : kFields)
+    if (subject == option) return field;
+  return subject;
+}
+
+}  // namespace ringattn

@@ -1,0 +1,192 @@
+// JobSpec -> ResolvedJob: where the job runs (device = auto), what it computes (attention =
+// auto past the threshold), whether the pieces fit together (dtype and kernel against the
+// device, cuDNN against the features), validation, the block lists (pattern through the
+// process-wide cache, or the caller's mask) and the shard layout. Every error names the
+// field in the CLI's spelling (ringattn.hpp: field_of).
+#include "job/resolve.hpp"
+
+#include <sstream>
+#include <string>
+
+#include "core/quote.hpp"
+#include "kernels/cpu_blas.hpp"
+#include "ring/nccl_communicator.hpp"
+#include "sparse/pattern.hpp"
+#include "sparse/pattern_cache.hpp"
+#include "sparse/sparse_plan.hpp"
+
+namespace ringattn::job {
+
+namespace {
+
+// Whether the job runs on the GPU: cuda (checked: CUDA kernels built, a usable device, NCCL
+// where ranks exchange over it), or automatic with one rank, a usable device and [B, N, H,
+// D] tensors (the GPU engines read no other layout). Everything else runs on the CPU.
+bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
+  if (spec.device == Device::cpu) return false;
+  if (spec.device == Device::automatic)
+    return cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
+           probe_cuda_device().usable;
+  if (!cuda_built())
+    throw InputError("--device",
+                     "'cuda' is not available: this build of ringattn has CPU kernels only (use "
+                     "--device cpu or auto)");
+  const CudaDeviceStatus s = probe_cuda_device();
+  const bool shares_gpus = ranks.in_process && std::max(1, s.device_count) < ranks.world;
+  if (ranks.world > 1 && !shares_gpus && ring::nccl_version_string().find("none") == 0)
+    throw InputError("--device", "'cuda' on " + std::to_string(ranks.world) +
+                                     " ranks needs NCCL, and this build has none (build with "
+                                     "NCCL, run one rank, or use --device cpu)");
+  if (!s.usable)
+    throw InputError("--device",
+                     "'cuda' cannot be used: " + s.reason + " (use --device cpu or auto)");
+  return true;
+}
+
+const char* device_word(Device d) { return to_string(d); }
+
+// A job on the CPU takes neither cuDNN nor a half-precision dtype; `where` says why it is on
+// the CPU, as the messages continue it for the kernel and the dtype.
+struct CpuReason {
+  std::string kernel, dtype;
+};
+void check_cpu_fields(const JobSpec& spec, const CpuReason& where) {
+  if (spec.kernel == KernelChoice::cudnn)
+    throw InputError("--kernel", "'cudnn' is a CUDA kernel, but " + where.kernel);
+  if (spec.dtype && *spec.dtype != DeviceDType::fp32)
+    throw InputError("--dtype", "'" + std::string(to_string(*spec.dtype)) +
+                                    "' needs the GPU, but " + where.dtype);
+}
+
+std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg,
+                                                      const BlockSparseSource& src,
+                                                      const std::string& pattern,
+                                                      std::string& description) {
+  const Shape4& s = cfg.shape;
+  const int64_t nb = s.seq_len / cfg.block_size;
+  if (src.mask && pattern.empty()) {
+    const auto& d = src.mask_dims;
+    const bool shared = d.size() == 2 && d[0] == nb && d[1] == nb;
+    const bool per_head = d.size() == 3 && d[0] == s.heads && d[1] == nb && d[2] == nb;
+    if (!shared && !per_head) {
+      std::string got;
+      for (int64_t x : d) got += (got.empty() ? "" : ", ") + std::to_string(x);
+      throw InputError(src.mask_name,
+                       "block mask shape [" + got + "] does not match " + std::to_string(s.heads) +
+                           " heads and N / block size = " + std::to_string(s.seq_len) + " / " +
+                           std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
+                           " blocks: expected [" + std::to_string(s.heads) + ", " +
+                           std::to_string(nb) + ", " + std::to_string(nb) + "] or [" +
+                           std::to_string(nb) + ", " + std::to_string(nb) + "] (see --block-size)");
+    }
+    if (src.mask->size() != static_cast<std::size_t>((shared ? 1 : s.heads) * nb * nb))
+      throw InputError(src.mask_name, "holds " + std::to_string(src.mask->size()) +
+                                          " elements, not the product of its dimensions");
+    description = "mask " + src.mask_name;
+    return std::make_shared<const sparse::BlockLists>(sparse::lists_from_mask(
+        src.mask->data(), shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
+  }
+  const sparse::Geometry g{s.seq_len, cfg.block_size, s.heads};
+  const sparse::Pattern p =
+      sparse::parse_pattern(pattern, g, cfg.segments, cfg.dilations, src.seed);
+  if (!cfg.segments.empty() && p.canonical.find("dilated-blocks") == std::string::npos)
+    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern " +
+                                       quote(pattern) + " has none)");
+  description = p.canonical;
+  return sparse::PatternCache::global().get(
+      sparse::cache_key(s.seq_len, cfg.block_size, s.heads, p.canonical),
+      [&] { return sparse::build_lists(p, g); });
+}
+
+}  // namespace
+
+ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
+  ResolvedJob r;
+  AttentionConfig cfg = spec.config;
+  bool use_cuda = resolve_cuda(spec, ranks);
+  if (!use_cuda)
+    check_cpu_fields(spec, {std::string("this run uses the CPU (--device ") +
+                                device_word(spec.device) + "); use --device cuda",
+                            std::string("this run uses the CPU (--device ") +
+                                device_word(spec.device) + "); the CPU kernels compute in fp32"});
+  if (!(spec.timeout_s > 0) || spec.timeout_s > 1e6) {
+    std::ostringstream got;
+    got << spec.timeout_s;
+    throw InputError("--timeout", "must be a number of seconds in (0, 1e6], got " + got.str());
+  }
+  if (spec.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
+  std::string pattern = spec.block_sparse.pattern;
+  if (spec.attention_auto) {
+    const int64_t n = cfg.shape.seq_len;
+    const std::string threshold = std::to_string(spec.sparse_threshold);
+    if (n > spec.sparse_threshold) {
+      if (cfg.segments.empty())
+        throw InputError("--attention", "auto: N = " + std::to_string(n) +
+                                            " is above --sparse-threshold " + threshold +
+                                            ", where block-sparse runs the dilated-blocks pattern; "
+                                            "give --segments and --dilations for it");
+      cfg.attention = AttentionKind::block_sparse;
+      pattern = "dilated-blocks";
+      r.auto_note = "--attention auto: N = " + std::to_string(n) + " > --sparse-threshold " +
+                    threshold + ": block-sparse";
+    } else {
+      r.auto_note = "--attention auto: N = " + std::to_string(n) + " <= --sparse-threshold " +
+                    threshold + ": " + to_string(cfg.attention);
+    }
+  }
+  const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
+  if (block_sparse && pattern.empty() && !spec.block_sparse.mask && ranks.with_lists)
+    throw InputError("--pattern",
+                     "block-sparse attention needs a pattern: --pattern TEXT or --block-mask FILE");
+  if (!block_sparse && spec.block_sparse.mask)
+    throw InputError(spec.block_sparse.mask_name, "only applies to --attention block-sparse");
+  // Block-sparse runs on the GPU when asked for (one rank or several); device = auto keeps
+  // it on the CPU.
+  if (block_sparse && use_cuda && spec.device != Device::cuda) {
+    use_cuda = false;
+    check_cpu_fields(spec,
+                     {"block-sparse runs on the CPU", "block-sparse runs on the CPU, in fp32"});
+  }
+  validate(cfg);
+  // Grouped-query attention, sliding windows and packed sequences run on the GPU's native
+  // kernels; cuDNN's SDPA takes none of them.
+  if (use_cuda && spec.kernel == KernelChoice::cudnn &&
+      (cfg.effective_kv_heads() != cfg.shape.heads || cfg.windowed() || cfg.packed()))
+    throw InputError("--kernel",
+                     "'cudnn' takes neither grouped-query attention, a sliding window nor packed "
+                     "sequences; use --kernel native or auto");
+  if (block_sparse && ranks.with_lists)
+    r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
+  r.layout =
+      block_sparse ? sparse::sparse_layout(cfg, ranks.world) : ring::make_layout(cfg, ranks.world);
+  // Opens OpenBLAS now, so that a bad RINGATTN_BLAS_LIBRARY is reported before any work.
+  if (!use_cuda && ranks.with_lists) (void)kernels::blas_info();
+  r.cfg = std::move(cfg);
+  r.device = use_cuda ? Device::cuda : Device::cpu;
+  return r;
+}
+
+std::vector<int64_t> shard_rows_of(const JobSpec& spec, int world, int rank) {
+  JobSpec cpu = spec;
+  cpu.device = Device::cpu;
+  cpu.kernel = KernelChoice::automatic;
+  cpu.dtype.reset();
+  const ResolvedJob r = resolve(cpu, {world, false, false});
+  std::vector<int64_t> rows;
+  for (const ring::Chunk& c : r.layout.chunks(rank))
+    for (int64_t i = 0; i < c.length; ++i) rows.push_back(c.begin + i);
+  return rows;
+}
+
+}  // namespace ringattn::job
+
+namespace ringattn {
+
+std::vector<int64_t> shard_rows(const JobSpec& spec, int world, int rank) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw InputError(
+        "rank", std::to_string(rank) + " is not a rank of " + std::to_string(world) + " ranks");
+  return job::shard_rows_of(spec, world, rank);
+}
+
+}  // namespace ringattn

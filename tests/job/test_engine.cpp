@@ -1,0 +1,271 @@
+// The library API (ringattn/ringattn.hpp) as a C++ user drives it: JobSpec -> make_engine ->
+// Engine on P = 1..4 virtual ranks, each rank's shard against the float64 reference of the
+// whole problem (forward and gradients); local_rows against shard_rows; bytes against their
+// minimum; setup errors raised on every rank, naming the failing rank; bad tensor references
+// refused naming the tensor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "random.hpp"
+#include "ring/inproc_communicator.hpp"
+#include "ringattn/reference.hpp"
+#include "ringattn/ringattn.hpp"
+
+namespace ringattn {
+namespace {
+
+struct Case {
+  std::string name;
+  AttentionConfig cfg;
+  std::string pattern;  // block-sparse
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  AttentionConfig dense;
+  dense.shape = {2, 96, 4, 16};
+  c.push_back({"dense", dense, ""});
+  AttentionConfig causal = dense;
+  causal.causal = true;
+  c.push_back({"causal", causal, ""});
+  AttentionConfig dilated = dense;
+  dilated.shape = {1, 96, 6, 16};
+  dilated.attention = AttentionKind::dilated;
+  dilated.segments = {24, 48, 96};
+  dilated.dilations = {1, 2, 4};
+  c.push_back({"dilated_grouped", dilated, ""});
+  AttentionConfig mixture = dilated;
+  mixture.combine = Combine::mixture;
+  mixture.causal = true;
+  c.push_back({"dilated_mixture_causal", mixture, ""});
+  AttentionConfig gqa = causal;
+  gqa.kv_heads = 2;
+  gqa.window_left = 20;
+  c.push_back({"gqa_window_causal", gqa, ""});
+  return c;
+}
+
+Case sparse_case() {
+  AttentionConfig sparse;
+  sparse.shape = {2, 96, 4, 16};
+  sparse.attention = AttentionKind::block_sparse;
+  sparse.block_size = 8;
+  sparse.causal = true;
+  return {"block_sparse_local_global", sparse, "local:window=16+global:blocks=1"};
+}
+
+// Rows `rows` of a [B, N, heads, D] tensor (float or double), as float.
+template <typename T>
+std::vector<float> rows_of(const std::vector<T>& full, const std::vector<int64_t>& rows,
+                           int64_t batch, int64_t seq_len, int64_t inner) {
+  std::vector<float> local;
+  for (int64_t b = 0; b < batch; ++b)
+    for (const int64_t p : rows)
+      for (int64_t c = 0; c < inner; ++c)
+        local.push_back(
+            static_cast<float>(full[static_cast<std::size_t>((b * seq_len + p) * inner + c)]));
+  return local;
+}
+
+class EngineOnVirtualRanks : public ::testing::TestWithParam<std::tuple<Case, int>> {};
+
+TEST_P(EngineOnVirtualRanks, EveryRanksShardMatchesTheFloat64Reference) {
+  const auto& [c, ranks] = GetParam();
+  JobSpec spec;
+  spec.config = c.cfg;
+  spec.device = Device::cpu;
+  spec.threads = 1;
+  spec.timeout_s = 60;
+  spec.block_sparse.pattern = c.pattern;
+  const Shape4& s = c.cfg.shape;
+  const Shape4 skv = c.cfg.kv_shape();
+  const auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 1);
+  const auto k = testing::random_normal(static_cast<std::size_t>(skv.numel()), 2);
+  const auto v = testing::random_normal(static_cast<std::size_t>(skv.numel()), 3);
+  const auto dout = testing::random_normal(static_cast<std::size_t>(s.numel()), 4);
+
+  std::mutex m;
+  std::vector<std::string> failures;
+  std::vector<std::vector<float>> outs(static_cast<std::size_t>(ranks)),
+      lses(static_cast<std::size_t>(ranks)), dqs(static_cast<std::size_t>(ranks)),
+      dks(static_cast<std::size_t>(ranks)), dvs(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<int64_t>> rows(static_cast<std::size_t>(ranks));
+  std::atomic<int64_t> bytes{0}, minimum{0};
+  const int code = ring::run_virtual_ranks(ranks, [&](ring::Communicator& rc) {
+    Comm comm = Comm::borrow(rc);
+    Engine e = make_engine(spec, comm);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    rows[r] = e.local_rows();
+    if (rows[r] != shard_rows(spec, ranks, comm.rank())) {
+      std::lock_guard lock(m);
+      failures.push_back("local_rows differs from shard_rows on rank " + std::to_string(r));
+    }
+    const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
+    const auto lq = rows_of(q, rows[r], s.batch, s.seq_len, inner);
+    const auto lk = rows_of(k, rows[r], s.batch, s.seq_len, inner_kv);
+    const auto lv = rows_of(v, rows[r], s.batch, s.seq_len, inner_kv);
+    const auto ldout = rows_of(dout, rows[r], s.batch, s.seq_len, inner);
+    outs[r].resize(lq.size());
+    lses[r].resize(static_cast<std::size_t>(s.batch * s.heads * e.local_len()));
+    dqs[r].resize(lq.size());
+    dks[r].resize(lk.size());
+    dvs[r].resize(lk.size());
+    e.forward(lq.data(), lk.data(), lv.data(), outs[r].data(), lses[r].data());
+    e.backward(lq.data(), lk.data(), lv.data(), outs[r].data(), lses[r].data(), ldout.data(),
+               dqs[r].data(), dks[r].data(), dvs[r].data());
+    const EngineStats st = e.stats();
+    bytes += st.bytes_sent;
+    minimum += st.bytes_sent_min;
+    return 0;
+  });
+  ASSERT_EQ(code, 0);
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  EXPECT_EQ(bytes.load(), minimum.load()) << "forward bytes against their minimum";
+
+  const ReferenceForward ref = reference_forward(c.cfg, q.data(), k.data(), v.data());
+  const ReferenceGradients g = reference_backward(c.cfg, q.data(), k.data(), v.data(), dout.data());
+  const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
+  for (int r = 0; r < ranks; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    const auto want_out = rows_of(ref.out, rows[ur], s.batch, s.seq_len, inner);
+    const auto want_dq = rows_of(g.dq, rows[ur], s.batch, s.seq_len, inner);
+    const auto want_dk = rows_of(g.dk, rows[ur], s.batch, s.seq_len, inner_kv);
+    const auto want_dv = rows_of(g.dv, rows[ur], s.batch, s.seq_len, inner_kv);
+    EXPECT_LE(relative_error(outs[ur].data(), want_out.data(), want_out.size()), 2e-6) << r;
+    EXPECT_LE(relative_error(dqs[ur].data(), want_dq.data(), want_dq.size()), 2e-6) << r;
+    EXPECT_LE(relative_error(dks[ur].data(), want_dk.data(), want_dk.size()), 2e-6) << r;
+    EXPECT_LE(relative_error(dvs[ur].data(), want_dv.data(), want_dv.size()), 2e-6) << r;
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<Case, int>>& info) {
+  return std::get<0>(info.param).name + "_P" + std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Jobs, EngineOnVirtualRanks,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         case_name);
+
+// Block-sparse across ranks against the same job on one rank (whose kernels the sparse
+// suite checks against float64): the library routes both through the same resolution.
+TEST(EngineBlockSparse, EveryRankCountGivesTheOneRankResult) {
+  const Case c = sparse_case();
+  JobSpec spec;
+  spec.config = c.cfg;
+  spec.device = Device::cpu;
+  spec.threads = 1;
+  spec.block_sparse.pattern = c.pattern;
+  const Shape4& s = c.cfg.shape;
+  const auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 5);
+  const auto k = testing::random_normal(static_cast<std::size_t>(s.numel()), 6);
+  const auto v = testing::random_normal(static_cast<std::size_t>(s.numel()), 7);
+  std::vector<float> one(q.size()),
+      one_lse(static_cast<std::size_t>(s.batch * s.heads * s.seq_len));
+  {
+    Comm single = Comm::single();
+    Engine e = make_engine(spec, single);
+    e.forward(q.data(), k.data(), v.data(), one.data(), one_lse.data());
+    EXPECT_EQ(e.stats().engine, "SparsePlan");
+  }
+  for (int ranks = 2; ranks <= 4; ++ranks) {
+    std::vector<float> got(q.size());
+    ASSERT_EQ(ring::run_virtual_ranks(
+                  ranks,
+                  [&](ring::Communicator& rc) {
+                    Comm comm = Comm::borrow(rc);
+                    Engine e = make_engine(spec, comm);
+                    const auto rows = e.local_rows();
+                    const int64_t inner = s.heads * s.head_dim;
+                    const auto lq = rows_of(q, rows, s.batch, s.seq_len, inner);
+                    const auto lk = rows_of(k, rows, s.batch, s.seq_len, inner);
+                    const auto lv = rows_of(v, rows, s.batch, s.seq_len, inner);
+                    std::vector<float> out(lq.size()),
+                        lse(static_cast<std::size_t>(s.batch * s.heads * e.local_len()));
+                    e.forward(lq.data(), lk.data(), lv.data(), out.data(), lse.data());
+                    for (int64_t b = 0; b < s.batch; ++b)
+                      for (std::size_t i = 0; i < rows.size(); ++i)
+                        std::copy_n(out.data() + (b * static_cast<int64_t>(rows.size()) +
+                                                  static_cast<int64_t>(i)) *
+                                                     inner,
+                                    inner, got.data() + (b * s.seq_len + rows[i]) * inner);
+                    return 0;
+                  }),
+              0);
+    EXPECT_LE(relative_error(got.data(), one.data(), got.size()), 1e-6) << ranks << " ranks";
+  }
+}
+
+TEST(EngineErrors, ABadFieldOnOneRankIsRaisedOnEveryRankNamingIt) {
+  std::atomic<int> raised{0};
+  const int ranks = 3;
+  ASSERT_EQ(ring::run_virtual_ranks(ranks,
+                                    [&](ring::Communicator& rc) {
+                                      JobSpec spec;
+                                      spec.config.shape = {1, 96, 4, 16};
+                                      spec.config.attention = AttentionKind::dilated;
+                                      spec.config.dilations = {1};
+                                      // Only the last rank asks for a segment that does not divide
+                                      // N.
+                                      spec.config.segments = {rc.rank() == ranks - 1 ? 40 : 96};
+                                      spec.device = Device::cpu;
+                                      Comm comm = Comm::borrow(rc);
+                                      try {
+                                        (void)make_engine(spec, comm);
+                                      } catch (const InputError& e) {
+                                        if (e.subject() == "--segments" && e.rank() == ranks - 1)
+                                          ++raised;
+                                      }
+                                      return 0;
+                                    }),
+            0);
+  EXPECT_EQ(raised.load(), ranks);
+  EXPECT_EQ(field_of("--segments"), "config.segments");
+  EXPECT_EQ(field_of("--seq-len"), "config.shape.seq_len");
+  EXPECT_EQ(field_of("q.npy"), "q.npy");
+}
+
+TEST(EngineErrors, CpuJobsRefuseGpuFieldsAndDeviceTensorsByName) {
+  JobSpec spec;
+  spec.config.shape = {1, 32, 2, 16};
+  spec.device = Device::cpu;
+  spec.dtype = DeviceDType::bf16;
+  Comm comm = Comm::single();
+  try {
+    (void)make_engine(spec, comm);
+    ADD_FAILURE() << "bf16 on the CPU was accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.subject(), "--dtype");
+  }
+  spec.dtype.reset();
+  Engine e = make_engine(spec, comm);
+  EXPECT_EQ(e.device(), Device::cpu);
+  EXPECT_EQ(e.stats().engine, "Plan");
+  std::vector<float> x(static_cast<std::size_t>(spec.config.shape.numel())), lse(64);
+  TensorRef host{x.data(), DeviceDType::fp32, Memory::host, nullptr};
+  TensorRef device = host;
+  device.memory = Memory::device;
+  TensorRef half = host;
+  half.dtype = DeviceDType::bf16;
+  TensorRef l{lse.data(), DeviceDType::fp32, Memory::host, nullptr};
+  try {
+    e.forward(host, device, host, host, l);
+    ADD_FAILURE() << "a device tensor on a CPU engine was accepted";
+  } catch (const InputError& err) {
+    EXPECT_EQ(err.subject(), "k");
+  }
+  try {
+    e.forward(host, host, half, host, l);
+    ADD_FAILURE() << "bf16 on a CPU engine was accepted";
+  } catch (const InputError& err) {
+    EXPECT_EQ(err.subject(), "v");
+  }
+}
+
+}  // namespace
+}  // namespace ringattn

@@ -1,0 +1,154 @@
+// The library API on GPUs (label gpu; gpu-emu under the emulated GPU): make_engine with
+// Device::cuda on one rank and on virtual ranks sharing a GPU, host calls (staged through
+// the device) against the float64 reference of the inputs rounded to the device dtype, the
+// TensorRef path on device buffers giving the host path's bits, and the transport refused
+// by name. Without a usable device every test is skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "random.hpp"
+#include "ring/inproc_communicator.hpp"
+#include "ringattn/reference.hpp"
+#include "ringattn/ringattn.hpp"
+
+namespace ringattn {
+namespace {
+
+#define REQUIRE_GPU()                                             \
+  do {                                                            \
+    const CudaDeviceStatus gpu_ = probe_cuda_device();            \
+    if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason; \
+  } while (0)
+
+constexpr double kHalfTolerance = 1e-2;
+
+JobSpec causal_job() {
+  JobSpec spec;
+  spec.config.shape = {1, 128, 2, 64};
+  spec.config.causal = true;
+  spec.device = Device::cuda;
+  spec.dtype = DeviceDType::bf16;
+  spec.kernel = KernelChoice::native;
+  spec.timeout_s = 120;
+  return spec;
+}
+
+std::vector<float> take(const std::vector<float>& full, const std::vector<int64_t>& rows,
+                        int64_t seq_len, int64_t inner) {
+  std::vector<float> local;
+  for (const int64_t p : rows)
+    local.insert(local.end(), full.begin() + p * inner, full.begin() + (p + 1) * inner);
+  (void)seq_len;
+  return local;
+}
+
+TEST(EngineCuda, OneRankHostCallsMatchTheFloat64Reference) {
+  REQUIRE_GPU();
+  const JobSpec spec = causal_job();
+  const auto n = static_cast<std::size_t>(spec.config.shape.numel());
+  auto q = testing::random_normal(n, 1), k = testing::random_normal(n, 2),
+       v = testing::random_normal(n, 3), dout = testing::random_normal(n, 4);
+  for (auto* t : {&q, &k, &v, &dout})
+    round_to_device_dtype(t->data(), t->size(), DeviceDType::bf16);
+  Comm comm = Comm::single();
+  Engine e = make_engine(spec, comm);
+  EXPECT_EQ(e.device(), Device::cuda);
+  EXPECT_EQ(e.stats().engine, "CudaPlan");
+  std::vector<float> out(n), lse(256), dq(n), dk(n), dv(n);
+  e.forward(q.data(), k.data(), v.data(), out.data(), lse.data());
+  e.backward(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
+             dk.data(), dv.data());
+  const ReferenceForward ref = reference_forward(spec.config, q.data(), k.data(), v.data());
+  const ReferenceGradients g =
+      reference_backward(spec.config, q.data(), k.data(), v.data(), dout.data());
+  EXPECT_LE(relative_error(out.data(), ref.out.data(), n), kHalfTolerance);
+  EXPECT_LE(relative_error(dq.data(), g.dq.data(), n), kHalfTolerance);
+  EXPECT_LE(relative_error(dk.data(), g.dk.data(), n), kHalfTolerance);
+  EXPECT_LE(relative_error(dv.data(), g.dv.data(), n), kHalfTolerance);
+
+  // The same call on device tensors the caller owns gives the host path's bits.
+  DeviceBuffer dq_(n * 2, "q", 0), dk_(n * 2, "k", 0), dv_(n * 2, "v", 0),
+      dout_(n * sizeof(float), "out", 0), dlse(256 * sizeof(float), "lse", 0);
+  dq_.upload(q.data(), n, DeviceDType::bf16);
+  dk_.upload(k.data(), n, DeviceDType::bf16);
+  dv_.upload(v.data(), n, DeviceDType::bf16);
+  const auto ref_of = [](const DeviceBuffer& b, DeviceDType t) {
+    return TensorRef{b.data(), t, Memory::device, nullptr};
+  };
+  e.forward(ref_of(dq_, DeviceDType::bf16), ref_of(dk_, DeviceDType::bf16),
+            ref_of(dv_, DeviceDType::bf16), ref_of(dout_, DeviceDType::fp32),
+            ref_of(dlse, DeviceDType::fp32));
+  e.synchronize();
+  std::vector<float> out2(n);
+  dout_.download(out2.data(), n);
+  EXPECT_EQ(out2, out);
+  // A device tensor of the wrong dtype is refused naming it.
+  try {
+    e.forward(ref_of(dq_, DeviceDType::fp16), ref_of(dk_, DeviceDType::bf16),
+              ref_of(dv_, DeviceDType::bf16), ref_of(dout_, DeviceDType::fp32),
+              ref_of(dlse, DeviceDType::fp32));
+    ADD_FAILURE() << "an fp16 q was accepted by a bf16 engine";
+  } catch (const InputError& err) {
+    EXPECT_EQ(err.subject(), "q");
+  }
+}
+
+TEST(EngineCuda, VirtualRanksSharingAGpuMatchTheFloat64Reference) {
+  REQUIRE_GPU();
+  const JobSpec spec = causal_job();
+  const Shape4& s = spec.config.shape;
+  const auto n = static_cast<std::size_t>(s.numel());
+  auto q = testing::random_normal(n, 5), k = testing::random_normal(n, 6),
+       v = testing::random_normal(n, 7);
+  for (auto* t : {&q, &k, &v}) round_to_device_dtype(t->data(), t->size(), DeviceDType::bf16);
+  const ReferenceForward ref = reference_forward(spec.config, q.data(), k.data(), v.data());
+  const std::vector<float> want(ref.out.begin(), ref.out.end());
+  std::atomic<int> ok{0};
+  const int ranks = 2;
+  ASSERT_EQ(
+      ring::run_virtual_ranks(
+          ranks,
+          [&](ring::Communicator& rc) {
+            Comm comm = Comm::borrow(rc);
+            Engine e = make_engine(spec, comm);
+            const auto rows = e.local_rows();
+            const int64_t inner = s.heads * s.head_dim;
+            const auto lq = take(q, rows, s.seq_len, inner), lk = take(k, rows, s.seq_len, inner),
+                       lv = take(v, rows, s.seq_len, inner),
+                       lwant = take(want, rows, s.seq_len, inner);
+            std::vector<float> out(lq.size()), lse(static_cast<std::size_t>(s.heads) * rows.size());
+            e.forward(lq.data(), lk.data(), lv.data(), out.data(), lse.data());
+            const EngineStats st = e.stats();
+            if (st.engine == "CudaRingPlan" && st.bytes_sent == st.bytes_sent_min &&
+                relative_error(out.data(), lwant.data(), out.size()) <= kHalfTolerance)
+              ++ok;
+            return 0;
+          }),
+      0);
+  EXPECT_EQ(ok.load(), ranks);
+}
+
+TEST(EngineCuda, MpiTransportIsRefusedNamingComm) {
+  REQUIRE_GPU();
+  JobSpec spec = causal_job();
+  spec.transport = Transport::mpi;
+  std::atomic<int> refused{0};
+  ASSERT_EQ(ring::run_virtual_ranks(2,
+                                    [&](ring::Communicator& rc) {
+                                      Comm comm = Comm::borrow(rc);
+                                      try {
+                                        (void)make_engine(spec, comm);
+                                      } catch (const InputError& e) {
+                                        if (e.subject() == "--comm") ++refused;
+                                      }
+                                      return 0;
+                                    }),
+            0);
+  EXPECT_EQ(refused.load(), 2);
+}
+
+}  // namespace
+}  // namespace ringattn
