@@ -17,7 +17,8 @@ start=$SECONDS
 main_s=$((SECONDS - start))
 
 # The installed CMake package: cmake --install into a fresh prefix, then examples/cpp (a
-# project of its own, find_package(ringattn)) is configured, built and run against it.
+# project of its own, find_package(ringattn)) is configured, built and run against it: a
+# single-process Plan, and a distributed job through the library API on two MPI ranks.
 start=$SECONDS
 rm -rf "$root/build/install" "$root/build/consumer"
 cmake --install "$root/build" --prefix "$root/build/install" >/dev/null
@@ -25,6 +26,19 @@ cmake -S "$root/examples/cpp" -B "$root/build/consumer" -G Ninja -DCMAKE_BUILD_T
   -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
 cmake --build "$root/build/consumer" -j "$(nproc)"
 "$root/build/consumer/dilated_forward"
+# The distributed consumer: a causal dense and a dilated job through make_engine on two MPI
+# ranks, against float64. The library carries no CLI code: its link line has no
+# Boost.Program_options.
+if [ -x "$root/build/consumer/distributed_ring" ]; then
+  if grep -q program_options "$root/build/consumer/CMakeFiles/distributed_ring.dir/link.txt"; then
+    echo "test.sh: the installed ringattn::ringattn pulls in Boost.Program_options" >&2
+    exit 1
+  fi
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+    mpiexec -n 2 --oversubscribe "$root/build/consumer/distributed_ring"
+else
+  echo "test.sh: SKIPPED: examples/cpp/distributed_ring (this build has no MPI)"
+fi
 install_s=$((SECONDS - start))
 
 # The Python package: `pip install .` into ./.venv (Debian's python3, seeing Debian's torch,
