@@ -396,13 +396,7 @@ const ring::ShardLayout& CudaSparsePlan::layout() const noexcept { return impl_-
 const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept { return impl_->fwd; }
 const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return impl_->bwd; }
 
-int CudaSparsePlan::peers() const noexcept {
-  std::vector<int> p;
-  for (const auto& r : impl_->w.recv_ranges) p.push_back(r.peer);
-  for (const auto& r : impl_->w.send_ranges) p.push_back(r.peer);
-  std::sort(p.begin(), p.end());
-  return static_cast<int>(std::unique(p.begin(), p.end()) - p.begin());
-}
+int CudaSparsePlan::peers() const noexcept { return impl_->w.peers(); }
 
 std::size_t CudaSparsePlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;

@@ -313,13 +313,7 @@ int SparsePlan::threads() const noexcept { return impl_->threads; }
 const BlockLists& SparsePlan::lists() const noexcept { return *impl_->lists; }
 const ring::RingTimings& SparsePlan::last_forward() const noexcept { return impl_->fwd; }
 const ring::RingTimings& SparsePlan::last_backward() const noexcept { return impl_->bwd; }
-int SparsePlan::peers() const noexcept {
-  std::vector<int> p;
-  for (const auto& r : impl_->w.recv_ranges) p.push_back(r.peer);
-  for (const auto& r : impl_->w.send_ranges) p.push_back(r.peer);
-  std::sort(p.begin(), p.end());
-  return static_cast<int>(std::unique(p.begin(), p.end()) - p.begin());
-}
+int SparsePlan::peers() const noexcept { return impl_->w.peers(); }
 
 std::size_t SparsePlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
