@@ -247,13 +247,23 @@ struct SparsePlan::Impl::Host {
 
   void wait(int ticket) { m.exchanges.wait(ticket, tm); }
 
+  // The call's parameters over the local K/V (dK/dV into dk, dv) or over the receive slab
+  // (into the partial slab).
+  kernels::SparseParams over(SparseBlocks which) const {
+    const bool local = which == SparseBlocks::local;
+    kernels::SparseParams o = p;
+    o.k = local ? k : m.recv_k.get();
+    o.v = local ? v : m.recv_v.get();
+    o.dk = local ? dk : m.grad_k.get();
+    o.dv = local ? dv : m.grad_v.get();
+    return o;
+  }
+
   void compute_forward(SparseBlocks which) {
     const ring::ScopedMs timer(tm.compute_ms);
     const bool local = which == SparseBlocks::local;
-    kernels::SparseParams fp = p;
-    fp.k = local ? k : m.recv_k.get();
-    fp.v = local ? v : m.recv_v.get();
-    fp.accumulate = !local;
+    kernels::SparseParams fp = over(which);
+    fp.accumulate = !local;  // every row has one local query tile; remote ones merge
     kernels::sparse_forward(fp, local ? m.w.local_tiles : m.w.remote_tiles,
                             local ? m.w.local_spans : m.w.remote_spans, m.tiles, m.threads,
                             m.workspace.get());
@@ -283,13 +293,7 @@ struct SparsePlan::Impl::Host {
 
   void compute_backward(SparseBlocks which) {
     const ring::ScopedMs timer(tm.compute_ms);
-    const bool local = which == SparseBlocks::local;
-    kernels::SparseParams bp = p;
-    bp.k = local ? k : m.recv_k.get();
-    bp.v = local ? v : m.recv_v.get();
-    bp.dk = local ? dk : m.grad_k.get();
-    bp.dv = local ? dv : m.grad_v.get();
-    m.backward_pass(bp, local);
+    m.backward_pass(over(which), which == SparseBlocks::local);
   }
 
   void clear_partials() {
