@@ -1,14 +1,11 @@
-// The GPU ring loop (see cuda_ring_engine.hpp). The same steps as RingPlan's, with device
-// work instead of host work: step t+1's rows are packed on the compute stream and posted
-// (through the communication thread) before step t computes; an event recorded after the
-// pack is what the exchange waits for on the communication stream, and the compute stream
-// waits for the exchange's own event before it reads the received rows.
+// CudaRingPlan: the ring protocol (ring_protocol.hpp) on a device. Its backend packs and adds
+// rows with kernels on the compute stream, posts exchanges to start after that stream's
+// event, waits for them on the device (StreamExchanges), and launches the flash kernels.
 #include "ring/cuda_ring_engine.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -19,6 +16,7 @@
 #include "kernels/cuda/flash_params.hpp"
 #include "ring/device_schedule.hpp"
 #include "ring/progress_thread.hpp"
+#include "ring/ring_protocol.hpp"
 #include "ring/schedule.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
@@ -28,9 +26,6 @@ namespace ringattn::ring {
 namespace kc = kernels::cuda;
 
 namespace {
-
-enum Tag { kKvForward = 0, kKvBackward = 1, kGradReturn = 2 };
-int tag_of(int step, Tag kind) { return step * 4 + kind; }
 
 kc::Elem elem_of(DeviceDType t) {
   switch (t) {
@@ -68,12 +63,11 @@ struct DeviceStep {
 
 struct CudaRingPlan::Impl {
   AttentionConfig cfg;
-  Communicator* comm = nullptr;
   CudaPlanOptions opts;
   kc::Elem elem = kc::Elem::bf16;
   ShardLayout layout;
   RingSchedule sched;
-  FaultInjection fault;
+  RingProtocol protocol;
   double timeout_s = kDefaultTimeoutSeconds;
   float grouped_scale = 1.0f;
   bool mixture = false;
@@ -82,12 +76,8 @@ struct CudaRingPlan::Impl {
   cudaStream_t stream = nullptr;
   std::vector<DeviceStep> steps;
   kc::DeviceAllocation tasks, q_items, k_items, runs, delta;
-  kc::DeviceAllocation send_buf[2], recv_buf[2], part_buf[2], ret_buf[2];
-  std::unique_ptr<StreamExchanges> ex;    // before the stream in ~Impl
-  std::function<void(int, int)> on_step;  // RingOptions::on_step, at enqueue time
-  void step_done(int done, int total) const {
-    if (on_step) on_step(done, total);
-  }
+  RingBuffers<kc::DeviceAllocation> buf;
+  std::unique_ptr<StreamExchanges> ex;  // before the stream in ~Impl
   RingTimings fwd, bwd;
 
   int64_t d() const { return cfg.shape.head_dim; }
@@ -102,10 +92,10 @@ struct CudaRingPlan::Impl {
     runs.reset();
     delta.reset();
     for (int i = 0; i < 2; ++i) {
-      send_buf[i].reset();
-      recv_buf[i].reset();
-      part_buf[i].reset();
-      ret_buf[i].reset();
+      buf.send[i].reset();
+      buf.receive[i].reset();
+      buf.partial[i].reset();
+      buf.returned[i].reset();
     }
     if (stream) {
       (void)cudaStreamSynchronize(stream);
@@ -126,26 +116,6 @@ struct CudaRingPlan::Impl {
     return p;
   }
 
-  // Packs step t's rows and posts its K/V exchange, to start once the pack (and every
-  // earlier read of the receive buffer it overwrites) is done.
-  int post_kv(int t, const void* k, const void* v, Tag tag, RingTimings& tm) {
-    fault.stall_if_due(comm->rank(), t, *comm);
-    const RingStep& st = sched.steps[static_cast<std::size_t>(t)];
-    std::vector<Transfer> sends, recvs;
-    const auto bytes = [&](int64_t rows) {
-      return static_cast<std::size_t>(rows * 2 * d()) * eb();
-    };
-    if (st.send_to >= 0) {
-      kc::launch_pack_rows(elem, pack_params(t), k, v, send_buf[t % 2].get(), stream);
-      sends.push_back({st.send_to, send_buf[t % 2].get(), bytes(st.send_rows)});
-      tm.bytes_sent += static_cast<int64_t>(bytes(st.send_rows));
-    }
-    if (st.recv_from >= 0)
-      recvs.push_back({st.recv_from, recv_buf[t % 2].get(), bytes(st.recv_rows)});
-    return ex->post(std::move(sends), std::move(recvs), tag_of(t, tag), t,
-                    tag == kKvForward ? "forward K/V" : "backward K/V");
-  }
-
   kc::FlashForwardParams forward_params(const void* q, float* out, float* lse) const {
     kc::FlashForwardParams p;
     p.q = q;
@@ -158,34 +128,74 @@ struct CudaRingPlan::Impl {
     return p;
   }
 
-  void compute_forward(int t, kc::FlashForwardParams p, const void* k, const void* v) {
+  struct Device;
+};
+
+// The protocol's backend for one call: the plan's device buffers and lists, the call's
+// kernel parameters. Everything is enqueued on the plan's stream; the call's timings come
+// from StreamExchanges::finish_call.
+struct CudaRingPlan::Impl::Device {
+  Impl& m;
+  kc::FlashForwardParams fwd;   // forward calls
+  kc::FlashBackwardParams bwd;  // backward calls
+
+  int64_t head_dim() const { return m.d(); }
+  std::size_t kv_elem_bytes() const { return m.eb(); }
+
+  void* buffer(RingBuffer which, int t) const { return m.buf.at(which, t).get(); }
+
+  void pack(int t, const void* k, const void* v) {
+    kc::launch_pack_rows(m.elem, m.pack_params(t), k, v, m.buf.send[t % 2].get(), m.stream);
+  }
+
+  // Starts once the stream's work so far is done: the pack, and every read of the buffers
+  // the exchange overwrites.
+  int post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag, int step,
+           const char* what) {
+    return m.ex->post(std::move(sends), std::move(recvs), tag, step, what);
+  }
+
+  void wait(int ticket) { m.ex->device_wait(ticket); }
+
+  void compute_forward(int t, const void* k, const void* v) {
+    kc::FlashForwardParams p = fwd;
     p.k = k;
     p.v = v;
-    for (const DeviceWave& w : steps[static_cast<std::size_t>(t)].waves) {
-      p.tasks = tasks.as<kernels::SubseqTask>() + w.task0;
-      p.items = q_items.as<kernels::ForwardItem>() + w.q_item0;
+    for (const DeviceWave& w : m.steps[static_cast<std::size_t>(t)].waves) {
+      p.tasks = m.tasks.as<kernels::SubseqTask>() + w.task0;
+      p.items = m.q_items.as<kernels::ForwardItem>() + w.q_item0;
       p.n_items = w.n_q_items;
-      kc::flash_forward(elem, p, stream);
+      kc::flash_forward(m.elem, p, m.stream);
     }
   }
 
-  void compute_backward(int t, kc::FlashBackwardParams p, const void* k, const void* v, float* dk,
-                        float* dv) {
+  void compute_backward(int t, const void* k, const void* v, float* dk, float* dv) {
+    kc::FlashBackwardParams p = bwd;
     p.k = k;
     p.v = v;
     p.dk = dk;
     p.dv = dv;
-    for (const DeviceWave& w : steps[static_cast<std::size_t>(t)].waves) {
-      p.tasks = tasks.as<kernels::SubseqTask>() + w.task0;
-      p.q_items = q_items.as<kernels::ForwardItem>() + w.q_item0;
+    for (const DeviceWave& w : m.steps[static_cast<std::size_t>(t)].waves) {
+      p.tasks = m.tasks.as<kernels::SubseqTask>() + w.task0;
+      p.q_items = m.q_items.as<kernels::ForwardItem>() + w.q_item0;
       p.n_q_items = w.n_q_items;
       for (const ItemRange& r : w.k_ranges) {  // see CudaPlan::backward
-        p.k_items = k_items.as<kernels::ForwardItem>() + r.first;
+        p.k_items = m.k_items.as<kernels::ForwardItem>() + r.first;
         p.n_k_items = r.count;
-        kc::flash_backward(elem, p, stream);
+        kc::flash_backward(m.elem, p, m.stream);
         p.n_q_items = 0;
       }
     }
+  }
+
+  void clear(float* p, int64_t floats) const {
+    RINGATTN_CUDA_CHECK(
+        cudaMemsetAsync(p, 0, static_cast<std::size_t>(floats) * sizeof(float), m.stream));
+  }
+
+  void add_returned(int t, float* dk, float* dv) {
+    kc::launch_unpack_add_rows(m.pack_params(t), m.buf.returned[t % 2].as<float>(), dk, dv,
+                               m.mixture, m.stream);
   }
 };
 
@@ -196,7 +206,6 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   require_bnhd(cfg, "the GPU ring");
   Impl& m = *impl_;
   m.cfg = cfg;
-  m.comm = &comm;
   m.opts = opts;
   m.elem = elem_of(opts.dtype);
   if (comm.size() > 1 && comm.memory_space() != MemorySpace::device)
@@ -213,10 +222,9 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.layout = make_layout(cfg, comm.size());
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles);
-  m.fault = ring_opts.fault;
+  m.protocol = RingProtocol(m.sched, comm, ring_opts);
   m.timeout_s = ring_opts.timeout_s;
   m.skip_ordering = ring_opts.skip_buffer_ordering_for_tests;
-  m.on_step = std::move(ring_opts.on_step);
   m.mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;
   m.grouped_scale = m.mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
 
@@ -260,14 +268,14 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   const auto kv_send = static_cast<std::size_t>(m.sched.max_send_rows * 2 * m.d());
   const auto kv_recv = static_cast<std::size_t>(m.sched.max_recv_rows * 2 * m.d());
   for (int i = 0; i < 2; ++i) {
-    m.send_buf[i] =
+    m.buf.send[i] =
         kc::DeviceAllocation(kv_send * m.eb(), "a ring send buffer", opts.device, m.stream);
-    m.recv_buf[i] =
+    m.buf.receive[i] =
         kc::DeviceAllocation(kv_recv * m.eb(), "a ring receive buffer", opts.device, m.stream);
-    m.part_buf[i] = kc::DeviceAllocation(kv_recv * sizeof(float), "a ring dK/dV partial buffer",
-                                         opts.device, m.stream);
-    m.ret_buf[i] = kc::DeviceAllocation(kv_send * sizeof(float), "a ring dK/dV return buffer",
-                                        opts.device, m.stream);
+    m.buf.partial[i] = kc::DeviceAllocation(kv_recv * sizeof(float), "a ring dK/dV partial buffer",
+                                            opts.device, m.stream);
+    m.buf.returned[i] = kc::DeviceAllocation(kv_send * sizeof(float), "a ring dK/dV return buffer",
+                                             opts.device, m.stream);
   }
   m.ex =
       std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s, m.skip_ordering);
@@ -287,8 +295,8 @@ std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   std::size_t b =
       m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() + m.delta.bytes();
   for (int i = 0; i < 2; ++i)
-    b += m.send_buf[i].bytes() + m.recv_buf[i].bytes() + m.part_buf[i].bytes() +
-         m.ret_buf[i].bytes();
+    b += m.buf.send[i].bytes() + m.buf.receive[i].bytes() + m.buf.partial[i].bytes() +
+         m.buf.returned[i].bytes();
   return b;
 }
 
@@ -304,32 +312,15 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
   const kc::ScopedDevice on(m.opts.device);
   m.fwd = {};
   const Shape4& s = m.cfg.shape;
-  const int rank = m.comm->rank(), world = m.comm->size();
   const int64_t n_out = s.batch * m.layout.local_len * s.heads * s.head_dim;
   m.ex->start_call();
   RINGATTN_CUDA_CHECK(
       cudaMemsetAsync(out, 0, static_cast<std::size_t>(n_out) * sizeof(float), m.stream));
   kc::fill_floats(lse, s.batch * s.heads * m.layout.local_len,
                   -std::numeric_limits<float>::infinity(), m.stream);
-  kc::FlashForwardParams p = m.forward_params(q, out, lse);
-  p.vector_loads = m.vector_loads;
-
-  m.step_done(0, world);
-  int ticket = world > 1 ? m.post_kv(1, k, v, kKvForward, m.fwd) : -1;
-  m.fault.fail_if_due(rank, 0);
-  m.compute_forward(0, p, k, v);
-  m.step_done(1, world);
-  for (int t = 1; t < world; ++t) {
-    m.ex->device_wait(ticket);
-    ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvForward, m.fwd) : -1;
-    m.fault.fail_if_due(rank, t);
-    const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
-    if (st.recv_from >= 0) {
-      const auto* buf = static_cast<const char*>(m.recv_buf[t % 2].get());
-      m.compute_forward(t, p, buf, buf + static_cast<std::size_t>(st.recv_rows * m.d()) * m.eb());
-    }
-    m.step_done(t + 1, world);
-  }
+  Impl::Device device{m, m.forward_params(q, out, lse), {}};
+  device.fwd.vector_loads = m.vector_loads;
+  m.protocol.forward(device, k, v, m.fwd);
   if (m.grouped_scale != 1.0f) kc::scale_floats(out, n_out, m.grouped_scale, m.stream);
   m.ex->finish_call(m.fwd);
 }
@@ -340,7 +331,6 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   const kc::ScopedDevice on(m.opts.device);
   m.bwd = {};
   const Shape4& s = m.cfg.shape;
-  const int rank = m.comm->rank(), world = m.comm->size();
   const int64_t dd = m.d();
   const auto bytes =
       static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd) * sizeof(float);
@@ -361,7 +351,8 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   rd.head_dim = dd;
   kc::launch_row_dot(m.elem, rd, m.stream);
 
-  kc::FlashBackwardParams p;
+  Impl::Device device{m, {}, {}};
+  kc::FlashBackwardParams& p = device.bwd;
   p.q = q;
   p.out = out;
   p.lse = lse;
@@ -373,49 +364,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   p.causal = m.cfg.causal;
   p.out_scale = p.dout_scale = m.grouped_scale;
   p.vector_loads = m.vector_loads;
-
-  // Gradient partials for the rows this rank sent at step t come back from rank r+t; they
-  // are added in step order.
-  std::vector<int> ret_ticket(static_cast<std::size_t>(world), -1);
-  auto finish_return = [&](int t) {
-    if (t < 1 || ret_ticket[static_cast<std::size_t>(t)] < 0) return;
-    m.ex->device_wait(ret_ticket[static_cast<std::size_t>(t)]);
-    ret_ticket[static_cast<std::size_t>(t)] = -1;
-    if (m.sched.steps[static_cast<std::size_t>(t)].send_to >= 0)
-      kc::launch_unpack_add_rows(m.pack_params(t), m.ret_buf[t % 2].as<float>(), dk, dv, m.mixture,
-                                 m.stream);
-  };
-
-  m.step_done(0, world);
-  int ticket = world > 1 ? m.post_kv(1, k, v, kKvBackward, m.bwd) : -1;
-  m.fault.fail_if_due(rank, 0);
-  m.compute_backward(0, p, k, v, dk, dv);
-  m.step_done(1, world);
-  for (int t = 1; t < world; ++t) {
-    m.ex->device_wait(ticket);
-    ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvBackward, m.bwd) : -1;
-    finish_return(t - 2);  // frees part_buf/ret_buf[t % 2] for this step
-    m.fault.fail_if_due(rank, t);
-    const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
-    float* part = m.part_buf[t % 2].as<float>();
-    std::vector<Transfer> sends, recvs;
-    if (st.recv_from >= 0) {
-      const auto part_bytes = static_cast<std::size_t>(st.recv_rows * 2 * dd) * sizeof(float);
-      RINGATTN_CUDA_CHECK(cudaMemsetAsync(part, 0, part_bytes, m.stream));
-      const auto* buf = static_cast<const char*>(m.recv_buf[t % 2].get());
-      m.compute_backward(t, p, buf, buf + static_cast<std::size_t>(st.recv_rows * dd) * m.eb(),
-                         part, part + st.recv_rows * dd);
-      sends.push_back({st.recv_from, part, part_bytes});
-      m.bwd.bytes_sent += static_cast<int64_t>(part_bytes);
-    }
-    if (st.send_to >= 0)
-      recvs.push_back({st.send_to, m.ret_buf[t % 2].get(),
-                       static_cast<std::size_t>(st.send_rows * 2 * dd) * sizeof(float)});
-    ret_ticket[static_cast<std::size_t>(t)] =
-        m.ex->post(std::move(sends), std::move(recvs), tag_of(t, kGradReturn), t, "dK/dV return");
-    m.step_done(t + 1, world);
-  }
-  for (int t = std::max(1, world - 2); t < world; ++t) finish_return(t);
+  m.protocol.backward(device, k, v, dk, dv, m.bwd);
   m.ex->finish_call(m.bwd);
 }
 

@@ -1,13 +1,11 @@
-// The ring loop. Step t's rows are posted (through the communication thread) before step
-// t-1 computes, into the other half of a double buffer; the compute threads only wait when a
-// transfer is slower than the compute it hides behind, and that wait is what we report as
-// exposed communication.
+// RingPlan: the ring protocol (ring_protocol.hpp) on host memory. Its backend packs and adds
+// rows with OpenMP, waits on the communication thread (the time a wait blocks is the exposed
+// communication) and runs the CPU flash kernels over each step's waves.
 #include "ring/ring_engine.hpp"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -15,7 +13,8 @@
 #include <utility>
 
 #include "kernels/cpu_flash.hpp"
-#include "ring/progress_thread.hpp"
+#include "ring/host_exchanges.hpp"
+#include "ring/ring_protocol.hpp"
 #include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
@@ -25,47 +24,62 @@ namespace ringattn::ring {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-enum Tag { kKvForward = 0, kKvBackward = 1, kGradReturn = 2 };
-int tag_of(int step, Tag kind) { return step * 4 + kind; }
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 
 struct RingPlan::Impl {
   AttentionConfig cfg;
-  Communicator* comm = nullptr;
   int threads = 1;
   kernels::TileConfig tiles;
   ShardLayout layout;
   RingSchedule sched;
-  FaultInjection fault;
+  RingProtocol protocol;
   double timeout_s = kDefaultTimeoutSeconds;
-  std::function<void(int, int)> on_step;
-  void step_done(int done, int steps) const {
-    if (on_step) on_step(done, steps);
-  }
   float grouped_scale = 1.0f;  // 1/G for grouped (and dense: G = 1), 1 for mixture
   std::unique_ptr<float[], AlignedFree> workspace;
   std::size_t workspace_floats = 0;
   // Double buffers, each [rows, 2, D]-sized: K rows then V rows (or dK then dV).
-  std::unique_ptr<float[], AlignedFree> send_buf[2], recv_buf[2], part_buf[2], ret_buf[2];
-  std::unique_ptr<ProgressThread> progress;
+  RingBuffers<std::unique_ptr<float[], AlignedFree>> buf;
+  HostExchanges exchanges;  // after the buffers: its thread ends before they go
   RingTimings fwd, bwd;
 
   int64_t d() const { return cfg.shape.head_dim; }
 
-  void pack(const RingStep& st, const float* k, const float* v, float* buf) const {
-    const int64_t dd = d();
-    float* kb = buf;
-    float* vb = buf + st.send_rows * dd;
+  struct Host;
+};
+
+// The protocol's backend for one call: the plan's host buffers and kernels, the call's
+// parameters, and its timings (kernels, packing and adding count as compute).
+struct RingPlan::Impl::Host {
+  Impl& m;
+  RingTimings& tm;
+  kernels::ForwardParams fwd{};   // forward calls
+  kernels::BackwardParams bwd{};  // backward calls
+
+  int64_t head_dim() const { return m.d(); }
+  std::size_t kv_elem_bytes() const { return sizeof(float); }
+
+  void* buffer(RingBuffer which, int t) const { return m.buf.at(which, t).get(); }
+
+  // The offset of each of step t's send runs in the packed rows.
+  static std::vector<int64_t> packed_bases(const RingStep& st) {
     std::vector<int64_t> base(st.send_runs.size());
     int64_t acc = 0;
     for (std::size_t i = 0; i < st.send_runs.size(); ++i)
       base[i] = acc, acc += st.send_runs[i].rows();
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
+    return base;
+  }
+
+  void pack(int t, const void* k_rows, const void* v_rows) {
+    const ScopedMs timer(tm.compute_ms);
+    const auto* k = static_cast<const float*>(k_rows);
+    const auto* v = static_cast<const float*>(v_rows);
+    const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
+    const int64_t dd = m.d();
+    float* kb = m.buf.send[t % 2].get();
+    float* vb = kb + st.send_rows * dd;
+    const std::vector<int64_t> base = packed_bases(st);
+#pragma omp parallel for num_threads(m.threads) schedule(dynamic, 16)
     for (std::size_t i = 0; i < st.send_runs.size(); ++i) {
       const Run& r = st.send_runs[i];
       for (int64_t j = 0; j < r.rows(); ++j) {
@@ -75,22 +89,55 @@ struct RingPlan::Impl {
     }
   }
 
-  // Adds returned dK/dV partials (packed like the rows this rank sent) into dk/dv.
-  void unpack_add(const RingStep& st, const float* buf, float* dk, float* dv) const {
-    const int64_t dd = d();
-    const float* kb = buf;
-    const float* vb = buf + st.send_rows * dd;
-    std::vector<int64_t> base(st.send_runs.size());
-    int64_t acc = 0;
-    for (std::size_t i = 0; i < st.send_runs.size(); ++i)
-      base[i] = acc, acc += st.send_runs[i].rows();
+  int post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int tag, int step,
+           const char* what) {
+    return m.exchanges.post(std::move(sends), std::move(recvs), tag, step, what);
+  }
+
+  void wait(int ticket) { m.exchanges.wait(ticket, tm); }
+
+  void compute_forward(int t, const void* k, const void* v) {
+    const ScopedMs timer(tm.compute_ms);
+    fwd.k = static_cast<const float*>(k);
+    fwd.v = static_cast<const float*>(v);
+    for (const Wave& w : m.sched.steps[static_cast<std::size_t>(t)].waves)
+      kernels::flash_forward(fwd, w.tasks, w.items, m.tiles, m.threads, m.workspace.get());
+  }
+
+  void compute_backward(int t, const void* k, const void* v, float* dk, float* dv) {
+    const ScopedMs timer(tm.compute_ms);
+    bwd.k = static_cast<const float*>(k);
+    bwd.v = static_cast<const float*>(v);
+    bwd.dk = dk;
+    bwd.dv = dv;
+    for (const Wave& w : m.sched.steps[static_cast<std::size_t>(t)].waves) {
+      // One call per place in the K/V groups, in order: calls never share dK/dV rows.
+      const std::span<const kernels::SubseqTask> tasks(w.tasks);
+      std::size_t begin = 0;
+      for (const std::size_t end : w.backward_ends) {
+        kernels::flash_backward(bwd, tasks.subspan(begin, end - begin), m.tiles, m.threads,
+                                m.workspace.get());
+        begin = end;
+      }
+    }
+  }
+
+  void clear(float* p, int64_t floats) const { std::fill(p, p + floats, 0.0f); }
+
+  void add_returned(int t, float* dk, float* dv) {
+    const ScopedMs timer(tm.compute_ms);
+    const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
+    const int64_t dd = m.d();
+    const float* kb = m.buf.returned[t % 2].get();
+    const float* vb = kb + st.send_rows * dd;
+    const std::vector<int64_t> base = packed_bases(st);
     // Runs of one step never share rows (one pattern's selection per (head, segment, chunk)
     // for grouped; under mixture two patterns' runs may share a row, and so may two
     // patterns' runs of one K/V head under grouped-query attention: stay serial there).
     const bool may_share =
-        cfg.combine == Combine::mixture ||
-        (cfg.effective_kv_heads() != cfg.shape.heads && patterns_of(cfg).size() > 1);
-#pragma omp parallel for num_threads(may_share ? 1 : threads) schedule(dynamic, 16)
+        m.cfg.combine == Combine::mixture ||
+        (m.cfg.effective_kv_heads() != m.cfg.shape.heads && patterns_of(m.cfg).size() > 1);
+#pragma omp parallel for num_threads(may_share ? 1 : m.threads) schedule(dynamic, 16)
     for (std::size_t i = 0; i < st.send_runs.size(); ++i) {
       const Run& r = st.send_runs[i];
       for (int64_t j = 0; j < r.rows(); ++j) {
@@ -102,32 +149,6 @@ struct RingPlan::Impl {
       }
     }
   }
-
-  int post_kv(int t, const float* k, const float* v, Tag tag, RingTimings& tm) {
-    fault.stall_if_due(comm->rank(), t, *comm);
-    const RingStep& st = sched.steps[static_cast<std::size_t>(t)];
-    std::vector<Transfer> sends, recvs;
-    const auto bytes = [&](int64_t rows) {
-      return static_cast<std::size_t>(rows * 2 * d()) * sizeof(float);
-    };
-    if (st.send_to >= 0) {
-      const auto t0 = std::chrono::steady_clock::now();
-      pack(st, k, v, send_buf[t % 2].get());
-      tm.compute_ms += ms_since(t0);
-      sends.push_back({st.send_to, send_buf[t % 2].get(), bytes(st.send_rows)});
-      tm.bytes_sent += static_cast<int64_t>(bytes(st.send_rows));
-    }
-    if (st.recv_from >= 0)
-      recvs.push_back({st.recv_from, recv_buf[t % 2].get(), bytes(st.recv_rows)});
-    return progress->post(std::move(sends), std::move(recvs), tag_of(t, tag), t,
-                          tag == kKvForward ? "forward K/V" : "backward K/V");
-  }
-
-  void wait(int ticket, RingTimings& tm) {
-    const auto t0 = std::chrono::steady_clock::now();
-    tm.comm_ms += progress->wait(ticket);
-    tm.exposed_ms += ms_since(t0);
-  }
 };
 
 RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions opts,
@@ -136,14 +157,12 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   validate(cfg);
   Impl& m = *impl_;
   m.cfg = cfg;
-  m.comm = &comm;
   m.threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   m.tiles = choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
   m.layout = make_layout(cfg, comm.size());
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles);
-  m.fault = ring_opts.fault;
+  m.protocol = RingProtocol(m.sched, comm, ring_opts);
   m.timeout_s = ring_opts.timeout_s;
-  m.on_step = std::move(ring_opts.on_step);
   const bool mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;
   m.grouped_scale = mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
   m.workspace_floats = std::max(kernels::forward_workspace_floats(m.tiles, m.d()),
@@ -153,12 +172,12 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   const auto rows_send = static_cast<std::size_t>(m.sched.max_send_rows * 2 * m.d());
   const auto rows_recv = static_cast<std::size_t>(m.sched.max_recv_rows * 2 * m.d());
   for (int i = 0; i < 2; ++i) {
-    m.send_buf[i] = aligned_floats(rows_send, "ring send buffer");
-    m.ret_buf[i] = aligned_floats(rows_send, "ring gradient return buffer");
-    m.recv_buf[i] = aligned_floats(rows_recv, "ring receive buffer");
-    m.part_buf[i] = aligned_floats(rows_recv, "ring gradient partial buffer");
+    m.buf.send[i] = aligned_floats(rows_send, "ring send buffer");
+    m.buf.returned[i] = aligned_floats(rows_send, "ring gradient return buffer");
+    m.buf.receive[i] = aligned_floats(rows_recv, "ring receive buffer");
+    m.buf.partial[i] = aligned_floats(rows_recv, "ring gradient partial buffer");
   }
-  if (comm.size() > 1) m.progress = std::make_unique<ProgressThread>(comm, m.timeout_s);
+  m.exchanges = HostExchanges(comm, m.timeout_s);
 }
 
 RingPlan::~RingPlan() = default;
@@ -180,13 +199,13 @@ void RingPlan::forward(const float* q, const float* k, const float* v, float* ou
   Impl& m = *impl_;
   m.fwd = {};
   const Shape4& s = m.cfg.shape;
-  const int rank = m.comm->rank(), world = m.comm->size();
   const auto n_out = static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * s.head_dim);
   const auto n_lse = static_cast<std::size_t>(s.batch * s.heads * m.layout.local_len);
   std::fill(out, out + n_out, 0.0f);
   std::fill(lse, lse + n_lse, kNegInf);
 
-  kernels::ForwardParams p;
+  Impl::Host host{m, m.fwd};
+  kernels::ForwardParams& p = host.fwd;
   p.q = q;
   p.out = out;
   p.lse = lse;
@@ -194,31 +213,7 @@ void RingPlan::forward(const float* q, const float* k, const float* v, float* ou
   p.scale = static_cast<float>(m.cfg.effective_scale());
   p.causal = m.cfg.causal;
   p.accumulate = true;
-  auto compute = [&](int t, const float* kk, const float* vv) {
-    const auto t0 = std::chrono::steady_clock::now();
-    p.k = kk;
-    p.v = vv;
-    for (const Wave& w : m.sched.steps[static_cast<std::size_t>(t)].waves)
-      kernels::flash_forward(p, w.tasks, w.items, m.tiles, m.threads, m.workspace.get());
-    m.fwd.compute_ms += ms_since(t0);
-  };
-
-  m.step_done(0, world);
-  int ticket = world > 1 ? m.post_kv(1, k, v, kKvForward, m.fwd) : -1;
-  m.fault.fail_if_due(rank, 0);
-  compute(0, k, v);
-  m.step_done(1, world);
-  for (int t = 1; t < world; ++t) {
-    m.wait(ticket, m.fwd);
-    ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvForward, m.fwd) : -1;
-    m.fault.fail_if_due(rank, t);
-    const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
-    if (st.recv_from >= 0) {
-      const float* buf = m.recv_buf[t % 2].get();
-      compute(t, buf, buf + st.recv_rows * m.d());
-    }
-    m.step_done(t + 1, world);
-  }
+  m.protocol.forward(host, k, v, m.fwd);
   if (m.grouped_scale != 1.0f) {
     const float g = m.grouped_scale;
 #pragma omp parallel for num_threads(m.threads) schedule(static)
@@ -231,7 +226,6 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
   Impl& m = *impl_;
   m.bwd = {};
   const Shape4& s = m.cfg.shape;
-  const int rank = m.comm->rank(), world = m.comm->size();
   const int64_t dd = m.d();
   const auto n = static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd);
   const auto n_kv =
@@ -240,7 +234,8 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
   std::fill(dk, dk + n_kv, 0.0f);
   std::fill(dv, dv + n_kv, 0.0f);
 
-  kernels::BackwardParams p;
+  Impl::Host host{m, m.bwd};
+  kernels::BackwardParams& p = host.bwd;
   p.q = q;
   p.out = out;
   p.lse = lse;
@@ -250,64 +245,7 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
   p.scale = static_cast<float>(m.cfg.effective_scale());
   p.causal = m.cfg.causal;
   p.out_scale = p.dout_scale = m.grouped_scale;
-  auto compute = [&](int t, const float* kk, const float* vv, float* dkk, float* dvv) {
-    const auto t0 = std::chrono::steady_clock::now();
-    p.k = kk;
-    p.v = vv;
-    p.dk = dkk;
-    p.dv = dvv;
-    for (const Wave& w : m.sched.steps[static_cast<std::size_t>(t)].waves) {
-      // One call per place in the K/V groups, in order: calls never share dK/dV rows.
-      const std::span<const kernels::SubseqTask> tasks(w.tasks);
-      std::size_t begin = 0;
-      for (const std::size_t end : w.backward_ends) {
-        kernels::flash_backward(p, tasks.subspan(begin, end - begin), m.tiles, m.threads,
-                                m.workspace.get());
-        begin = end;
-      }
-    }
-    m.bwd.compute_ms += ms_since(t0);
-  };
-  // Gradient partials for the rows this rank sent at step t come back from rank r+t.
-  std::vector<int> ret_ticket(static_cast<std::size_t>(world), -1);
-  auto finish_return = [&](int t) {
-    if (t < 1 || ret_ticket[static_cast<std::size_t>(t)] < 0) return;
-    m.wait(ret_ticket[static_cast<std::size_t>(t)], m.bwd);
-    ret_ticket[static_cast<std::size_t>(t)] = -1;
-    const auto t0 = std::chrono::steady_clock::now();
-    m.unpack_add(m.sched.steps[static_cast<std::size_t>(t)], m.ret_buf[t % 2].get(), dk, dv);
-    m.bwd.compute_ms += ms_since(t0);
-  };
-
-  m.step_done(0, world);
-  int ticket = world > 1 ? m.post_kv(1, k, v, kKvBackward, m.bwd) : -1;
-  m.fault.fail_if_due(rank, 0);
-  compute(0, k, v, dk, dv);
-  m.step_done(1, world);
-  for (int t = 1; t < world; ++t) {
-    m.wait(ticket, m.bwd);
-    ticket = t + 1 < world ? m.post_kv(t + 1, k, v, kKvBackward, m.bwd) : -1;
-    finish_return(t - 2);  // frees part_buf/ret_buf[t % 2] for this step
-    m.fault.fail_if_due(rank, t);
-    const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
-    float* part = m.part_buf[t % 2].get();
-    std::vector<Transfer> sends, recvs;
-    if (st.recv_from >= 0) {
-      std::fill(part, part + st.recv_rows * 2 * dd, 0.0f);
-      const float* buf = m.recv_buf[t % 2].get();
-      compute(t, buf, buf + st.recv_rows * dd, part, part + st.recv_rows * dd);
-      const auto bytes = static_cast<std::size_t>(st.recv_rows * 2 * dd) * sizeof(float);
-      sends.push_back({st.recv_from, part, bytes});
-      m.bwd.bytes_sent += static_cast<int64_t>(bytes);
-    }
-    if (st.send_to >= 0)
-      recvs.push_back({st.send_to, m.ret_buf[t % 2].get(),
-                       static_cast<std::size_t>(st.send_rows * 2 * dd) * sizeof(float)});
-    ret_ticket[static_cast<std::size_t>(t)] = m.progress->post(
-        std::move(sends), std::move(recvs), tag_of(t, kGradReturn), t, "dK/dV return");
-    m.step_done(t + 1, world);
-  }
-  for (int t = std::max(1, world - 2); t < world; ++t) finish_return(t);
+  m.protocol.backward(host, k, v, dk, dv, m.bwd);
 }
 
 }  // namespace ringattn::ring

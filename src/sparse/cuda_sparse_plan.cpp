@@ -1,14 +1,13 @@
 // CudaSparsePlan (see cuda_sparse_plan.hpp): this rank's block-sparse work lists, uploaded
-// once, run by the block-sparse CUDA kernels (kernels/cuda/sparse_params.hpp) on one stream:
-// the local lists over the shard, and on several ranks the remote lists over the receive
-// slabs, after the exchange.
+// once, run on one stream by the exchange of sparse_protocol.hpp. Its backend packs and adds
+// slabs with kernels, waits for exchanges on the device (StreamExchanges) and launches the
+// block-sparse CUDA kernels (kernels/cuda/sparse_params.hpp).
 #include "sparse/cuda_sparse_plan.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <limits>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -19,6 +18,7 @@
 #include "ringattn/errors.hpp"
 #include "sparse/rank_work.hpp"
 #include "sparse/sparse_plan.hpp"
+#include "sparse/sparse_protocol.hpp"
 #include "sparse/token_rule.hpp"
 
 namespace ringattn::sparse {
@@ -26,9 +26,6 @@ namespace ringattn::sparse {
 namespace kc = kernels::cuda;
 
 namespace {
-
-// Tags apart from the ring engine's (step * 4 + kind), as the CPU plan's.
-enum Tag { kFwdKv = 1 << 20, kBwdKv, kGradReturn };
 
 kc::Elem elem_of(DeviceDType t) {
   switch (t) {
@@ -108,7 +105,7 @@ struct CudaSparsePlan::Impl {
   int me = 0, world = 1;
   ring::ShardLayout layout;
   RankSparseWork w;
-  ring::FaultInjection fault;
+  SparseProtocol protocol;
   cudaStream_t stream = nullptr;
   int64_t B = 0, H = 0, G = 0, D = 0, NL = 0, bs = 0;  // G: K/V heads
   int64_t send_rows = 0, recv_rows = 0;                // rows of each half (K, V) of the slabs
@@ -119,12 +116,6 @@ struct CudaSparsePlan::Impl {
   bool vector_loads = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
-  std::function<void(int, int)> on_step;      // RingOptions::on_step, at enqueue time
-  // Steps as the progress hook counts them (as the CPU plan's): the local compute, then
-  // (with an exchange) the remote one.
-  void step_done(int done) const {
-    if (on_step) on_step(done, distributed() ? 2 : 1);
-  }
   ring::RingTimings fwd, bwd;
 
   ~Impl() {
@@ -147,7 +138,6 @@ struct CudaSparsePlan::Impl {
     return ((b * NL + local_row) * G + g) * D;
   }
   int64_t slab_row(int64_t entry, int64_t b) const { return (entry * B + b) * bs; }
-  bool distributed() const { return ex && w.exchanges(); }
 
   void build(const CudaPlanOptions& o) {
     const Shape4& s = cfg.shape;
@@ -215,47 +205,6 @@ struct CudaSparsePlan::Impl {
                                    "the block-sparse returned dK/dV partials", dev, stream);
     vector_loads = elem != kc::Elem::fp32 && D == kc::padded_head_dim(D) && (H * D) % 8 == 0 &&
                    (G * D) % 8 == 0 && local.rows_aligned && remote.rows_aligned;
-  }
-
-  // One K and one V transfer per peer range of a slab of `rows` rows per half (K, then V) of
-  // `bytes` per element; returns their bytes.
-  int64_t add_transfers(const std::vector<PeerRange>& ranges, void* slab, int64_t rows,
-                        std::size_t bytes, std::vector<ring::Transfer>& out) const {
-    auto* base = static_cast<char*>(slab);
-    const std::size_t half = static_cast<std::size_t>(rows * D) * bytes;
-    int64_t total = 0;
-    for (const PeerRange& r : ranges) {
-      const std::size_t at = static_cast<std::size_t>(slab_row(r.first, 0) * D) * bytes;
-      const std::size_t n = static_cast<std::size_t>(slab_row(r.count, 0) * D) * bytes;
-      out.push_back({r.peer, base + at, n});
-      out.push_back({r.peer, base + half + at, n});
-      total += 2 * static_cast<int64_t>(n);
-    }
-    return total;
-  }
-
-  // Packs this rank's send slab and posts the K/V exchange.
-  int post_kv(const void* k, const void* v, int tag, ring::RingTimings& tm, const char* what) {
-    fault.stall_if_due(me, 1, *comm);
-    kc::PackParams pp;
-    pp.runs = send_runs.as<kc::PackedRun>();
-    pp.n_runs = static_cast<int64_t>(w.send_entries.size()) * B;
-    pp.total_rows = pp.buffer_rows = send_rows;
-    pp.head_dim = D;
-    kc::launch_pack_rows(elem, pp, k, v, send_buf.get(), stream);
-    std::vector<ring::Transfer> sends, recvs;
-    tm.bytes_sent += add_transfers(w.send_ranges, send_buf.get(), send_rows, eb(), sends);
-    add_transfers(w.recv_ranges, recv_buf.get(), recv_rows, eb(), recvs);
-    return ex->post(std::move(sends), std::move(recvs), tag, 1, what);
-  }
-
-  // Returns the received blocks' dK/dV partials to their owners and takes this rank's.
-  int post_return(ring::RingTimings& tm) {
-    std::vector<ring::Transfer> sends, recvs;
-    tm.bytes_sent += add_transfers(w.recv_ranges, grad_buf.get(), recv_rows, sizeof(float), sends);
-    add_transfers(w.send_ranges, ret_buf.get(), send_rows, sizeof(float), recvs);
-    return ex->post(std::move(sends), std::move(recvs), kGradReturn, 1,
-                    "block-sparse dK/dV return");
   }
 
   void init(const AttentionConfig& c, std::shared_ptr<const BlockLists> l, CudaPlanOptions o) {
@@ -333,6 +282,115 @@ struct CudaSparsePlan::Impl {
         vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
     return p;
   }
+
+  struct Device;
+};
+
+// The protocol's backend for one call: the plan's slabs and lists, the call's tensors.
+// Everything is enqueued on the plan's stream; timings come from
+// StreamExchanges::finish_call.
+struct CudaSparsePlan::Impl::Device {
+  Impl& m;
+  const void *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  float *out = nullptr, *lse = nullptr;  // written by the forward, read by the backward
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr;
+
+  int64_t entry_elems() const { return m.slab_row(1, 0) * m.D; }
+  std::size_t kv_elem_bytes() const { return m.eb(); }
+
+  SlabHalves slab(SparseSlab which) const {
+    const auto halves = [&](const kc::DeviceAllocation& a, int64_t rows, std::size_t bytes) {
+      auto* base = static_cast<char*>(a.get());
+      return SlabHalves{base, base + static_cast<std::size_t>(rows * m.D) * bytes};
+    };
+    switch (which) {
+      case SparseSlab::send:
+        return halves(m.send_buf, m.send_rows, m.eb());
+      case SparseSlab::receive:
+        return halves(m.recv_buf, m.recv_rows, m.eb());
+      case SparseSlab::partial:
+        return halves(m.grad_buf, m.recv_rows, sizeof(float));
+      case SparseSlab::returned:
+        break;
+    }
+    return halves(m.ret_buf, m.send_rows, sizeof(float));
+  }
+
+  void pack() {
+    kc::PackParams pp;
+    pp.runs = m.send_runs.as<kc::PackedRun>();
+    pp.n_runs = static_cast<int64_t>(m.w.send_entries.size()) * m.B;
+    pp.total_rows = pp.buffer_rows = m.send_rows;
+    pp.head_dim = m.D;
+    kc::launch_pack_rows(m.elem, pp, k, v, m.send_buf.get(), m.stream);
+  }
+
+  // Starts once the stream's work so far is done: the pack, and every read of the slabs
+  // the exchange overwrites.
+  int post(std::vector<ring::Transfer> sends, std::vector<ring::Transfer> recvs, int tag, int step,
+           const char* what) {
+    return m.ex->post(std::move(sends), std::move(recvs), tag, step, what);
+  }
+
+  void wait(int ticket) { m.ex->device_wait(ticket); }
+
+  void compute_forward(SparseBlocks which) {
+    // Every row has one local query tile: written, not merged; remote tiles merge.
+    if (which == SparseBlocks::local) {
+      kc::sparse_forward(m.elem, m.forward_params(m.local, q, k, v, out, lse, false), m.stream);
+      return;
+    }
+    const SlabHalves r = slab(SparseSlab::receive);
+    kc::sparse_forward(m.elem, m.forward_params(m.remote, q, r.k, r.v, out, lse, true), m.stream);
+  }
+
+  void start_backward() {
+    const std::size_t bytes = static_cast<std::size_t>(m.B * m.NL * m.H * m.D) * sizeof(float);
+    const std::size_t kv_bytes = static_cast<std::size_t>(m.B * m.NL * m.G * m.D) * sizeof(float);
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
+    kc::RowDotParams rd;
+    rd.out = out;
+    rd.dout = dout;
+    rd.delta = m.delta.as<float>();
+    rd.batch = m.B;
+    rd.seq_len = m.NL;
+    rd.heads = m.H;
+    rd.head_dim = m.D;
+    kc::launch_row_dot(m.elem, rd, m.stream);
+  }
+
+  void compute_backward(SparseBlocks which) {
+    if (which == SparseBlocks::local) {
+      kc::sparse_backward(m.elem, m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv),
+                          m.stream);
+      return;
+    }
+    const SlabHalves r = slab(SparseSlab::receive), g = slab(SparseSlab::partial);
+    kc::sparse_backward(m.elem,
+                        m.backward_params(m.remote, q, r.k, r.v, lse, dout, dq,
+                                          static_cast<float*>(g.k), static_cast<float*>(g.v)),
+                        m.stream);
+  }
+
+  void clear_partials() {
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(m.grad_buf.get(), 0, m.grad_buf.bytes(), m.stream));
+  }
+
+  // Launch s adds each (head, block)'s s-th returned partial (peers ascending): no launch
+  // names a row twice, and every sum is taken in the same order.
+  void add_returned() {
+    for (std::size_t s = 0; s < m.ret_slots.size(); ++s) {
+      kc::PackParams pp;
+      pp.runs = m.ret_runs.as<kc::PackedRun>() + m.ret_slots[s].first;
+      pp.n_runs = m.ret_slots[s].second;
+      pp.total_rows = m.ret_slot_rows[s];
+      pp.buffer_rows = m.send_rows;
+      pp.head_dim = m.D;
+      kc::launch_unpack_add_rows(pp, m.ret_buf.as<float>(), dk, dv, false, m.stream);
+    }
+  }
 };
 
 CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
@@ -353,8 +411,7 @@ CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const
   m.comm = &comm;
   m.me = comm.rank();
   m.world = comm.size();
-  m.fault = ring_opts.fault;
-  m.on_step = std::move(ring_opts.on_step);
+  m.protocol = SparseProtocol(m.w, &comm, ring_opts);
   finish_construction(ring_opts.timeout_s);
 }
 
@@ -396,13 +453,7 @@ const ring::ShardLayout& CudaSparsePlan::layout() const noexcept { return impl_-
 const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept { return impl_->fwd; }
 const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return impl_->bwd; }
 
-int CudaSparsePlan::peers() const noexcept {
-  std::vector<int> p;
-  for (const auto& r : impl_->w.recv_ranges) p.push_back(r.peer);
-  for (const auto& r : impl_->w.send_ranges) p.push_back(r.peer);
-  std::sort(p.begin(), p.end());
-  return static_cast<int>(std::unique(p.begin(), p.end()) - p.begin());
-}
+int CudaSparsePlan::peers() const noexcept { return impl_->w.peers(); }
 
 std::size_t CudaSparsePlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
@@ -430,21 +481,13 @@ void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float*
   const kc::ScopedDevice on(m.opts.device);
   m.fwd = {};
   if (m.ex) m.ex->start_call();
-  const int ticket =
-      m.distributed() ? m.post_kv(k, v, kFwdKv, m.fwd, "block-sparse forward K/V") : -1;
-  m.step_done(0);
-  m.fault.fail_if_due(m.me, 0);
-  // Every row has one local query tile: written, not merged.
-  kc::sparse_forward(m.elem, m.forward_params(m.local, q, k, v, out, lse, false), m.stream);
-  m.step_done(1);
-  if (m.distributed()) {
-    m.ex->device_wait(ticket);
-    m.fault.fail_if_due(m.me, 1);
-    const auto* rk = static_cast<const char*>(m.recv_buf.get());
-    const void* rv = rk + static_cast<std::size_t>(m.recv_rows * m.D) * m.eb();
-    kc::sparse_forward(m.elem, m.forward_params(m.remote, q, rk, rv, out, lse, true), m.stream);
-    m.step_done(2);
-  }
+  Impl::Device device{m};
+  device.q = q;
+  device.k = k;
+  device.v = v;
+  device.out = out;
+  device.lse = lse;
+  m.protocol.forward(device, m.fwd);
   if (m.ex) m.ex->finish_call(m.fwd);
 }
 
@@ -454,48 +497,17 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
   const kc::ScopedDevice on(m.opts.device);
   m.bwd = {};
   if (m.ex) m.ex->start_call();
-  const std::size_t bytes = static_cast<std::size_t>(m.B * m.NL * m.H * m.D) * sizeof(float);
-  const std::size_t kv_bytes = static_cast<std::size_t>(m.B * m.NL * m.G * m.D) * sizeof(float);
-  const int ticket =
-      m.distributed() ? m.post_kv(k, v, kBwdKv, m.bwd, "block-sparse backward K/V") : -1;
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
-  kc::RowDotParams rd;
-  rd.out = out;
-  rd.dout = dout;
-  rd.delta = m.delta.as<float>();
-  rd.batch = m.B;
-  rd.seq_len = m.NL;
-  rd.heads = m.H;
-  rd.head_dim = m.D;
-  kc::launch_row_dot(m.elem, rd, m.stream);
-  m.step_done(0);
-  m.fault.fail_if_due(m.me, 0);
-  kc::sparse_backward(m.elem, m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv), m.stream);
-  m.step_done(1);
-  if (m.distributed()) {
-    m.ex->device_wait(ticket);
-    m.fault.fail_if_due(m.me, 1);
-    const auto* rk = static_cast<const char*>(m.recv_buf.get());
-    const void* rv = rk + static_cast<std::size_t>(m.recv_rows * m.D) * m.eb();
-    float* gk = m.grad_buf.as<float>();
-    float* gv = gk + m.recv_rows * m.D;
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(gk, 0, m.grad_buf.bytes(), m.stream));
-    kc::sparse_backward(m.elem, m.backward_params(m.remote, q, rk, rv, lse, dout, dq, gk, gv),
-                        m.stream);
-    m.ex->device_wait(m.post_return(m.bwd));
-    for (std::size_t s = 0; s < m.ret_slots.size(); ++s) {
-      kc::PackParams pp;
-      pp.runs = m.ret_runs.as<kc::PackedRun>() + m.ret_slots[s].first;
-      pp.n_runs = m.ret_slots[s].second;
-      pp.total_rows = m.ret_slot_rows[s];
-      pp.buffer_rows = m.send_rows;
-      pp.head_dim = m.D;
-      kc::launch_unpack_add_rows(pp, m.ret_buf.as<float>(), dk, dv, false, m.stream);
-    }
-    m.step_done(2);
-  }
+  Impl::Device device{m};
+  device.q = q;
+  device.k = k;
+  device.v = v;
+  device.out = const_cast<float*>(out);  // read only in the backward
+  device.lse = const_cast<float*>(lse);
+  device.dout = dout;
+  device.dq = dq;
+  device.dk = dk;
+  device.dv = dv;
+  m.protocol.backward(device, m.bwd);
   if (m.ex) m.ex->finish_call(m.bwd);
 }
 

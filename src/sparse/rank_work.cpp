@@ -105,6 +105,14 @@ std::vector<kernels::ForwardItem> sparse_key_items(const std::vector<kernels::Sp
       });
 }
 
+int RankSparseWork::peers() const {
+  std::vector<int> p;
+  for (const PeerRange& r : recv_ranges) p.push_back(r.peer);
+  for (const PeerRange& r : send_ranges) p.push_back(r.peer);
+  std::sort(p.begin(), p.end());
+  return static_cast<int>(std::unique(p.begin(), p.end()) - p.begin());
+}
+
 RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLists& lists,
                                       const ring::ShardLayout& layout, int me) {
   const Shape4& s = cfg.shape;

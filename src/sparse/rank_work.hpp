@@ -67,6 +67,8 @@ struct RankSparseWork {
   std::vector<int64_t> ret_order, ret_group_ptr;
 
   bool exchanges() const { return !send_entries.empty() || !recv_entries.empty(); }
+  // Ranks this rank exchanges with, either way.
+  int peers() const;
 };
 
 // `layout` from sparse_layout(); `lists` for cfg's heads, N and block size.

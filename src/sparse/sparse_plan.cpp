@@ -1,38 +1,28 @@
-// The block-sparse plan: from the block lists it derives, once, this rank's query tiles and
-// key spans (local rows and received rows), the key tiles and query spans of the dK/dV pass,
-// and the exact set of (head, block) K/V rows to exchange with each peer. Calls then pack,
-// post one grouped exchange, compute the local part while it flies, and finish with the
-// remote part; they allocate nothing.
+// SparsePlan: this rank's block-sparse work (rank_work.hpp), built once, run on the host by
+// the exchange of sparse_protocol.hpp. Its backend packs and adds slabs with OpenMP, waits on
+// the communication thread and runs the CPU block-sparse kernels; calls allocate nothing.
 #include "sparse/sparse_plan.hpp"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
 
 #include "kernels/cpu_block_sparse.hpp"
-#include "ring/progress_thread.hpp"
+#include "ring/host_exchanges.hpp"
 #include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
 #include "sparse/rank_work.hpp"
+#include "sparse/sparse_protocol.hpp"
 #include "sparse/token_rule.hpp"
 
 namespace ringattn::sparse {
 
 namespace {
-
-// Tags apart from the ring engine's (step * 4 + kind).
-enum Tag { kFwdKv = 1 << 20, kBwdKv, kGradReturn };
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 void check_lists(const AttentionConfig& cfg, const BlockLists& l) {
   const Shape4& s = cfg.shape;
@@ -106,7 +96,6 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
 struct SparsePlan::Impl {
   AttentionConfig cfg;
   std::shared_ptr<const BlockLists> lists;
-  ring::Communicator* comm = nullptr;
   int threads = 1, me = 0, world = 1;
   kernels::TileConfig tiles;
   ring::ShardLayout layout;
@@ -118,14 +107,8 @@ struct SparsePlan::Impl {
   std::unique_ptr<float[], AlignedFree> workspace, send_k, send_v, recv_k, recv_v, grad_k, grad_v,
       ret_k, ret_v, delta;
   std::size_t workspace_floats = 0;
-  std::unique_ptr<ring::ProgressThread> progress;
-  ring::FaultInjection fault;
-  std::function<void(int, int)> on_step;  // RingOptions::on_step
-  // Steps as the progress hook counts them: the local compute, then (with an exchange)
-  // the remote one.
-  void step_done(int done, bool exchanging) const {
-    if (on_step) on_step(done, exchanging ? 2 : 1);
-  }
+  ring::HostExchanges exchanges;  // after the slabs: its thread ends before they go
+  SparseProtocol protocol;
   ring::RingTimings fwd, bwd;
 
   ring::RowStrides q_rows, kv_rows;  // the local shard's rows in the config's layout
@@ -177,48 +160,6 @@ struct SparsePlan::Impl {
                      cost_k(w.remote_qspans));
   }
 
-  void pack(const float* k, const float* v) {
-    const auto n = static_cast<int64_t>(w.send_entries.size());
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t e = 0; e < n; ++e) {
-      const Entry& en = w.send_entries[static_cast<std::size_t>(e)];
-      const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t r = 0; r < bs; ++r) {
-          const int64_t src = kv_row(b, lr + r, en.head), dst = slab(e, b) + r * D;
-          std::memcpy(send_k.get() + dst, k + src, sizeof(float) * static_cast<std::size_t>(D));
-          std::memcpy(send_v.get() + dst, v + src, sizeof(float) * static_cast<std::size_t>(D));
-        }
-    }
-  }
-
-  // Posts K and V of each peer's range, from `kb`/`vb` laid out by `from` ranges, into
-  // `rk`/`rv` laid out by `into` ranges.
-  int post(const std::vector<PeerRange>& from, float* kb, float* vb,
-           const std::vector<PeerRange>& into, float* rk, float* rv, int tag, int64_t& bytes,
-           const char* what) {
-    fault.stall_if_due(me, 1, *comm);
-    std::vector<ring::Transfer> sends, recvs;
-    for (const PeerRange& r : from) {
-      const auto n = static_cast<std::size_t>(slab_floats(r.count)) * sizeof(float);
-      sends.push_back({r.peer, kb + slab(r.first, 0), n});
-      sends.push_back({r.peer, vb + slab(r.first, 0), n});
-      bytes += 2 * static_cast<int64_t>(n);
-    }
-    for (const PeerRange& r : into) {
-      const auto n = static_cast<std::size_t>(slab_floats(r.count)) * sizeof(float);
-      recvs.push_back({r.peer, rk + slab(r.first, 0), n});
-      recvs.push_back({r.peer, rv + slab(r.first, 0), n});
-    }
-    return progress->post(std::move(sends), std::move(recvs), tag, 1, what);
-  }
-
-  void wait(int ticket, ring::RingTimings& tm) {
-    const auto t0 = std::chrono::steady_clock::now();
-    tm.comm_ms += progress->wait(ticket);
-    tm.exposed_ms += ms_since(t0);
-  }
-
   kernels::SparseParams params() const {
     kernels::SparseParams p;
     p.head_dim = D;
@@ -231,8 +172,6 @@ struct SparsePlan::Impl {
     p.window_right = win.right;
     return p;
   }
-
-  bool exchanges() const { return w.exchanges(); }
 
   // One phase of the backward (the local blocks, or the received ones): fused (5 products
   // per tile pair) when there are at least as many (batch, K/V head) tasks as threads, else
@@ -253,6 +192,142 @@ struct SparsePlan::Impl {
                                   local ? w.local_qspans : w.remote_qspans, tiles, threads,
                                   workspace.get());
   }
+
+  struct Host;
+};
+
+// The protocol's backend for one call: the plan's slabs and lists, the call's tensors, and
+// its timings (kernels, packing and adding count as compute).
+struct SparsePlan::Impl::Host {
+  Impl& m;
+  ring::RingTimings& tm;
+  const float *k = nullptr, *v = nullptr, *out = nullptr;
+  float *dk = nullptr, *dv = nullptr;
+  kernels::SparseParams p{};  // the call's fixed parameters
+
+  int64_t entry_elems() const { return m.slab_floats(1); }
+  std::size_t kv_elem_bytes() const { return sizeof(float); }
+
+  SlabHalves slab(SparseSlab which) const {
+    switch (which) {
+      case SparseSlab::send:
+        return {m.send_k.get(), m.send_v.get()};
+      case SparseSlab::receive:
+        return {m.recv_k.get(), m.recv_v.get()};
+      case SparseSlab::partial:
+        return {m.grad_k.get(), m.grad_v.get()};
+      case SparseSlab::returned:
+        break;
+    }
+    return {m.ret_k.get(), m.ret_v.get()};
+  }
+
+  void pack() {
+    const ring::ScopedMs timer(tm.compute_ms);
+    const RankSparseWork& w = m.w;
+    const auto n = static_cast<int64_t>(w.send_entries.size());
+    const auto row_bytes = sizeof(float) * static_cast<std::size_t>(m.D);
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+    for (int64_t e = 0; e < n; ++e) {
+      const Entry& en = w.send_entries[static_cast<std::size_t>(e)];
+      const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
+      for (int64_t b = 0; b < m.B; ++b)
+        for (int64_t r = 0; r < m.bs; ++r) {
+          const int64_t src = m.kv_row(b, lr + r, en.head), dst = m.slab(e, b) + r * m.D;
+          std::memcpy(m.send_k.get() + dst, k + src, row_bytes);
+          std::memcpy(m.send_v.get() + dst, v + src, row_bytes);
+        }
+    }
+  }
+
+  int post(std::vector<ring::Transfer> sends, std::vector<ring::Transfer> recvs, int tag, int step,
+           const char* what) {
+    return m.exchanges.post(std::move(sends), std::move(recvs), tag, step, what);
+  }
+
+  void wait(int ticket) { m.exchanges.wait(ticket, tm); }
+
+  // The call's parameters over the local K/V (dK/dV into dk, dv) or over the receive slab
+  // (into the partial slab).
+  kernels::SparseParams over(SparseBlocks which) const {
+    const bool local = which == SparseBlocks::local;
+    kernels::SparseParams o = p;
+    o.k = local ? k : m.recv_k.get();
+    o.v = local ? v : m.recv_v.get();
+    o.dk = local ? dk : m.grad_k.get();
+    o.dv = local ? dv : m.grad_v.get();
+    return o;
+  }
+
+  void compute_forward(SparseBlocks which) {
+    const ring::ScopedMs timer(tm.compute_ms);
+    const bool local = which == SparseBlocks::local;
+    kernels::SparseParams fp = over(which);
+    fp.accumulate = !local;  // every row has one local query tile; remote ones merge
+    kernels::sparse_forward(fp, local ? m.w.local_tiles : m.w.remote_tiles,
+                            local ? m.w.local_spans : m.w.remote_spans, m.tiles, m.threads,
+                            m.workspace.get());
+  }
+
+  void start_backward() {
+    const ring::ScopedMs timer(tm.compute_ms);
+    const auto n = static_cast<std::size_t>(m.B * m.NL * m.H * m.D);
+    const auto n_kv = static_cast<std::size_t>(m.B * m.NL * m.G * m.D);
+    std::fill(p.dq, p.dq + n, 0.0f);
+    std::fill(dk, dk + n_kv, 0.0f);
+    std::fill(dv, dv + n_kv, 0.0f);
+    // delta = rowsum(dO ∘ O) per (batch, head, row), laid out like lse.
+    const int64_t rows = m.B * m.H * m.NL;
+    float* delta = m.delta.get();
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t lr = r % m.NL, bh = r / m.NL, b = bh / m.H, h = bh % m.H;
+      const float* o = out + m.q_row(b, lr, h);
+      const float* g = p.dout + m.q_row(b, lr, h);
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t c = 0; c < m.D; ++c) acc += o[c] * g[c];
+      delta[m.lse_at(b, h, lr)] = acc;
+    }
+  }
+
+  void compute_backward(SparseBlocks which) {
+    const ring::ScopedMs timer(tm.compute_ms);
+    m.backward_pass(over(which), which == SparseBlocks::local);
+  }
+
+  void clear_partials() {
+    const ring::ScopedMs timer(tm.compute_ms);
+    const auto n =
+        static_cast<std::size_t>(m.slab_floats(static_cast<int64_t>(m.w.recv_entries.size())));
+    std::fill(m.grad_k.get(), m.grad_k.get() + n, 0.0f);
+    std::fill(m.grad_v.get(), m.grad_v.get() + n, 0.0f);
+  }
+
+  // Group g adds every returned partial of one local (head, block), peers ascending: each
+  // row is summed by one thread, in the same order every run.
+  void add_returned() {
+    const ring::ScopedMs timer(tm.compute_ms);
+    const RankSparseWork& w = m.w;
+    const auto groups = static_cast<int64_t>(w.ret_group_ptr.size()) - 1;
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      for (int64_t x = w.ret_group_ptr[static_cast<std::size_t>(gi)];
+           x < w.ret_group_ptr[static_cast<std::size_t>(gi) + 1]; ++x) {
+        const int64_t e = w.ret_order[static_cast<std::size_t>(x)];
+        const Entry& en = w.send_entries[static_cast<std::size_t>(e)];
+        const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
+        for (int64_t b = 0; b < m.B; ++b)
+          for (int64_t r = 0; r < m.bs; ++r) {
+            float* dkr = dk + m.kv_row(b, lr + r, en.head);
+            float* dvr = dv + m.kv_row(b, lr + r, en.head);
+            const float* pk = m.ret_k.get() + m.slab(e, b) + r * m.D;
+            const float* pv = m.ret_v.get() + m.slab(e, b) + r * m.D;
+            for (int64_t c = 0; c < m.D; ++c) dkr[c] += pk[c], dvr[c] += pv[c];
+          }
+      }
+    }
+  }
 };
 
 SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
@@ -265,7 +340,6 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   Impl& m = *impl_;
   m.cfg = cfg;
   m.lists = std::move(lists);
-  m.comm = &comm;
   m.me = comm.rank();
   m.world = comm.size();
   m.threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
@@ -301,9 +375,8 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.grad_k = aligned_floats(n_recv, "block-sparse dK partials");
   m.grad_v = aligned_floats(n_recv, "block-sparse dV partials");
   m.delta = aligned_floats(static_cast<std::size_t>(m.B * m.H * m.NL), "block-sparse delta rows");
-  m.fault = ring_opts.fault;
-  m.on_step = std::move(ring_opts.on_step);
-  if (m.world > 1) m.progress = std::make_unique<ring::ProgressThread>(comm, ring_opts.timeout_s);
+  m.protocol = SparseProtocol(m.w, &comm, ring_opts);
+  m.exchanges = ring::HostExchanges(comm, ring_opts.timeout_s);
 }
 
 SparsePlan::~SparsePlan() = default;
@@ -313,13 +386,7 @@ int SparsePlan::threads() const noexcept { return impl_->threads; }
 const BlockLists& SparsePlan::lists() const noexcept { return *impl_->lists; }
 const ring::RingTimings& SparsePlan::last_forward() const noexcept { return impl_->fwd; }
 const ring::RingTimings& SparsePlan::last_backward() const noexcept { return impl_->bwd; }
-int SparsePlan::peers() const noexcept {
-  std::vector<int> p;
-  for (const auto& r : impl_->w.recv_ranges) p.push_back(r.peer);
-  for (const auto& r : impl_->w.send_ranges) p.push_back(r.peer);
-  std::sort(p.begin(), p.end());
-  return static_cast<int>(std::unique(p.begin(), p.end()) - p.begin());
-}
+int SparsePlan::peers() const noexcept { return impl_->w.peers(); }
 
 std::size_t SparsePlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
@@ -338,127 +405,33 @@ std::size_t SparsePlan::workspace_bytes() const noexcept {
 void SparsePlan::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
   Impl& m = *impl_;
   m.fwd = {};
-  int ticket = -1;
-  const bool exchanging = m.world > 1 && m.exchanges();
-  m.step_done(0, exchanging);
-  if (exchanging) {
-    const auto t0 = std::chrono::steady_clock::now();
-    m.pack(k, v);
-    m.fwd.compute_ms += ms_since(t0);
-    ticket =
-        m.post(m.w.send_ranges, m.send_k.get(), m.send_v.get(), m.w.recv_ranges, m.recv_k.get(),
-               m.recv_v.get(), kFwdKv, m.fwd.bytes_sent, "block-sparse forward K/V");
-  }
-  m.fault.fail_if_due(m.me, 0);
-  kernels::SparseParams p = m.params();
-  p.q = q;
-  p.out = out;
-  p.lse = lse;
-  auto t0 = std::chrono::steady_clock::now();
-  p.k = k;
-  p.v = v;
-  kernels::sparse_forward(p, m.w.local_tiles, m.w.local_spans, m.tiles, m.threads,
-                          m.workspace.get());
-  m.fwd.compute_ms += ms_since(t0);
-  m.step_done(1, exchanging);
-  if (ticket >= 0) {
-    m.wait(ticket, m.fwd);
-    m.fault.fail_if_due(m.me, 1);
-    t0 = std::chrono::steady_clock::now();
-    p.k = m.recv_k.get();
-    p.v = m.recv_v.get();
-    p.accumulate = true;
-    kernels::sparse_forward(p, m.w.remote_tiles, m.w.remote_spans, m.tiles, m.threads,
-                            m.workspace.get());
-    m.fwd.compute_ms += ms_since(t0);
-    m.step_done(2, exchanging);
-  }
+  Impl::Host host{m, m.fwd};
+  host.k = k;
+  host.v = v;
+  host.p = m.params();
+  host.p.q = q;
+  host.p.out = out;
+  host.p.lse = lse;
+  m.protocol.forward(host, m.fwd);
 }
 
 void SparsePlan::backward(const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const float* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   m.bwd = {};
-  const auto n = static_cast<std::size_t>(m.B * m.NL * m.H * m.D);
-  const auto n_kv = static_cast<std::size_t>(m.B * m.NL * m.G * m.D);
-  int ticket = -1;
-  auto t0 = std::chrono::steady_clock::now();
-  const bool exchanging = m.world > 1 && m.exchanges();
-  m.step_done(0, exchanging);
-  if (exchanging) {
-    m.pack(k, v);
-    ticket =
-        m.post(m.w.send_ranges, m.send_k.get(), m.send_v.get(), m.w.recv_ranges, m.recv_k.get(),
-               m.recv_v.get(), kBwdKv, m.bwd.bytes_sent, "block-sparse backward K/V");
-  }
-  std::fill(dq, dq + n, 0.0f);
-  std::fill(dk, dk + n_kv, 0.0f);
-  std::fill(dv, dv + n_kv, 0.0f);
-  // delta = rowsum(dO ∘ O) per (batch, head, row), laid out like lse.
-  const int64_t rows = m.B * m.H * m.NL;
-  float* delta = m.delta.get();
-#pragma omp parallel for num_threads(m.threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t lr = r % m.NL, bh = r / m.NL, b = bh / m.H, h = bh % m.H;
-    const float* o = out + m.q_row(b, lr, h);
-    const float* g = dout + m.q_row(b, lr, h);
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t c = 0; c < m.D; ++c) acc += o[c] * g[c];
-    delta[m.lse_at(b, h, lr)] = acc;
-  }
-  kernels::SparseParams p = m.params();
-  p.q = q;
-  p.lse = const_cast<float*>(lse);  // read only in the backward
-  p.delta = delta;
-  p.dout = dout;
-  p.dq = dq;
-  p.k = k;
-  p.v = v;
-  p.dk = dk;
-  p.dv = dv;
-  m.backward_pass(p, true);
-  m.bwd.compute_ms += ms_since(t0);
-  m.step_done(1, exchanging);
-  if (ticket < 0) return;
-
-  m.wait(ticket, m.bwd);
-  t0 = std::chrono::steady_clock::now();
-  p.k = m.recv_k.get();
-  p.v = m.recv_v.get();
-  const auto n_recv =
-      static_cast<std::size_t>(m.slab_floats(static_cast<int64_t>(m.w.recv_entries.size())));
-  std::fill(m.grad_k.get(), m.grad_k.get() + n_recv, 0.0f);
-  std::fill(m.grad_v.get(), m.grad_v.get() + n_recv, 0.0f);
-  p.dk = m.grad_k.get();
-  p.dv = m.grad_v.get();
-  m.backward_pass(p, false);
-  m.bwd.compute_ms += ms_since(t0);
-  // Partials go back to the blocks' owners, the reverse of the K/V exchange.
-  ticket = m.post(m.w.recv_ranges, m.grad_k.get(), m.grad_v.get(), m.w.send_ranges, m.ret_k.get(),
-                  m.ret_v.get(), kGradReturn, m.bwd.bytes_sent, "block-sparse dK/dV return");
-  m.wait(ticket, m.bwd);
-  t0 = std::chrono::steady_clock::now();
-  const auto groups = static_cast<int64_t>(m.w.ret_group_ptr.size()) - 1;
-#pragma omp parallel for num_threads(m.threads) schedule(static)
-  for (int64_t gi = 0; gi < groups; ++gi) {
-    for (int64_t x = m.w.ret_group_ptr[static_cast<std::size_t>(gi)];
-         x < m.w.ret_group_ptr[static_cast<std::size_t>(gi) + 1]; ++x) {
-      const int64_t e = m.w.ret_order[static_cast<std::size_t>(x)];
-      const Entry& en = m.w.send_entries[static_cast<std::size_t>(e)];
-      const int64_t lr = m.w.owners[static_cast<std::size_t>(en.block)].local_row;
-      for (int64_t b = 0; b < m.B; ++b)
-        for (int64_t r = 0; r < m.bs; ++r) {
-          float* dkr = dk + m.kv_row(b, lr + r, en.head);
-          float* dvr = dv + m.kv_row(b, lr + r, en.head);
-          const float* pk = m.ret_k.get() + m.slab(e, b) + r * m.D;
-          const float* pv = m.ret_v.get() + m.slab(e, b) + r * m.D;
-          for (int64_t c = 0; c < m.D; ++c) dkr[c] += pk[c], dvr[c] += pv[c];
-        }
-    }
-  }
-  m.bwd.compute_ms += ms_since(t0);
-  m.step_done(2, exchanging);
+  Impl::Host host{m, m.bwd};
+  host.k = k;
+  host.v = v;
+  host.out = out;
+  host.dk = dk;
+  host.dv = dv;
+  host.p = m.params();
+  host.p.q = q;
+  host.p.lse = const_cast<float*>(lse);  // read only in the backward
+  host.p.delta = m.delta.get();
+  host.p.dout = dout;
+  host.p.dq = dq;
+  m.protocol.backward(host, m.bwd);
 }
 
 }  // namespace ringattn::sparse

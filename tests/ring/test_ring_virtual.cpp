@@ -2,17 +2,20 @@
 // single-process result within 1e-5 for every golden case and the randomized configs,
 // forward and gradients, with forward bytes equal to the minimum on every rank; and the
 // abort semantics: a failing or stalled virtual rank ends all of them promptly, with the
-// reason, and never hangs.
+// reason, and never hangs. And the ring protocol alone, over a backend that checks when each
+// buffer half is reused (P = 1..6).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <thread>
 
 #include "golden.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ring/ring_engine.hpp"
+#include "ring/ring_protocol.hpp"
 #include "ring_compare.hpp"
 #include "ringattn/errors.hpp"
 
@@ -285,6 +288,130 @@ TEST(VirtualRanks, StalledRankIsCaughtByTheWatchdogAndReleasedByTheAbort) {
             std::string::npos)
       << reason;
   EXPECT_LT(s, 2.0);
+}
+
+// The ring protocol alone (ring_protocol.hpp), over a backend that only checks what the
+// protocol asks of it: no buffer half is packed, cleared, computed from or exchanged while
+// an exchange that uses it may still be in flight; every exchange is waited for by the end
+// of the call; returned partials are added in step order; progress runs 0..P.
+class CheckingRingBackend {
+ public:
+  CheckingRingBackend() {
+    for (auto& b : mem_)
+      for (auto& h : b) h.resize(kBytes);
+  }
+
+  int64_t head_dim() const { return 4; }
+  std::size_t kv_elem_bytes() const { return 2; }
+  void* buffer(RingBuffer which, int t) {
+    return mem_[static_cast<int>(which)][static_cast<std::size_t>(t % 2)].data();
+  }
+
+  void pack(int t, const void*, const void*) { use(buffer(RingBuffer::send, t), "pack", t); }
+  int post(std::vector<Transfer> sends, std::vector<Transfer> recvs, int, int step, const char*) {
+    if (sends.empty() && recvs.empty()) return -1;
+    std::vector<Half> uses;
+    for (const auto* list : {&sends, &recvs})
+      for (const Transfer& x : *list) {
+        use(x.data, "post", step);
+        uses.push_back(half_of(x.data));
+      }
+    open_[next_ticket_] = uses;
+    return next_ticket_++;
+  }
+  void wait(int ticket) {
+    if (ticket < 0) return;
+    EXPECT_EQ(open_.erase(ticket), 1u) << "ticket " << ticket;
+  }
+  void compute_forward(int t, const void* k, const void*) {
+    if (t > 0) use(k, "forward compute", t);
+  }
+  void compute_backward(int t, const void* k, const void*, float* dk, float*) {
+    if (t > 0) use(k, "backward compute", t), use(dk, "backward compute", t);
+  }
+  void clear(float* p, int64_t) { use(p, "clear", -1); }
+  void add_returned(int t, float*, float*) {
+    use(buffer(RingBuffer::returned, t), "add", t);
+    added.push_back(t);
+  }
+
+  std::size_t open_exchanges() const { return open_.size(); }
+  std::vector<int> added;
+
+ private:
+  static constexpr std::size_t kBytes = 1024;
+  using Half = std::pair<int, int>;  // (buffer, half)
+
+  Half half_of(const void* p) const {
+    const auto* c = static_cast<const char*>(p);
+    for (int b = 0; b < 4; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const char* base = mem_[b][h].data();
+        if (c >= base && c < base + kBytes) return {b, h};
+      }
+    ADD_FAILURE() << "a pointer outside the plan's buffers";
+    return {-1, -1};
+  }
+  void use(const void* p, const char* what, int step) {
+    const Half h = half_of(p);
+    for (const auto& [ticket, uses] : open_)
+      for (const Half& u : uses)
+        EXPECT_NE(u, h) << what << (step >= 0 ? " at step " + std::to_string(step) : "")
+                        << " used half " << h.second << " of buffer " << h.first
+                        << " while exchange " << ticket << " may be using it";
+  }
+
+  std::vector<char> mem_[4][2];
+  std::map<int, std::vector<Half>> open_;
+  int next_ticket_ = 0;
+};
+
+// A schedule with every shape of step: sends and receives, only one of them, or neither.
+RingSchedule checking_schedule(int rank, int world) {
+  RingSchedule s;
+  s.steps.resize(static_cast<std::size_t>(world));
+  for (int t = 1; t < world; ++t) {
+    RingStep& st = s.steps[static_cast<std::size_t>(t)];
+    if ((rank + t) % 3 != 2) st.send_to = (rank + t) % world, st.send_rows = 3;
+    if ((rank + 2 * t) % 4 != 3) st.recv_from = (rank - t + world) % world, st.recv_rows = 5;
+  }
+  return s;
+}
+
+TEST(RingProtocol, NoBufferHalfIsReusedBeforeItsExchangeIsWaitedFor) {
+  for (int world = 1; world <= 6; ++world) {
+    const int code = run_virtual_ranks(world, [&](Communicator& comm) {
+      const RingSchedule sched = checking_schedule(comm.rank(), world);
+      std::vector<std::pair<int, int>> progress;
+      RingOptions opts;
+      opts.fault = {};
+      opts.on_step = [&](int done, int steps) { progress.emplace_back(done, steps); };
+      const RingProtocol protocol(sched, comm, opts);
+      const float local[4] = {};
+      float grad[4] = {};
+      for (const bool backward : {false, true}) {
+        CheckingRingBackend b;
+        RingTimings tm;
+        progress.clear();
+        if (backward)
+          protocol.backward(b, local, local, grad, grad, tm);
+        else
+          protocol.forward(b, local, local, tm);
+        const std::string what = std::string(backward ? "backward" : "forward") + " on rank " +
+                                 std::to_string(comm.rank()) + " of " + std::to_string(world);
+        EXPECT_EQ(b.open_exchanges(), 0u) << what << ": exchanges never waited for";
+        std::vector<int> want_added;
+        std::vector<std::pair<int, int>> want_progress;
+        for (int t = 0; t <= world; ++t) want_progress.emplace_back(t, world);
+        for (int t = 1; backward && t < world; ++t)
+          if (sched.steps[static_cast<std::size_t>(t)].send_to >= 0) want_added.push_back(t);
+        EXPECT_EQ(b.added, want_added) << what;
+        EXPECT_EQ(progress, want_progress) << what;
+      }
+      return 0;
+    });
+    EXPECT_EQ(code, 0) << "P=" << world;
+  }
 }
 
 }  // namespace
