@@ -71,19 +71,6 @@ struct SparseBackwardParams {
 
 // The forward walks several key spans per item, so it keeps one K tile (no prefetch across
 // span boundaries): Q (kQueryTile rows), one K tile and one V tile.
-// A (tile, span) pair as the dense kernels' task view, so that the key-range rules
-// (cpu_flash.hpp: visible_key_range, seeing_query_range, outside_reach) are theirs.
-RINGATTN_HOST_DEVICE inline SubseqTask span_view(int64_t n_q, int64_t n_k, int64_t causal_offset,
-                                                 int64_t window_left, int64_t window_right) {
-  SubseqTask t;
-  t.n_q = n_q;
-  t.n_k = n_k;
-  t.causal_offset = causal_offset;
-  t.window_left = window_left;
-  t.window_right = window_right;
-  return t;
-}
-
 constexpr int sparse_forward_smem_bytes(int head_dim, int elem_bytes) {
   return (kQueryTile + 2 * forward_key_step(head_dim)) * (head_dim + kRowPad) * elem_bytes;
 }
