@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "ringattn/errors.hpp"
 #include "core/quote.hpp"
+#include "ringattn/errors.hpp"
 
 namespace ringattn {
 
@@ -319,7 +319,8 @@ struct OpenNpy {
   int64_t element_count = 0;
 };
 
-void open_and_parse(const std::string& path, OpenNpy* npy) {
+// Returns the file's size.
+uint64_t open_regular_file(const std::string& path, OpenNpy* npy) {
   // O_NONBLOCK keeps open() of a FIFO from hanging; it is rejected just below anyway.
   const int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (raw_fd < 0) {
@@ -328,16 +329,22 @@ void open_and_parse(const std::string& path, OpenNpy* npy) {
     throw InputError(path, "cannot open: " + errno_text(err));
   }
   npy->fd.reset(raw_fd);
-  const int fd = npy->fd.get();
 
   struct stat info {};
-  if (::fstat(fd, &info) != 0) throw InputError(path, "cannot stat: " + errno_text(errno));
+  if (::fstat(npy->fd.get(), &info) != 0)
+    throw InputError(path, "cannot stat: " + errno_text(errno));
   if (S_ISDIR(info.st_mode)) throw InputError(path, "is a directory, not a .npy file");
   if (!S_ISREG(info.st_mode))
     throw InputError(path, "not a regular file (the size must be known before reading)");
   const auto file_bytes = static_cast<uint64_t>(info.st_size);
   if (file_bytes == 0) throw InputError(path, "file is empty (not a .npy file)");
+  return file_bytes;
+}
 
+// Reads the preamble and the header text after it, leaving `fd` at the first data byte,
+// whose offset goes to `data_offset`.
+std::string read_header_text(int fd, uint64_t file_bytes, const std::string& path,
+                             std::size_t* data_offset) {
   // Magic (6), version (2), header length (2 in 1.0, 4 in 2.0 and 3.0).
   unsigned char preamble[12] = {};
   const std::size_t got = read_fully(fd, preamble, sizeof preamble, path);
@@ -373,30 +380,25 @@ void open_and_parse(const std::string& path, OpenNpy* npy) {
   text.resize(static_cast<std::size_t>(header_bytes));
   if (read_fully(fd, text.data() + already, text.size() - already, path) != text.size() - already)
     throw InputError(path, "truncated header (the file shrank while it was read)");
+  *data_offset = preamble_bytes + static_cast<std::size_t>(header_bytes);
+  return text;
+}
 
-  const HeaderParser::Fields fields = HeaderParser(text, path).parse();
-  NpyHeader& header = npy->header;
-  if (fields.descr == "<f4") {
-    header.dtype = NpyDtype::float32;
-  } else if (fields.descr == "<f2") {
-    header.dtype = NpyDtype::float16;
-  } else if (fields.descr == "|b1") {
-    header.dtype = NpyDtype::bool8;
-  } else if (fields.descr == "<i4") {
-    header.dtype = NpyDtype::int32;
-  } else if (fields.descr == "<i8") {
-    header.dtype = NpyDtype::int64;
-  } else {
-    throw InputError(path, "unsupported dtype " + quote(fields.descr) +
-                               " (need float32 '<f4' or float16 '<f2'; masks use bool '|b1', "
-                               "document offsets int32 '<i4' or int64 '<i8')");
-  }
-  if (fields.fortran_order)
-    throw InputError(path,
-                     "Fortran-order arrays are not supported; save with np.ascontiguousarray");
-  header.shape = fields.shape;
-  header.data_offset = preamble_bytes + static_cast<std::size_t>(header_bytes);
+NpyDtype dtype_of(const std::string& descr, const std::string& path) {
+  if (descr == "<f4") return NpyDtype::float32;
+  if (descr == "<f2") return NpyDtype::float16;
+  if (descr == "|b1") return NpyDtype::bool8;
+  if (descr == "<i4") return NpyDtype::int32;
+  if (descr == "<i8") return NpyDtype::int64;
+  throw InputError(path, "unsupported dtype " + quote(descr) +
+                             " (need float32 '<f4' or float16 '<f2'; masks use bool '|b1', "
+                             "document offsets int32 '<i4' or int64 '<i8')");
+}
 
+// A header whose data would not exactly fill the rest of the file is rejected before any data
+// is read. Returns the element count.
+int64_t checked_element_count(const NpyHeader& header, uint64_t file_bytes,
+                              const std::string& path) {
   int64_t count = 0, data_bytes = 0;
   if (!shape_elements(header.shape, kInt64Max, &count))
     throw InputError(path,
@@ -414,7 +416,22 @@ void open_and_parse(const std::string& path, OpenNpy* npy) {
   if (static_cast<uint64_t>(data_bytes) < held_bytes)
     throw InputError(path, std::to_string(held_bytes - static_cast<uint64_t>(data_bytes)) +
                                " trailing bytes after the data" + detail);
-  npy->element_count = count;
+  return count;
+}
+
+void open_and_parse(const std::string& path, OpenNpy* npy) {
+  const uint64_t file_bytes = open_regular_file(path, npy);
+  std::size_t data_offset = 0;
+  const std::string text = read_header_text(npy->fd.get(), file_bytes, path, &data_offset);
+  const HeaderParser::Fields fields = HeaderParser(text, path).parse();
+  NpyHeader& header = npy->header;
+  header.dtype = dtype_of(fields.descr, path);
+  if (fields.fortran_order)
+    throw InputError(path,
+                     "Fortran-order arrays are not supported; save with np.ascontiguousarray");
+  header.shape = fields.shape;
+  header.data_offset = data_offset;
+  npy->element_count = checked_element_count(header, file_bytes, path);
 }
 
 void read_data(OpenNpy& npy, const std::string& path, void* out, std::size_t bytes) {

@@ -9,8 +9,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "ringattn/errors.hpp"
 #include "core/quote.hpp"
+#include "ringattn/errors.hpp"
 
 namespace po = boost::program_options;
 
@@ -70,7 +70,7 @@ void parse_window(const std::string& text, AttentionConfig& cfg) {
   if (reach.size() == 2) cfg.window_right = reach[1];
 }
 
-po::options_description run_description() {
+po::options_description input_options() {
   po::options_description input("Input");
   input.add_options()("q", po::value<std::string>(),
                       "queries, .npy float32/float16 [B,N,H,D] (with --k, --v)")(
@@ -84,7 +84,10 @@ po::options_description run_description() {
       "K/V heads HKV for grouped-query attention (1: multi-query); must divide H "
       "(default H); query head j reads K/V head j / (H / HKV)")(
       "seed", po::value<uint64_t>()->default_value(0), "seed for synthetic inputs");
+  return input;
+}
 
+po::options_description pattern_options() {
   po::options_description pattern("Pattern");
   pattern.add_options()("attention", po::value<std::string>()->default_value("dense"),
                         "dense | dilated | block-sparse | auto (dense/dilated up to "
@@ -104,7 +107,10 @@ po::options_description run_description() {
       "packed sequences from a file: .npy int32/int64 [n_docs + 1] document offsets, 0 first, "
       "strictly increasing, N last")("scale", po::value<double>(),
                                      "softmax scale (default 1/sqrt(D))");
+  return pattern;
+}
 
+po::options_description sparse_options() {
   po::options_description sparse("Block-sparse");
   sparse.add_options()("block-size", po::value<int64_t>(),
                        "block-sparse: tokens per block (default 128; must divide N)")(
@@ -118,7 +124,10 @@ po::options_description run_description() {
       "write the block mask used (.npy bool [H,nb,nb]; small N only)")(
       "sparse-threshold", po::value<int64_t>(),
       "auto: sequence length above which block-sparse runs (default 1048576)");
+  return sparse;
+}
 
+po::options_description backward_options() {
   po::options_description backward("Backward");
   backward.add_options()("dout", po::value<std::string>(),
                          "upstream gradient .npy [B,N,H,D]; runs the backward pass")(
@@ -126,7 +135,10 @@ po::options_description run_description() {
       "dq-out", po::value<std::string>(), "write dQ (.npy float32 [B,N,H,D])")(
       "dk-out", po::value<std::string>(), "write dK (.npy float32 [B,N,HKV,D])")(
       "dv-out", po::value<std::string>(), "write dV (.npy float32 [B,N,HKV,D])");
+  return backward;
+}
 
+po::options_description output_options() {
   po::options_description output("Output");
   output.add_options()("out", po::value<std::string>(),
                        "write the output (.npy float32 [B,N,H,D])")(
@@ -137,7 +149,10 @@ po::options_description run_description() {
       "line per ring step, at most one a second, and one at least every 30 s (on a "
       "terminal, one line redrawn up to 4 times a second, shown without this option)")(
       "quiet", po::bool_switch(), "no progress on stderr (errors are still printed)");
+  return output;
+}
 
+po::options_description control_options() {
   po::options_description control("Run control");
   control.add_options()("device", po::value<std::string>()->default_value("auto"),
                         "cpu | cuda | auto (cuda on one rank when a GPU is usable)")(
@@ -164,9 +179,18 @@ po::options_description run_description() {
       "collective (between calls, gathering results), before the job is aborted")(
       "config", po::value<std::string>(), "read options from FILE (name = value lines)")(
       "help,h", "show this help");
+  return control;
+}
 
+// The groups' order is the order of the --help text.
+po::options_description run_description() {
   po::options_description all("ringattn run [options]");
-  all.add(input).add(pattern).add(sparse).add(backward).add(output).add(control);
+  all.add(input_options())
+      .add(pattern_options())
+      .add(sparse_options())
+      .add(backward_options())
+      .add(output_options())
+      .add(control_options());
   return all;
 }
 
@@ -228,32 +252,8 @@ std::string require_choice(const std::string& option, const std::string& value,
   throw InputError(option, "unknown value " + quote(value) + " (choose one of: " + list + ")");
 }
 
-}  // namespace
-
-RunOptions demo_options() {
-  RunOptions o;
-  o.demo = true;
-  o.cfg.shape = {1, 4096, 8, 64};
-  o.shape_from_options = true;
-  o.cfg.attention = AttentionKind::dilated;
-  o.cfg.combine = Combine::grouped;
-  o.cfg.segments = {1024, 2048, 4096};
-  o.cfg.dilations = {1, 2, 4};
-  o.backward = true;
-  o.check = true;
-  o.iters = 3;
-  o.warmup = 1;
-  return o;
-}
-
-bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
-                       std::ostream& help_out) {
-  if (args.empty()) {
-    opts = demo_options();
-    return true;
-  }
-  const po::options_description desc = run_description();
-  po::variables_map vm;
+void store_command_line(const std::vector<std::string>& args, const po::options_description& desc,
+                        po::variables_map& vm) {
   translating_errors("", [&] {
     const po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
     // Boost keeps words that are no option (a forgotten "--", a typo such as "seq-len 64")
@@ -265,33 +265,44 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
                                         " (options are written --name value)");
     po::store(parsed, vm);
   });
-  if (vm.count("help")) {
-    help_out << desc << '\n';
-    return false;
-  }
-  if (vm.count("config")) {
-    const std::string path = vm["config"].as<std::string>();
-    std::ifstream f(path);
-    if (!f) throw InputError("--config", "cannot open config file '" + path + "'");
-    translating_errors(" in config file '" + path + "'", [&] {
-      po::store(po::parse_config_file(f, desc, /*allow_unregistered=*/false), vm);
-    });
-  }
-  translating_errors("", [&] { po::notify(vm); });
+}
 
-  RunOptions o;
-  auto str = [&](const char* name) {
-    return vm.count(name) ? vm[name].as<std::string>() : std::string();
-  };
-  o.q_path = str("q");
-  o.k_path = str("k");
-  o.v_path = str("v");
-  o.dout_path = str("dout");
-  o.out_path = str("out");
-  o.lse_out_path = str("lse-out");
-  o.dq_out_path = str("dq-out");
-  o.dk_out_path = str("dk-out");
-  o.dv_out_path = str("dv-out");
+// Stored after the command line, so that an option given in both keeps its command-line value.
+void store_config_file(const po::options_description& desc, po::variables_map& vm) {
+  if (!vm.count("config")) return;
+  const std::string path = vm["config"].as<std::string>();
+  std::ifstream f(path);
+  if (!f) throw InputError("--config", "cannot open config file '" + path + "'");
+  translating_errors(" in config file '" + path + "'", [&] {
+    po::store(po::parse_config_file(f, desc, /*allow_unregistered=*/false), vm);
+  });
+}
+
+std::string string_or_empty(const po::variables_map& vm, const char* name) {
+  return vm.count(name) ? vm[name].as<std::string>() : std::string();
+}
+
+int64_t shape_dim(const po::variables_map& vm, const char* name, int64_t fallback) {
+  if (!vm.count(name)) return fallback;
+  const int64_t value = vm[name].as<int64_t>();
+  if (value <= 0)
+    throw InputError(std::string("--") + name, (std::string(name) == "head-dim"
+                                                    ? "must be in 1.." + std::to_string(kMaxHeadDim)
+                                                    : std::string("must be positive")) +
+                                                   ", got " + std::to_string(value));
+  return value;
+}
+
+void read_files_and_shape(const po::variables_map& vm, RunOptions& o) {
+  o.q_path = string_or_empty(vm, "q");
+  o.k_path = string_or_empty(vm, "k");
+  o.v_path = string_or_empty(vm, "v");
+  o.dout_path = string_or_empty(vm, "dout");
+  o.out_path = string_or_empty(vm, "out");
+  o.lse_out_path = string_or_empty(vm, "lse-out");
+  o.dq_out_path = string_or_empty(vm, "dq-out");
+  o.dk_out_path = string_or_empty(vm, "dk-out");
+  o.dv_out_path = string_or_empty(vm, "dv-out");
   o.seed = vm["seed"].as<uint64_t>();
 
   const bool any_file = !o.q_path.empty() || !o.k_path.empty() || !o.v_path.empty();
@@ -300,29 +311,22 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
          {std::pair{"--q", o.q_path}, {"--k", o.k_path}, {"--v", o.v_path}})
       if (path.empty()) throw InputError(name, "missing: --q, --k and --v must be given together");
   }
-  auto dim = [&](const char* name, int64_t fallback) {
-    if (!vm.count(name)) return fallback;
-    const int64_t value = vm[name].as<int64_t>();
-    if (value <= 0)
-      throw InputError(
-          std::string("--") + name,
-          (std::string(name) == "head-dim" ? "must be in 1.." + std::to_string(kMaxHeadDim)
-                                           : std::string("must be positive")) +
-              ", got " + std::to_string(value));
-    return value;
-  };
   if (vm.count("kv-heads")) {
     o.cfg.kv_heads = vm["kv-heads"].as<int64_t>();
     if (*o.cfg.kv_heads <= 0)
       throw InputError("--kv-heads", "must be positive, got " + std::to_string(*o.cfg.kv_heads));
   }
   o.shape_from_options = !any_file;
-  o.cfg.shape = {dim("batch", 1), dim("seq-len", 4096), dim("heads", 8), dim("head-dim", 64)};
-  if (any_file) {
-    // Shape options are then only a cross-check; remember which were given (0 = absent).
-    o.cfg.shape = {dim("batch", 0), dim("seq-len", 0), dim("heads", 0), dim("head-dim", 0)};
-  }
+  // With input files the shape options are only a cross-check: 0 marks one not given.
+  const int64_t unset = 0;
+  o.cfg.shape = {shape_dim(vm, "batch", any_file ? unset : 1),
+                 shape_dim(vm, "seq-len", any_file ? unset : 4096),
+                 shape_dim(vm, "heads", any_file ? unset : 8),
+                 shape_dim(vm, "head-dim", any_file ? unset : 64)};
+}
 
+// Returns --attention as written, "auto" included; o.cfg.attention gets the kind to start from.
+std::string read_attention(const po::variables_map& vm, RunOptions& o) {
   const std::string attention = require_choice("--attention", vm["attention"].as<std::string>(),
                                                {"dense", "dilated", "block-sparse", "auto"});
   o.attention_auto = attention == "auto";
@@ -333,10 +337,14 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   // the threshold, once N is known (it may come from the input files).
   if (o.attention_auto)
     o.cfg.attention = vm.count("segments") ? AttentionKind::dilated : AttentionKind::dense;
+  return attention;
+}
+
+void read_block_sparse(const po::variables_map& vm, const std::string& attention, RunOptions& o) {
   const bool sparse = attention == "block-sparse";
-  o.pattern = str("pattern");
-  o.block_mask_path = str("block-mask");
-  o.pattern_out_path = str("pattern-out");
+  o.pattern = string_or_empty(vm, "pattern");
+  o.block_mask_path = string_or_empty(vm, "block-mask");
+  o.pattern_out_path = string_or_empty(vm, "pattern-out");
   if (vm.count("block-size")) {
     if (!sparse && !o.attention_auto)
       throw InputError("--block-size", "only applies to --attention block-sparse or auto");
@@ -367,47 +375,60 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
       throw InputError("--sparse-threshold",
                        "must be positive, got " + std::to_string(o.sparse_threshold));
   }
+}
+
+void read_dilated(const po::variables_map& vm, const std::string& attention, RunOptions& o) {
   const std::string combine =
       require_choice("--combine", vm["combine"].as<std::string>(), {"grouped", "mixture"});
   o.cfg.combine = combine == "grouped" ? Combine::grouped : Combine::mixture;
-  if (vm.count("segments")) o.cfg.segments = parse_int_list("--segments", str("segments"));
-  if (vm.count("dilations")) o.cfg.dilations = parse_int_list("--dilations", str("dilations"));
+  if (vm.count("segments"))
+    o.cfg.segments = parse_int_list("--segments", string_or_empty(vm, "segments"));
+  if (vm.count("dilations"))
+    o.cfg.dilations = parse_int_list("--dilations", string_or_empty(vm, "dilations"));
   if (attention == "dense" && (vm.count("segments") || vm.count("dilations")))
     throw InputError(vm.count("segments") ? "--segments" : "--dilations",
                      "only applies to --attention dilated (or block-sparse's dilated-blocks)");
+}
+
+void read_mask_and_documents(const po::variables_map& vm, RunOptions& o) {
   o.cfg.causal = vm["causal"].as<bool>();
-  if (vm.count("window")) parse_window(str("window"), o.cfg);
+  if (vm.count("window")) parse_window(string_or_empty(vm, "window"), o.cfg);
   if (vm.count("seqlens") && vm.count("cu-seqlens"))
     throw InputError("--seqlens", "give the documents once: --seqlens or --cu-seqlens, not both");
   if (vm.count("seqlens")) {
+    const std::string text = string_or_empty(vm, "seqlens");
     o.cfg.cu_seqlens = {0};
-    for (const int64_t len : parse_int_list("--seqlens", str("seqlens"))) {
+    for (const int64_t len : parse_int_list("--seqlens", text)) {
       if (len <= 0)
         throw InputError("--seqlens", "document lengths must be positive, got " +
-                                          std::to_string(len) + " in " + quote(str("seqlens")));
+                                          std::to_string(len) + " in " + quote(text));
       if (o.cfg.cu_seqlens.back() > INT64_MAX - len)
         throw InputError("--seqlens", "the document lengths overflow");
       o.cfg.cu_seqlens.push_back(o.cfg.cu_seqlens.back() + len);
     }
   }
   if (vm.count("cu-seqlens")) {
-    o.cu_seqlens_path = str("cu-seqlens");
+    o.cu_seqlens_path = string_or_empty(vm, "cu-seqlens");
     if (o.cu_seqlens_path.empty()) throw InputError("--cu-seqlens", "the path is empty");
   }
   if (vm.count("scale")) o.cfg.scale = vm["scale"].as<double>();
+}
 
+void read_backward(const po::variables_map& vm, RunOptions& o) {
   o.backward = vm["backward"].as<bool>() || !o.dout_path.empty();
   for (const auto& [name, path] : {std::pair{"--dq-out", o.dq_out_path},
                                    {"--dk-out", o.dk_out_path},
                                    {"--dv-out", o.dv_out_path}})
     if (!path.empty() && !o.backward)
       throw InputError(name, "needs the backward pass: give --dout FILE (or --backward)");
+}
 
+void read_device(const po::variables_map& vm, RunOptions& o) {
   o.device = require_choice("--device", vm["device"].as<std::string>(), {"cpu", "cuda", "auto"});
-  o.cfg.layout = require_choice("--layout", vm["layout"].as<std::string>(), {"bnhd", "bhnd"}) ==
-                         "bnhd"
-                     ? TensorLayout::bnhd
-                     : TensorLayout::bhnd;
+  o.cfg.layout =
+      require_choice("--layout", vm["layout"].as<std::string>(), {"bnhd", "bhnd"}) == "bnhd"
+          ? TensorLayout::bnhd
+          : TensorLayout::bhnd;
   o.kernel =
       require_choice("--kernel", vm["kernel"].as<std::string>(), {"auto", "native", "cudnn"});
   if (vm.count("dtype"))
@@ -419,6 +440,9 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   if (o.device == "cpu" && !o.dtype.empty() && o.dtype != "fp32")
     throw InputError("--dtype",
                      "'" + o.dtype + "' needs --device cuda; the CPU kernels compute in fp32");
+}
+
+void read_run_control(const po::variables_map& vm, RunOptions& o) {
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
   o.warmup = vm["warmup"].as<int>();
@@ -442,6 +466,52 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
   o.quiet = vm["quiet"].as<bool>();
   if (o.progress && o.quiet)
     throw InputError("--progress", "cannot be combined with --quiet (choose one)");
+}
+
+}  // namespace
+
+RunOptions demo_options() {
+  RunOptions o;
+  o.demo = true;
+  o.cfg.shape = {1, 4096, 8, 64};
+  o.shape_from_options = true;
+  o.cfg.attention = AttentionKind::dilated;
+  o.cfg.combine = Combine::grouped;
+  o.cfg.segments = {1024, 2048, 4096};
+  o.cfg.dilations = {1, 2, 4};
+  o.backward = true;
+  o.check = true;
+  o.iters = 3;
+  o.warmup = 1;
+  return o;
+}
+
+bool parse_run_options(const std::vector<std::string>& args, RunOptions& opts,
+                       std::ostream& help_out) {
+  if (args.empty()) {
+    opts = demo_options();
+    return true;
+  }
+  const po::options_description desc = run_description();
+  po::variables_map vm;
+  store_command_line(args, desc, vm);
+  if (vm.count("help")) {
+    help_out << desc << '\n';
+    return false;
+  }
+  store_config_file(desc, vm);
+  translating_errors("", [&] { po::notify(vm); });
+
+  // Each group checks its own options; their order fixes which error a bad run reports first.
+  RunOptions o;
+  read_files_and_shape(vm, o);
+  const std::string attention = read_attention(vm, o);
+  read_block_sparse(vm, attention, o);
+  read_dilated(vm, attention, o);
+  read_mask_and_documents(vm, o);
+  read_backward(vm, o);
+  read_device(vm, o);
+  read_run_control(vm, o);
   opts = std::move(o);
   return true;
 }

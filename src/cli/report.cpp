@@ -49,6 +49,142 @@ bool RunReport::check_passed() const {
   return true;
 }
 
+namespace {
+
+void print_rank_figures(const char* pass, const std::vector<RankFigures>& v, std::ostream& os) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    os << "    " << pass << " rank " << i << ": compute " << std::fixed << std::setprecision(2)
+       << v[i].compute_ms << " ms, communication " << v[i].comm_ms << " ms, exposed "
+       << v[i].exposed_ms << " ms, sent " << v[i].bytes_sent << " bytes\n";
+}
+
+void print_ring(const RunReport& r, std::ostream& os) {
+  os << "  ring             " << r.world_size << " ranks, forward bytes sent (max over ranks) "
+     << r.bytes_sent << " (computed minimum " << r.bytes_sent_min << ")\n";
+  print_rank_figures("fwd", r.fwd_ranks, os);
+  print_rank_figures("bwd", r.bwd_ranks, os);
+}
+
+void print_checks(const RunReport& r, std::ostream& os) {
+  os << "  check vs float64 reference (" << r.check_mode << "; relative Frobenius error, tolerance "
+     << std::scientific << std::setprecision(0) << r.check_tolerance << "):\n   ";
+  os << std::setprecision(2);
+  for (const auto& ch : r.checks) os << " " << ch.tensor << " " << ch.rel_error;
+  os << "  -> " << (r.check_passed() ? "OK" : "NOT OK") << "\n";
+}
+
+// [L, R] as given (R: its default filled in, 0 under causal); null without a window.
+nlohmann::json window_json(const AttentionConfig& c) {
+  if (!c.windowed()) return nullptr;
+  return {*c.window_left, c.causal ? 0 : c.window_right.value_or(*c.window_left)};
+}
+
+// Packed sequences: the number of documents per batch row; null when not packed.
+nlohmann::json documents_json(const AttentionConfig& c) {
+  if (!c.packed()) return nullptr;
+  return c.cu_seqlens.size() - 1;
+}
+
+void add_problem(const RunReport& r, nlohmann::json& j) {
+  const AttentionConfig& c = r.cfg;
+  j["version"] = RINGATTN_VERSION;
+  j["seq_len"] = c.shape.seq_len;
+  j["batch"] = c.shape.batch;
+  j["heads"] = c.shape.heads;
+  j["kv_heads"] = c.effective_kv_heads();
+  j["head_dim"] = c.shape.head_dim;
+  j["attention"] = to_string(c.attention);
+  j["window"] = window_json(c);
+  j["documents"] = documents_json(c);
+  if (c.attention == AttentionKind::dilated) {
+    j["combine"] = to_string(c.combine);
+    j["segments"] = c.segments;
+    j["dilations"] = c.dilations;
+  }
+  if (c.attention == AttentionKind::block_sparse) {
+    j["block_size"] = c.block_size;
+    j["pattern"] = r.pattern;
+    j["sparsity"] = r.sparsity;
+    j["peers"] = r.peers;
+  }
+  if (!r.attention_note.empty()) j["attention_auto"] = r.attention_note;
+  j["causal"] = c.causal;
+  j["scale"] = c.effective_scale();
+}
+
+void add_timings_and_memory(const RunReport& r, nlohmann::json& j) {
+  j["world_size"] = r.world_size;
+  j["device"] = r.device;
+  if (r.emulated_device) j["emulated_device"] = true;
+  j["threads"] = r.threads;
+  j["iters"] = r.iters;
+  j["attended_pairs"] = r.attended_pairs;
+  j["fwd_ms"] = r.fwd_ms;
+  j["fwd_gflops"] = r.fwd_gflops();
+  if (r.bwd_ms) {
+    j["bwd_ms"] = *r.bwd_ms;
+    j["bwd_gflops"] = *r.bwd_gflops();
+  }
+  j["workspace_bytes"] = r.workspace_bytes;
+  j["workspace_bytes_per_thread"] = r.workspace_bytes_per_thread;
+  j["peak_bytes"] = r.peak_bytes;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["kernel"] = r.kernel;
+  j["dtype"] = r.dtype;
+  j["device_peak_bytes"] = r.device_peak_bytes;
+  if (r.blas)
+    j["blas"] = {{"config", r.blas->config},        {"core", r.blas->core},
+                 {"core_from", r.blas->core_from},  {"file", r.blas->file},
+                 {"threading", r.blas->threading},  {"threads_per_call", r.blas->threads_per_call},
+                 {"small_gemm", r.blas->small_gemm}};
+}
+
+nlohmann::json ranks_json(const std::vector<RankFigures>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    a.push_back({{"rank", i},
+                 {"compute_ms", v[i].compute_ms},
+                 {"comm_ms", v[i].comm_ms},
+                 {"exposed_ms", v[i].exposed_ms},
+                 {"bytes_sent", v[i].bytes_sent}});
+  return a;
+}
+
+// The most any rank's compute stood waiting for a transfer, beside fwd_ms / bwd_ms.
+double worst_exposed(const std::vector<RankFigures>& v) {
+  double w = 0;
+  for (const RankFigures& f : v) w = std::max(w, f.exposed_ms);
+  return w;
+}
+
+void add_ring(const RunReport& r, nlohmann::json& j) {
+  j["bytes_sent"] = r.bytes_sent;
+  j["bytes_sent_min"] = r.bytes_sent_min;
+  j["layout"] = r.layout;
+  j["tensor_layout"] = to_string(r.cfg.layout);
+  j["imbalance"] = r.imbalance;
+  if (!r.fwd_ranks.empty()) j["fwd_ranks"] = ranks_json(r.fwd_ranks);
+  if (!r.bwd_ranks.empty()) j["bwd_ranks"] = ranks_json(r.bwd_ranks);
+  if (!r.fwd_ranks.empty()) {
+    nlohmann::json e;
+    e["fwd_ms"] = worst_exposed(r.fwd_ranks);
+    if (!r.bwd_ranks.empty()) e["bwd_ms"] = worst_exposed(r.bwd_ranks);
+    j["comm_exposed_ms"] = e;
+  }
+}
+
+void add_checks(const RunReport& r, nlohmann::json& j) {
+  if (r.checks.empty()) return;
+  nlohmann::json ch;
+  for (const auto& x : r.checks) ch[x.tensor] = x.rel_error;
+  ch["tolerance"] = r.check_tolerance;
+  ch["passed"] = r.check_passed();
+  ch["mode"] = r.check_mode;
+  j["check"] = ch;
+}
+
+}  // namespace
+
 void print_table(const RunReport& r, std::ostream& os) {
   const AttentionConfig& c = r.cfg;
   os << "ringattn " << RINGATTN_VERSION << ": " << to_string(c.attention) << " attention";
@@ -98,125 +234,18 @@ void print_table(const RunReport& r, std::ostream& os) {
        << r.dtype << "\n";
   if (r.blas) os << "  blas             " << r.blas->summary() << "\n";
   for (const auto& n : r.notes) os << "  note: " << n << "\n";
-  if (r.world_size > 1) {
-    os << "  ring             " << r.world_size << " ranks, forward bytes sent (max over ranks) "
-       << r.bytes_sent << " (computed minimum " << r.bytes_sent_min << ")\n";
-    auto per_rank = [&](const char* pass, const std::vector<RankFigures>& v) {
-      for (std::size_t i = 0; i < v.size(); ++i)
-        os << "    " << pass << " rank " << i << ": compute " << std::fixed << std::setprecision(2)
-           << v[i].compute_ms << " ms, communication " << v[i].comm_ms << " ms, exposed "
-           << v[i].exposed_ms << " ms, sent " << v[i].bytes_sent << " bytes\n";
-    };
-    per_rank("fwd", r.fwd_ranks);
-    per_rank("bwd", r.bwd_ranks);
-  }
-  if (!r.checks.empty()) {
-    os << "  check vs float64 reference (" << r.check_mode
-       << "; relative Frobenius error, tolerance " << std::scientific << std::setprecision(0)
-       << r.check_tolerance << "):\n   ";
-    os << std::setprecision(2);
-    for (const auto& ch : r.checks) os << " " << ch.tensor << " " << ch.rel_error;
-    os << "  -> " << (r.check_passed() ? "OK" : "NOT OK") << "\n";
-  }
+  if (r.world_size > 1) print_ring(r, os);
+  if (!r.checks.empty()) print_checks(r, os);
   for (const auto& f : r.outputs_written) os << "  wrote " << f << "\n";
   os << std::defaultfloat;
 }
 
 void print_json(const RunReport& r, std::ostream& os) {
-  const AttentionConfig& c = r.cfg;
   nlohmann::json j;
-  j["version"] = RINGATTN_VERSION;
-  j["seq_len"] = c.shape.seq_len;
-  j["batch"] = c.shape.batch;
-  j["heads"] = c.shape.heads;
-  j["kv_heads"] = c.effective_kv_heads();
-  j["head_dim"] = c.shape.head_dim;
-  j["attention"] = to_string(c.attention);
-  // [L, R] as given (R: its default filled in, 0 under causal); null without a window.
-  if (c.windowed())
-    j["window"] = {*c.window_left, c.causal ? 0 : c.window_right.value_or(*c.window_left)};
-  else
-    j["window"] = nullptr;
-  // Packed sequences: the number of documents per batch row; null when not packed.
-  if (c.packed())
-    j["documents"] = c.cu_seqlens.size() - 1;
-  else
-    j["documents"] = nullptr;
-  if (c.attention == AttentionKind::dilated) {
-    j["combine"] = to_string(c.combine);
-    j["segments"] = c.segments;
-    j["dilations"] = c.dilations;
-  }
-  if (c.attention == AttentionKind::block_sparse) {
-    j["block_size"] = c.block_size;
-    j["pattern"] = r.pattern;
-    j["sparsity"] = r.sparsity;
-    j["peers"] = r.peers;
-  }
-  if (!r.attention_note.empty()) j["attention_auto"] = r.attention_note;
-  j["causal"] = c.causal;
-  j["scale"] = c.effective_scale();
-  j["world_size"] = r.world_size;
-  j["device"] = r.device;
-  if (r.emulated_device) j["emulated_device"] = true;
-  j["threads"] = r.threads;
-  j["iters"] = r.iters;
-  j["attended_pairs"] = r.attended_pairs;
-  j["fwd_ms"] = r.fwd_ms;
-  j["fwd_gflops"] = r.fwd_gflops();
-  if (r.bwd_ms) {
-    j["bwd_ms"] = *r.bwd_ms;
-    j["bwd_gflops"] = *r.bwd_gflops();
-  }
-  j["workspace_bytes"] = r.workspace_bytes;
-  j["workspace_bytes_per_thread"] = r.workspace_bytes_per_thread;
-  j["peak_bytes"] = r.peak_bytes;
-  j["peak_rss_bytes"] = r.peak_rss_bytes;
-  j["kernel"] = r.kernel;
-  j["dtype"] = r.dtype;
-  j["device_peak_bytes"] = r.device_peak_bytes;
-  if (r.blas)
-    j["blas"] = {{"config", r.blas->config},       {"core", r.blas->core},
-                 {"core_from", r.blas->core_from}, {"file", r.blas->file},
-                 {"threading", r.blas->threading}, {"threads_per_call", r.blas->threads_per_call},
-                 {"small_gemm", r.blas->small_gemm}};
-  j["bytes_sent"] = r.bytes_sent;
-  j["bytes_sent_min"] = r.bytes_sent_min;
-  j["layout"] = r.layout;
-  j["tensor_layout"] = to_string(c.layout);
-  j["imbalance"] = r.imbalance;
-  auto ranks_json = [](const std::vector<RankFigures>& v) {
-    nlohmann::json a = nlohmann::json::array();
-    for (std::size_t i = 0; i < v.size(); ++i)
-      a.push_back({{"rank", i},
-                   {"compute_ms", v[i].compute_ms},
-                   {"comm_ms", v[i].comm_ms},
-                   {"exposed_ms", v[i].exposed_ms},
-                   {"bytes_sent", v[i].bytes_sent}});
-    return a;
-  };
-  if (!r.fwd_ranks.empty()) j["fwd_ranks"] = ranks_json(r.fwd_ranks);
-  if (!r.bwd_ranks.empty()) j["bwd_ranks"] = ranks_json(r.bwd_ranks);
-  // The most any rank's compute stood waiting for a transfer, beside fwd_ms / bwd_ms.
-  auto worst_exposed = [](const std::vector<RankFigures>& v) {
-    double w = 0;
-    for (const RankFigures& f : v) w = std::max(w, f.exposed_ms);
-    return w;
-  };
-  if (!r.fwd_ranks.empty()) {
-    nlohmann::json e;
-    e["fwd_ms"] = worst_exposed(r.fwd_ranks);
-    if (!r.bwd_ranks.empty()) e["bwd_ms"] = worst_exposed(r.bwd_ranks);
-    j["comm_exposed_ms"] = e;
-  }
-  if (!r.checks.empty()) {
-    nlohmann::json ch;
-    for (const auto& x : r.checks) ch[x.tensor] = x.rel_error;
-    ch["tolerance"] = r.check_tolerance;
-    ch["passed"] = r.check_passed();
-    ch["mode"] = r.check_mode;
-    j["check"] = ch;
-  }
+  add_problem(r, j);
+  add_timings_and_memory(r, j);
+  add_ring(r, j);
+  add_checks(r, j);
   os << j.dump() << "\n";
 }
 
