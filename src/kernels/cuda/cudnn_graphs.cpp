@@ -1,0 +1,248 @@
+// The views and the cudnn-frontend graphs of cudnn_graphs.hpp. The frontend is used in its
+// dynamic-loading mode: cuDNN is opened with dlopen here, once, so a binary without cuDNN
+// still starts (and the engines fall back to the native kernels).
+#include "kernels/cuda/cudnn_graphs.hpp"
+
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <memory>
+#include <mutex>
+
+#include "ringattn/errors.hpp"
+
+// The handle the frontend's dynamic-loading mode resolves every cuDNN call through.
+void* cudnn_frontend::cudnn_dlhandle = nullptr;
+
+namespace ringattn::kernels::cuda {
+
+namespace {
+
+namespace fe = cudnn_frontend;
+using Graph = fe::graph::Graph;
+using Tensor = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// Opens cuDNN once; "" or why it cannot be opened.
+const std::string& open_cudnn() {
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const char* name : {"libcudnn.so.9", "libcudnn.so"})
+      if ((fe::cudnn_dlhandle = dlopen(name, RTLD_NOW | RTLD_LOCAL))) return;
+    const char* why = dlerror();
+    error = std::string("cannot load libcudnn.so.9: ") + (why ? why : "not found");
+  });
+  return error;
+}
+
+std::vector<int64_t> dims(const SdpaView& v, int64_t heads) {
+  return {v.batch, heads, v.rows, v.head_dim};
+}
+std::vector<int64_t> strides(const std::array<int64_t, 4>& s) { return {s[0], s[1], s[2], s[3]}; }
+
+fe::DataType_t io_type(DeviceDType t) {
+  return t == DeviceDType::fp16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+}
+
+// The band of a view, set on either attribute set (forward or backward).
+template <typename Attributes>
+void set_band(const SdpaView& v, Attributes& a) {
+  if (!v.left_bound && !v.right_bound) return;
+  a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT);
+  if (v.left_bound) a.set_diagonal_band_left_bound(static_cast<int>(*v.left_bound));
+  if (v.right_bound) a.set_diagonal_band_right_bound(static_cast<int>(*v.right_bound));
+}
+
+struct Inputs {
+  Tensor q, k, v;
+};
+
+Inputs inputs(Graph& g, const SdpaView& v) {
+  auto t = [&](const char* name, int64_t heads, const std::array<int64_t, 4>& s) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_dim(dims(v, heads))
+                        .set_stride(strides(s)));
+  };
+  return {t("Q", v.heads, v.q_stride), t("K", v.kv_heads, v.kv_stride),
+          t("V", v.kv_heads, v.kv_stride)};
+}
+
+// Stats (lse) [batch, heads, rows, 1], fp32, contiguous per view.
+std::vector<int64_t> stats_stride(const SdpaView& v) { return {v.heads * v.rows, v.rows, 1, 1}; }
+
+std::shared_ptr<Graph> new_graph(DeviceDType dtype, int sm_version) {
+  auto g = std::make_shared<Graph>();
+  g->set_io_data_type(io_type(dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  g->set_sm_version(sm_version);
+  return g;
+}
+
+// Forward with stats: O in the io type through the view's strides (into a scratch tensor
+// shaped like q), the lse in fp32.
+std::shared_ptr<Graph> forward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
+  auto g = new_graph(dtype, sm_version);
+  const Inputs in = inputs(*g, v);
+  // The composite graph: the one whose masks (causal, windows) every cuDNN 9 runs; the
+  // unified operation takes masks only from 9.21 on.
+  auto a = fe::graph::SDPA_attributes()
+               .set_name("sdpa")
+               .set_generate_stats(true)
+               .set_attn_scale(v.scale)
+               .set_implementation(fe::AttentionImplementation_t::COMPOSITE);
+  set_band(v, a);
+  auto [o, stats] = g->sdpa(in.q, in.k, in.v, a);
+  o->set_output(true).set_dim(dims(v, v.heads)).set_stride(strides(v.q_stride));
+  stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_stride(stats_stride(v));
+  return g;
+}
+
+// Backward from O, dO and the stats: dQ, dK, dV in the io type (the engines add them into
+// their fp32 gradients).
+std::shared_ptr<Graph> backward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
+  auto g = new_graph(dtype, sm_version);
+  const Inputs in = inputs(*g, v);
+  auto t = [&](const char* name, const std::vector<int64_t>& d, const std::vector<int64_t>& s) {
+    return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(s));
+  };
+  Tensor o = t("O", dims(v, v.heads), strides(v.q_stride));
+  Tensor dout = t("dO", dims(v, v.heads), strides(v.q_stride));
+  Tensor stats = t("Stats", {v.batch, v.heads, v.rows, 1}, stats_stride(v));
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(v.scale);
+  set_band(v, a);
+  auto [dq, dk, dv] = g->sdpa_backward(in.q, in.k, in.v, o, dout, stats, a);
+  dq->set_output(true).set_dim(dims(v, v.heads)).set_stride(strides(v.q_stride));
+  dk->set_output(true).set_dim(dims(v, v.kv_heads)).set_stride(strides(v.kv_stride));
+  dv->set_output(true).set_dim(dims(v, v.kv_heads)).set_stride(strides(v.kv_stride));
+  return g;
+}
+
+}  // namespace
+
+std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
+  std::vector<SdpaView> views;
+  auto refuse = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return std::vector<SdpaView>{};
+  };
+  if (cfg.layout != TensorLayout::bnhd) return refuse("cuDNN reads [B,N,H,D] tensors here");
+  if (cfg.attention == AttentionKind::block_sparse)
+    return refuse("block-sparse runs on the native kernels");
+  const Shape4& s = cfg.shape;
+  const int64_t H = s.heads, D = s.head_dim, HKV = cfg.effective_kv_heads();
+  const int64_t qpk = cfg.queries_per_kv_head();
+  const AttentionConfig::WindowReach reach = cfg.window_reach();
+  SdpaView base;
+  base.head_dim = D;
+  base.scale = static_cast<float>(cfg.effective_scale());
+  if (cfg.causal) base.right_bound = 0;
+  if (cfg.windowed()) {
+    base.left_bound = reach.left + 1;  // keys j >= i - left
+    base.right_bound = reach.right;
+  }
+  const std::vector<DilatedPattern> pats = patterns_of(cfg);
+  const auto G = static_cast<int64_t>(pats.size());
+  // One view per (pattern, offset, heads first, first + step, ...): segments of w tokens,
+  // m selected rows each at stride r rows, heads at stride step.
+  auto add = [&](const DilatedPattern& p, int64_t offset, int64_t first, int64_t count,
+                 int64_t step, bool accumulate, float out_scale) -> bool {
+    const int64_t m = selected_per_segment(p, offset);
+    if (m == 0 || count == 0) return true;
+    SdpaView v = base;
+    v.batch = s.batch * (s.seq_len / p.segment);
+    v.heads = count;
+    v.rows = m;
+    v.q_stride = {p.segment * H * D, step * D, p.dilation * H * D, 1};
+    v.q_offset = (offset * H + first) * D;
+    if (qpk == 1) {
+      v.kv_heads = count;
+      v.kv_stride = {p.segment * HKV * D, step * D, p.dilation * HKV * D, 1};
+      v.kv_offset = (offset * HKV + first) * D;
+    } else {
+      // GQA: cuDNN maps query head j of the view to K/V head j / (count / kv_heads), so the
+      // view's query heads must cover whole K/V heads, consecutively.
+      if (step != 1 || first % qpk != 0 || count % qpk != 0) return false;
+      v.kv_heads = count / qpk;
+      v.kv_stride = {p.segment * HKV * D, D, p.dilation * HKV * D, 1};
+      v.kv_offset = (offset * HKV + first / qpk) * D;
+    }
+    v.accumulate = accumulate;
+    v.out_scale = out_scale;
+    views.push_back(v);
+    return true;
+  };
+  if (cfg.packed()) {  // dense only (validate() refuses packed dilated): a view per document
+    for (std::size_t d = 0; d + 1 < cfg.cu_seqlens.size(); ++d) {
+      const int64_t begin = cfg.cu_seqlens[d], len = cfg.cu_seqlens[d + 1] - begin;
+      SdpaView v = base;
+      v.batch = s.batch;
+      v.heads = H;
+      v.kv_heads = HKV;
+      v.rows = len;
+      v.q_stride = {s.seq_len * H * D, D, H * D, 1};
+      v.kv_stride = {s.seq_len * HKV * D, D, HKV * D, 1};
+      v.q_offset = begin * H * D;
+      v.kv_offset = begin * HKV * D;
+      if (v.left_bound) v.left_bound = std::min(*v.left_bound, len + 1);
+      if (v.right_bound) v.right_bound = std::min(*v.right_bound, len);
+      views.push_back(v);
+    }
+    return views;
+  }
+  if (cfg.attention == AttentionKind::dense || cfg.combine == Combine::grouped) {
+    for (int64_t g = 0; g < G; ++g) {
+      const HeadRange hr = group_heads(H, G, g);
+      if (!add(pats[static_cast<std::size_t>(g)], pattern_offset(cfg, g, hr.first), hr.first,
+               hr.count, 1, false, 1.0f / static_cast<float>(G)))
+        return refuse("head group " + std::to_string(g) + " splits a K/V head (GQA)");
+    }
+    return views;
+  }
+  for (int64_t i = 0; i < G; ++i) {
+    const DilatedPattern& p = pats[static_cast<std::size_t>(i)];
+    for (int64_t o = 0; o < std::min(p.dilation, H); ++o)
+      if (!add(p, o, o, (H - o + p.dilation - 1) / p.dilation, p.dilation, true, 1.0f))
+        return refuse("mixture heads at stride " + std::to_string(p.dilation) +
+                      " do not cover whole K/V heads (GQA)");
+  }
+  return views;
+}
+
+bool cudnn_loadable(std::string* description) {
+  const std::string& error = open_cudnn();
+  if (!error.empty()) {
+    if (description) *description = error;
+    return false;
+  }
+  const std::size_t v = fe::detail::get_backend_version();
+  if (description)
+    *description = "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) +
+                   "." + std::to_string(v % 100);
+  return true;
+}
+
+std::string validate_sdpa_view(const SdpaView& view, SdpaGraphKind kind, DeviceDType dtype,
+                               int sm_version) {
+  if (const std::string& error = open_cudnn(); !error.empty()) throw RuntimeFailure(error);
+  const auto g = kind == SdpaGraphKind::forward ? forward_graph(view, dtype, sm_version)
+                                                : backward_graph(view, dtype, sm_version);
+  fe::error_t status = g->validate();
+  return status.is_good() ? "" : status.get_message();
+}
+
+std::vector<SdpaGraphCheck> validate_sdpa_graphs(const AttentionConfig& cfg, DeviceDType dtype,
+                                                 int sm_version) {
+  std::string why;
+  const std::vector<SdpaView> views = sdpa_views(cfg, &why);
+  if (views.empty()) throw RuntimeFailure("no cuDNN views: " + why);
+  std::vector<SdpaGraphCheck> checks;
+  for (std::size_t i = 0; i < views.size(); ++i)
+    for (const SdpaGraphKind kind : {SdpaGraphKind::forward, SdpaGraphKind::backward})
+      checks.push_back({kind, i, validate_sdpa_view(views[i], kind, dtype, sm_version)});
+  return checks;
+}
+
+}  // namespace ringattn::kernels::cuda

@@ -1,0 +1,65 @@
+// cuDNN's fused attention through NVIDIA's cudnn-frontend graph API: the strided 4-D views a
+// configuration runs as (each a [batch', heads, rows, D] window onto q, k, v and out read in
+// place, with causality and sliding windows as cuDNN's diagonal band), and the graphs built
+// on them: the forward with its softmax stats (the natural-log lse), and the backward from
+// O, dO and the stats. This header is free of the frontend's types: its checks run on any
+// machine with cuDNN loadable, no GPU needed (the graphs are validated for a stated compute
+// capability instead of the device's).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringattn/config.hpp"
+#include "ringattn/cuda_plan.hpp"
+
+namespace ringattn::kernels::cuda {
+
+// One view: element strides and offsets into the [B, N, H, D] tensors (q and out share
+// theirs; k and v theirs), dimensions in cuDNN's [batch, head, row, dim] order.
+struct SdpaView {
+  int64_t batch = 1, heads = 1, kv_heads = 1, rows = 0, head_dim = 0;
+  std::array<int64_t, 4> q_stride{}, kv_stride{};
+  int64_t q_offset = 0, kv_offset = 0;
+  float scale = 1;
+  // cuDNN's diagonal band (top-left aligned): key j is seen by row i when
+  // i - left_bound < j (left) and j <= i + right_bound (right); causal is right_bound 0.
+  std::optional<int64_t> left_bound, right_bound;
+  // Where the view's rows land in out/lse and how they combine (grouped output is scaled by
+  // 1/G, mixture views merge by lse), for the epilogue that writes them.
+  float out_scale = 1;
+  bool accumulate = false;
+};
+
+// The views of a configuration (docs/SEMANTICS.md): dense is one (GQA through kv_heads; a
+// packed sequence one per document); grouped dilated one per head group; mixture one per
+// (pattern, offset class of heads). Empty, with `why` set, where cuDNN cannot read the
+// problem in place (head-major tensors, dilated GQA whose head groups split K/V heads).
+std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why);
+
+enum class SdpaGraphKind { forward, backward };
+
+struct SdpaGraphCheck {
+  SdpaGraphKind kind = SdpaGraphKind::forward;
+  std::size_t view = 0;
+  std::string status;  // "" when cuDNN's validate() accepts the graph
+};
+
+// Builds every view's forward and backward graph for `dtype` (bf16 or fp16) and runs the
+// frontend's validate() for compute capability `sm_version` (90: Hopper) against the cuDNN
+// this process loads (its version decides which features validate). Throws RuntimeFailure
+// when cuDNN cannot be loaded or this build has no cudnn-frontend.
+std::vector<SdpaGraphCheck> validate_sdpa_graphs(const AttentionConfig& cfg, DeviceDType dtype,
+                                                 int sm_version);
+
+// validate() of one view's graph: "" or cuDNN's reason. Throws as validate_sdpa_graphs.
+std::string validate_sdpa_view(const SdpaView& view, SdpaGraphKind kind, DeviceDType dtype,
+                               int sm_version);
+
+// The cuDNN library this process loads, e.g. "cuDNN 9.19.0", or why none can be loaded.
+bool cudnn_loadable(std::string* description);
+
+}  // namespace ringattn::kernels::cuda
