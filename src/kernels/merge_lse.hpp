@@ -36,7 +36,17 @@ struct MergeRows {
   int64_t rows = 0, d = 0;
   int64_t acc_out_stride = 0, acc_lse_stride = 1;
   int64_t part_out_stride = 0, part_lse_stride = 1;
+  // A rank's shard: out rows are [B, n, heads] (row r = (b·n + i)·heads + h) while lse is
+  // [B, heads, n]. With lse_heads = heads and lse_rows = n, row r's lse is at
+  // (b·heads + h)·n + i in both lse tensors and the lse strides are unused.
+  int64_t lse_heads = 0, lse_rows = 0;
 };
+
+// Where row r's lse sits (see MergeRows::lse_heads).
+inline int64_t shard_lse_index(int64_t r, int64_t heads, int64_t n) {
+  const int64_t h = r % heads, i = (r / heads) % n, b = r / (heads * n);
+  return (b * heads + h) * n + i;
+}
 void merge_lse(const MergeRows& m);
 
 }  // namespace ringattn::kernels

@@ -442,20 +442,9 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
   const Shape4& s = m.cfg.shape;
-  const std::size_t bytes = static_cast<std::size_t>(s.numel()) * sizeof(float);
-  const std::size_t kv_bytes = static_cast<std::size_t>(m.cfg.kv_shape().numel()) * sizeof(float);
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
-  kc::RowDotParams rd;
-  rd.out = out;
-  rd.dout = dout;
-  rd.delta = m.delta.as<float>();
-  rd.batch = s.batch;
-  rd.seq_len = s.seq_len;
-  rd.heads = s.heads;
-  rd.head_dim = s.head_dim;
-  kc::launch_row_dot(m.elem, rd, m.stream);
+  kc::start_backward(m.elem,
+                     {out, dout, m.delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
+                     m.cfg.effective_kv_heads(), dq, dk, dv, m.stream);
 
   kc::FlashBackwardParams p;
   p.q = q;

@@ -76,6 +76,9 @@ struct CudaRingPlan::Impl {
   cudaStream_t stream = nullptr;
   std::vector<DeviceStep> steps;
   kc::DeviceAllocation tasks, q_items, k_items, runs, delta;
+  // RingOptions::StepResults::partials: one step's out [B, n, H, D] and lse [B, H, n], fp32.
+  bool partials = false;
+  kc::DeviceAllocation part_out, part_lse;
   RingBuffers<kc::DeviceAllocation> buf;
   std::unique_ptr<StreamExchanges> ex;  // before the stream in ~Impl
   RingTimings fwd, bwd;
@@ -91,6 +94,8 @@ struct CudaRingPlan::Impl {
     k_items.reset();
     runs.reset();
     delta.reset();
+    part_out.reset();
+    part_lse.reset();
     for (int i = 0; i < 2; ++i) {
       buf.send[i].reset();
       buf.receive[i].reset();
@@ -128,6 +133,29 @@ struct CudaRingPlan::Impl {
     return p;
   }
 
+  int64_t shard_rows() const { return cfg.shape.batch * layout.local_len * cfg.shape.heads; }
+
+  void clear_partial() {
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(part_out.get(), 0, part_out.bytes(), stream));
+    kc::fill_floats(part_lse.as<float>(), shard_rows(), -std::numeric_limits<float>::infinity(),
+                    stream);
+  }
+
+  // out/lse ← the lse merge of themselves and the step's partial, row by row.
+  void merge_partial(float* out, float* lse) {
+    kernels::MergeRows mr;
+    mr.acc_out = out;
+    mr.acc_lse = lse;
+    mr.part_out = part_out.as<float>();
+    mr.part_lse = part_lse.as<float>();
+    mr.rows = shard_rows();
+    mr.d = d();
+    mr.acc_out_stride = mr.part_out_stride = d();
+    mr.lse_heads = cfg.shape.heads;
+    mr.lse_rows = layout.local_len;
+    kc::launch_merge_lse(mr, stream);
+  }
+
   struct Device;
 };
 
@@ -161,12 +189,18 @@ struct CudaRingPlan::Impl::Device {
     kc::FlashForwardParams p = fwd;
     p.k = k;
     p.v = v;
+    if (m.partials) {  // the step whole into the partial, then merged in
+      p.out = m.part_out.as<float>();
+      p.lse = m.part_lse.as<float>();
+      m.clear_partial();
+    }
     for (const DeviceWave& w : m.steps[static_cast<std::size_t>(t)].waves) {
       p.tasks = m.tasks.as<kernels::SubseqTask>() + w.task0;
       p.items = m.q_items.as<kernels::ForwardItem>() + w.q_item0;
       p.n_items = w.n_q_items;
       kc::flash_forward(m.elem, p, m.stream);
     }
+    if (m.partials) m.merge_partial(fwd.out, fwd.lse);
   }
 
   void compute_backward(int t, const void* k, const void* v, float* dk, float* dv) {
@@ -261,6 +295,14 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.k_items = upload(all.k_items, "the ring's key work items", opts.device, m.stream);
   m.runs = upload(runs, "the ring's packed-row lists", opts.device, m.stream);
   const Shape4& s = cfg.shape;
+  m.partials = ring_opts.step_results == RingOptions::StepResults::partials;
+  if (m.partials) {
+    m.part_out =
+        kc::DeviceAllocation(static_cast<std::size_t>(m.shard_rows() * m.d()) * sizeof(float),
+                             "the ring's partial output", opts.device, m.stream);
+    m.part_lse = kc::DeviceAllocation(static_cast<std::size_t>(m.shard_rows()) * sizeof(float),
+                                      "the ring's partial lse", opts.device, m.stream);
+  }
   m.delta = kc::DeviceAllocation(
       static_cast<std::size_t>(s.batch * s.heads * m.layout.local_len) * sizeof(float),
       "the backward's row sums D", opts.device, m.stream);
@@ -292,8 +334,8 @@ const RingTimings& CudaRingPlan::last_backward() const noexcept { return impl_->
 
 std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
-  std::size_t b =
-      m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() + m.delta.bytes();
+  std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() +
+                  m.delta.bytes() + m.part_out.bytes() + m.part_lse.bytes();
   for (int i = 0; i < 2; ++i)
     b += m.buf.send[i].bytes() + m.buf.receive[i].bytes() + m.buf.partial[i].bytes() +
          m.buf.returned[i].bytes();
@@ -332,24 +374,10 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   m.bwd = {};
   const Shape4& s = m.cfg.shape;
   const int64_t dd = m.d();
-  const auto bytes =
-      static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd) * sizeof(float);
-  const auto kv_bytes =
-      static_cast<std::size_t>(s.batch * m.layout.local_len * m.cfg.effective_kv_heads() * dd) *
-      sizeof(float);
   m.ex->start_call();
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
-  kc::RowDotParams rd;
-  rd.out = out;
-  rd.dout = dout;
-  rd.delta = m.delta.as<float>();
-  rd.batch = s.batch;
-  rd.seq_len = m.layout.local_len;
-  rd.heads = s.heads;
-  rd.head_dim = dd;
-  kc::launch_row_dot(m.elem, rd, m.stream);
+  kc::start_backward(m.elem,
+                     {out, dout, m.delta.as<float>(), s.batch, m.layout.local_len, s.heads, dd},
+                     m.cfg.effective_kv_heads(), dq, dk, dv, m.stream);
 
   Impl::Device device{m, {}, {}};
   kc::FlashBackwardParams& p = device.bwd;

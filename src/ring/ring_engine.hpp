@@ -32,6 +32,13 @@ struct RingOptions {
   // Tests only (GPU ring): post exchanges without waiting for the compute stream's event,
   // so that a test can show the ordering it gives is needed (the results then race).
   bool skip_buffer_ordering_for_tests = false;
+  // GPU ring: how a step's attention reaches out/lse. merged_in_kernel: the native kernels
+  // merge into them as they go. partials: the step's attention is written whole into a
+  // partial (out, lse) and merged in by the device lse merge, as a library kernel that
+  // cannot merge (cuDNN) must do; the native kernels compute the partial until the cuDNN
+  // step runs there, so the ring's wiring for it is tested on every machine.
+  enum class StepResults { merged_in_kernel, partials };
+  StepResults step_results = StepResults::merged_in_kernel;
   // Progress hook (the CLI's progress line): called with (steps done, steps in the call) by
   // the thread that drives the ring, never inside an OpenMP region: (0, P) when a forward
   // or backward starts and after each step's compute. Must be cheap and must not throw.

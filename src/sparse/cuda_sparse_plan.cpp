@@ -345,20 +345,8 @@ struct CudaSparsePlan::Impl::Device {
   }
 
   void start_backward() {
-    const std::size_t bytes = static_cast<std::size_t>(m.B * m.NL * m.H * m.D) * sizeof(float);
-    const std::size_t kv_bytes = static_cast<std::size_t>(m.B * m.NL * m.G * m.D) * sizeof(float);
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, m.stream));
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, m.stream));
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, m.stream));
-    kc::RowDotParams rd;
-    rd.out = out;
-    rd.dout = dout;
-    rd.delta = m.delta.as<float>();
-    rd.batch = m.B;
-    rd.seq_len = m.NL;
-    rd.heads = m.H;
-    rd.head_dim = m.D;
-    kc::launch_row_dot(m.elem, rd, m.stream);
+    kc::start_backward(m.elem, {out, dout, m.delta.as<float>(), m.B, m.NL, m.H, m.D}, m.G, dq, dk,
+                       dv, m.stream);
   }
 
   void compute_backward(SparseBlocks which) {

@@ -2,6 +2,8 @@
 # CuTe (the CUTLASS headers of the nvidia-cutlass wheel, and libcu++ from the CUDA toolkit),
 # or, in <skip_reason_var>, why they are not available. The wheel is fetched with
 # `pip download` once per build directory.
+include(${PROJECT_SOURCE_DIR}/cmake/fetch_wheel.cmake)
+
 set(RINGATTN_CUTLASS_PYPI "nvidia-cutlass==4.2.0.0" CACHE STRING
   "The PyPI release whose CuTe headers the emulator's fragment layouts are checked against")
 
@@ -24,29 +26,12 @@ function(ringattn_fetch_cute_headers include_var reason_var)
     return()
   endif()
 
-  find_package(Python3 COMPONENTS Interpreter)
-  if(NOT Python3_Interpreter_FOUND)
-    set(${reason_var} "no Python 3 to run pip download ${RINGATTN_CUTLASS_PYPI}" PARENT_SCOPE)
-    return()
-  endif()
-  file(REMOVE_RECURSE ${root})
-  message(STATUS "ringattn: fetching CuTe headers (pip download ${RINGATTN_CUTLASS_PYPI})")
-  execute_process(
-    COMMAND ${Python3_EXECUTABLE} -m pip download --no-deps --no-cache-dir
-            --disable-pip-version-check --timeout 20 --retries 1 -d ${root}/wheel
-            ${RINGATTN_CUTLASS_PYPI}
-    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err TIMEOUT 240)
-  file(GLOB wheel ${root}/wheel/*.whl)
-  if(NOT rc EQUAL 0 OR NOT wheel)
-    string(STRIP "${err}" err)
-    string(REGEX REPLACE ".*\n" "" last_line "${err}")
-    set(${reason_var} "pip download ${RINGATTN_CUTLASS_PYPI} failed (${rc}): ${last_line}"
-      PARENT_SCOPE)
-    return()
-  endif()
-  file(ARCHIVE_EXTRACT INPUT ${wheel} DESTINATION ${root}
+  ringattn_fetch_wheel_files(${RINGATTN_CUTLASS_PYPI} ${root} fetch_failed
     PATTERNS "cutlass_library/source/include/cute/*" "cutlass_library/source/include/cutlass/*")
-  file(REMOVE_RECURSE ${root}/wheel)
+  if(fetch_failed)
+    set(${reason_var} "${fetch_failed}" PARENT_SCOPE)
+    return()
+  endif()
   if(NOT EXISTS ${include}/cute/atom/mma_traits_sm80.hpp)
     set(${reason_var} "${RINGATTN_CUTLASS_PYPI} has no cute/atom/mma_traits_sm80.hpp" PARENT_SCOPE)
   endif()

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.hpp"
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ringattn/reference.hpp"
@@ -16,12 +17,6 @@
 
 namespace ringattn {
 namespace {
-
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    const CudaDeviceStatus gpu_ = probe_cuda_device();            \
-    if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason; \
-  } while (0)
 
 constexpr double kHalfTolerance = 1e-2;
 

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "golden.hpp"
+#include "gpu_skip.hpp"
 #include "random.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
@@ -32,12 +33,6 @@
 
 namespace ringattn {
 namespace {
-
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    const CudaDeviceStatus gpu_ = probe_cuda_device();            \
-    if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason; \
-  } while (0)
 
 #if RINGATTN_CUDA_EMULATION
 constexpr bool kEmulated = true;

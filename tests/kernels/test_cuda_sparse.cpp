@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "cli_runner.hpp"
+#include "gpu_skip.hpp"
 #include "kernels/cpu_block_sparse.hpp"
 #include "random.hpp"
 #include "ringattn/cuda_plan.hpp"
@@ -40,12 +41,6 @@
 
 namespace ringattn::sparse {
 namespace {
-
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    const CudaDeviceStatus gpu_ = probe_cuda_device();            \
-    if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason; \
-  } while (0)
 
 #if RINGATTN_CUDA_EMULATION
 // Devices 0 and 2 an sm_90, 1 and 3 an sm_86 (99 KiB of shared memory per block), unless the

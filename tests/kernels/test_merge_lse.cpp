@@ -132,5 +132,40 @@ TEST(MergeLseRow, HugeLseGapsDoNotOverflow) {
   EXPECT_NEAR(l, 1000.0f + std::log(2.0f), 1e-3);
 }
 
+// A rank's shard in one call: out rows [B, n, H] against lse [B, H, n] (MergeRows::lse_heads),
+// the same result as merging each row with its own lse (to rounding: the library's copy of
+// the row merge may contract into FMAs where this file's does not).
+TEST(MergeLseShard, ShardRowsFindTheirHeadMajorLse) {
+  const int64_t B = 2, n = 5, H = 3, d = 4, rows = B * n * H;
+  std::vector<float> acc = testing::random_normal(static_cast<std::size_t>(rows * d), 1);
+  std::vector<float> part = testing::random_normal(static_cast<std::size_t>(rows * d), 2);
+  std::vector<float> acc_lse = testing::random_normal(static_cast<std::size_t>(rows), 3);
+  std::vector<float> part_lse = testing::random_normal(static_cast<std::size_t>(rows), 4);
+  acc_lse[7] = kNegInf;    // a row with no keys yet
+  part_lse[11] = kNegInf;  // a step with no keys for a row
+  std::vector<float> want = acc, want_lse = acc_lse;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t r = (b * n + i) * H + h, l = (b * H + h) * n + i;
+        EXPECT_EQ(kernels::shard_lse_index(r, H, n), l);
+        kernels::merge_lse_row(want.data() + r * d, &want_lse[static_cast<std::size_t>(l)],
+                               part.data() + r * d, part_lse[static_cast<std::size_t>(l)], d);
+      }
+  kernels::MergeRows m;
+  m.acc_out = acc.data();
+  m.acc_lse = acc_lse.data();
+  m.part_out = part.data();
+  m.part_lse = part_lse.data();
+  m.rows = rows;
+  m.d = d;
+  m.acc_out_stride = m.part_out_stride = d;
+  m.lse_heads = H;
+  m.lse_rows = n;
+  kernels::merge_lse(m);
+  EXPECT_LE(relative_error(acc.data(), want.data(), acc.size()), 1e-6);
+  for (std::size_t r = 0; r < acc_lse.size(); ++r) EXPECT_NEAR(acc_lse[r], want_lse[r], 1e-5) << r;
+}
+
 }  // namespace
 }  // namespace ringattn

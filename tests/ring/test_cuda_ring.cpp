@@ -122,9 +122,10 @@ std::string skip_reason(int p, bool needs_one_gpu_per_rank = false) {
 bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; }
 
 void expect_matches_reference(const std::string& what, const AttentionConfig& cfg, RingInputs in,
-                              int p, DeviceDType t) {
+                              int p, DeviceDType t, ring::RingOptions ring_opts = {}) {
   const bool shared = ranks_share_a_device(p);
-  const Full got = run_gpu_ring(cfg, in, p, t, {}, shared);
+  const bool partials = ring_opts.step_results == ring::RingOptions::StepResults::partials;
+  const Full got = run_gpu_ring(cfg, in, p, t, ring_opts, shared);
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     round_to_device_dtype(x->data(), x->size(), t);
   const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
@@ -163,9 +164,11 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const Shape4& s = cfg.shape;
   const auto shard_rows = static_cast<std::size_t>(s.batch * (s.seq_len / p) * s.heads);
   const std::size_t eb = t == DeviceDType::fp32 ? 4 : 2;
+  // With per-step partials, one more shard's out and lse (fp32).
   const std::size_t bound =
       2 * 2 * shard_rows * static_cast<std::size_t>(s.head_dim) * (eb + eb + 4 + 4) +
-      shard_rows * 4 + (std::size_t{1} << 20);
+      shard_rows * 4 + (std::size_t{1} << 20) +
+      (partials ? shard_rows * (static_cast<std::size_t>(s.head_dim) + 1) * 4 : 0);
   for (int r = 0; r < p; ++r)
     EXPECT_LE(got.workspace[static_cast<std::size_t>(r)], bound)
         << what << " P=" << p << " rank " << r;
@@ -346,6 +349,45 @@ std::vector<RingCase> feature_ring_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Features, CudaRingFeatures, ::testing::ValuesIn(feature_ring_cases()),
+                         [](const auto& p) { return name_of(p.param); });
+
+// The ring's seam for a library kernel that cannot merge (cuDNN): each step's attention
+// written whole into a partial (out, lse) and merged in by the device lse merge, the native
+// kernels standing in for cuDNN; P = 1..4 against float64 and the CPU engine, dense, causal
+// (the zigzag's diagonal and off-diagonal steps), dilated grouped and mixture, GQA, a
+// window and packed documents. The backward already takes the global out and lse.
+class CudaRingPartials : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(CudaRingPartials, EveryRankCountMatchesTheReference) {
+  const RingCase& rc = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc.c, rc.causal);
+  const RingInputs in = testing::random_inputs(cfg);
+  ring::RingOptions opts;
+  opts.step_results = ring::RingOptions::StepResults::partials;
+  for (int p = 1; p <= 4; ++p) {
+    if (cfg.shape.seq_len % p != 0) continue;
+    if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+    expect_matches_reference(name_of(rc) + " (partials)", cfg, in, p, DeviceDType::bf16, opts);
+  }
+}
+
+std::vector<RingCase> partial_ring_cases() {
+  std::vector<RingCase> v;
+  const std::vector<std::string> wanted = {"dense_D64",          "grouped_straddling",
+                                           "mixture_straddling", "gqa_grouped_straddling",
+                                           "window_3_90",        "packed_mixed"};
+  std::vector<testing::RandomRingCase> all = testing::random_ring_cases();
+  for (const auto& c : testing::gqa_ring_cases()) all.push_back(c);
+  for (const auto& c : testing::window_ring_cases()) all.push_back(c);
+  for (const auto& c : testing::packed_ring_cases()) all.push_back(c);
+  for (const auto& c : all)
+    for (const std::string& w : wanted)
+      if (w == c.name)
+        for (bool causal : {false, true}) v.push_back({c, causal});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Partials, CudaRingPartials, ::testing::ValuesIn(partial_ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
 
 // dK/dV partials come back in step order: two runs give the same bits.

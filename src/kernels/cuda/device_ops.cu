@@ -122,10 +122,16 @@ __global__ void merge_lse_kernel(const MergeRows m) {
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < m.rows;
        r += warps) {
+    // Shard rows (MergeRows::lse_heads): lse [B, heads, n] under out rows [B, n, heads], as
+    // shard_lse_index() says.
+    const int64_t h = m.lse_heads ? r % m.lse_heads : 0;
+    const int64_t i = m.lse_heads ? (r / m.lse_heads) % m.lse_rows : 0;
+    const int64_t b = m.lse_heads ? r / (m.lse_heads * m.lse_rows) : 0;
+    const int64_t shard_lse = (b * m.lse_heads + h) * m.lse_rows + i;
     float* oa = m.acc_out + r * m.acc_out_stride;
-    float* la_ptr = m.acc_lse + r * m.acc_lse_stride;
+    float* la_ptr = m.acc_lse + (m.lse_heads ? shard_lse : r * m.acc_lse_stride);
     const float* ob = m.part_out + r * m.part_out_stride;
-    const float lb = m.part_lse[r * m.part_lse_stride];
+    const float lb = m.part_lse[m.lse_heads ? shard_lse : r * m.part_lse_stride];
     const float la = *la_ptr;
     __syncwarp();
     if (lb == -INFINITY) continue;
@@ -227,6 +233,18 @@ void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("row_dot_kernel");
+}
+
+void start_backward(Elem e, const RowDotParams& rd, int64_t kv_heads, float* dq, float* dk,
+                    float* dv, cudaStream_t stream) {
+  const auto rows = static_cast<std::size_t>(rd.batch * rd.seq_len);
+  const auto d = static_cast<std::size_t>(rd.head_dim);
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(
+      dq, 0, rows * static_cast<std::size_t>(rd.heads) * d * sizeof(float), stream));
+  for (float* g : {dk, dv})
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(
+        g, 0, rows * static_cast<std::size_t>(kv_heads) * d * sizeof(float), stream));
+  launch_row_dot(e, rd, stream);
 }
 
 void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream) {
