@@ -61,7 +61,10 @@ struct AttentionConfig {
   // Otherwise it starts at 0, increases strictly and ends at seq_len. Dense and block-sparse
   // attention (dilated is refused).
   std::vector<int64_t> cu_seqlens;
-  TensorLayout layout = TensorLayout::bnhd;
+  TensorLayout layout = TensorLayout::bnhd;  // q, out, dout, dq
+  // k, v, dk, dv when they are laid out unlike q (a KV cache kept head-major beside
+  // token-major queries); unset: as `layout`. The CPU engines read any pairing.
+  std::optional<TensorLayout> kv_layout;
 
   double effective_scale() const;
   int64_t effective_kv_heads() const { return kv_heads ? *kv_heads : shape.heads; }
@@ -69,6 +72,7 @@ struct AttentionConfig {
   int64_t queries_per_kv_head() const { return shape.heads / effective_kv_heads(); }
   // The K/V head query head `head` reads.
   int64_t kv_head_of(int64_t head) const { return head / queries_per_kv_head(); }
+  TensorLayout effective_kv_layout() const { return kv_layout.value_or(layout); }
   bool windowed() const { return window_left.has_value(); }
   bool packed() const { return !cu_seqlens.empty(); }
   // The window's reach left and right of the query, clipped to the sequence length (so

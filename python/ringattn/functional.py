@@ -76,17 +76,19 @@ def _check_tensor(name, x, want_torch):
 
 
 def _check_inputs(q, k, v):
-    """(torch or numpy, layout): "bnhd" for contiguous [B, N, H, D] tensors, "bhnd" for
-    [B, N, H, D] views of contiguous [B, H, N, D] ones (PyTorch SDPA's convention)."""
+    """(torch or numpy, layout of q, layout of k and v): each "bnhd" for contiguous
+    [B, N, H, D] tensors or "bhnd" for [B, N, H, D] views of contiguous [B, H, N, D] ones
+    (PyTorch SDPA's convention). q and k may differ (a head-major KV cache beside token-major
+    queries); v is laid out as k is."""
     use_torch = _is_torch(q)
     layout = _check_tensor("q", q, use_torch)
-    for name, x in (("k", k), ("v", v)):
-        if _check_tensor(name, x, use_torch) != layout:
-            raise ValueError(
-                f"{name}: must be contiguous in C order, as q is (the engine reads [B, N, H, D] "
-                "rows); call .contiguous() first" if layout == "bnhd" else
-                f"{name}: must be the transpose(1, 2) of a contiguous [B, H, N, D] tensor, as q "
-                "is; or call .contiguous() on all three")
+    kv_layout = _check_tensor("k", k, use_torch)
+    if _check_tensor("v", v, use_torch) != kv_layout:
+        raise ValueError(
+            "v: must be contiguous in C order, as k is (the engine reads [B, N, H, D] rows); "
+            "call .contiguous() first" if kv_layout == "bnhd" else
+            "v: must be the transpose(1, 2) of a contiguous [B, H, N, D] tensor, as k is; or "
+            "call .contiguous() on both")
     for name, x in (("k", k), ("v", v)):
         qs, xs = tuple(q.shape), tuple(x.shape)
         if (xs[0], xs[1], xs[3]) != (qs[0], qs[1], qs[3]):
@@ -94,7 +96,7 @@ def _check_inputs(q, k, v):
                              "length or head dim")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"v: shape {list(v.shape)} differs from k's {list(k.shape)}")
-    return use_torch, layout
+    return use_torch, layout, kv_layout
 
 
 def _mask_array(block_mask):
@@ -108,8 +110,8 @@ def _mask_array(block_mask):
     return mask
 
 
-def _plan(q, k, comm, options, mask, layout="bnhd"):
-    key = (tuple(q.shape), tuple(k.shape), layout) + tuple(
+def _plan(q, k, comm, options, mask, layout="bnhd", kv_layout="bnhd"):
+    key = (tuple(q.shape), tuple(k.shape), layout, kv_layout) + tuple(
         (name, tuple(value) if isinstance(value, list) else value)
         for name, value in options.items())
     if mask is not None:
@@ -183,8 +185,9 @@ if torch is not None:
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_out, _grad_lse):
             q, k, v, out, lse = ctx.saved_tensors
-            layout = ctx.op.layout
-            dq, dk, dv = (_empty_like(x, layout, True) for x in (q, k, v))
+            layout, kv_layout = ctx.op.layout, ctx.op.kv_layout
+            dq = _empty_like(q, layout, True)
+            dk, dv = (_empty_like(x, kv_layout, True) for x in (k, v))
             ctx.op.backward(q.detach(), k.detach(), v.detach(), out, lse,
                             _in_layout(grad_out, layout), dq, dk, dv)
             return dq, dk, dv, None
@@ -224,10 +227,10 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
     comm = default_comm() if comm is None else comm
     if not isinstance(comm, Comm):
         raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")
-    use_torch, layout = _check_inputs(q, k, v)
+    use_torch, layout, kv_layout = _check_inputs(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
                        pattern, block_size)
-    op = _plan(q, k, comm, options, _mask_array(block_mask), layout)
+    op = _plan(q, k, comm, options, _mask_array(block_mask), layout, kv_layout)
     if use_torch and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out, lse = _AttentionFunction.apply(q, k, v, op)
     else:
@@ -241,7 +244,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     (numpy). ``out`` and ``lse`` come from ``attention(..., return_lse=True)`` with the same
     inputs and the same keywords, which are passed here again."""
     comm = default_comm() if comm is None else comm
-    use_torch, layout = _check_inputs(q, k, v)
+    use_torch, layout, kv_layout = _check_inputs(q, k, v)
     for name, x in (("out", out), ("grad_out", grad_out)):
         if _check_tensor(name, x, use_torch) != layout:
             raise ValueError(f"{name}: must be laid out as q is")
@@ -252,8 +255,9 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     if unknown:
         raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")
     defaults.update(options)
-    op = _plan(q, k, comm, _options(**defaults), _mask_array(block_mask), layout)
-    dq, dk, dv = (_empty_like(x, layout, use_torch) for x in (q, k, v))
+    op = _plan(q, k, comm, _options(**defaults), _mask_array(block_mask), layout, kv_layout)
+    dq = _empty_like(q, layout, use_torch)
+    dk, dv = (_empty_like(x, kv_layout, use_torch) for x in (k, v))
     if use_torch:
         op.backward(q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
                     grad_out.detach(), dq, dk, dv)

@@ -109,6 +109,9 @@ JobSpec spec_of(const AttentionOptions& o, const Shape4& full, int64_t kv_heads,
   }
   c.layout = choice("layout", o.layout, {"bnhd", "bhnd"}) == "bnhd" ? TensorLayout::bnhd
                                                                     : TensorLayout::bhnd;
+  if (o.kv_layout != o.layout)
+    c.kv_layout = choice("kv_layout", o.kv_layout, {"bnhd", "bhnd"}) == "bnhd" ? TensorLayout::bnhd
+                                                                               : TensorLayout::bhnd;
   // This version of the package computes on the CPU.
   spec.device = Device::cpu;
   spec.timeout_s = timeout_s;

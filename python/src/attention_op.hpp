@@ -31,6 +31,8 @@ struct AttentionOptions {
   // [B, N, H, D] views of C-contiguous [B, H, N, D] tensors (x.transpose(1, 2) of PyTorch
   // SDPA's convention), read in place, on any number of ranks.
   std::string layout = "bnhd";
+  // k, v and their gradients, when they are laid out unlike q (a head-major KV cache).
+  std::string kv_layout = "bnhd";
 };
 
 // An explicit block mask: bool (as bytes), [mask_heads, nb, nb], C order.

@@ -71,8 +71,8 @@ float* floats(const Array& a, const char* name, const std::vector<int64_t>& want
                      "shape " + dims_text(got) + " does not match the expected " + dims_text(want));
   if (layout == TensorLayout::bhnd ? !head_major_view(a) : !c_contiguous(a))
     throw InputError(name, layout == TensorLayout::bhnd
-                               ? "must be laid out as q is: a [B, N, H, D] view of a contiguous "
-                                 "[B, H, N, D] tensor (transpose(1, 2))"
+                               ? "must be a [B, N, H, D] view of a contiguous [B, H, N, D] tensor "
+                                 "(transpose(1, 2)), as its plan was made for"
                                : "must be contiguous in C order (the engine reads [B, N, H, D] "
                                  "rows; call .contiguous() or numpy.ascontiguousarray first)");
   return static_cast<float*>(a.data());
@@ -126,6 +126,7 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
                  std::move(window), std::move(seqlens), std::move(pattern), block_size);
   // q's strides say the layout (forward() checks that k, v and the outputs share it).
   if (!c_contiguous(q) && head_major_view(q)) o.layout = "bhnd";
+  if (!c_contiguous(k) && head_major_view(k)) o.kv_layout = "bhnd";
   std::optional<BlockMask> mask;
   if (block_mask) {
     o.has_block_mask = true;
@@ -230,15 +231,19 @@ NB_MODULE(_core, m) {
       .def_prop_ro("scale", [](const AttentionOp& op) { return op.config().effective_scale(); })
       .def_prop_ro("layout",
                    [](const AttentionOp& op) { return std::string(to_string(op.config().layout)); })
+      .def_prop_ro("kv_layout",
+                   [](const AttentionOp& op) {
+                     return std::string(to_string(op.config().effective_kv_layout()));
+                   })
       .def(
           "forward",
           [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
              const Array& lse) {
             const Shapes s = shapes_of(op);
-            const TensorLayout l = op.config().layout;
+            const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
-            const float* pk = floats(k, "k", s.kv, l);
-            const float* pv = floats(v, "v", s.kv, l);
+            const float* pk = floats(k, "k", s.kv, lkv);
+            const float* pv = floats(v, "v", s.kv, lkv);
             float* po = floats(out, "out", s.q, l);
             float* pl = floats(lse, "lse", s.lse);
             nb::gil_scoped_release unlocked;
@@ -251,16 +256,16 @@ NB_MODULE(_core, m) {
              const Array& lse, const Array& dout, const Array& dq, const Array& dk,
              const Array& dv) {
             const Shapes s = shapes_of(op);
-            const TensorLayout l = op.config().layout;
+            const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
-            const float* pk = floats(k, "k", s.kv, l);
-            const float* pv = floats(v, "v", s.kv, l);
+            const float* pk = floats(k, "k", s.kv, lkv);
+            const float* pv = floats(v, "v", s.kv, lkv);
             const float* po = floats(out, "out", s.q, l);
             const float* pl = floats(lse, "lse", s.lse);
             const float* pd = floats(dout, "grad_output", s.q, l);
             float* pdq = floats(dq, "dq", s.q, l);
-            float* pdk = floats(dk, "dk", s.kv, l);
-            float* pdv = floats(dv, "dv", s.kv, l);
+            float* pdk = floats(dk, "dk", s.kv, lkv);
+            float* pdv = floats(dv, "dv", s.kv, lkv);
             nb::gil_scoped_release unlocked;
             op.backward(pq, pk, pv, po, pl, pd, pdq, pdk, pdv);
           },

@@ -112,6 +112,31 @@ def test_head_major_views_on_several_ranks(comm, kw):
             assert reference.relative_error(got.grad.transpose(1, 2), want.grad) <= 1e-6
 
 
+# A head-major KV cache beside token-major queries on every rank: the ring packs K/V rows
+# from their own layout and returns dK/dV partials into it.
+@pytest.mark.parametrize("kw", [
+    dict(causal=True),
+    dict(attention="block-sparse", pattern="local:window=48", block_size=16, causal=True),
+], ids=["causal", "block_sparse"])
+def test_token_major_queries_with_head_major_kv_on_several_ranks(comm, kw):
+    g = torch.Generator().manual_seed(4)
+    q, k, v, dout = (torch.randn(2, 96, h, 16, generator=g) for h in (4, 2, 2, 4))
+    part = lambda x: ringattn.shard(x, comm, heads=4, **kw)
+    rows = [part(x).requires_grad_() for x in (q, k, v)]
+    out, lse = ringattn.attention(*rows, return_lse=True, comm=comm, **kw)
+    out.backward(part(dout))
+    mq = part(q).requires_grad_()
+    mk, mv = (part(x).transpose(1, 2).contiguous().requires_grad_() for x in (k, v))
+    out_m, lse_m = ringattn.attention(mq, mk.transpose(1, 2), mv.transpose(1, 2),
+                                      return_lse=True, comm=comm, **kw)
+    out_m.backward(part(dout))
+    assert reference.relative_error(out_m, out) <= 1e-6
+    assert reference.relative_error(lse_m, lse) <= 1e-6
+    assert reference.relative_error(mq.grad, rows[0].grad) <= 1e-6
+    for got, want in zip((mk, mv), rows[1:]):
+        assert reference.relative_error(got.grad.transpose(1, 2), want.grad) <= 1e-6
+
+
 def test_all_reduce_sum(comm):
     x = torch.full((3,), float(comm.rank + 1))
     total = ringattn.all_reduce_sum(x, comm)

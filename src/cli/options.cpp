@@ -165,6 +165,9 @@ po::options_description control_options() {
       "how the engine holds q, k, v and the results: bnhd ([B,N,H,D]) | bhnd ([B,H,N,D], "
       "PyTorch SDPA's convention; the CPU engines, any number of ranks). Files stay "
       "[B,N,H,D]: the CLI lays them out outside the timed calls")(
+      "kv-layout", po::value<std::string>(),
+      "k, v and their gradients laid out unlike q: bnhd | bhnd (a head-major KV cache beside "
+      "token-major queries; the CPU engines; default: --layout)")(
       "warmup", po::value<int>()->default_value(1), "untimed iterations")(
       "iters", po::value<int>()->default_value(3), "timed iterations (median reported)")(
       "check", po::bool_switch(), "compare with the float64 reference (small problems)")(
@@ -429,6 +432,11 @@ void read_device(const po::variables_map& vm, RunOptions& o) {
       require_choice("--layout", vm["layout"].as<std::string>(), {"bnhd", "bhnd"}) == "bnhd"
           ? TensorLayout::bnhd
           : TensorLayout::bhnd;
+  if (vm.count("kv-layout"))
+    o.cfg.kv_layout =
+        require_choice("--kv-layout", vm["kv-layout"].as<std::string>(), {"bnhd", "bhnd"}) == "bnhd"
+            ? TensorLayout::bnhd
+            : TensorLayout::bhnd;
   o.kernel =
       require_choice("--kernel", vm["kernel"].as<std::string>(), {"auto", "native", "cudnn"});
   if (vm.count("dtype"))

@@ -162,6 +162,7 @@ void add_ring(const RunReport& r, nlohmann::json& j) {
   j["bytes_sent_min"] = r.bytes_sent_min;
   j["layout"] = r.layout;
   j["tensor_layout"] = to_string(r.cfg.layout);
+  if (r.cfg.kv_layout) j["kv_tensor_layout"] = to_string(*r.cfg.kv_layout);
   j["imbalance"] = r.imbalance;
   if (!r.fwd_ranks.empty()) j["fwd_ranks"] = ranks_json(r.fwd_ranks);
   if (!r.bwd_ranks.empty()) j["bwd_ranks"] = ranks_json(r.bwd_ranks);

@@ -32,14 +32,14 @@ namespace ringattn::cli {
 namespace {
 
 // This rank's tensors: [B, N/P, H, D] q, out, dout, dq; [B, N/P, HKV, D] k, v, dk, dv;
-// lse [B, H, N/P]. With --layout bhnd the engine reads head-major copies (made and undone
-// outside the timed calls); on a GPU, device copies in the engine's dtype.
+// lse [B, H, N/P]. With --layout or --kv-layout bhnd the engine reads copies in its layouts
+// (made and undone outside the timed calls); on a GPU, device copies in the engine's dtype.
 struct Tensors {
   HostTensor q, k, v, o, lse, dout, dq, dk, dv;
   struct Copies {
     HostTensor q, k, v, o, dout, dq, dk, dv;
   };
-  std::optional<Copies> head_major;
+  std::optional<Copies> engine_copies;
   struct Device {
     DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv;
   };
@@ -159,17 +159,28 @@ void make_engine_copies(Run& run) {
       d.dk = DeviceBuffer(t.k.size() * sizeof(float), "dk", dev);
       d.dv = DeviceBuffer(t.k.size() * sizeof(float), "dv", dev);
     }
-  } else if (e.config().layout == TensorLayout::bhnd) {
-    Tensors::Copies& hm = t.head_major.emplace();
-    hm.q = head_major(t.q, s, "q [B,H,N,D]");
-    hm.k = head_major(t.k, skv, "k [B,H,N,D]");
-    hm.v = head_major(t.v, skv, "v [B,H,N,D]");
-    hm.o = head_major(t.o, s, "out [B,H,N,D]");
+  } else if (e.config().layout == TensorLayout::bhnd ||
+             e.config().effective_kv_layout() == TensorLayout::bhnd) {
+    // Each tensor in its own layout: q, out, dout, dq as --layout, k, v, dk, dv as
+    // --kv-layout; a bnhd one is copied as it is.
+    const bool q_hm = e.config().layout == TensorLayout::bhnd;
+    const bool kv_hm = e.config().effective_kv_layout() == TensorLayout::bhnd;
+    auto copy = [](const HostTensor& x, const Shape4& sh, bool hm, const char* what) {
+      if (hm) return head_major(x, sh, what);
+      HostTensor c(sh, what);
+      std::copy_n(x.data(), x.size(), c.data());
+      return c;
+    };
+    Tensors::Copies& hm = t.engine_copies.emplace();
+    hm.q = copy(t.q, s, q_hm, "q (engine layout)");
+    hm.k = copy(t.k, skv, kv_hm, "k (engine layout)");
+    hm.v = copy(t.v, skv, kv_hm, "v (engine layout)");
+    hm.o = copy(t.o, s, q_hm, "out (engine layout)");
     if (backward) {
-      hm.dout = head_major(t.dout, s, "dout [B,H,N,D]");
-      hm.dq = head_major(t.dq, s, "dq [B,H,N,D]");
-      hm.dk = head_major(t.dk, skv, "dk [B,H,N,D]");
-      hm.dv = head_major(t.dv, skv, "dv [B,H,N,D]");
+      hm.dout = copy(t.dout, s, q_hm, "dout (engine layout)");
+      hm.dq = copy(t.dq, s, q_hm, "dq (engine layout)");
+      hm.dk = copy(t.dk, skv, kv_hm, "dk (engine layout)");
+      hm.dv = copy(t.dv, skv, kv_hm, "dv (engine layout)");
     }
   }
 }
@@ -233,8 +244,8 @@ CallTensors call_tensors(Run& run) {
             ref(d.dout, in), ref(d.dq, f32), ref(d.dk, f32), ref(d.dv, f32)};
   }
   auto ref = [](HostTensor& h) { return TensorRef{h.data(), DeviceDType::fp32, Memory::host}; };
-  if (t.head_major) {
-    Tensors::Copies& hm = *t.head_major;
+  if (t.engine_copies) {
+    Tensors::Copies& hm = *t.engine_copies;
     return {ref(hm.q),    ref(hm.k),  ref(hm.v),  ref(hm.o), ref(t.lse),
             ref(hm.dout), ref(hm.dq), ref(hm.dk), ref(hm.dv)};
   }
@@ -296,13 +307,21 @@ Timings time_calls(Run& run, ProgressReporter& progress) {
 void results_to_host(Run& run) {
   Tensors& t = run.t;
   const bool backward = run.opts.backward;
-  if (t.head_major) {
+  if (t.engine_copies) {
     const Shape4 s = run.engine->local_shape(), skv = run.engine->local_kv_shape();
-    from_head_major(t.head_major->o.data(), s, t.o.data());
+    const bool q_hm = run.engine->config().layout == TensorLayout::bhnd;
+    const bool kv_hm = run.engine->config().effective_kv_layout() == TensorLayout::bhnd;
+    auto undo = [](const HostTensor& from, const Shape4& sh, bool hm, HostTensor& to) {
+      if (hm)
+        from_head_major(from.data(), sh, to.data());
+      else
+        std::copy_n(from.data(), from.size(), to.data());
+    };
+    undo(t.engine_copies->o, s, q_hm, t.o);
     if (backward) {
-      from_head_major(t.head_major->dq.data(), s, t.dq.data());
-      from_head_major(t.head_major->dk.data(), skv, t.dk.data());
-      from_head_major(t.head_major->dv.data(), skv, t.dv.data());
+      undo(t.engine_copies->dq, s, q_hm, t.dq);
+      undo(t.engine_copies->dk, skv, kv_hm, t.dk);
+      undo(t.engine_copies->dv, skv, kv_hm, t.dv);
     }
   }
   if (t.device) {

@@ -179,9 +179,11 @@ void require_no_window(const AttentionConfig& cfg, const std::string& path) {
 }
 
 void require_bnhd(const AttentionConfig& cfg, const std::string& path) {
-  if (cfg.layout == TensorLayout::bnhd) return;
-  throw InputError("--layout", "bhnd ([B, H, N, D] tensors) is supported by the CPU engines, "
-                               "not on " + path + "; use bnhd there");
+  if (cfg.layout == TensorLayout::bnhd && cfg.effective_kv_layout() == TensorLayout::bnhd) return;
+  throw InputError(cfg.layout == TensorLayout::bnhd ? "--kv-layout" : "--layout",
+                   "bhnd ([B, H, N, D] tensors) is supported by the CPU engines, "
+                   "not on " +
+                       path + "; use bnhd there");
 }
 
 std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {

@@ -348,6 +348,7 @@ std::string field_of(const std::string& subject) {
       {"--seqlens", "config.cu_seqlens"},
       {"--block-size", "config.block_size"},
       {"--layout", "config.layout"},
+      {"--kv-layout", "config.kv_layout"},
       {"--pattern", "block_sparse.pattern"},
       {"--sparse-threshold", "sparse_threshold"},
       {"--device", "device"},

@@ -26,7 +26,7 @@ bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
   if (spec.device == Device::cpu) return false;
   if (spec.device == Device::automatic)
     return cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
-           probe_cuda_device().usable;
+           spec.config.effective_kv_layout() == TensorLayout::bnhd && probe_cuda_device().usable;
   if (!cuda_built())
     throw InputError("--device",
                      "'cuda' is not available: this build of ringattn has CPU kernels only (use "

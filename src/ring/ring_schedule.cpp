@@ -27,10 +27,10 @@ std::vector<int64_t> heads_of(const AttentionConfig& cfg, int64_t pattern, int64
 }
 
 // Selected rows of (pattern at `offset`, head, batch, segment) in each chunk of `rank`, in a
-// local tensor of `heads` heads: the query heads H for query runs, the K/V heads HKV for key
-// runs (whose lse fields are unused).
-std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
-                         int pattern, const DilatedPattern& pat, const SegmentList& segs,
+// local tensor of `heads` heads laid out as `tensor`: the query heads H for query runs, the
+// K/V heads HKV for key runs (whose lse fields are unused).
+std::vector<Run> runs_in(const AttentionConfig& cfg, TensorLayout tensor, const ShardLayout& layout,
+                         int rank, int pattern, const DilatedPattern& pat, const SegmentList& segs,
                          int64_t offset, int64_t head, int64_t heads, int64_t batch,
                          int64_t segment) {
   const Shape4& s = cfg.shape;
@@ -52,7 +52,7 @@ std::vector<Run> runs_in(const AttentionConfig& cfg, const ShardLayout& layout, 
     r.k_begin = k_lo;
     r.k_end = k_hi;
     const int64_t local_row = ch.local_begin + (first + k_lo * pat.dilation - ch.begin);
-    const RowStrides rs = row_strides(cfg.layout, layout.local_len, heads, s.head_dim);
+    const RowStrides rs = row_strides(tensor, layout.local_len, heads, s.head_dim);
     r.row0 = rs.at(batch, local_row, head);
     r.stride = pat.dilation * rs.position;
     r.lse0 = (batch * heads + head) * layout.local_len + local_row;
@@ -159,11 +159,13 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
             // The query heads of this group select the same positions: same runs, same max.
             std::vector<std::vector<Run>> qruns;
             for (int64_t h : q_heads)
-              qruns.push_back(runs_in(cfg, layout, dest, i, pat, list, offset, h, heads, b, seg));
+              qruns.push_back(
+                  runs_in(cfg, cfg.layout, layout, dest, i, pat, list, offset, h, heads, b, seg));
             if (qruns.front().empty()) continue;
             int64_t max_q = 0;  // one past the last selected query index of dest here
             for (const Run& q : qruns.front()) max_q = std::max(max_q, q.k_end);
-            for (Run kr : runs_in(cfg, layout, src, i, pat, list, offset, kh, kv_heads, b, seg)) {
+            for (Run kr : runs_in(cfg, cfg.effective_kv_layout(), layout, src, i, pat, list, offset,
+                                  kh, kv_heads, b, seg)) {
               if (cfg.windowed()) {
                 add_window_pieces(cfg, kr, qruns, work);
                 continue;

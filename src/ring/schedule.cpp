@@ -22,7 +22,7 @@ void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head
   const int64_t offset = pattern_offset(cfg, pattern, head);
   const SegmentList segs = segments_of(cfg, pat);
   const RowStrides q = strides_of(cfg.layout, s);
-  const RowStrides kv = strides_of(cfg.layout, cfg.kv_shape());
+  const RowStrides kv = strides_of(cfg.effective_kv_layout(), cfg.kv_shape());
   const int64_t kv_head = cfg.kv_head_of(head);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t seg = 0; seg < segs.count(); ++seg) {

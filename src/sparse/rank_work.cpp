@@ -125,7 +125,7 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   // Rows of the local shard in the config's layout (a head's consecutive rows heads·D or D
   // floats apart); slabs are [rows, D] either way.
   const ring::RowStrides q_rows = ring::row_strides(cfg.layout, NL, H, D);
-  const ring::RowStrides kv_rows = ring::row_strides(cfg.layout, NL, G, D);
+  const ring::RowStrides kv_rows = ring::row_strides(cfg.effective_kv_layout(), NL, G, D);
   auto row = [&](int64_t b, int64_t local_row, int64_t h) { return q_rows.at(b, local_row, h); };
   auto kv_row = [&](int64_t b, int64_t local_row, int64_t g) {
     return kv_rows.at(b, local_row, g);

@@ -355,7 +355,7 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.layout = sparse_layout(cfg, m.world);
   m.NL = m.layout.local_len;
   m.q_rows = ring::row_strides(cfg.layout, m.NL, m.H, m.D);
-  m.kv_rows = ring::row_strides(cfg.layout, m.NL, m.G, m.D);
+  m.kv_rows = ring::row_strides(cfg.effective_kv_layout(), m.NL, m.G, m.D);
   m.w = build_rank_sparse_work(cfg, *m.lists, m.layout, m.me);
   m.sort_by_cost();
 

@@ -141,6 +141,15 @@ TEST(CliCudaRun, HeadMajorLayoutStaysOnTheCpuUnderAutoAndIsRefusedOnCuda) {
   EXPECT_EQ(j.value("device", ""), "cpu");
   EXPECT_EQ(j.value("tensor_layout", ""), "bhnd");
   EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
+  // A head-major KV cache alone does the same, named by its own option.
+  const CliResult kv = testing::run_cli({"run", "--device", "cuda", "--kv-layout", "bhnd",
+                                         "--seq-len", "128", "--heads", "2"});
+  EXPECT_EQ(kv.exit_code, 2) << describe(kv);
+  EXPECT_NE(kv.err.find("--kv-layout"), std::string::npos) << describe(kv);
+  const CliResult kv_auto = testing::run_cli({"run", "--device", "auto", "--kv-layout", "bhnd",
+                                              "--seq-len", "128", "--heads", "2", "--json"});
+  ASSERT_EQ(kv_auto.exit_code, 0) << describe(kv_auto);
+  EXPECT_EQ(last_line_json(kv_auto.out).value("device", ""), "cpu");
 }
 
 // The GPU ring from the command line: virtual ranks, K/V over NCCL where each has its own

@@ -15,6 +15,7 @@
 #include "ring/inproc_communicator.hpp"
 #include "ringattn/reference.hpp"
 #include "ringattn/ringattn.hpp"
+#include "ringattn/tensor.hpp"
 
 namespace ringattn {
 namespace {
@@ -200,6 +201,112 @@ TEST(EngineBlockSparse, EveryRankCountGivesTheOneRankResult) {
     EXPECT_LE(relative_error(got.data(), one.data(), got.size()), 1e-6) << ranks << " ranks";
   }
 }
+
+// Each tensor its own layout (config.kv_layout): token-major q, out and dq beside head-major
+// k, v, dk and dv (a KV cache), and the reverse, on 1..3 ranks, against float64.
+class EngineMixedLayouts : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(EngineMixedLayouts, QAndKvInTheirOwnLayoutsMatchTheFloat64Reference) {
+  const auto [case_index, kv_head_major] = GetParam();
+  const Case c = case_index < 2 ? cases()[case_index == 0 ? 4 : 2] : sparse_case();
+  JobSpec spec;
+  spec.config = c.cfg;
+  spec.config.layout = kv_head_major ? TensorLayout::bnhd : TensorLayout::bhnd;
+  spec.config.kv_layout = kv_head_major ? TensorLayout::bhnd : TensorLayout::bnhd;
+  spec.device = Device::cpu;
+  spec.threads = 1;
+  spec.block_sparse.pattern = c.pattern;
+  const Shape4& s = c.cfg.shape;
+  const Shape4 skv = c.cfg.kv_shape();
+  const auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 11);
+  const auto k = testing::random_normal(static_cast<std::size_t>(skv.numel()), 12);
+  const auto v = testing::random_normal(static_cast<std::size_t>(skv.numel()), 13);
+  const auto dout = testing::random_normal(static_cast<std::size_t>(s.numel()), 14);
+  const bool sparse = c.cfg.attention == AttentionKind::block_sparse;
+  // The float64 reference, or for block-sparse the one-rank engine on contiguous tensors.
+  std::vector<double> want_out;
+  if (!sparse) want_out = reference_forward(c.cfg, q.data(), k.data(), v.data()).out;
+  const ReferenceGradients g =
+      sparse ? ReferenceGradients{}
+             : reference_backward(c.cfg, q.data(), k.data(), v.data(), dout.data());
+  for (int ranks = 1; ranks <= 3; ++ranks) {
+    if (s.seq_len % (2 * ranks) != 0) continue;
+    std::mutex m;
+    std::vector<std::string> failures;
+    ASSERT_EQ(
+        ring::run_virtual_ranks(
+            ranks,
+            [&](ring::Communicator& rc) {
+              Comm comm = Comm::borrow(rc);
+              Engine e = make_engine(spec, comm);
+              const auto rows = e.local_rows();
+              const Shape4 ls = e.local_shape(), lkv = e.local_kv_shape();
+              // This rank's rows, then each tensor in its own layout.
+              auto local = [&](const std::vector<float>& full, const Shape4& sh, TensorLayout l) {
+                std::vector<float> r =
+                    rows_of(full, rows, sh.batch, s.seq_len, sh.heads * sh.head_dim);
+                if (l == TensorLayout::bnhd) return r;
+                std::vector<float> hm(r.size());
+                to_head_major(r.data(), sh, hm.data());
+                return hm;
+              };
+              auto back = [&](const std::vector<float>& x, const Shape4& sh, TensorLayout l) {
+                if (l == TensorLayout::bnhd) return x;
+                std::vector<float> r(x.size());
+                from_head_major(x.data(), sh, r.data());
+                return r;
+              };
+              const TensorLayout lq = spec.config.layout, lk = *spec.config.kv_layout;
+              const auto lq_ = local(q, ls, lq), ldout = local(dout, ls, lq);
+              const auto lk_ = local(k, lkv, lk), lv_ = local(v, lkv, lk);
+              std::vector<float> out(lq_.size()),
+                  lse(static_cast<std::size_t>(s.batch * s.heads) * rows.size()), dq(lq_.size()),
+                  dk(lk_.size()), dv(lk_.size());
+              e.forward(lq_.data(), lk_.data(), lv_.data(), out.data(), lse.data());
+              e.backward(lq_.data(), lk_.data(), lv_.data(), out.data(), lse.data(), ldout.data(),
+                         dq.data(), dk.data(), dv.data());
+              // Against the same job on contiguous tensors (the suite above checks it against
+              // float64).
+              JobSpec plain = spec;
+              plain.config.layout = TensorLayout::bnhd;
+              plain.config.kv_layout.reset();
+              Engine p = make_engine(plain, comm);
+              const auto pq = local(q, ls, TensorLayout::bnhd),
+                         pk = local(k, lkv, TensorLayout::bnhd),
+                         pv = local(v, lkv, TensorLayout::bnhd),
+                         pd = local(dout, ls, TensorLayout::bnhd);
+              std::vector<float> pout(pq.size()), plse(lse.size()), pdq(pq.size()), pdk(pk.size()),
+                  pdv(pk.size());
+              p.forward(pq.data(), pk.data(), pv.data(), pout.data(), plse.data());
+              p.backward(pq.data(), pk.data(), pv.data(), pout.data(), plse.data(), pd.data(),
+                         pdq.data(), pdk.data(), pdv.data());
+              const std::pair<std::vector<float>, const std::vector<float>*> pairs[] = {
+                  {back(out, ls, lq), &pout},
+                  {lse, &plse},
+                  {back(dq, ls, lq), &pdq},
+                  {back(dk, lkv, lk), &pdk},
+                  {back(dv, lkv, lk), &pdv}};
+              std::lock_guard lock(m);
+              for (const auto& [got, ref] : pairs)
+                if (relative_error(got.data(), ref->data(), got.size()) > 1e-6)
+                  failures.push_back("rank " + std::to_string(comm.rank()) + " of " +
+                                     std::to_string(ranks) + " differs from the contiguous run");
+              if (!sparse) {
+                const auto w = rows_of(want_out, rows, s.batch, s.seq_len, s.heads * s.head_dim);
+                const auto wdk = rows_of(g.dk, rows, s.batch, s.seq_len, skv.heads * s.head_dim);
+                if (relative_error(pairs[0].first.data(), w.data(), w.size()) > 2e-6 ||
+                    relative_error(pairs[3].first.data(), wdk.data(), wdk.size()) > 2e-6)
+                  failures.push_back("rank " + std::to_string(comm.rank()) + " against float64");
+              }
+              return 0;
+            }),
+        0);
+    for (const std::string& f : failures) ADD_FAILURE() << f;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Jobs, EngineMixedLayouts,
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()));
 
 TEST(EngineErrors, ABadFieldOnOneRankIsRaisedOnEveryRankNamingIt) {
   std::atomic<int> raised{0};

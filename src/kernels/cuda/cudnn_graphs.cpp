@@ -128,7 +128,8 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
     if (why) *why = reason;
     return std::vector<SdpaView>{};
   };
-  if (cfg.layout != TensorLayout::bnhd) return refuse("cuDNN reads [B,N,H,D] tensors here");
+  if (cfg.layout != TensorLayout::bnhd || cfg.effective_kv_layout() != TensorLayout::bnhd)
+    return refuse("cuDNN reads [B,N,H,D] tensors here");
   if (cfg.attention == AttentionKind::block_sparse)
     return refuse("block-sparse runs on the native kernels");
   const Shape4& s = cfg.shape;
