@@ -19,7 +19,7 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERR
   "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
 start=$(date +%s)
 ninja -C "$BUILD" -j"$JOBS" ringattn test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl \
-  test_cuda_ring gpu_bench
+  test_cuda_ring test_job_cuda test_cudnn_graphs gpu_bench
 echo "gpu_build_for_device: built in $(( $(date +%s) - start )) s"
 
 # Staged here, then packed as one xz archive: the device tool carries at most 64 MiB with the
@@ -30,7 +30,8 @@ CARRY=$STAGE
 mkdir -p "$CARRY/bin" "$CARRY/lib"
 cp "$BUILD/ringattn" "$BUILD/tests/test_cuda_kernels" "$BUILD/tests/test_cuda_sparse" \
   "$BUILD/tests/test_cli_cuda" "$BUILD/tests/test_nccl" "$BUILD/tests/test_cuda_ring" \
-  "$BUILD/bench/gpu_bench" "$CARRY/bin/"
+  "$BUILD/tests/test_job_cuda" "$BUILD/tests/test_cudnn_graphs" "$BUILD/bench/gpu_bench" \
+  "$CARRY/bin/"
 strip --strip-unneeded "$CARRY"/bin/*
 # Shared libraries other than glibc and the C++ runtime (the GPU image's are newer).
 for b in "$CARRY"/bin/*; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |

@@ -57,7 +57,11 @@ status=0
 
 run_check() {
   : >"$OUT/tests.log"
-  for t in test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl test_cuda_ring; do
+  # test_job_cuda: the library API on the GPU (host staging, device tensors on the caller's
+  # stream, virtual ranks); test_cudnn_graphs: the cudnn-frontend graphs against the image's
+  # cuDNN; test_cuda_ring includes the per-step partials seam (CudaRingPartials).
+  for t in test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl test_cuda_ring \
+    test_job_cuda test_cudnn_graphs; do
     echo "== $t" | tee -a "$OUT/tests.log"
     "$CARRY/bin/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
     rc=$?
