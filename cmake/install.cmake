@@ -25,8 +25,14 @@ install(TARGETS ${ringattn_export_targets} EXPORT ringattnTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS ringattn RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+# ringattn/mpi.hpp (mpi_comm) only where the library has the MPI communicator.
+if(RINGATTN_HAVE_MPI)
+  set(ringattn_header_excludes "")
+else()
+  set(ringattn_header_excludes PATTERN "mpi.hpp" EXCLUDE)
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ringattn
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development ${ringattn_header_excludes})
 
 set(ringattn_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/ringattn)
 install(EXPORT ringattnTargets NAMESPACE ringattn:: DESTINATION ${ringattn_cmake_dir}
