@@ -53,7 +53,6 @@ void build(Engine::Impl& m, const JobSpec& spec) {
     m.device_comm = ring::make_device_inproc_communicator(comm, m.device_index);
   else if (t == ring::DeviceTransport::nccl)
     m.device_comm = ring::make_nccl_communicator(comm, {spec.timeout_s});
-  if (t == ring::DeviceTransport::nccl && gpus > 1) m.device_index = comm.local_rank();
   if (m.device_comm && spec.kernel == KernelChoice::cudnn)
     throw InputError("--kernel", std::string("'cudnn' runs on one rank; the GPU ") +
                                      (m.job.lists ? "block-sparse mode" : "ring") +

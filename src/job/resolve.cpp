@@ -43,8 +43,6 @@ bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
   return true;
 }
 
-const char* device_word(Device d) { return to_string(d); }
-
 // A job on the CPU takes neither cuDNN nor a half-precision dtype; `where` says why it is on
 // the CPU, as the messages continue it for the kernel and the dtype.
 struct CpuReason {
@@ -106,9 +104,9 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   bool use_cuda = resolve_cuda(spec, ranks);
   if (!use_cuda)
     check_cpu_fields(spec, {std::string("this run uses the CPU (--device ") +
-                                device_word(spec.device) + "); use --device cuda",
+                                to_string(spec.device) + "); use --device cuda",
                             std::string("this run uses the CPU (--device ") +
-                                device_word(spec.device) + "); the CPU kernels compute in fp32"});
+                                to_string(spec.device) + "); the CPU kernels compute in fp32"});
   if (!(spec.timeout_s > 0) || spec.timeout_s > 1e6) {
     std::ostringstream got;
     got << spec.timeout_s;
