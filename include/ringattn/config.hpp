@@ -65,8 +65,15 @@ struct AttentionConfig {
   // k, v, dk, dv when they are laid out unlike q (a KV cache kept head-major beside
   // token-major queries); unset: as `layout`. The CPU engines read any pairing.
   std::optional<TensorLayout> kv_layout;
+  // A head slice (Ulysses: each rank of a group computes some of the heads): this config
+  // computes the job's query heads [head_base, head_base + shape.heads) of `global_heads`
+  // (unset: shape.heads, head_base 0), so that a dilated head keeps its global head's group
+  // and offset (group_heads_of, pattern_offset) on whichever rank computes it.
+  int64_t head_base = 0;
+  std::optional<int64_t> global_heads;
 
   double effective_scale() const;
+  int64_t total_heads() const { return global_heads.value_or(shape.heads); }
   int64_t effective_kv_heads() const { return kv_heads ? *kv_heads : shape.heads; }
   // Query heads that share one K/V head: heads / kv_heads.
   int64_t queries_per_kv_head() const { return shape.heads / effective_kv_heads(); }
@@ -143,9 +150,13 @@ struct HeadRange {
   int64_t first = 0, count = 0;
 };
 HeadRange group_heads(int64_t heads, int64_t groups, int64_t group);
+// The same for a config's own heads: group `group` of the job's total_heads(), clipped to
+// this config's head slice and counted from its first head (count 0 when the slice holds
+// none of the group).
+HeadRange group_heads_of(const AttentionConfig& cfg, int64_t groups, int64_t group);
 
-// Offset of pattern i for head h: grouped uses i % r_i (for heads of group i only),
-// mixture uses h % r_i.
+// Offset of pattern i for head h (of this config's slice): grouped uses i % r_i (for heads
+// of group i only), mixture uses (head_base + h) % r_i.
 int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head);
 
 // Number of positions a pattern selects in one segment: ceil((w - o) / r), 0 if o >= w.

@@ -66,6 +66,11 @@ struct JobSpec {
   Transport transport = Transport::automatic;
   int threads = 0;         // CPU threads per rank (0: OpenMP's default)
   double timeout_s = 300;  // watchdog: longest wait for one exchange or collective
+  // Ulysses x ring (docs/COMMUNICATION.md): the world's P ranks form P / U groups of U
+  // consecutive ranks; an all-to-all inside each group trades sequence for heads and the
+  // ring runs across the groups. 1: the ring alone; 0: the split the cost model picks for
+  // this shape and the ranks per node.
+  int ulysses = 1;
   // Progress (called with steps done and steps in the call by the thread driving the ring);
   // cheap, must not throw. May be empty.
   std::function<void(int done, int steps)> on_step;
@@ -127,8 +132,11 @@ struct EngineStats {
   std::size_t workspace_bytes_per_thread = 0;  // single-process CPU plan
   std::size_t device_workspace_bytes = 0;
   std::size_t device_peak_bytes = 0;  // ringattn's device memory high-water mark
-  int64_t bytes_sent = 0;             // last forward's K/V payload
+  int64_t bytes_sent = 0;             // last forward's payload (the ring's, and the a2a's)
   int64_t bytes_sent_min = 0;         // the computed minimum for this rank, in the same dtype
+  int ulysses = 1;                    // U of a Ulysses x ring job
+  int64_t bytes_sent_a2a = 0;         // of bytes_sent: the Ulysses all-to-alls
+  int64_t bytes_sent_a2a_min = 0;     // and their computed minimum
   PassStats forward, backward;
   double comm_exposed_ms = 0;  // forward's, for convenience
   // Block-sparse jobs.

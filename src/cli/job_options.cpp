@@ -105,6 +105,7 @@ JobSpec job_spec(const RunOptions& opts) {
   spec.transport = transport_of(opts.comm);
   spec.threads = opts.threads;
   spec.timeout_s = opts.timeout_s;
+  spec.ulysses = opts.ulysses;
   return spec;
 }
 

@@ -177,6 +177,11 @@ po::options_description control_options() {
       "ring-size", po::value<int>()->default_value(0),
       "ranks in the ring; without an MPI launcher P > 1 runs P virtual ranks in this process "
       "(0: the launcher's world size, else 1)")(
+      "ulysses", po::value<std::string>()->default_value("1"),
+      "U: Ulysses x ring; the P ranks form P/U groups of U consecutive ranks, an all-to-all "
+      "in each group trades sequence for heads (U must divide P and --heads) and the ring "
+      "runs across the groups. 1: the ring alone; auto: the split the cost model picks "
+      "(docs/COMMUNICATION.md)")(
       "timeout", po::value<double>()->default_value(300),
       "seconds a ring step may wait for its exchange, or a rank for the others at a "
       "collective (between calls, gathering results), before the job is aborted")(
@@ -450,6 +455,21 @@ void read_device(const po::variables_map& vm, RunOptions& o) {
                      "'" + o.dtype + "' needs --device cuda; the CPU kernels compute in fp32");
 }
 
+// --ulysses: a positive integer, or auto (0).
+int parse_ulysses(const std::string& text) {
+  if (text == "auto") return 0;
+  std::size_t used = 0;
+  int u = 0;
+  try {
+    u = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || u < 1 || u > kMaxVirtualRanks * 64)
+    throw InputError("--ulysses", "must be a positive integer or auto, got '" + text + "'");
+  return u;
+}
+
 void read_run_control(const po::variables_map& vm, RunOptions& o) {
   o.threads = vm["threads"].as<int>();
   if (o.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
@@ -462,6 +482,7 @@ void read_run_control(const po::variables_map& vm, RunOptions& o) {
   if (o.ring_size < 0 || o.ring_size > kMaxVirtualRanks)
     throw InputError("--ring-size", "must be in 0.." + std::to_string(kMaxVirtualRanks) + ", got " +
                                         std::to_string(o.ring_size));
+  o.ulysses = parse_ulysses(vm["ulysses"].as<std::string>());
   o.timeout_s = vm["timeout"].as<double>();
   if (!(o.timeout_s > 0) || o.timeout_s > 1e6) {
     std::ostringstream got;

@@ -61,6 +61,11 @@ void print_rank_figures(const char* pass, const std::vector<RankFigures>& v, std
 void print_ring(const RunReport& r, std::ostream& os) {
   os << "  ring             " << r.world_size << " ranks, forward bytes sent (max over ranks) "
      << r.bytes_sent << " (computed minimum " << r.bytes_sent_min << ")\n";
+  if (r.ulysses > 1)
+    os << "  ulysses          " << r.ulysses << " ranks per group x ring of "
+       << r.world_size / r.ulysses << " groups: all-to-all bytes " << r.bytes_sent_a2a
+       << " (minimum " << r.bytes_sent_a2a_min << "), ring bytes " << r.bytes_sent_ring
+       << " (minimum " << r.bytes_sent_ring_min << ")\n";
   print_rank_figures("fwd", r.fwd_ranks, os);
   print_rank_figures("bwd", r.bwd_ranks, os);
 }
@@ -160,6 +165,13 @@ double worst_exposed(const std::vector<RankFigures>& v) {
 void add_ring(const RunReport& r, nlohmann::json& j) {
   j["bytes_sent"] = r.bytes_sent;
   j["bytes_sent_min"] = r.bytes_sent_min;
+  j["ulysses"] = r.ulysses;
+  if (r.ulysses > 1) {
+    j["bytes_sent_a2a"] = r.bytes_sent_a2a;
+    j["bytes_sent_a2a_min"] = r.bytes_sent_a2a_min;
+    j["bytes_sent_ring"] = r.bytes_sent_ring;
+    j["bytes_sent_ring_min"] = r.bytes_sent_ring_min;
+  }
   j["layout"] = r.layout;
   j["tensor_layout"] = to_string(r.cfg.layout);
   if (r.cfg.kv_layout) j["kv_tensor_layout"] = to_string(*r.cfg.kv_layout);

@@ -41,6 +41,11 @@ struct RunReport {
   std::size_t peak_rss_bytes = 0;
   std::size_t bytes_sent = 0;         // forward K/V payload, max over ranks
   std::size_t bytes_sent_min = 0;     // the computed minimum for the config, max over ranks
+  int ulysses = 1;                    // --ulysses U (Ulysses x ring when > 1)
+  // Of a Ulysses job's forward bytes: the all-to-alls' and the ring's, each max over ranks,
+  // with their computed minima.
+  std::size_t bytes_sent_a2a = 0, bytes_sent_a2a_min = 0;
+  std::size_t bytes_sent_ring = 0, bytes_sent_ring_min = 0;
   std::string layout = "contiguous";  // how the sequence is split over ranks
   double imbalance = 1.0;             // max / mean attended pairs over ranks
   std::vector<RankFigures> fwd_ranks, bwd_ranks;  // per rank, world_size > 1 only

@@ -374,6 +374,14 @@ RunReport make_report(Run& run, const Timings& tm) {
   if (world > 1) {
     rep.bytes_sent = static_cast<std::size_t>(comm.max(s.bytes_sent));
     rep.bytes_sent_min = static_cast<std::size_t>(comm.max(s.bytes_sent_min));
+    rep.ulysses = s.ulysses;
+    if (s.ulysses > 1) {
+      const auto max_of = [&](int64_t v) { return static_cast<std::size_t>(comm.max(v)); };
+      rep.bytes_sent_a2a = max_of(s.bytes_sent_a2a);
+      rep.bytes_sent_a2a_min = max_of(s.bytes_sent_a2a_min);
+      rep.bytes_sent_ring = max_of(s.bytes_sent - s.bytes_sent_a2a);
+      rep.bytes_sent_ring_min = max_of(s.bytes_sent_min - s.bytes_sent_a2a_min);
+    }
     auto gather = [&](const PassStats& p) {
       const RankFigures mine{p.compute_ms, p.comm_ms, p.comm_exposed_ms, p.bytes_sent};
       std::vector<RankFigures> all(comm.rank() == 0 ? static_cast<std::size_t>(world) : 0);

@@ -98,6 +98,10 @@ void validate(const AttentionConfig& cfg) {
   if (s.seq_len <= 0)
     throw InputError("--seq-len", "must be positive, got " + std::to_string(s.seq_len));
   if (s.heads <= 0) throw InputError("--heads", "must be positive, got " + std::to_string(s.heads));
+  if (cfg.head_base < 0 || cfg.head_base + s.heads > cfg.total_heads())
+    throw InputError("--heads", "head slice [" + std::to_string(cfg.head_base) + ", " +
+                                    std::to_string(cfg.head_base + s.heads) + ") lies outside " +
+                                    std::to_string(cfg.total_heads()) + " heads");
   if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim)
     throw InputError("--head-dim", "must be in 1.." + std::to_string(kMaxHeadDim) + ", got " +
                                        std::to_string(s.head_dim));
@@ -153,8 +157,8 @@ void validate(const AttentionConfig& cfg) {
                                          std::to_string(s.seq_len));
   }
   const auto groups = static_cast<int64_t>(cfg.segments.size());
-  if (cfg.combine == Combine::grouped && s.heads < groups)
-    throw InputError("--heads", std::to_string(s.heads) + " heads cannot be split into " +
+  if (cfg.combine == Combine::grouped && cfg.total_heads() < groups)
+    throw InputError("--heads", std::to_string(cfg.total_heads()) + " heads cannot be split into " +
                                     std::to_string(groups) +
                                     " groups (one per segment); use at least as many heads as "
                                     "segments, or --combine mixture");
@@ -206,10 +210,17 @@ HeadRange group_heads(int64_t heads, int64_t groups, int64_t group) {
   return {first, base + (group < extra ? 1 : 0)};
 }
 
+HeadRange group_heads_of(const AttentionConfig& cfg, int64_t groups, int64_t group) {
+  const HeadRange g = group_heads(cfg.total_heads(), groups, group);
+  const int64_t first = std::max(g.first, cfg.head_base);
+  const int64_t end = std::min(g.first + g.count, cfg.head_base + cfg.shape.heads);
+  return {first - cfg.head_base, std::max<int64_t>(0, end - first)};
+}
+
 int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head) {
   if (cfg.attention == AttentionKind::dense) return 0;
   const int64_t r = cfg.dilations[static_cast<std::size_t>(pattern)];
-  return (cfg.combine == Combine::grouped ? pattern : head) % r;
+  return (cfg.combine == Combine::grouped ? pattern : cfg.head_base + head) % r;
 }
 
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset) {
@@ -281,7 +292,7 @@ double attended_pairs(const AttentionConfig& cfg) {
   for (int64_t h = 0; h < s.heads; ++h) {
     if (cfg.combine == Combine::grouped || cfg.attention == AttentionKind::dense) {
       for (int64_t i = 0; i < groups; ++i) {
-        const HeadRange r = group_heads(s.heads, groups, i);
+        const HeadRange r = group_heads_of(cfg, groups, i);
         if (h >= r.first && h < r.first + r.count) total += pairs_in_pattern(i, h);
       }
     } else {

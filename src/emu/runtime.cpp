@@ -444,6 +444,8 @@ const char* error_name(cudaError_t e) {
       return "cudaErrorInitializationError";
     case cudaErrorInvalidConfiguration:
       return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidPitchValue:
+      return "cudaErrorInvalidPitchValue";
     case cudaErrorInvalidDevicePointer:
       return "cudaErrorInvalidDevicePointer";
     case cudaErrorInvalidMemcpyDirection:
@@ -484,6 +486,8 @@ const char* error_text(cudaError_t e) {
       return "initialization error";
     case cudaErrorInvalidConfiguration:
       return "invalid configuration argument";
+    case cudaErrorInvalidPitchValue:
+      return "invalid pitch argument";
     case cudaErrorInvalidDevicePointer:
       return "invalid device pointer";
     case cudaErrorInvalidMemcpyDirection:
@@ -872,6 +876,30 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
                 "cudaMemcpy: a pointer that the copy's kind says is device memory is not (or "
                 "the range runs past its allocation)");
   return set_last(push(*s, [dst, src, bytes] { std::memmove(dst, src, bytes); }));
+}
+
+cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                              std::size_t width, std::size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+  Stream* s = resolve(stream);
+  if (!s) return set_last(cudaErrorInvalidResourceHandle);
+  if (width == 0 || height == 0) return cudaSuccess;
+  // As CUDA: each pitch at least the row's width; the whole strided extent must be memory
+  // of the kind the copy says.
+  if (dpitch < width || spitch < width)
+    return fail(cudaErrorInvalidPitchValue, "cudaMemcpy2D: a pitch is less than the width");
+  const std::size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if ((dst_dev && !is_device_memory(dst, dspan)) || (src_dev && !is_device_memory(src, sspan)))
+    return fail(cudaErrorInvalidValue,
+                "cudaMemcpy2D: a pointer that the copy's kind says is device memory is not (or "
+                "the strided range runs past its allocation)");
+  return set_last(push(*s, [=] {
+    for (std::size_t r = 0; r < height; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                   width);
+  }));
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {

@@ -15,11 +15,13 @@
 #include "job/backends.hpp"
 #include "job/engine_impl.hpp"
 #include "job/resolve.hpp"
+#include "job/ulysses.hpp"
 #include "kernels/cuda/stream_order.hpp"
 #include "ring/comm_choice.hpp"
 #include "ring/fault_injection.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ring/ring_schedule.hpp"
+#include "ring/sub_communicator.hpp"
 #include "ringattn/ringattn.hpp"
 #include "sparse/sparse_plan.hpp"
 #include "sparse/token_rule.hpp"
@@ -38,13 +40,10 @@ ring::RingOptions ring_options(const JobSpec& spec) {
   return r;
 }
 
-void build(Engine::Impl& m, const JobSpec& spec) {
+// The device communicator of a GPU job on several ranks (NCCL or device copies), and the
+// GPU this rank computes on.
+void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
   ring::Communicator& comm = m.comm.communicator();
-  const PlanOptions plan_opts{spec.threads};
-  if (!m.on_gpu()) {
-    m.backend = job::make_host_backend(m.job, comm, plan_opts, ring_options(spec));
-    return;
-  }
   const int gpus = std::max(1, probe_cuda_device().device_count);
   const ring::DeviceTransport t = ring::choose_device_transport(
       {to_string(spec.transport), comm.size(), comm.in_process(), gpus});
@@ -57,9 +56,54 @@ void build(Engine::Impl& m, const JobSpec& spec) {
     throw InputError("--kernel", std::string("'cudnn' runs on one rank; the GPU ") +
                                      (m.job.lists ? "block-sparse mode" : "ring") +
                                      " uses the native kernels (use --kernel native or auto)");
-  const CudaPlanOptions opts{spec.dtype.value_or(DeviceDType::bf16),
-                             m.device_comm ? KernelChoice::native : spec.kernel, m.device_index};
-  m.backend = job::make_device_backend(m.job, m.device_comm.get(), opts, ring_options(spec));
+}
+
+CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
+  return {spec.dtype.value_or(DeviceDType::bf16),
+          m.device_comm ? KernelChoice::native : spec.kernel, m.device_index};
+}
+
+// Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks
+// of the same place in every group), inside the all-to-alls of its group.
+void build_ulysses(Engine::Impl& m, const JobSpec& spec) {
+  ring::Communicator& comm = m.comm.communicator();
+  const int u = m.job.ulysses, p = comm.rank(), groups = comm.size() / u;
+  const job::UlyssesSlice slice = job::ulysses_slice(m.job.cfg, m.job.lists, u, p % u);
+  job::ResolvedJob inner = m.job;
+  inner.cfg = slice.cfg;
+  inner.lists = slice.lists;
+  inner.ulysses = 1;
+  std::vector<int> group_members, ring_members;
+  for (int i = 0; i < u; ++i) group_members.push_back(p / u * u + i);
+  for (int g = 0; g < groups; ++g) ring_members.push_back(g * u + p % u);
+  ring::Communicator& base = m.on_gpu() ? *m.device_comm : comm;
+  auto group = ring::make_sub_communicator(base, group_members);
+  auto ring_comm = ring::make_sub_communicator(base, ring_members);
+  std::unique_ptr<job::Backend> backend;
+  std::unique_ptr<job::Moves> moves;
+  if (m.on_gpu()) {
+    backend = job::make_device_backend(inner, groups > 1 ? ring_comm.get() : nullptr,
+                                       device_options(m, spec), ring_options(spec));
+    moves = job::make_device_moves(backend->stream(), m.device_index);
+  } else {
+    backend = job::make_host_backend(inner, *ring_comm, {spec.threads}, ring_options(spec));
+    moves = job::make_host_moves();
+  }
+  m.backend = job::make_ulysses_backend(slice, m.job.local_len(), comm, std::move(group),
+                                        std::move(ring_comm), std::move(backend), std::move(moves),
+                                        spec.timeout_s);
+}
+
+void build(Engine::Impl& m, const JobSpec& spec) {
+  ring::Communicator& comm = m.comm.communicator();
+  if (m.on_gpu()) make_device_comm(m, spec);
+  if (m.job.ulysses > 1) return build_ulysses(m, spec);
+  if (!m.on_gpu()) {
+    m.backend = job::make_host_backend(m.job, comm, {spec.threads}, ring_options(spec));
+    return;
+  }
+  m.backend = job::make_device_backend(m.job, m.device_comm.get(), device_options(m, spec),
+                                       ring_options(spec));
 }
 
 }  // namespace
@@ -114,9 +158,11 @@ Engine make_engine(const JobSpec& spec, Comm& comm) {
   ring::Communicator& c = comm.communicator();
   c.set_collective_timeout(spec.timeout_s);
   auto impl = std::make_unique<Engine::Impl>(comm);
-  job::agree_on_errors(c, [&] {
-    impl->job = job::resolve(spec, {c.size(), c.in_process(), true});
-  });
+  job::Ranks ranks{c.size(), c.in_process(), true};
+  // Ulysses auto keeps a group inside a node: ranks per node from the node-local ranks.
+  if (spec.ulysses == 0 && c.size() > 1)
+    ranks.per_node = static_cast<int>(c.max(static_cast<int64_t>(c.local_rank()))) + 1;
+  job::agree_on_errors(c, [&] { impl->job = job::resolve(spec, ranks); });
   job::agree_on_errors(c, [&] { build(*impl, spec); });
   return Engine(std::move(impl));
 }
@@ -126,15 +172,9 @@ Device Engine::device() const noexcept { return impl_->job.device; }
 DeviceDType Engine::dtype() const noexcept { return impl_->backend->dtype(); }
 int Engine::rank() const noexcept { return impl_->comm.rank(); }
 int Engine::world_size() const noexcept { return impl_->comm.size(); }
-int64_t Engine::local_len() const noexcept { return impl_->job.layout.local_len; }
+int64_t Engine::local_len() const noexcept { return impl_->job.local_len(); }
 
-std::vector<int64_t> Engine::rows_of(int rank) const {
-  std::vector<int64_t> rows;
-  rows.reserve(static_cast<std::size_t>(local_len()));
-  for (const ring::Chunk& c : impl_->job.layout.chunks(rank))
-    for (int64_t i = 0; i < c.length; ++i) rows.push_back(c.begin + i);
-  return rows;
-}
+std::vector<int64_t> Engine::rows_of(int rank) const { return job::rows_of(impl_->job, rank); }
 std::vector<int64_t> Engine::local_rows() const { return rows_of(rank()); }
 
 Shape4 Engine::local_shape() const noexcept {
@@ -151,7 +191,7 @@ void Engine::synchronize() { impl_->backend->synchronize(); }
 // The device copies of this rank's shard for host calls, allocated on the first call that
 // needs each (the forward's five, the backward's four more).
 Engine::Impl::Staging& Engine::Impl::stage(bool backward_too) {
-  const Shape4 local{job.cfg.shape.batch, job.layout.local_len, job.cfg.shape.heads,
+  const Shape4 local{job.cfg.shape.batch, job.local_len(), job.cfg.shape.heads,
                      job.cfg.shape.head_dim};
   const auto n = static_cast<std::size_t>(local.numel());
   const auto n_kv = n / static_cast<std::size_t>(job.cfg.queries_per_kv_head());
@@ -289,6 +329,37 @@ void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v
   kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
 }
 
+namespace {
+
+// A Ulysses job's figures: the ring's minimum for this rank's slice on its group's place in
+// the ring, plus the all-to-alls'.
+void ulysses_stats(const Engine::Impl& m, EngineStats& s) {
+  const job::ResolvedJob& j = m.job;
+  const int rank = m.comm.rank(), u = j.ulysses;
+  const job::UlyssesSlice slice = job::ulysses_slice(j.cfg, j.lists, u, rank % u);
+  const int elem = m.on_gpu() ? static_cast<int>(elem_bytes(s.dtype)) : 4;
+  int64_t ring_min = 0;
+  if (j.lists) {
+    const sparse::BlockLists& l = *j.lists;
+    s.attended_pairs =
+        sparse::attended_token_pairs(l, j.cfg) * static_cast<double>(j.cfg.shape.batch);
+    s.pattern = j.pattern_text;
+    s.sparsity = sparse::sparsity(l, j.cfg.causal);
+    // Over the groups (a group's members split its work by heads).
+    s.imbalance = ring::imbalance(sparse::attended_pairs_by_rank(l, j.layout, j.cfg));
+    if (j.layout.world > 1)
+      ring_min = sparse::minimum_bytes_sent(slice.cfg, *slice.lists, j.layout, rank / u);
+  } else {
+    s.attended_pairs = attended_pairs(j.cfg);
+    s.imbalance = ring::imbalance(ring::attended_pairs_by_rank(j.cfg, j.layout));
+    if (j.layout.world > 1) ring_min = ring::minimum_bytes_sent(slice.cfg, j.layout, rank / u);
+  }
+  s.bytes_sent_a2a_min = job::ulysses_forward_a2a_bytes(j.cfg, u, j.local_len(), elem);
+  s.bytes_sent_min = ring_min * elem / 4 + s.bytes_sent_a2a_min;
+}
+
+}  // namespace
+
 EngineStats Engine::stats() const {
   const Impl& m = *impl_;
   const job::ResolvedJob& j = m.job;
@@ -300,7 +371,9 @@ EngineStats Engine::stats() const {
   m.backend->fill(s);
   s.layout = j.layout.name();
   s.attention_note = j.auto_note;
-  if (j.lists) {
+  if (j.ulysses > 1) {
+    ulysses_stats(m, s);
+  } else if (j.lists) {
     const sparse::BlockLists& l = *j.lists;
     s.attended_pairs =
         sparse::attended_token_pairs(l, j.cfg) * static_cast<double>(j.cfg.shape.batch);
@@ -315,7 +388,8 @@ EngineStats Engine::stats() const {
   }
   if (m.on_gpu()) {
     // K/V travel in the device dtype; the minimum is counted in fp32.
-    s.bytes_sent_min = s.bytes_sent_min * static_cast<int64_t>(elem_bytes(s.dtype)) / 4;
+    if (j.ulysses == 1)
+      s.bytes_sent_min = s.bytes_sent_min * static_cast<int64_t>(elem_bytes(s.dtype)) / 4;
     s.device_peak_bytes = device_bytes_peak();
     const CudaDeviceStatus d = probe_cuda_device(m.device_index);
     s.emulated_device = d.emulated;

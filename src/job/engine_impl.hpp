@@ -39,7 +39,11 @@ struct ResolvedJob {
   std::shared_ptr<const sparse::BlockLists> lists;  // block-sparse jobs
   std::string pattern_text;                         // canonical pattern or the mask's name
   std::string auto_note;                            // what attention = auto decided
+  // The ring's layout: over all ranks, or with Ulysses over the P / U groups, each group's
+  // shard split into U consecutive pieces, one per member (local_len() rows each).
   ring::ShardLayout layout;
+  int ulysses = 1;
+  int64_t local_len() const { return layout.local_len / ulysses; }
 };
 
 }  // namespace ringattn::job

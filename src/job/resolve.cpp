@@ -9,8 +9,10 @@
 #include <string>
 
 #include "core/quote.hpp"
+#include "job/ulysses.hpp"
 #include "kernels/cpu_blas.hpp"
 #include "ring/nccl_communicator.hpp"
+#include "ring/ulysses_model.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/pattern_cache.hpp"
 #include "sparse/sparse_plan.hpp"
@@ -96,6 +98,42 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
       [&] { return sparse::build_lists(p, g); });
 }
 
+// --ulysses auto: the cost model's split (ring/ulysses_model.hpp) for a training step
+// (forward and backward) of this shape, with the ranks per node the launcher placed.
+int auto_ulysses(const AttentionConfig& cfg, const Ranks& ranks, bool on_gpu, const JobSpec& spec) {
+  const Shape4& s = cfg.shape;
+  const int elem = on_gpu && spec.dtype.value_or(DeviceDType::bf16) != DeviceDType::fp32 ? 2 : 4;
+  const ring::ModelShape m{ranks.world,
+                           std::max(1, ranks.per_node),
+                           s.seq_len,
+                           s.heads,
+                           cfg.effective_kv_heads(),
+                           s.head_dim,
+                           elem,
+                           cfg.causal,
+                           true};
+  return ring::recommend_ulysses(m, on_gpu ? ring::h100_nodes() : ring::cpu_hosts());
+}
+
+// U of a Ulysses job: checked against the ranks and the heads, or (0) the cost model's
+// choice for this shape and the ranks per node.
+int ulysses_degree(const JobSpec& spec, const AttentionConfig& cfg, const Ranks& ranks,
+                   bool on_gpu) {
+  int u = spec.ulysses;
+  if (u < 0)
+    throw InputError("--ulysses", "must be a positive integer or auto, got " + std::to_string(u));
+  if (u == 0) u = auto_ulysses(cfg, ranks, on_gpu, spec);
+  if (u == 1) return 1;
+  if (ranks.world % u != 0)
+    throw InputError("--ulysses", std::to_string(u) + " does not divide the " +
+                                      std::to_string(ranks.world) +
+                                      " ranks: the ranks form groups of U");
+  if (std::string why = ulysses_head_split_problem(cfg.shape.heads, cfg.effective_kv_heads(), u);
+      !why.empty())
+    throw InputError("--ulysses", why);
+  return u;
+}
+
 }  // namespace
 
 ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
@@ -155,8 +193,19 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
                      "sequences; use --kernel native or auto");
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
-  r.layout =
-      block_sparse ? sparse::sparse_layout(cfg, ranks.world) : ring::make_layout(cfg, ranks.world);
+  r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
+  // The ring runs over the groups, on a slice's heads.
+  const AttentionConfig ring_cfg =
+      r.ulysses > 1 ? ulysses_slice(cfg, nullptr, r.ulysses, 0).cfg : cfg;
+  const int ring_world = ranks.world / r.ulysses;
+  r.layout = block_sparse ? sparse::sparse_layout(ring_cfg, ring_world)
+                          : ring::make_layout(ring_cfg, ring_world);
+  if (r.layout.local_len % r.ulysses != 0)
+    throw InputError("--ulysses", "each of the " + std::to_string(ring_world) + " groups holds " +
+                                      std::to_string(r.layout.local_len) + " rows, which its " +
+                                      std::to_string(r.ulysses) +
+                                      " ranks cannot split evenly; choose --seq-len or --ulysses "
+                                      "so that they do");
   // Opens OpenBLAS now, so that a bad RINGATTN_BLAS_LIBRARY is reported before any work.
   if (!use_cuda && ranks.with_lists) (void)kernels::blas_info();
   r.cfg = std::move(cfg);
@@ -169,11 +218,17 @@ std::vector<int64_t> shard_rows_of(const JobSpec& spec, int world, int rank) {
   cpu.device = Device::cpu;
   cpu.kernel = KernelChoice::automatic;
   cpu.dtype.reset();
-  const ResolvedJob r = resolve(cpu, {world, false, false});
-  std::vector<int64_t> rows;
-  for (const ring::Chunk& c : r.layout.chunks(rank))
-    for (int64_t i = 0; i < c.length; ++i) rows.push_back(c.begin + i);
-  return rows;
+  return rows_of(resolve(cpu, {world, false, false}), rank);
+}
+
+std::vector<int64_t> rows_of(const ResolvedJob& r, int rank) {
+  // With Ulysses, rank r holds the (r mod U)-th piece of its group's ring shard.
+  std::vector<int64_t> group;
+  for (const ring::Chunk& c : r.layout.chunks(rank / r.ulysses))
+    for (int64_t i = 0; i < c.length; ++i) group.push_back(c.begin + i);
+  const auto n = static_cast<std::ptrdiff_t>(r.local_len());
+  const auto first = group.begin() + (rank % r.ulysses) * n;
+  return {first, first + n};
 }
 
 }  // namespace ringattn::job

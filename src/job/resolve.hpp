@@ -13,9 +13,13 @@ struct Ranks {
   int world = 1;
   bool in_process = false;
   bool with_lists = true;
+  int per_node = 1;  // ranks per node (Ulysses auto keeps a group inside one)
 };
 
 ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks);
+
+// The global positions `rank` holds under a resolved job, in local order.
+std::vector<int64_t> rows_of(const ResolvedJob& r, int rank);
 
 // The global positions `rank` holds when `spec` runs on `world` ranks.
 std::vector<int64_t> shard_rows_of(const JobSpec& spec, int world, int rank);

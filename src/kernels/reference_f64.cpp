@@ -57,16 +57,13 @@ HeadPlan plan_heads(const AttentionConfig& cfg) {
   const auto num_patterns = static_cast<int64_t>(cfg.segments.size());
 
   if (cfg.combine == Combine::grouped) {
-    // Contiguous head groups: group i gets H / G heads, one more while i < H % G.
-    const int64_t base = s.heads / num_patterns;
-    const int64_t extra = s.heads % num_patterns;
-    int64_t first_head = 0;
+    // Contiguous head groups: group i gets H / G heads, one more while i < H % G (of the
+    // job's heads, when this config is a head slice).
     for (int64_t i = 0; i < num_patterns; ++i) {
       const int64_t w = cfg.segments[i], r = cfg.dilations[i];
-      const int64_t count = base + (i < extra ? 1 : 0);
-      for (int64_t h = first_head; h < first_head + count; ++h)
+      const HeadRange g = group_heads_of(cfg, num_patterns, i);
+      for (int64_t h = g.first; h < g.first + g.count; ++h)
         plan.patterns_of_head[h].push_back({w, r, i % r});
-      first_head += count;
     }
     plan.output_weight = 1.0 / static_cast<double>(num_patterns);
   } else {
@@ -74,7 +71,7 @@ HeadPlan plan_heads(const AttentionConfig& cfg) {
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < num_patterns; ++i) {
         const int64_t w = cfg.segments[i], r = cfg.dilations[i];
-        plan.patterns_of_head[h].push_back({w, r, h % r});
+        plan.patterns_of_head[h].push_back({w, r, (cfg.head_base + h) % r});
       }
   }
   return plan;

@@ -1,6 +1,7 @@
 // CudaPlan in a build without the CUDA toolkit: the interface exists so that the CLI and
 // library users compile unchanged, and every entry point says, naming --device, that this
 // build has no CUDA kernels.
+#include "job/ulysses.hpp"
 #include "kernels/cuda/stream_order.hpp"
 #include "ring/cuda_ring_engine.hpp"
 #include "ringattn/cuda_plan.hpp"
@@ -99,3 +100,7 @@ std::size_t CudaRingPlan::workspace_bytes() const noexcept { return 0; }
 namespace ringattn::kernels::cuda {
 void order_after(void*, void*, int) { no_cuda(); }
 }  // namespace ringattn::kernels::cuda
+
+namespace ringattn::job {
+std::unique_ptr<Moves> make_device_moves(void*, int) { no_cuda(); }
+}  // namespace ringattn::job

@@ -20,7 +20,7 @@ std::vector<int64_t> heads_of(const AttentionConfig& cfg, int64_t pattern, int64
   if (cfg.combine == Combine::mixture && cfg.attention == AttentionKind::dilated) {
     for (int64_t h = 0; h < cfg.shape.heads; ++h) heads.push_back(h);
   } else {
-    const HeadRange r = group_heads(cfg.shape.heads, n_patterns, pattern);
+    const HeadRange r = group_heads_of(cfg, n_patterns, pattern);
     for (int64_t h = r.first; h < r.first + r.count; ++h) heads.push_back(h);
   }
   return heads;

@@ -74,7 +74,7 @@ LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::Ti
     pass.out_scale = 1.0f / static_cast<float>(n_patterns);
     std::vector<std::vector<kernels::SubseqTask>> by_place(places);
     for (int64_t g = 0; g < n_patterns; ++g) {
-      const HeadRange r = group_heads(heads, n_patterns, g);
+      const HeadRange r = group_heads_of(cfg, n_patterns, g);
       for (int64_t h = r.first; h < r.first + r.count; ++h)
         add_pattern_tasks(cfg, g, h, by_place[static_cast<std::size_t>(h) % places]);
     }

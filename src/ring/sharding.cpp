@@ -45,7 +45,7 @@ std::vector<double> position_work(const AttentionConfig& cfg) {
   const bool mixture = cfg.combine == Combine::mixture;
   for (int64_t h = 0; h < cfg.shape.heads; ++h)
     for (int64_t i = 0; i < n_patterns; ++i) {
-      const HeadRange g = group_heads(cfg.shape.heads, n_patterns, i);
+      const HeadRange g = group_heads_of(cfg, n_patterns, i);
       if (!mixture && (h < g.first || h >= g.first + g.count)) continue;
       const DilatedPattern& pat = pats[static_cast<std::size_t>(i)];
       const int64_t o = pattern_offset(cfg, i, h);

@@ -132,6 +132,8 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
     return refuse("cuDNN reads [B,N,H,D] tensors here");
   if (cfg.attention == AttentionKind::block_sparse)
     return refuse("block-sparse runs on the native kernels");
+  if (cfg.attention == AttentionKind::dilated && (cfg.head_base != 0 || cfg.global_heads))
+    return refuse("a head slice of a dilated job (Ulysses) runs on the native kernels");
   const Shape4& s = cfg.shape;
   const int64_t H = s.heads, D = s.head_dim, HKV = cfg.effective_kv_heads();
   const int64_t qpk = cfg.queries_per_kv_head();

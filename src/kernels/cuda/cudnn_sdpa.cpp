@@ -176,6 +176,8 @@ struct View {
 // The views of a configuration (docs/SEMANTICS.md): dense is one; grouped one per head
 // group; mixture one per (pattern, offset class of heads).
 std::vector<View> views_of(const AttentionConfig& cfg) {
+  if (cfg.attention == AttentionKind::dilated && (cfg.head_base != 0 || cfg.global_heads))
+    throw CudnnUnavailable("a head slice of a dilated job (Ulysses) runs on the native kernels");
   const Shape4& s = cfg.shape;
   const std::vector<DilatedPattern> pats = patterns_of(cfg);
   const auto G = static_cast<int64_t>(pats.size());

@@ -45,6 +45,17 @@ __global__ void row_dot_kernel(const RowDotParams p) {
   }
 }
 
+// dst[r * dpitch + c] += src[r * spitch + c] for r < height, c < width (floats).
+__global__ void add_2d_kernel(float* dst, int64_t dpitch, const float* src, int64_t spitch,
+                              int64_t width, int64_t height) {
+  const int64_t n = width * height;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    dst[r * dpitch + c] += src[r * spitch + c];
+  }
+}
+
 __global__ void scale_kernel(float* data, int64_t n, float factor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -252,6 +263,14 @@ void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream) {
   launch_kernel("scale_kernel", &scale_kernel, dim3(blocks_for(n, kThreads * 4)), dim3(kThreads), 0,
                 stream, data, n, factor);
   RINGATTN_CUDA_CHECK_LAUNCH("scale_kernel");
+}
+
+void add_floats_2d(float* dst, int64_t dpitch, const float* src, int64_t spitch, int64_t width,
+                   int64_t height, cudaStream_t stream) {
+  if (width <= 0 || height <= 0) return;
+  launch_kernel("add_2d_kernel", &add_2d_kernel, dim3(blocks_for(width * height, kThreads * 4)),
+                dim3(kThreads), 0, stream, dst, dpitch, src, spitch, width, height);
+  RINGATTN_CUDA_CHECK_LAUNCH("add_2d_kernel");
 }
 
 void launch_pack_rows(Elem e, const PackParams& p, const void* k, const void* v, void* buf,

@@ -51,6 +51,11 @@ struct ViewResultParams {
 };
 void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t stream);
 
+// dst[r * dpitch + c] += src[r * spitch + c] for r < height, c < width; pitches and width in
+// floats (the Ulysses all-to-all summing the dK/dV of members that share a K/V head).
+void add_floats_2d(float* dst, int64_t dpitch, const float* src, int64_t spitch, int64_t width,
+                   int64_t height, cudaStream_t stream);
+
 // data[i] *= factor for i < n (the grouped combine's 1/G at the end of the ring).
 void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream);
 
