@@ -77,16 +77,20 @@ void build_ulysses(Engine::Impl& m, const JobSpec& spec) {
   for (int i = 0; i < u; ++i) group_members.push_back(p / u * u + i);
   for (int g = 0; g < groups; ++g) ring_members.push_back(g * u + p % u);
   ring::Communicator& base = m.on_gpu() ? *m.device_comm : comm;
+  // RINGATTN_FAULT_INJECT names a rank of the job: armed on that rank's ring only.
+  ring::RingOptions ring_opts = ring_options(spec);
+  if (ring_opts.fault.rank >= 0)
+    ring_opts.fault.rank = ring_opts.fault.rank == p ? p / u : -1;
   auto group = ring::make_sub_communicator(base, group_members);
   auto ring_comm = ring::make_sub_communicator(base, ring_members);
   std::unique_ptr<job::Backend> backend;
   std::unique_ptr<job::Moves> moves;
   if (m.on_gpu()) {
     backend = job::make_device_backend(inner, groups > 1 ? ring_comm.get() : nullptr,
-                                       device_options(m, spec), ring_options(spec));
+                                       device_options(m, spec), ring_opts);
     moves = job::make_device_moves(backend->stream(), m.device_index);
   } else {
-    backend = job::make_host_backend(inner, *ring_comm, {spec.threads}, ring_options(spec));
+    backend = job::make_host_backend(inner, *ring_comm, {spec.threads}, ring_opts);
     moves = job::make_host_moves();
   }
   m.backend = job::make_ulysses_backend(slice, m.job.local_len(), comm, std::move(group),

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,29 +142,31 @@ class UlyssesBackend final : public Backend {
 
   void forward(const void* q, const void* k, const void* v, float* out, float* lse) override {
     fwd_ = {};
-    run({scatter(q, q_in_, qgeom(eb_), false), scatter(k, k_in_, kvgeom(eb_), true),
-         scatter(v, v_in_, kvgeom(eb_), true)},
+    run({scatter("q", q, q_in_, qgeom(eb_), false), scatter("k", k, k_in_, kvgeom(eb_), true),
+         scatter("v", v, v_in_, kvgeom(eb_), true)},
         fwd_);
     inner_->forward(q_in_, k_in_, v_in_, static_cast<float*>(out_in_),
                     static_cast<float*>(lse_in_));
-    run({gather(out_in_, out, qgeom(4), false, false),
-         gather(lse_in_, lse, lsegeom(), false, false)},
+    run({gather("out", out_in_, out, qgeom(4), false, false),
+         gather("lse", lse_in_, lse, lsegeom(), false, false)},
         fwd_);
   }
 
   void backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
                 const void* dout, float* dq, float* dk, float* dv) override {
     bwd_ = {};
-    run({scatter(q, q_in_, qgeom(eb_), false), scatter(k, k_in_, kvgeom(eb_), true),
-         scatter(v, v_in_, kvgeom(eb_), true), scatter(dout, dout_in_, qgeom(eb_), false),
-         scatter(out, out_in_, qgeom(4), false), scatter(lse, lse_in_, lsegeom(), false)},
+    run({scatter("q", q, q_in_, qgeom(eb_), false), scatter("k", k, k_in_, kvgeom(eb_), true),
+         scatter("v", v, v_in_, kvgeom(eb_), true),
+         scatter("dout", dout, dout_in_, qgeom(eb_), false),
+         scatter("out", out, out_in_, qgeom(4), false),
+         scatter("lse", lse, lse_in_, lsegeom(), false)},
         bwd_);
     inner_->backward(q_in_, k_in_, v_in_, static_cast<const float*>(out_in_),
                      static_cast<const float*>(lse_in_), dout_in_, static_cast<float*>(dq_in_),
                      static_cast<float*>(dk_in_), static_cast<float*>(dv_in_));
-    run({gather(dq_in_, dq, qgeom(4), false, false),
-         gather(dk_in_, dk, kvgeom(4), true, s_.kv_shared),
-         gather(dv_in_, dv, kvgeom(4), true, s_.kv_shared)},
+    run({gather("dq", dq_in_, dq, qgeom(4), false, false),
+         gather("dk", dk_in_, dk, kvgeom(4), true, s_.kv_shared),
+         gather("dv", dv_in_, dv, kvgeom(4), true, s_.kv_shared)},
         bwd_);
   }
 
@@ -191,6 +194,7 @@ class UlyssesBackend final : public Backend {
     int64_t bytes = 0;
   };
   struct Move {
+    const char* name = "";
     const void* src = nullptr;
     void* dst = nullptr;
     Geom outer, inner;
@@ -214,9 +218,10 @@ class UlyssesBackend final : public Backend {
 
   // The inner geometry is the slice's (group rows, its heads); the outer one this rank's
   // rows and the job's heads.
-  Move make_move(const void* src, void* dst, Geom g, bool kv, bool is_scatter, bool add) const {
+  Move make_move(const char* name, const void* src, void* dst, Geom g, bool kv, bool is_scatter,
+                 bool add) const {
     Move m;
-    m.src = src, m.dst = dst, m.kv = kv, m.scatter = is_scatter, m.add = add;
+    m.name = name, m.src = src, m.dst = dst, m.kv = kv, m.scatter = is_scatter, m.add = add;
     m.inner = g;
     m.inner.rows = lu_ * s_.u;
     m.outer = g;
@@ -224,11 +229,11 @@ class UlyssesBackend final : public Backend {
     m.outer.heads = kv ? s_.job_kv_heads : s_.cfg.total_heads();
     return m;
   }
-  Move scatter(const void* outer, void* inner, Geom g, bool kv) const {
-    return make_move(outer, inner, g, kv, true, false);
+  Move scatter(const char* name, const void* outer, void* inner, Geom g, bool kv) const {
+    return make_move(name, outer, inner, g, kv, true, false);
   }
-  Move gather(const void* inner, void* outer, Geom g, bool kv, bool add) const {
-    return make_move(inner, outer, g, kv, false, add);
+  Move gather(const char* name, const void* inner, void* outer, Geom g, bool kv, bool add) const {
+    return make_move(name, inner, outer, g, kv, false, add);
   }
 
   // The heads of member m's slice, as the job numbers them.
@@ -283,7 +288,7 @@ class UlyssesBackend final : public Backend {
       const Move& mv = moves[i];
       Posted& p = posted[i];
       const Clock::time_point w = Clock::now();
-      wait(*p.ex, i);
+      wait(*p.ex, mv.name);
       waited += ms_since(w);
       t.comm_ms += ms_since(p.at);
       moves_->after_exchange(*p.ex);
@@ -305,19 +310,19 @@ class UlyssesBackend final : public Backend {
     moves_->zero(mv.dst, static_cast<std::size_t>(g.batch * g.rows * g.heads * g.width) * g.elem);
   }
 
-  void wait(ring::PendingExchange& ex, std::size_t move) {
+  void wait(ring::PendingExchange& ex, const char* tensor) {
     const Clock::time_point deadline =
         Clock::now() +
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
     while (!ex.test()) {
       comm_.check_aborted();
       if (Clock::now() > deadline) {
-        std::string msg = "rank " + std::to_string(comm_.rank()) +
-                          ": the Ulysses all-to-all (tensor " + std::to_string(move) +
-                          ") made no progress in " + std::to_string(timeout_s_) +
-                          " s (--timeout); a peer of its group is gone or stalled";
-        if (std::string lib = comm_.cancel_in_flight(); !lib.empty()) msg += "; " + lib;
-        throw RuntimeFailure(msg);
+        std::ostringstream msg;
+        msg << "the Ulysses all-to-all of " << tensor << " did not complete within " << timeout_s_
+            << " s (--timeout): its group is ranks " << group_->job_rank(0) << ".."
+            << group_->job_rank(s_.u - 1) << "; a peer has stalled or died";
+        if (std::string lib = comm_.cancel_in_flight(); !lib.empty()) msg << "; " << lib;
+        throw RuntimeFailure(msg.str());
       }
       std::this_thread::yield();
     }

@@ -58,6 +58,10 @@ class Communicator {
   virtual std::unique_ptr<PendingExchange> start(std::span<const Transfer> sends,
                                                  std::span<const Transfer> recvs, int tag) = 0;
 
+  // How messages name rank `r` of this communicator: "rank r", or for a sub-communicator
+  // the job's rank it stands for.
+  virtual int job_rank(int r) const { return r; }
+
   virtual MemorySpace memory_space() const { return MemorySpace::host; }
   // True for virtual ranks (threads of one process sharing its memory and its GPUs).
   virtual bool in_process() const { return false; }

@@ -43,8 +43,9 @@ void FaultInjection::fail_if_due(int my_rank, int my_step) const {
 
 void FaultInjection::stall_if_due(int my_rank, int my_step, Communicator& comm) const {
   if (mode != Mode::stall || my_rank != rank || my_step < step) return;
-  std::cerr << ("ringattn: rank " + std::to_string(my_rank) + ": stalling at ring step " +
-                std::to_string(my_step) + " (RINGATTN_FAULT_INJECT mode=stall)\n")
+  std::cerr << ("ringattn: rank " + std::to_string(comm.job_rank(my_rank)) +
+                ": stalling at ring step " + std::to_string(my_step) +
+                " (RINGATTN_FAULT_INJECT mode=stall)\n")
             << std::flush;
   for (;;) {
     comm.check_aborted();

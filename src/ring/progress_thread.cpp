@@ -63,9 +63,11 @@ std::string ProgressThread::timeout_message(const Job& j) const {
      << timeout_ms_ / 1000.0 << " s (--timeout): ";
   const char* sep = "";
   for (const Transfer& t : j.recvs)
-    os << std::exchange(sep, ", ") << "receiving " << t.bytes << " bytes from rank " << t.peer;
+    os << std::exchange(sep, ", ") << "receiving " << t.bytes << " bytes from rank "
+       << comm_.job_rank(t.peer);
   for (const Transfer& t : j.sends)
-    os << std::exchange(sep, ", ") << "sending " << t.bytes << " bytes to rank " << t.peer;
+    os << std::exchange(sep, ", ") << "sending " << t.bytes << " bytes to rank "
+       << comm_.job_rank(t.peer);
   os << "; a peer has stalled or died";
   return os.str();
 }

@@ -35,6 +35,7 @@ class SubCommunicator final : public Communicator {
     return parent_.start(s, r, tag);
   }
 
+  int job_rank(int r) const override { return parent_.job_rank(parent_rank(r)); }
   MemorySpace memory_space() const override { return parent_.memory_space(); }
   bool in_process() const override { return parent_.in_process(); }
   void stream_wait(void* cuda_event) override { parent_.stream_wait(cuda_event); }

@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli/npy.hpp"
 #include "cli_runner.hpp"
 #include "golden.hpp"
 #include "random.hpp"
-#include "cli/npy.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {
@@ -203,6 +203,56 @@ TEST(CliVirtualRanks, UnevenSplitIsBadInputNamingTheOption) {
             std::string::npos)
       << describe(r);
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+}
+
+// Ulysses x ring on 8 virtual ranks, with each tensor in its own layout (q head-major, the
+// K/V cache token-major, and the reverse), dilated grouped heads across the groups' head
+// slices, and block-sparse: the float64 check passes (forward and gradients), and each of
+// the all-to-all's and the ring's bytes equals its minimum.
+TEST(CliVirtualRanks, UlyssesPassesTheFloat64CheckInEveryLayoutAndKind) {
+  const std::vector<std::vector<std::string>> runs = {
+      {"--ring-size", "8", "--ulysses", "2", "--heads", "4", "--layout", "bhnd", "--kv-layout",
+       "bnhd", "--causal", "--kv-heads", "2"},
+      {"--ring-size", "8", "--ulysses", "4", "--heads", "4", "--layout", "bnhd", "--kv-layout",
+       "bhnd", "--window", "40,8"},
+      {"--ring-size", "6", "--ulysses", "3", "--heads", "6", "--attention", "dilated", "--segments",
+       "64,128,384", "--dilations", "1,2,4"},
+      {"--ring-size", "8", "--ulysses", "2", "--heads", "4", "--attention", "block-sparse",
+       "--block-size", "16", "--pattern", "local:window=32+global:blocks=1", "--causal"},
+  };
+  for (const auto& extra : runs) {
+    std::vector<std::string> args = {"run", "--seq-len",  "384",     "--head-dim", "16", "--batch",
+                                     "2",   "--backward", "--check", "--threads",  "1",  "--iters",
+                                     "1",   "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = testing::run_cli(args);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const nlohmann::json j = last_line_json(r.out);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j.dump();
+    EXPECT_GT(j["ulysses"].get<int>(), 1);
+    EXPECT_EQ(j["bytes_sent_a2a"], j["bytes_sent_a2a_min"]);
+    EXPECT_EQ(j["bytes_sent_ring"], j["bytes_sent_ring_min"]);
+  }
+}
+
+TEST(CliVirtualRanks, UlyssesThatCannotSplitIsBadInputNamingTheOption) {
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--ring-size", "4", "--ulysses", "3"}, "--ulysses: 3 does not divide the 4 ranks"},
+      {{"--ring-size", "4", "--ulysses", "4"}, "--ulysses: 4 does not divide the 2 heads"},
+      {{"--ring-size", "4", "--ulysses", "0"}, "--ulysses: must be a positive integer or auto"},
+      {{"--ring-size", "4", "--ulysses", "two"}, "--ulysses: must be a positive integer or auto"},
+  };
+  for (const auto& [extra, want] : bad) {
+    auto args = with(kSmallRun, {"--seq-len", "256", "--out", dir.file("out.npy")});
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = testing::run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_NE(r.err.find(want), std::string::npos) << describe(r);
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  }
+  const CliResult help = testing::run_cli({"run", "--help"});
+  EXPECT_NE(help.out.find("--ulysses"), std::string::npos) << help.out;
 }
 
 TEST(CliVirtualRanks, NegativeRingSizeIsBadInput) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,87 @@ TEST(EngineCuda, VirtualRanksSharingAGpuMatchTheFloat64Reference) {
           }),
       0);
   EXPECT_EQ(ok.load(), ranks);
+}
+
+// Ulysses x ring on four virtual ranks sharing the GPU: U = 2 (a ring of two groups; the
+// K/V heads split) and U = 4 (one group, the single-GPU plan inside; each K/V head goes to
+// two ranks and their dK/dV are summed), batch 2 so that the all-to-all's 2-D copies walk
+// batches: forward and gradients against float64, bytes against their minimum.
+TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
+  REQUIRE_GPU();
+  JobSpec spec = causal_job();
+  spec.config.shape = {2, 128, 4, 64};
+  spec.config.kv_heads = 2;
+  const Shape4& s = spec.config.shape;
+  const Shape4 skv = spec.config.kv_shape();
+  auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 11),
+       k = testing::random_normal(static_cast<std::size_t>(skv.numel()), 12),
+       v = testing::random_normal(static_cast<std::size_t>(skv.numel()), 13),
+       dout = testing::random_normal(static_cast<std::size_t>(s.numel()), 14);
+  for (auto* t : {&q, &k, &v, &dout})
+    round_to_device_dtype(t->data(), t->size(), DeviceDType::bf16);
+  const ReferenceForward ref = reference_forward(spec.config, q.data(), k.data(), v.data());
+  const ReferenceGradients g =
+      reference_backward(spec.config, q.data(), k.data(), v.data(), dout.data());
+  const std::vector<float> want(ref.out.begin(), ref.out.end()), want_dq(g.dq.begin(), g.dq.end()),
+      want_dk(g.dk.begin(), g.dk.end()), want_dv(g.dv.begin(), g.dv.end());
+  // Rows of batch-major [B, N, inner] tensors.
+  auto rows_of = [&](const std::vector<float>& full, const std::vector<int64_t>& rows,
+                     int64_t inner) {
+    std::vector<float> local;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (const int64_t p : rows) {
+        const auto at = full.begin() + (b * s.seq_len + p) * inner;
+        local.insert(local.end(), at, at + inner);
+      }
+    return local;
+  };
+  for (const int u : {2, 4}) {
+    spec.ulysses = u;
+    std::atomic<int> ok{0};
+    std::mutex m;
+    std::vector<std::string> failures;
+    ASSERT_EQ(
+        ring::run_virtual_ranks(
+            4,
+            [&](ring::Communicator& rc) {
+              Comm comm = Comm::borrow(rc);
+              Engine e = make_engine(spec, comm);
+              const auto rows = e.local_rows();
+              const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
+              const auto lq = rows_of(q, rows, inner), lk = rows_of(k, rows, inner_kv),
+                         lv = rows_of(v, rows, inner_kv), ld = rows_of(dout, rows, inner);
+              std::vector<float> out(lq.size()), dq(lq.size()), dk(lk.size()), dv(lk.size()),
+                  lse(static_cast<std::size_t>(s.batch * s.heads) * rows.size());
+              e.forward(lq.data(), lk.data(), lv.data(), out.data(), lse.data());
+              e.backward(lq.data(), lk.data(), lv.data(), out.data(), lse.data(), ld.data(),
+                         dq.data(), dk.data(), dv.data());
+              const EngineStats st = e.stats();
+              const double errs[] = {
+                  relative_error(out.data(), rows_of(want, rows, inner).data(), out.size()),
+                  relative_error(dq.data(), rows_of(want_dq, rows, inner).data(), dq.size()),
+                  relative_error(dk.data(), rows_of(want_dk, rows, inner_kv).data(), dk.size()),
+                  relative_error(dv.data(), rows_of(want_dv, rows, inner_kv).data(), dv.size())};
+              bool good = st.ulysses == u && st.bytes_sent == st.bytes_sent_min &&
+                          st.bytes_sent_a2a == st.bytes_sent_a2a_min;
+              for (const double err : errs) good = good && err <= kHalfTolerance;
+              if (good) {
+                ++ok;
+              } else {
+                std::lock_guard lock(m);
+                failures.push_back("U " + std::to_string(u) + " rank " +
+                                   std::to_string(comm.rank()) + ": " + st.engine + ", bytes " +
+                                   std::to_string(st.bytes_sent) + "/" +
+                                   std::to_string(st.bytes_sent_min) + ", errors " +
+                                   std::to_string(errs[0]) + " " + std::to_string(errs[1]) + " " +
+                                   std::to_string(errs[2]) + " " + std::to_string(errs[3]));
+              }
+              return 0;
+            }),
+        0);
+    for (const std::string& f : failures) ADD_FAILURE() << f;
+    EXPECT_EQ(ok.load(), 4) << "U " << u;
+  }
 }
 
 TEST(EngineCuda, MpiTransportIsRefusedNamingComm) {

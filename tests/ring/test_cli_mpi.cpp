@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli/npy.hpp"
 #include "cli_runner.hpp"
 #include "golden.hpp"
 #include "ringattn/cuda_plan.hpp"
-#include "cli/npy.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {
@@ -148,10 +148,23 @@ TEST(CliMpi, StalledRankIsDetectedByTheWatchdogWhichEndsTheJobNamingTheStep) {
 }
 
 TEST(CliMpi, BlockSparseStallOrFaultEndsTheJobPromptly) {
-  const std::vector<std::string> args = {
-      "run", "--attention", "block-sparse", "--pattern", "local:window=128", "--block-size",
-      "32", "--seq-len", "512", "--heads", "2", "--head-dim", "16", "--threads", "1",
-      "--timeout", "2"};
+  const std::vector<std::string> args = {"run",
+                                         "--attention",
+                                         "block-sparse",
+                                         "--pattern",
+                                         "local:window=128",
+                                         "--block-size",
+                                         "32",
+                                         "--seq-len",
+                                         "512",
+                                         "--heads",
+                                         "2",
+                                         "--head-dim",
+                                         "16",
+                                         "--threads",
+                                         "1",
+                                         "--timeout",
+                                         "2"};
   for (const std::string mode : {"stall", "fail"}) {
     TempDir dir;
     auto a = args;
@@ -162,9 +175,8 @@ TEST(CliMpi, BlockSparseStallOrFaultEndsTheJobPromptly) {
     std::printf("  block-sparse %s: job ended after %.2f s with exit code %d\n", mode.c_str(), s,
                 r.exit_code);
     EXPECT_NE(r.exit_code, 0) << r.err;
-    const std::string want = mode == "stall"
-                                 ? "did not complete within 2 s"
-                                 : "rank 1: error: fault injected at ring step 1";
+    const std::string want = mode == "stall" ? "did not complete within 2 s"
+                                             : "rank 1: error: fault injected at ring step 1";
     EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
     EXPECT_LT(s, 10.0);
@@ -232,6 +244,62 @@ TEST(CliMpi, GroupedQueryAttentionMatchesFloat64AndVirtualRanks) {
   }
 }
 
+// Ulysses x ring under mpiexec (the all-to-alls over MPI inside each group, the ring across
+// groups): forward and gradients pass the float64 check, the all-to-all's and the ring's
+// bytes equal their minima, and the answer is the virtual ranks' bits.
+TEST(CliMpi, UlyssesMatchesFloat64AndVirtualRanks) {
+  for (const auto& [p, u] : {std::pair{4, 2}, std::pair{4, 4}}) {
+    SCOPED_TRACE("P=" + std::to_string(p) + " U=" + std::to_string(u));
+    TempDir dir;
+    std::vector<std::string> args = {
+        "run",        "--seq-len",       "256",       "--heads",    "4",       "--kv-heads",
+        "2",          "--batch",         "2",         "--head-dim", "16",      "--causal",
+        "--backward", "--check",         "--threads", "1",          "--iters", "1",
+        "--ulysses",  std::to_string(u), "--json"};
+    auto mpi_args = args, virt_args = args;
+    mpi_args.insert(mpi_args.end(), {"--dk-out", dir.file("mpi.npy")});
+    virt_args.insert(virt_args.end(),
+                     {"--ring-size", std::to_string(p), "--dk-out", dir.file("virtual.npy")});
+    const CliResult m = mpirun(p, mpi_args);
+    const CliResult v = testing::run_cli(virt_args);
+    ASSERT_EQ(m.exit_code, 0) << m.err;
+    ASSERT_EQ(v.exit_code, 0) << v.err;
+    const std::string t = m.out.substr(0, m.out.find_last_not_of('\n') + 1);
+    const auto j = nlohmann::json::parse(t.substr(t.rfind('\n') + 1));
+    EXPECT_EQ(j["ulysses"], u);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j.dump();
+    EXPECT_EQ(j["bytes_sent_a2a"], j["bytes_sent_a2a_min"]);
+    EXPECT_EQ(j["bytes_sent_ring"], j["bytes_sent_ring_min"]);
+    EXPECT_GT(j["bytes_sent_a2a"].get<int64_t>(), 0);
+    EXPECT_EQ(read_npy_float(dir.file("mpi.npy")), read_npy_float(dir.file("virtual.npy")));
+  }
+}
+
+// A rank that fails inside its ring, or stalls there, ends the whole Ulysses job promptly:
+// its group waits at the all-to-all, its ring at the exchange, and both give up.
+TEST(CliMpi, UlyssesFaultOrStallEndsTheJobPromptly) {
+  for (const std::string mode : {"fail", "stall"}) {
+    SCOPED_TRACE(mode);
+    TempDir dir;
+    const auto t0 = std::chrono::steady_clock::now();
+    const CliResult r =
+        mpirun(4,
+               {"run", "--seq-len", "256", "--heads", "4", "--head-dim", "16", "--backward",
+                "--threads", "1", "--timeout", "2", "--ulysses", "2", "--out", dir.file("out.npy")},
+               "RINGATTN_FAULT_INJECT=rank=2,step=1,mode=" + mode);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  %s: the job ended after %.2f s with exit code %d\n", mode.c_str(), s,
+                r.exit_code);
+    EXPECT_NE(r.exit_code, 0);
+    if (mode == "fail") {
+      EXPECT_NE(r.err.find("rank 2: error: fault injected at ring step 1"), std::string::npos)
+          << r.err;
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+    EXPECT_LT(s, 15.0);
+  }
+}
+
 TEST(CliMpi, RingSizeOtherThanTheWorldSizeIsRefusedOnEveryRank) {
   const CliResult r = mpirun(2, {"run", "--seq-len", "64", "--ring-size", "3"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
@@ -277,11 +345,11 @@ TEST(CliMpi, SyntheticRunIsIdenticalForAnyRankCount) {
 TEST(CliMpi, MillionTokenBlockSparseOnTwoRanks) {
   const int64_t n = 1 << 20, heads = 2, dim = 32;
   const auto t0 = std::chrono::steady_clock::now();
-  const CliResult r = mpirun(
-      2, {"run", "--attention", "block-sparse", "--pattern", "local:window=512+global:blocks=1",
-          "--seq-len", std::to_string(n), "--heads", std::to_string(heads), "--head-dim",
-          std::to_string(dim), "--check", "--threads", "1", "--iters", "1", "--warmup", "0",
-          "--json"});
+  const CliResult r =
+      mpirun(2, {"run", "--attention", "block-sparse", "--pattern",
+                 "local:window=512+global:blocks=1", "--seq-len", std::to_string(n), "--heads",
+                 std::to_string(heads), "--head-dim", std::to_string(dim), "--check", "--threads",
+                 "1", "--iters", "1", "--warmup", "0", "--json"});
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -295,11 +363,11 @@ TEST(CliMpi, MillionTokenBlockSparseOnTwoRanks) {
   const double rss = j["peak_rss_bytes"].get<double>();
   EXPECT_LT(rss, 4.0 * inputs) << "peak RSS " << rss / 1048576 << " MiB vs inputs "
                                << inputs / 1048576 << " MiB";
-  std::printf("  N=%lld on 2 ranks: %.1f s wall, forward %.0f ms, sparsity %.4f, peak RSS "
-              "%.0f MiB (inputs %.0f MiB per rank), sent %lld bytes\n",
-              static_cast<long long>(n), seconds, j["fwd_ms"].get<double>(),
-              j["sparsity"].get<double>(), rss / 1048576, inputs / 1048576,
-              static_cast<long long>(j["bytes_sent"].get<int64_t>()));
+  std::printf(
+      "  N=%lld on 2 ranks: %.1f s wall, forward %.0f ms, sparsity %.4f, peak RSS "
+      "%.0f MiB (inputs %.0f MiB per rank), sent %lld bytes\n",
+      static_cast<long long>(n), seconds, j["fwd_ms"].get<double>(), j["sparsity"].get<double>(),
+      rss / 1048576, inputs / 1048576, static_cast<long long>(j["bytes_sent"].get<int64_t>()));
 }
 
 }  // namespace
