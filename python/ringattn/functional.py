@@ -123,14 +123,22 @@ def _plan(q, k, comm, options, mask, layout="bnhd", kv_layout="bnhd"):
     return comm._plan(key, make)
 
 
+def _ulysses(ulysses):
+    if ulysses == "auto":
+        return 0
+    if isinstance(ulysses, bool) or not isinstance(ulysses, int) or ulysses < 1:
+        raise ValueError(f"ulysses: must be a positive integer or 'auto', got {ulysses!r}")
+    return ulysses
+
+
 def _options(attention, segments, dilations, combine, causal, scale, window, seqlens, pattern,
-             block_size):
+             block_size, ulysses=1):
     return dict(attention=str(attention), segments=_int_list("segments", segments),
                 dilations=_int_list("dilations", dilations), combine=str(combine),
                 causal=bool(causal), scale=None if scale is None else float(scale),
                 window=_window(window), seqlens=_int_list("seqlens", seqlens),
                 pattern=None if pattern is None else str(pattern),
-                block_size=operator.index(block_size))
+                block_size=operator.index(block_size), ulysses=_ulysses(ulysses))
 
 
 def _empty_like(x, layout, use_torch):
@@ -195,7 +203,7 @@ if torch is not None:
 
 def attention(q, k, v, *, attention="dense", segments=None, dilations=None, combine="grouped",
               causal=False, scale=None, window=None, seqlens=None, pattern=None, block_mask=None,
-              block_size=128, return_lse=False, comm: Comm | None = None):
+              block_size=128, ulysses=1, return_lse=False, comm: Comm | None = None):
     """Exact attention of this rank's queries over the whole sequence.
 
     q: ``[B, N_local, H, D]``; k, v: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
@@ -217,6 +225,8 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
       pattern: block-sparse pattern text, e.g. "local+global"     (--pattern)
       block_mask: bool [H, nb, nb] or [nb, nb] mask               (--block-mask)
       block_size: tokens per block (block-sparse)                 (--block-size)
+      ulysses: U ranks per all-to-all group, the ring across the    (--ulysses)
+               groups (Ulysses x ring; 1: the ring alone; "auto")
       return_lse: also return lse ``[B, H, N_local]`` (natural log; -inf for empty rows)
       comm: ringattn.Comm (default: this process alone)
 
@@ -229,7 +239,7 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
         raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")
     use_torch, layout, kv_layout = _check_inputs(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
-                       pattern, block_size)
+                       pattern, block_size, ulysses)
     op = _plan(q, k, comm, options, _mask_array(block_mask), layout, kv_layout)
     if use_torch and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out, lse = _AttentionFunction.apply(q, k, v, op)
@@ -250,7 +260,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
             raise ValueError(f"{name}: must be laid out as q is")
     defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
                     causal=False, scale=None, window=None, seqlens=None, pattern=None,
-                    block_size=128)
+                    block_size=128, ulysses=1)
     unknown = set(options) - set(defaults)
     if unknown:
         raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")
@@ -270,7 +280,7 @@ def _layout(comm, x_shape, seq_len, causal, block_size, heads, keywords):
     """Every rank's chunks for a full sequence of seq_len positions, as the plan of
     attention(..., **keywords) lays them out."""
     unknown = set(keywords) - {"attention", "segments", "dilations", "combine", "scale", "window",
-                               "seqlens", "pattern", "block_mask"}
+                               "seqlens", "pattern", "block_mask", "ulysses"}
     if unknown:
         raise TypeError(f"unexpected keyword(s) {sorted(unknown)}: shard/unshard take "
                         "ringattn.attention's pattern keywords")
@@ -279,7 +289,7 @@ def _layout(comm, x_shape, seq_len, causal, block_size, heads, keywords):
     if block_size is not None:
         keywords.setdefault("attention", "block-sparse")
     defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
-                    scale=None, window=None, seqlens=None, pattern=None)
+                    scale=None, window=None, seqlens=None, pattern=None, ulysses=1)
     defaults.update(keywords)
     options = _options(causal=causal, block_size=128 if block_size is None else block_size,
                        **defaults)

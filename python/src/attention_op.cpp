@@ -115,6 +115,7 @@ JobSpec spec_of(const AttentionOptions& o, const Shape4& full, int64_t kv_heads,
   // This version of the package computes on the CPU.
   spec.device = Device::cpu;
   spec.timeout_s = timeout_s;
+  spec.ulysses = o.ulysses;
   return spec;
 }
 

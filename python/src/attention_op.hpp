@@ -33,6 +33,7 @@ struct AttentionOptions {
   std::string layout = "bnhd";
   // k, v and their gradients, when they are laid out unlike q (a head-major KV cache).
   std::string kv_layout = "bnhd";
+  int ulysses = 1;  // Ulysses x ring: U ranks per all-to-all group (0: auto)
 };
 
 // An explicit block mask: bool (as bytes), [mask_heads, nb, nb], C order.

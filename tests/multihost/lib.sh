@@ -60,6 +60,22 @@ mpirun_hosts() {
     --mca oob_tcp_if_include 10.77.0.0/24 "$@"
 }
 
+# mpirun_packed HOSTS SLOTS CMD...: HOSTS x SLOTS ranks, SLOTS consecutive ranks per host (as
+# mpirun and srun place ranks by node), otherwise as mpirun_hosts.
+mpirun_packed() {
+  local hosts=$1 slots=$2 i packed
+  shift 2
+  packed=$(mktemp /tmp/ringattn-hosts.XXXXXX)
+  for ((i = 0; i < hosts; i++)); do echo "h$i slots=$slots"; done > "$packed"
+  local rc=0
+  on_host 0 mpirun --allow-run-as-root --hostfile "$packed" -np "$((hosts * slots))" \
+    --map-by slot --mca plm_rsh_agent "$here/netns_agent.sh" \
+    --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
+    --mca oob_tcp_if_include 10.77.0.0/24 "$@" || rc=$?
+  rm -f "$packed"
+  return $rc
+}
+
 # json_field FILE EXPR: evaluates a Python expression over `j`, the last line of FILE
 # (ringattn --json's object).
 json_field() {

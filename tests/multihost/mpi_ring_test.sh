@@ -87,6 +87,35 @@ golden_case m02_mixture_causal 2 --attention dilated --combine mixture --segment
 golden_case b02_blockmask_causal 2 --attention block-sparse --block-size 16 \
   --block-mask "$gold/b02_blockmask_causal/block_mask.npy" --causal --scale 0.25
 
+# Ulysses x ring across hosts: two hosts of two ranks, each host one group (its all-to-all
+# stays inside the host), the ring between the hosts; forward and gradients pass --check,
+# the all-to-all's and the ring's bytes each equal their minimum.
+ulysses_case() {
+  local name=$1
+  shift
+  local out=$work/$name t0
+  t0=$(now)
+  if ! mpirun_packed 2 2 "$bin" run --check --json --iters 1 --warmup 0 --threads 1 \
+      --backward --ulysses 2 "$@" > "$out.log" 2>&1; then
+    cat "$out.log"
+    fail "$name: the run failed"
+  fi
+  [ "$(json_field "$out.log" "j['check']['passed']")" = True ] || { cat "$out.log"; fail "$name: --check"; }
+  [ "$(json_field "$out.log" "j['bytes_sent_a2a'] == j['bytes_sent_a2a_min'] > 0")" = True ] ||
+    fail "$name: all-to-all bytes differ from their minimum"
+  [ "$(json_field "$out.log" "j['bytes_sent_ring'] == j['bytes_sent_ring_min'] > 0")" = True ] ||
+    fail "$name: ring bytes differ from their minimum"
+  local r
+  for ((r = 0; r < 4; r++)); do
+    grep -q "rank $r: host h$((r / 2))," "$out.log" || fail "$name: rank $r is not on host h$((r / 2))"
+  done
+  note "$name: 2 hosts x 2 ranks, U=2 inside each host, OK, $(elapsed "$t0" "$(now)") s"
+  passed=$((passed + 1))
+}
+ulysses_case ulysses-causal-gqa --seq-len 256 --heads 4 --kv-heads 2 --head-dim 16 --causal
+ulysses_case ulysses-dilated --seq-len 256 --heads 4 --head-dim 16 --attention dilated \
+  --segments 64,256 --dilations 1,2
+
 # Randomized problems: sizes, ring size and pattern drawn from the seed (printed, so that a
 # failure can be rerun with the same seed as the third argument).
 note "randomized cases, seed $seed"
