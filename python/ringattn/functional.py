@@ -8,6 +8,7 @@ with the CLI's message).
 from __future__ import annotations
 
 import operator
+import warnings
 
 import numpy as np
 
@@ -42,6 +43,8 @@ def _window(window):
 
 
 def _check_tensor(name, x, want_torch):
+    """The layout the engine reads x in: "bnhd" (contiguous [B, N, H, D]), "bhnd" (the
+    transpose(1, 2) of a contiguous [B, H, N, D]), or None (other strides: a copy is needed)."""
     if want_torch != _is_torch(x):
         kind = "a torch.Tensor" if want_torch else "a numpy array"
         raise ValueError(f"{name}: expected {kind} like q, got {type(x).__name__}")
@@ -52,8 +55,6 @@ def _check_tensor(name, x, want_torch):
         if x.dtype != torch.float32:
             raise ValueError(f"{name}: must be float32 (the CPU kernels compute in float32), "
                              f"got {x.dtype}")
-        contiguous = x.is_contiguous()
-        head_major = x.ndim == 4 and x.transpose(1, 2).is_contiguous()
     else:
         if not isinstance(x, np.ndarray):
             raise ValueError(f"{name}: expected a torch.Tensor or numpy array, got "
@@ -61,34 +62,49 @@ def _check_tensor(name, x, want_torch):
         if x.dtype != np.float32:
             raise ValueError(f"{name}: must be float32 (the CPU kernels compute in float32), "
                              f"got {x.dtype}")
-        contiguous = x.flags.c_contiguous
-        head_major = x.ndim == 4 and np.swapaxes(x, 1, 2).flags.c_contiguous
     if x.ndim != 4:
         raise ValueError(f"{name}: must have 4 dimensions [B, N, H, D], got shape "
                          f"{list(x.shape)}")
+    if want_torch:
+        contiguous = x.is_contiguous()
+        head_major = x.transpose(1, 2).is_contiguous()
+    else:
+        contiguous = x.flags.c_contiguous
+        head_major = np.swapaxes(x, 1, 2).flags.c_contiguous
     if contiguous:
         return "bnhd"
     if head_major:  # x.transpose(1, 2) of a contiguous [B, H, N, D] tensor: read in place
         return "bhnd"
-    raise ValueError(f"{name}: must be contiguous in C order (the engine reads [B, N, H, D] "
-                     "rows), or the transpose(1, 2) of a contiguous [B, H, N, D] tensor; call "
-                     ".contiguous() or numpy.ascontiguousarray first")
+    return None
 
 
-def _check_inputs(q, k, v):
-    """(torch or numpy, layout of q, layout of k and v): each "bnhd" for contiguous
-    [B, N, H, D] tensors or "bhnd" for [B, N, H, D] views of contiguous [B, H, N, D] ones
-    (PyTorch SDPA's convention). q and k may differ (a head-major KV cache beside token-major
-    queries); v is laid out as k is."""
+_COPIES_SAID: set = set()
+
+
+def _copied(name, x, layout, why):
+    """x laid out as `layout` (a copy; differentiable for torch), saying so once per reason."""
+    key = (name, why)
+    if key not in _COPIES_SAID:
+        _COPIES_SAID.add(key)
+        warnings.warn(f"ringattn: {name}: {why}; copying it into [B, N, H, D] "
+                      f"{'rows' if layout == 'bnhd' else 'head-major rows'} for the engine "
+                      "(said once)", stacklevel=4)
+    if _is_torch(x):
+        return _in_layout(x, layout)
+    if layout == "bhnd":
+        return np.swapaxes(np.ascontiguousarray(np.swapaxes(x, 1, 2)), 1, 2)
+    return np.ascontiguousarray(x)
+
+
+def _readable(q, k, v):
+    """q, k, v as the engine reads them, each in its own strides where it can (q and k may
+    differ: a head-major KV cache beside token-major queries); copied where it cannot (other
+    strides, or v laid out unlike k), said once. Returns (use_torch, layout, kv_layout, q, k,
+    v)."""
     use_torch = _is_torch(q)
     layout = _check_tensor("q", q, use_torch)
     kv_layout = _check_tensor("k", k, use_torch)
-    if _check_tensor("v", v, use_torch) != kv_layout:
-        raise ValueError(
-            "v: must be contiguous in C order, as k is (the engine reads [B, N, H, D] rows); "
-            "call .contiguous() first" if kv_layout == "bnhd" else
-            "v: must be the transpose(1, 2) of a contiguous [B, H, N, D] tensor, as k is; or "
-            "call .contiguous() on both")
+    v_layout = _check_tensor("v", v, use_torch)
     for name, x in (("k", k), ("v", v)):
         qs, xs = tuple(q.shape), tuple(x.shape)
         if (xs[0], xs[1], xs[3]) != (qs[0], qs[1], qs[3]):
@@ -96,7 +112,17 @@ def _check_inputs(q, k, v):
                              "length or head dim")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"v: shape {list(v.shape)} differs from k's {list(k.shape)}")
-    return use_torch, layout, kv_layout
+    unreadable = "has strides the engine cannot read in place"
+    if layout is None:
+        layout = "bnhd"
+        q = _copied("q", q, layout, unreadable)
+    if kv_layout is None:
+        kv_layout = v_layout or "bnhd"
+        k = _copied("k", k, kv_layout, unreadable)
+    if v_layout != kv_layout:
+        v = _copied("v", v, kv_layout, unreadable if v_layout is None else
+                    "is laid out unlike k (the engine reads k and v alike)")
+    return use_torch, layout, kv_layout, q, k, v
 
 
 def _mask_array(block_mask):
@@ -237,7 +263,7 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
     comm = default_comm() if comm is None else comm
     if not isinstance(comm, Comm):
         raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")
-    use_torch, layout, kv_layout = _check_inputs(q, k, v)
+    use_torch, layout, kv_layout, q, k, v = _readable(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
                        pattern, block_size, ulysses)
     op = _plan(q, k, comm, options, _mask_array(block_mask), layout, kv_layout)
@@ -254,7 +280,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     (numpy). ``out`` and ``lse`` come from ``attention(..., return_lse=True)`` with the same
     inputs and the same keywords, which are passed here again."""
     comm = default_comm() if comm is None else comm
-    use_torch, layout, kv_layout = _check_inputs(q, k, v)
+    use_torch, layout, kv_layout, q, k, v = _readable(q, k, v)
     for name, x in (("out", out), ("grad_out", grad_out)):
         if _check_tensor(name, x, use_torch) != layout:
             raise ValueError(f"{name}: must be laid out as q is")
