@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite with CTest; builds and runs
 # examples/cpp against the installed CMake package; builds the Python package and runs its
-# pytest suite (one process, then mpiexec -n 2 and -n 3); then builds
+# pytest suite (one process, then mpiexec -n 2 and -n 3), and again in a venv with PyPI's
+# torch and transformers (torch.compile, the transformers integration); then builds
 # the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
 # CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
 # code runs on every machine; then a portable build of the CPU kernels (./build-portable: no
@@ -68,6 +69,24 @@ for P in 2 3; do
 done
 python_s=$((SECONDS - start))
 
+# torch.library, torch.compile and the transformers integration need a recent torch (Debian's
+# is 1.13): a second venv, without Debian's site packages, with torch and transformers from
+# PyPI (pinned: torch the GPU image's version) and the same ringattn wheel; the whole pytest
+# suite runs there too, on the torch.library path. RINGATTN_SKIP_TORCH_VENV=1 skips it, saying so.
+start=$SECONDS
+if [ "${RINGATTN_SKIP_TORCH_VENV:-0}" = 1 ]; then
+  echo "test.sh: SKIPPED: the PyPI torch tests (torch.compile, transformers): RINGATTN_SKIP_TORCH_VENV=1"
+else
+  tvenv="$root/.venv-torch"
+  [ -x "$tvenv/bin/python" ] || /usr/bin/python3 -m venv "$tvenv"
+  "$tvenv/bin/python" -m pip install -q "torch==2.11.0" "transformers==5.24.0" numpy pytest
+  rm -rf "$root/build/wheel"
+  "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps -w "$root/build/wheel" "$root"
+  "$tvenv/bin/python" -m pip install -q --force-reinstall --no-deps "$root"/build/wheel/ringattn-*.whl
+  (cd "$root" && "$tvenv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
+fi
+torch_s=$((SECONDS - start))
+
 # The emulator needs none of the CUDA toolkit, MPI or the benchmarks; only the emulated GPU's
 # targets are built.
 start=$SECONDS
@@ -97,6 +116,7 @@ start=$SECONDS
 san_s=$((SECONDS - start))
 echo "test.sh: main suite ${main_s} s (build + ctest); installed package ${install_s} s" \
   "(install + examples/cpp); Python ${python_s} s (pip install + pytest, mpiexec -n 2, -n 3);" \
+  "PyPI torch ${torch_s} s (venv + pytest: torch.compile, transformers);" \
   "emulated GPU ${emu_s} s (build + ctest -L gpu-emu); portable CPU kernels ${portable_s} s" \
   "(build + test_kernels, test_sparse); sanitizers and fuzzing ${san_s} s" \
   "(scripts/sanitize_and_fuzz.sh)"

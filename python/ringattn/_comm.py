@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import collections
 import gc
+import itertools
 import os
 import weakref
 
@@ -18,6 +19,10 @@ _DEFAULT_TIMEOUT = 300.0
 # Plans kept per communicator (least recently used dropped first).
 _PLAN_CACHE_SIZE = 32
 _LIVE_COMMS: "weakref.WeakSet[Comm]" = weakref.WeakSet()
+# Communicators by id: the torch custom op (ringattn._ops) names its Comm by an integer,
+# since an op's arguments are tensors and plain values. Id 0 is default_comm().
+_BY_ID: "weakref.WeakValueDictionary[int, Comm]" = weakref.WeakValueDictionary()
+_NEXT_ID = itertools.count(1)
 
 
 class Comm:
@@ -58,6 +63,8 @@ class Comm:
 
     def _init(self, handle) -> None:
         self._handle = handle
+        self._id = next(_NEXT_ID)
+        _BY_ID[self._id] = self
         self._plans: "collections.OrderedDict" = collections.OrderedDict()
         _LIVE_COMMS.add(self)
 
@@ -105,6 +112,16 @@ def default_comm() -> Comm:
     if _local is None:
         _local = Comm()
     return _local
+
+
+def comm_by_id(comm_id: int) -> Comm:
+    """The Comm a custom op's argument names (0: default_comm())."""
+    if comm_id == 0:
+        return default_comm()
+    comm = _BY_ID.get(comm_id)
+    if comm is None:
+        raise ValueError(f"comm: communicator {comm_id} no longer exists")
+    return comm
 
 
 def _shutdown() -> None:

@@ -20,6 +20,11 @@ try:
 except ImportError:  # numpy-only use
     torch = None
 
+if torch is not None:
+    from . import _ops  # the torch custom op, where torch has torch.library (2.4+)
+else:
+    _ops = None
+
 
 def _is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
@@ -260,12 +265,18 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
     raises RuntimeError. With torch tensors that require grad, the result is differentiable:
     the backward runs the engine's backward from the saved out and lse.
     """
-    comm = default_comm() if comm is None else comm
-    if not isinstance(comm, Comm):
+    if comm is not None and not isinstance(comm, Comm):
         raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")
     use_torch, layout, kv_layout, q, k, v = _readable(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
                        pattern, block_size, ulysses)
+    if use_torch and _ops.AVAILABLE:
+        # torch.ops.ringattn.attention: autograd and torch.compile through torch.library.
+        spec = _ops.encode(options, layout, kv_layout, 0 if comm is None else comm._id)
+        mask = None if block_mask is None else torch.as_tensor(block_mask)
+        out, lse = torch.ops.ringattn.attention(q, k, v, mask, spec)
+        return (out, lse) if return_lse else out
+    comm = default_comm() if comm is None else comm
     op = _plan(q, k, comm, options, _mask_array(block_mask), layout, kv_layout)
     if use_torch and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out, lse = _AttentionFunction.apply(q, k, v, op)

@@ -1,0 +1,98 @@
+"""ringattn's attention as a torch custom op (``torch.ops.ringattn.attention`` and its
+backward), registered with ``torch.library`` where torch has it (2.4+): a fake implementation
+gives torch.compile the outputs' shapes and strides, and the registered autograd runs the
+engine's backward from the saved out and lse. So ``torch.compile(fullgraph=True)`` traces a
+model using ``ringattn.attention`` or ``nn.RingAttention`` without graph breaks. Older torch
+(Debian's 1.13) keeps functional's ``autograd.Function``.
+
+An op's arguments are tensors and plain values: the keywords, the tensors' layouts and the
+communicator (by id, ``_comm.comm_by_id``) travel as one ``spec`` string, which the real and
+fake implementations decode; the plan is looked up in the communicator's cache as before.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+import torch
+
+from . import _comm
+
+AVAILABLE = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+
+def encode(options: dict, layout: str, kv_layout: str, comm_id: int) -> str:
+    """The spec string of one call (plain Python on constants, so that tracing folds it)."""
+    items = sorted(options.items())
+    return repr((tuple((name, tuple(v) if isinstance(v, list) else v) for name, v in items),
+                 layout, kv_layout, comm_id))
+
+
+def decode(spec: str):
+    """(options, layout, kv_layout, comm_id) from encode()'s string."""
+    items, layout, kv_layout, comm_id = ast.literal_eval(spec)
+    options = {name: list(v) if isinstance(v, tuple) else v for name, v in items}
+    return options, layout, kv_layout, comm_id
+
+
+def _new_like(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """An uninitialised float32 tensor of x's [B, N, H, D] shape in `layout`, on x's device
+    (fake tensors under tracing)."""
+    b, n, h, d = x.shape
+    if layout == "bhnd":
+        return x.new_empty((b, h, n, d), dtype=torch.float32).transpose(1, 2)
+    return x.new_empty((b, n, h, d), dtype=torch.float32)
+
+
+if AVAILABLE:
+    from . import functional as _F
+
+    @torch.library.custom_op("ringattn::attention", mutates_args=())
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  block_mask: Optional[torch.Tensor], spec: str) -> tuple[torch.Tensor,
+                                                                           torch.Tensor]:
+        options, layout, kv_layout, comm_id = decode(spec)
+        comm = _comm.comm_by_id(comm_id)
+        op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
+        out = _new_like(q, op.layout)
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+        op.forward(q, k, v, out, lse)
+        return out, lse
+
+    @attention.register_fake
+    def _(q, k, v, block_mask, spec):
+        _, layout, _, _ = decode(spec)
+        return _new_like(q, layout), q.new_empty((q.shape[0], q.shape[2], q.shape[1]),
+                                                 dtype=torch.float32)
+
+    @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
+    def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
+                           block_mask: Optional[torch.Tensor],
+                           spec: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        options, layout, kv_layout, comm_id = decode(spec)
+        comm = _comm.comm_by_id(comm_id)
+        op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
+        dq = _new_like(q, layout)
+        dk, dv = _new_like(k, kv_layout), _new_like(v, kv_layout)
+        op.backward(q, k, v, out, lse, _F._in_layout(grad_out, layout), dq, dk, dv)
+        return dq, dk, dv
+
+    @attention_backward.register_fake
+    def _(q, k, v, out, lse, grad_out, block_mask, spec):
+        _, layout, kv_layout, _ = decode(spec)
+        return _new_like(q, layout), _new_like(k, kv_layout), _new_like(v, kv_layout)
+
+    def _setup_context(ctx, inputs, output):
+        q, k, v, block_mask, spec = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.block_mask, ctx.spec = block_mask, spec
+        ctx.mark_non_differentiable(lse)
+
+    def _backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, out, lse, grad_out, ctx.block_mask, ctx.spec)
+        return dq, dk, dv, None, None
+
+    attention.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,1 @@
+"""Integrations of ringattn with other libraries (``ringattn.integrations.transformers``)."""

@@ -1,0 +1,72 @@
+"""ringattn as a transformers attention implementation (ringattn.integrations.transformers):
+tiny Llama (GQA, RoPE) and Mistral (MQA, sliding window) models, random weights, with
+attn_implementation="ringattn" give the eager implementation's logits and gradients, with
+the model's default KV cache in use; generation (prompt through ringattn, decoding steps
+through sdpa) gives eager's tokens. Skipped, with the reason, where transformers (which
+needs a recent torch) is not installed: CI runs it in the PyPI-torch venv (scripts/test.sh).
+"""
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (CI's .venv-torch has it)")
+import ringattn.integrations.transformers as ra_hf  # noqa: E402  registers "ringattn"
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig,  # noqa: E402
+                          MistralForCausalLM)
+
+TOLERANCE = 1e-5
+SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, max_position_embeddings=256)
+MODELS = {
+    "llama_gqa": (LlamaForCausalLM, LlamaConfig(num_key_value_heads=2, **SMALL)),
+    "mistral_mqa_window": (MistralForCausalLM,
+                           MistralConfig(num_key_value_heads=1, sliding_window=16, **SMALL)),
+}
+
+
+def build(name, impl):
+    cls, config = MODELS[name]
+    torch.manual_seed(1)  # the same weights for every implementation
+    return cls._from_config(config, attn_implementation=impl)
+
+
+def relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_and_gradients_match_eager_with_the_kv_cache(name, monkeypatch):
+    calls = []
+    forward = ra_hf.ringattn_attention_forward
+    monkeypatch.setattr(transformers.AttentionInterface, "_global_mapping",
+                        dict(transformers.AttentionInterface._global_mapping,
+                             ringattn=lambda *a, **k: calls.append(1) or forward(*a, **k)))
+    ids = torch.randint(0, 128, (2, 96), generator=torch.Generator().manual_seed(2))
+    got = {}
+    for impl in ("eager", "ringattn"):
+        model = build(name, impl)
+        out = model(ids, labels=ids, use_cache=True)
+        out.loss.backward()
+        got[impl] = out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+    assert calls, "the ringattn implementation was never called"
+    (want_logits, want_grads), (logits, grads) = got["eager"], got["ringattn"]
+    assert relative(logits, want_logits) < TOLERANCE
+    for n, g in want_grads.items():
+        assert relative(grads[n], g) < TOLERANCE, n
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_generation_gives_eager_tokens(name):
+    prompt = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(3))
+    tokens = {impl: build(name, impl).generate(prompt, max_new_tokens=6, do_sample=False)
+              for impl in ("eager", "ringattn")}
+    assert torch.equal(tokens["ringattn"], tokens["eager"])
+
+
+def test_padding_is_refused_naming_why():
+    model = build("llama_gqa", "ringattn")
+    ids = torch.randint(0, 128, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, :4] = 0
+    with pytest.raises(ValueError, match="the batch has padding"):
+        model(ids, attention_mask=mask)
