@@ -90,11 +90,15 @@ torch_s=$((SECONDS - start))
 # The emulator needs none of the CUDA toolkit, MPI or the benchmarks; only the emulated GPU's
 # targets are built.
 start=$SECONDS
+# The Python extension is built there too: its device path (CUDA DLPack tensors, the GPU
+# engines) runs on emulated devices (python/tests/test_device_arrays.py).
 cmake -S "$root" -B "$root/build-emu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERROR=ON \
   -DRINGATTN_CUDA_EMULATION=ON -DRINGATTN_WITH_CUDA=OFF -DRINGATTN_WITH_MPI=OFF \
-  -DRINGATTN_BUILD_BENCH=OFF
-cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests
+  -DRINGATTN_BUILD_BENCH=OFF -DRINGATTN_BUILD_PYTHON=ON -DPython_EXECUTABLE="$venv/bin/python"
+cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests _core
 (cd "$root/build-emu" && ctest -L gpu-emu --output-on-failure --timeout 600 -j "$(nproc)")
+(cd "$root" && RINGATTN_EMU_CORE="$root/build-emu/python" "$venv/bin/python" -m pytest -q \
+  -p no:cacheprovider -rs python/tests/test_device_arrays.py)
 emu_s=$((SECONDS - start))
 
 # The CPU kernels as a portable build runs them: the softmax steps' portable forms (no

@@ -64,6 +64,10 @@ struct JobSpec {
   std::optional<DeviceDType> dtype;
   KernelChoice kernel = KernelChoice::automatic;  // the GPU's forward kernel
   Transport transport = Transport::automatic;
+  // The GPU of a cuda job on this rank; -1: by rank (the node-local rank with one process
+  // per GPU, rank modulo the GPUs for virtual ranks sharing them). Front ends whose tensors
+  // already live on a device (PyTorch) pass that device.
+  int device_index = -1;
   int threads = 0;         // CPU threads per rank (0: OpenMP's default)
   double timeout_s = 300;  // watchdog: longest wait for one exchange or collective
   // Ulysses x ring (docs/COMMUNICATION.md): the world's P ranks form P / U groups of U

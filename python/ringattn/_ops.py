@@ -54,10 +54,7 @@ if AVAILABLE:
         options, layout, kv_layout, comm_id = decode(spec)
         comm = _comm.comm_by_id(comm_id)
         op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
-        out = _new_like(q, op.layout)
-        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-        op.forward(q, k, v, out, lse)
-        return out, lse
+        return _F._forward(op, q, k, v, True)
 
     @attention.register_fake
     def _(q, k, v, block_mask, spec):
@@ -73,15 +70,13 @@ if AVAILABLE:
         options, layout, kv_layout, comm_id = decode(spec)
         comm = _comm.comm_by_id(comm_id)
         op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
-        dq = _new_like(q, layout)
-        dk, dv = _new_like(k, kv_layout), _new_like(v, kv_layout)
-        op.backward(q, k, v, out, lse, _F._in_layout(grad_out, layout), dq, dk, dv)
-        return dq, dk, dv
+        return _F._backward(op, q, k, v, out, lse, grad_out)
 
     @attention_backward.register_fake
     def _(q, k, v, out, lse, grad_out, block_mask, spec):
         _, layout, kv_layout, _ = decode(spec)
-        return _new_like(q, layout), _new_like(k, kv_layout), _new_like(v, kv_layout)
+        dq = _new_like(q, layout).to(q.dtype)
+        return dq, _new_like(k, kv_layout).to(k.dtype), _new_like(v, kv_layout).to(v.dtype)
 
     def _setup_context(ctx, inputs, output):
         q, k, v, block_mask, spec = inputs

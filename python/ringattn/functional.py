@@ -54,10 +54,17 @@ def _check_tensor(name, x, want_torch):
         kind = "a torch.Tensor" if want_torch else "a numpy array"
         raise ValueError(f"{name}: expected {kind} like q, got {type(x).__name__}")
     if want_torch:
-        if x.device.type != "cpu":
-            raise ValueError(f"{name}: is on {x.device}; this build of ringattn computes on the "
-                             "CPU")
-        if x.dtype != torch.float32:
+        if x.device.type == "cuda":
+            if not _core.has_cuda:
+                raise ValueError(f"{name}: is on {x.device}, and this build of ringattn has no "
+                                 "CUDA kernels (pip install it where the CUDA toolkit is)")
+            if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                raise ValueError(f"{name}: a CUDA tensor must be bfloat16, float16 or float32, "
+                                 f"got {x.dtype}")
+        elif x.device.type != "cpu":
+            raise ValueError(f"{name}: is on {x.device}; ringattn computes on the CPU or on CUDA "
+                             "devices")
+        elif x.dtype != torch.float32:
             raise ValueError(f"{name}: must be float32 (the CPU kernels compute in float32), "
                              f"got {x.dtype}")
     else:
@@ -117,6 +124,20 @@ def _readable(q, k, v):
                              "length or head dim")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"v: shape {list(v.shape)} differs from k's {list(k.shape)}")
+    if use_torch:
+        for name, x in (("k", k), ("v", v)):
+            if x.device != q.device:
+                raise ValueError(f"{name}: is on {x.device}, q on {q.device}")
+            if x.dtype != q.dtype:
+                raise ValueError(f"{name}: is {x.dtype}, q {q.dtype}; give all three one dtype")
+        if q.is_cuda:  # the GPU engines read [B, N, H, D] rows only
+            gpu_rows = "is head-major, and the GPU engines read [B, N, H, D] rows"
+            if layout == "bhnd":
+                q, layout = _copied("q", q, "bnhd", gpu_rows), "bnhd"
+            if kv_layout == "bhnd":
+                k, kv_layout = _copied("k", k, "bnhd", gpu_rows), "bnhd"
+            if v_layout == "bhnd":
+                v, v_layout = _copied("v", v, "bnhd", gpu_rows), "bnhd"
     unreadable = "has strides the engine cannot read in place"
     if layout is None:
         layout = "bnhd"
@@ -142,7 +163,8 @@ def _mask_array(block_mask):
 
 
 def _plan(q, k, comm, options, mask, layout="bnhd", kv_layout="bnhd"):
-    key = (tuple(q.shape), tuple(k.shape), layout, kv_layout) + tuple(
+    key = (tuple(q.shape), tuple(k.shape), layout, kv_layout, str(getattr(q, "device", "cpu")),
+           str(q.dtype)) + tuple(
         (name, tuple(value) if isinstance(value, list) else value)
         for name, value in options.items())
     if mask is not None:
@@ -173,12 +195,12 @@ def _options(attention, segments, dilations, combine, causal, scale, window, seq
 
 
 def _empty_like(x, layout, use_torch):
-    """An uninitialised float32 tensor of x's [B, N, H, D] shape in `layout`."""
+    """An uninitialised float32 tensor of x's [B, N, H, D] shape in `layout`, on x's device."""
     b, n, h, d = x.shape
     if use_torch:
         if layout == "bhnd":
-            return torch.empty((b, h, n, d), dtype=torch.float32).transpose(1, 2)
-        return torch.empty(x.shape, dtype=torch.float32)
+            return x.new_empty((b, h, n, d), dtype=torch.float32).transpose(1, 2)
+        return x.new_empty((b, n, h, d), dtype=torch.float32)
     if layout == "bhnd":
         return np.swapaxes(np.empty((b, h, n, d), dtype=np.float32), 1, 2)
     return np.empty(x.shape, dtype=np.float32)
@@ -191,26 +213,41 @@ def _in_layout(x, layout):
     return x.contiguous()
 
 
-def _empty_like_outputs(q, op, use_torch):
-    b, n, h, _ = q.shape
-    lse = (torch.empty((b, h, n), dtype=torch.float32) if use_torch
-           else np.empty((b, h, n), dtype=np.float32))
-    return _empty_like(q, op.layout, use_torch), lse
+def _stream(x) -> int:
+    """The caller's stream for x's device (its cudaStream_t), 0 for host tensors: the engine's
+    work is ordered after what the stream holds and before what it is given next."""
+    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
 
 
 def _forward(op, q, k, v, use_torch):
-    out, lse = _empty_like_outputs(q, op, use_torch)
-    if use_torch:
-        op.forward(q.detach(), k.detach(), v.detach(), out, lse)
-    else:
+    """(out, lse) of the engine, float32 (on a GPU engine, q, k, v are in its dtype)."""
+    b, n, h, _ = q.shape
+    out = _empty_like(q, op.layout, use_torch)
+    if not use_torch:
+        lse = np.empty((b, h, n), dtype=np.float32)
         op.forward(q, k, v, out, lse)
+        return out, lse
+    lse = q.new_empty((b, h, n), dtype=torch.float32)
+    op.forward(q.detach(), k.detach(), v.detach(), out, lse, stream=_stream(q))
     return out, lse
+
+
+def _backward(op, q, k, v, out, lse, grad_out):
+    """(dq, dk, dv) of the engine for torch tensors, in q's, k's and v's dtypes; grad_out
+    (any strides, any float dtype) is read in the engine's layout and dtype."""
+    g = _in_layout(grad_out, op.layout).to(q.dtype)
+    dq = _empty_like(q, op.layout, True)
+    dk, dv = (_empty_like(x, op.kv_layout, True) for x in (k, v))
+    op.backward(q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), g, dq, dk, dv,
+                stream=_stream(q))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 if torch is not None:
 
     class _AttentionFunction(torch.autograd.Function):
-        """Forward and backward through the engine; saves out and lse (never N x N)."""
+        """Forward and backward through the engine (torch before 2.4); saves out (float32)
+        and lse, never an N x N matrix."""
 
         @staticmethod
         def forward(ctx, q, k, v, op):
@@ -224,12 +261,7 @@ if torch is not None:
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_out, _grad_lse):
             q, k, v, out, lse = ctx.saved_tensors
-            layout, kv_layout = ctx.op.layout, ctx.op.kv_layout
-            dq = _empty_like(q, layout, True)
-            dk, dv = (_empty_like(x, kv_layout, True) for x in (k, v))
-            ctx.op.backward(q.detach(), k.detach(), v.detach(), out, lse,
-                            _in_layout(grad_out, layout), dq, dk, dv)
-            return dq, dk, dv, None
+            return _backward(ctx.op, q, k, v, out, lse, grad_out) + (None,)
 
 
 def attention(q, k, v, *, attention="dense", segments=None, dilations=None, combine="grouped",
@@ -275,6 +307,7 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
         spec = _ops.encode(options, layout, kv_layout, 0 if comm is None else comm._id)
         mask = None if block_mask is None else torch.as_tensor(block_mask)
         out, lse = torch.ops.ringattn.attention(q, k, v, mask, spec)
+        out = out.to(q.dtype)  # the engine writes float32; a bf16 model gets bf16
         return (out, lse) if return_lse else out
     comm = default_comm() if comm is None else comm
     op = _plan(q, k, comm, options, _mask_array(block_mask), layout, kv_layout)
@@ -282,6 +315,8 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
         out, lse = _AttentionFunction.apply(q, k, v, op)
     else:
         out, lse = _forward(op, q, k, v, use_torch)
+    if use_torch:
+        out = out.to(q.dtype)  # the engine writes float32; a bf16 model gets bf16
     return (out, lse) if return_lse else out
 
 
@@ -303,13 +338,11 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
         raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")
     defaults.update(options)
     op = _plan(q, k, comm, _options(**defaults), _mask_array(block_mask), layout, kv_layout)
+    if use_torch:
+        return _backward(op, q, k, v, out.float(), lse, grad_out)
     dq = _empty_like(q, layout, use_torch)
     dk, dv = (_empty_like(x, kv_layout, use_torch) for x in (k, v))
-    if use_torch:
-        op.backward(q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
-                    grad_out.detach(), dq, dk, dv)
-    else:
-        op.backward(q, k, v, out, lse, grad_out, dq, dk, dv)
+    op.backward(q, k, v, out, lse, grad_out, dq, dk, dv)
     return dq, dk, dv
 
 

@@ -112,8 +112,16 @@ JobSpec spec_of(const AttentionOptions& o, const Shape4& full, int64_t kv_heads,
   if (o.kv_layout != o.layout)
     c.kv_layout = choice("kv_layout", o.kv_layout, {"bnhd", "bhnd"}) == "bnhd" ? TensorLayout::bnhd
                                                                                : TensorLayout::bhnd;
-  // This version of the package computes on the CPU.
-  spec.device = Device::cpu;
+  // The tensors' device decides the engine's: the GPU they are on, in their dtype.
+  if (o.device == "cuda") {
+    spec.device = Device::cuda;
+    spec.device_index = o.device_index;
+    spec.dtype = o.dtype == "bf16"   ? DeviceDType::bf16
+                 : o.dtype == "fp16" ? DeviceDType::fp16
+                                     : DeviceDType::fp32;
+  } else {
+    spec.device = Device::cpu;
+  }
   spec.timeout_s = timeout_s;
   spec.ulysses = o.ulysses;
   return spec;
@@ -178,6 +186,17 @@ void AttentionOp::run_engine(F&& f) {
 
 void AttentionOp::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
   run_engine([&] { engine_->forward(q, k, v, out, lse); });
+}
+
+void AttentionOp::forward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                          const TensorRef& out, const TensorRef& lse) {
+  run_engine([&] { engine_->forward(q, k, v, out, lse); });
+}
+
+void AttentionOp::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                           const TensorRef& out, const TensorRef& lse, const TensorRef& dout,
+                           const TensorRef& dq, const TensorRef& dk, const TensorRef& dv) {
+  run_engine([&] { engine_->backward(q, k, v, out, lse, dout, dq, dk, dv); });
 }
 
 void AttentionOp::backward(const float* q, const float* k, const float* v, const float* out,

@@ -34,6 +34,11 @@ struct AttentionOptions {
   // k, v and their gradients, when they are laid out unlike q (a head-major KV cache).
   std::string kv_layout = "bnhd";
   int ulysses = 1;  // Ulysses x ring: U ranks per all-to-all group (0: auto)
+  // Where q's tensors live: "cpu", or "cuda" (device_index, and the dtype the GPU kernels
+  // read: "bf16", "fp16" or "fp32").
+  std::string device = "cpu";
+  int device_index = -1;
+  std::string dtype = "fp32";
 };
 
 // An explicit block mask: bool (as bytes), [mask_heads, nb, nb], C order.
@@ -66,6 +71,15 @@ class AttentionOp {
   void forward(const float* q, const float* k, const float* v, float* out, float* lse);
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv);
+  // Device tensors (CUDA engines): q, k, v, dout in the engine's dtype, the rest fp32, each
+  // TensorRef carrying the caller's stream.
+  void forward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,
+               const TensorRef& lse);
+  void backward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,
+                const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
+                const TensorRef& dk, const TensorRef& dv);
+  bool on_gpu() const { return engine_->device() == Device::cuda; }
+  DeviceDType dtype() const { return engine_->dtype(); }
 
  private:
   template <typename F>

@@ -14,7 +14,9 @@
 
 #include "attention_op.hpp"
 #include "comm_handle.hpp"
+#include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
+#include "testing_device.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -78,6 +80,37 @@ float* floats(const Array& a, const char* name, const std::vector<int64_t>& want
   return static_cast<float*>(a.data());
 }
 
+// The dtype the GPU engines read a device tensor in, by its DLPack dtype.
+std::optional<DeviceDType> device_dtype_of(const Array& a) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t == nb::dtype<float>()) return DeviceDType::fp32;
+  if (t.bits == 16 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float))
+    return DeviceDType::fp16;
+  if (t.bits == 16 && t.lanes == 1 &&
+      t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat))
+    return DeviceDType::bf16;
+  return std::nullopt;
+}
+
+// A checked device tensor of a GPU engine's call: on a CUDA device, of dtype `want`, of shape
+// `shape`, C-contiguous ([B, N, H, D] rows: the GPU engines read no other layout); its work
+// ordered on `stream` (a cudaStream_t; 0: the legacy default stream).
+TensorRef device_ref(const Array& a, const char* name, const std::vector<int64_t>& shape,
+                     DeviceDType want, uintptr_t stream) {
+  if (a.device_type() != nb::device::cuda::value)
+    throw InputError(name, "is not on a CUDA device, and this call's engine computes on the GPU");
+  const std::optional<DeviceDType> t = device_dtype_of(a);
+  if (!t || *t != want)
+    throw InputError(name, std::string("must be ") + to_string(want) + " as the plan was made for");
+  const std::vector<int64_t> got = dims_of(a);
+  if (got != shape)
+    throw InputError(
+        name, "shape " + dims_text(got) + " does not match the expected " + dims_text(shape));
+  if (!c_contiguous(a))
+    throw InputError(name, "must be contiguous (the GPU engines read [B, N, H, D] rows)");
+  return {a.data(), want, Memory::device, reinterpret_cast<void*>(stream)};
+}
+
 struct Shapes {
   std::vector<int64_t> q, kv, lse;
 };
@@ -129,6 +162,16 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
   // q's strides say the layout (forward() checks that k, v and the outputs share it).
   if (!c_contiguous(q) && head_major_view(q)) o.layout = "bhnd";
   if (!c_contiguous(k) && head_major_view(k)) o.kv_layout = "bhnd";
+  // q's device says the engine's: its GPU, in its dtype.
+  if (q.device_type() == nb::device::cuda::value) {
+    const std::optional<DeviceDType> t = device_dtype_of(q);
+    if (!t) throw InputError("q", "a CUDA tensor must be bfloat16, float16 or float32");
+    o.device = "cuda";
+    o.device_index = q.device_id();
+    o.dtype = to_string(*t);
+  } else if (q.device_type() != nb::device::cpu::value) {
+    throw InputError("q", "is neither in host memory nor on a CUDA device");
+  }
   std::optional<BlockMask> mask;
   if (block_mask) {
     o.has_block_mask = true;
@@ -168,6 +211,8 @@ NB_MODULE(_core, m) {
 #else
   m.attr("has_mpi") = false;
 #endif
+  // CUDA kernels built into this extension (CUDA tensors then run on the GPU engines).
+  m.attr("has_cuda") = cuda_built();
   m.def("shutdown", &shutdown, "Ends MPI if this process started it (atexit).");
 
   nb::class_<CommHandle>(m, "CommHandle")
@@ -238,11 +283,23 @@ NB_MODULE(_core, m) {
                    [](const AttentionOp& op) {
                      return std::string(to_string(op.config().effective_kv_layout()));
                    })
+      .def_prop_ro("device",
+                   [](const AttentionOp& op) { return std::string(op.on_gpu() ? "cuda" : "cpu"); })
       .def(
           "forward",
           [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
-             const Array& lse) {
+             const Array& lse, uintptr_t stream) {
             const Shapes s = shapes_of(op);
+            if (op.on_gpu()) {
+              const DeviceDType t = op.dtype();
+              const TensorRef tq = device_ref(q, "q", s.q, t, stream),
+                              tk = device_ref(k, "k", s.kv, t, stream),
+                              tv = device_ref(v, "v", s.kv, t, stream),
+                              to = device_ref(out, "out", s.q, DeviceDType::fp32, stream),
+                              tl = device_ref(lse, "lse", s.lse, DeviceDType::fp32, stream);
+              nb::gil_scoped_release unlocked;
+              return op.forward(tq, tk, tv, to, tl);
+            }
             const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
             const float* pk = floats(k, "k", s.kv, lkv);
@@ -252,13 +309,27 @@ NB_MODULE(_core, m) {
             nb::gil_scoped_release unlocked;
             op.forward(pq, pk, pv, po, pl);
           },
-          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a)
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "stream"_a = 0)
       .def(
           "backward",
           [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
-             const Array& lse, const Array& dout, const Array& dq, const Array& dk,
-             const Array& dv) {
+             const Array& lse, const Array& dout, const Array& dq, const Array& dk, const Array& dv,
+             uintptr_t stream) {
             const Shapes s = shapes_of(op);
+            if (op.on_gpu()) {
+              const DeviceDType t = op.dtype(), f = DeviceDType::fp32;
+              const TensorRef tq = device_ref(q, "q", s.q, t, stream),
+                              tk = device_ref(k, "k", s.kv, t, stream),
+                              tv = device_ref(v, "v", s.kv, t, stream),
+                              to = device_ref(out, "out", s.q, f, stream),
+                              tl = device_ref(lse, "lse", s.lse, f, stream),
+                              td = device_ref(dout, "grad_output", s.q, t, stream),
+                              tdq = device_ref(dq, "dq", s.q, f, stream),
+                              tdk = device_ref(dk, "dk", s.kv, f, stream),
+                              tdv = device_ref(dv, "dv", s.kv, f, stream);
+              nb::gil_scoped_release unlocked;
+              return op.backward(tq, tk, tv, to, tl, td, tdq, tdk, tdv);
+            }
             const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
             const float* pk = floats(k, "k", s.kv, lkv);
@@ -272,5 +343,6 @@ NB_MODULE(_core, m) {
             nb::gil_scoped_release unlocked;
             op.backward(pq, pk, pv, po, pl, pd, pdq, pdk, pdv);
           },
-          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a);
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "stream"_a = 0);
+  register_testing_device_arrays(m);
 }

@@ -48,6 +48,13 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
   const ring::DeviceTransport t = ring::choose_device_transport(
       {to_string(spec.transport), comm.size(), comm.in_process(), gpus});
   m.device_index = ring::device_of_rank(t, comm.rank(), comm.local_rank(), gpus);
+  if (spec.device_index >= 0) {
+    if (spec.device_index >= gpus)
+      throw InputError("--device", "GPU " + std::to_string(spec.device_index) +
+                                       " does not exist (this machine has " +
+                                       std::to_string(gpus) + ")");
+    m.device_index = spec.device_index;
+  }
   if (t == ring::DeviceTransport::device_copies)
     m.device_comm = ring::make_device_inproc_communicator(comm, m.device_index);
   else if (t == ring::DeviceTransport::nccl)
