@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import gc
 import itertools
 import os
@@ -56,10 +57,19 @@ class Comm:
 
     @classmethod
     def from_torch(cls, group=None, *, timeout: float = _DEFAULT_TIMEOUT) -> "Comm":
-        """NCCL over a torch.distributed process group (GPU builds only)."""
-        raise NotImplementedError(
-            "Comm.from_torch needs a CUDA build of ringattn with NCCL; this build computes on "
-            "the CPU (use Comm.from_mpi())")
+        """The ranks of a ``torch.distributed`` process group (default: the world), which
+        must be initialised. Setup collectives go through the group (any backend: the NCCL
+        unique id of a GPU job travels over it, so a gloo group works too); a CPU job's K/V
+        travel through the group's isend/irecv (gloo); a GPU job's over NCCL among the
+        ranks' GPUs (one per rank, by the tensors' device). The group's own timeout bounds
+        its collectives; ``timeout`` is ringattn's watchdog for ring steps."""
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("group: torch.distributed is not initialised "
+                             "(call torch.distributed.init_process_group first)")
+        comm = cls.__new__(cls)
+        comm._init(_core.CommHandle.from_torch_group(_TorchGroup(group), float(timeout)))
+        return comm
 
     def _init(self, handle) -> None:
         self._handle = handle
@@ -101,6 +111,55 @@ class Comm:
     def cached_plans(self) -> int:
         """How many attention plans this communicator holds (one per configuration)."""
         return len(self._plans)
+
+
+class _TorchGroup:
+    """What the extension's group communicator (python/src/group_comm.cpp) calls: rank and
+    size in the group, collectives on bytes, and isend/irecv of raw host buffers (address,
+    length) with tags."""
+
+    def __init__(self, group):
+        import torch
+        import torch.distributed as dist
+        self._torch, self._dist = torch, dist
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+        self.backend = str(dist.get_backend(self.group))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+
+    def describe(self) -> str:
+        return f"torch.distributed {self._torch.__version__} ({self.backend} group)"
+
+    def _global(self, peer):
+        c10d = self._dist.distributed_c10d
+        to_global = getattr(self._dist, "get_global_rank", None) or c10d._get_global_rank
+        return to_global(self.group, peer)
+
+    def _buffer(self, address, length):
+        return self._torch.frombuffer((ctypes.c_char * length).from_address(address),
+                                      dtype=self._torch.uint8)
+
+    def isend(self, peer, address, length, tag):
+        return self._dist.isend(self._buffer(address, length), dst=self._global(peer),
+                                group=self.group, tag=tag)
+
+    def irecv(self, peer, address, length, tag):
+        return self._dist.irecv(self._buffer(address, length), src=self._global(peer),
+                                group=self.group, tag=tag)
+
+    def barrier(self):
+        self._dist.barrier(group=self.group)
+
+    def allgather(self, data: bytes) -> list:
+        out = [None] * self.size
+        self._dist.all_gather_object(out, data, group=self.group)
+        return out
+
+    def broadcast(self, data: bytes, root: int) -> bytes:
+        box = [data if self.rank == root else None]
+        self._dist.broadcast_object_list(box, src=self._global(root), group=self.group)
+        return box[0]
 
 
 _local = None

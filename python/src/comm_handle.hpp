@@ -18,6 +18,8 @@ class CommHandle {
   explicit CommHandle(double timeout_s);
   // MPI_COMM_WORLD (MPI initialised on the first call). `timeout_s` is checked as --timeout.
   static CommHandle from_mpi(double timeout_s);
+  // Any communicator (Comm.from_torch: a torch.distributed group's).
+  CommHandle(std::shared_ptr<ring::Communicator> comm, double timeout_s, bool is_mpi);
 
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
@@ -34,7 +36,6 @@ class CommHandle {
   void mark_failed() const;
 
  private:
-  CommHandle(std::shared_ptr<ring::Communicator> comm, double timeout_s, bool is_mpi);
   std::shared_ptr<ring::Communicator> comm_;
   double timeout_s_;
   bool is_mpi_;

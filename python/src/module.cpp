@@ -14,6 +14,7 @@
 
 #include "attention_op.hpp"
 #include "comm_handle.hpp"
+#include "group_comm.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
 #include "testing_device.hpp"
@@ -217,6 +218,14 @@ NB_MODULE(_core, m) {
 
   nb::class_<CommHandle>(m, "CommHandle")
       .def(nb::init<double>(), "timeout"_a)
+      .def_static(
+          "from_torch_group",
+          [](nb::object group, double timeout_s) {
+            check_timeout(timeout_s);
+            return CommHandle(make_group_communicator(std::move(group)), timeout_s, false);
+          },
+          "group"_a, "timeout"_a,
+          "A torch.distributed group's communicator (ringattn._comm._TorchGroup).")
       .def_static("from_mpi", &CommHandle::from_mpi, "timeout"_a,
                   nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("rank", &CommHandle::rank)
