@@ -4,6 +4,7 @@ attention computed by ringattn.nn.RingAttention.
 
     python3 examples/train_tiny.py                     # one process
     mpirun -n 2 python3 examples/train_tiny.py --mpi   # the sequence split over 2 ranks
+    python3 examples/train_tiny.py --device cuda       # on the GPU (bf16 with --dtype bf16)
 
 Sequence parallelism: every rank holds the whole model (same seed, same initial weights) and
 its shard of the sequence (ringattn.shard: the zigzag layout causal attention balances
@@ -16,6 +17,7 @@ loss curve is therefore the single-process one, up to float32 summation order:
 import argparse
 import json
 import math
+import os
 import sys
 
 import torch
@@ -72,35 +74,52 @@ def main():
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=50)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: the model and the attention on the GPU (one per rank, by "
+                         "node-local rank)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="the model's parameters and activations (bf16 needs --device cuda)")
     ap.add_argument("--losses-out", help="write the loss curve (JSON) here (rank 0)")
     ap.add_argument("--compare", help="fail unless the loss curve matches this JSON file")
     ap.add_argument("--tolerance", type=float, default=1e-4, help="relative, per step")
     args = ap.parse_args()
 
     comm = ringattn.Comm.from_mpi() if args.mpi else ringattn.Comm()
+    if args.dtype == "bf16" and args.device != "cuda":
+        ap.error("--dtype bf16 needs --device cuda (the CPU kernels compute in float32)")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        local = int(next((os.environ[v] for v in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
+                                                   "LOCAL_RANK") if v in os.environ), 0))
+        device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)  # the same weights and data on every rank
     model = TinyTransformer(args.vocab, args.seq_len, args.dim, args.heads, 2, comm)
+    model = model.to(device, dtype)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     data = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1))
     tokens, targets = data[:, :-1], data[:, 1:]  # next-token prediction
     positions = torch.arange(args.seq_len).expand(args.batch, -1)
     mine = lambda t: ringattn.shard(t, comm, causal=True)  # this rank's positions
-    tokens, targets, positions = mine(tokens), mine(targets), mine(positions)
+    tokens, targets, positions = (mine(t).to(device) for t in (tokens, targets, positions))
     total_tokens = args.batch * args.seq_len
 
     losses = []
     for step in range(args.steps):
         opt.zero_grad()
         logits = model(tokens, positions)
-        local = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
-                                                  reduction="sum") / total_tokens
+        local = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                  targets.flatten(), reduction="sum") / total_tokens
         local.backward()
-        # Sum the gradients (one collective for all of them) and the loss over the ranks.
+        # Sum the gradients (one collective for all of them, in float32 on the host) and the
+        # loss over the ranks.
         grads = [p.grad for p in model.parameters()]
-        flat = ringattn.all_reduce_sum(torch.cat([g.flatten() for g in grads]), comm)
+        flat = torch.cat([g.flatten() for g in grads]).float().cpu()
+        flat = ringattn.all_reduce_sum(flat, comm)
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
-        loss = float(ringattn.all_reduce_sum(local.detach().view(1), comm))
+        loss = float(ringattn.all_reduce_sum(local.detach().float().cpu().view(1), comm))
         opt.step()
         losses.append(loss)
         if comm.rank == 0:

@@ -89,3 +89,15 @@ def test_head_major_cuda_inputs_are_copied_with_a_warning():
     with pytest.warns(UserWarning, match="the GPU engines read"):
         got = ringattn.attention(*hm, causal=True)
     assert torch.allclose(got, ringattn.attention(q, k, v, causal=True), atol=1e-6)
+
+
+def test_train_tiny_on_the_gpu_follows_the_cpu_loss_curve(tmp_path):
+    import pathlib
+    import subprocess
+    import sys
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_tiny.py"
+    cpu = tmp_path / "cpu.json"
+    subprocess.run([sys.executable, str(example), "--losses-out", str(cpu)], check=True)
+    for dtype, tolerance in (("fp32", "1e-3"), ("bf16", "3e-2")):
+        subprocess.run([sys.executable, str(example), "--device", "cuda", "--dtype", dtype,
+                        "--compare", str(cpu), "--tolerance", tolerance], check=True)
