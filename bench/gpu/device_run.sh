@@ -5,6 +5,8 @@
 #
 #   bash bench/gpu/device_run.sh check   # the gpu-labelled tests, then compute-sanitizer
 #                                         # memcheck and racecheck over the kernel tests
+#   bash bench/gpu/device_run.sh python  # the Python package on CUDA tensors (a carried
+#                                         # wheel for the image's Python), or what it lacks
 #   bash bench/gpu/device_run.sh bench   # the benchmark sweep (run_bench.py) and max N
 #   bash bench/gpu/device_run.sh ring    # the ring and block-sparse benchmark (ring_bench.py)
 #   bash bench/gpu/device_run.sh all     # both (may not fit one 10-minute device call)
@@ -123,13 +125,36 @@ run_ring() {
     --budget-s "${RING_BUDGET_S:-240}" || status=1
 }
 
+# The Python package on CUDA tensors (python/tests/test_cuda.py, test_device_arrays.py):
+# needs a ringattn wheel for the image's Python carried in .gpu-carry (built where that
+# Python's headers are); without one it says what the image offers, for the next session.
+run_python() {
+  {
+    echo "== python"; python3 --version; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    echo "== headers and compilers"; python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])"
+    ls "$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")/Python.h" 2>&1
+    command -v g++ c++ nvcc cmake ninja 2>&1
+    tag=$(python3 -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
+    wheel=$(ls "$ROOT"/.gpu-carry/ringattn-*-"$tag"-*.whl 2>/dev/null | head -1)
+    if [ -z "$wheel" ]; then
+      echo "SKIPPED: the Python GPU tests: no $tag ringattn wheel in .gpu-carry"
+    else
+      rm -rf /tmp/pyringattn && python3 -m pip install -q --no-deps --target /tmp/pyringattn "$wheel" &&
+        PYTHONPATH=/tmp/pyringattn timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+          python/tests/test_cuda.py python/tests/test_attention.py || status=1
+    fi
+  } >"$OUT/python.log" 2>&1
+  tail -n 5 "$OUT/python.log"
+}
+
 case "$STAGE" in
   check) run_check ;;
+  python) run_python ;;
   bench) run_bench ;;
   ring) run_ring ;;
   ring+bench) run_ring; run_bench ;;
   all) run_check; run_ring; run_bench ;;
-  *) echo "device_run: unknown stage '$STAGE' (check | bench | ring | ring+bench | all)"; exit 2 ;;
+  *) echo "device_run: unknown stage '$STAGE' (check | python | bench | ring | ring+bench | all)"; exit 2 ;;
 esac
 echo "device_run: stage $STAGE finished with status $status; results in $OUT"
 exit $status
