@@ -78,6 +78,10 @@ struct CudaPlanOptions {
   // where it applies (otherwise native, with a note).
   KernelChoice kernel = KernelChoice::automatic;
   int device = 0;
+  // Bitwise the same results run to run: `automatic` then chooses by rule (cuDNN where it
+  // applies) instead of by timing the first forward, and no kernel that accumulates with
+  // atomics (cuDNN's backward dQ) is chosen.
+  bool deterministic = false;
 };
 
 class CudaPlan {

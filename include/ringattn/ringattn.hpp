@@ -68,6 +68,12 @@ struct JobSpec {
   // per GPU, rank modulo the GPUs for virtual ranks sharing them). Front ends whose tensors
   // already live on a device (PyTorch) pass that device.
   int device_index = -1;
+  // Bitwise-reproducible results run to run (docs/SEMANTICS.md, "Determinism"). The CPU
+  // engines always are (one writer per element, fixed orders); on GPUs this makes the kernel
+  // choice a rule instead of a timing and keeps backward kernels that accumulate with
+  // atomics (cuDNN's dQ) out, at some speed. Default: the fast choice, whose run-to-run
+  // differences stay within the dtype's tolerance.
+  bool deterministic = false;
   int threads = 0;         // CPU threads per rank (0: OpenMP's default)
   double timeout_s = 300;  // watchdog: longest wait for one exchange or collective
   // Ulysses x ring (docs/COMMUNICATION.md): the world's P ranks form P / U groups of U
@@ -139,6 +145,7 @@ struct EngineStats {
   int64_t bytes_sent = 0;             // last forward's payload (the ring's, and the a2a's)
   int64_t bytes_sent_min = 0;         // the computed minimum for this rank, in the same dtype
   int ulysses = 1;                    // U of a Ulysses x ring job
+  bool deterministic = false;         // JobSpec::deterministic
   int64_t bytes_sent_a2a = 0;         // of bytes_sent: the Ulysses all-to-alls
   int64_t bytes_sent_a2a_min = 0;     // and their computed minimum
   PassStats forward, backward;

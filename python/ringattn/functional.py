@@ -185,13 +185,14 @@ def _ulysses(ulysses):
 
 
 def _options(attention, segments, dilations, combine, causal, scale, window, seqlens, pattern,
-             block_size, ulysses=1):
+             block_size, ulysses=1, deterministic=False):
     return dict(attention=str(attention), segments=_int_list("segments", segments),
                 dilations=_int_list("dilations", dilations), combine=str(combine),
                 causal=bool(causal), scale=None if scale is None else float(scale),
                 window=_window(window), seqlens=_int_list("seqlens", seqlens),
                 pattern=None if pattern is None else str(pattern),
-                block_size=operator.index(block_size), ulysses=_ulysses(ulysses))
+                block_size=operator.index(block_size), ulysses=_ulysses(ulysses),
+                deterministic=bool(deterministic))
 
 
 def _empty_like(x, layout, use_torch):
@@ -266,7 +267,8 @@ if torch is not None:
 
 def attention(q, k, v, *, attention="dense", segments=None, dilations=None, combine="grouped",
               causal=False, scale=None, window=None, seqlens=None, pattern=None, block_mask=None,
-              block_size=128, ulysses=1, return_lse=False, comm: Comm | None = None):
+              block_size=128, ulysses=1, deterministic=False, return_lse=False,
+              comm: Comm | None = None):
     """Exact attention of this rank's queries over the whole sequence.
 
     q: ``[B, N_local, H, D]``; k, v: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
@@ -290,6 +292,7 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
       block_size: tokens per block (block-sparse)                 (--block-size)
       ulysses: U ranks per all-to-all group, the ring across the    (--ulysses)
                groups (Ulysses x ring; 1: the ring alone; "auto")
+      deterministic: bitwise-reproducible results run to run      (--deterministic)
       return_lse: also return lse ``[B, H, N_local]`` (natural log; -inf for empty rows)
       comm: ringattn.Comm (default: this process alone)
 
@@ -301,7 +304,7 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
         raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")
     use_torch, layout, kv_layout, q, k, v = _readable(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
-                       pattern, block_size, ulysses)
+                       pattern, block_size, ulysses, deterministic)
     if use_torch and _ops.AVAILABLE:
         # torch.ops.ringattn.attention: autograd and torch.compile through torch.library.
         spec = _ops.encode(options, layout, kv_layout, 0 if comm is None else comm._id)
@@ -332,7 +335,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
             raise ValueError(f"{name}: must be laid out as q is")
     defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
                     causal=False, scale=None, window=None, seqlens=None, pattern=None,
-                    block_size=128, ulysses=1)
+                    block_size=128, ulysses=1, deterministic=False)
     unknown = set(options) - set(defaults)
     if unknown:
         raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")

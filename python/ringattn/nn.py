@@ -16,12 +16,13 @@ class RingAttention(torch.nn.Module):
     def __init__(self, *, attention: str = "dense", segments=None, dilations=None,
                  combine: str = "grouped", causal: bool = False, scale=None, window=None,
                  seqlens=None, pattern=None, block_mask=None, block_size: int = 128,
-                 ulysses=1, comm: Comm | None = None):
+                 ulysses=1, deterministic=False, comm: Comm | None = None):
         super().__init__()
         self.options = dict(attention=attention, segments=segments, dilations=dilations,
                             combine=combine, causal=causal, scale=scale, window=window,
                             seqlens=seqlens, pattern=pattern, block_mask=block_mask,
-                            block_size=block_size, ulysses=ulysses)
+                            block_size=block_size, ulysses=ulysses,
+                            deterministic=deterministic)
         self.comm = comm
 
     def forward(self, q, k, v, return_lse: bool = False):

@@ -124,6 +124,7 @@ JobSpec spec_of(const AttentionOptions& o, const Shape4& full, int64_t kv_heads,
   }
   spec.timeout_s = timeout_s;
   spec.ulysses = o.ulysses;
+  spec.deterministic = o.deterministic;
   return spec;
 }
 

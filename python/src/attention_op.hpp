@@ -34,6 +34,7 @@ struct AttentionOptions {
   // k, v and their gradients, when they are laid out unlike q (a head-major KV cache).
   std::string kv_layout = "bnhd";
   int ulysses = 1;  // Ulysses x ring: U ranks per all-to-all group (0: auto)
+  bool deterministic = false;  // bitwise-reproducible kernel choices (JobSpec::deterministic)
   // Where q's tensors live: "cpu", or "cuda" (device_index, and the dtype the GPU kernels
   // read: "bf16", "fp16" or "fp32").
   std::string device = "cpu";

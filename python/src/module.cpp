@@ -130,7 +130,8 @@ AttentionOptions options_of(const std::string& attention,
                             const std::string& combine, bool causal, std::optional<double> scale,
                             std::optional<std::vector<int64_t>> window,
                             std::optional<std::vector<int64_t>> seqlens,
-                            std::optional<std::string> pattern, int64_t block_size, int ulysses) {
+                            std::optional<std::string> pattern, int64_t block_size, int ulysses,
+                            bool deterministic) {
   AttentionOptions o;
   o.attention = attention;
   o.segments = std::move(segments);
@@ -143,6 +144,7 @@ AttentionOptions options_of(const std::string& attention,
   o.pattern = std::move(pattern);
   o.block_size = block_size;
   o.ulysses = ulysses;
+  o.deterministic = deterministic;
   return o;
 }
 
@@ -151,15 +153,15 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
              std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
              std::optional<double> scale, std::optional<std::vector<int64_t>> window,
              std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
-             std::optional<Array> block_mask, int64_t block_size, int ulysses,
+             std::optional<Array> block_mask, int64_t block_size, int ulysses, bool deterministic,
              const CommHandle& comm) {
   if (q.ndim() != 4)
     throw InputError("q", "must have 4 dimensions [B, N, H, D], got " + std::to_string(q.ndim()));
   if (k.ndim() != 4)
     throw InputError("k", "must have 4 dimensions [B, N, HKV, D], got " + std::to_string(k.ndim()));
-  AttentionOptions o =
-      options_of(attention, std::move(segments), std::move(dilations), combine, causal, scale,
-                 std::move(window), std::move(seqlens), std::move(pattern), block_size, ulysses);
+  AttentionOptions o = options_of(attention, std::move(segments), std::move(dilations), combine,
+                                  causal, scale, std::move(window), std::move(seqlens),
+                                  std::move(pattern), block_size, ulysses, deterministic);
   // q's strides say the layout (forward() checks that k, v and the outputs share it).
   if (!c_contiguous(q) && head_major_view(q)) o.layout = "bhnd";
   if (!c_contiguous(k) && head_major_view(k)) o.kv_layout = "bhnd";
@@ -253,10 +255,11 @@ NB_MODULE(_core, m) {
              std::optional<std::vector<int64_t>> dilations, const std::string& combine, bool causal,
              std::optional<double> scale, std::optional<std::vector<int64_t>> window,
              std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
-             int64_t block_size, int ulysses) {
-            const AttentionOptions o = options_of(
-                attention, std::move(segments), std::move(dilations), combine, causal, scale,
-                std::move(window), std::move(seqlens), std::move(pattern), block_size, ulysses);
+             int64_t block_size, int ulysses, bool deterministic) {
+            const AttentionOptions o =
+                options_of(attention, std::move(segments), std::move(dilations), combine, causal,
+                           scale, std::move(window), std::move(seqlens), std::move(pattern),
+                           block_size, ulysses, deterministic);
             // Per rank, the (first position, length) runs it owns, in local order.
             std::vector<std::vector<std::pair<int64_t, int64_t>>> all;
             for (const std::vector<int64_t>& rows :
@@ -273,13 +276,14 @@ NB_MODULE(_core, m) {
           },
           "batch"_a, "seq_len"_a, "heads"_a, "attention"_a, "segments"_a.none(),
           "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
-          "seqlens"_a.none(), "pattern"_a.none(), "block_size"_a, "ulysses"_a);
+          "seqlens"_a.none(), "pattern"_a.none(), "block_size"_a, "ulysses"_a,
+          "deterministic"_a = false);
 
   nb::class_<AttentionOp>(m, "AttentionOp")
       .def("__init__", &init_op, "q"_a, "k"_a, "attention"_a, "segments"_a.none(),
            "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
            "seqlens"_a.none(), "pattern"_a.none(), "block_mask"_a.none(), "block_size"_a,
-           "ulysses"_a, "comm"_a)
+           "ulysses"_a, "deterministic"_a, "comm"_a)
       .def_prop_ro("engine", &AttentionOp::engine)
       .def_prop_ro("local_len", [](const AttentionOp& op) { return op.local_len(); })
       .def_prop_ro("seq_len", [](const AttentionOp& op) { return op.config().shape.seq_len; })

@@ -106,6 +106,7 @@ JobSpec job_spec(const RunOptions& opts) {
   spec.threads = opts.threads;
   spec.timeout_s = opts.timeout_s;
   spec.ulysses = opts.ulysses;
+  spec.deterministic = opts.deterministic;
   return spec;
 }
 

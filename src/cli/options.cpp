@@ -177,6 +177,9 @@ po::options_description control_options() {
       "ring-size", po::value<int>()->default_value(0),
       "ranks in the ring; without an MPI launcher P > 1 runs P virtual ranks in this process "
       "(0: the launcher's world size, else 1)")(
+      "deterministic", po::bool_switch(),
+      "bitwise the same results run to run (the CPU always is; on GPUs the kernel is chosen "
+      "by rule, not timing, and no atomics-accumulating backward is used)")(
       "ulysses", po::value<std::string>()->default_value("1"),
       "U: Ulysses x ring; the P ranks form P/U groups of U consecutive ranks, an all-to-all "
       "in each group trades sequence for heads (U must divide P and --heads) and the ring "
@@ -483,6 +486,7 @@ void read_run_control(const po::variables_map& vm, RunOptions& o) {
     throw InputError("--ring-size", "must be in 0.." + std::to_string(kMaxVirtualRanks) + ", got " +
                                         std::to_string(o.ring_size));
   o.ulysses = parse_ulysses(vm["ulysses"].as<std::string>());
+  o.deterministic = vm["deterministic"].as<bool>();
   o.timeout_s = vm["timeout"].as<double>();
   if (!(o.timeout_s > 0) || o.timeout_s > 1e6) {
     std::ostringstream got;

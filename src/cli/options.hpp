@@ -37,6 +37,7 @@ struct RunOptions {
   std::string comm = "auto";  // --comm: auto | nccl | mpi | local (see ring/comm_choice.hpp)
   int ring_size = 0;          // --ring-size: 0 = the launcher's world size (1 without one)
   int ulysses = 1;            // --ulysses: U (0: auto)
+  bool deterministic = false;  // --deterministic
   double timeout_s = 300;     // watchdog: longest wait for one ring exchange (--timeout)
   bool check = false;
   bool json = false;

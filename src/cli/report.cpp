@@ -135,6 +135,7 @@ void add_timings_and_memory(const RunReport& r, nlohmann::json& j) {
   j["peak_bytes"] = r.peak_bytes;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["kernel"] = r.kernel;
+  j["deterministic"] = r.deterministic;
   j["dtype"] = r.dtype;
   j["device_peak_bytes"] = r.device_peak_bytes;
   if (r.blas)

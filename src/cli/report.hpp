@@ -42,6 +42,7 @@ struct RunReport {
   std::size_t bytes_sent = 0;         // forward K/V payload, max over ranks
   std::size_t bytes_sent_min = 0;     // the computed minimum for the config, max over ranks
   int ulysses = 1;                    // --ulysses U (Ulysses x ring when > 1)
+  bool deterministic = false;         // --deterministic
   // Of a Ulysses job's forward bytes: the all-to-alls' and the ring's, each max over ranks,
   // with their computed minima.
   std::size_t bytes_sent_a2a = 0, bytes_sent_a2a_min = 0;

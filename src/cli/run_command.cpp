@@ -345,6 +345,7 @@ RunReport make_report(Run& run, const Timings& tm) {
   rep.cfg = run.engine->config();
   rep.device = s.device;
   rep.threads = s.threads;
+  rep.deterministic = s.deterministic;
   if (s.device == "cuda") {
     rep.kernel = s.kernel;
     rep.dtype = to_string(s.dtype);

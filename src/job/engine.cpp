@@ -51,8 +51,8 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
   if (spec.device_index >= 0) {
     if (spec.device_index >= gpus)
       throw InputError("--device", "GPU " + std::to_string(spec.device_index) +
-                                       " does not exist (this machine has " +
-                                       std::to_string(gpus) + ")");
+                                       " does not exist (this machine has " + std::to_string(gpus) +
+                                       ")");
     m.device_index = spec.device_index;
   }
   if (t == ring::DeviceTransport::device_copies)
@@ -67,7 +67,7 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
 
 CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
   return {spec.dtype.value_or(DeviceDType::bf16),
-          m.device_comm ? KernelChoice::native : spec.kernel, m.device_index};
+          m.device_comm ? KernelChoice::native : spec.kernel, m.device_index, spec.deterministic};
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks
@@ -86,8 +86,7 @@ void build_ulysses(Engine::Impl& m, const JobSpec& spec) {
   ring::Communicator& base = m.on_gpu() ? *m.device_comm : comm;
   // RINGATTN_FAULT_INJECT names a rank of the job: armed on that rank's ring only.
   ring::RingOptions ring_opts = ring_options(spec);
-  if (ring_opts.fault.rank >= 0)
-    ring_opts.fault.rank = ring_opts.fault.rank == p ? p / u : -1;
+  if (ring_opts.fault.rank >= 0) ring_opts.fault.rank = ring_opts.fault.rank == p ? p / u : -1;
   auto group = ring::make_sub_communicator(base, group_members);
   auto ring_comm = ring::make_sub_communicator(base, ring_members);
   std::unique_ptr<job::Backend> backend;
@@ -174,6 +173,7 @@ Engine make_engine(const JobSpec& spec, Comm& comm) {
   if (spec.ulysses == 0 && c.size() > 1)
     ranks.per_node = static_cast<int>(c.max(static_cast<int64_t>(c.local_rank()))) + 1;
   job::agree_on_errors(c, [&] { impl->job = job::resolve(spec, ranks); });
+  impl->deterministic = spec.deterministic;
   job::agree_on_errors(c, [&] { build(*impl, spec); });
   return Engine(std::move(impl));
 }
@@ -378,6 +378,7 @@ EngineStats Engine::stats() const {
   EngineStats s;
   s.device = to_string(j.device);
   s.world_size = m.comm.size();
+  s.deterministic = m.deterministic;
   s.threads = 1;
   m.backend->fill(s);
   s.layout = j.layout.name();

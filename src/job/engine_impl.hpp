@@ -54,6 +54,7 @@ struct Engine::Impl {
   job::ResolvedJob job;
   Comm comm;
   int device_index = 0;  // the GPU of a cuda engine
+  bool deterministic = false;
   // The device communicator of a multi-rank GPU engine (NCCL or device copies); declared
   // before the backend, whose communication thread uses it until the backend is gone.
   std::unique_ptr<ring::Communicator> device_comm;

@@ -341,8 +341,10 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
 #if RINGATTN_HAVE_CUDNN
     try {
       m.cudnn = kc::CudnnSdpa::create(cfg, m.elem, opts.device, m.stream);
-      m.use_cudnn = opts.kernel == KernelChoice::cudnn;
-      m.decide_on_first_forward = opts.kernel == KernelChoice::automatic;
+      // Deterministic runs choose by rule: timing could pick either kernel on another run.
+      m.use_cudnn = opts.kernel == KernelChoice::cudnn ||
+                    (opts.kernel == KernelChoice::automatic && opts.deterministic);
+      m.decide_on_first_forward = opts.kernel == KernelChoice::automatic && !opts.deterministic;
     } catch (const kc::CudnnUnavailable& e) {
       if (opts.kernel == KernelChoice::cudnn)
         m.notes.push_back(std::string("--kernel cudnn: cuDNN cannot run this configuration (") +

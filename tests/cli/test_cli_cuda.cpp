@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "cli/npy.hpp"
 #include "cli_runner.hpp"
 #include "golden.hpp"
 #include "ringattn/cuda_plan.hpp"
-#include "cli/npy.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {
@@ -74,6 +74,51 @@ std::vector<std::string> golden_names() {
 INSTANTIATE_TEST_SUITE_P(Golden, CliCuda, ::testing::ValuesIn(golden_names()),
                          [](const auto& p) { return p.param; });
 
+// --deterministic: two runs of a causal GQA job on the GPU, one rank and a ring of two
+// virtual ranks, forward and backward, give the same bits; --json says so.
+TEST(CliCudaDeterministic, TwoRunsGiveTheSameBits) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  for (const char* ranks : {"1", "2"}) {
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      TempDir dir;
+      const CliResult r = testing::run_cli({"run",
+                                            "--device",
+                                            "cuda",
+                                            "--deterministic",
+                                            "--seq-len",
+                                            "256",
+                                            "--heads",
+                                            "4",
+                                            "--kv-heads",
+                                            "2",
+                                            "--head-dim",
+                                            "64",
+                                            "--causal",
+                                            "--backward",
+                                            "--ring-size",
+                                            ranks,
+                                            "--json",
+                                            "--iters",
+                                            "1",
+                                            "--warmup",
+                                            "0",
+                                            "--out",
+                                            dir.file("out.npy"),
+                                            "--dq-out",
+                                            dir.file("dq.npy")});
+      ASSERT_EQ(r.exit_code, 0) << describe(r);
+      EXPECT_TRUE(last_line_json(r.out).value("deterministic", false));
+      std::vector<float> both = read_npy_float(dir.file("out.npy"));
+      const std::vector<float> dq = read_npy_float(dir.file("dq.npy"));
+      both.insert(both.end(), dq.begin(), dq.end());
+      runs.push_back(both);
+    }
+    EXPECT_EQ(runs[0], runs[1]) << ranks << " rank(s)";
+  }
+}
+
 #if RINGATTN_TEST_HAVE_CUDNN
 TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
   const CudaDeviceStatus gpu = probe_cuda_device();
@@ -127,9 +172,9 @@ TEST(CliCudaRun, HeadMajorLayoutStaysOnTheCpuUnderAutoAndIsRefusedOnCuda) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
   TempDir dir;
-  const CliResult refused = testing::run_cli({"run", "--device", "cuda", "--layout", "bhnd",
-                                              "--seq-len", "128", "--heads", "2", "--out",
-                                              dir.file("out.npy")});
+  const CliResult refused =
+      testing::run_cli({"run", "--device", "cuda", "--layout", "bhnd", "--seq-len", "128",
+                        "--heads", "2", "--out", dir.file("out.npy")});
   EXPECT_EQ(refused.exit_code, 2) << describe(refused);
   EXPECT_NE(refused.err.find("--layout"), std::string::npos) << describe(refused);
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
@@ -142,8 +187,8 @@ TEST(CliCudaRun, HeadMajorLayoutStaysOnTheCpuUnderAutoAndIsRefusedOnCuda) {
   EXPECT_EQ(j.value("tensor_layout", ""), "bhnd");
   EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
   // A head-major KV cache alone does the same, named by its own option.
-  const CliResult kv = testing::run_cli({"run", "--device", "cuda", "--kv-layout", "bhnd",
-                                         "--seq-len", "128", "--heads", "2"});
+  const CliResult kv = testing::run_cli(
+      {"run", "--device", "cuda", "--kv-layout", "bhnd", "--seq-len", "128", "--heads", "2"});
   EXPECT_EQ(kv.exit_code, 2) << describe(kv);
   EXPECT_NE(kv.err.find("--kv-layout"), std::string::npos) << describe(kv);
   const CliResult kv_auto = testing::run_cli({"run", "--device", "auto", "--kv-layout", "bhnd",

@@ -255,6 +255,42 @@ TEST(CliVirtualRanks, UlyssesThatCannotSplitIsBadInputNamingTheOption) {
   EXPECT_NE(help.out.find("--ulysses"), std::string::npos) << help.out;
 }
 
+// --deterministic on the CPU (always bitwise reproducible): the report says so, and two runs
+// of a Ulysses x ring job give the same bits.
+TEST(CliVirtualRanks, DeterministicRunsGiveTheSameBits) {
+  std::vector<std::vector<float>> runs;
+  for (int run = 0; run < 2; ++run) {
+    TempDir dir;
+    const CliResult r = testing::run_cli({"run",
+                                          "--seq-len",
+                                          "256",
+                                          "--heads",
+                                          "4",
+                                          "--head-dim",
+                                          "16",
+                                          "--causal",
+                                          "--backward",
+                                          "--ring-size",
+                                          "4",
+                                          "--ulysses",
+                                          "2",
+                                          "--threads",
+                                          "2",
+                                          "--deterministic",
+                                          "--json",
+                                          "--iters",
+                                          "1",
+                                          "--warmup",
+                                          "0",
+                                          "--dq-out",
+                                          dir.file("dq.npy")});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_TRUE(last_line_json(r.out).value("deterministic", false));
+    runs.push_back(read_npy_float(dir.file("dq.npy")));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
 TEST(CliVirtualRanks, NegativeRingSizeIsBadInput) {
   const CliResult r = testing::run_cli(with(kSmallRun, {"--seq-len", "256", "--ring-size", "-2"}));
   EXPECT_EQ(r.exit_code, 2) << describe(r);
