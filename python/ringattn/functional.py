@@ -399,7 +399,9 @@ def unshard(x_local, comm: Comm | None = None, *, causal=False, block_size=None,
     if comm.size == 1:
         return x_local
     use_torch = _is_torch(x_local)
-    local = x_local.detach().contiguous() if use_torch else np.ascontiguousarray(x_local)
+    # Gathered through host memory (the communicator's collectives take host buffers); a
+    # CUDA shard comes back as a full tensor on its device.
+    local = x_local.detach().cpu().contiguous() if use_torch else np.ascontiguousarray(x_local)
     shape = tuple(local.shape)
     if use_torch:
         gathered = torch.empty((comm.size,) + shape, dtype=local.dtype)
@@ -415,7 +417,7 @@ def unshard(x_local, comm: Comm | None = None, *, causal=False, block_size=None,
         for begin, length in chunks:
             full[:, begin:begin + length] = gathered[rank][:, row:row + length]
             row += length
-    return full
+    return full.to(x_local.device) if use_torch else full
 
 
 def all_reduce_sum(x, comm: Comm | None = None):
@@ -426,10 +428,10 @@ def all_reduce_sum(x, comm: Comm | None = None):
     if comm.size == 1:
         return x
     use_torch = _is_torch(x)
-    local = x.detach().contiguous() if use_torch else np.ascontiguousarray(x)
+    local = x.detach().cpu().contiguous() if use_torch else np.ascontiguousarray(x)
     if use_torch:
         gathered = torch.empty((comm.size,) + tuple(local.shape), dtype=local.dtype)
     else:
         gathered = np.empty((comm.size,) + tuple(local.shape), dtype=local.dtype)
     comm._handle.allgather(local, gathered)
-    return gathered.sum(0) if use_torch else gathered.sum(axis=0)
+    return gathered.sum(0).to(x.device) if use_torch else gathered.sum(axis=0)

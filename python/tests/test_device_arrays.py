@@ -24,7 +24,7 @@ KV_HEADS = 2
 TOLERANCE = {"fp32": 2e-5, "bf16": 2e-2, "fp16": 5e-3}
 OPTIONS = dict(attention="dense", segments=None, dilations=None, combine="grouped",
                causal=True, scale=None, window=None, seqlens=None, pattern=None, block_mask=None,
-               block_size=128, ulysses=1)
+               block_size=128, ulysses=1, deterministic=False)
 
 
 def rounded(x, dtype):

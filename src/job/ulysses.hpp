@@ -59,7 +59,6 @@ class Moves {
   virtual void before_exchange(ring::Communicator& comm) { (void)comm; }
   // After an exchange completed: orders later copies after it (device).
   virtual void after_exchange(ring::PendingExchange& done) { (void)done; }
-  virtual void* stream() const { return nullptr; }
 };
 
 std::unique_ptr<Moves> make_host_moves();

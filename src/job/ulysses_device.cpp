@@ -60,7 +60,6 @@ class DeviceMoves final : public Moves {
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(e), 0));
     }
   }
-  void* stream() const override { return stream_; }
 
  private:
   cudaStream_t stream_;

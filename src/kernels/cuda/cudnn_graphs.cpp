@@ -6,8 +6,12 @@
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <unordered_map>
 
 #include "ringattn/errors.hpp"
 
@@ -80,11 +84,18 @@ std::shared_ptr<Graph> new_graph(DeviceDType dtype, int sm_version) {
   return g;
 }
 
+// A view's graph and the tensors a variant pack binds.
+struct ViewGraph {
+  std::shared_ptr<Graph> graph;
+  Tensor q, k, v, o, dout, stats, dq, dk, dv;
+};
+
 // Forward with stats: O in the io type through the view's strides (into a scratch tensor
 // shaped like q), the lse in fp32.
-std::shared_ptr<Graph> forward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
-  auto g = new_graph(dtype, sm_version);
-  const Inputs in = inputs(*g, v);
+ViewGraph forward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
+  ViewGraph vg;
+  vg.graph = new_graph(dtype, sm_version);
+  const Inputs in = inputs(*vg.graph, v);
   // The composite graph: the one whose masks (causal, windows) every cuDNN 9 runs; the
   // unified operation takes masks only from 9.21 on.
   auto a = fe::graph::SDPA_attributes()
@@ -93,19 +104,22 @@ std::shared_ptr<Graph> forward_graph(const SdpaView& v, DeviceDType dtype, int s
                .set_attn_scale(v.scale)
                .set_implementation(fe::AttentionImplementation_t::COMPOSITE);
   set_band(v, a);
-  auto [o, stats] = g->sdpa(in.q, in.k, in.v, a);
+  auto [o, stats] = vg.graph->sdpa(in.q, in.k, in.v, a);
   o->set_output(true).set_dim(dims(v, v.heads)).set_stride(strides(v.q_stride));
   stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_stride(stats_stride(v));
-  return g;
+  vg.q = in.q, vg.k = in.k, vg.v = in.v, vg.o = o, vg.stats = stats;
+  return vg;
 }
 
 // Backward from O, dO and the stats: dQ, dK, dV in the io type (the engines add them into
 // their fp32 gradients).
-std::shared_ptr<Graph> backward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
-  auto g = new_graph(dtype, sm_version);
-  const Inputs in = inputs(*g, v);
+ViewGraph backward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
+  ViewGraph vg;
+  vg.graph = new_graph(dtype, sm_version);
+  Graph& g = *vg.graph;
+  const Inputs in = inputs(g, v);
   auto t = [&](const char* name, const std::vector<int64_t>& d, const std::vector<int64_t>& s) {
-    return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(s));
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(s));
   };
   Tensor o = t("O", dims(v, v.heads), strides(v.q_stride));
   Tensor dout = t("dO", dims(v, v.heads), strides(v.q_stride));
@@ -113,11 +127,13 @@ std::shared_ptr<Graph> backward_graph(const SdpaView& v, DeviceDType dtype, int 
   stats->set_data_type(fe::DataType_t::FLOAT);
   auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(v.scale);
   set_band(v, a);
-  auto [dq, dk, dv] = g->sdpa_backward(in.q, in.k, in.v, o, dout, stats, a);
+  auto [dq, dk, dv] = g.sdpa_backward(in.q, in.k, in.v, o, dout, stats, a);
   dq->set_output(true).set_dim(dims(v, v.heads)).set_stride(strides(v.q_stride));
   dk->set_output(true).set_dim(dims(v, v.kv_heads)).set_stride(strides(v.kv_stride));
   dv->set_output(true).set_dim(dims(v, v.kv_heads)).set_stride(strides(v.kv_stride));
-  return g;
+  vg.q = in.q, vg.k = in.k, vg.v = in.v, vg.o = o, vg.dout = dout, vg.stats = stats;
+  vg.dq = dq, vg.dk = dk, vg.dv = dv;
+  return vg;
 }
 
 }  // namespace
@@ -230,9 +246,9 @@ bool cudnn_loadable(std::string* description) {
 std::string validate_sdpa_view(const SdpaView& view, SdpaGraphKind kind, DeviceDType dtype,
                                int sm_version) {
   if (const std::string& error = open_cudnn(); !error.empty()) throw RuntimeFailure(error);
-  const auto g = kind == SdpaGraphKind::forward ? forward_graph(view, dtype, sm_version)
-                                                : backward_graph(view, dtype, sm_version);
-  fe::error_t status = g->validate();
+  const ViewGraph vg = kind == SdpaGraphKind::forward ? forward_graph(view, dtype, sm_version)
+                                                      : backward_graph(view, dtype, sm_version);
+  fe::error_t status = vg.graph->validate();
   return status.is_good() ? "" : status.get_message();
 }
 
@@ -246,6 +262,127 @@ std::vector<SdpaGraphCheck> validate_sdpa_graphs(const AttentionConfig& cfg, Dev
     for (const SdpaGraphKind kind : {SdpaGraphKind::forward, SdpaGraphKind::backward})
       checks.push_back({kind, i, validate_sdpa_view(views[i], kind, dtype, sm_version)});
   return checks;
+}
+
+// --- CudnnGraphPlan -----------------------------------------------------------------------
+
+struct CudnnGraphPlan::Impl {
+  std::vector<SdpaView> views;
+  std::vector<ViewGraph> forward, backward;
+  std::vector<int64_t> stats_offsets;
+  int64_t stats_floats = 0;
+  std::size_t elem_bytes = 2;
+  cudnnHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  double build_ms = 0;
+  std::string description;
+
+  ~Impl() {
+    if (handle) (void)fe::detail::destroy_handle(handle);
+  }
+  // Builds one graph for this device: validate, operation graph, heuristics mode A, check
+  // support, plans. Throws naming the view and cuDNN's reason.
+  void build(ViewGraph& vg, std::size_t view, const char* kind, int64_t& workspace_bytes) {
+    fe::error_t status = vg.graph->build(handle, {fe::HeurMode_t::A});
+    if (status.is_bad())
+      throw std::runtime_error(std::string("cuDNN cannot run the ") + kind + " of view " +
+                               std::to_string(view) + ": " + status.get_message());
+    int64_t ws = 0;
+    if (vg.graph->get_workspace_size(ws).is_bad()) ws = 0;
+    workspace_bytes = std::max(workspace_bytes, ws);
+  }
+  void execute(const ViewGraph& vg, std::unordered_map<Tensor, void*>& pack) {
+    fe::error_t status = vg.graph->execute(handle, pack, workspace.data());
+    if (status.is_bad())
+      throw RuntimeFailure("cuDNN SDPA execution failed: " + status.get_message());
+  }
+  const char* at(const void* base, int64_t elements) const {
+    return static_cast<const char*>(base) + elements * static_cast<int64_t>(elem_bytes);
+  }
+};
+
+CudnnGraphPlan::CudnnGraphPlan(const AttentionConfig& cfg, DeviceDType dtype, int device,
+                               void* stream, bool with_backward)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  if (dtype == DeviceDType::fp32)
+    throw std::runtime_error("cuDNN's fused attention takes bf16 or fp16 inputs, not fp32");
+  std::string why;
+  m.views = sdpa_views(cfg, &why);
+  if (m.views.empty()) throw std::runtime_error(why);
+  if (const std::string& error = open_cudnn(); !error.empty()) throw std::runtime_error(error);
+  const CudaDeviceStatus d = probe_cuda_device(device);
+  if (!d.usable) throw std::runtime_error(d.reason);
+  const int sm = d.cc_major * 10 + d.cc_minor;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (fe::detail::create_handle(&m.handle) != CUDNN_STATUS_SUCCESS)
+    throw std::runtime_error("cudnnCreate failed");
+  (void)fe::detail::set_stream(m.handle, static_cast<cudaStream_t>(stream));
+  int64_t ws = 0;
+  for (std::size_t i = 0; i < m.views.size(); ++i) {
+    const SdpaView& v = m.views[i];
+    if (with_backward && v.accumulate)
+      throw std::runtime_error("the backward of merged views (dilated mixture) runs natively");
+    m.stats_offsets.push_back(m.stats_floats);
+    m.stats_floats += v.batch * v.heads * v.rows;
+    m.forward.push_back(forward_graph(v, dtype, sm));
+    m.build(m.forward.back(), i, "forward", ws);
+    if (with_backward) {
+      m.backward.push_back(backward_graph(v, dtype, sm));
+      m.build(m.backward.back(), i, "backward", ws);
+    }
+  }
+  m.workspace = DeviceBuffer(static_cast<std::size_t>(std::max<int64_t>(ws, 1)),
+                             "the cuDNN workspace", device);
+  m.build_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::string version;
+  (void)cudnn_loadable(&version);
+  m.description = version + ": " + std::to_string(m.views.size()) +
+                  (m.views.size() == 1 ? " view" : " views") + ", composite forward" +
+                  (with_backward ? " + backward" : "");
+}
+
+CudnnGraphPlan::~CudnnGraphPlan() = default;
+
+const std::vector<SdpaView>& CudnnGraphPlan::views() const { return impl_->views; }
+int64_t CudnnGraphPlan::stats_offset(std::size_t view) const { return impl_->stats_offsets[view]; }
+int64_t CudnnGraphPlan::stats_floats() const { return impl_->stats_floats; }
+double CudnnGraphPlan::build_ms() const { return impl_->build_ms; }
+std::string CudnnGraphPlan::description() const { return impl_->description; }
+
+void CudnnGraphPlan::forward(const void* q, const void* k, const void* v, void* out, float* stats) {
+  Impl& m = *impl_;
+  for (std::size_t i = 0; i < m.views.size(); ++i) {
+    const SdpaView& w = m.views[i];
+    const ViewGraph& g = m.forward[i];
+    std::unordered_map<Tensor, void*> pack = {{g.q, const_cast<char*>(m.at(q, w.q_offset))},
+                                              {g.k, const_cast<char*>(m.at(k, w.kv_offset))},
+                                              {g.v, const_cast<char*>(m.at(v, w.kv_offset))},
+                                              {g.o, const_cast<char*>(m.at(out, w.q_offset))},
+                                              {g.stats, stats + m.stats_offsets[i]}};
+    m.execute(g, pack);
+  }
+}
+
+void CudnnGraphPlan::backward(const void* q, const void* k, const void* v, const void* out,
+                              const void* dout, const float* stats, void* dq, void* dk, void* dv) {
+  Impl& m = *impl_;
+  if (m.backward.empty()) throw std::logic_error("CudnnGraphPlan: built without the backward");
+  for (std::size_t i = 0; i < m.views.size(); ++i) {
+    const SdpaView& w = m.views[i];
+    const ViewGraph& g = m.backward[i];
+    auto p = [&](const void* base, int64_t offset) {
+      return const_cast<char*>(m.at(base, offset));
+    };
+    std::unordered_map<Tensor, void*> pack = {
+        {g.q, p(q, w.q_offset)},       {g.k, p(k, w.kv_offset)},
+        {g.v, p(v, w.kv_offset)},      {g.o, p(out, w.q_offset)},
+        {g.dout, p(dout, w.q_offset)}, {g.stats, const_cast<float*>(stats + m.stats_offsets[i])},
+        {g.dq, p(dq, w.q_offset)},     {g.dk, p(dk, w.kv_offset)},
+        {g.dv, p(dv, w.kv_offset)}};
+    m.execute(g, pack);
+  }
 }
 
 }  // namespace ringattn::kernels::cuda

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,5 +62,37 @@ std::string validate_sdpa_view(const SdpaView& view, SdpaGraphKind kind, DeviceD
 
 // The cuDNN library this process loads, e.g. "cuDNN 9.19.0", or why none can be loaded.
 bool cudnn_loadable(std::string* description);
+
+// A configuration's view graphs built for one GPU and run there: the forward with stats and,
+// when asked, the backward. Each graph is built once, in the constructor (cuDNN's heuristics
+// mode A; build_ms() says how long that took), with one workspace for all of them. Tensors
+// are device pointers: q, out, dq [B, N, H, D] and k, v, dk, dv [B, N, HKV, D] in `dtype`
+// (bf16 or fp16), read and written through each view's strides; stats fp32, the views' back
+// to back (view i at stats_offset(i), [batch', heads, rows] each). Rows no view selects are
+// left as they are (zero dq, dk, dv first). Work runs on `stream` (a cudaStream_t).
+class CudnnGraphPlan {
+ public:
+  // Throws std::runtime_error naming why cuDNN cannot run the configuration here: no views
+  // (sdpa_views' reason), cuDNN not loadable, or a graph this device and cuDNN version do
+  // not support (the caller falls back to the native kernels with that note).
+  CudnnGraphPlan(const AttentionConfig& cfg, DeviceDType dtype, int device, void* stream,
+                 bool with_backward);
+  ~CudnnGraphPlan();
+  CudnnGraphPlan(const CudnnGraphPlan&) = delete;
+  CudnnGraphPlan& operator=(const CudnnGraphPlan&) = delete;
+
+  const std::vector<SdpaView>& views() const;
+  int64_t stats_offset(std::size_t view) const;
+  int64_t stats_floats() const;
+  void forward(const void* q, const void* k, const void* v, void* out, float* stats);
+  void backward(const void* q, const void* k, const void* v, const void* out, const void* dout,
+                const float* stats, void* dq, void* dk, void* dv);
+  double build_ms() const;
+  std::string description() const;  // "cuDNN 9.19.0: 1 view, composite forward + backward"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace ringattn::kernels::cuda
