@@ -390,6 +390,26 @@ std::vector<RingCase> partial_ring_cases() {
 INSTANTIATE_TEST_SUITE_P(Partials, CudaRingPartials, ::testing::ValuesIn(partial_ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
 
+// docs/COMMUNICATION.md's per-rank bound: per-step partials (the path a library kernel that
+// cannot merge in place takes) cost one more shard's output and lse in fp32, B·n·H·(D + 1)·4
+// bytes, on top of the merged path's workspace, and nothing else.
+TEST(CudaRing, PartialsCostOneShardOfOutputAndLse) {
+  if (const std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  const AttentionConfig cfg = testing::config_of(testing::random_ring_cases()[2], true);
+  const RingInputs in = testing::random_inputs(cfg);
+  const bool shared = ranks_share_a_device(2);
+  ring::RingOptions partials;
+  partials.step_results = ring::RingOptions::StepResults::partials;
+  const Full merged = run_gpu_ring(cfg, in, 2, DeviceDType::bf16, {}, shared);
+  const Full split = run_gpu_ring(cfg, in, 2, DeviceDType::bf16, partials, shared);
+  const Shape4& s = cfg.shape;
+  const auto n = static_cast<std::size_t>(s.seq_len / 2);
+  const std::size_t extra = static_cast<std::size_t>(s.batch * s.heads) * n *
+                            static_cast<std::size_t>(s.head_dim + 1) * sizeof(float);
+  for (std::size_t r = 0; r < 2; ++r)
+    EXPECT_EQ(split.workspace[r], merged.workspace[r] + extra) << r;
+}
+
 // dK/dV partials come back in step order: two runs give the same bits.
 TEST(CudaRing, BackwardIsBitwiseReproducible) {
   if (const std::string why = skip_reason(4); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
