@@ -102,7 +102,7 @@ def forward_backward(q, k, v, dout, scale=None, **pattern):
 
 
 def relative_error(got, want):
-    got, want = torch.as_tensor(got).double(), torch.as_tensor(want).double()
+    got, want = torch.as_tensor(got).detach().double(), torch.as_tensor(want).detach().double()
     inf_got, inf_want = torch.isinf(got), torch.isinf(want)
     if not torch.equal(inf_got, inf_want) or not torch.equal(got[inf_got], want[inf_want]):
         return math.inf
