@@ -9,6 +9,7 @@
 #include <climits>
 #include <exception>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "job/agree.hpp"
@@ -340,37 +341,6 @@ void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v
   kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
 }
 
-namespace {
-
-// A Ulysses job's figures: the ring's minimum for this rank's slice on its group's place in
-// the ring, plus the all-to-alls'.
-void ulysses_stats(const Engine::Impl& m, EngineStats& s) {
-  const job::ResolvedJob& j = m.job;
-  const int rank = m.comm.rank(), u = j.ulysses;
-  const job::UlyssesSlice slice = job::ulysses_slice(j.cfg, j.lists, u, rank % u);
-  const int elem = m.on_gpu() ? static_cast<int>(elem_bytes(s.dtype)) : 4;
-  int64_t ring_min = 0;
-  if (j.lists) {
-    const sparse::BlockLists& l = *j.lists;
-    s.attended_pairs =
-        sparse::attended_token_pairs(l, j.cfg) * static_cast<double>(j.cfg.shape.batch);
-    s.pattern = j.pattern_text;
-    s.sparsity = sparse::sparsity(l, j.cfg.causal);
-    // Over the groups (a group's members split its work by heads).
-    s.imbalance = ring::imbalance(sparse::attended_pairs_by_rank(l, j.layout, j.cfg));
-    if (j.layout.world > 1)
-      ring_min = sparse::minimum_bytes_sent(slice.cfg, *slice.lists, j.layout, rank / u);
-  } else {
-    s.attended_pairs = attended_pairs(j.cfg);
-    s.imbalance = ring::imbalance(ring::attended_pairs_by_rank(j.cfg, j.layout));
-    if (j.layout.world > 1) ring_min = ring::minimum_bytes_sent(slice.cfg, j.layout, rank / u);
-  }
-  s.bytes_sent_a2a_min = job::ulysses_forward_a2a_bytes(j.cfg, u, j.local_len(), elem);
-  s.bytes_sent_min = ring_min * elem / 4 + s.bytes_sent_a2a_min;
-}
-
-}  // namespace
-
 EngineStats Engine::stats() const {
   const Impl& m = *impl_;
   const job::ResolvedJob& j = m.job;
@@ -383,25 +353,33 @@ EngineStats Engine::stats() const {
   m.backend->fill(s);
   s.layout = j.layout.name();
   s.attention_note = j.auto_note;
-  if (j.ulysses > 1) {
-    ulysses_stats(m, s);
-  } else if (j.lists) {
+  if (j.lists) {
     const sparse::BlockLists& l = *j.lists;
     s.attended_pairs =
         sparse::attended_token_pairs(l, j.cfg) * static_cast<double>(j.cfg.shape.batch);
     s.pattern = j.pattern_text;
     s.sparsity = sparse::sparsity(l, j.cfg.causal);
     s.imbalance = ring::imbalance(sparse::attended_pairs_by_rank(l, j.layout, j.cfg));
-    if (s.world_size > 1) s.bytes_sent_min = sparse::minimum_bytes_sent(j.cfg, l, j.layout, rank);
   } else {
     s.attended_pairs = attended_pairs(j.cfg);
     s.imbalance = ring::imbalance(ring::attended_pairs_by_rank(j.cfg, j.layout));
-    if (s.world_size > 1) s.bytes_sent_min = ring::minimum_bytes_sent(j.cfg, j.layout, rank);
   }
+  // The ring's minimum for this rank's place in it (with Ulysses, its head slice on its
+  // group's place), counted in fp32 and scaled to the device dtype K/V travel in; then the
+  // all-to-alls' on top.
+  const int u = j.ulysses;
+  std::optional<job::UlyssesSlice> slice;
+  if (u > 1) slice = job::ulysses_slice(j.cfg, j.lists, u, rank % u);
+  const AttentionConfig& ring_cfg = slice ? slice->cfg : j.cfg;
+  const sparse::BlockLists* ring_lists = slice ? slice->lists.get() : j.lists.get();
+  int64_t ring_min = 0;
+  if (j.layout.world > 1)
+    ring_min = ring_lists ? sparse::minimum_bytes_sent(ring_cfg, *ring_lists, j.layout, rank / u)
+                          : ring::minimum_bytes_sent(ring_cfg, j.layout, rank / u);
+  const int elem = m.on_gpu() ? static_cast<int>(elem_bytes(s.dtype)) : 4;
+  if (u > 1) s.bytes_sent_a2a_min = job::ulysses_forward_a2a_bytes(j.cfg, u, j.local_len(), elem);
+  s.bytes_sent_min = ring_min * elem / 4 + s.bytes_sent_a2a_min;
   if (m.on_gpu()) {
-    // K/V travel in the device dtype; the minimum is counted in fp32.
-    if (j.ulysses == 1)
-      s.bytes_sent_min = s.bytes_sent_min * static_cast<int64_t>(elem_bytes(s.dtype)) / 4;
     s.device_peak_bytes = device_bytes_peak();
     const CudaDeviceStatus d = probe_cuda_device(m.device_index);
     s.emulated_device = d.emulated;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "job_cases.hpp"
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ringattn/reference.hpp"
@@ -19,11 +20,8 @@
 namespace ringattn {
 namespace {
 
-struct Case {
-  std::string name;
-  AttentionConfig cfg;
-  std::string pattern;  // block-sparse
-};
+using Case = testing::JobCase;
+using testing::rows_of;
 
 std::vector<Case> cases() {
   std::vector<Case> c;
@@ -68,19 +66,6 @@ std::vector<Case> cases() {
   per_head.dilations = {1, 2};
   c.push_back({"block_sparse_dilated_blocks", per_head, "dilated-blocks"});
   return c;
-}
-
-// Rows `rows` of a [B, N, heads, D] tensor (float or double), as float.
-template <typename T>
-std::vector<float> rows_of(const std::vector<T>& full, const std::vector<int64_t>& rows,
-                           int64_t batch, int64_t seq_len, int64_t inner) {
-  std::vector<float> local;
-  for (int64_t b = 0; b < batch; ++b)
-    for (const int64_t p : rows)
-      for (int64_t c = 0; c < inner; ++c)
-        local.push_back(
-            static_cast<float>(full[static_cast<std::size_t>((b * seq_len + p) * inner + c)]));
-  return local;
 }
 
 // One job's results, every rank's shard scattered back into whole [B, N, ...] tensors.
