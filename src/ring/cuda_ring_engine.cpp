@@ -57,6 +57,7 @@ struct DeviceWave {
 struct DeviceStep {
   std::vector<DeviceWave> waves;
   int64_t run0 = 0, n_runs = 0;  // the rows this rank sends, into the run list
+  bool rows_repeat = false;  // runs_repeat_a_row(): dK/dV rows are added serially
 };
 
 }  // namespace
@@ -229,7 +230,7 @@ struct CudaRingPlan::Impl::Device {
 
   void add_returned(int t, float* dk, float* dv) {
     kc::launch_unpack_add_rows(m.pack_params(t), m.buf.returned[t % 2].as<float>(), dk, dv,
-                               m.mixture, m.stream);
+                               m.steps[static_cast<std::size_t>(t)].rows_repeat, m.stream);
   }
 };
 
@@ -286,6 +287,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
       base += r.rows();
     }
     ds.n_runs = static_cast<int64_t>(st.send_runs.size());
+    ds.rows_repeat = runs_repeat_a_row(st.send_runs);
     m.steps.push_back(std::move(ds));
   }
   m.vector_loads = m.elem != kc::Elem::fp32 && cfg.shape.head_dim == kc::padded_head_dim(m.d()) &&

@@ -366,4 +366,12 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout
   return rows * s.batch * 2 * s.head_dim * static_cast<int64_t>(sizeof(float));
 }
 
+bool runs_repeat_a_row(const std::vector<Run>& runs) {
+  std::vector<int64_t> rows;
+  for (const Run& r : runs)
+    for (int64_t i = 0; i < r.rows(); ++i) rows.push_back(r.row0 + i * r.stride);
+  std::sort(rows.begin(), rows.end());
+  return std::adjacent_find(rows.begin(), rows.end()) != rows.end();
+}
+
 }  // namespace ringattn::ring

@@ -61,6 +61,11 @@ struct RingSchedule {
 RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
                                  const kernels::TileConfig& tiles);
 
+// Whether runs name one row twice: a dilated mixture (two patterns select a position), or a
+// K/V head shared by head groups of two patterns (grouped GQA). The dK/dV returned for such
+// runs must be added row after row; added in parallel, two read-modify-writes of one row race.
+bool runs_repeat_a_row(const std::vector<Run>& runs);
+
 // The fewest K/V bytes rank `rank` must send in the forward: for every other rank, every row
 // (position, K/V head) of a pattern that one of that rank's queries attends to, K and V,
 // fp32, counted once per pattern that needs it (however many query heads share the K/V

@@ -230,6 +230,39 @@ TEST(RingScheduleWindow, OnlyRanksWithinReachExchange) {
   }
 }
 
+// The GPU ring adds returned dK/dV rows in parallel unless a step's runs repeat a row. A K/V
+// head that head groups of two patterns share (grouped GQA) repeats rows, as a mixture does;
+// a lent H100 found the parallel add racing there (dK/dV off by up to 15 %) when only the
+// mixture was sent to the serial add.
+TEST(RingScheduleGqa, StepsWhoseRunsRepeatARowAreFound) {
+  auto any_step_repeats = [](const AttentionConfig& cfg, int world) {
+    const ShardLayout layout = make_layout(cfg, world);
+    for (int r = 0; r < world; ++r)
+      for (const RingStep& st : build_ring_schedule(cfg, layout, r, {16, 32}).steps)
+        if (runs_repeat_a_row(st.send_runs)) return true;
+    return false;
+  };
+  // 3 pattern groups of 2 heads over 2 K/V heads of 3: K/V head 0 serves two patterns.
+  AttentionConfig straddling =
+      make({1, 240, 6, 16}, AttentionKind::dilated, Combine::grouped, {16, 48, 240}, {1, 3, 7},
+           false);
+  straddling.kv_heads = 2;
+  AttentionConfig mixture = straddling;
+  mixture.combine = Combine::mixture;
+  mixture.kv_heads = 6;
+  AttentionConfig grouped = straddling;  // one K/V head per query head: no sharing
+  grouped.kv_heads = 6;
+  AttentionConfig dense = make({1, 240, 6, 16}, AttentionKind::dense, Combine::grouped, {}, {}, true);
+  dense.kv_heads = 2;
+  for (int world : {2, 3, 4}) {
+    EXPECT_TRUE(any_step_repeats(straddling, world)) << world;
+    EXPECT_TRUE(any_step_repeats(mixture, world)) << world;
+    EXPECT_FALSE(any_step_repeats(grouped, world)) << world;
+    EXPECT_FALSE(any_step_repeats(dense, world)) << world;
+  }
+  EXPECT_FALSE(runs_repeat_a_row({}));
+}
+
 TEST(RingScheduleGqa, KvHeadsMoveHOverHkvTimesFewerBytes) {
   for (bool dilated : {false, true})
     for (bool causal : {false, true})
