@@ -104,6 +104,10 @@ struct Machine {
   bool delays = false;
   std::mutex mu;  // guards the registries
   std::set<Stream*> streams;
+  // Destroyed streams (their objects are kept, so an address never names two streams): a
+  // call naming one is undefined behaviour on a GPU, and a crash there (a lent H200 ended a
+  // run in a segfault for a cudaStreamSynchronize after cudaStreamDestroy), so it is fatal.
+  std::set<Stream*> destroyed;
   std::map<CUevent_st*, std::shared_ptr<Event>> events;
   std::set<Pool*> pools;
   std::map<std::uintptr_t, Allocation> allocations;  // by start address
@@ -266,12 +270,22 @@ Stream* legacy_of(Device& d) {
 }
 
 // The stream a handle names (nullptr: the current device's legacy stream), or null.
-Stream* resolve(cudaStream_t handle) {
+[[noreturn]] void used_after_destroy(const void* handle, const char* call) {
+  std::fprintf(stderr,
+               "ringattn emulator: %s names stream %p, which cudaStreamDestroy destroyed: "
+               "undefined on a GPU (it can crash there), so the emulator stops\n",
+               call, handle);
+  std::abort();
+}
+
+Stream* resolve(cudaStream_t handle, const char* call = "a runtime call") {
   if (!handle) return legacy_of(current());
   auto* s = reinterpret_cast<Stream*>(handle);
   Machine& m = machine();
   std::lock_guard lock(m.mu);
-  return m.streams.count(s) ? s : nullptr;
+  if (m.streams.count(s)) return s;
+  if (m.destroyed.count(s)) used_after_destroy(handle, call);
+  return nullptr;
 }
 
 std::shared_ptr<Event> resolve(cudaEvent_t handle) {
@@ -960,7 +974,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Machine& m = machine();
   {
     std::lock_guard lock(m.mu);
+    if (stream && m.destroyed.count(s)) used_after_destroy(stream, "cudaStreamDestroy");
     if (!stream || !m.streams.erase(s)) return set_last(cudaErrorInvalidResourceHandle);
+    m.destroyed.insert(s);
   }
   // The work already given to it still runs (as on the device), then the worker stops.
   synchronize(*s);
@@ -981,7 +997,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  Stream* s = resolve(stream);
+  Stream* s = resolve(stream, "cudaStreamSynchronize");
   if (!s) return set_last(cudaErrorInvalidResourceHandle);
   synchronize(*s);
   return set_last(sticky_of(s->device));

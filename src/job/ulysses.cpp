@@ -136,7 +136,11 @@ class UlyssesBackend final : public Backend {
   }
 
   ~UlyssesBackend() override {
-    // The inner backend's communication thread uses ring_: it goes first.
+    // The moves run on the inner backend's stream (a GPU's): they finish and go while that
+    // stream exists (synchronising a destroyed stream crashed on a real GPU; the emulator's
+    // streams outlive their handles). Then the inner backend, whose communication thread
+    // uses ring_, before ring_.
+    moves_.reset();
     inner_.reset();
   }
 
