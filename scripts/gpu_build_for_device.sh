@@ -6,20 +6,30 @@
 # the device tool with carry [".gpu-carry"] and `bash bench/gpu/device_run.sh check` (and
 # `... bench`). Environment: BUILD (build dir, default /tmp/build-gpu-carry), ARCHS
 # (CMAKE_CUDA_ARCHITECTURES, default "80-real;90"; "90" alone builds faster for an H100),
-# JOBS (default 2).
+# JOBS (default 2), PY_KIT (default 1: also build the Python extension here and pack a kit
+# that device_run.sh's python stage links on the device against the image's own Python,
+# whose headers this machine lacks; 0 skips it).
 set -euo pipefail
 ROOT=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
 BUILD=${BUILD:-/tmp/build-gpu-carry}
 ARCHS=${ARCHS:-80-real;90}
 JOBS=${JOBS:-2}
+PY_KIT=${PY_KIT:-1}
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+py_args=()
+py_target=()
+if [ "$PY_KIT" = 1 ]; then
+  py_args=(-DRINGATTN_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$PYTHON")
+  py_target=(_core)
+fi
 # -march=native off: the GPU machine's CPU may lack this machine's vector extensions.
 # MPI off: the multi-rank path is not what runs there, and the image has no MPI library.
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERROR=ON \
   -DRINGATTN_NATIVE=OFF -DRINGATTN_WITH_MPI=OFF -DRINGATTN_BUILD_BENCH=ON \
-  "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
+  "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" "${py_args[@]}"
 start=$(date +%s)
 ninja -C "$BUILD" -j"$JOBS" ringattn test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl \
-  test_cuda_ring test_job_cuda test_cudnn_graphs gpu_bench
+  test_cuda_ring test_job_cuda test_cudnn_graphs gpu_bench "${py_target[@]}"
 echo "gpu_build_for_device: built in $(( $(date +%s) - start )) s"
 
 # Staged here, then packed as one xz archive: the device tool carries at most 64 MiB with the
@@ -50,6 +60,35 @@ for d in /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/op
       while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
   fi
 done
+if [ "$PY_KIT" = 1 ]; then
+  # The Python extension for the device's interpreter: the static libraries built here, and
+  # the commands that built _core replayed there with its Python's headers and suffix
+  # (nanobind's own sources travel too; every other path is rewritten to a variable that
+  # bench/gpu/py_kit_build.sh sets).
+  KIT=$CARRY/py
+  mkdir -p "$KIT/lib" "$KIT/include"
+  cp "$BUILD/libringattn.a" "$BUILD/libringattn_cuda.a" /usr/lib/libxsmm.a /usr/lib/libxsmmnoblas.a "$KIT/lib/"
+  cp -r /usr/include/x86_64-linux-gnu/openblas-openmp "$KIT/include/"
+  NB=$("$PYTHON" -c "import nanobind, os; print(os.path.dirname(nanobind.__file__))")
+  mkdir -p "$KIT/nanobind"
+  cp -r "$NB/include" "$NB/src" "$NB/ext" "$KIT/nanobind/"
+  pyinc=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+  suffix=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+  ninja -C "$BUILD" -t commands _core | grep -E 'python/(CMakeFiles|libnanobind|_core)' |
+    grep -v 'ringattn_lib.dir' |
+    sed -e "s|$NB|\${KIT}/nanobind|g" -e "s|$ROOT|\${ROOT}|g" -e "s|-I$pyinc |-I\${PYINC} |g" \
+      -e "s|$suffix|\${EXT_SUFFIX}|g" -e 's| -Werror | |g' \
+      -e "s|-I/usr/include/x86_64-linux-gnu/openblas-openmp|-I\${KIT}/include/openblas-openmp|g" \
+      -e "s| /usr/lib/libxsmm| \${KIT}/lib/libxsmm|g" \
+      -e "s| libringattn| \${KIT}/lib/libringattn|g" \
+      -e 's| /usr/lib/gcc/[^ ]*/libgomp.so| -lgomp|g' -e 's| /usr/lib/[^ ]*/libpthread.a| -lpthread|g' \
+      -e "s| /usr/local/cuda/lib/libnccl.so| \${NCCL_SO}|g" \
+      -e "s| /usr/local/cuda/lib/libcudart.so| \${CUDART_SO}|g" \
+      -e 's|/usr/bin/cmake -E rm -f|rm -f|g' -e 's|/usr/bin/c++ |${CXX} |g' \
+      -e 's|/usr/bin/ar |${AR} |g' -e 's|/usr/bin/ranlib |${RANLIB} |g' >"$KIT/commands.sh"
+  grep -q '_core' "$KIT/commands.sh" || { echo "gpu_build_for_device: no _core commands found"; exit 1; }
+  echo "py kit: $(wc -l <"$KIT/commands.sh") commands, $(du -sh "$KIT" | cut -f1)"
+fi
 {
   echo "commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (with uncommitted changes)')"
   echo "built: $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"

@@ -3,13 +3,15 @@
 # scripts/gpu_build_for_device.sh packed into .gpu-carry/ringattn-gpu.tar.xz (name
 # `.gpu-carry` in the device tool's `carry`); it is unpacked to /tmp. Nothing is compiled.
 #
-#   bash bench/gpu/device_run.sh check   # the gpu-labelled tests, then compute-sanitizer
-#                                         # memcheck and racecheck over the kernel tests
+#   bash bench/gpu/device_run.sh check   # the gpu-labelled tests (stage `tests`), then
+#                                         # compute-sanitizer memcheck and racecheck over the
+#                                         # kernel tests (stage `sanitize`)
 #   bash bench/gpu/device_run.sh python  # the Python package on CUDA tensors (a carried
 #                                         # wheel for the image's Python), or what it lacks
 #   bash bench/gpu/device_run.sh bench   # the benchmark sweep (run_bench.py) and max N
 #   bash bench/gpu/device_run.sh ring    # the ring and block-sparse benchmark (ring_bench.py)
-#   bash bench/gpu/device_run.sh all     # both (may not fit one 10-minute device call)
+#   bash bench/gpu/device_run.sh all     # check, ring, bench (may not fit one 10-minute call)
+#   bash bench/gpu/device_run.sh tests python sanitize   # several stages, in that order
 #
 # Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset), at most five
 # files: device.txt, tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt,
@@ -19,7 +21,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 OUT=${OUT:-/tmp/ringattn-gpu}
-STAGE=${1:-all}
 BUDGET_S=${BUDGET_S:-420}
 mkdir -p "$OUT"
 ARCHIVE=$ROOT/.gpu-carry/ringattn-gpu.tar.xz
@@ -62,23 +63,29 @@ run_check() {
   # test_job_cuda: the library API on the GPU (host staging, device tensors on the caller's
   # stream, virtual ranks); test_cudnn_graphs: the cudnn-frontend graphs against the image's
   # cuDNN; test_cuda_ring includes the per-step partials seam (CudaRingPartials).
-  for t in test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl test_cuda_ring \
-    test_job_cuda test_cudnn_graphs; do
+  # TESTS narrows the list; FILTER_<test> (e.g. FILTER_test_cuda_ring) a test's gtest filter.
+  for t in ${TESTS:-test_cuda_kernels test_cuda_sparse test_cli_cuda test_nccl test_cuda_ring \
+    test_job_cuda test_cudnn_graphs}; do
     echo "== $t" | tee -a "$OUT/tests.log"
-    "$CARRY/bin/$t" --gtest_color=no >>"$OUT/tests.log" 2>&1
+    from=$(( $(wc -l <"$OUT/tests.log") + 1 ))
+    filter_var="FILTER_$t"
+    "$CARRY/bin/$t" --gtest_color=no --gtest_filter="${!filter_var:-*}" >>"$OUT/tests.log" 2>&1
     rc=$?
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran" "$OUT/tests.log" | tail -4
+    [ $rc -le 1 ] || echo "$t exited with status $rc" | tee -a "$OUT/tests.log"
+    tail -n +"$from" "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED) \]|tests? ran|^\[  SKIPPED \] [0-9]" | tail -4
     [ $rc -eq 0 ] || status=1
   done
   # Ordering races between streams show as rare wrong answers: the ring and distributed
-  # block-sparse tests again, REPEAT times (default 5).
-  echo "== test_cuda_ring, repeated" | tee -a "$OUT/tests.log"
-  "$CARRY/bin/test_cuda_ring" --gtest_color=no --gtest_brief=1 --gtest_repeat="${REPEAT:-5}" \
-    --gtest_filter='Patterns/CudaSparseRing.*:CudaSparseRingRuns.*:Random/CudaRingRandom.*:CudaRing.Shared*' \
-    >>"$OUT/tests.log" 2>&1
-  rc=$?
-  echo "repeated ${REPEAT:-5} times: exit $rc" | tee -a "$OUT/tests.log"
-  [ $rc -eq 0 ] || status=1
+  # block-sparse tests again, REPEAT times (default 5; 0 skips them).
+  if [ "${REPEAT:-5}" -gt 0 ]; then
+    echo "== test_cuda_ring, repeated" | tee -a "$OUT/tests.log"
+    "$CARRY/bin/test_cuda_ring" --gtest_color=no --gtest_brief=1 --gtest_repeat="${REPEAT:-5}" \
+      --gtest_filter='Patterns/CudaSparseRing.*:CudaSparseRingRuns.*:Random/CudaRingRandom.*:CudaRing.Shared*' \
+      >>"$OUT/tests.log" 2>&1
+    rc=$?
+    echo "repeated ${REPEAT:-5} times: exit $rc" | tee -a "$OUT/tests.log"
+    [ $rc -eq 0 ] || status=1
+  fi
   # A test skipped for want of a GPU means nothing ran; one that needs two GPUs skips here.
   if grep "SKIPPED: " "$OUT/tests.log" | grep -qvE "needs [a-z0-9]+ GPUs"; then
     echo "device_run: tests were SKIPPED for want of a GPU, so nothing was verified:"
@@ -86,6 +93,9 @@ run_check() {
     status=1
   fi
   grep -hE "SKIPPED: needs [a-z0-9]+ GPUs" "$OUT/tests.log" | sort -u
+}
+
+run_sanitize() {
   : >"$OUT/sanitizer.log"
   # memcheck over the golden cases and the properties; racecheck (slower) over the golden
   # forward/backward of the native kernels, which exercise every shared-memory stage.
@@ -117,7 +127,7 @@ run_check() {
 run_bench() {
   python3 bench/gpu/ceilings.py | tee "$OUT/ceilings.json" || status=1
   python3 bench/gpu/run_bench.py --gpu-bench "$CARRY/bin/gpu_bench" --out "$OUT" \
-    --budget-s "$BUDGET_S" ${QUICK:+--quick} || status=1
+    --budget-s "$BUDGET_S" ${QUICK:+--quick} ${SKIP_MAX_N:+--skip-max-n} || status=1
 }
 
 run_ring() {
@@ -136,25 +146,38 @@ run_python() {
     command -v g++ c++ nvcc cmake ninja 2>&1
     tag=$(python3 -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
     wheel=$(ls "$ROOT"/.gpu-carry/ringattn-*-"$tag"-*.whl 2>/dev/null | head -1)
-    if [ -z "$wheel" ]; then
-      echo "SKIPPED: the Python GPU tests: no $tag ringattn wheel in .gpu-carry"
+    rm -rf /tmp/pyringattn
+    if [ -n "$wheel" ]; then
+      python3 -m pip install -q --no-deps --target /tmp/pyringattn "$wheel" || status=1
+    elif [ -d "$CARRY/py" ]; then
+      echo "== the extension, linked here from the carried kit"
+      bash bench/gpu/py_kit_build.sh "$CARRY/py" "$ROOT" /tmp/pyringattn || status=1
+    fi
+    if [ ! -d /tmp/pyringattn/ringattn ]; then
+      echo "SKIPPED: the Python GPU tests: no $tag ringattn wheel in .gpu-carry and no kit to link one"
+      status=1
     else
-      rm -rf /tmp/pyringattn && python3 -m pip install -q --no-deps --target /tmp/pyringattn "$wheel" &&
-        PYTHONPATH=/tmp/pyringattn timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
-          python/tests/test_cuda.py python/tests/test_attention.py || status=1
+      PYTHONPATH=/tmp/pyringattn timeout "${PY_TIMEOUT_S:-300}" python3 -m pytest -q -p no:cacheprovider -rs \
+        ${PY_TESTS:-python/tests/test_cuda.py python/tests/test_attention.py} || status=1
     fi
   } >"$OUT/python.log" 2>&1
   tail -n 5 "$OUT/python.log"
 }
 
-case "$STAGE" in
-  check) run_check ;;
-  python) run_python ;;
-  bench) run_bench ;;
-  ring) run_ring ;;
-  ring+bench) run_ring; run_bench ;;
-  all) run_check; run_ring; run_bench ;;
-  *) echo "device_run: unknown stage '$STAGE' (check | python | bench | ring | ring+bench | all)"; exit 2 ;;
-esac
-echo "device_run: stage $STAGE finished with status $status; results in $OUT"
+for stage in "${@:-all}"; do
+  begin=$(date +%s)
+  case "$stage" in
+    tests) run_check ;;
+    sanitize) run_sanitize ;;
+    check) run_check; run_sanitize ;;
+    python) run_python ;;
+    bench) run_bench ;;
+    ring) run_ring ;;
+    ring+bench) run_ring; run_bench ;;
+    all) run_check; run_sanitize; run_ring; run_bench ;;
+    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | ring+bench | all)"; exit 2 ;;
+  esac
+  echo "device_run: stage $stage took $(( $(date +%s) - begin )) s (status so far $status)"
+done
+echo "device_run: stages ${*:-all} finished with status $status; results in $OUT"
 exit $status
