@@ -199,7 +199,8 @@ int bench(const Args& a) {
   };
   const double flops = 4.0 * static_cast<double>(s.head_dim) * attended_pairs(a.cfg);
   auto emit = [&](const char* pass, double f, std::pair<double, std::vector<double>> t) {
-    nlohmann::json j = row_base(a, plan.kernel_name());
+    nlohmann::json j = row_base(a, std::string(pass) == "bwd" ? plan.backward_kernel_name()
+                                                              : plan.kernel_name());
     j["pass"] = pass;
     j["ms"] = t.first;
     j["tflops"] = f / (t.first * 1e9);

@@ -72,16 +72,29 @@ def time_ms(fn, warmup, iters):
 
 
 def run(row, warmup, iters):
-    """Times forward and backward of the torch implementation for one benchmark row; returns
-    a list of result dicts (one per pass) with ms, or an error string on failure (OOM)."""
+    """Times forward and backward of the torch implementations for one benchmark row: dense
+    rows once per SDPA backend that runs them (torch_flash, torch_cudnn), dilated rows as
+    the replaced project's gather/SDPA/scatter (torch_seed, default backend). Returns result
+    dicts (one per implementation and pass) with ms, or an error string (OOM, a backend that
+    refuses the row)."""
+    if row["attention"] != "dense":
+        fwd = lambda q, k, v: dilated_grouped(q, k, v, row["segments"], row["dilations"],
+                                              row["causal"])
+        return _run_one(row, "torch_seed", fwd, warmup, iters)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    results = []
+    for impl, backend in (("torch_flash", SDPBackend.FLASH_ATTENTION),
+                          ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def fwd(q, k, v, backend=backend):
+            with sdpa_kernel(backend):
+                return dense_sdpa(q, k, v, row["causal"])
+        results += _run_one(row, impl, fwd, warmup, iters)
+    return results
+
+
+def _run_one(row, impl, fwd, warmup, iters):
     batch, n, heads, d = row["batch"], row["seq_len"], row["heads"], row["head_dim"]
-    causal = row["causal"]
     dtype = torch.bfloat16
-    if row["attention"] == "dense":
-        impl, fwd = "torch_sdpa", lambda q, k, v: dense_sdpa(q, k, v, causal)
-    else:
-        impl = "torch_seed"
-        fwd = lambda q, k, v: dilated_grouped(q, k, v, row["segments"], row["dilations"], causal)
     results = []
     try:
         with torch.no_grad():
@@ -99,6 +112,8 @@ def run(row, warmup, iters):
         results.append({"impl": impl, "pass": "bwd", "ms": ms, "ms_all": all_ms})
     except torch.cuda.OutOfMemoryError as e:
         results.append({"impl": impl, "pass": "fwd", "error": "out of memory: " + str(e)[:200]})
+    except RuntimeError as e:  # a backend that cannot run the row
+        results.append({"impl": impl, "pass": "fwd", "error": str(e)[:300]})
     finally:
         torch.cuda.empty_cache()
     return results

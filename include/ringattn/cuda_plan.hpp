@@ -108,6 +108,8 @@ class CudaPlan {
 
   // "native" or "cudnn": the forward kernel in use (after the first forward for automatic).
   std::string kernel_name() const;
+  // The same for the backward (after the first backward for automatic).
+  std::string backward_kernel_name() const;
   // Lines worth printing once: fallbacks, the automatic choice and its timings.
   const std::vector<std::string>& notes() const noexcept;
   // Device bytes the plan holds beyond the caller's tensors (task lists, workspace).

@@ -135,6 +135,7 @@ void add_timings_and_memory(const RunReport& r, nlohmann::json& j) {
   j["peak_bytes"] = r.peak_bytes;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["kernel"] = r.kernel;
+  if (r.bwd_ms) j["kernel_backward"] = r.kernel_backward;
   j["deterministic"] = r.deterministic;
   j["dtype"] = r.dtype;
   j["device_peak_bytes"] = r.device_peak_bytes;
@@ -244,8 +245,9 @@ void print_table(const RunReport& r, std::ostream& os) {
      << human_bytes(r.peak_rss_bytes) << "\n";
   if (r.device == "cuda")
     os << "  device memory    peak " << human_bytes(r.device_peak_bytes) << " (plan workspace "
-       << human_bytes(r.device_workspace_bytes) << ")   kernel " << r.kernel << ", inputs "
-       << r.dtype << "\n";
+       << human_bytes(r.device_workspace_bytes) << ")   kernel " << r.kernel
+       << (r.bwd_ms && r.kernel_backward != r.kernel ? " (backward " + r.kernel_backward + ")" : "")
+       << ", inputs " << r.dtype << "\n";
   if (r.blas) os << "  blas             " << r.blas->summary() << "\n";
   for (const auto& n : r.notes) os << "  note: " << n << "\n";
   if (r.world_size > 1) print_ring(r, os);

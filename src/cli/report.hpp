@@ -60,6 +60,7 @@ struct RunReport {
   double check_tolerance = 0;
   std::vector<std::string> outputs_written;
   std::string kernel = "cpu";              // cpu | native | cudnn
+  std::string kernel_backward = "cpu";     // the backward's, where it ran one
   std::string dtype = "fp32";              // the precision the kernels read inputs in
   std::size_t device_peak_bytes = 0;       // cuda: device memory held at most
   std::size_t device_workspace_bytes = 0;  // cuda: the plan's part of it

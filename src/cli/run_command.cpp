@@ -348,6 +348,7 @@ RunReport make_report(Run& run, const Timings& tm) {
   rep.deterministic = s.deterministic;
   if (s.device == "cuda") {
     rep.kernel = s.kernel;
+    rep.kernel_backward = s.kernel_backward;
     rep.dtype = to_string(s.dtype);
     rep.device_detail = s.device_detail;
     rep.notes = s.notes;

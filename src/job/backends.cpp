@@ -51,6 +51,7 @@ class HostBackend final : public Backend {
   void fill(EngineStats& s) const override {
     s.engine = name_;
     s.kernel = "cpu";
+    s.kernel_backward = "cpu";
     s.threads = plan_.threads();
     fill_common(plan_, s);
   }
@@ -81,6 +82,9 @@ class DeviceBackend final : public Backend {
   void fill(EngineStats& s) const override {
     s.engine = name_;
     s.kernel = plan_.kernel_name();
+    s.kernel_backward = s.kernel;
+    if constexpr (requires { plan_.backward_kernel_name(); })
+      s.kernel_backward = plan_.backward_kernel_name();
     s.dtype = plan_.dtype();
     fill_common(plan_, s);
     s.device_workspace_bytes = s.workspace_bytes;

@@ -383,7 +383,9 @@ EngineStats Engine::stats() const {
     s.device_peak_bytes = device_bytes_peak();
     const CudaDeviceStatus d = probe_cuda_device(m.device_index);
     s.emulated_device = d.emulated;
-    const std::string kernel = std::string(to_string(s.dtype)) + " inputs, kernel " + s.kernel;
+    const std::string kernel =
+        std::string(to_string(s.dtype)) + " inputs, kernel " + s.kernel +
+        (s.kernel_backward != s.kernel ? " (backward " + s.kernel_backward + ")" : "");
     if (s.device_detail.empty())  // the GPU ring: one line per rank's device
       s.device_detail = d.name + " (sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) +
                         ") per rank, " + kernel;

@@ -200,8 +200,11 @@ struct CudaPlan::Impl {
   kc::DeviceAllocation tasks, q_items, k_items, delta;
   bool vector_loads = false;
   bool use_cudnn = false;
+  bool use_cudnn_backward = false;
   bool decide_on_first_forward = false;
+  bool decide_on_first_backward = false;
   bool noted_unaligned = false;
+  bool noted_unaligned_backward = false;
 #if RINGATTN_HAVE_CUDNN
   std::unique_ptr<kc::CudnnSdpa> cudnn;
   bool has_cudnn() const { return cudnn != nullptr; }
@@ -268,18 +271,69 @@ struct CudaPlan::Impl {
     native_forward(q, k, v, out, lse);
   }
 
-  // Median of `reps` timed runs of one path, after one warm-up run.
-  double time_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
-                      float* lse) {
+  void native_backward(const void* q, const void* k, const void* v, const float* out,
+                       const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+    const Shape4& s = cfg.shape;
+    kc::start_backward(elem, {out, dout, delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
+                       cfg.effective_kv_heads(), dq, dk, dv, stream);
+    kc::FlashBackwardParams p;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.out = out;
+    p.lse = lse;
+    p.dout = dout;
+    p.delta = delta.as<float>();
+    p.dq = dq;
+    p.dk = dk;
+    p.dv = dv;
+    p.tasks = tasks.as<kernels::SubseqTask>();
+    p.head_dim = static_cast<int>(s.head_dim);
+    p.scale = static_cast<float>(cfg.effective_scale());
+    p.causal = cfg.causal;
+    p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
+    for (const ring::DevicePass& pass : sched.passes) {
+      p.q_items = q_items.as<kernels::ForwardItem>() + pass.q_item0;
+      p.n_q_items = pass.n_q_items;
+      p.out_scale = pass.out_scale;
+      p.dout_scale = pass.out_scale;
+      // dQ with the first range's dK/dV, then one launch per further range (query heads that
+      // share a K/V head add into its dK/dV in turn).
+      for (const ring::ItemRange& r : pass.k_ranges) {
+        p.k_items = k_items.as<kernels::ForwardItem>() + r.first;
+        p.n_k_items = r.count;
+        kc::flash_backward(elem, p, stream);
+        p.n_q_items = 0;
+      }
+    }
+  }
+
+  void run_backward(bool cudnn_path, const void* q, const void* k, const void* v,
+                    const float* out, const float* lse, const void* dout, float* dq, float* dk,
+                    float* dv) {
+#if RINGATTN_HAVE_CUDNN
+    if (cudnn_path) {
+      cudnn->backward(q, k, v, out, lse, dout, dq, dk, dv, false, stream);
+      return;
+    }
+#else
+    (void)cudnn_path;
+#endif
+    native_backward(q, k, v, out, lse, dout, dq, dk, dv);
+  }
+
+  // Median of 5 timed runs of `run`, after one warm-up run.
+  template <class Run>
+  double median_ms(Run&& run) {
     cudaEvent_t a, b;
     RINGATTN_CUDA_CHECK(cudaEventCreate(&a));
     RINGATTN_CUDA_CHECK(cudaEventCreate(&b));
     std::vector<float> ms;
     try {
-      run_forward(cudnn_path, q, k, v, out, lse);
+      run();
       for (int i = 0; i < 5; ++i) {
         RINGATTN_CUDA_CHECK(cudaEventRecord(a, stream));
-        run_forward(cudnn_path, q, k, v, out, lse);
+        run();
         RINGATTN_CUDA_CHECK(cudaEventRecord(b, stream));
         RINGATTN_CUDA_CHECK(cudaEventSynchronize(b));
         float t = 0;
@@ -340,11 +394,25 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   if (opts.kernel != KernelChoice::native) {
 #if RINGATTN_HAVE_CUDNN
     try {
-      m.cudnn = kc::CudnnSdpa::create(cfg, m.elem, opts.device, m.stream);
+      // cuDNN's backward adds dQ with atomics (run-to-run differences within the dtype's
+      // tolerance): a deterministic plan keeps the native backward.
+      m.cudnn = kc::CudnnSdpa::create(cfg, m.elem, opts.device, m.stream, !opts.deterministic);
       // Deterministic runs choose by rule: timing could pick either kernel on another run.
       m.use_cudnn = opts.kernel == KernelChoice::cudnn ||
                     (opts.kernel == KernelChoice::automatic && opts.deterministic);
       m.decide_on_first_forward = opts.kernel == KernelChoice::automatic && !opts.deterministic;
+      m.use_cudnn_backward = m.cudnn->has_backward() && opts.kernel == KernelChoice::cudnn;
+      m.decide_on_first_backward =
+          m.cudnn->has_backward() && opts.kernel == KernelChoice::automatic;
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(0) << m.cudnn->description() << ", graphs built in "
+         << m.cudnn->build_ms() << " ms";
+      if (!m.cudnn->has_backward())
+        os << "; the backward runs natively ("
+           << (opts.deterministic ? "--deterministic: cuDNN's backward adds dQ with atomics"
+                                  : "merged or scaled views (dilated mixture, head groups)")
+           << ")";
+      m.notes.push_back(os.str());
     } catch (const kc::CudnnUnavailable& e) {
       if (opts.kernel == KernelChoice::cudnn)
         m.notes.push_back(std::string("--kernel cudnn: cuDNN cannot run this configuration (") +
@@ -380,6 +448,9 @@ const AttentionConfig& CudaPlan::config() const noexcept { return impl_->cfg; }
 DeviceDType CudaPlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaPlan::notes() const noexcept { return impl_->notes; }
 std::string CudaPlan::kernel_name() const { return impl_->use_cudnn ? "cudnn" : "native"; }
+std::string CudaPlan::backward_kernel_name() const {
+  return impl_->use_cudnn_backward ? "cudnn" : "native";
+}
 
 std::size_t CudaPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
@@ -418,10 +489,10 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
   if (m.decide_on_first_forward) {
     m.decide_on_first_forward = false;
 #if RINGATTN_HAVE_CUDNN
-    const double native_ms = m.time_forward(false, q, k, v, out, lse);
+    const double native_ms = m.median_ms([&] { m.run_forward(false, q, k, v, out, lse); });
     double cudnn_ms = std::numeric_limits<double>::infinity();
     try {
-      cudnn_ms = m.time_forward(true, q, k, v, out, lse);
+      cudnn_ms = m.median_ms([&] { m.run_forward(true, q, k, v, out, lse); });
     } catch (const RuntimeFailure& e) {
       m.notes.push_back(std::string("--kernel auto: cuDNN failed when run (") + e.what() +
                         "); using the native kernels");
@@ -433,7 +504,7 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
        << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
        << (m.use_cudnn ? "cudnn" : "native");
     m.notes.push_back(os.str());
-    if (!m.use_cudnn) m.cudnn.reset();
+    if (!m.use_cudnn && !m.decide_on_first_backward && !m.use_cudnn_backward) m.cudnn.reset();
 #endif
   }
   m.run_forward(m.use_cudnn, q, k, v, out, lse);
@@ -443,42 +514,38 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
                         const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  const Shape4& s = m.cfg.shape;
-  kc::start_backward(m.elem,
-                     {out, dout, m.delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
-                     m.cfg.effective_kv_heads(), dq, dk, dv, m.stream);
-
-  kc::FlashBackwardParams p;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.out = out;
-  p.lse = lse;
-  p.dout = dout;
-  p.delta = m.delta.as<float>();
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
-  p.tasks = m.tasks.as<kernels::SubseqTask>();
-  p.head_dim = static_cast<int>(s.head_dim);
-  p.scale = static_cast<float>(m.cfg.effective_scale());
-  p.causal = m.cfg.causal;
-  p.vector_loads =
-      m.vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-  for (const ring::DevicePass& pass : m.sched.passes) {
-    p.q_items = m.q_items.as<kernels::ForwardItem>() + pass.q_item0;
-    p.n_q_items = pass.n_q_items;
-    p.out_scale = pass.out_scale;
-    p.dout_scale = pass.out_scale;
-    // dQ with the first range's dK/dV, then one launch per further range (query heads that
-    // share a K/V head add into its dK/dV in turn).
-    for (const ring::ItemRange& r : pass.k_ranges) {
-      p.k_items = m.k_items.as<kernels::ForwardItem>() + r.first;
-      p.n_k_items = r.count;
-      kc::flash_backward(m.elem, p, m.stream);
-      p.n_q_items = 0;
-    }
+  const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
+  if ((m.use_cudnn_backward || m.decide_on_first_backward) && !cudnn_can_read) {
+    if (!m.noted_unaligned_backward)
+      m.notes.push_back(
+          "cuDNN needs 16-byte aligned q/k/v/dout; these are not, so the native backward ran");
+    m.noted_unaligned_backward = true;
+    m.native_backward(q, k, v, out, lse, dout, dq, dk, dv);
+    return;
   }
+  if (m.decide_on_first_backward) {
+    m.decide_on_first_backward = false;
+#if RINGATTN_HAVE_CUDNN
+    const double native_ms =
+        m.median_ms([&] { m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv); });
+    double cudnn_ms = std::numeric_limits<double>::infinity();
+    try {
+      cudnn_ms = m.median_ms([&] { m.run_backward(true, q, k, v, out, lse, dout, dq, dk, dv); });
+    } catch (const RuntimeFailure& e) {
+      m.notes.push_back(std::string("--kernel auto: cuDNN's backward failed when run (") +
+                        e.what() + "); using the native backward");
+      (void)cudaGetLastError();
+    }
+    m.use_cudnn_backward = cudnn_ms < native_ms;
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(3) << "--kernel auto: backward native " << native_ms
+       << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
+       << (m.use_cudnn_backward ? "cudnn" : "native");
+    m.notes.push_back(os.str());
+    if (!m.use_cudnn && !m.use_cudnn_backward) m.cudnn.reset();
+#endif
+  }
+  m.run_backward(m.use_cudnn_backward, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 }  // namespace ringattn

@@ -59,6 +59,7 @@ void CudaPlan::backward(const void*, const void*, const void*, const float*, con
 void CudaPlan::synchronize() { no_cuda(); }
 void* CudaPlan::stream() const noexcept { return nullptr; }
 std::string CudaPlan::kernel_name() const { return "none"; }
+std::string CudaPlan::backward_kernel_name() const { return "none"; }
 const std::vector<std::string>& CudaPlan::notes() const noexcept {
   static const std::vector<std::string> none;
   return none;

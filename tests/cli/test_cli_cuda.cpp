@@ -123,16 +123,27 @@ TEST(CliCudaDeterministic, TwoRunsGiveTheSameBits) {
 TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
-  const CliResult r =
-      testing::run_cli({"run", "--device", "auto", "--seq-len", "512", "--heads", "4", "--causal",
-                        "--kernel", "cudnn", "--check", "--backward", "--json"});
+  // Causal GQA: cuDNN's graphs, forward and backward, and --json says so.
+  CliResult r = testing::run_cli({"run", "--device", "auto", "--seq-len", "512", "--heads", "4",
+                                  "--kv-heads", "2", "--causal", "--kernel", "cudnn", "--check",
+                                  "--backward", "--json"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  const nlohmann::json j = last_line_json(r.out);
+  nlohmann::json j = last_line_json(r.out);
   EXPECT_EQ(j.value("device", ""), "cuda");
   EXPECT_EQ(j.value("dtype", ""), "bf16");
-  // The unified SDPA operation has no causal mask: native, and the table says why.
-  EXPECT_EQ(j.value("kernel", ""), "native");
-  EXPECT_NE(r.out.find("note: --kernel cudnn"), std::string::npos) << describe(r);
+  EXPECT_EQ(j.value("kernel", ""), "cudnn") << describe(r);
+  EXPECT_EQ(j.value("kernel_backward", ""), "cudnn") << describe(r);
+  EXPECT_NE(r.out.find("graphs built in"), std::string::npos) << describe(r);
+  // A dilated mixture merges its views by lse: cuDNN forward, native backward, and the
+  // table says why.
+  r = testing::run_cli({"run", "--device", "cuda", "--seq-len", "512", "--heads", "4",
+                        "--segments", "128,256", "--dilations", "1,2", "--combine", "mixture",
+                        "--kernel", "cudnn", "--check", "--backward", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  j = last_line_json(r.out);
+  EXPECT_EQ(j.value("kernel", ""), "cudnn") << describe(r);
+  EXPECT_EQ(j.value("kernel_backward", ""), "native") << describe(r);
+  EXPECT_NE(r.out.find("the backward runs natively"), std::string::npos) << describe(r);
 }
 #else
 // A build without cuDNN (the emulated GPU among them): --kernel cudnn is refused naming

@@ -58,13 +58,23 @@ void expect_cudnn_refused(const AttentionConfig& cfg) {
   }
 }
 
+// Prints the notes; whether one of them contains `text`.
+bool has_note(const std::vector<std::string>& notes, const std::string& text) {
+  bool found = false;
+  for (const auto& note : notes) {
+    std::printf("  note: %s\n", note.c_str());
+    found = found || note.find(text) != std::string::npos;
+  }
+  return found;
+}
+
 struct Inputs {
   std::vector<float> q, k, v, dout;
 };
 
 struct DeviceResult {
   std::vector<float> out, lse, dq, dk, dv;
-  std::string kernel;
+  std::string kernel, kernel_backward;
   std::vector<std::string> notes;
 };
 
@@ -110,21 +120,24 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
     dv.download(r.dv.data(), n_kv);
   }
   r.kernel = plan.kernel_name();
+  r.kernel_backward = backward ? plan.backward_kernel_name() : "";
   r.notes = plan.notes();
   return r;
 }
 
 // Runs the device and the float64 reference on the same (rounded) inputs and checks every
 // tensor; prints the errors so a passing run still shows how close it was.
-void expect_matches_reference(const std::string& label, const AttentionConfig& cfg, DeviceDType t,
-                              KernelChoice kernel, Inputs in, bool backward) {
+DeviceResult expect_matches_reference(const std::string& label, const AttentionConfig& cfg,
+                                      DeviceDType t, KernelChoice kernel, Inputs in,
+                                      bool backward) {
   const DeviceResult got = run_on_device(cfg, t, kernel, in, backward);
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     if (!x->empty()) round_to_device_dtype(x->data(), x->size(), t);
   const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
   const double tol = tolerance(t);
   std::ostringstream report;
-  report << label << " [" << to_string(t) << ", kernel " << got.kernel << "]:";
+  report << label << " [" << to_string(t) << ", kernel " << got.kernel
+         << (backward ? ", backward " + got.kernel_backward : "") << "]:";
   auto check = [&](const char* name, const std::vector<float>& g, const std::vector<double>& w) {
     const double e = relative_error(g.data(), w.data(), g.size());
     report << " " << name << " " << e;
@@ -142,6 +155,7 @@ void expect_matches_reference(const std::string& label, const AttentionConfig& c
   }
   for (const auto& n : got.notes) report << "\n  note: " << n;
   std::cout << report.str() << "\n";
+  return got;
 }
 
 Inputs random_inputs(const Shape4& s, uint64_t seed) {
@@ -167,10 +181,9 @@ TEST_P(CudaGolden, CudnnKernelMatchesTheReferenceOrFallsBackWithANote) {
   if (!kCudnnBuilt) return expect_cudnn_refused(c.cfg);
   const Inputs in{c.q, c.k, c.v, c.dout};
   for (DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
-    expect_matches_reference(c.name, c.cfg, t, KernelChoice::cudnn, in, false);
-    CudaPlan plan(c.cfg, {t, KernelChoice::cudnn, 0});
-    if (plan.kernel_name() != "cudnn") {
-      EXPECT_FALSE(plan.notes().empty()) << "cuDNN not used, and no note says why";
+    const DeviceResult r = expect_matches_reference(c.name, c.cfg, t, KernelChoice::cudnn, in, true);
+    if (r.kernel != "cudnn" || r.kernel_backward != "cudnn") {
+      EXPECT_FALSE(r.notes.empty()) << "cuDNN not used, and no note says why";
     }
   }
 }
@@ -263,8 +276,8 @@ TEST_P(CudaRandom, ForwardAndGradientsMatchTheReference) {
   const Inputs in = random_inputs(c.shape, 7 + static_cast<uint64_t>(c.shape.head_dim));
   for (DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16, DeviceDType::fp32})
     expect_matches_reference(name_of(c), cfg, t, KernelChoice::native, in, true);
-  if (!c.causal && kCudnnBuilt)
-    expect_matches_reference(name_of(c), cfg, DeviceDType::bf16, KernelChoice::cudnn, in, false);
+  if (kCudnnBuilt)
+    expect_matches_reference(name_of(c), cfg, DeviceDType::bf16, KernelChoice::cudnn, in, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRandom, ::testing::ValuesIn(random_cases()),
@@ -409,19 +422,30 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaFeatures, ::testing::ValuesIn(feature_case
                            return std::string(p.param.name) + (p.param.causal ? "_causal" : "");
                          });
 
-// cuDNN's SDPA takes none of these: asked for, the plan says why and runs natively (a build
-// without cuDNN refuses --kernel cudnn outright).
-TEST(CudaKernels, CudnnLeavesGqaWindowsAndPackingToTheNativeKernels) {
+// cuDNN's graphs take GQA/MQA (K/V heads read in place), sliding windows (its diagonal
+// band) and packed documents (a view per document), causal or not, forward and backward:
+// asked for, the plan runs them on cuDNN and matches float64 (a build without cuDNN refuses
+// --kernel cudnn outright). --deterministic keeps the native backward, saying why.
+TEST(CudaKernels, CudnnRunsGqaWindowsAndPackingForwardAndBackward) {
   REQUIRE_GPU();
   for (const FeatureCase& c : feature_cases()) {
-    if (c.causal) continue;
+    const AttentionConfig cfg = config_of(c);
     if (!kCudnnBuilt) {  // a build without cuDNN refuses --kernel cudnn by name, as always
-      expect_cudnn_refused(config_of(c));
+      expect_cudnn_refused(cfg);
       continue;
     }
-    CudaPlan plan(config_of(c), CudaPlanOptions{DeviceDType::bf16, KernelChoice::cudnn, 0});
-    EXPECT_EQ(plan.kernel_name(), "native") << c.name;
-    EXPECT_FALSE(plan.notes().empty()) << c.name;
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    const Inputs in{testing::random_normal(n, 51), testing::random_normal(n_kv, 52),
+                    testing::random_normal(n_kv, 53), testing::random_normal(n, 54)};
+    const std::string name = std::string(c.name) + (c.causal ? "_causal" : "");
+    const DeviceResult r =
+        expect_matches_reference(name, cfg, DeviceDType::bf16, KernelChoice::cudnn, in, true);
+    EXPECT_EQ(r.kernel, "cudnn") << name;
+    EXPECT_EQ(r.kernel_backward, "cudnn") << name;
+    CudaPlan det(cfg, CudaPlanOptions{DeviceDType::bf16, KernelChoice::cudnn, 0, true});
+    EXPECT_EQ(det.backward_kernel_name(), "native") << name;
+    EXPECT_TRUE(has_note(det.notes(), "--deterministic")) << name;
   }
 }
 
@@ -529,15 +553,6 @@ struct Bf16Forward {
   DeviceBuffer q, k, v, out, lse;
 };
 
-// Prints the notes; whether one of them contains `text`.
-bool has_note(const std::vector<std::string>& notes, const std::string& text) {
-  bool found = false;
-  for (const auto& note : notes) {
-    std::printf("  note: %s\n", note.c_str());
-    found = found || note.find(text) != std::string::npos;
-  }
-  return found;
-}
 
 // ringattn keeps its memory in a pool of its own: the device's default pool (shared with
 // every cudaMallocAsync user in the process) keeps its settings, and memory freed by

@@ -190,6 +190,8 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
     }
     v.accumulate = accumulate;
     v.out_scale = out_scale;
+    v.segment = p.segment, v.dilation = p.dilation, v.row_offset = offset;
+    v.first_head = first, v.head_step = step;
     views.push_back(v);
     return true;
   };
@@ -205,6 +207,7 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
       v.kv_stride = {s.seq_len * HKV * D, D, HKV * D, 1};
       v.q_offset = begin * H * D;
       v.kv_offset = begin * HKV * D;
+      v.segment = s.seq_len, v.row_offset = begin;
       if (v.left_bound) v.left_bound = std::min(*v.left_bound, len + 1);
       if (v.right_bound) v.right_bound = std::min(*v.right_bound, len);
       views.push_back(v);
@@ -349,6 +352,7 @@ const std::vector<SdpaView>& CudnnGraphPlan::views() const { return impl_->views
 int64_t CudnnGraphPlan::stats_offset(std::size_t view) const { return impl_->stats_offsets[view]; }
 int64_t CudnnGraphPlan::stats_floats() const { return impl_->stats_floats; }
 double CudnnGraphPlan::build_ms() const { return impl_->build_ms; }
+std::size_t CudnnGraphPlan::workspace_bytes() const { return impl_->workspace.bytes(); }
 std::string CudnnGraphPlan::description() const { return impl_->description; }
 
 void CudnnGraphPlan::forward(const void* q, const void* k, const void* v, void* out, float* stats) {

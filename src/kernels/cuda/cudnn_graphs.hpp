@@ -33,6 +33,9 @@ struct SdpaView {
   // 1/G, mixture views merge by lse), for the epilogue that writes them.
   float out_scale = 1;
   bool accumulate = false;
+  // The view's rows in [B, N, H, D] terms, for those epilogues: segments of `segment` rows,
+  // `rows` of each selected at row_offset + i·dilation; heads first_head + j·head_step.
+  int64_t segment = 0, dilation = 1, row_offset = 0, first_head = 0, head_step = 1;
 };
 
 // The views of a configuration (docs/SEMANTICS.md): dense is one (GQA through kv_heads; a
@@ -88,6 +91,7 @@ class CudnnGraphPlan {
   void backward(const void* q, const void* k, const void* v, const void* out, const void* dout,
                 const float* stats, void* dq, void* dk, void* dv);
   double build_ms() const;
+  std::size_t workspace_bytes() const;  // cuDNN's own, shared by the graphs
   std::string description() const;  // "cuDNN 9.19.0: 1 view, composite forward + backward"
 
  private:

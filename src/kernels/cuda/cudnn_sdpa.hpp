@@ -1,11 +1,11 @@
-// cuDNN's fused scaled-dot-product attention (cuDNN 9, backend API, no cudnn-frontend) for
-// the forward. The library is opened with dlopen when first needed, so a machine without it
-// runs the native kernels instead. Every pattern (and head group) is one strided 4-D view
-// [B·S, Hg, m, D]: S = N/w segments of m selected rows at row stride r·H·D, heads at stride
-// (head step)·D. cuDNN reads the dilated pattern in place, writes its output into a scratch
-// tensor through the same view and its softmax stats (the natural-log lse) contiguously;
-// a small kernel then writes or merges those into out/lse exactly like the native epilogue.
-// The unified SDPA operation has no causal mask, so causal configurations stay native.
+// cuDNN's fused attention for CudaPlan, through cudnn-frontend's graphs (CudnnGraphPlan in
+// cudnn_graphs.hpp). The forward runs each view's graph into a scratch O (the io type, shaped
+// like q) and its stats, and an epilogue stores or merges them into the engine's fp32 out and
+// lse exactly like the native kernels' epilogue. The backward, where every view writes its
+// rows once (dense, causal, window, GQA, packed documents, a single dilated pattern), gives
+// cuDNN the fp32 out rounded to the io type and each view's rows of lse as its stats, and
+// widens cuDNN's dQ, dK, dV into the fp32 gradients. cuDNN is opened with dlopen when first
+// needed, so a machine without it runs the native kernels instead.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,18 +27,35 @@ class CudnnUnavailable : public std::runtime_error {
 
 class CudnnSdpa {
  public:
-  // Builds and finalises one execution plan per view. Throws CudnnUnavailable when the
-  // library (older than 9.13 included), an engine or the configuration does not fit;
-  // DeviceOutOfMemory when its scratch and workspace do not fit the device.
+  // Builds the forward graphs and, with `with_backward` where the views allow it, the
+  // backward's (has_backward() says which), once, for `device`; work runs on `stream`.
+  // Throws CudnnUnavailable when the library, the views or a graph do not fit (the caller
+  // falls back to the native kernels with the reason); DeviceOutOfMemory when its scratch
+  // and workspace do not fit the device.
   static std::unique_ptr<CudnnSdpa> create(const AttentionConfig& cfg, Elem e, int device,
-                                           cudaStream_t stream);
-  virtual ~CudnnSdpa() = default;
+                                           cudaStream_t stream, bool with_backward);
+  ~CudnnSdpa();
+  CudnnSdpa(const CudnnSdpa&) = delete;
+  CudnnSdpa& operator=(const CudnnSdpa&) = delete;
 
   // The whole forward into out/lse (which the caller has cleared when the schedule says so).
-  virtual void forward(const void* q, const void* k, const void* v, float* out, float* lse,
-                       cudaStream_t stream) = 0;
-  virtual std::size_t workspace_bytes() const = 0;
-  virtual std::string description() const = 0;  // e.g. "cuDNN 9.19.0, 3 views"
+  void forward(const void* q, const void* k, const void* v, float* out, float* lse,
+               cudaStream_t stream);
+  bool has_backward() const;
+  // dq, dk, dv (fp32) = the gradients (+= with `add`), from the forward's out and lse (fp32)
+  // and dout (the io type).
+  void backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
+                const void* dout, float* dq, float* dk, float* dv, bool add,
+                cudaStream_t stream);
+  std::size_t workspace_bytes() const;
+  double build_ms() const;
+  // "cuDNN 9.19.0: 1 view, composite forward + backward"
+  std::string description() const;
+
+ private:
+  struct Impl;
+  explicit CudnnSdpa(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ringattn::kernels::cuda

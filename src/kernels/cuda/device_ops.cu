@@ -161,6 +161,40 @@ __global__ void merge_lse_kernel(const MergeRows m) {
 }
 
 // One warp per row of the view.
+// One thread per stats entry, in store_view_result_kernel's row order.
+__global__ void gather_view_stats_kernel(const ViewResultParams p, float* stats) {
+  const int64_t segs = p.seq_len / p.segment;
+  const int64_t rows = p.batch * segs * p.head_count * p.rows;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = r % p.rows;
+    const int64_t hh = (r / p.rows) % p.head_count;
+    const int64_t bs = r / (p.rows * p.head_count);
+    const int64_t b = bs / segs, seg = bs % segs;
+    const int64_t n = seg * p.segment + p.offset + i * p.dilation;
+    const int64_t h = p.first_head + hh * p.head_step;
+    stats[r] = p.lse[(b * p.heads + h) * p.seq_len + n];
+  }
+}
+
+template <typename T>
+__global__ void floats_to_elem_kernel(const float* src, T* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      dst[i] = __float2bfloat16_rn(src[i]);
+    else
+      dst[i] = __float2half_rn(src[i]);
+  }
+}
+
+template <typename T>
+__global__ void elem_to_floats_kernel(const T* src, float* dst, int64_t n, bool add) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = add ? dst[i] + to_float(src[i]) : to_float(src[i]);
+}
+
 template <typename T>
 __global__ void store_view_result_kernel(const ViewResultParams p) {
   const int64_t segs = p.seq_len / p.segment;
@@ -317,6 +351,55 @@ void launch_merge_lse(const MergeRows& m, cudaStream_t stream) {
   launch_kernel("merge_lse_kernel", &merge_lse_kernel, dim3(blocks_for(m.rows, kThreads / 32)),
                 dim3(kThreads), 0, stream, m);
   RINGATTN_CUDA_CHECK_LAUNCH("merge_lse_kernel");
+}
+
+void launch_gather_view_stats(const ViewResultParams& p, float* stats, cudaStream_t stream) {
+  const int64_t rows = p.batch * (p.seq_len / p.segment) * p.head_count * p.rows;
+  if (rows == 0) return;
+  launch_kernel("gather_view_stats_kernel", &gather_view_stats_kernel,
+                dim3(blocks_for(rows, kThreads * 4)), dim3(kThreads), 0, stream, p, stats);
+  RINGATTN_CUDA_CHECK_LAUNCH("gather_view_stats_kernel");
+}
+
+void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  const dim3 grid(blocks_for(n, kThreads * 4)), block(kThreads);
+  switch (e) {
+    case Elem::bf16:
+      launch_kernel("floats_to_elem_kernel", &floats_to_elem_kernel<__nv_bfloat16>, grid, block, 0,
+                    stream, src, static_cast<__nv_bfloat16*>(dst), n);
+      break;
+    case Elem::fp16:
+      launch_kernel("floats_to_elem_kernel", &floats_to_elem_kernel<__half>, grid, block, 0,
+                    stream, src, static_cast<__half*>(dst), n);
+      break;
+    case Elem::fp32:
+      RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, stream));
+      return;
+  }
+  RINGATTN_CUDA_CHECK_LAUNCH("floats_to_elem_kernel");
+}
+
+void launch_elem_to_floats(Elem e, const void* src, float* dst, int64_t n, bool add,
+                           cudaStream_t stream) {
+  if (n <= 0) return;
+  const dim3 grid(blocks_for(n, kThreads * 4)), block(kThreads);
+  switch (e) {
+    case Elem::bf16:
+      launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<__nv_bfloat16>, grid, block, 0,
+                    stream, static_cast<const __nv_bfloat16*>(src), dst, n, add);
+      break;
+    case Elem::fp16:
+      launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<__half>, grid, block, 0,
+                    stream, static_cast<const __half*>(src), dst, n, add);
+      break;
+    case Elem::fp32:
+      launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<float>, grid, block, 0,
+                    stream, static_cast<const float*>(src), dst, n, add);
+      break;
+  }
+  RINGATTN_CUDA_CHECK_LAUNCH("elem_to_floats_kernel");
 }
 
 void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t stream) {

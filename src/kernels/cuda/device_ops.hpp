@@ -51,6 +51,20 @@ struct ViewResultParams {
 };
 void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t stream);
 
+// The backward's view of lse for cuDNN: stats (contiguous [B·S, Hg, m], the view's rows
+// in the order launch_store_view_result reads them) = lse at the view's rows. p's o_scratch,
+// stats and out are unused; lse is read.
+void launch_gather_view_stats(const ViewResultParams& p, float* stats, cudaStream_t stream);
+
+// dst[i] = src[i] rounded to element type `e` (bf16 or fp16), for i < n: the fp32 out the
+// engines keep, as the O that cuDNN's backward reads.
+void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaStream_t stream);
+
+// dst[i] = src[i] (or dst[i] += src[i] with `add`) for i < n, src of element type `e`: cuDNN's
+// dQ, dK, dV into the engines' fp32 gradients.
+void launch_elem_to_floats(Elem e, const void* src, float* dst, int64_t n, bool add,
+                           cudaStream_t stream);
+
 // dst[r * dpitch + c] += src[r * spitch + c] for r < height, c < width; pitches and width in
 // floats (the Ulysses all-to-all summing the dK/dV of members that share a K/V head).
 void add_floats_2d(float* dst, int64_t dpitch, const float* src, int64_t spitch, int64_t width,
