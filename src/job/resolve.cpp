@@ -184,13 +184,6 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
                      {"block-sparse runs on the CPU", "block-sparse runs on the CPU, in fp32"});
   }
   validate(cfg);
-  // Grouped-query attention, sliding windows and packed sequences run on the GPU's native
-  // kernels; cuDNN's SDPA takes none of them.
-  if (use_cuda && spec.kernel == KernelChoice::cudnn &&
-      (cfg.effective_kv_heads() != cfg.shape.heads || cfg.windowed() || cfg.packed()))
-    throw InputError("--kernel",
-                     "'cudnn' takes neither grouped-query attention, a sliding window nor packed "
-                     "sequences; use --kernel native or auto");
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);

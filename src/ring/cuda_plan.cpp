@@ -410,7 +410,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       if (!m.cudnn->has_backward())
         os << "; the backward runs natively ("
            << (opts.deterministic ? "--deterministic: cuDNN's backward adds dQ with atomics"
-                                  : "merged or scaled views (dilated mixture, head groups)")
+                                  : m.cudnn->backward_refusal())
            << ")";
       m.notes.push_back(os.str());
     } catch (const kc::CudnnUnavailable& e) {

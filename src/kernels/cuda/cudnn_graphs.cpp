@@ -356,17 +356,20 @@ std::size_t CudnnGraphPlan::workspace_bytes() const { return impl_->workspace.by
 std::string CudnnGraphPlan::description() const { return impl_->description; }
 
 void CudnnGraphPlan::forward(const void* q, const void* k, const void* v, void* out, float* stats) {
+  for (std::size_t i = 0; i < impl_->views.size(); ++i) forward_view(i, q, k, v, out, stats);
+}
+
+void CudnnGraphPlan::forward_view(std::size_t i, const void* q, const void* k, const void* v,
+                                  void* out, float* stats) {
   Impl& m = *impl_;
-  for (std::size_t i = 0; i < m.views.size(); ++i) {
-    const SdpaView& w = m.views[i];
-    const ViewGraph& g = m.forward[i];
-    std::unordered_map<Tensor, void*> pack = {{g.q, const_cast<char*>(m.at(q, w.q_offset))},
-                                              {g.k, const_cast<char*>(m.at(k, w.kv_offset))},
-                                              {g.v, const_cast<char*>(m.at(v, w.kv_offset))},
-                                              {g.o, const_cast<char*>(m.at(out, w.q_offset))},
-                                              {g.stats, stats + m.stats_offsets[i]}};
-    m.execute(g, pack);
-  }
+  const SdpaView& w = m.views.at(i);
+  const ViewGraph& g = m.forward[i];
+  std::unordered_map<Tensor, void*> pack = {{g.q, const_cast<char*>(m.at(q, w.q_offset))},
+                                            {g.k, const_cast<char*>(m.at(k, w.kv_offset))},
+                                            {g.v, const_cast<char*>(m.at(v, w.kv_offset))},
+                                            {g.o, const_cast<char*>(m.at(out, w.q_offset))},
+                                            {g.stats, stats + m.stats_offsets[i]}};
+  m.execute(g, pack);
 }
 
 void CudnnGraphPlan::backward(const void* q, const void* k, const void* v, const void* out,

@@ -88,6 +88,10 @@ class CudnnGraphPlan {
   int64_t stats_offset(std::size_t view) const;
   int64_t stats_floats() const;
   void forward(const void* q, const void* k, const void* v, void* out, float* stats);
+  // One view's forward (stats at that view's offset). Views of a dilated mixture overlap in
+  // `out`: a caller that moves each view's result elsewhere runs them one at a time.
+  void forward_view(std::size_t view, const void* q, const void* k, const void* v, void* out,
+                    float* stats);
   void backward(const void* q, const void* k, const void* v, const void* out, const void* dout,
                 const float* stats, void* dq, void* dk, void* dv);
   double build_ms() const;

@@ -46,6 +46,7 @@ struct CudnnSdpa::Impl {
   // Whether the views leave rows or heads out (dilated): the gradient scratch is zeroed.
   bool partial_cover = false;
   DeviceAllocation o_scratch, stats, dq_scratch, dk_scratch, dv_scratch;
+  std::string backward_refusal;  // why the backward is not cuDNN's, when it was asked for
 };
 
 CudnnSdpa::CudnnSdpa(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -60,9 +61,24 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e,
   auto m = std::make_unique<Impl>();
   m->cfg = cfg;
   m->elem = e;
-  const bool backward = with_backward && backward_fits(views);
+  bool backward = with_backward && backward_fits(views);
+  if (with_backward && !backward)
+    m->backward_refusal = "merged or scaled views (dilated mixture, head groups)";
+  auto build = [&](bool with_bwd) {
+    m->plan = std::make_unique<CudnnGraphPlan>(cfg, dtype_of(e), device, stream, with_bwd);
+  };
   try {
-    m->plan = std::make_unique<CudnnGraphPlan>(cfg, dtype_of(e), device, stream, backward);
+    try {
+      build(backward);
+    } catch (const DeviceOutOfMemory&) {
+      throw;
+    } catch (const std::exception& err) {
+      if (!backward) throw;
+      // A backward graph cuDNN refuses (e.g. a one-token document) leaves the forward.
+      m->backward_refusal = err.what();
+      backward = false;
+      build(false);
+    }
   } catch (const DeviceOutOfMemory&) {
     throw;  // the caller decides (CudaPlan falls back to native with a note)
   } catch (const std::exception& err) {
@@ -93,8 +109,11 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e,
 void CudnnSdpa::forward(const void* q, const void* k, const void* v, float* out, float* lse,
                         cudaStream_t stream) {
   Impl& m = *impl_;
-  m.plan->forward(q, k, v, m.o_scratch.get(), m.stats.as<float>());
+  // View by view, each stored before the next runs: a mixture's views overlap in the
+  // scratch (two patterns select one row of one head), and a later view would overwrite an
+  // earlier one's O before its epilogue read it (a lent H200 caught that as 38 % errors).
   for (std::size_t i = 0; i < m.places.size(); ++i) {
+    m.plan->forward_view(i, q, k, v, m.o_scratch.get(), m.stats.as<float>());
     ViewResultParams r = m.places[i];
     r.o_scratch = m.o_scratch.get();
     r.stats = m.stats.as<float>() + m.plan->stats_offset(i);
@@ -143,6 +162,7 @@ std::size_t CudnnSdpa::workspace_bytes() const {
 }
 
 double CudnnSdpa::build_ms() const { return impl_->plan->build_ms(); }
+const std::string& CudnnSdpa::backward_refusal() const { return impl_->backward_refusal; }
 std::string CudnnSdpa::description() const { return impl_->plan->description(); }
 
 }  // namespace ringattn::kernels::cuda

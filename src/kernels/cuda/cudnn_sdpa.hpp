@@ -49,6 +49,8 @@ class CudnnSdpa {
                 cudaStream_t stream);
   std::size_t workspace_bytes() const;
   double build_ms() const;
+  // Why the backward was asked for and is not cuDNN's ("" otherwise).
+  const std::string& backward_refusal() const;
   // "cuDNN 9.19.0: 1 view, composite forward + backward"
   std::string description() const;
 
