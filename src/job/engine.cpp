@@ -43,6 +43,12 @@ ring::RingOptions ring_options(const JobSpec& spec) {
 
 // The device communicator of a GPU job on several ranks (NCCL or device copies), and the
 // GPU this rank computes on.
+// Whether each rank runs one single-GPU plan on its whole share (no ring around it): Ulysses
+// with U = P, dense or dilated (block-sparse always has its own distributed plan).
+bool single_plan_per_rank(const Engine::Impl& m) {
+  return !m.job.lists && m.job.ulysses > 1 && m.job.ulysses == m.comm.size();
+}
+
 void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
   ring::Communicator& comm = m.comm.communicator();
   const int gpus = std::max(1, probe_cuda_device().device_count);
@@ -60,15 +66,20 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
     m.device_comm = ring::make_device_inproc_communicator(comm, m.device_index);
   else if (t == ring::DeviceTransport::nccl)
     m.device_comm = ring::make_nccl_communicator(comm, {spec.timeout_s});
-  if (m.device_comm && spec.kernel == KernelChoice::cudnn)
-    throw InputError("--kernel", std::string("'cudnn' runs on one rank; the GPU ") +
+  // cuDNN runs where a rank's attention is a single-GPU plan: one rank, or Ulysses with one
+  // group (each rank's head slice whole, between the all-to-alls). The ring's steps and
+  // block-sparse run the native kernels.
+  if (m.device_comm && spec.kernel == KernelChoice::cudnn && !single_plan_per_rank(m))
+    throw InputError("--kernel", std::string("'cudnn' runs on one rank, or with --ulysses equal "
+                                             "to the rank count; the GPU ") +
                                      (m.job.lists ? "block-sparse mode" : "ring") +
                                      " uses the native kernels (use --kernel native or auto)");
 }
 
 CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
-  return {spec.dtype.value_or(DeviceDType::bf16),
-          m.device_comm ? KernelChoice::native : spec.kernel, m.device_index, spec.deterministic};
+  const bool single = !m.device_comm || single_plan_per_rank(m);
+  return {spec.dtype.value_or(DeviceDType::bf16), single ? spec.kernel : KernelChoice::native,
+          m.device_index, spec.deterministic};
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_skip.hpp"
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
+#include "ringattn/cuda_plan.hpp"
 #include "ringattn/reference.hpp"
 #include "ringattn/ringattn.hpp"
 
@@ -160,8 +162,15 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
       }
     return local;
   };
-  for (const int u : {2, 4}) {
+  // U = 4 is one group: each rank's slice is a single-GPU plan, which may take cuDNN.
+  std::vector<std::pair<int, KernelChoice>> runs = {{2, KernelChoice::native},
+                                                    {4, KernelChoice::native}};
+#if RINGATTN_TEST_HAVE_CUDNN
+  runs.emplace_back(4, KernelChoice::cudnn);
+#endif
+  for (const auto& [u, kernel] : runs) {
     spec.ulysses = u;
+    spec.kernel = kernel;
     std::atomic<int> ok{0};
     std::mutex m;
     std::vector<std::string> failures;
@@ -188,13 +197,16 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
                   relative_error(dv.data(), rows_of(want_dv, rows, inner_kv).data(), dv.size())};
               bool good = st.ulysses == u && st.bytes_sent == st.bytes_sent_min &&
                           st.bytes_sent_a2a == st.bytes_sent_a2a_min;
+              if (kernel == KernelChoice::cudnn)
+                good = good && st.kernel == "cudnn" && st.kernel_backward == "cudnn";
               for (const double err : errs) good = good && err <= kHalfTolerance;
               if (good) {
                 ++ok;
               } else {
                 std::lock_guard lock(m);
                 failures.push_back("U " + std::to_string(u) + " rank " +
-                                   std::to_string(comm.rank()) + ": " + st.engine + ", bytes " +
+                                   std::to_string(comm.rank()) + ": " + st.engine + " (kernel " +
+                                   st.kernel + ", backward " + st.kernel_backward + "), bytes " +
                                    std::to_string(st.bytes_sent) + "/" +
                                    std::to_string(st.bytes_sent_min) + ", errors " +
                                    std::to_string(errs[0]) + " " + std::to_string(errs[1]) + " " +
@@ -204,7 +216,7 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
             }),
         0);
     for (const std::string& f : failures) ADD_FAILURE() << f;
-    EXPECT_EQ(ok.load(), 4) << "U " << u;
+    EXPECT_EQ(ok.load(), 4) << "U " << u << ", kernel " << to_string(kernel);
   }
 }
 
