@@ -28,6 +28,9 @@ std::string whereabouts(const ThreadState& u, const WarpOp& op, std::uint32_t ma
       return "waits at __syncthreads() at " + describe(u.where);
     case ThreadAt::exited:
       return "has exited";
+    case ThreadAt::mbarrier:
+      return "waits on the mbarrier at shared offset " + std::to_string(u.wait_bar) + " at " +
+             describe(u.where);
     case ThreadAt::warp_op:
       if (!u.op->matches(op))
         return "waits at " + std::string(u.op->name()) + " at " + describe(u.where);
@@ -73,6 +76,7 @@ void BlockRunner::run(Dim3 block_index, std::uint64_t block_linear,
   block_index_ = block_index;
   block_linear_ = block_linear;
   arena_.reset(config_.shared_bytes);
+  mbarriers_.clear();
   threads_ = std::vector<ThreadState>(n_warps_ * kWarpSize);
   BlockRunner* const outer = std::exchange(tl_block, this);
   std::exception_ptr failure;
@@ -84,6 +88,7 @@ void BlockRunner::run(Dim3 block_index, std::uint64_t block_linear,
   // Threads still suspended (after a fault) unwind here, outside any handler.
   for (ThreadState& t : threads_) t.fiber = boost::context::fiber();
   threads_.clear();
+  mbarriers_.clear();
   tl_block = outer;
   if (failure) std::rethrow_exception(failure);
 }
@@ -110,7 +115,26 @@ void BlockRunner::schedule(const std::function<void()>& body) {
         });
   }
   for (std::uint64_t interval = 0;; ++interval) {
-    for (const unsigned w : run_order(mode_, n_warps_, salt(1, interval, 0))) run_warp(w, interval);
+    // Warps run in the interval's order until each thread waits at the barrier, waits on an
+    // mbarrier or has exited; threads whose mbarrier phase has completed then run again
+    // (in a new order), until no one can.
+    for (std::uint64_t pass = 0;; ++pass) {
+      for (const unsigned w : run_order(mode_, n_warps_, salt(1, interval, pass)))
+        run_warp(w, pass == 0 ? interval : interval ^ (pass << 40));
+      if (!wake_mbarrier_waiters()) break;
+    }
+    for (unsigned i = 0; i < n_threads_; ++i) {
+      const ThreadState& t = threads_[i];
+      if (t.at != ThreadAt::mbarrier) continue;
+      const Mbarrier& bar = mbarriers_.at(t.wait_bar);
+      fault_at(t, "waits on the mbarrier at shared offset " + std::to_string(t.wait_bar) +
+                      " for the phase of parity " + std::to_string(t.wait_parity) +
+                      ", which can never complete: its phase " + std::to_string(bar.phase) +
+                      " still waits for " + std::to_string(bar.pending) + " of " +
+                      std::to_string(bar.count) + " arrivals and " + std::to_string(bar.tx) +
+                      " transaction bytes, and every other thread waits or has exited (at " +
+                      describe(t.where) + ")");
+    }
     // Every thread now waits at the barrier or has exited.
     const ThreadState* waiting = nullptr;
     const ThreadState* gone = nullptr;
@@ -119,12 +143,38 @@ void BlockRunner::schedule(const std::function<void()>& body) {
       if (t.at == ThreadAt::barrier && !waiting) waiting = &t;
       if (t.at == ThreadAt::exited && !gone) gone = &t;
     }
-    if (!waiting) return;
+    if (!waiting) return finish_mbarriers();
     if (gone) {
       fault_at(*gone, "exited while other threads of its block wait at __syncthreads() (thread " +
                           to_string(waiting->index) + " at " + describe(waiting->where) + ")");
     }
     for (unsigned i = 0; i < n_threads_; ++i) threads_[i].at = ThreadAt::ready;  // all waited
+  }
+}
+
+bool BlockRunner::wake_mbarrier_waiters() {
+  bool woke = false;
+  for (unsigned i = 0; i < n_threads_; ++i) {
+    ThreadState& t = threads_[i];
+    if (t.at != ThreadAt::mbarrier) continue;
+    Mbarrier& bar = mbarriers_.at(t.wait_bar);
+    land_bulk_copies(bar, t.wait_bar, t);
+    if (bar.complete(t.wait_parity)) {
+      t.at = ThreadAt::ready;
+      woke = true;
+    }
+  }
+  return woke;
+}
+
+void BlockRunner::finish_mbarriers() {
+  for (auto& [offset, bar] : mbarriers_) {
+    if (!bar.in_flight.empty()) {
+      fault_at(threads_[bar.in_flight.front().issuer],
+               "the block exited with a bulk copy into shared offset " +
+                   std::to_string(bar.in_flight.front().dst) + " in flight on the mbarrier at " +
+                   std::to_string(offset) + " (no thread waited on it)");
+    }
   }
 }
 
@@ -229,6 +279,15 @@ void suspend(ThreadState& t) { t.back = std::move(t.back).resume(); }
 void arrive_at_barrier(std::source_location where) {
   ThreadState& t = current_thread();
   t.at = ThreadAt::barrier;
+  t.where = where;
+  suspend(t);
+}
+
+void wait_at_mbarrier(std::uint32_t bar, unsigned parity, std::source_location where) {
+  ThreadState& t = current_thread();
+  t.at = ThreadAt::mbarrier;
+  t.wait_bar = bar;
+  t.wait_parity = parity;
   t.where = where;
   suspend(t);
 }

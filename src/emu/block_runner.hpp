@@ -5,9 +5,11 @@
 #pragma once
 
 #include <boost/context/fiber.hpp>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -22,7 +24,7 @@
 
 namespace ringattn::emu {
 
-enum class ThreadAt { ready, barrier, warp_op, exited };
+enum class ThreadAt { ready, barrier, warp_op, mbarrier, exited };
 
 struct ThreadState {
   Dim3 index;
@@ -33,9 +35,28 @@ struct ThreadState {
   bool op_aligned = false;
   std::source_location where;  // of the barrier or collective it waits at
   CpAsyncQueue copies;
+  std::uint32_t wait_bar = 0;  // at mbarrier: the barrier's offset and the phase parity
+  unsigned wait_parity = 0;
   std::exception_ptr failure;   // what its body threw
   boost::context::fiber fiber;  // resumes this thread (empty while it runs or once done)
   boost::context::fiber back;   // inside the thread: resumes the scheduler
+};
+
+// One mbarrier's state (emu/mbarrier.hpp), kept by the block beside its arena.
+struct Mbarrier {
+  unsigned count = 0;       // arrivals per phase
+  unsigned pending = 0;     // arrivals still to come in the current phase
+  std::int64_t tx = 0;      // transaction bytes expected and not yet completed
+  std::uint64_t phase = 0;  // the current phase's number (phases before it completed)
+  struct Copy {
+    std::uint32_t dst = 0;
+    std::vector<std::byte> bytes;
+    // When not empty: bytes are 16-byte units, unit i landing at units[i] (a swizzled box).
+    std::vector<std::uint32_t> units;
+    unsigned issuer = 0;  // linear thread index
+  };
+  std::vector<Copy> in_flight;  // bulk copies not landed yet (landing at the wait)
+  bool complete(unsigned parity) const { return (phase & 1u) != (parity & 1u); }
 };
 
 class BlockRunner {
@@ -51,12 +72,17 @@ class BlockRunner {
   const ExecutionMode& mode() const { return mode_; }
   Dim3 block_index() const { return block_index_; }
   SharedArena& arena() { return arena_; }
+  // The block's mbarriers by shared-memory offset (initialised ones only).
+  std::map<std::uint32_t, Mbarrier>& mbarriers() { return mbarriers_; }
+  ThreadState& thread_at(unsigned linear) { return threads_[linear]; }
   // The lanes that exist in warp `w` (fewer than 32 in a partial last warp), as a mask.
   std::uint32_t warp_lanes_mask(unsigned w) const;
 
  private:
   void schedule(const std::function<void()>& body);
   void run_warp(unsigned w, std::uint64_t interval);
+  bool wake_mbarrier_waiters();  // whether a waiter's phase completed (it is ready again)
+  void finish_mbarriers();       // at the block's end: copies still in flight are a fault
   bool perform_warp_ops(unsigned w);
   void resume(ThreadState& t);
   ThreadState& thread(unsigned w, unsigned lane) { return threads_[w * kWarpSize + lane]; }
@@ -70,6 +96,7 @@ class BlockRunner {
   Dim3 block_index_;
   std::uint64_t block_linear_ = 0;
   SharedArena arena_;
+  std::map<std::uint32_t, Mbarrier> mbarriers_;
   std::vector<ThreadState> threads_;
 };
 
@@ -81,6 +108,11 @@ ThreadState& current_thread();
 // the whole warp must take part and `mask` is ignored) until the runner releases it.
 void arrive_at_barrier(std::source_location where);
 void arrive_at_warp_op(WarpOp& op, std::uint32_t mask, bool aligned, std::source_location where);
+// Suspend the running thread until the mbarrier at `bar` completes the phase of `parity`.
+void wait_at_mbarrier(std::uint32_t bar, unsigned parity, std::source_location where);
+// Lands the barrier's bulk copies still in flight and completes their bytes on it (a wait
+// on it, under CpAsyncLanding::at_wait); may complete its phase. Faults name `t`.
+void land_bulk_copies(Mbarrier& bar, std::uint32_t offset, const ThreadState& t);
 
 // EmuFault naming the kernel, the running block and thread `t` (or the running thread).
 [[noreturn]] void fault_at(const ThreadState& t, const std::string& problem);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cute/atom/copy_traits_sm75.hpp>
 #include <cute/atom/mma_traits_sm80.hpp>
+#include <cute/swizzle.hpp>
 #include <map>
 #include <random>
 #include <utility>
@@ -21,6 +22,7 @@
 #include "emu/mma.hpp"
 #include "emu/numeric_formats.hpp"
 #include "emu/shared_memory.hpp"
+#include "emu/tma.hpp"
 
 namespace ringattn::emu {
 namespace {
@@ -181,6 +183,23 @@ TEST(CuteLayouts, MmaBf16OnCutePlacedFragments) {
 }
 TEST(CuteLayouts, MmaF16OnCutePlacedFragments) {
   check_mma_by_cute_placement<cute::SM80_16x8x16_F32F16F16F32_TN>(MmaInput::f16);
+}
+
+// The TMA box swizzles (and the wgmma descriptor modes that read them) against CuTe's
+// Swizzle<B, 4, 3> functors on byte offsets, which its SM90 TMA and GMMA layouts are built
+// from (Swizzle<1,4,3> for 32 bytes, <2,4,3> for 64, <3,4,3> for 128).
+TEST(CuteLayouts, TmaSwizzlesMatchCuteSwizzleFunctors) {
+  for (std::uint32_t offset = 0; offset < 8192; ++offset) {
+    ASSERT_EQ(tma_swizzled_offset(TmaSwizzle::bytes32, offset),
+              static_cast<std::uint32_t>(cute::Swizzle<1, 4, 3>{}(offset)))
+        << offset;
+    ASSERT_EQ(tma_swizzled_offset(TmaSwizzle::bytes64, offset),
+              static_cast<std::uint32_t>(cute::Swizzle<2, 4, 3>{}(offset)))
+        << offset;
+    ASSERT_EQ(tma_swizzled_offset(TmaSwizzle::bytes128, offset),
+              static_cast<std::uint32_t>(cute::Swizzle<3, 4, 3>{}(offset)))
+        << offset;
+  }
 }
 
 }  // namespace
