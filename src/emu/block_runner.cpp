@@ -77,6 +77,7 @@ void BlockRunner::run(Dim3 block_index, std::uint64_t block_linear,
   block_linear_ = block_linear;
   arena_.reset(config_.shared_bytes);
   mbarriers_.clear();
+  unit_swizzle_.assign((config_.shared_bytes + 15) / 16, 0);
   threads_ = std::vector<ThreadState>(n_warps_ * kWarpSize);
   BlockRunner* const outer = std::exchange(tl_block, this);
   std::exception_ptr failure;
@@ -111,6 +112,14 @@ void BlockRunner::schedule(const std::function<void()>& body) {
           }
           t.at = ThreadAt::exited;
           t.copies.land_all(arena_);
+          if (!t.failure && (!t.wgmma_open.empty() || !t.wgmma_groups.empty())) {
+            try {
+              fault_at(t, "exited with wgmma.mma_async in flight (no wgmma.commit_group and "
+                          "wgmma.wait_group for it)");
+            } catch (...) {
+              t.failure = std::current_exception();
+            }
+          }
           return std::move(t.back);
         });
   }

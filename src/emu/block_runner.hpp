@@ -10,6 +10,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -26,6 +27,14 @@ namespace ringattn::emu {
 
 enum class ThreadAt { ready, barrier, warp_op, mbarrier, exited };
 
+// An asynchronous warpgroup operation in flight (wgmma.mma_async under the at-wait landing):
+// shared by the lanes that issued it, landed once, by the first wait that covers it.
+struct PendingAsync {
+  virtual ~PendingAsync() = default;
+  virtual void land() = 0;
+  bool landed = false;
+};
+
 struct ThreadState {
   Dim3 index;
   unsigned warp = 0, lane = 0;
@@ -37,6 +46,12 @@ struct ThreadState {
   CpAsyncQueue copies;
   std::uint32_t wait_bar = 0;  // at mbarrier: the barrier's offset and the phase parity
   unsigned wait_parity = 0;
+  // wgmma: issued and not committed, committed groups (oldest first), whether a
+  // wgmma.fence came since the last wgmma.wait_group, and how many this warp issued.
+  std::vector<std::shared_ptr<PendingAsync>> wgmma_open;
+  std::vector<std::vector<std::shared_ptr<PendingAsync>>> wgmma_groups;
+  bool wgmma_fenced = false;
+  std::uint64_t wgmma_issued = 0;
   std::exception_ptr failure;   // what its body threw
   boost::context::fiber fiber;  // resumes this thread (empty while it runs or once done)
   boost::context::fiber back;   // inside the thread: resumes the scheduler
@@ -53,6 +68,7 @@ struct Mbarrier {
     std::vector<std::byte> bytes;
     // When not empty: bytes are 16-byte units, unit i landing at units[i] (a swizzled box).
     std::vector<std::uint32_t> units;
+    std::uint8_t unit_mode = 0;  // 1 + the tensor map's TmaSwizzle, for units
     unsigned issuer = 0;  // linear thread index
   };
   std::vector<Copy> in_flight;  // bulk copies not landed yet (landing at the wait)
@@ -72,6 +88,9 @@ class BlockRunner {
   const ExecutionMode& mode() const { return mode_; }
   Dim3 block_index() const { return block_index_; }
   SharedArena& arena() { return arena_; }
+  // Per 16-byte unit of the arena: 0, or 1 + the TmaSwizzle of the tensor copy that last
+  // wrote it (what a wgmma descriptor reading it must agree with).
+  std::vector<std::uint8_t>& unit_swizzle() { return unit_swizzle_; }
   // The block's mbarriers by shared-memory offset (initialised ones only).
   std::map<std::uint32_t, Mbarrier>& mbarriers() { return mbarriers_; }
   ThreadState& thread_at(unsigned linear) { return threads_[linear]; }
@@ -97,6 +116,7 @@ class BlockRunner {
   std::uint64_t block_linear_ = 0;
   SharedArena arena_;
   std::map<std::uint32_t, Mbarrier> mbarriers_;
+  std::vector<std::uint8_t> unit_swizzle_;
   std::vector<ThreadState> threads_;
 };
 

@@ -26,6 +26,12 @@ constexpr MatrixCoord mma_c_coord(int lane, int reg) {
   return {lane / 4 + 8 * (reg >> 1), 2 * (lane % 4) + (reg & 1)};
 }
 
+// wgmma m64nNk16 fp32 D, one warp's 16 rows (row 0 = the warp's first; add 16 · (warp % 4)
+// for the warpgroup's row): register i holds 8-column slice i / 4, as mma's C register i % 4.
+constexpr MatrixCoord wgmma_d_coord(int lane, int reg) {
+  return {lane / 4 + 8 * ((reg >> 1) & 1), 8 * (reg >> 2) + 2 * (lane % 4) + (reg & 1)};
+}
+
 // ldmatrix .m8n8 .x4 .b16: register `reg` of a lane comes from matrix `reg`, whose eight
 // rows are the 16-byte rows at the addresses lanes 8·reg .. 8·reg + 7 give. Returns which
 // lane's row and which 16-bit element of it (0..7) lands in (lane, reg, half).

@@ -67,11 +67,15 @@ void land_bulk_copies(Mbarrier& bar, std::uint32_t offset, const ThreadState& t)
   if (bar.in_flight.empty()) return;
   SharedArena& arena = current_block().arena();
   for (const Mbarrier::Copy& c : bar.in_flight) {
+    std::vector<std::uint8_t>& modes = current_block().unit_swizzle();
     if (c.units.empty()) {
       std::memcpy(arena.at(c.dst), c.bytes.data(), c.bytes.size());
+      for (std::size_t u = 0; u < c.bytes.size() / 16; ++u) modes[c.dst / 16 + u] = 0;
     } else {
-      for (std::size_t u = 0; u < c.units.size(); ++u)
+      for (std::size_t u = 0; u < c.units.size(); ++u) {
         std::memcpy(arena.at(c.units[u]), c.bytes.data() + 16 * u, 16);
+        modes[c.units[u] / 16] = c.unit_mode;
+      }
     }
     bar.tx -= static_cast<std::int64_t>(c.bytes.size());
   }
@@ -171,6 +175,7 @@ void detail::issue_async_copy(SharedAddress bar, AsyncCopy copy, const char* cal
   c.dst = copy.dst;
   c.bytes = std::move(copy.bytes);
   c.units = std::move(copy.units);
+  c.unit_mode = copy.unit_mode;
   c.issuer = t.warp * kWarpSize + t.lane;
   b.in_flight.push_back(std::move(c));
   if (current_block().mode().landing == CpAsyncLanding::at_copy)

@@ -69,6 +69,7 @@ struct AsyncCopy {
   std::uint32_t dst = 0;
   std::vector<std::byte> bytes;
   std::vector<std::uint32_t> units;
+  std::uint8_t unit_mode = 0;  // 1 + the tensor map's TmaSwizzle, for units
 };
 void issue_async_copy(SharedAddress bar, AsyncCopy copy, const char* call,
                       std::source_location where);

@@ -172,6 +172,7 @@ void cp_async_bulk_tensor(SharedAddress dst, const TensorMap& map,
   detail::AsyncCopy copy;
   copy.dst = dst.offset;
   copy.bytes = std::move(image);
+  copy.unit_mode = static_cast<std::uint8_t>(1 + static_cast<int>(map.swizzle));
   for (std::uint32_t u = 0; u < bytes / 16; ++u) {
     const std::uint32_t to = dst.offset + tma_swizzled_offset(map.swizzle, 16 * u);
     if (!arena.contains(to, 16)) {

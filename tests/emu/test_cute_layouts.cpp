@@ -9,7 +9,10 @@
 #include <cstdint>
 #include <cute/atom/copy_traits_sm75.hpp>
 #include <cute/atom/mma_traits_sm80.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/swizzle.hpp>
+#include <cute/tensor.hpp>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <utility>
@@ -23,6 +26,7 @@
 #include "emu/numeric_formats.hpp"
 #include "emu/shared_memory.hpp"
 #include "emu/tma.hpp"
+#include "emu/wgmma.hpp"
 
 namespace ringattn::emu {
 namespace {
@@ -200,6 +204,70 @@ TEST(CuteLayouts, TmaSwizzlesMatchCuteSwizzleFunctors) {
               static_cast<std::uint32_t>(cute::Swizzle<3, 4, 3>{}(offset)))
         << offset;
   }
+}
+
+// wgmma's accumulator (CLayout_64xN) and register-A (ALayout_64x16) layouts: CuTe's
+// (thread, value) → m + 64·n (or m + 64·k) against wgmma_d_coord and mma_a_coord on the
+// thread's warp rows.
+TEST(CuteLayouts, WgmmaFragmentsMatchSm90GmmaLayouts) {
+  using C = cute::SM90::GMMA::CLayout_64xN<64>;
+  using A = cute::SM90::GMMA::ALayout_64x16;
+  for (int t = 0; t < 128; ++t) {
+    const int warp = t / 32, lane = t % 32;
+    for (int v = 0; v < 32; ++v) {
+      const MatrixCoord ours = wgmma_d_coord(lane, v);
+      EXPECT_EQ(at<C>(t, v), 16 * warp + ours.row + 64 * ours.col) << "thread " << t << " value " << v;
+    }
+    for (int v = 0; v < 8; ++v) {
+      const MatrixCoord ours = mma_a_coord(lane, v / 2, v % 2);
+      EXPECT_EQ(at<A>(t, v), 16 * warp + ours.row + 64 * ours.col) << "thread " << t << " value " << v;
+    }
+  }
+}
+
+// A K-major operand in CuTe's GMMA layout atoms (INTER, SW32, SW64, SW128) tiled to 64 rows,
+// at a 1024-byte aligned address: the byte offset of every element against what a wgmma
+// descriptor (start advanced by 32 bytes per 16-wide k-step, SBO the atom's 8-row stride,
+// LBO the INTER layout's k-half stride) reads.
+template <class Atom, int K>
+std::vector<std::uint32_t> cute_offsets() {
+  using namespace cute;
+  auto* base = static_cast<bfloat16_t*>(std::aligned_alloc(1024, 64 * K * 2));
+  auto t = make_tensor(make_smem_ptr(base), tile_to_shape(Atom{}, Shape<_64, Int<K>>{}));
+  std::vector<std::uint32_t> out;
+  for (int m = 0; m < 64; ++m)
+    for (int k = 0; k < K; ++k)
+      out.push_back(static_cast<std::uint32_t>(reinterpret_cast<char*>(&t(m, k)) -
+                                               reinterpret_cast<char*>(base)));
+  std::free(base);
+  return out;
+}
+
+std::vector<std::uint32_t> descriptor_offsets(GmmaSwizzle swizzle, int k_extent,
+                                              std::uint32_t lbo, std::uint32_t sbo) {
+  std::vector<std::uint32_t> out;
+  launch(LaunchConfig{"gmma_addresses", Dim3{1}, Dim3{1}, 64 * 64 * 2}, [&] {
+    for (std::uint32_t m = 0; m < 64; ++m)
+      for (std::uint32_t k = 0; k < static_cast<std::uint32_t>(k_extent); ++k) {
+        const std::uint64_t desc =
+            make_gmma_descriptor(SharedAddress{32 * (k / 16)}, lbo, sbo, swizzle);
+        out.push_back(gmma_element_address(desc, m, k % 16));
+      }
+  });
+  return out;
+}
+
+TEST(CuteLayouts, WgmmaDescriptorsReadCutesKMajorGmmaAtoms) {
+  using cute::bfloat16_t;
+  namespace G = cute::SM90::GMMA;
+  EXPECT_EQ((cute_offsets<G::Layout_K_INTER_Atom<bfloat16_t>, 16>()),
+            descriptor_offsets(GmmaSwizzle::none, 16, 1024, 128));
+  EXPECT_EQ((cute_offsets<G::Layout_K_SW32_Atom<bfloat16_t>, 16>()),
+            descriptor_offsets(GmmaSwizzle::bytes32, 16, 16, 256));
+  EXPECT_EQ((cute_offsets<G::Layout_K_SW64_Atom<bfloat16_t>, 32>()),
+            descriptor_offsets(GmmaSwizzle::bytes64, 32, 16, 512));
+  EXPECT_EQ((cute_offsets<G::Layout_K_SW128_Atom<bfloat16_t>, 64>()),
+            descriptor_offsets(GmmaSwizzle::bytes128, 64, 16, 1024));
 }
 
 }  // namespace

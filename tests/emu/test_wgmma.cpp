@@ -1,0 +1,201 @@
+// wgmma (issue 31): one warpgroup's 64 × 64 × 64 product from tiles that a TMA copy wrote
+// with the 128-byte swizzle, read through matching descriptors, equals the host's product
+// summed in the same order, in every execution mode; A from registers with B in the
+// unswizzled core-matrix layout too; reading D before wgmma.wait_group shows as landing
+// dependence; a missing wgmma.fence, a descriptor whose swizzle differs from the tensor
+// copy's, a warp outside a full warpgroup and wgmma in flight at exit are faults naming
+// kernel, block and thread. (The layouts are checked against CuTe in test_cute_layouts.cpp.)
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "emu/cuda_builtins.hpp"
+#include "emu/fragment_layouts.hpp"
+#include "emu/launch.hpp"
+#include "emu/mbarrier.hpp"
+#include "emu/mode_sweep.hpp"
+#include "emu/numeric_formats.hpp"
+#include "emu/shared_memory.hpp"
+#include "emu/tma.hpp"
+#include "emu/wgmma.hpp"
+#include "emu_test_support.hpp"
+
+namespace ringattn::emu {
+namespace {
+
+using testing::bytes_of;
+using testing::faults;
+
+const ExecutionMode kAtCopy{RunOrder::forward, 0, CpAsyncLanding::at_copy};
+const ExecutionMode kAtWait{RunOrder::forward, 0, CpAsyncLanding::at_wait};
+
+constexpr unsigned kM = 64, kN = 64, kK = 64;
+
+// Row-major bf16 matrices (rows × 64), small integers over 8 so every product and partial
+// sum is exact, plus the host product summed in k order.
+struct Problem {
+  std::vector<std::uint16_t> a, b;  // A: M × K, B: N × K (both K-major)
+  std::vector<float> want;          // M × N
+  Problem() : a(kM * kK), b(kN * kK), want(kM * kN) {
+    for (unsigned i = 0; i < kM * kK; ++i)
+      a[i] = float_to_bf16(static_cast<float>(static_cast<int>((i * 7) % 13) - 6) / 8.0f);
+    for (unsigned i = 0; i < kN * kK; ++i)
+      b[i] = float_to_bf16(static_cast<float>(static_cast<int>((i * 5) % 11) - 5) / 4.0f);
+    for (unsigned m = 0; m < kM; ++m)
+      for (unsigned n = 0; n < kN; ++n) {
+        float s = 0;
+        for (unsigned k = 0; k < kK; ++k)
+          s += bf16_to_float(a[m * kK + k]) * bf16_to_float(b[n * kK + k]);
+        want[m * kN + n] = s;
+      }
+  }
+};
+
+TensorMap map_of(const std::vector<std::uint16_t>& t, std::uint64_t rows, TmaSwizzle swizzle) {
+  TensorMap map;
+  const std::uint64_t dims[] = {kK, rows}, strides[] = {kK * 2};
+  const std::uint32_t box[] = {kK, static_cast<std::uint32_t>(rows)};
+  EXPECT_EQ(encode_tensor_map_tiled(map, 2, 2, t.data(), dims, strides, box, swizzle,
+                                    TmaOobFill::zeros),
+            "");
+  return map;
+}
+
+enum class Flaw { none, no_fence, read_before_wait, wrong_swizzle, no_wait };
+
+// One warpgroup: thread 0 copies A and B with the 128-byte swizzle (A at 1024, B at 9216),
+// everyone waits, then four k-steps of wgmma with descriptors advanced by 32 bytes.
+std::vector<float> product(const Problem& p, Flaw flaw = Flaw::none) {
+  const TensorMap ma = map_of(p.a, kM, TmaSwizzle::bytes128);
+  const TensorMap mb = map_of(p.b, kN, TmaSwizzle::bytes128);
+  std::vector<float> out(kM * kN, -1.0f);
+  launch(LaunchConfig{"wgmma_ss", Dim3{1}, Dim3{128}, 1024 + 2 * 8192}, [&] {
+    const SharedAddress bar{0};
+    if (threadIdx.x == 0) {
+      mbarrier_init(bar, 1);
+      mbarrier_arrive_expect_tx(bar, 2 * 8192);
+      const std::int32_t origin[] = {0, 0};
+      cp_async_bulk_tensor(SharedAddress{1024}, ma, origin, bar);
+      cp_async_bulk_tensor(SharedAddress{1024 + 8192}, mb, origin, bar);
+    }
+    __syncthreads();
+    mbarrier_try_wait_parity(bar, 0);
+    const GmmaSwizzle sw = flaw == Flaw::wrong_swizzle ? GmmaSwizzle::bytes64 : GmmaSwizzle::bytes128;
+    float d[kN / 2] = {};
+    if (flaw != Flaw::no_fence) wgmma_fence();
+    for (unsigned kb = 0; kb < kK / 16; ++kb) {
+      const std::uint64_t da = make_gmma_descriptor(SharedAddress{1024 + 32 * kb}, 16, 1024, sw);
+      const std::uint64_t db =
+          make_gmma_descriptor(SharedAddress{1024 + 8192 + 32 * kb}, 16, 1024, sw);
+      wgmma_m64k16_ss(MmaInput::bf16, kN, d, da, db, kb > 0);
+    }
+    wgmma_commit_group();
+    if (flaw == Flaw::no_wait) return;
+    if (flaw != Flaw::read_before_wait) wgmma_wait_group(0);
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int i = 0; i < static_cast<int>(kN / 2); ++i) {
+      const MatrixCoord y = wgmma_d_coord(static_cast<int>(lane), i);
+      out[(16 * warp + static_cast<unsigned>(y.row)) * kN + static_cast<unsigned>(y.col)] = d[i];
+    }
+    if (flaw == Flaw::read_before_wait) wgmma_wait_group(0);
+  });
+  return out;
+}
+
+TEST(Wgmma, SwizzledTmaTilesThroughDescriptorsGiveTheProductInEveryMode) {
+  const Problem p;
+  for (const ExecutionMode& mode : {kAtCopy, kAtWait}) {
+    const ScopedExecutionMode scoped(mode);
+    EXPECT_EQ(product(p), p.want) << describe(mode);
+  }
+  const std::vector<ExecutionMode> modes = standard_modes();
+  EXPECT_EQ(find_mode_dependence([&] { return bytes_of(product(p)); }, modes), std::nullopt);
+}
+
+// A from registers (mma.m16n8k16's A fragment for the warp's 16 rows), B written by the
+// threads themselves in the unswizzled layout: 8 × 16-byte core matrices, SBO 128 bytes
+// between 8-row groups, LBO 1024 bytes between the two k halves of a 16-wide k-step.
+TEST(Wgmma, RegisterAAndUnswizzledCoreMatricesGiveTheProduct) {
+  const Problem p;
+  std::vector<float> out(kM * kN, -1.0f);
+  launch(LaunchConfig{"wgmma_rs", Dim3{1}, Dim3{128}, 4 * 2048}, [&] {
+    const SharedPtr<std::uint16_t> s = dynamic_shared_memory<std::uint16_t>();
+    // k-step kb's B at 2048·kb: element (n, k) at (n/8)·128 + (k/8)·1024 + (n%8)·16 + (k%8)·2.
+    for (unsigned i = threadIdx.x; i < kN * kK; i += 128) {
+      const unsigned n = i / kK, k = i % kK, kb = k / 16, kk = k % 16;
+      s[(2048 * kb + (n / 8) * 128 + (kk / 8) * 1024 + (n % 8) * 16 + (kk % 8) * 2) / 2] = p.b[i];
+    }
+    __syncthreads();
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float d[kN / 2] = {};
+    wgmma_fence();
+    for (unsigned kb = 0; kb < kK / 16; ++kb) {
+      std::uint32_t a[4];
+      for (int reg = 0; reg < 4; ++reg) {
+        std::uint16_t h[2];
+        for (int half = 0; half < 2; ++half) {
+          const MatrixCoord x = mma_a_coord(static_cast<int>(lane), reg, half);
+          h[half] = p.a[(16 * warp + static_cast<unsigned>(x.row)) * kK + 16 * kb +
+                        static_cast<unsigned>(x.col)];
+        }
+        a[reg] = static_cast<std::uint32_t>(h[0]) | static_cast<std::uint32_t>(h[1]) << 16;
+      }
+      wgmma_m64k16_rs(MmaInput::bf16, kN, d, a,
+                      make_gmma_descriptor(SharedAddress{2048 * kb}, 1024, 128, GmmaSwizzle::none),
+                      kb > 0);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group(0);
+    for (int i = 0; i < static_cast<int>(kN / 2); ++i) {
+      const MatrixCoord y = wgmma_d_coord(static_cast<int>(lane), i);
+      out[(16 * warp + static_cast<unsigned>(y.row)) * kN + static_cast<unsigned>(y.col)] = d[i];
+    }
+  });
+  EXPECT_EQ(out, p.want);
+}
+
+TEST(Wgmma, ReadingDBeforeTheWaitShowsAsLandingDependence) {
+  const Problem p;
+  const std::vector<ExecutionMode> modes = {kAtCopy, kAtWait};
+  const auto difference =
+      find_mode_dependence([&] { return bytes_of(product(p, Flaw::read_before_wait)); }, modes);
+  ASSERT_TRUE(difference.has_value());
+  EXPECT_NE(difference->find("cp.async=at-wait"), std::string::npos) << *difference;
+}
+
+TEST(Wgmma, MisuseIsAFaultNamingTheThread) {
+  const Problem p;
+  EXPECT_TRUE(faults([&] { product(p, Flaw::no_fence); }, "wgmma_ss", Dim3{0, 0, 0},
+                     Dim3{0, 0, 0}, "without a wgmma.fence"));
+  EXPECT_TRUE(faults([&] { product(p, Flaw::wrong_swizzle); }, "wgmma_ss", Dim3{0, 0, 0},
+                     Dim3{0, 0, 0}, "which a tensor copy wrote with 128-byte swizzle"));
+  EXPECT_TRUE(faults([&] { product(p, Flaw::no_wait); }, "wgmma_ss", Dim3{0, 0, 0},
+                     Dim3{0, 0, 0}, "exited with wgmma.mma_async in flight"));
+  EXPECT_TRUE(faults(
+      [] {
+        launch(LaunchConfig{"wgmma_two_warps", Dim3{1}, Dim3{64}, 4096}, [] {
+          float d[4] = {};
+          wgmma_fence();
+          wgmma_m64k16_ss(MmaInput::bf16, 8, d, 0, 0, false);
+        });
+      },
+      "wgmma_two_warps", Dim3{0, 0, 0}, Dim3{0, 0, 0}, "not in a full warpgroup"));
+  EXPECT_TRUE(faults(
+      [] {
+        launch(LaunchConfig{"wgmma_atom_row", Dim3{1}, Dim3{128}, 4096}, [] {
+          float d[4] = {};
+          wgmma_fence();
+          const std::uint64_t desc =
+              make_gmma_descriptor(SharedAddress{128}, 16, 1024, GmmaSwizzle::bytes128);
+          wgmma_m64k16_ss(MmaInput::bf16, 8, d, desc, desc, false);
+          wgmma_commit_group();
+          wgmma_wait_group(0);
+        });
+      },
+      "wgmma_atom_row", Dim3{0, 0, 0}, Dim3{0, 0, 0}, "not on the first row of its 1024-byte atom"));
+}
+
+}  // namespace
+}  // namespace ringattn::emu
