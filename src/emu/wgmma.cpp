@@ -60,10 +60,10 @@ const char* name_of(TmaSwizzle s) {
   return "no";
 }
 
-// Element (row, k) through `desc`, for thread `t`'s fault messages; checks the arena and the
-// swizzle of the unit against the tensor copy that wrote it.
+// Element (row, k) through `desc` (row: the M or N index), for thread `t`'s fault messages;
+// checks the arena and the swizzle of the unit against the tensor copy that wrote it.
 std::uint32_t element_address(std::uint64_t desc, std::uint32_t row, std::uint32_t k,
-                              const ThreadState& t) {
+                              const ThreadState& t, bool mn_major) {
   const std::uint32_t start = static_cast<std::uint32_t>(desc & 0x3fff) << 4;
   const std::uint32_t lbo = static_cast<std::uint32_t>((desc >> 16) & 0x3fff) << 4;
   const std::uint32_t sbo = static_cast<std::uint32_t>((desc >> 32) & 0x3fff) << 4;
@@ -74,7 +74,23 @@ std::uint32_t element_address(std::uint64_t desc, std::uint32_t row, std::uint32
                     " (the emulator reads atoms that start on their first swizzle row only)");
   }
   std::uint32_t addr = 0;
-  if (swizzle == GmmaSwizzle::none) {
+  if (mn_major) {
+    // 16-byte units of 8 consecutive M|N elements; k rows of them (PTX's transposed
+    // canonical layouts): without swizzle, units along M|N at SBO and k-groups of 8 at LBO;
+    // swizzled, W bytes of M|N per row, repeats along M|N at LBO, k-groups at SBO.
+    if (swizzle == GmmaSwizzle::none) {
+      addr = start + (row / 8) * sbo + (k / 8) * lbo + (k % 8) * 16 + (row % 8) * 2;
+    } else {
+      const std::uint32_t w = width_of(swizzle), per_row = w / 2;
+      if (start % (8 * w) >= w) {
+        fault_at(t, "a wgmma descriptor with a " + std::string(name_of(tma_of(swizzle))) +
+                        " swizzle starts at shared offset " + std::to_string(start) +
+                        ", not on the first row of its " + std::to_string(8 * w) + "-byte atom");
+      }
+      addr = tma_swizzled_offset(tma_of(swizzle), start + (row / per_row) * lbo + (k / 8) * sbo +
+                                                      (k % 8) * w + (row % per_row) * 2);
+    }
+  } else if (swizzle == GmmaSwizzle::none) {
     addr = start + (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2;
   } else {
     const std::uint32_t w = width_of(swizzle);
@@ -105,7 +121,7 @@ class WgmmaCompute final : public PendingAsync {
  public:
   MmaInput input = MmaInput::bf16;
   unsigned n = 0, warp_in_group = 0;
-  bool scale_d = true, a_from_registers = false;
+  bool scale_d = true, a_from_registers = false, a_mn_major = false, b_mn_major = false;
   std::uint64_t desc_a = 0, desc_b = 0;
   std::array<std::array<std::uint32_t, 4>, kWarpSize> a{};
   std::array<float*, kWarpSize> d{};
@@ -116,9 +132,9 @@ class WgmmaCompute final : public PendingAsync {
     landed = true;
     const auto decode = input == MmaInput::bf16 ? bf16_to_float : f16_to_float;
     SharedArena& arena = current_block().arena();
-    auto read = [&](std::uint64_t desc, std::uint32_t row, std::uint32_t k) {
+    auto read = [&](std::uint64_t desc, std::uint32_t row, std::uint32_t k, bool mn_major) {
       std::uint16_t bits;
-      std::memcpy(&bits, arena.at(element_address(desc, row, k, *issuer)), 2);
+      std::memcpy(&bits, arena.at(element_address(desc, row, k, *issuer, mn_major)), 2);
       return decode(bits);
     };
     float A[16][16];
@@ -131,11 +147,12 @@ class WgmmaCompute final : public PendingAsync {
           }
     } else {
       for (std::uint32_t r = 0; r < 16; ++r)
-        for (std::uint32_t k = 0; k < 16; ++k) A[r][k] = read(desc_a, 16 * warp_in_group + r, k);
+        for (std::uint32_t k = 0; k < 16; ++k)
+          A[r][k] = read(desc_a, 16 * warp_in_group + r, k, a_mn_major);
     }
     std::vector<float> B(static_cast<std::size_t>(n) * 16);
     for (std::uint32_t c = 0; c < n; ++c)
-      for (std::uint32_t k = 0; k < 16; ++k) B[c * 16 + k] = read(desc_b, c, k);
+      for (std::uint32_t k = 0; k < 16; ++k) B[c * 16 + k] = read(desc_b, c, k, b_mn_major);
     for (unsigned l = 0; l < kWarpSize; ++l)
       for (unsigned i = 0; i < n / 2; ++i) {
         const MatrixCoord y = wgmma_d_coord(static_cast<int>(l), static_cast<int>(i));
@@ -149,10 +166,18 @@ class WgmmaCompute final : public PendingAsync {
 class WgmmaOp final : public WarpOp {
  public:
   WgmmaOp(MmaInput input, unsigned n, float* d, std::uint64_t desc_a, const std::uint32_t* a,
-          std::uint64_t desc_b, bool scale_d)
-      : input_(input), n_(n), d_(d), desc_a_(desc_a), desc_b_(desc_b), scale_d_(scale_d) {
+          std::uint64_t desc_b, bool scale_d, bool trans_a, bool trans_b)
+      : input_(input),
+        n_(n),
+        d_(d),
+        desc_a_(desc_a),
+        desc_b_(desc_b),
+        scale_d_(scale_d),
+        trans_a_(trans_a),
+        trans_b_(trans_b) {
     name_ = "wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." +
-            (input == MmaInput::bf16 ? "bf16.bf16" : "f16.f16") + (a ? " (A in registers)" : "");
+            (input == MmaInput::bf16 ? "bf16.bf16" : "f16.f16") + (a ? " (A in registers)" : "") +
+            (trans_a ? " (A M-major)" : "") + (trans_b ? " (B N-major)" : "");
     if (a) {
       a_from_registers_ = true;
       for (int i = 0; i < 4; ++i) a_[static_cast<std::size_t>(i)] = a[i];
@@ -167,6 +192,8 @@ class WgmmaOp final : public WarpOp {
     op->desc_a = desc_a_;
     op->desc_b = desc_b_;
     op->a_from_registers = a_from_registers_;
+    op->a_mn_major = trans_a_;
+    op->b_mn_major = trans_b_;
     for (unsigned l = 0; l < kWarpSize; ++l) {
       const WgmmaOp& me = lane_op<WgmmaOp>(lanes, l);
       const ThreadState& t = *lanes.thread[l];
@@ -196,13 +223,14 @@ class WgmmaOp final : public WarpOp {
   unsigned n_;
   float* d_;
   std::uint64_t desc_a_, desc_b_;
-  bool scale_d_;
+  bool scale_d_, trans_a_, trans_b_;
   bool a_from_registers_ = false;
   std::array<std::uint32_t, 4> a_{};
 };
 
 void issue(MmaInput input, unsigned n, float* d, std::uint64_t desc_a, const std::uint32_t* a,
-           std::uint64_t desc_b, bool scale_d, std::source_location where) {
+           std::uint64_t desc_b, bool scale_d, bool trans_a, bool trans_b,
+           std::source_location where) {
   ThreadState& t = current_thread();
   BlockRunner& block = current_block();
   if (n < 8 || n > 256 || n % 8 != 0) {
@@ -216,7 +244,7 @@ void issue(MmaInput input, unsigned n, float* d, std::uint64_t desc_a, const std
                ", which is not in a full warpgroup (4 warps; the block has " +
                std::to_string(threads) + " threads)" + at(where));
   }
-  WgmmaOp op(input, n, d, desc_a, a, desc_b, scale_d);
+  WgmmaOp op(input, n, d, desc_a, a, desc_b, scale_d, trans_a, trans_b);
   arrive_at_warp_op(op, 0, true, where);
 }
 
@@ -230,8 +258,9 @@ std::uint64_t make_gmma_descriptor(SharedAddress start, std::uint32_t leading_by
          (static_cast<std::uint64_t>(swizzle) << 62);
 }
 
-std::uint32_t gmma_element_address(std::uint64_t desc, std::uint32_t row, std::uint32_t k) {
-  return element_address(desc, row, k, current_thread());
+std::uint32_t gmma_element_address(std::uint64_t desc, std::uint32_t row, std::uint32_t k,
+                                   bool mn_major) {
+  return element_address(desc, row, k, current_thread(), mn_major);
 }
 
 void wgmma_fence(std::source_location) { current_thread().wgmma_fenced = true; }
@@ -252,13 +281,14 @@ void wgmma_wait_group(unsigned pending, std::source_location) {
 }
 
 void wgmma_m64k16_ss(MmaInput input, unsigned n, float* d, std::uint64_t desc_a,
-                     std::uint64_t desc_b, bool scale_d, std::source_location where) {
-  issue(input, n, d, desc_a, nullptr, desc_b, scale_d, where);
+                     std::uint64_t desc_b, bool scale_d, bool trans_a, bool trans_b,
+                     std::source_location where) {
+  issue(input, n, d, desc_a, nullptr, desc_b, scale_d, trans_a, trans_b, where);
 }
 
 void wgmma_m64k16_rs(MmaInput input, unsigned n, float* d, const std::uint32_t (&a)[4],
-                     std::uint64_t desc_b, bool scale_d, std::source_location where) {
-  issue(input, n, d, 0, a, desc_b, scale_d, where);
+                     std::uint64_t desc_b, bool scale_d, bool trans_b, std::source_location where) {
+  issue(input, n, d, 0, a, desc_b, scale_d, false, trans_b, where);
 }
 
 }  // namespace ringattn::emu

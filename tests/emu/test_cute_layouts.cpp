@@ -270,5 +270,41 @@ TEST(CuteLayouts, WgmmaDescriptorsReadCutesKMajorGmmaAtoms) {
             descriptor_offsets(GmmaSwizzle::bytes128, 64, 16, 1024));
 }
 
+// The M|N-major atoms (the transposed operands: V in P·V) tiled to 64 × 16: LBO and SBO read
+// off CuTe's tensor (the next M|N repeat, the next 8-k group), then every element compared.
+template <class Atom>
+void expect_mn_major_matches(GmmaSwizzle swizzle, std::uint32_t mn_unit) {
+  using namespace cute;
+  auto* base = static_cast<bfloat16_t*>(std::aligned_alloc(1024, 64 * 16 * 2));
+  auto t = make_tensor(make_smem_ptr(base), tile_to_shape(Atom{}, Shape<_64, _16>{}));
+  auto offset = [&](int mn, int k) {
+    return static_cast<std::uint32_t>(reinterpret_cast<char*>(&t(mn, k)) -
+                                      reinterpret_cast<char*>(base));
+  };
+  // Without swizzle, SBO steps over 8 M|N elements and LBO over 8 k; swizzled, LBO steps
+  // over one row of M|N (W/2 elements) and SBO over 8 k.
+  const std::uint32_t lbo = swizzle == GmmaSwizzle::none ? offset(0, 8) : offset(static_cast<int>(mn_unit) % 64, 0);
+  const std::uint32_t sbo = swizzle == GmmaSwizzle::none ? offset(8, 0) : offset(0, 8);
+  std::vector<std::uint32_t> want, got;
+  for (int mn = 0; mn < 64; ++mn)
+    for (int k = 0; k < 16; ++k) want.push_back(offset(mn, k));
+  std::free(base);
+  launch(LaunchConfig{"gmma_mn_addresses", Dim3{1}, Dim3{1}, 64 * 64 * 2}, [&] {
+    const std::uint64_t desc = make_gmma_descriptor(SharedAddress{0}, lbo, sbo, swizzle);
+    for (std::uint32_t mn = 0; mn < 64; ++mn)
+      for (std::uint32_t k = 0; k < 16; ++k) got.push_back(gmma_element_address(desc, mn, k, true));
+  });
+  EXPECT_EQ(got, want) << "swizzle " << static_cast<int>(swizzle) << ", LBO " << lbo << ", SBO " << sbo;
+}
+
+TEST(CuteLayouts, WgmmaDescriptorsReadCutesMnMajorGmmaAtoms) {
+  using cute::bfloat16_t;
+  namespace G = cute::SM90::GMMA;
+  expect_mn_major_matches<G::Layout_MN_INTER_Atom<bfloat16_t>>(GmmaSwizzle::none, 8);
+  expect_mn_major_matches<G::Layout_MN_SW32_Atom<bfloat16_t>>(GmmaSwizzle::bytes32, 16);
+  expect_mn_major_matches<G::Layout_MN_SW64_Atom<bfloat16_t>>(GmmaSwizzle::bytes64, 32);
+  expect_mn_major_matches<G::Layout_MN_SW128_Atom<bfloat16_t>>(GmmaSwizzle::bytes128, 64);
+}
+
 }  // namespace
 }  // namespace ringattn::emu

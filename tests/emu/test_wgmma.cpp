@@ -156,6 +156,50 @@ TEST(Wgmma, RegisterAAndUnswizzledCoreMatricesGiveTheProduct) {
   EXPECT_EQ(out, p.want);
 }
 
+// O = P·V's shape: B is V, stored [k][n] (n contiguous) and copied by TMA with the 128-byte
+// swizzle, read N-major (imm-trans-b): 8-k groups 1024 bytes apart, a k-step two of them.
+TEST(Wgmma, NMajorBFromASwizzledTmaTileGivesTheProduct) {
+  const Problem p;
+  std::vector<std::uint16_t> v(kK * kN);  // v[k][n] = b[n][k]
+  for (unsigned n = 0; n < kN; ++n)
+    for (unsigned k = 0; k < kK; ++k) v[k * kN + n] = p.b[n * kK + k];
+  const TensorMap mv = map_of(v, kK, TmaSwizzle::bytes128);
+  const TensorMap ma = map_of(p.a, kM, TmaSwizzle::bytes128);
+  for (const ExecutionMode& mode : {kAtCopy, kAtWait}) {
+    const ScopedExecutionMode scoped(mode);
+    std::vector<float> out(kM * kN, -1.0f);
+    launch(LaunchConfig{"wgmma_nmajor", Dim3{1}, Dim3{128}, 1024 + 2 * 8192}, [&] {
+      const SharedAddress bar{0};
+      if (threadIdx.x == 0) {
+        mbarrier_init(bar, 1);
+        mbarrier_arrive_expect_tx(bar, 2 * 8192);
+        const std::int32_t origin[] = {0, 0};
+        cp_async_bulk_tensor(SharedAddress{1024}, ma, origin, bar);
+        cp_async_bulk_tensor(SharedAddress{1024 + 8192}, mv, origin, bar);
+      }
+      __syncthreads();
+      mbarrier_try_wait_parity(bar, 0);
+      float d[kN / 2] = {};
+      wgmma_fence();
+      for (unsigned kb = 0; kb < kK / 16; ++kb) {
+        const std::uint64_t da =
+            make_gmma_descriptor(SharedAddress{1024 + 32 * kb}, 16, 1024, GmmaSwizzle::bytes128);
+        const std::uint64_t db = make_gmma_descriptor(SharedAddress{1024 + 8192 + 2048 * kb}, 0,
+                                                      1024, GmmaSwizzle::bytes128);
+        wgmma_m64k16_ss(MmaInput::bf16, kN, d, da, db, kb > 0, false, true);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group(0);
+      const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      for (int i = 0; i < static_cast<int>(kN / 2); ++i) {
+        const MatrixCoord y = wgmma_d_coord(static_cast<int>(lane), i);
+        out[(16 * warp + static_cast<unsigned>(y.row)) * kN + static_cast<unsigned>(y.col)] = d[i];
+      }
+    });
+    EXPECT_EQ(out, p.want) << describe(mode);
+  }
+}
+
 TEST(Wgmma, ReadingDBeforeTheWaitShowsAsLandingDependence) {
   const Problem p;
   const std::vector<ExecutionMode> modes = {kAtCopy, kAtWait};
