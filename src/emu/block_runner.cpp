@@ -31,6 +31,8 @@ std::string whereabouts(const ThreadState& u, const WarpOp& op, std::uint32_t ma
     case ThreadAt::mbarrier:
       return "waits on the mbarrier at shared offset " + std::to_string(u.wait_bar) + " at " +
              describe(u.where);
+    case ThreadAt::named_barrier:
+      return "waits at named barrier " + std::to_string(u.named_id) + " at " + describe(u.where);
     case ThreadAt::warp_op:
       if (!u.op->matches(op))
         return "waits at " + std::string(u.op->name()) + " at " + describe(u.where);
@@ -77,6 +79,7 @@ void BlockRunner::run(Dim3 block_index, std::uint64_t block_linear,
   block_linear_ = block_linear;
   arena_.reset(config_.shared_bytes);
   mbarriers_.clear();
+  named_ = {};
   unit_swizzle_.assign((config_.shared_bytes + 15) / 16, 0);
   threads_ = std::vector<ThreadState>(n_warps_ * kWarpSize);
   BlockRunner* const outer = std::exchange(tl_block, this);
@@ -134,6 +137,14 @@ void BlockRunner::schedule(const std::function<void()>& body) {
     }
     for (unsigned i = 0; i < n_threads_; ++i) {
       const ThreadState& t = threads_[i];
+      if (t.at == ThreadAt::named_barrier) {
+        const NamedBarrier& b = named_[t.named_id];
+        fault_at(t, "waits at named barrier " + std::to_string(t.named_id) + " for " +
+                        std::to_string(b.expected) + " threads, of which " +
+                        std::to_string(b.arrived) +
+                        " arrived; every other thread waits or has exited (at " +
+                        describe(t.where) + ")");
+      }
       if (t.at != ThreadAt::mbarrier) continue;
       const Mbarrier& bar = mbarriers_.at(t.wait_bar);
       fault_at(t, "waits on the mbarrier at shared offset " + std::to_string(t.wait_bar) +
@@ -165,6 +176,10 @@ bool BlockRunner::wake_mbarrier_waiters() {
   bool woke = false;
   for (unsigned i = 0; i < n_threads_; ++i) {
     ThreadState& t = threads_[i];
+    if (t.at == ThreadAt::named_barrier && named_[t.named_id].generation != t.named_generation) {
+      t.at = ThreadAt::ready;
+      woke = true;
+    }
     if (t.at != ThreadAt::mbarrier) continue;
     Mbarrier& bar = mbarriers_.at(t.wait_bar);
     land_bulk_copies(bar, t.wait_bar, t);
@@ -288,6 +303,15 @@ void suspend(ThreadState& t) { t.back = std::move(t.back).resume(); }
 void arrive_at_barrier(std::source_location where) {
   ThreadState& t = current_thread();
   t.at = ThreadAt::barrier;
+  t.where = where;
+  suspend(t);
+}
+
+void wait_at_named_barrier(unsigned id, std::uint64_t generation, std::source_location where) {
+  ThreadState& t = current_thread();
+  t.at = ThreadAt::named_barrier;
+  t.named_id = id;
+  t.named_generation = generation;
   t.where = where;
   suspend(t);
 }

@@ -4,6 +4,7 @@
 // and the block's shared-memory arena. Intrinsics find the running thread and block here.
 #pragma once
 
+#include <array>
 #include <boost/context/fiber.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -25,7 +26,7 @@
 
 namespace ringattn::emu {
 
-enum class ThreadAt { ready, barrier, warp_op, mbarrier, exited };
+enum class ThreadAt { ready, barrier, warp_op, mbarrier, named_barrier, exited };
 
 // An asynchronous warpgroup operation in flight (wgmma.mma_async under the at-wait landing):
 // shared by the lanes that issued it, landed once, by the first wait that covers it.
@@ -46,6 +47,8 @@ struct ThreadState {
   CpAsyncQueue copies;
   std::uint32_t wait_bar = 0;  // at mbarrier: the barrier's offset and the phase parity
   unsigned wait_parity = 0;
+  unsigned named_id = 0;  // at named_barrier: its id and the generation it waits to end
+  std::uint64_t named_generation = 0;
   // wgmma: issued and not committed, committed groups (oldest first), whether a
   // wgmma.fence came since the last wgmma.wait_group, and how many this warp issued.
   std::vector<std::shared_ptr<PendingAsync>> wgmma_open;
@@ -75,6 +78,12 @@ struct Mbarrier {
   bool complete(unsigned parity) const { return (phase & 1u) != (parity & 1u); }
 };
 
+// A named barrier (bar.sync / bar.arrive with an id and a thread count).
+struct NamedBarrier {
+  unsigned expected = 0, arrived = 0;
+  std::uint64_t generation = 0;
+};
+
 class BlockRunner {
  public:
   BlockRunner(const LaunchConfig& config, const ExecutionMode& mode, StackPool& stacks);
@@ -93,6 +102,7 @@ class BlockRunner {
   std::vector<std::uint8_t>& unit_swizzle() { return unit_swizzle_; }
   // The block's mbarriers by shared-memory offset (initialised ones only).
   std::map<std::uint32_t, Mbarrier>& mbarriers() { return mbarriers_; }
+  NamedBarrier& named_barrier(unsigned id) { return named_[id]; }
   ThreadState& thread_at(unsigned linear) { return threads_[linear]; }
   // The lanes that exist in warp `w` (fewer than 32 in a partial last warp), as a mask.
   std::uint32_t warp_lanes_mask(unsigned w) const;
@@ -117,6 +127,7 @@ class BlockRunner {
   SharedArena arena_;
   std::map<std::uint32_t, Mbarrier> mbarriers_;
   std::vector<std::uint8_t> unit_swizzle_;
+  std::array<NamedBarrier, 16> named_{};
   std::vector<ThreadState> threads_;
 };
 
@@ -128,6 +139,8 @@ ThreadState& current_thread();
 // the whole warp must take part and `mask` is ignored) until the runner releases it.
 void arrive_at_barrier(std::source_location where);
 void arrive_at_warp_op(WarpOp& op, std::uint32_t mask, bool aligned, std::source_location where);
+// Suspend the running thread until named barrier `id` ends its generation `generation`.
+void wait_at_named_barrier(unsigned id, std::uint64_t generation, std::source_location where);
 // Suspend the running thread until the mbarrier at `bar` completes the phase of `parity`.
 void wait_at_mbarrier(std::uint32_t bar, unsigned parity, std::source_location where);
 // Lands the barrier's bulk copies still in flight and completes their bytes on it (a wait
