@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/hopper_fwd.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
@@ -56,6 +57,7 @@ struct Args {
   DeviceDType dtype = DeviceDType::bf16;
   KernelChoice kernel = KernelChoice::native;
   bool fwd = true, bwd = true, max_n = false;
+  bool hopper = false;  // --kernel hopper: the sm_90a forward kernel alone (forward only)
   int warmup = 2, iters = 10;
 };
 
@@ -104,6 +106,7 @@ Args parse(int argc, char** argv) {
       a.kernel = t == "cudnn"  ? KernelChoice::cudnn
                  : t == "auto" ? KernelChoice::automatic
                                : KernelChoice::native;
+      a.hopper = t == "hopper";
     } else if (k == "--pass") {
       const std::string t = val();
       a.fwd = t != "bwd";
@@ -145,7 +148,62 @@ nlohmann::json row_base(const Args& a, const std::string& impl) {
   return j;
 }
 
+// The Hopper forward kernel on its own (kernels/cuda/hopper_fwd.hpp): dense [B, N, H, D],
+// forward only; a row saying why where it cannot run (not an sm_90 device, a head dim).
+int bench_hopper(const Args& a) {
+  const Shape4& s = a.cfg.shape;
+  namespace kc = kernels::cuda;
+  kc::HopperForwardParams p;
+  p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
+  p.heads = static_cast<int>(s.heads), p.kv_heads = static_cast<int>(s.heads);
+  p.head_dim = static_cast<int>(s.head_dim);
+  p.scale = static_cast<float>(a.cfg.effective_scale());
+  p.causal = a.cfg.causal;
+  p.elem = a.dtype == DeviceDType::fp16 ? kc::Elem::fp16 : kc::Elem::bf16;
+  nlohmann::json j = row_base(a, "hopper");
+  j["pass"] = "fwd";
+  if (const std::string why = kc::hopper_forward_unsupported(p, 0);
+      !why.empty() || a.cfg.attention != AttentionKind::dense || a.dtype == DeviceDType::fp32) {
+    j["error"] = why.empty() ? "dense bf16/fp16 only" : why;
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
+  const auto n = static_cast<std::size_t>(s.numel());
+  const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
+  DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), out(n * 4, "out"), lse(nl * 4, "lse");
+  fill(q.data(), static_cast<int64_t>(n), a.dtype, 1);
+  fill(k.data(), static_cast<int64_t>(n), a.dtype, 2);
+  fill(v.data(), static_cast<int64_t>(n), a.dtype, 3);
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.as<float>(), p.lse = lse.as<float>();
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&e0));
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < a.warmup; ++i) kc::hopper_forward(p, nullptr);
+  std::vector<double> ms;
+  for (int i = 0; i < a.iters; ++i) {
+    RINGATTN_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+    kc::hopper_forward(p, nullptr);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+    RINGATTN_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double flops = 4.0 * static_cast<double>(s.head_dim) * attended_pairs(a.cfg);
+  j["ms"] = sorted[sorted.size() / 2];
+  j["tflops"] = flops / (sorted[sorted.size() / 2] * 1e9);
+  j["ms_all"] = ms;
+  std::cout << j.dump() << std::endl;
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  return 0;
+}
+
 int bench(const Args& a) {
+  if (a.hopper) return bench_hopper(a);
   const Shape4& s = a.cfg.shape;
   CudaPlan plan(a.cfg, {a.dtype, a.kernel, 0});
   const auto n = static_cast<std::size_t>(s.numel());

@@ -7,7 +7,8 @@ dilations 1,2,4, grouped). Each row is timed, forward and backward, for our nati
 (gpu_bench --kernel native), cuDNN's graphs (gpu_bench --kernel cudnn; each pass recorded only
 where cuDNN really ran it), and PyTorch (for dense, SDPA with each backend that runs the row:
 torch_flash, torch_cudnn; torch_seed, the replaced project's gather/SDPA/scatter, for
-dilated); ratio_vs_torch is against PyTorch's fastest. Small N first across all configs, so a
+dilated); ratio_vs_torch is against PyTorch's fastest. Dense rows also time the sm_90a
+forward kernel (gpu_bench --kernel hopper, forward only) where the device is an sm_90. Small N first across all configs, so a
 time budget cuts the largest rows and says which. Then the largest N of the dilated forward
 against the memory bound.
 
@@ -110,12 +111,16 @@ def main():
             continue
         warmup, iters = iters_for(row)
         flops = 4.0 * row["head_dim"] * attended_pairs(row)
-        for kernel in ("native", "cudnn"):
+        kernels = ("native", "cudnn") + (("hopper",) if row["attention"] == "dense" else ())
+        for kernel in kernels:
             got, err = gpu_bench(a.gpu_bench, row, kernel, warmup, iters, timeout=300)
             if err:
                 errors.append({**row, "impl": kernel, "error": err})
             for r in got:
                 device = r["device"]
+                if "error" in r:  # the Hopper kernel declines (not an sm_90 device, ...)
+                    errors.append({**row, "impl": kernel, "error": r["error"]})
+                    continue
                 if kernel == "cudnn" and r["impl"] != "cudnn":
                     # cuDNN did not run this pass (the plan's notes say why): not a cuDNN row.
                     errors.append({**row, "impl": "cudnn", "pass": r["pass"],

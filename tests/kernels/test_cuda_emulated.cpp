@@ -21,6 +21,7 @@
 #include "emu/mode_sweep.hpp"
 #include "emu/runtime.hpp"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/hopper_fwd.hpp"
 #include "random.hpp"
 #include "ringattn/cuda_plan.hpp"
 
@@ -32,6 +33,7 @@ namespace {
 const bool kProfilesSet = setenv("RINGATTN_EMU_PROFILE", "sm_90,sm_86,sm_90,sm_86", 0) == 0;
 
 // ---- every instantiation, every mode, both profiles ---------------------------------------
+std::vector<std::byte> bytes_;  // the last Hopper run's output (ASSERTs need a void lambda)
 struct SweepCase {
   int64_t head_dim;
   DeviceDType dtype;
@@ -103,6 +105,50 @@ std::vector<SweepCase> sweep_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases()),
                          [](const auto& p) { return name_of(p.param); });
+
+// The Hopper forward (producer and consumer warpgroups, mbarrier pipeline, TMA, wgmma): the
+// same bytes under every execution mode, TMA and wgmma results landing at the issue or at
+// the wait; on the sm_86 device it declines, naming the compute capability.
+TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
+  for (const bool causal : {false, true}) {
+    kernels::cuda::HopperForwardParams p;
+    p.batch = 1, p.seq_len = 200, p.heads = 2, p.kv_heads = 1, p.head_dim = 64;
+    p.scale = 0.125f;
+    p.causal = causal;
+    const auto n = static_cast<std::size_t>(p.seq_len * p.heads * p.head_dim);
+    const auto n_kv = static_cast<std::size_t>(p.seq_len * p.kv_heads * p.head_dim);
+    const auto nl = static_cast<std::size_t>(p.seq_len * p.heads);
+    auto run = [&] {
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+      DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0),
+          out(n * 4, "out", 0), lse(nl * 4, "lse", 0);
+      q.upload(testing::random_normal(n, 71).data(), n, DeviceDType::bf16);
+      k.upload(testing::random_normal(n_kv, 72).data(), n_kv, DeviceDType::bf16);
+      v.upload(testing::random_normal(n_kv, 73).data(), n_kv, DeviceDType::bf16);
+      kernels::cuda::HopperForwardParams a = p;
+      a.q = q.data(), a.k = k.data(), a.v = v.data(), a.out = out.as<float>(),
+      a.lse = lse.as<float>();
+      kernels::cuda::hopper_forward(a, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> host(n + nl);
+      out.download(host.data(), n);
+      lse.download(host.data() + n, nl);
+      bytes_ = std::vector<std::byte>(reinterpret_cast<const std::byte*>(host.data()),
+                                      reinterpret_cast<const std::byte*>(host.data() + host.size()));
+    };
+    const auto differs = emu::find_mode_dependence(
+        [&] {
+          run();
+          return bytes_;
+        },
+        emu::standard_modes());
+    EXPECT_FALSE(differs.has_value()) << (causal ? "causal: " : "dense: ") << *differs;
+  }
+  kernels::cuda::HopperForwardParams sm86;
+  sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
+  const std::string why = kernels::cuda::hopper_forward_unsupported(sm86, 1);
+  EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
+}
 
 TEST(EmulatedDevices, ProfilesAreTheOnesTheTestAskedFor) {
   ASSERT_TRUE(kProfilesSet);

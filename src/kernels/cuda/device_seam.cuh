@@ -24,9 +24,15 @@
 
 #include "emu/cp_async.hpp"
 #include "emu/ldmatrix.hpp"
+#include "emu/mbarrier.hpp"
 #include "emu/mma.hpp"
+#include "emu/named_barrier.hpp"
 #include "emu/runtime.hpp"
 #include "emu/shared_memory.hpp"
+#include "emu/tma.hpp"
+#include "emu/wgmma.hpp"
+#else
+#include <cuda.h>  // CUtensorMap
 #endif
 
 namespace ringattn::kernels::cuda {
@@ -63,7 +69,47 @@ inline void mma_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0
 inline void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   emu::mma_m16n8k16(emu::MmaInput::f16, c, a, b0, b1);
 }
+
+// Hopper (sm_90a): mbarriers, TMA box loads, wgmma (see src/emu/*.hpp for the semantics).
+inline void mbarrier_init(SmemAddr bar, unsigned count) { emu::mbarrier_init(bar, count); }
+inline void fence_barrier_init() {}
+inline void mbarrier_arrive(SmemAddr bar) { (void)emu::mbarrier_arrive(bar); }
+inline void mbarrier_arrive_expect_tx(SmemAddr bar, unsigned bytes) {
+  (void)emu::mbarrier_arrive_expect_tx(bar, bytes);
+}
+inline void mbarrier_wait(SmemAddr bar, unsigned parity) {
+  (void)emu::mbarrier_try_wait_parity(bar, parity);
+}
+inline void tma_load_4d(SmemAddr dst, const emu::TensorMap& map, SmemAddr bar, int c0, int c1,
+                        int c2, int c3) {
+  const int32_t coords[] = {c0, c1, c2, c3};
+  emu::cp_async_bulk_tensor(dst, map, coords, bar);
+}
+inline void wgmma_fence() { emu::wgmma_fence(); }
+inline void wgmma_commit_group() { emu::wgmma_commit_group(); }
+template <int kPending>
+inline void wgmma_wait_group() {
+  emu::wgmma_wait_group(kPending);
+}
+template <int kN, bool kBf16>
+inline void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  emu::wgmma_m64k16_ss(kBf16 ? emu::MmaInput::bf16 : emu::MmaInput::f16, kN, d, desc_a, desc_b,
+                       scale_d != 0);
+}
+template <int kN, bool kBf16>
+inline void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                        int scale_d) {
+  emu::wgmma_m64k16_rs(kBf16 ? emu::MmaInput::bf16 : emu::MmaInput::f16, kN, d, a, desc_b,
+                       scale_d != 0, true);
+}
+template <bool kIncrease, unsigned kCount>
+inline void setmaxnreg() {
+  emu::setmaxnreg(kIncrease, kCount);
+}
 }  // namespace ptx
+
+using TmaDesc = emu::TensorMap;
+#define RINGATTN_GRID_CONSTANT
 
 template <typename... Params, typename... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
@@ -135,6 +181,88 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float (&c)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 }  // namespace ptx
+
+using TmaDesc = CUtensorMap;
+#define RINGATTN_GRID_CONSTANT __grid_constant__
+
+#if defined(RINGATTN_SM90A_KERNELS)
+// Hopper (sm_90a) instructions, for sources compiled for 90a only (hopper_fwd.cu).
+namespace ptx {
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap& map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+template <bool kIncrease, unsigned kCount>
+__device__ __forceinline__ void setmaxnreg() {
+  if constexpr (kIncrease)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kCount));
+  else
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCount));
+}
+}  // namespace ptx
+}  // namespace ringattn::kernels::cuda
+#include "kernels/cuda/hopper_wgmma.cuh"
+namespace ringattn::kernels::cuda {
+namespace ptx {
+template <int kN, bool kBf16>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
+                                         int scale_d) {
+  static_assert(kN == 64, "S = Q K^T tiles are 64 keys wide");
+  if constexpr (kBf16)
+    wgmma_ss_m64n64k16_bf16(d, desc_a, desc_b, scale_d);
+  else
+    wgmma_ss_m64n64k16_f16(d, desc_a, desc_b, scale_d);
+}
+template <int kN, bool kBf16>
+__device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                            uint64_t desc_b, int scale_d) {
+  static_assert(kN == 64 || kN == 128, "O tiles are the head dim wide: 64 or 128");
+  if constexpr (kN == 64 && kBf16)
+    wgmma_rs_m64n64k16_bf16_tb(d, a, desc_b, scale_d);
+  else if constexpr (kN == 64)
+    wgmma_rs_m64n64k16_f16_tb(d, a, desc_b, scale_d);
+  else if constexpr (kBf16)
+    wgmma_rs_m64n128k16_bf16_tb(d, a, desc_b, scale_d);
+  else
+    wgmma_rs_m64n128k16_f16_tb(d, a, desc_b, scale_d);
+}
+}  // namespace ptx
+#endif
 
 template <typename... Params, typename... Args>
 void launch_kernel(const char*, void (*kernel)(Params...), dim3 grid, dim3 block,

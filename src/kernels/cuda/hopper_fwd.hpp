@@ -1,0 +1,41 @@
+// The Hopper (sm_90a) forward kernel (issue 31, first of the family): TMA loads of Q, K and
+// V tiles into 128-byte-swizzled shared memory under mbarriers, a producer warpgroup and a
+// consumer warpgroup, wgmma for S = Q·Kᵀ (both K-major) and O = P·V (P from registers, V
+// N-major), the online softmax between them. Dense attention on [B, N, H, D] bf16/fp16
+// tensors, causal or not, grouped-query heads, D = 64 or 128, N any; writes fp32 out
+// [B, N, H, D] and the natural-log lse [B, H, N] as the native forward does (write mode).
+//
+// Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp); on a real GPU only
+// where the build holds sm_90a code and the device is compute capability 9.0. Not yet run
+// on a GPU: nothing selects it by default.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/flash_params.hpp"
+
+namespace ringattn::kernels::cuda {
+
+struct HopperForwardParams {
+  const void* q = nullptr;  // [B, N, H, D]
+  const void* k = nullptr;  // [B, N, HKV, D]
+  const void* v = nullptr;
+  float* out = nullptr;  // [B, N, H, D]
+  float* lse = nullptr;  // [B, H, N]
+  int batch = 0, seq_len = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1;
+  bool causal = false;
+  Elem elem = Elem::bf16;
+};
+
+// "" when hopper_forward can run `p` on `device`, else why not (the head dim, the dtype,
+// the device's compute capability, a build without sm_90a code).
+std::string hopper_forward_unsupported(const HopperForwardParams& p, int device);
+
+// Throws RuntimeFailure where hopper_forward_unsupported says why, or a tensor map is refused.
+void hopper_forward(const HopperForwardParams& p, cudaStream_t stream);
+
+}  // namespace ringattn::kernels::cuda
