@@ -192,6 +192,21 @@ bool BlockRunner::wake_mbarrier_waiters() {
 }
 
 void BlockRunner::finish_mbarriers() {
+  // wgmma is a warpgroup instruction: the four warps of a group issue the same sequence.
+  for (unsigned g = 0; g * 4 < n_warps_; ++g) {
+    const unsigned first = g * 4 * kWarpSize;
+    for (unsigned w = 1; w < 4 && g * 4 + w < n_warps_; ++w) {
+      const ThreadState& a = threads_[first];
+      const ThreadState& b = threads_[first + w * kWarpSize];
+      if (a.wgmma_issued != b.wgmma_issued) {
+        fault_at(a.wgmma_issued < b.wgmma_issued ? a : b,
+                 "warpgroup " + std::to_string(g) + ": warp " + std::to_string(g * 4) + " issued " +
+                     std::to_string(a.wgmma_issued) + " wgmma.mma_async and warp " +
+                     std::to_string(g * 4 + w) + " " + std::to_string(b.wgmma_issued) +
+                     " (every warp of a warpgroup executes each wgmma)");
+      }
+    }
+  }
   for (auto& [offset, bar] : mbarriers_) {
     if (!bar.in_flight.empty()) {
       fault_at(threads_[bar.in_flight.front().issuer],

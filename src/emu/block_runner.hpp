@@ -60,6 +60,8 @@ struct ThreadState {
   boost::context::fiber back;   // inside the thread: resumes the scheduler
 };
 
+inline constexpr std::uint8_t kUnitInFlight = 0xff;
+
 // One mbarrier's state (emu/mbarrier.hpp), kept by the block beside its arena.
 struct Mbarrier {
   unsigned count = 0;       // arrivals per phase
@@ -97,8 +99,9 @@ class BlockRunner {
   const ExecutionMode& mode() const { return mode_; }
   Dim3 block_index() const { return block_index_; }
   SharedArena& arena() { return arena_; }
-  // Per 16-byte unit of the arena: 0, or 1 + the TmaSwizzle of the tensor copy that last
-  // wrote it (what a wgmma descriptor reading it must agree with).
+  // Per 16-byte unit of the arena: 0, 1 + the TmaSwizzle of the tensor copy that last wrote
+  // it (what a wgmma descriptor reading it must agree with), or kUnitInFlight while an
+  // asynchronous copy to it has not landed.
   std::vector<std::uint8_t>& unit_swizzle() { return unit_swizzle_; }
   // The block's mbarriers by shared-memory offset (initialised ones only).
   std::map<std::uint32_t, Mbarrier>& mbarriers() { return mbarriers_; }

@@ -171,6 +171,13 @@ void detail::issue_async_copy(SharedAddress bar, AsyncCopy copy, const char* cal
                               std::source_location where) {
   Mbarrier& b = barrier(bar, call, where);
   const ThreadState& t = current_thread();
+  // Until it lands, its destination is in flight: a wgmma reading it is a fault.
+  std::vector<std::uint8_t>& modes = current_block().unit_swizzle();
+  if (copy.units.empty()) {
+    for (std::size_t u = 0; u < copy.bytes.size() / 16; ++u) modes[copy.dst / 16 + u] = kUnitInFlight;
+  } else {
+    for (const std::uint32_t u : copy.units) modes[u / 16] = kUnitInFlight;
+  }
   Mbarrier::Copy c;
   c.dst = copy.dst;
   c.bytes = std::move(copy.bytes);

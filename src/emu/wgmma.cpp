@@ -108,6 +108,10 @@ std::uint32_t element_address(std::uint64_t desc, std::uint32_t row, std::uint32
                     std::to_string(block.arena().size()) + "-byte arena");
   }
   const std::uint8_t written = block.unit_swizzle()[addr / 16];
+  if (written == kUnitInFlight) {
+    fault_at(t, "a wgmma reads shared offset " + std::to_string(addr) +
+                    ", where an asynchronous copy has not landed (wait on its mbarrier first)");
+  }
   if (written != 0 && written != 1 + static_cast<int>(tma_of(swizzle))) {
     fault_at(t, "a wgmma descriptor with " + std::string(name_of(tma_of(swizzle))) +
                     " swizzle reads shared offset " + std::to_string(addr) +

@@ -211,6 +211,50 @@ TEST(Wgmma, ReadingDBeforeTheWaitShowsAsLandingDependence) {
 
 TEST(Wgmma, MisuseIsAFaultNamingTheThread) {
   const Problem p;
+  // Issued before waiting on the TMA's barrier: under the at-wait landing the wgmma reads
+  // bytes still in flight, which is a fault (under at-copy they have landed already).
+  {
+    const ScopedExecutionMode at_wait(kAtWait);
+    const TensorMap ma = map_of(p.a, kM, TmaSwizzle::bytes128);
+    EXPECT_TRUE(faults(
+        [&] {
+          launch(LaunchConfig{"wgmma_before_tma", Dim3{1}, Dim3{128}, 1024 + 8192}, [&] {
+            if (threadIdx.x == 0) {
+              mbarrier_init(SharedAddress{0}, 1);
+              mbarrier_arrive_expect_tx(SharedAddress{0}, 8192);
+              const std::int32_t origin[] = {0, 0};
+              cp_async_bulk_tensor(SharedAddress{1024}, ma, origin, SharedAddress{0});
+            }
+            __syncthreads();
+            float d[8] = {};
+            wgmma_fence();
+            const std::uint64_t desc =
+                make_gmma_descriptor(SharedAddress{1024}, 16, 1024, GmmaSwizzle::bytes128);
+            wgmma_m64k16_ss(MmaInput::bf16, 16, d, desc, desc, false);
+            wgmma_commit_group();
+            wgmma_wait_group(0);
+            mbarrier_try_wait_parity(SharedAddress{0}, 0);
+          });
+        },
+        "wgmma_before_tma", Dim3{0, 0, 0}, Dim3{0, 0, 0}, "has not landed"));
+  }
+  // One warp of the warpgroup skips a wgmma.
+  EXPECT_TRUE(faults(
+      [] {
+        launch(LaunchConfig{"wgmma_one_warp_skips", Dim3{1}, Dim3{128}, 4096}, [] {
+          float d[4] = {};
+          wgmma_fence();
+          if (threadIdx.x / 32 != 2) {
+            wgmma_m64k16_ss(MmaInput::bf16, 8, d,
+                            make_gmma_descriptor(SharedAddress{0}, 128, 256, GmmaSwizzle::none),
+                            make_gmma_descriptor(SharedAddress{2048}, 128, 256, GmmaSwizzle::none),
+                            false);
+          }
+          wgmma_commit_group();
+          wgmma_wait_group(0);
+        });
+      },
+      "wgmma_one_warp_skips", Dim3{0, 0, 0}, Dim3{64, 0, 0}, "warp 2 0"));
   EXPECT_TRUE(faults([&] { product(p, Flaw::no_fence); }, "wgmma_ss", Dim3{0, 0, 0},
                      Dim3{0, 0, 0}, "without a wgmma.fence"));
   EXPECT_TRUE(faults([&] { product(p, Flaw::wrong_swizzle); }, "wgmma_ss", Dim3{0, 0, 0},
