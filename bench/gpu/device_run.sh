@@ -13,6 +13,9 @@
 #   bash bench/gpu/device_run.sh all     # check, ring, bench (may not fit one 10-minute call)
 #   bash bench/gpu/device_run.sh tests python sanitize   # several stages, in that order
 #
+# One call for a 15-minute lease (about 7 minutes of device time; leaves room to rerun):
+#   REPEAT=2 QUICK=1 BUDGET_S=150 SKIP_MAX_N=1 bash bench/gpu/device_run.sh tests python bench
+#
 # Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset), at most five
 # files: device.txt, tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt,
 # ring_bench_rows.jsonl, ring_bench_table.txt, ceilings.json.
