@@ -17,7 +17,9 @@
 namespace ringattn {
 
 enum class DeviceDType { bf16, fp16, fp32 };
-enum class KernelChoice { automatic, native, cudnn };
+// hopper: the sm_90a forward kernel (TMA + wgmma, dense attention) where it applies, the
+// native kernels otherwise and for the backward; experimental until it has run on a GPU.
+enum class KernelChoice { automatic, native, cudnn, hopper };
 
 const char* to_string(DeviceDType t);
 const char* to_string(KernelChoice k);

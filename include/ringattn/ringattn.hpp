@@ -131,7 +131,7 @@ struct EngineStats {
   std::string device;         // "cpu" or "cuda"
   std::string device_detail;  // the GPU's name and kernel; empty on the CPU
   bool emulated_device = false;
-  std::string kernel;           // cpu | native | cudnn: the forward's
+  std::string kernel;           // cpu | native | cudnn | hopper: the forward's
   std::string kernel_backward;  // the backward's (cuDNN's may differ, or be refused)
   DeviceDType dtype = DeviceDType::fp32;
   int threads = 1;  // CPU threads per rank

@@ -57,9 +57,10 @@ Shape4 shape_from_files(const RunOptions& opts) {
 }
 
 KernelChoice kernel_of(const std::string& name) {
-  return name == "native"  ? KernelChoice::native
-         : name == "cudnn" ? KernelChoice::cudnn
-                           : KernelChoice::automatic;
+  return name == "native"   ? KernelChoice::native
+         : name == "cudnn"  ? KernelChoice::cudnn
+         : name == "hopper" ? KernelChoice::hopper
+                            : KernelChoice::automatic;
 }
 
 Transport transport_of(const std::string& name) {

@@ -157,7 +157,8 @@ po::options_description control_options() {
   control.add_options()("device", po::value<std::string>()->default_value("auto"),
                         "cpu | cuda | auto (cuda on one rank when a GPU is usable)")(
       "kernel", po::value<std::string>()->default_value("auto"),
-      "cuda forward kernel: auto (the faster, timed on the first call) | native | cudnn")(
+      "cuda kernel: auto (the faster, timed on the first forward and backward) | native | "
+      "cudnn | hopper (the sm_90a forward, experimental)")(
       "dtype", po::value<std::string>(),
       "device input precision: bf16 (cuda default) | fp16 | fp32 (cpu: fp32 only)")(
       "threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")(
@@ -446,12 +447,12 @@ void read_device(const po::variables_map& vm, RunOptions& o) {
             ? TensorLayout::bnhd
             : TensorLayout::bhnd;
   o.kernel =
-      require_choice("--kernel", vm["kernel"].as<std::string>(), {"auto", "native", "cudnn"});
+      require_choice("--kernel", vm["kernel"].as<std::string>(), {"auto", "native", "cudnn", "hopper"});
   if (vm.count("dtype"))
     o.dtype = require_choice("--dtype", vm["dtype"].as<std::string>(), {"bf16", "fp16", "fp32"});
-  if (o.device == "cpu" && o.kernel == "cudnn")
+  if (o.device == "cpu" && (o.kernel == "cudnn" || o.kernel == "hopper"))
     throw InputError("--kernel",
-                     "'cudnn' is a CUDA kernel; it needs --device cuda (or auto on a "
+                     "'" + o.kernel + "' is a CUDA kernel; it needs --device cuda (or auto on a "
                      "machine with a GPU), not --device cpu");
   if (o.device == "cpu" && !o.dtype.empty() && o.dtype != "fp32")
     throw InputError("--dtype",

@@ -69,9 +69,12 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
   // cuDNN runs where a rank's attention is a single-GPU plan: one rank, or Ulysses with one
   // group (each rank's head slice whole, between the all-to-alls). The ring's steps and
   // block-sparse run the native kernels.
-  if (m.device_comm && spec.kernel == KernelChoice::cudnn && !single_plan_per_rank(m))
-    throw InputError("--kernel", std::string("'cudnn' runs on one rank, or with --ulysses equal "
-                                             "to the rank count; the GPU ") +
+  if (m.device_comm &&
+      (spec.kernel == KernelChoice::cudnn || spec.kernel == KernelChoice::hopper) &&
+      !single_plan_per_rank(m))
+    throw InputError("--kernel", std::string("'") + to_string(spec.kernel) +
+                                     "' runs on one rank, or with --ulysses equal "
+                                     "to the rank count; the GPU " +
                                      (m.job.lists ? "block-sparse mode" : "ring") +
                                      " uses the native kernels (use --kernel native or auto)");
 }

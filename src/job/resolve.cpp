@@ -51,8 +51,9 @@ struct CpuReason {
   std::string kernel, dtype;
 };
 void check_cpu_fields(const JobSpec& spec, const CpuReason& where) {
-  if (spec.kernel == KernelChoice::cudnn)
-    throw InputError("--kernel", "'cudnn' is a CUDA kernel, but " + where.kernel);
+  if (spec.kernel == KernelChoice::cudnn || spec.kernel == KernelChoice::hopper)
+    throw InputError("--kernel", std::string("'") + to_string(spec.kernel) +
+                                     "' is a CUDA kernel, but " + where.kernel);
   if (spec.dtype && *spec.dtype != DeviceDType::fp32)
     throw InputError("--dtype", "'" + std::string(to_string(*spec.dtype)) +
                                     "' needs the GPU, but " + where.dtype);

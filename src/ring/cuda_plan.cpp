@@ -17,6 +17,7 @@
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/host_convert.hpp"
+#include "kernels/cuda/hopper_fwd.hpp"
 #include "ring/device_schedule.hpp"
 #include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
@@ -67,6 +68,8 @@ const char* to_string(KernelChoice k) {
       return "native";
     case KernelChoice::cudnn:
       return "cudnn";
+    case KernelChoice::hopper:
+      return "hopper";
   }
   return "?";
 }
@@ -201,6 +204,7 @@ struct CudaPlan::Impl {
   bool vector_loads = false;
   bool use_cudnn = false;
   bool use_cudnn_backward = false;
+  bool use_hopper = false;
   bool decide_on_first_forward = false;
   bool decide_on_first_backward = false;
   bool noted_unaligned = false;
@@ -251,9 +255,28 @@ struct CudaPlan::Impl {
     }
   }
 
+  // The sm_90a forward's parameters for this plan's configuration.
+  kc::HopperForwardParams hopper_params(const void* q, const void* k, const void* v, float* out,
+                                        float* lse) const {
+    const Shape4& s = cfg.shape;
+    kc::HopperForwardParams p;
+    p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+    p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
+    p.heads = static_cast<int>(s.heads), p.kv_heads = static_cast<int>(cfg.effective_kv_heads());
+    p.head_dim = static_cast<int>(s.head_dim);
+    p.scale = static_cast<float>(cfg.effective_scale());
+    p.causal = cfg.causal;
+    p.elem = elem;
+    return p;
+  }
+
   void run_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
                    float* lse) {
     const Shape4& s = cfg.shape;
+    if (use_hopper) {  // writes every row of out and lse
+      kc::hopper_forward(hopper_params(q, k, v, out, lse), stream);
+      return;
+    }
     if (sched.clear_outputs_first) {
       RINGATTN_CUDA_CHECK(
           cudaMemsetAsync(out, 0, static_cast<std::size_t>(s.numel()) * sizeof(float), stream));
@@ -391,7 +414,19 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
                    ring::rows_aligned(m.sched, 8);
 
-  if (opts.kernel != KernelChoice::native) {
+  if (opts.kernel == KernelChoice::hopper) {
+    std::string why;
+    if (cfg.attention != AttentionKind::dense || cfg.windowed() || cfg.packed())
+      why = "it takes dense attention only (no window, packing or dilation)";
+    else
+      why = kc::hopper_forward_unsupported(m.hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr),
+                                           opts.device);
+    m.use_hopper = why.empty();
+    m.notes.push_back(m.use_hopper
+                          ? "--kernel hopper: the sm_90a forward (TMA + wgmma), the native "
+                            "backward; experimental: exact under the emulator, not yet run on a GPU"
+                          : "--kernel hopper: " + why + "; using the native kernels");
+  } else if (opts.kernel != KernelChoice::native) {
 #if RINGATTN_HAVE_CUDNN
     try {
       // cuDNN's backward adds dQ with atomics (run-to-run differences within the dtype's
@@ -447,7 +482,9 @@ CudaPlan& CudaPlan::operator=(CudaPlan&&) noexcept = default;
 const AttentionConfig& CudaPlan::config() const noexcept { return impl_->cfg; }
 DeviceDType CudaPlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaPlan::notes() const noexcept { return impl_->notes; }
-std::string CudaPlan::kernel_name() const { return impl_->use_cudnn ? "cudnn" : "native"; }
+std::string CudaPlan::kernel_name() const {
+  return impl_->use_hopper ? "hopper" : impl_->use_cudnn ? "cudnn" : "native";
+}
 std::string CudaPlan::backward_kernel_name() const {
   return impl_->use_cudnn_backward ? "cudnn" : "native";
 }
@@ -478,6 +515,16 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
   const kc::ScopedDevice on(m.opts.device);
   // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
+  if (m.use_hopper && !cudnn_can_read) {  // TMA needs 16-byte aligned tensors too
+    if (!m.noted_unaligned)
+      m.notes.push_back(
+          "the Hopper forward needs 16-byte aligned q/k/v; these are not, so the native kernels ran");
+    m.noted_unaligned = true;
+    m.use_hopper = false;
+    m.run_forward(false, q, k, v, out, lse);
+    m.use_hopper = true;
+    return;
+  }
   if (m.has_cudnn() && !cudnn_can_read) {
     if (!m.noted_unaligned)
       m.notes.push_back(

@@ -736,6 +736,9 @@ TEST(CliBadInput, CudnnKernelWithTheCpuDeviceIsRejected) {
   expect_bad_input(dir,
                    with(base_args(dir), with(kPattern, {"--device", "cpu", "--kernel", "cudnn"})),
                    "--kernel", "needs --device cuda");
+  expect_bad_input(dir,
+                   with(base_args(dir), with(kPattern, {"--device", "cpu", "--kernel", "hopper"})),
+                   "--kernel", "'hopper' is a CUDA kernel");
 }
 
 TEST(CliBadInput, HalfPrecisionWithTheCpuDeviceIsRejected) {

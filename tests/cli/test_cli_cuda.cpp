@@ -137,7 +137,8 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
   // A dilated mixture merges its views by lse: cuDNN forward, native backward, and the
   // table says why.
   r = testing::run_cli({"run", "--device", "cuda", "--seq-len", "512", "--heads", "4",
-                        "--segments", "128,256", "--dilations", "1,2", "--combine", "mixture",
+                        "--attention", "dilated", "--segments", "128,256", "--dilations", "1,2",
+                        "--combine", "mixture",
                         "--kernel", "cudnn", "--check", "--backward", "--json"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   j = last_line_json(r.out);
@@ -175,6 +176,37 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
 #endif
 }
 #endif
+
+// --kernel hopper: the sm_90a forward where the device is an sm_90 and the configuration dense
+// (the emulated GPU's default profile is one), checked against float64 with the native
+// backward; elsewhere the native kernels and a note saying why. On several ranks of a ring
+// it is refused naming --kernel.
+TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  CliResult r = testing::run_cli({"run", "--device", "cuda", "--seq-len", "200", "--heads", "4",
+                                  "--kv-heads", "2", "--head-dim", "64", "--causal", "--kernel",
+                                  "hopper", "--check", "--backward", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const nlohmann::json j = last_line_json(r.out);
+  if (j.value("kernel", "") == "hopper") {
+    EXPECT_EQ(j.value("kernel_backward", ""), "native") << describe(r);
+    EXPECT_NE(r.out.find("not yet run on a GPU"), std::string::npos) << describe(r);
+  } else {
+    EXPECT_EQ(j.value("kernel", ""), "native") << describe(r);
+    EXPECT_NE(r.out.find("note: --kernel hopper: "), std::string::npos) << describe(r);
+  }
+  r = testing::run_cli({"run", "--device", "cuda", "--seq-len", "256", "--heads", "4",
+                        "--attention", "dilated", "--segments", "128,256", "--dilations", "1,2",
+                        "--kernel", "hopper", "--check"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("--kernel hopper: it takes dense attention only"), std::string::npos)
+      << describe(r);
+  r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
+                        "--kernel", "hopper"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
+}
 
 // --layout bhnd: the GPU engines read [B, N, H, D] only, so --device auto keeps the run on the
 // CPU (where it passes its check) and --device cuda refuses it naming --layout, writing

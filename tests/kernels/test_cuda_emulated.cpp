@@ -285,7 +285,11 @@ TEST(EmulatedRuntime, AKernelFaultIsTheDevicesStickyErrorNamingKernelBlockAndThr
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);
   kernels::cuda::launch_kernel("barrier_reached_by_half", &barrier_reached_by_half, dim3(3),
                                dim3(64), 0, nullptr, out);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess) << "the launch itself is valid";
+  // The launch itself is valid; the kernel runs on the stream's worker, and when it has
+  // already faulted by now (a busy machine lets it), the sticky error shows here, as a GPU's
+  // would.
+  const cudaError_t launched = cudaGetLastError();
+  ASSERT_TRUE(launched == cudaSuccess || launched == cudaErrorLaunchFailure) << launched;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
   const std::string why = cudaGetErrorString(cudaErrorLaunchFailure);
   std::printf("  %s\n", why.c_str());

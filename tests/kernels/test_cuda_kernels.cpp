@@ -556,6 +556,39 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
       }
 }
 
+// CudaPlan with --kernel hopper: the sm_90a forward where it applies (the emulated GPU is an
+// sm_90) with the native backward, against float64; a dilated configuration runs native
+// with a note naming why.
+TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, kEmulated ? 136 : 333, 4, 64};
+  cfg.kv_heads = 2;
+  cfg.causal = true;
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const Inputs in{testing::random_normal(n, 81), testing::random_normal(n_kv, 82),
+                  testing::random_normal(n_kv, 83), testing::random_normal(n, 84)};
+  const DeviceResult r =
+      expect_matches_reference("hopper_plan", cfg, DeviceDType::bf16, KernelChoice::hopper, in, true);
+  if (kEmulated) {
+    EXPECT_EQ(r.kernel, "hopper");
+  }
+  if (r.kernel == "hopper") {
+    EXPECT_EQ(r.kernel_backward, "native");
+  } else {
+    EXPECT_TRUE(has_note(r.notes, "--kernel hopper: "));
+  }
+  AttentionConfig dilated = cfg;
+  dilated.attention = AttentionKind::dilated;
+  dilated.segments = {68, 136};
+  dilated.dilations = {1, 2};
+  dilated.kv_heads = 4;
+  CudaPlan plan(dilated, {DeviceDType::bf16, KernelChoice::hopper, 0});
+  EXPECT_EQ(plan.kernel_name(), "native");
+  EXPECT_TRUE(has_note(plan.notes(), "dense attention only"));
+}
+
 // The cuDNN backward's helpers (run under the emulated GPU too): a dilated view's rows of lse
 // gathered in the order the forward's epilogue reads stats (segment-major, then head, then
 // row), the fp32 out rounded to bf16, and bf16 gradients widened, assigned or added.
