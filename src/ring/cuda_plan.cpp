@@ -266,6 +266,10 @@ struct CudaPlan::Impl {
     p.head_dim = static_cast<int>(s.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
+    if (cfg.windowed()) {
+      const AttentionConfig::WindowReach w = cfg.window_reach();
+      p.window_left = w.left, p.window_right = w.right;
+    }
     p.elem = elem;
     return p;
   }
@@ -416,8 +420,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
 
   if (opts.kernel == KernelChoice::hopper) {
     std::string why;
-    if (cfg.attention != AttentionKind::dense || cfg.windowed() || cfg.packed())
-      why = "it takes dense attention only (no window, packing or dilation)";
+    if (cfg.attention != AttentionKind::dense || cfg.packed())
+      why = "it takes dense attention only (no packing or dilation)";
     else
       why = kc::hopper_forward_unsupported(m.hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr),
                                            opts.device);

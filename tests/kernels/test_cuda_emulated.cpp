@@ -110,11 +110,13 @@ INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases
 // same bytes under every execution mode, TMA and wgmma results landing at the issue or at
 // the wait; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
-  for (const bool causal : {false, true}) {
+  for (const int mode : {0, 1, 2}) {  // dense, causal, a window of 70 left and 10 right
+    const bool causal = mode == 1;
     kernels::cuda::HopperForwardParams p;
     p.batch = 1, p.seq_len = 200, p.heads = 2, p.kv_heads = 1, p.head_dim = 64;
     p.scale = 0.125f;
     p.causal = causal;
+    if (mode == 2) p.window_left = 70, p.window_right = 10;
     const auto n = static_cast<std::size_t>(p.seq_len * p.heads * p.head_dim);
     const auto n_kv = static_cast<std::size_t>(p.seq_len * p.kv_heads * p.head_dim);
     const auto nl = static_cast<std::size_t>(p.seq_len * p.heads);
@@ -142,7 +144,7 @@ TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
           return bytes_;
         },
         emu::standard_modes());
-    EXPECT_FALSE(differs.has_value()) << (causal ? "causal: " : "dense: ") << *differs;
+    EXPECT_FALSE(differs.has_value()) << "mode " << mode << ": " << *differs;
   }
   kernels::cuda::HopperForwardParams sm86;
   sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;

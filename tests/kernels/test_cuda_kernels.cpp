@@ -509,20 +509,29 @@ TEST(CudaKernels, DeviceLseMergeMatchesTheHostMerge) {
 // where the device and the build have sm_90a, skipped with the reason elsewhere.
 TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
   REQUIRE_GPU();
+  // Windows: causal with a left reach of 70 (tiles before the reach are never loaded), and
+  // 20 left, 5 right without causality.
   for (const int d : {64, 128})
-    for (const bool causal : {false, true})
+    for (const int mode : {0, 1, 2, 3})
       for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
-        if (kEmulated && d == 128 && t == DeviceDType::fp16) continue;  // CI time
+        if (kEmulated && d == 128 && (t == DeviceDType::fp16 || mode > 1)) continue;  // CI time
+        const bool causal = mode == 1 || mode == 2;
         AttentionConfig cfg;
-        cfg.shape = {2, kEmulated ? 136 : 333, 4, d};
+        cfg.shape = {2, kEmulated ? 200 : 333, 4, d};
         cfg.kv_heads = 2;
         cfg.causal = causal;
+        if (mode == 2) cfg.window_left = 70;
+        if (mode == 3) cfg.window_left = 20, cfg.window_right = 5;
         const Shape4& s = cfg.shape;
         kernels::cuda::HopperForwardParams p;
         p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
         p.heads = static_cast<int>(s.heads), p.kv_heads = 2, p.head_dim = d;
         p.scale = static_cast<float>(cfg.effective_scale());
         p.causal = causal;
+        if (cfg.windowed()) {
+          p.window_left = cfg.window_reach().left;
+          p.window_right = cfg.window_reach().right;
+        }
         p.elem = t == DeviceDType::bf16 ? kernels::cuda::Elem::bf16 : kernels::cuda::Elem::fp16;
         if (const std::string why = kernels::cuda::hopper_forward_unsupported(p, 0); !why.empty())
           GTEST_SKIP() << "SKIPPED: the Hopper forward cannot run here: " << why;
@@ -549,10 +558,11 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
         const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
         const double e_out = relative_error(got_out.data(), ref.out.data(), n);
         const double e_lse = relative_error(got_lse.data(), ref.lse.data(), nl);
-        std::printf("  hopper D=%d %s %s: out %.2e lse %.2e\n", d, to_string(t),
-                    causal ? "causal" : "dense", e_out, e_lse);
-        EXPECT_LE(e_out, tolerance(t)) << d << " " << to_string(t) << (causal ? " causal" : "");
-        EXPECT_LE(e_lse, tolerance(t)) << d << " " << to_string(t) << (causal ? " causal" : "");
+        const char* names[] = {"dense", "causal", "causal window 70", "window 20,5"};
+        std::printf("  hopper D=%d %s %s: out %.2e lse %.2e\n", d, to_string(t), names[mode],
+                    e_out, e_lse);
+        EXPECT_LE(e_out, tolerance(t)) << d << " " << to_string(t) << " " << names[mode];
+        EXPECT_LE(e_lse, tolerance(t)) << d << " " << to_string(t) << " " << names[mode];
       }
 }
 
@@ -587,6 +597,15 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   CudaPlan plan(dilated, {DeviceDType::bf16, KernelChoice::hopper, 0});
   EXPECT_EQ(plan.kernel_name(), "native");
   EXPECT_TRUE(has_note(plan.notes(), "dense attention only"));
+  AttentionConfig window = cfg;  // a sliding window takes it, with the native backward
+  window.window_left = 40;
+  window.window_right = 10;
+  window.causal = false;
+  const DeviceResult w =
+      expect_matches_reference("hopper_window", window, DeviceDType::bf16, KernelChoice::hopper, in, true);
+  if (kEmulated) {
+    EXPECT_EQ(w.kernel, "hopper");
+  }
 }
 
 // The cuDNN backward's helpers (run under the emulated GPU too): a dilated view's rows of lse

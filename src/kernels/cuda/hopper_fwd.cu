@@ -33,7 +33,7 @@ struct HopperFwdArgs {
   float* lse;
   int batch, seq_len, heads, kv_heads;
   float scale_log2;
-  int causal;
+  int left, right;  // query p sees keys [p - left, p + right]
 };
 
 __host__ __device__ constexpr uint32_t tile_bytes(int head_dim) {
@@ -75,8 +75,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const RINGATTN_
   const int q_tile = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
   const int hk = h / (p.heads / p.kv_heads);
+  // The key tiles some row of this query tile can see: [j0, j1].
   const int all_tiles = (p.seq_len + kRows - 1) / kRows;
-  const int n_tiles = p.causal ? (all_tiles < q_tile + 1 ? all_tiles : q_tile + 1) : all_tiles;
+  const int lo = kRows * q_tile - p.left, hi = kRows * q_tile + kRows - 1 + p.right;
+  const int j0 = lo > 0 ? lo / kRows : 0;
+  const int j1 = hi / kRows < all_tiles - 1 ? hi / kRows : all_tiles - 1;
+  const int n_tiles = j1 - j0 + 1;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
   if (threadIdx.x == 0) {
@@ -102,9 +106,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const RINGATTN_
       ptx::mbarrier_arrive_expect_tx(at(full(s)), 2 * kTile);
       for (int x = 0; x < kHalves; ++x) {
         ptx::tma_load_4d(at(k_s(s) + static_cast<uint32_t>(x) * kBoxBytes), p.k, at(full(s)),
-                         64 * x, hk, kRows * j, b);
+                         64 * x, hk, kRows * (j0 + j), b);
         ptx::tma_load_4d(at(v_s(s) + static_cast<uint32_t>(x) * kBoxBytes), p.v, at(full(s)),
-                         64 * x, hk, kRows * j, b);
+                         64 * x, hk, kRows * (j0 + j), b);
       }
     }
     return;
@@ -134,9 +138,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const RINGATTN_
     float tile_max[2] = {-INFINITY, -INFINITY};
     for (int i = 0; i < 32; ++i) {
       const int r = (i >> 1) & 1;
-      const int key = kRows * j + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+      const int key = kRows * (j0 + j) + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+      const int row = row0 + 8 * r;
       float x = sc[i] * p.scale_log2;
-      if (key >= p.seq_len || (p.causal && key > row0 + 8 * r)) x = -INFINITY;
+      if (key >= p.seq_len || key > row + p.right || key < row - p.left) x = -INFINITY;
       sc[i] = x;
       tile_max[r] = fmaxf(tile_max[r], x);
     }
@@ -229,9 +234,13 @@ TmaDesc tensor_map(const void* base, const HopperForwardParams& p, int heads) {
 
 template <int kD, bool kBf16>
 void launch(const HopperForwardParams& p, cudaStream_t stream) {
+  auto reach = [&](int64_t w) {
+    return static_cast<int>(w < 0 || w > p.seq_len ? p.seq_len : w);
+  };
   HopperFwdArgs a{tensor_map(p.q, p, p.heads), tensor_map(p.k, p, p.kv_heads),
                   tensor_map(p.v, p, p.kv_heads), p.out, p.lse, p.batch, p.seq_len,
-                  p.heads, p.kv_heads, p.scale * 1.4426950408889634f, p.causal ? 1 : 0};
+                  p.heads, p.kv_heads, p.scale * 1.4426950408889634f,
+                  reach(p.window_left), p.causal ? 0 : reach(p.window_right)};
   auto* kernel = &hopper_fwd_kernel<kD, kBf16>;
   const int smem = static_cast<int>(smem_bytes(kD));
   RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),

@@ -2,7 +2,8 @@
 // V tiles into 128-byte-swizzled shared memory under mbarriers, a producer warpgroup and a
 // consumer warpgroup, wgmma for S = Q·Kᵀ (both K-major) and O = P·V (P from registers, V
 // N-major), the online softmax between them. Dense attention on [B, N, H, D] bf16/fp16
-// tensors, causal or not, grouped-query heads, D = 64 or 128, N any; writes fp32 out
+// tensors, causal or not, sliding windows, grouped-query heads, D = 64 or 128, N any
+// (only the key tiles a query tile can see are loaded); writes fp32 out
 // [B, N, H, D] and the natural-log lse [B, H, N] as the native forward does (write mode).
 //
 // Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp); on a real GPU only
@@ -28,6 +29,9 @@ struct HopperForwardParams {
   int batch = 0, seq_len = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1;
   bool causal = false;
+  // Sliding window: query p sees keys [p - window_left, p + window_right] (-1: unbounded;
+  // causal makes the right reach 0), as AttentionConfig::window_reach() gives them.
+  int64_t window_left = -1, window_right = -1;
   Elem elem = Elem::bf16;
 };
 
