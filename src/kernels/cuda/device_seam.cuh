@@ -182,7 +182,9 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float (&c)[4], const uint32_t (
 }
 }  // namespace ptx
 
+#if CUDA_VERSION >= 12000
 using TmaDesc = CUtensorMap;
+#endif
 #define RINGATTN_GRID_CONSTANT __grid_constant__
 
 #if defined(RINGATTN_SM90A_KERNELS)

@@ -1,0 +1,18 @@
+// hopper_fwd.hpp in a build whose CUDA toolkit is older than 12.5: the kernel is not built,
+// and the plan runs the native kernels with this reason as its note.
+#include <string>
+
+#include "kernels/cuda/hopper_fwd.hpp"
+#include "ringattn/errors.hpp"
+
+namespace ringattn::kernels::cuda {
+
+std::string hopper_forward_unsupported(const HopperForwardParams&, int) {
+  return "this build's CUDA toolkit is older than 12.5, so it has no sm_90a kernels";
+}
+
+void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
+  throw RuntimeFailure("the Hopper forward kernel cannot run: " + hopper_forward_unsupported(p, 0));
+}
+
+}  // namespace ringattn::kernels::cuda
