@@ -201,6 +201,8 @@ struct CudaPlan::Impl {
   CudaDeviceStatus device;
   ring::FlatSchedule sched;
   kc::DeviceAllocation tasks, q_items, k_items, delta;
+  kc::DeviceAllocation cu_seqlens;  // the Hopper forward's packed documents (int32)
+  std::vector<int> cu_host;
   bool vector_loads = false;
   bool use_cudnn = false;
   bool use_cudnn_backward = false;
@@ -224,6 +226,7 @@ struct CudaPlan::Impl {
     q_items.reset();
     k_items.reset();
     delta.reset();
+    cu_seqlens.reset();
 #if RINGATTN_HAVE_CUDNN
     cudnn.reset();
 #endif
@@ -269,6 +272,10 @@ struct CudaPlan::Impl {
     if (cfg.windowed()) {
       const AttentionConfig::WindowReach w = cfg.window_reach();
       p.window_left = w.left, p.window_right = w.right;
+    }
+    if (cfg.packed()) {
+      p.cu_seqlens = cu_seqlens.as<int>();
+      p.n_docs = static_cast<int>(cfg.cu_seqlens.size()) - 1;
     }
     p.elem = elem;
     return p;
@@ -420,12 +427,18 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
 
   if (opts.kernel == KernelChoice::hopper) {
     std::string why;
-    if (cfg.attention != AttentionKind::dense || cfg.packed())
-      why = "it takes dense attention only (no packing or dilation)";
+    if (cfg.attention != AttentionKind::dense)
+      why = "it takes dense attention only (no dilation or block-sparse)";
     else
       why = kc::hopper_forward_unsupported(m.hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr),
                                            opts.device);
     m.use_hopper = why.empty();
+    if (m.use_hopper && cfg.packed()) {
+      // Kept with the plan: the emulated runtime reads an async copy's host source when the
+      // copy runs, not at the call (a GPU stages pageable memory at the call).
+      m.cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
+      m.cu_seqlens = upload_vector(m.cu_host, "the packed documents' offsets", opts.device, m.stream);
+    }
     m.notes.push_back(m.use_hopper
                           ? "--kernel hopper: the sm_90a forward (TMA + wgmma), the native "
                             "backward; experimental: exact under the emulator, not yet run on a GPU"

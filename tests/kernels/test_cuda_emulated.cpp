@@ -110,8 +110,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases
 // same bytes under every execution mode, TMA and wgmma results landing at the issue or at
 // the wait; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
-  for (const int mode : {0, 1, 2}) {  // dense, causal, a window of 70 left and 10 right
-    const bool causal = mode == 1;
+  // dense, causal, a window of 70 left and 10 right, causal packed documents
+  for (const int mode : {0, 1, 2, 3}) {
+    const bool causal = mode == 1 || mode == 3;
     kernels::cuda::HopperForwardParams p;
     p.batch = 1, p.seq_len = 200, p.heads = 2, p.kv_heads = 1, p.head_dim = 64;
     p.scale = 0.125f;
@@ -127,7 +128,11 @@ TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
       q.upload(testing::random_normal(n, 71).data(), n, DeviceDType::bf16);
       k.upload(testing::random_normal(n_kv, 72).data(), n_kv, DeviceDType::bf16);
       v.upload(testing::random_normal(n_kv, 73).data(), n_kv, DeviceDType::bf16);
+      const int cu_host[] = {0, 1, 90, 200};
+      DeviceBuffer cu(sizeof cu_host, "cu_seqlens", 0);
+      ASSERT_EQ(cudaMemcpy(cu.data(), cu_host, sizeof cu_host, cudaMemcpyHostToDevice), cudaSuccess);
       kernels::cuda::HopperForwardParams a = p;
+      if (mode == 3) a.cu_seqlens = static_cast<const int*>(cu.data()), a.n_docs = 3;
       a.q = q.data(), a.k = k.data(), a.v = v.data(), a.out = out.as<float>(),
       a.lse = lse.as<float>();
       kernels::cuda::hopper_forward(a, nullptr);

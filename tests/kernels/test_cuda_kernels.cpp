@@ -512,16 +512,17 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
   // Windows: causal with a left reach of 70 (tiles before the reach are never loaded), and
   // 20 left, 5 right without causality.
   for (const int d : {64, 128})
-    for (const int mode : {0, 1, 2, 3})
+    for (const int mode : {0, 1, 2, 3, 4})
       for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
         if (kEmulated && d == 128 && (t == DeviceDType::fp16 || mode > 1)) continue;  // CI time
-        const bool causal = mode == 1 || mode == 2;
+        const bool causal = mode == 1 || mode == 2 || mode == 4;
         AttentionConfig cfg;
         cfg.shape = {2, kEmulated ? 200 : 333, 4, d};
         cfg.kv_heads = 2;
         cfg.causal = causal;
         if (mode == 2) cfg.window_left = 70;
         if (mode == 3) cfg.window_left = 20, cfg.window_right = 5;
+        if (mode == 4) cfg.cu_seqlens = {0, 1, 50, 100, cfg.shape.seq_len};
         const Shape4& s = cfg.shape;
         kernels::cuda::HopperForwardParams p;
         p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
@@ -533,6 +534,14 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
           p.window_right = cfg.window_reach().right;
         }
         p.elem = t == DeviceDType::bf16 ? kernels::cuda::Elem::bf16 : kernels::cuda::Elem::fp16;
+        DeviceBuffer cu_dev(std::max<std::size_t>(cfg.cu_seqlens.size(), 1) * 4, "cu_seqlens");
+        if (cfg.packed()) {
+          std::vector<int> cu(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
+          ASSERT_EQ(cudaMemcpy(cu_dev.data(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice),
+                    cudaSuccess);
+          p.cu_seqlens = static_cast<const int*>(cu_dev.data());
+          p.n_docs = static_cast<int>(cu.size()) - 1;
+        }
         if (const std::string why = kernels::cuda::hopper_forward_unsupported(p, 0); !why.empty())
           GTEST_SKIP() << "SKIPPED: the Hopper forward cannot run here: " << why;
         const auto n = static_cast<std::size_t>(s.numel());
@@ -558,7 +567,8 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
         const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
         const double e_out = relative_error(got_out.data(), ref.out.data(), n);
         const double e_lse = relative_error(got_lse.data(), ref.lse.data(), nl);
-        const char* names[] = {"dense", "causal", "causal window 70", "window 20,5"};
+        const char* names[] = {"dense", "causal", "causal window 70", "window 20,5",
+                               "causal packed"};
         std::printf("  hopper D=%d %s %s: out %.2e lse %.2e\n", d, to_string(t), names[mode],
                     e_out, e_lse);
         EXPECT_LE(e_out, tolerance(t)) << d << " " << to_string(t) << " " << names[mode];
@@ -605,6 +615,14 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_window", window, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(w.kernel, "hopper");
+  }
+  // Packed documents (one of a single token, one across a tile boundary), causal.
+  AttentionConfig packed = cfg;
+  packed.cu_seqlens = {0, 1, 50, 100, cfg.shape.seq_len};
+  const DeviceResult pk =
+      expect_matches_reference("hopper_packed", packed, DeviceDType::bf16, KernelChoice::hopper, in, true);
+  if (kEmulated) {
+    EXPECT_EQ(pk.kernel, "hopper");
   }
 }
 

@@ -34,7 +34,22 @@ struct HopperFwdArgs {
   int batch, seq_len, heads, kv_heads;
   float scale_log2;
   int left, right;  // query p sees keys [p - left, p + right]
+  const int* cu_seqlens;  // packed documents (null: one), n_docs + 1 offsets
+  int n_docs;
 };
+
+// The document [start, end) holding row `row` (the whole sequence without packing).
+__device__ __forceinline__ void document_of(const HopperFwdArgs& p, int row, int& start,
+                                            int& end) {
+  start = 0, end = p.seq_len;
+  if (!p.cu_seqlens || row >= p.seq_len) return;
+  int lo = 0, hi = p.n_docs - 1;  // the last document whose start is <= row
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.cu_seqlens[mid] <= row) lo = mid; else hi = mid - 1;
+  }
+  start = p.cu_seqlens[lo], end = p.cu_seqlens[lo + 1];
+}
 
 __host__ __device__ constexpr uint32_t tile_bytes(int head_dim) {
   return static_cast<uint32_t>(head_dim / 64) * kBoxBytes;
@@ -77,7 +92,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const RINGATTN_
   const int hk = h / (p.heads / p.kv_heads);
   // The key tiles some row of this query tile can see: [j0, j1].
   const int all_tiles = (p.seq_len + kRows - 1) / kRows;
-  const int lo = kRows * q_tile - p.left, hi = kRows * q_tile + kRows - 1 + p.right;
+  const int last_row = kRows * q_tile + kRows - 1 < p.seq_len - 1 ? kRows * q_tile + kRows - 1
+                                                                   : p.seq_len - 1;
+  int first_start, first_end, last_start, last_end;
+  document_of(p, kRows * q_tile, first_start, first_end);
+  document_of(p, last_row, last_start, last_end);
+  const int lo_reach = kRows * q_tile - p.left, hi_reach = last_row + p.right;
+  const int lo = lo_reach > first_start ? lo_reach : first_start;
+  const int hi = hi_reach < last_end - 1 ? hi_reach : last_end - 1;
   const int j0 = lo > 0 ? lo / kRows : 0;
   const int j1 = hi / kRows < all_tiles - 1 ? hi / kRows : all_tiles - 1;
   const int n_tiles = j1 - j0 + 1;
@@ -118,6 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const RINGATTN_
   // rows lane/4 and lane/4 + 8 of those (index r = 0, 1), as wgmma's accumulator does.
   ptx::setmaxnreg<true, 232>();
   const int row0 = kRows * q_tile + 16 * (warp - 4) + lane / 4;
+  int doc_start[2], doc_end[2];
+  for (int r = 0; r < 2; ++r) document_of(p, row0 + 8 * r, doc_start[r], doc_end[r]);
   float o[kD / 2];
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -141,7 +165,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_fwd_kernel(const RINGATTN_
       const int key = kRows * (j0 + j) + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
       const int row = row0 + 8 * r;
       float x = sc[i] * p.scale_log2;
-      if (key >= p.seq_len || key > row + p.right || key < row - p.left) x = -INFINITY;
+      if (key >= p.seq_len || key > row + p.right || key < row - p.left || key < doc_start[r] ||
+          key >= doc_end[r])
+        x = -INFINITY;
       sc[i] = x;
       tile_max[r] = fmaxf(tile_max[r], x);
     }
@@ -240,7 +266,8 @@ void launch(const HopperForwardParams& p, cudaStream_t stream) {
   HopperFwdArgs a{tensor_map(p.q, p, p.heads), tensor_map(p.k, p, p.kv_heads),
                   tensor_map(p.v, p, p.kv_heads), p.out, p.lse, p.batch, p.seq_len,
                   p.heads, p.kv_heads, p.scale * 1.4426950408889634f,
-                  reach(p.window_left), p.causal ? 0 : reach(p.window_right)};
+                  reach(p.window_left), p.causal ? 0 : reach(p.window_right), p.cu_seqlens,
+                  p.n_docs};
   auto* kernel = &hopper_fwd_kernel<kD, kBf16>;
   const int smem = static_cast<int>(smem_bytes(kD));
   RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),

@@ -2,7 +2,8 @@
 // V tiles into 128-byte-swizzled shared memory under mbarriers, a producer warpgroup and a
 // consumer warpgroup, wgmma for S = Q·Kᵀ (both K-major) and O = P·V (P from registers, V
 // N-major), the online softmax between them. Dense attention on [B, N, H, D] bf16/fp16
-// tensors, causal or not, sliding windows, grouped-query heads, D = 64 or 128, N any
+// tensors, causal or not, sliding windows, packed documents, grouped-query heads, D = 64
+// or 128, N any
 // (only the key tiles a query tile can see are loaded); writes fp32 out
 // [B, N, H, D] and the natural-log lse [B, H, N] as the native forward does (write mode).
 //
@@ -32,6 +33,10 @@ struct HopperForwardParams {
   // Sliding window: query p sees keys [p - window_left, p + window_right] (-1: unbounded;
   // causal makes the right reach 0), as AttentionConfig::window_reach() gives them.
   int64_t window_left = -1, window_right = -1;
+  // Packed documents: n_docs + 1 increasing offsets from 0 to N (device memory), the same
+  // for every batch; a query sees keys of its own document only. Null: one document.
+  const int* cu_seqlens = nullptr;
+  int n_docs = 0;
   Elem elem = Elem::bf16;
 };
 
