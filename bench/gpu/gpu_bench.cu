@@ -148,6 +148,32 @@ nlohmann::json row_base(const Args& a, const std::string& impl) {
   return j;
 }
 
+// Median and every time of a.iters runs of `f` after a.warmup, with CUDA events on the
+// legacy stream (which the plans' blocking streams and the null stream order against).
+template <class F>
+std::pair<double, std::vector<double>> time_ms(const Args& a, F&& f) {
+  cudaEvent_t e0, e1;
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&e0));
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < a.warmup; ++i) f();
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> ms;
+  for (int i = 0; i < a.iters; ++i) {
+    RINGATTN_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+    f();
+    RINGATTN_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+    RINGATTN_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  return {sorted[sorted.size() / 2], ms};
+}
+
 // The Hopper forward kernel on its own (kernels/cuda/hopper_fwd.hpp): dense [B, N, H, D],
 // forward only; a row saying why where it cannot run (not an sm_90 device, a head dim).
 int bench_hopper(const Args& a) {
@@ -176,29 +202,12 @@ int bench_hopper(const Args& a) {
   fill(v.data(), static_cast<int64_t>(n), a.dtype, 3);
   p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.as<float>(), p.lse = lse.as<float>();
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  RINGATTN_CUDA_CHECK(cudaEventCreate(&e0));
-  RINGATTN_CUDA_CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < a.warmup; ++i) kc::hopper_forward(p, nullptr);
-  std::vector<double> ms;
-  for (int i = 0; i < a.iters; ++i) {
-    RINGATTN_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-    kc::hopper_forward(p, nullptr);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-    RINGATTN_CUDA_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  std::vector<double> sorted = ms;
-  std::sort(sorted.begin(), sorted.end());
+  const auto [median, all] = time_ms(a, [&] { kc::hopper_forward(p, nullptr); });
   const double flops = 4.0 * static_cast<double>(s.head_dim) * attended_pairs(a.cfg);
-  j["ms"] = sorted[sorted.size() / 2];
-  j["tflops"] = flops / (sorted[sorted.size() / 2] * 1e9);
-  j["ms_all"] = ms;
+  j["ms"] = median;
+  j["tflops"] = flops / (median * 1e9);
+  j["ms_all"] = all;
   std::cout << j.dump() << std::endl;
-  (void)cudaEventDestroy(e0);
-  (void)cudaEventDestroy(e1);
   return 0;
 }
 
@@ -234,27 +243,7 @@ int bench(const Args& a) {
   // The first forward settles the automatic kernel choice (timed inside the plan).
   run_fwd();
   plan.synchronize();
-  cudaEvent_t e0, e1;
-  RINGATTN_CUDA_CHECK(cudaEventCreate(&e0));
-  RINGATTN_CUDA_CHECK(cudaEventCreate(&e1));
-  auto time = [&](auto&& f) {
-    for (int i = 0; i < a.warmup; ++i) f();
-    plan.synchronize();
-    std::vector<double> ms;
-    for (int i = 0; i < a.iters; ++i) {
-      // The plan's stream is a blocking stream: events on the legacy stream bracket it.
-      RINGATTN_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-      f();
-      RINGATTN_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-      RINGATTN_CUDA_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    return std::pair{sorted[sorted.size() / 2], ms};
-  };
+  auto time = [&](auto&& f) { return time_ms(a, f); };
   const double flops = 4.0 * static_cast<double>(s.head_dim) * attended_pairs(a.cfg);
   auto emit = [&](const char* pass, double f, std::pair<double, std::vector<double>> t) {
     nlohmann::json j = row_base(a, std::string(pass) == "bwd" ? plan.backward_kernel_name()
@@ -272,8 +261,6 @@ int bench(const Args& a) {
     run_fwd();  // backward needs this forward's out and lse
     emit("bwd", 2.5 * flops, time(run_bwd));
   }
-  (void)cudaEventDestroy(e0);
-  (void)cudaEventDestroy(e1);
   return 0;
 }
 

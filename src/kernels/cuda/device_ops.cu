@@ -162,18 +162,25 @@ __global__ void merge_lse_kernel(const MergeRows m) {
 
 // One warp per row of the view.
 // One thread per stats entry, in store_view_result_kernel's row order.
-__global__ void gather_view_stats_kernel(const ViewResultParams p, float* stats) {
+// Row r of a view's stats ([B·S, Hg, m] in this order) as (batch, position, head).
+struct ViewRow {
+  int64_t b, n, h;
+};
+__device__ __forceinline__ ViewRow view_row(const ViewResultParams& p, int64_t r) {
   const int64_t segs = p.seq_len / p.segment;
-  const int64_t rows = p.batch * segs * p.head_count * p.rows;
+  const int64_t i = r % p.rows;
+  const int64_t hh = (r / p.rows) % p.head_count;
+  const int64_t bs = r / (p.rows * p.head_count);
+  return {bs / segs, (bs % segs) * p.segment + p.offset + i * p.dilation,
+          p.first_head + hh * p.head_step};
+}
+
+__global__ void gather_view_stats_kernel(const ViewResultParams p, float* stats) {
+  const int64_t rows = p.batch * (p.seq_len / p.segment) * p.head_count * p.rows;
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = r % p.rows;
-    const int64_t hh = (r / p.rows) % p.head_count;
-    const int64_t bs = r / (p.rows * p.head_count);
-    const int64_t b = bs / segs, seg = bs % segs;
-    const int64_t n = seg * p.segment + p.offset + i * p.dilation;
-    const int64_t h = p.first_head + hh * p.head_step;
-    stats[r] = p.lse[(b * p.heads + h) * p.seq_len + n];
+    const ViewRow v = view_row(p, r);
+    stats[r] = p.lse[(v.b * p.heads + v.h) * p.seq_len + v.n];
   }
 }
 
@@ -203,13 +210,7 @@ __global__ void store_view_result_kernel(const ViewResultParams p) {
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < rows;
        r += warps) {
-    // stats is [B·S, Hg, m] in this order.
-    const int64_t i = r % p.rows;
-    const int64_t hh = (r / p.rows) % p.head_count;
-    const int64_t bs = r / (p.rows * p.head_count);
-    const int64_t b = bs / segs, seg = bs % segs;
-    const int64_t n = seg * p.segment + p.offset + i * p.dilation;
-    const int64_t h = p.first_head + hh * p.head_step;
+    const auto [b, n, h] = view_row(p, r);
     const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
     const T* src = static_cast<const T*>(p.o_scratch) + at;
     float* dst = p.out + at;
