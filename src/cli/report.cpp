@@ -140,10 +140,10 @@ void add_timings_and_memory(const RunReport& r, nlohmann::json& j) {
   j["dtype"] = r.dtype;
   j["device_peak_bytes"] = r.device_peak_bytes;
   if (r.blas)
-    j["blas"] = {{"config", r.blas->config},        {"core", r.blas->core},
-                 {"core_from", r.blas->core_from},  {"file", r.blas->file},
-                 {"threading", r.blas->threading},  {"threads_per_call", r.blas->threads_per_call},
-                 {"small_gemm", r.blas->small_gemm}};
+    j["blas"] = {{"config", r.blas->config},         {"core", r.blas->core},
+                 {"core_from", r.blas->core_from},   {"file", r.blas->file},
+                 {"threading", r.blas->threading},   {"threads_per_call", r.blas->threads_per_call},
+                 {"small_gemm", r.blas->small_gemm}, {"vector_kernels", r.blas->vector_kernels}};
 }
 
 nlohmann::json ranks_json(const std::vector<RankFigures>& v) {

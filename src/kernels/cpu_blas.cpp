@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cpu_isa.hpp"
 #include "kernels/cpu_small_gemm.hpp"
 #include "ringattn/errors.hpp"
 
@@ -36,16 +37,19 @@ struct OpenBlas {
   std::string core_from;
 };
 
-// The kernels for this CPU, from its feature bits (which any CPU newer than the OpenBLAS
-// release still reports), or nullptr to leave the choice to OpenBLAS.
-const char* core_from_cpu_features() {
+// The kernels for the vector variant in use (cpu_isa.hpp: the CPU's feature bits, which any
+// CPU newer than the OpenBLAS release still reports, or RINGATTN_CPU_KERNELS), or nullptr to
+// leave the choice to OpenBLAS.
+const char* core_for_cpu_isa() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  switch (cpu_isa()) {
+    case CpuIsa::avx512:
+      return "SkylakeX";
+    case CpuIsa::avx2:
+      return "Haswell";
+    case CpuIsa::portable:
+      break;
+  }
 #endif
   return nullptr;
 }
@@ -77,9 +81,10 @@ OpenBlas open_blas() {
   };
   if (const char* given = std::getenv("OPENBLAS_CORETYPE"); given && *given) {
     b.core_from = "OPENBLAS_CORETYPE";
-  } else if (const char* core = core_from_cpu_features()) {
+  } else if (const char* core = core_for_cpu_isa()) {
     set_unless_given("OPENBLAS_CORETYPE", core);
-    b.core_from = "ringattn, from the CPU's features";
+    b.core_from = cpu_isa_forced() ? "ringattn, from RINGATTN_CPU_KERNELS"
+                                   : "ringattn, from the CPU's features";
   } else {
     b.core_from = "OpenBLAS's own detection";
   }
@@ -159,14 +164,15 @@ BlasInfo blas_info() {
   BlasSingleThreadScope scope;
   info.threads_per_call = b.get_num_threads();
   info.small_gemm = small_gemm_summary();
+  info.vector_kernels = cpu_isa_summary();
   return info;
 }
 
 std::string BlasInfo::summary() const {
   return config + "; kernels " + core + " (chosen by " + core_from + "); " + threading +
          " build, " + std::to_string(threads_per_call) +
-         " thread(s) per call inside ringattn's regions; " + file + "; tile products: " +
-         small_gemm;
+         " thread(s) per call inside ringattn's regions; " + file +
+         "; tile products: " + small_gemm + "; softmax steps: " + vector_kernels;
 }
 
 void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k, float alpha,
@@ -177,10 +183,9 @@ void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k
   // count says, and resets its own count to that, so the scope's openblas_set_num_threads(1)
   // does not hold there. Inside a scope the call runs with that count at 1 on this thread
   // (an OpenMP setting of the calling task only), restored after the call.
-  const int omp_threads =
-      g_open_scopes.load(std::memory_order_relaxed) > 0 && !omp_in_parallel()
-          ? omp_get_max_threads()
-          : 1;
+  const int omp_threads = g_open_scopes.load(std::memory_order_relaxed) > 0 && !omp_in_parallel()
+                              ? omp_get_max_threads()
+                              : 1;
   if (omp_threads != 1) omp_set_num_threads(1);
   lib.sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (omp_threads != 1) omp_set_num_threads(omp_threads);

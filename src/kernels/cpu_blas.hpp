@@ -23,14 +23,16 @@ struct BlasInfo {
   std::string threading;     // openblas_get_parallel(): "openmp", "pthreads" or "sequential"
   int threads_per_call = 1;  // threads one sgemm uses inside ringattn's parallel regions
   std::string small_gemm;    // what the kernels' tile products run on (cpu_small_gemm.hpp)
+  std::string vector_kernels;  // the softmax steps' variant and who chose it (cpu_isa.hpp)
   std::string summary() const;
 };
 
 // Opens OpenBLAS on first use (thread-safe) and says what it is. Which file: the one named by
 // RINGATTN_BLAS_LIBRARY if set, else the OpenMP build found at configure time, else
 // libopenblas.so.0 through the loader's search. Its kernels: OPENBLAS_CORETYPE if set, else
-// SkylakeX on CPUs with AVX-512 (F, CD, BW, DQ, VL), Haswell on CPUs with AVX2 and FMA, else
-// OpenBLAS's own choice. A pthreads build's idle pool threads sleep at once
+// those of the vector variant in use (cpu_isa.hpp; from CPUID or RINGATTN_CPU_KERNELS):
+// SkylakeX for AVX-512 (F, CD, BW, DQ, VL), Haswell for AVX2 and FMA, else OpenBLAS's own
+// choice. A pthreads build's idle pool threads sleep at once
 // (OPENBLAS_THREAD_TIMEOUT=4 unless the user set it): ringattn never gives that pool work.
 // What ringattn sets for the open is unset after it. Throws RuntimeFailure naming what it
 // tried when none opens.

@@ -4,11 +4,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu_isa.hpp"
 #include "kernels/cpu_math.hpp"
 #include "kernels/merge_lse.hpp"
 
-#if defined(__AVX512F__)
+// The AVX2 and AVX-512 forms are compiled with function target attributes, whatever the
+// build's -march, and chosen at run time (cpu_isa.hpp).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define RINGATTN_KM_X86 1
 #include <immintrin.h>
+#define KM_AVX512 __attribute__((target("avx512f,avx512cd,avx512bw,avx512dq,avx512vl,avx2,fma")))
 // GCC 12 reports its own intrinsics' deliberately undefined pass-through operand
 // (_mm512_undefined_ps) as maybe-uninitialized when they inline here (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -95,84 +100,66 @@ void add_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t 
 }
 
 namespace generic {
-
-void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
-                    float* dst, int64_t ld) {
-  for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + (c + 1) * ld, 0.0f);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* r = src + i * stride;
-    for (int64_t c = 0; c < cols; ++c) dst[c * ld + i] = factor * r[c];
-  }
-}
-
-void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
-                    int64_t ld_acc, int64_t d) {
-  for (int64_t g = 0; g < bqp; g += kLanes) {
-    float mx[kLanes], use[kLanes], alpha[kLanes], sum[kLanes] = {};
-    for (int64_t x = 0; x < kLanes; ++x) mx[x] = m[g + x];
-    for (int64_t j = 0; j < bk; ++j) {
-      const float* col = s + j * ld + g;
-#pragma omp simd
-      for (int64_t x = 0; x < kLanes; ++x) mx[x] = col[x] > mx[x] ? col[x] : mx[x];
-    }
-#pragma omp simd
-    for (int64_t x = 0; x < kLanes; ++x) {
-      use[x] = mx[x] == kNegInf ? 0.0f : mx[x];
-      alpha[x] = exp_approx(m[g + x] - use[x]);
-    }
-    for (int64_t j = 0; j < bk; ++j) {
-      float* col = s + j * ld + g;
-#pragma omp simd
-      for (int64_t x = 0; x < kLanes; ++x) {
-        col[x] = exp_approx(col[x] - use[x]);
-        sum[x] += col[x];
-      }
-    }
-    bool rescale = false;
-    for (int64_t x = 0; x < kLanes; ++x) {
-      l[g + x] = l[g + x] * alpha[x] + sum[x];
-      m[g + x] = mx[x];
-      rescale |= alpha[x] != 1.0f;
-    }
-    if (!rescale) continue;
-    for (int64_t c = 0; c < d; ++c) {
-      float* a = acc + c * ld_acc + g;
-#pragma omp simd
-      for (int64_t x = 0; x < kLanes; ++x) a[x] *= alpha[x];
-    }
-  }
-}
-
-void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
-  for (int64_t j = 0; j < bk; ++j) {
-    float* col = s + j * ld;
-#pragma omp simd
-    for (int64_t i = 0; i < bqp; ++i) col[i] = lse[i] == kNegInf ? 0.0f : exp_approx(col[i] - lse[i]);
-  }
-}
-
-void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
-                     const float* dd, float factor) {
-  for (int64_t j = 0; j < bk; ++j) {
-    float* col = dp + j * ld;
-    const float* pc = p + j * ld;
-#pragma omp simd
-    for (int64_t i = 0; i < bqp; ++i) col[i] = factor * pc[i] * (col[i] - dd[i]);
-  }
-}
-
+#define KM_TARGET
+#include "kernels/cpu_keymajor_steps.inc"
+#undef KM_TARGET
 }  // namespace generic
 
-#if defined(__AVX512F__)
+#if defined(RINGATTN_KM_X86)
 
-namespace {
+namespace avx2 {
+#define KM_TARGET __attribute__((target("avx2,fma,no-avx512f")))
+#define KM_SKIP_TRANSPOSE
+#include "kernels/cpu_keymajor_steps.inc"
+#undef KM_SKIP_TRANSPOSE
+#undef KM_TARGET
 
-// exp(x) for 16 floats, as exp_approx computes it (range reduction to [-ln2/2, ln2/2], the
-// same degree-6 polynomial), with the 2^n scaling by vscalefps; exactly 0 below -87.3
-// (including -inf). Only for x <= 88.3, which every softmax argument here is (s - max <= 0,
-// s - lse <= 0 up to rounding), so exp_approx's clamps are not needed: lanes below -87.3
-// (where -inf makes r NaN) are zeroed by the mask, and no lane is above.
-inline __m512 exp16(__m512 x) {
+// The query-tile transpose in 8 × 8 blocks of ymm registers (unpack, shuffle, 128-bit
+// permute), as the AVX-512 form does in 16 × 16 (the portable form stores one float at a
+// time). Intrinsics need the plain "avx2,fma" target: GCC does not inline them into a
+// function whose target removes what the build's -march has.
+__attribute__((target("avx2,fma"))) void transpose_rows(const float* src, int64_t stride,
+                                                        int64_t rows, int64_t cols, float factor,
+                                                        float* dst, int64_t ld) {
+  const __m256 f = _mm256_set1_ps(factor);
+  alignas(32) static constexpr int32_t kLaneIndex[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const __m256i lane = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLaneIndex));
+  for (int64_t i0 = 0; i0 < ld; i0 += 8) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+      const int64_t nc = std::min<int64_t>(8, cols - c0);
+      const __m256i cmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nc)), lane);
+      __m256 r[8];
+      for (int64_t x = 0; x < 8; ++x)
+        r[x] = i0 + x < rows ? _mm256_maskload_ps(src + (i0 + x) * stride + c0, cmask)
+                             : _mm256_setzero_ps();
+      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      const __m256 col[8] = {
+          _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+          _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+          _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+          _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+      for (int64_t x = 0; x < nc; ++x)
+        _mm256_storeu_ps(dst + (c0 + x) * ld + i0, _mm256_mul_ps(col[x], f));
+    }
+  }
+}
+}  // namespace avx2
+
+namespace avx512 {
+
+// exp(x) for 16 floats, as exp_lane (cpu_keymajor_steps.inc) computes it (range reduction to
+// [-ln2/2, ln2/2], the same degree-6 polynomial), with the 2^n scaling by vscalefps; exactly 0
+// below -87.3 (including -inf). Only for x <= 88.3, which every softmax argument here is (s - max
+// <= 0, s - lse <= 0 up to rounding), so exp_lane's clamps are not needed: lanes below -87.3 (where
+// -inf makes r NaN) are zeroed by the mask, and no lane is above.
+KM_AVX512 inline __m512 exp16(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(
       _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
@@ -191,7 +178,7 @@ inline __m512 exp16(__m512 x) {
 
 // 16 rows of 16 lanes transposed in registers: four rounds of swapping the off-diagonal
 // h×h blocks (h = 8, 4, 2, 1), each one two-source permute per row.
-inline void transpose16(__m512 r[16]) {
+KM_AVX512 inline void transpose16(__m512 r[16]) {
   for (int h = 8; h >= 1; h /= 2) {
     alignas(64) int32_t lo[16], hi[16];
     for (int c = 0; c < 16; ++c) {
@@ -208,8 +195,8 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
-void transpose_rows_avx512(const float* src, int64_t stride, int64_t rows, int64_t cols,
-                           float factor, float* dst, int64_t ld) {
+KM_AVX512 void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols,
+                              float factor, float* dst, int64_t ld) {
   const __m512 f = _mm512_set1_ps(factor);
   for (int64_t i0 = 0; i0 < ld; i0 += kLanes) {
     for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
@@ -226,8 +213,8 @@ void transpose_rows_avx512(const float* src, int64_t stride, int64_t rows, int64
   }
 }
 
-void online_softmax_avx512(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l,
-                           float* acc, int64_t ld_acc, int64_t d) {
+KM_AVX512 void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l,
+                              float* acc, int64_t ld_acc, int64_t d) {
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   for (int64_t g = 0; g < bqp; g += kLanes) {
     const __m512 m_old = _mm512_loadu_ps(m + g);
@@ -259,7 +246,8 @@ void online_softmax_avx512(float* s, int64_t ld, int64_t bqp, int64_t bk, float*
       _mm512_storeu_ps(c0, p0);
       sum0 = _mm512_add_ps(sum0, p0);
     }
-    _mm512_storeu_ps(l + g, _mm512_fmadd_ps(_mm512_loadu_ps(l + g), alpha, _mm512_add_ps(sum0, sum1)));
+    _mm512_storeu_ps(l + g,
+                     _mm512_fmadd_ps(_mm512_loadu_ps(l + g), alpha, _mm512_add_ps(sum0, sum1)));
     _mm512_storeu_ps(m + g, m_new);
     if (_mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) == 0) continue;
     for (int64_t c = 0; c < d; ++c) {
@@ -269,20 +257,21 @@ void online_softmax_avx512(float* s, int64_t ld, int64_t bqp, int64_t bk, float*
   }
 }
 
-void probabilities_avx512(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
+KM_AVX512 void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
   for (int64_t g = 0; g < bqp; g += kLanes) {
     const __m512 shift = _mm512_loadu_ps(lse + g);
     const __mmask16 live = _mm512_cmp_ps_mask(shift, neg_inf, _CMP_NEQ_UQ);
     for (int64_t j = 0; j < bk; ++j) {
       float* col = s + j * ld + g;
-      _mm512_storeu_ps(col, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(col), shift))));
+      _mm512_storeu_ps(
+          col, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(col), shift))));
     }
   }
 }
 
-void scores_gradient_avx512(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
-                            const float* dd, float factor) {
+KM_AVX512 void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
+                               const float* dd, float factor) {
   const __m512 f = _mm512_set1_ps(factor);
   for (int64_t g = 0; g < bqp; g += kLanes) {
     const __m512 dg = _mm512_loadu_ps(dd + g);
@@ -294,44 +283,40 @@ void scores_gradient_avx512(float* dp, const float* p, int64_t ld, int64_t bqp, 
   }
 }
 
-}  // namespace
-
-void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
-                    float* dst, int64_t ld) {
-  transpose_rows_avx512(src, stride, rows, cols, factor, dst, ld);
-}
-void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
-                    int64_t ld_acc, int64_t d) {
-  online_softmax_avx512(s, ld, bqp, bk, m, l, acc, ld_acc, d);
-}
-void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
-  probabilities_avx512(s, ld, bqp, bk, lse);
-}
-void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
-                     const float* dd, float factor) {
-  scores_gradient_avx512(dp, p, ld, bqp, bk, dd, factor);
-}
-bool uses_avx512() { return true; }
-
-#else
-
-void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
-                    float* dst, int64_t ld) {
-  generic::transpose_rows(src, stride, rows, cols, factor, dst, ld);
-}
-void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
-                    int64_t ld_acc, int64_t d) {
-  generic::online_softmax(s, ld, bqp, bk, m, l, acc, ld_acc, d);
-}
-void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
-  generic::probabilities(s, ld, bqp, bk, lse);
-}
-void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
-                     const float* dd, float factor) {
-  generic::scores_gradient(dp, p, ld, bqp, bk, dd, factor);
-}
-bool uses_avx512() { return false; }
+}  // namespace avx512
 
 #endif
+
+// The plain names run the variant cpu_isa() names (one relaxed load per tile step).
+#if defined(RINGATTN_KM_X86)
+#define KM_DISPATCH(fn, ...)          \
+  switch (cpu_isa()) {                \
+    case CpuIsa::avx512:              \
+      return avx512::fn(__VA_ARGS__); \
+    case CpuIsa::avx2:                \
+      return avx2::fn(__VA_ARGS__);   \
+    case CpuIsa::portable:            \
+      break;                          \
+  }                                   \
+  return generic::fn(__VA_ARGS__)
+#else
+#define KM_DISPATCH(fn, ...) return generic::fn(__VA_ARGS__)
+#endif
+
+void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t cols, float factor,
+                    float* dst, int64_t ld) {
+  KM_DISPATCH(transpose_rows, src, stride, rows, cols, factor, dst, ld);
+}
+void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, float* l, float* acc,
+                    int64_t ld_acc, int64_t d) {
+  KM_DISPATCH(online_softmax, s, ld, bqp, bk, m, l, acc, ld_acc, d);
+}
+void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse) {
+  KM_DISPATCH(probabilities, s, ld, bqp, bk, lse);
+}
+void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
+                     const float* dd, float factor) {
+  KM_DISPATCH(scores_gradient, dp, p, ld, bqp, bk, dd, factor);
+}
 
 }  // namespace ringattn::kernels::km

@@ -6,8 +6,11 @@
 // no horizontal reductions. Queries past a tile's real rows (padding up to ld) are computed
 // like the others and never stored.
 //
-// Each function has a portable form (generic::, vectorised by the compiler) and, where the
-// build targets AVX-512, an intrinsics form that the plain names call; a test compares the two.
+// The softmax steps and the query-tile transpose have a portable form (generic::, vectorised
+// by the compiler for the build's target), the same source compiled for AVX2 + FMA (avx2::)
+// and an AVX-512 intrinsics form (avx512::); the plain names call the variant cpu_isa()
+// names, chosen at run time from CPUID (kernels/cpu_isa.hpp). Tests force each variant the
+// host executes and compare it with the portable form and with float64.
 #pragma once
 
 #include <algorithm>
@@ -122,8 +125,5 @@ void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* l
 void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
                      const float* dd, float factor);
 }  // namespace generic
-
-// Whether the plain names run the AVX-512 forms.
-bool uses_avx512();
 
 }  // namespace ringattn::kernels::km

@@ -6,10 +6,10 @@
 namespace ringattn::kernels {
 
 // Single-precision fused multiply-add rate, in GFLOP/s (2 per lane per FMA), of `threads`
-// threads each running independent FMA chains on registers only, at the vector width these
-// kernels are built for (AVX-512 or AVX2): no memory traffic, enough chains to hide the
-// FMA latency, so no kernel of this build can run faster. The median of 3 runs of ~0.1 s
-// after a warm-up. 0 when the build targets no FMA (the portable x86-64 baseline).
+// threads each running independent FMA chains on registers only, at the vector width of the
+// kernels' variant in use (cpu_isa.hpp: AVX-512 or AVX2): no memory traffic, enough chains
+// to hide the FMA latency, so no kernel of that variant can run faster. The median of 3
+// runs of ~0.1 s after a warm-up. 0 for the portable variant (no FMA vectors assumed).
 double fma_peak_gflops(int threads);
 
 // The vector width fma_peak_gflops measured: "AVX-512", "AVX2+FMA" or "none".

@@ -4,8 +4,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "kernels/cpu_blas.hpp"
+#include "kernels/cpu_isa.hpp"
+#include "kernels/cpu_keymajor.hpp"
 #include "ringattn/errors.hpp"
 
 #if defined(RINGATTN_HAVE_LIBXSMM)
@@ -18,8 +21,8 @@ namespace {
 
 SmallGemmBackend backend_from_environment() {
   const char* env = std::getenv("RINGATTN_SMALL_GEMM");
-  if (!env || !*env) return small_gemm_libxsmm_built() ? SmallGemmBackend::libxsmm
-                                                       : SmallGemmBackend::openblas;
+  if (!env || !*env)
+    return small_gemm_libxsmm_built() ? SmallGemmBackend::libxsmm : SmallGemmBackend::openblas;
   const std::string_view v(env);
   if (v == "openblas") return SmallGemmBackend::openblas;
   if (v == "libxsmm") {
@@ -33,8 +36,36 @@ SmallGemmBackend backend_from_environment() {
                    "'" + std::string(v) + "' is not a backend; use libxsmm or openblas");
 }
 
+// A forced AVX2 variant (RINGATTN_CPU_KERNELS=avx2, cpu_isa.hpp) makes libxsmm generate
+// its Haswell kernels too, unless LIBXSMM_TARGET names a target; otherwise libxsmm picks from
+// CPUID, as the variant did.
+void settle_libxsmm_target() {
+#if defined(RINGATTN_HAVE_LIBXSMM)
+  const char* given = std::getenv("LIBXSMM_TARGET");
+  if ((!given || !*given) && cpu_isa_forced() && cpu_isa() == CpuIsa::avx2) {
+    libxsmm_init();  // which detects the CPU's target: set ours after it
+    libxsmm_set_target_arch("hsw");
+  }
+#endif
+}
+
+#if defined(RINGATTN_HAVE_LIBXSMM)
+// libxsmm 1.17's AVX2 kernels read a transposed B at ~0.8x of their plain rate (the forward's
+// acc += P·V on a 256-query tile: 73 against 90 GFLOP/s on one Zen 4 core, 'hsw'; its
+// AVX-512 kernels run both at ~115), so on AVX2 targets the product transposes B first,
+// which costs k·n copies against m·n·k multiply-adds (m >= 64 here).
+bool libxsmm_transposes_b_slowly() {
+  const int arch = libxsmm_get_target_archid();
+  return arch >= LIBXSMM_X86_AVX2 && arch < LIBXSMM_X86_AVX512;
+}
+#endif
+
 std::atomic<int>& backend_slot() {
-  static std::atomic<int> slot{static_cast<int>(backend_from_environment())};
+  static std::atomic<int> slot{[] {
+    const SmallGemmBackend b = backend_from_environment();
+    if (b == SmallGemmBackend::libxsmm) settle_libxsmm_target();
+    return static_cast<int>(b);
+  }()};
   return slot;
 }
 
@@ -90,6 +121,21 @@ void small_gemm(bool trans_b, int m, int n, int k, const float* a, int lda, cons
     const int flags = trans_b ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;
     const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;  // the kernel takes (a, b, c) only
     const libxsmm_blasint lm = m, ln = n, lk = k, la = lda, lb = ldb, lc = ldc;
+    if (trans_b && libxsmm_transposes_b_slowly()) {
+      // Bᵀ (k×n, leading dimension k rounded up to 16) in this thread's scratch, then the
+      // kernel without the flag: the same sums, in the same order.
+      thread_local std::vector<float> bt;
+      const int ldt = (k + 15) / 16 * 16;
+      bt.resize(static_cast<std::size_t>(ldt) * static_cast<std::size_t>(n));
+      km::transpose_rows(b, ldb, k, n, 1.0f, bt.data(), ldt);
+      const libxsmm_blasint lt = ldt;
+      const int plain = LIBXSMM_GEMM_FLAG_NONE;
+      if (const libxsmm_smmfunction fn =
+              libxsmm_smmdispatch(lm, ln, lk, &la, &lt, &lc, &one, &beta, &plain, &prefetch)) {
+        fn(a, bt.data(), c);
+        return;
+      }
+    }
     const libxsmm_smmfunction fn =
         libxsmm_smmdispatch(lm, ln, lk, &la, &lb, &lc, &one, &beta, &flags, &prefetch);
     if (fn) {

@@ -130,4 +130,38 @@ TEST(CliBlas, TileProductBackendIsReportedAndCanBeChosen) {
   EXPECT_NE(r.err.find("'mkl'"), std::string::npos) << r.err;
 }
 
+// The softmax steps' vector variant (kernels/cpu_isa.hpp) is chosen from CPUID and reported;
+// RINGATTN_CPU_KERNELS forces one the CPU executes (with libxsmm's and OpenBLAS's Haswell
+// kernels for avx2), and a value the CPU cannot run, or that names no variant, is bad input
+// naming the variable. Each forced run still passes the float64 check.
+TEST(CliBlas, CpuKernelVariantIsChosenFromCpuidReportedAndCanBeForced) {
+  const nlohmann::json chosen = run_dense_forward({});
+  EXPECT_NE(chosen["vector_kernels"].get<std::string>().find("from the CPU's features"),
+            std::string::npos)
+      << chosen.dump();
+  const nlohmann::json portable = run_dense_forward({"RINGATTN_CPU_KERNELS=portable"});
+  EXPECT_EQ(portable["vector_kernels"].get<std::string>().rfind("portable", 0), 0u)
+      << portable.dump();
+  if (cpu_has_avx2()) {
+    const nlohmann::json avx2 = run_dense_forward({"RINGATTN_CPU_KERNELS=avx2"});
+    EXPECT_EQ(avx2["vector_kernels"].get<std::string>().rfind("AVX2 (RINGATTN_CPU_KERNELS", 0), 0u)
+        << avx2.dump();
+    EXPECT_EQ(avx2["core"], "Haswell") << avx2.dump();
+    const std::string products = avx2["small_gemm"].get<std::string>();
+    if (products.find("libxsmm") != std::string::npos) {
+      EXPECT_NE(products.find("'hsw'"), std::string::npos) << avx2.dump();
+    }
+  } else {
+    const CliResult r =
+        run_cli({"run", "--seq-len", "64", "--iters", "1"}, {"RINGATTN_CPU_KERNELS=avx2"});
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("cannot execute"), std::string::npos) << r.err;
+  }
+  const CliResult r =
+      run_cli({"run", "--seq-len", "64", "--iters", "1"}, {"RINGATTN_CPU_KERNELS=sse9"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("RINGATTN_CPU_KERNELS"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'sse9'"), std::string::npos) << r.err;
+}
+
 }  // namespace
