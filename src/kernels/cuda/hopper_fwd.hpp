@@ -3,13 +3,13 @@
 // consumer warpgroup, wgmma for S = Q·Kᵀ (both K-major) and O = P·V (P from registers, V
 // N-major), the online softmax between them. Dense attention on [B, N, H, D] bf16/fp16
 // tensors, causal or not, sliding windows, packed documents, grouped-query heads, D = 64
-// or 128, N any
-// (only the key tiles a query tile can see are loaded); writes fp32 out
+// or 128, N any (only the key tiles a query tile can see are loaded); writes fp32 out
 // [B, N, H, D] and the natural-log lse [B, H, N] as the native forward does (write mode).
 //
-// Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp); on a real GPU only
-// where the build holds sm_90a code and the device is compute capability 9.0. Not yet run
-// on a GPU: nothing selects it by default.
+// The kernel's body (hopper_fwd_kernel.cuh) is shared with the block-sparse variant
+// (hopper_sparse_fwd.hpp). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
+// on a real GPU only where the build holds sm_90a code and the device is compute capability
+// 9.0. Not yet run on a GPU: nothing selects it by default.
 #pragma once
 
 #include <cuda_runtime_api.h>
