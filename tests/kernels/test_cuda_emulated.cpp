@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,8 +23,13 @@
 #include "emu/runtime.hpp"
 #include "kernels/cuda/device_seam.cuh"
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "random.hpp"
 #include "ringattn/cuda_plan.hpp"
+#include "sparse/block_lists.hpp"
+#include "sparse/pattern.hpp"
+#include "sparse/single_device_lists.hpp"
+#include "sparse/token_rule.hpp"
 
 namespace ringattn {
 namespace {
@@ -154,6 +160,112 @@ TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
   kernels::cuda::HopperForwardParams sm86;
   sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
   const std::string why = kernels::cuda::hopper_forward_unsupported(sm86, 1);
+  EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
+}
+
+// The Hopper block-sparse forward (the same pipeline walking key spans): the same bytes under
+// every execution mode, for a written pass and a log-sum-exp merge pass over the rest of each
+// tile's spans (the merge reads the old lse in every lane of a row before one writes it);
+// causal local + global blocks with a window (spans longer than a key tile, cut by the
+// window), and a random mask of 32-row blocks (items of 32 rows, spans off the 64 grid). On
+// the sm_86 device it declines, naming the compute capability.
+TEST(EmulatedModes, HopperSparseForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
+  struct Case {
+    int64_t block_size, head_dim;
+    bool causal;
+    DeviceDType dtype;
+    const char* pattern;  // empty: a random mask
+  };
+  for (const Case& c : {Case{64, 64, true, DeviceDType::bf16, "local:window=128+global:blocks=1"},
+                        Case{32, 128, false, DeviceDType::fp16, ""}}) {
+    AttentionConfig cfg;
+    cfg.shape = {1, 384, 2, c.head_dim};
+    cfg.attention = AttentionKind::block_sparse;
+    cfg.block_size = c.block_size;
+    cfg.causal = c.causal;
+    cfg.kv_heads = 1;
+    if (c.causal) cfg.window_left = 100;
+    const sparse::Geometry g{cfg.shape.seq_len, c.block_size, cfg.shape.heads};
+    sparse::BlockLists lists;
+    if (*c.pattern) {
+      lists = sparse::build_lists(sparse::parse_pattern(c.pattern, g, {}, {}, 7), g);
+    } else {
+      const int64_t nb = g.blocks();
+      std::vector<uint8_t> mask(static_cast<std::size_t>(2 * nb * nb));
+      for (std::size_t i = 0; i < mask.size(); ++i) mask[i] = (i * 2654435761u) % 7 == 0;
+      lists = sparse::lists_from_mask(mask.data(), 2, 2, nb, c.block_size);
+    }
+    const sparse::SingleDeviceWork w = sparse::build_single_device_work(cfg, lists, 64);
+    std::vector<kernels::SparseQueryTile> first = w.q_tiles, rest = w.q_tiles;
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      first[i].n_spans = std::min<int64_t>(1, rest[i].n_spans);
+      rest[i].first_span += first[i].n_spans;
+      rest[i].n_spans -= first[i].n_spans;
+    }
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    const auto nl = static_cast<std::size_t>(cfg.shape.heads * cfg.shape.seq_len);
+    const kernels::cuda::Elem e =
+        c.dtype == DeviceDType::bf16 ? kernels::cuda::Elem::bf16 : kernels::cuda::Elem::fp16;
+    const kernels::cuda::HopperSparseShape shape{1, static_cast<int>(cfg.shape.seq_len), 2, 1};
+    auto run = [&] {
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+      DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0), out(n * 4, "out", 0),
+          lse(nl * 4, "lse", 0);
+      q.upload(testing::random_normal(n, 74).data(), n, c.dtype);
+      k.upload(testing::random_normal(n_kv, 75).data(), n_kv, c.dtype);
+      v.upload(testing::random_normal(n_kv, 76).data(), n_kv, c.dtype);
+      DeviceBuffer d_first(first.size() * sizeof(first[0]), "tiles", 0),
+          d_rest(rest.size() * sizeof(rest[0]), "tiles", 0),
+          d_spans(w.key_spans.size() * sizeof(w.key_spans[0]), "spans", 0),
+          d_items(w.q_items.size() * sizeof(w.q_items[0]), "items", 0);
+      for (auto [buf, src] : {std::pair<DeviceBuffer*, const void*>{&d_first, first.data()},
+                              {&d_rest, rest.data()},
+                              {&d_spans, w.key_spans.data()},
+                              {&d_items, w.q_items.data()}})
+        ASSERT_EQ(cudaMemcpy(buf->data(), src, buf->bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+      kernels::cuda::SparseForwardParams p;
+      p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.as<float>(),
+      p.lse = lse.as<float>();
+      p.spans = d_spans.as<kernels::KeySpan>();
+      p.items = d_items.as<kernels::ForwardItem>();
+      p.n_items = static_cast<int64_t>(w.q_items.size());
+      p.q_stride = w.q_stride, p.lse_stride = w.lse_stride;
+      p.head_dim = static_cast<int>(c.head_dim);
+      p.scale = 0.1f;
+      p.causal = c.causal;
+      const sparse::WindowLimits win = sparse::kernel_window(cfg);
+      p.window_left = win.left, p.window_right = win.right;
+      p.tiles = d_first.as<kernels::SparseQueryTile>();
+      kernels::cuda::hopper_sparse_forward(e, p, shape, nullptr);
+      p.tiles = d_rest.as<kernels::SparseQueryTile>();
+      p.accumulate = true;
+      kernels::cuda::hopper_sparse_forward(e, p, shape, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> host(n + nl);
+      out.download(host.data(), n);
+      lse.download(host.data() + n, nl);
+      bytes_ =
+          std::vector<std::byte>(reinterpret_cast<const std::byte*>(host.data()),
+                                 reinterpret_cast<const std::byte*>(host.data() + host.size()));
+    };
+    const auto differs = emu::find_mode_dependence(
+        [&] {
+          run();
+          return bytes_;
+        },
+        emu::standard_modes());
+    EXPECT_FALSE(differs.has_value())
+        << "D" << c.head_dim << " bs " << c.block_size << ": " << *differs;
+    if (!differs)
+      std::printf("  hopper sparse D%lld bs %lld %s: the same bytes under %zu modes\n",
+                  static_cast<long long>(c.head_dim), static_cast<long long>(c.block_size),
+                  to_string(c.dtype), emu::standard_modes().size());
+  }
+  kernels::cuda::SparseForwardParams sm86;
+  sm86.head_dim = 64, sm86.q_stride = 128;
+  const std::string why = kernels::cuda::hopper_sparse_forward_unsupported(
+      kernels::cuda::Elem::bf16, sm86, {1, 64, 2, 1}, 1);
   EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
 }
 

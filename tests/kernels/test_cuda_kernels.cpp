@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <random>
 #include <sstream>
 
 #include "golden.hpp"
@@ -28,7 +30,13 @@
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_sparse_fwd.hpp"
+#include "kernels/cuda/sparse_params.hpp"
 #include "kernels/merge_lse.hpp"
+#include "sparse/block_lists.hpp"
+#include "sparse/pattern.hpp"
+#include "sparse/single_device_lists.hpp"
+#include "sparse/token_rule.hpp"
 #endif
 #include "kernels/cuda/tiles.hpp"
 
@@ -623,6 +631,298 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_packed", packed, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(pk.kernel, "hopper");
+  }
+}
+
+// ---- the Hopper block-sparse forward ----------------------------------------------------
+// One case: a pattern (or a random per-head mask of `density` whose query block 1 of head 0
+// attends nothing), with grouped-query heads, a window (-1: none) and packed documents.
+struct HopperSparseCase {
+  const char* name;
+  Shape4 shape;
+  int64_t block_size;
+  bool causal;
+  DeviceDType dtype;
+  const char* pattern;
+  double density;
+  int64_t kv_heads = 0, window = -1;
+  std::vector<int64_t> seqlens = {};
+  int64_t window_right = -1;
+};
+
+AttentionConfig config_of(const HopperSparseCase& c) {
+  AttentionConfig cfg;
+  cfg.shape = c.shape;
+  cfg.attention = AttentionKind::block_sparse;
+  cfg.block_size = c.block_size;
+  cfg.causal = c.causal;
+  if (c.kv_heads) cfg.kv_heads = c.kv_heads;
+  if (c.window >= 0) cfg.window_left = c.window;
+  if (c.window_right >= 0) cfg.window_right = c.window_right;
+  if (!c.seqlens.empty()) {
+    cfg.cu_seqlens = {0};
+    for (int64_t len : c.seqlens) cfg.cu_seqlens.push_back(cfg.cu_seqlens.back() + len);
+  }
+  return cfg;
+}
+
+sparse::BlockLists lists_of(const HopperSparseCase& c) {
+  const sparse::Geometry g{c.shape.seq_len, c.block_size, c.shape.heads};
+  if (*c.pattern) return sparse::build_lists(sparse::parse_pattern(c.pattern, g, {}, {}, 7), g);
+  const int64_t nb = g.blocks(), h = c.shape.heads;
+  std::mt19937_64 gen(static_cast<uint64_t>(nb * 977 + h));
+  std::bernoulli_distribution keep(c.density);
+  std::vector<uint8_t> mask(static_cast<std::size_t>(h * nb * nb));
+  for (auto& m : mask) m = keep(gen) ? 1 : 0;
+  for (int64_t j = 0; j < nb; ++j) mask[static_cast<std::size_t>(nb + j)] = 0;
+  return sparse::lists_from_mask(mask.data(), h, h, nb, c.block_size);
+}
+
+// The lists of a one-device run on the device, and the native block-sparse forward's
+// parameters over them, as CudaSparsePlan fills them.
+struct DeviceSparseWork {
+  sparse::SingleDeviceWork host;
+  DeviceBuffer tiles, spans, items;
+  kernels::cuda::SparseForwardParams params;
+};
+
+std::unique_ptr<DeviceSparseWork> upload_work(const AttentionConfig& cfg,
+                                              const sparse::BlockLists& lists) {
+  auto w = std::make_unique<DeviceSparseWork>();
+  w->host = sparse::build_single_device_work(cfg, lists, 64);
+  auto upload = [](const auto& vec, const char* what) {
+    DeviceBuffer b(std::max<std::size_t>(vec.size(), 1) * sizeof(vec[0]), what);
+    EXPECT_EQ(cudaMemcpy(b.data(), vec.data(), vec.size() * sizeof(vec[0]), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return b;
+  };
+  w->tiles = upload(w->host.q_tiles, "tiles");
+  w->spans = upload(w->host.key_spans, "spans");
+  w->items = upload(w->host.q_items, "items");
+  kernels::cuda::SparseForwardParams& p = w->params;
+  p.tiles = w->tiles.as<kernels::SparseQueryTile>();
+  p.spans = w->spans.as<kernels::KeySpan>();
+  p.items = w->items.as<kernels::ForwardItem>();
+  p.n_items = static_cast<int64_t>(w->host.q_items.size());
+  p.q_stride = w->host.q_stride;
+  p.lse_stride = w->host.lse_stride;
+  p.head_dim = static_cast<int>(cfg.shape.head_dim);
+  p.scale = static_cast<float>(cfg.effective_scale());
+  p.causal = cfg.causal;
+  const sparse::WindowLimits win = sparse::kernel_window(cfg);
+  p.window_left = win.left;
+  p.window_right = win.right;
+  return w;
+}
+
+kernels::cuda::HopperSparseShape hopper_shape_of(const AttentionConfig& cfg) {
+  return {static_cast<int>(cfg.shape.batch), static_cast<int>(cfg.shape.seq_len),
+          static_cast<int>(cfg.shape.heads), static_cast<int>(cfg.effective_kv_heads())};
+}
+
+kernels::cuda::Elem elem_of(DeviceDType t) {
+  return t == DeviceDType::bf16 ? kernels::cuda::Elem::bf16 : kernels::cuda::Elem::fp16;
+}
+
+// The float64 block reference, its mask read from the lists as a bool array.
+ReferenceForward sparse_reference(const AttentionConfig& cfg, const sparse::BlockLists& lists,
+                                  const Inputs& rounded) {
+  BlockReferenceProblem pb = block_problem_of(cfg);
+  const int64_t nb = cfg.shape.seq_len / cfg.block_size;
+  pb.key_blocks = [mask = sparse::mask_from_lists(lists), nb](int64_t h, int64_t i) {
+    std::vector<int64_t> out;
+    for (int64_t j = 0; j < nb; ++j)
+      if (mask[static_cast<std::size_t>((h * nb + i) * nb + j)]) out.push_back(j);
+    return out;
+  };
+  return reference_forward_blocks(pb, rounded.q.data(), rounded.k.data(), rounded.v.data());
+}
+
+// out and lse of one forward over `w`'s lists (poisoned with NaN first): the Hopper kernel
+// or the native block-sparse one.
+DeviceResult run_sparse_forward(const AttentionConfig& cfg, const DeviceSparseWork& w,
+                                DeviceDType t, const Inputs& in, bool hopper) {
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
+  DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_kv * 2, "v"), out(n * 4, "out"),
+      lse(nl * 4, "lse");
+  q.upload(in.q.data(), n, t);
+  k.upload(in.k.data(), n_kv, t);
+  v.upload(in.v.data(), n_kv, t);
+  out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
+  kernels::cuda::SparseForwardParams p = w.params;
+  p.q = q.data(), p.k = k.data(), p.v = v.data();
+  p.out = out.as<float>(), p.lse = lse.as<float>();
+  if (hopper)
+    kernels::cuda::hopper_sparse_forward(elem_of(t), p, hopper_shape_of(cfg), nullptr);
+  else
+    kernels::cuda::sparse_forward(elem_of(t), p, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DeviceResult r;
+  r.out.resize(n);
+  r.lse.resize(nl);
+  out.download(r.out.data(), n);
+  lse.download(r.lse.data(), nl);
+  return r;
+}
+
+// The Hopper block-sparse forward on the native block-sparse forward's own lists, against the
+// float64 block reference, beside the native kernel on the same lists: local + global and
+// random masks near 90% sparsity, blocks below, at and above the 64-row tile (items of 32
+// rows, tiles of two items), causal and not, grouped-query heads, a window, packed documents
+// (tiles and spans cut at document bounds, off the 64 grid), D = 64/128, bf16/fp16.
+TEST(CudaHopper, SparseForwardMatchesTheFloat64ReferenceAsTheNativeSparseForwardDoes) {
+  REQUIRE_GPU();
+  using T = DeviceDType;
+  const HopperSparseCase cases[] = {
+      {"local+global_bs64_D64",
+       {1, 2048, 2, 64},
+       64,
+       false,
+       T::bf16,
+       "local:window=64+global:blocks=1",
+       0},
+      {"random10_bs32_D128", {1, 512, 2, 128}, 32, false, T::fp16, "", 0.1},
+      {"random10_bs128_D64_causal_batch2", {2, 1024, 1, 64}, 128, true, T::fp16, "", 0.1},
+      {"gqa_4to2_window40_bs64_D128_causal",
+       {1, 1024, 4, 128},
+       64,
+       true,
+       T::bf16,
+       "local:window=128+random:blocks=1",
+       0,
+       2,
+       40},
+      {"window40,24_bigbird_bs32_D64",
+       {1, 512, 2, 64},
+       32,
+       false,
+       T::fp16,
+       "bigbird:window=128,global=1",
+       0,
+       0,
+       40,
+       {},
+       24},
+      {"packed_bs32_D64_causal",
+       {1, 256, 2, 64},
+       32,
+       true,
+       T::bf16,
+       "local:window=64+global",
+       0,
+       0,
+       -1,
+       {1, 70, 3, 150, 32}},
+  };
+
+  for (const HopperSparseCase& c : cases) {
+    const AttentionConfig cfg = config_of(c);
+    const sparse::BlockLists lists = lists_of(c);
+    const std::unique_ptr<DeviceSparseWork> w = upload_work(cfg, lists);
+    if (const std::string why = kernels::cuda::hopper_sparse_forward_unsupported(
+            elem_of(c.dtype), w->params, hopper_shape_of(cfg), 0);
+        !why.empty())
+      GTEST_SKIP() << "SKIPPED: the Hopper block-sparse forward cannot run here: " << why;
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    Inputs in{testing::random_normal(n, 91),
+              testing::random_normal(n_kv, 92),
+              testing::random_normal(n_kv, 93),
+              {}};
+    for (auto* x : {&in.q, &in.k, &in.v}) round_to_device_dtype(x->data(), x->size(), c.dtype);
+    const ReferenceForward ref = sparse_reference(cfg, lists, in);
+    const DeviceResult hopper = run_sparse_forward(cfg, *w, c.dtype, in, true);
+    const DeviceResult native = run_sparse_forward(cfg, *w, c.dtype, in, false);
+    const double e_out = relative_error(hopper.out.data(), ref.out.data(), n);
+    const double e_lse = relative_error(hopper.lse.data(), ref.lse.data(), hopper.lse.size());
+    const double n_out = relative_error(native.out.data(), ref.out.data(), n);
+    const double n_lse = relative_error(native.lse.data(), ref.lse.data(), native.lse.size());
+    const double vs_native = relative_error(hopper.out.data(), native.out.data(), n);
+    std::printf(
+        "  hopper sparse %s [%s], sparsity %.2f: out %.2e lse %.2e (native: out %.2e "
+        "lse %.2e; hopper vs native out %.2e)\n",
+        c.name, to_string(c.dtype), sparse::sparsity(lists, c.causal), e_out, e_lse, n_out, n_lse,
+        vs_native);
+    EXPECT_LE(e_out, tolerance(c.dtype)) << c.name;
+    EXPECT_LE(e_lse, tolerance(c.dtype)) << c.name;
+    if (!*c.pattern) {
+      // Query block 1 of head 0 attends nothing: out 0 and lse -inf, as the native kernel.
+      const int64_t H = c.shape.heads, D = c.shape.head_dim;
+      for (int64_t p = c.block_size; p < 2 * c.block_size; ++p) {
+        EXPECT_EQ(hopper.lse[static_cast<std::size_t>(p)], -std::numeric_limits<float>::infinity());
+        for (int64_t col = 0; col < D; ++col)
+          EXPECT_EQ(hopper.out[static_cast<std::size_t>(p * H * D + col)], 0.0f);
+      }
+    }
+  }
+}
+
+// The merge mode, as the distributed plan uses it for remote blocks: each tile's first span
+// written, the rest merged in by log-sum-exp, gives the one-pass answer.
+TEST(CudaHopper, SparseForwardMergesSpanSubsetsByLogSumExp) {
+  REQUIRE_GPU();
+  for (const int d : {64, 128}) {
+    const HopperSparseCase c{"merge",
+                             {1, 512, 1, d},
+                             64,
+                             true,
+                             d == 64 ? DeviceDType::bf16 : DeviceDType::fp16,
+                             "local:window=128+global:blocks=1",
+                             0};
+    const AttentionConfig cfg = config_of(c);
+    const sparse::BlockLists lists = lists_of(c);
+    const std::unique_ptr<DeviceSparseWork> w = upload_work(cfg, lists);
+    if (const std::string why = kernels::cuda::hopper_sparse_forward_unsupported(
+            elem_of(c.dtype), w->params, hopper_shape_of(cfg), 0);
+        !why.empty())
+      GTEST_SKIP() << "SKIPPED: the Hopper block-sparse forward cannot run here: " << why;
+    std::vector<kernels::SparseQueryTile> first = w->host.q_tiles, rest = w->host.q_tiles;
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      first[i].n_spans = std::min<int64_t>(1, rest[i].n_spans);
+      rest[i].first_span += first[i].n_spans;
+      rest[i].n_spans -= first[i].n_spans;
+    }
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const auto nl = static_cast<std::size_t>(cfg.shape.seq_len);
+    Inputs in{testing::random_normal(n, 94),
+              testing::random_normal(n, 95),
+              testing::random_normal(n, 96),
+              {}};
+    for (auto* x : {&in.q, &in.k, &in.v}) round_to_device_dtype(x->data(), x->size(), c.dtype);
+    DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), out(n * 4, "out"), lse(nl * 4, "lse"),
+        d_first(first.size() * sizeof(first[0]), "tiles"),
+        d_rest(rest.size() * sizeof(rest[0]), "tiles");
+    q.upload(in.q.data(), n, c.dtype);
+    k.upload(in.k.data(), n, c.dtype);
+    v.upload(in.v.data(), n, c.dtype);
+    out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+    lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
+    ASSERT_EQ(cudaMemcpy(d_first.data(), first.data(), d_first.bytes(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_rest.data(), rest.data(), d_rest.bytes(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    kernels::cuda::SparseForwardParams p = w->params;
+    p.q = q.data(), p.k = k.data(), p.v = v.data();
+    p.out = out.as<float>(), p.lse = lse.as<float>();
+    p.tiles = d_first.as<kernels::SparseQueryTile>();
+    kernels::cuda::hopper_sparse_forward(elem_of(c.dtype), p, hopper_shape_of(cfg), nullptr);
+    p.tiles = d_rest.as<kernels::SparseQueryTile>();
+    p.accumulate = true;
+    kernels::cuda::hopper_sparse_forward(elem_of(c.dtype), p, hopper_shape_of(cfg), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got_out(n), got_lse(nl);
+    out.download(got_out.data(), n);
+    lse.download(got_lse.data(), nl);
+    const ReferenceForward ref = sparse_reference(cfg, lists, in);
+    const double e_out = relative_error(got_out.data(), ref.out.data(), n);
+    const double e_lse = relative_error(got_lse.data(), ref.lse.data(), nl);
+    std::printf("  hopper sparse merge D=%d [%s]: out %.2e lse %.2e\n", d, to_string(c.dtype),
+                e_out, e_lse);
+    EXPECT_LE(e_out, tolerance(c.dtype)) << d;
+    EXPECT_LE(e_lse, tolerance(c.dtype)) << d;
   }
 }
 

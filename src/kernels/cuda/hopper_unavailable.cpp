@@ -1,8 +1,9 @@
-// hopper_fwd.hpp in a build whose CUDA toolkit is older than 12.5: the kernel is not built,
-// and the plan runs the native kernels with this reason as its note.
+// hopper_fwd.hpp and hopper_sparse_fwd.hpp in a build whose CUDA toolkit is older than 12.5:
+// the kernels are not built, and the plan runs the native kernels with this reason as its note.
 #include <string>
 
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -13,6 +14,17 @@ std::string hopper_forward_unsupported(const HopperForwardParams&, int) {
 
 void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
   throw RuntimeFailure("the Hopper forward kernel cannot run: " + hopper_forward_unsupported(p, 0));
+}
+
+std::string hopper_sparse_forward_unsupported(Elem, const SparseForwardParams&,
+                                              const HopperSparseShape&, int) {
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+void hopper_sparse_forward(Elem, const SparseForwardParams&, const HopperSparseShape&,
+                           cudaStream_t) {
+  throw RuntimeFailure("the Hopper block-sparse forward cannot run: " +
+                       hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
 
 }  // namespace ringattn::kernels::cuda

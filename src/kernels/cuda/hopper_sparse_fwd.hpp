@@ -1,0 +1,36 @@
+// The Hopper (sm_90a) block-sparse forward: the Hopper forward's body (TMA, mbarriers, wgmma;
+// hopper_fwd_kernel.cuh) walking the native block-sparse forward's lists instead of a dense
+// key range. It takes sparse_forward's own parameters (sparse_params.hpp: work items over
+// SparseQueryTiles, whose KeySpans name the K/V rows with their causal offsets, the window in
+// span units, write or log-sum-exp merge) and gives the same out and lse; its producer loads
+// only the 64-key tiles of each span that some row of the item can see.
+//
+// The tensor maps need the tensors' extents, so the lists must be over [B, N, H, D] q and
+// out and [B, N, HKV, D] k and v, as build_single_device_work makes them: q_stride = H·D,
+// every span's k_stride = HKV·D, and every tile's and span's rows within one (batch, head).
+// bf16/fp16, D = 64 or 128. Run on the emulated GPU in CI; not yet run on a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/sparse_params.hpp"
+
+namespace ringattn::kernels::cuda {
+
+struct HopperSparseShape {
+  int batch = 0, seq_len = 0, heads = 0, kv_heads = 0;
+};
+
+// "" when hopper_sparse_forward can run `p` over tensors of `shape` on `device`, else why not.
+std::string hopper_sparse_forward_unsupported(Elem e, const SparseForwardParams& p,
+                                              const HopperSparseShape& shape, int device);
+
+// Throws RuntimeFailure where hopper_sparse_forward_unsupported says why, or a tensor map is
+// refused.
+void hopper_sparse_forward(Elem e, const SparseForwardParams& p, const HopperSparseShape& shape,
+                           cudaStream_t stream);
+
+}  // namespace ringattn::kernels::cuda
