@@ -7,8 +7,8 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -23,9 +23,9 @@
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cpu_peak.hpp"
 #include "kernels/cpu_small_gemm.hpp"
+#include "ring/schedule.hpp"
 #include "ringattn/plan.hpp"
 #include "ringattn/tensor.hpp"
-#include "ring/schedule.hpp"
 
 namespace po = boost::program_options;
 using namespace ringattn;
@@ -69,7 +69,8 @@ double sgemm_gflops(int n, int threads) {
 // every thread on its own tiles. What the forward could reach with a free softmax.
 double tile_products_gflops(int64_t d, int threads) {
   const kernels::TileConfig tiles = ring::choose_tiles(d, 0, 0);
-  const int ld = static_cast<int>(kernels::round_up16(static_cast<std::size_t>(tiles.q_tile)));
+  const int ld = static_cast<int>(kernels::tile_ld(tiles.q_tile));  // as the kernels pad it
+  const int m = static_cast<int>(kernels::round_up16(static_cast<std::size_t>(tiles.q_tile)));
   const int bk = static_cast<int>(tiles.k_tile);
   const int id = static_cast<int>(d);
   const auto side = static_cast<std::size_t>(ld) * static_cast<std::size_t>(d);
@@ -83,16 +84,13 @@ double tile_products_gflops(int64_t d, int threads) {
           std::vector<float> qt(side, 0.01f), s(tile), acc(side, 0.0f), k(keys, 0.02f),
               v(keys, 0.03f);
           for (int rep = 0; rep < kReps; ++rep) {
-            kernels::small_gemm(false, ld, bk, id, qt.data(), ld, k.data(), id, 0.0f, s.data(),
-                                ld);
-            kernels::small_gemm(true, ld, id, bk, s.data(), ld, v.data(), id, 1.0f, acc.data(),
-                                ld);
+            kernels::small_gemm(false, m, bk, id, qt.data(), ld, k.data(), id, 0.0f, s.data(), ld);
+            kernels::small_gemm(true, m, id, bk, s.data(), ld, v.data(), id, 1.0f, acc.data(), ld);
           }
         }
       },
       3);
-  return 4.0 * kReps * threads * static_cast<double>(ld) * bk * static_cast<double>(d) /
-         (ms * 1e6);
+  return 4.0 * kReps * threads * static_cast<double>(m) * bk * static_cast<double>(d) / (ms * 1e6);
 }
 
 // The same dense kernels on rows of one head strided among the others ([B,N,H,D], the
@@ -102,8 +100,8 @@ double tile_products_gflops(int64_t d, int threads) {
 // differs. Returns the JSON row and prints one line.
 nlohmann::json layout_ab(int64_t n, int64_t heads, int64_t d, int threads, int rounds) {
   const auto size = static_cast<std::size_t>(n * heads * d);
-  std::vector<float> q(size), k(size), v(size), out(size), dout(size), dq(size), dk(size),
-      dv(size), lse(static_cast<std::size_t>(n * heads));
+  std::vector<float> q(size), k(size), v(size), out(size), dout(size), dq(size), dk(size), dv(size),
+      lse(static_cast<std::size_t>(n * heads));
   std::mt19937 gen(7);
   std::normal_distribution<float> dist;
   for (auto* t : {&q, &k, &v, &dout})
@@ -127,7 +125,8 @@ nlohmann::json layout_ab(int64_t n, int64_t heads, int64_t d, int threads, int r
   const std::size_t per_thread = std::max(kernels::forward_workspace_floats(tiles, d),
                                           kernels::backward_workspace_floats(tiles, d));
   std::vector<float> workspace(per_thread * static_cast<std::size_t>(threads) + 16);
-  float* ws = workspace.data() + (16 - reinterpret_cast<std::uintptr_t>(workspace.data()) / 4 % 16) % 16;
+  float* ws =
+      workspace.data() + (16 - reinterpret_cast<std::uintptr_t>(workspace.data()) / 4 % 16) % 16;
   kernels::ForwardParams fp;
   fp.q = q.data(), fp.k = k.data(), fp.v = v.data(), fp.out = out.data(), fp.lse = lse.data();
   fp.head_dim = d;
@@ -160,19 +159,24 @@ nlohmann::json layout_ab(int64_t n, int64_t heads, int64_t d, int threads, int r
   };
   const double flops = 4.0 * static_cast<double>(heads) * static_cast<double>(n) *
                        static_cast<double>(n) * static_cast<double>(d);
-  std::printf("# layout A/B, dense N=%lld H=%lld D=%lld, %d rounds: forward [B,N,H,D] %.1f ms "
-              "(%.1f GFLOP/s), [B,H,N,D] %.1f ms (%.1f); backward %.1f ms (%.1f), %.1f ms (%.1f); "
-              "[B,N,H,D] time / [B,H,N,D] time per round (median): forward %.3f, backward %.3f\n",
-              static_cast<long long>(n), static_cast<long long>(heads), static_cast<long long>(d),
-              rounds, median(fwd[0]), flops / (median(fwd[0]) * 1e6), median(fwd[1]),
-              flops / (median(fwd[1]) * 1e6), median(bwd[0]), 2.5 * flops / (median(bwd[0]) * 1e6),
-              median(bwd[1]), 2.5 * flops / (median(bwd[1]) * 1e6), median(fwd_ratio),
-              median(bwd_ratio));
-  return {{"seq_len", n},           {"heads", heads},
-          {"head_dim", d},          {"rounds", rounds},
-          {"fwd_ms_bnhd", fwd[0]},  {"fwd_ms_bhnd", fwd[1]},
-          {"bwd_ms_bnhd", bwd[0]},  {"bwd_ms_bhnd", bwd[1]},
-          {"fwd_paired_ratio", median(fwd_ratio)}, {"bwd_paired_ratio", median(bwd_ratio)}};
+  std::printf(
+      "# layout A/B, dense N=%lld H=%lld D=%lld, %d rounds: forward [B,N,H,D] %.1f ms "
+      "(%.1f GFLOP/s), [B,H,N,D] %.1f ms (%.1f); backward %.1f ms (%.1f), %.1f ms (%.1f); "
+      "[B,N,H,D] time / [B,H,N,D] time per round (median): forward %.3f, backward %.3f\n",
+      static_cast<long long>(n), static_cast<long long>(heads), static_cast<long long>(d), rounds,
+      median(fwd[0]), flops / (median(fwd[0]) * 1e6), median(fwd[1]),
+      flops / (median(fwd[1]) * 1e6), median(bwd[0]), 2.5 * flops / (median(bwd[0]) * 1e6),
+      median(bwd[1]), 2.5 * flops / (median(bwd[1]) * 1e6), median(fwd_ratio), median(bwd_ratio));
+  return {{"seq_len", n},
+          {"heads", heads},
+          {"head_dim", d},
+          {"rounds", rounds},
+          {"fwd_ms_bnhd", fwd[0]},
+          {"fwd_ms_bhnd", fwd[1]},
+          {"bwd_ms_bnhd", bwd[0]},
+          {"bwd_ms_bhnd", bwd[1]},
+          {"fwd_paired_ratio", median(fwd_ratio)},
+          {"bwd_paired_ratio", median(bwd_ratio)}};
 }
 
 std::string cpu_model() {
@@ -187,8 +191,8 @@ std::string cpu_model() {
 // that is not a positive integer throws std::invalid_argument naming the value.
 std::vector<int64_t> parse_list(const std::string& s) {
   if (s.empty() || s == "0") return {};
-  return bench::parse_numbers<int64_t>(s, [](int64_t n) { return n > 0; },
-                                       "a positive sequence length");
+  return bench::parse_numbers<int64_t>(
+      s, [](int64_t n) { return n > 0; }, "a positive sequence length");
 }
 
 }  // namespace
@@ -246,9 +250,10 @@ int main(int argc, char** argv) {
     std::printf(
         "# same-run SGEMM (512^3 per thread, one thread per call, %d threads): %.1f GFLOP/s\n",
         threads, gemm);
-    std::printf("# FMA peak of this build (%s, registers only, %d threads): %.1f "
-                "GFLOP/s\n",
-                kernels::fma_peak_isa(), threads, peak);
+    std::printf(
+        "# FMA peak of this build (%s, registers only, %d threads): %.1f "
+        "GFLOP/s\n",
+        kernels::fma_peak_isa(), threads, peak);
     std::printf("# forward tile products alone (head dim %lld, %s): %.1f GFLOP/s\n",
                 static_cast<long long>(dim), kernels::small_gemm_summary().c_str(), products);
     std::printf("%s\n", nlohmann::json{{"threads", threads},
@@ -378,12 +383,17 @@ int main(int argc, char** argv) {
                   static_cast<long long>(nmax / 1024), slope);
     }
   }
-  nlohmann::json j{{"machine", cpu_model()}, {"threads", threads},
-                   {"date", date},           {"commit", vm["commit"].as<std::string>()},
-                   {"command", cmd},         {"sgemm_gflops", gemm},
-                   {"fma_peak_gflops", peak}, {"tile_products_gflops", products},
+  nlohmann::json j{{"machine", cpu_model()},
+                   {"threads", threads},
+                   {"date", date},
+                   {"commit", vm["commit"].as<std::string>()},
+                   {"command", cmd},
+                   {"sgemm_gflops", gemm},
+                   {"fma_peak_gflops", peak},
+                   {"tile_products_gflops", products},
                    {"rows", rows},
-                   {"dilated_slopes", slopes}, {"layout_ab", layout}};
+                   {"dilated_slopes", slopes},
+                   {"layout_ab", layout}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -20,7 +20,7 @@ namespace ringattn::kernels {
 namespace {
 
 struct Scratch {
-  int64_t ld;  // queries per key column: q_tile rounded up to 16
+  int64_t ld;  // queries per key column: tile_ld(q_tile) (cpu_flash.hpp)
   float* qt;   // D × ld: scale · Qᵀ of the query chunk
   float* dot;  // D × ld: dOᵀ
   float* s;    // k_tile × ld: scores / probabilities
@@ -36,7 +36,7 @@ struct Scratch {
 
 Scratch carve(float* base, const TileConfig& t, int64_t d) {
   Scratch s{};
-  s.ld = static_cast<int64_t>(round_up16(static_cast<std::size_t>(t.q_tile)));
+  s.ld = static_cast<int64_t>(tile_ld(t.q_tile));
   const auto ld = static_cast<std::size_t>(s.ld);
   const auto side = round_up16(ld * static_cast<std::size_t>(d));
   const auto st = round_up16(ld * static_cast<std::size_t>(t.k_tile));
@@ -272,7 +272,7 @@ void run_tiles(std::span<const Tile> tiles, int64_t rows_per_tile_step, const Ti
 }  // namespace
 
 std::size_t sparse_workspace_floats(const TileConfig& t, int64_t head_dim) {
-  const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
+  const std::size_t ld = tile_ld(t.q_tile);
   return 3 * round_up16(ld * static_cast<std::size_t>(head_dim)) +
          2 * round_up16(ld * static_cast<std::size_t>(t.k_tile)) +
          4 * round_up16(static_cast<std::size_t>(t.k_tile * head_dim)) + 2 * ld;

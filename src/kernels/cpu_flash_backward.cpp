@@ -24,7 +24,7 @@ namespace ringattn::kernels {
 namespace {
 
 struct BackwardScratch {
-  int64_t ld;   // queries per key column: q_tile rounded up to 16
+  int64_t ld;   // queries per key column: tile_ld(q_tile) (cpu_flash.hpp)
   float* qt;    // head_dim × ld: scale · Qᵀ of the query tile
   float* dot;   // head_dim × ld: dout_scale · dOᵀ
   float* dos;   // q_tile × head_dim rows: dout_scale · dO, packed (unless in place will do)
@@ -43,7 +43,7 @@ struct BackwardScratch {
 
 BackwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   BackwardScratch s{};
-  s.ld = static_cast<int64_t>(round_up16(static_cast<std::size_t>(t.q_tile)));
+  s.ld = static_cast<int64_t>(tile_ld(t.q_tile));
   const auto ld = static_cast<std::size_t>(s.ld);
   const auto ud = static_cast<std::size_t>(d);
   const std::size_t side = round_up16(ld * ud);
@@ -239,7 +239,7 @@ int64_t tiles_of(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 }  // namespace
 
 std::size_t backward_workspace_floats(const TileConfig& t, int64_t head_dim) {
-  const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
+  const std::size_t ld = tile_ld(t.q_tile);
   return 5 * round_up16(ld * static_cast<std::size_t>(head_dim)) +
          2 * round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld +
          4 * static_cast<std::size_t>(t.k_tile * head_dim);

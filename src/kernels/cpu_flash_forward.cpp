@@ -21,7 +21,7 @@ namespace ringattn::kernels {
 namespace {
 
 struct ForwardScratch {
-  int64_t ld;  // queries per key column: q_tile rounded up to 16
+  int64_t ld;  // queries per key column: tile_ld(q_tile) (cpu_flash.hpp)
   float* qt;   // head_dim × ld: the query tile, transposed and scaled
   float* s;    // k_tile × ld scores, then probabilities
   float* acc;  // head_dim × ld unnormalised output
@@ -32,7 +32,7 @@ struct ForwardScratch {
 
 ForwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   ForwardScratch s{};
-  s.ld = static_cast<int64_t>(round_up16(static_cast<std::size_t>(t.q_tile)));
+  s.ld = static_cast<int64_t>(tile_ld(t.q_tile));
   const auto ld = static_cast<std::size_t>(s.ld);
   s.qt = base;
   base += round_up16(ld * static_cast<std::size_t>(d));
@@ -120,7 +120,7 @@ bool tasks_are_fine_units(const ForwardParams& p, std::span<const SubseqTask> ta
 }  // namespace
 
 std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim) {
-  const std::size_t ld = round_up16(static_cast<std::size_t>(t.q_tile));
+  const std::size_t ld = tile_ld(t.q_tile);
   const auto d = static_cast<std::size_t>(head_dim);
   return 2 * round_up16(ld * d) + round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld +
          round_up16(d);

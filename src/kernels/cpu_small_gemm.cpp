@@ -1,4 +1,5 @@
-// The tile products (see cpu_small_gemm.hpp): libxsmm's generated kernels, or OpenBLAS.
+// The tile products (see cpu_small_gemm.hpp): libxsmm's generated kernels, ringattn's AVX2
+// kernel, or OpenBLAS.
 #include "kernels/cpu_small_gemm.hpp"
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu_blas.hpp"
+#include "kernels/cpu_gemm_avx2.hpp"
 #include "kernels/cpu_isa.hpp"
 #include "kernels/cpu_keymajor.hpp"
 #include "ringattn/errors.hpp"
@@ -19,21 +21,37 @@ namespace ringattn::kernels {
 
 namespace {
 
+// The default: libxsmm when built in; else ringattn's AVX2 kernel where the CPU runs AVX2
+// (and the variant is not forced to portable); else OpenBLAS.
+SmallGemmBackend default_backend() {
+  if (small_gemm_libxsmm_built()) return SmallGemmBackend::libxsmm;
+  if (gemm_avx2_built() && cpu_can_run(CpuIsa::avx2) && cpu_isa() != CpuIsa::portable)
+    return SmallGemmBackend::avx2;
+  return SmallGemmBackend::openblas;
+}
+
+void check_available(SmallGemmBackend b) {
+  if (b == SmallGemmBackend::libxsmm && !small_gemm_libxsmm_built())
+    throw InputError("RINGATTN_SMALL_GEMM",
+                     "'libxsmm' asked for, but this build has no libxsmm (install "
+                     "libxsmm-dev and rebuild, or unset it)");
+  if (b == SmallGemmBackend::avx2 && !(gemm_avx2_built() && cpu_can_run(CpuIsa::avx2)))
+    throw InputError("RINGATTN_SMALL_GEMM",
+                     "'avx2' asked for, but this CPU or build cannot run the AVX2 kernel");
+}
+
 SmallGemmBackend backend_from_environment() {
   const char* env = std::getenv("RINGATTN_SMALL_GEMM");
-  if (!env || !*env)
-    return small_gemm_libxsmm_built() ? SmallGemmBackend::libxsmm : SmallGemmBackend::openblas;
+  if (!env || !*env) return default_backend();
   const std::string_view v(env);
-  if (v == "openblas") return SmallGemmBackend::openblas;
-  if (v == "libxsmm") {
-    if (!small_gemm_libxsmm_built())
-      throw InputError("RINGATTN_SMALL_GEMM",
-                       "'libxsmm' asked for, but this build has no libxsmm (install "
-                       "libxsmm-dev and rebuild, or unset it)");
-    return SmallGemmBackend::libxsmm;
-  }
+  for (SmallGemmBackend b :
+       {SmallGemmBackend::openblas, SmallGemmBackend::libxsmm, SmallGemmBackend::avx2})
+    if (v == to_string(b)) {
+      check_available(b);
+      return b;
+    }
   throw InputError("RINGATTN_SMALL_GEMM",
-                   "'" + std::string(v) + "' is not a backend; use libxsmm or openblas");
+                   "'" + std::string(v) + "' is not a backend; use libxsmm, avx2 or openblas");
 }
 
 // A forced AVX2 variant (RINGATTN_CPU_KERNELS=avx2, cpu_isa.hpp) makes libxsmm generate
@@ -50,10 +68,11 @@ void settle_libxsmm_target() {
 }
 
 #if defined(RINGATTN_HAVE_LIBXSMM)
-// libxsmm 1.17's AVX2 kernels read a transposed B at ~0.8x of their plain rate (the forward's
-// acc += P·V on a 256-query tile: 73 against 90 GFLOP/s on one Zen 4 core, 'hsw'; its
-// AVX-512 kernels run both at ~115), so on AVX2 targets the product transposes B first,
-// which costs k·n copies against m·n·k multiply-adds (m >= 64 here).
+// libxsmm 1.17's AVX2 kernels read a transposed B at ~0.9x of their plain rate (the forward's
+// acc += P·V on a 256-query tile at the kernels' padded leading dimension: 103 against 113
+// GFLOP/s on one Zen 4 core, 'hsw'; its AVX-512 kernels run both at ~115), so on AVX2
+// targets the product transposes B first, which costs k·n copies against m·n·k
+// multiply-adds (m >= 64 here).
 bool libxsmm_transposes_b_slowly() {
   const int arch = libxsmm_get_target_archid();
   return arch >= LIBXSMM_X86_AVX2 && arch < LIBXSMM_X86_AVX512;
@@ -92,12 +111,37 @@ SmallGemmBackend small_gemm_backend() {
 }
 
 void set_small_gemm_backend(SmallGemmBackend b) {
-  if (b == SmallGemmBackend::libxsmm && !small_gemm_libxsmm_built())
-    throw InputError("RINGATTN_SMALL_GEMM", "this build has no libxsmm");
+  check_available(b);
   backend_slot().store(static_cast<int>(b), std::memory_order_relaxed);
 }
 
+bool small_gemm_backend_available(SmallGemmBackend b) {
+  switch (b) {
+    case SmallGemmBackend::libxsmm:
+      return small_gemm_libxsmm_built();
+    case SmallGemmBackend::avx2:
+      return gemm_avx2_built() && cpu_can_run(CpuIsa::avx2);
+    case SmallGemmBackend::openblas:
+      break;
+  }
+  return true;
+}
+
+const char* to_string(SmallGemmBackend b) {
+  switch (b) {
+    case SmallGemmBackend::libxsmm:
+      return "libxsmm";
+    case SmallGemmBackend::avx2:
+      return "avx2";
+    case SmallGemmBackend::openblas:
+      break;
+  }
+  return "openblas";
+}
+
 std::string small_gemm_summary() {
+  if (small_gemm_backend() == SmallGemmBackend::avx2)
+    return "ringattn's AVX2 kernel (16x6 register blocks)";
 #if defined(RINGATTN_HAVE_LIBXSMM)
   if (small_gemm_backend() == SmallGemmBackend::libxsmm) {
     libxsmm_init();
@@ -113,6 +157,18 @@ std::string small_gemm_summary() {
 
 void small_gemm(bool trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                 float beta, float* c, int ldc) {
+  if (small_gemm_backend() == SmallGemmBackend::avx2) {
+    if (trans_b) {  // Bᵀ (k×n, leading dimension k rounded up to 16) first, as below
+      thread_local std::vector<float> bt;
+      const int ldt = (k + 15) / 16 * 16;
+      bt.resize(static_cast<std::size_t>(ldt) * static_cast<std::size_t>(n));
+      km::transpose_rows(b, ldb, k, n, 1.0f, bt.data(), ldt);
+      gemm_avx2(m, n, k, a, lda, bt.data(), ldt, beta, c, ldc);
+    } else {
+      gemm_avx2(m, n, k, a, lda, b, ldb, beta, c, ldc);
+    }
+    return;
+  }
 #if defined(RINGATTN_HAVE_LIBXSMM)
   if (small_gemm_backend() == SmallGemmBackend::libxsmm) {
     // The registry lookup costs ~100 ns against a tile product of ~10^5 cycles; a shape

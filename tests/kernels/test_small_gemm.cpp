@@ -24,7 +24,13 @@ namespace {
 
 std::vector<SmallGemmBackend> backends() {
   std::vector<SmallGemmBackend> v{SmallGemmBackend::openblas};
-  if (small_gemm_libxsmm_built()) v.push_back(SmallGemmBackend::libxsmm);
+  for (SmallGemmBackend b : {SmallGemmBackend::libxsmm, SmallGemmBackend::avx2}) {
+    if (small_gemm_backend_available(b))
+      v.push_back(b);
+    else
+      std::printf("NOT TESTED HERE: the %s tile products (not in this build or CPU)\n",
+                  to_string(b));
+  }
   return v;
 }
 
@@ -58,16 +64,15 @@ TEST(SmallGemm, EveryBackendMatchesAFloat64ProductOnTileShapes) {
   };
   // The kernels' shapes (query tile padded to 16, key tiles, head dims) and odd edges.
   const Shape shapes[] = {{128, 256, 64}, {128, 64, 256}, {64, 128, 128}, {16, 7, 40},
-                          {48, 100, 13},  {40, 256, 72},  {1, 1, 1}};
+                          {48, 100, 13},  {40, 256, 72},  {45, 11, 9},    {1, 1, 1}};
   for (SmallGemmBackend b : backends()) {
     set_small_gemm_backend(b);
     for (const Shape& s : shapes)
       for (bool trans_b : {false, true})
         for (float beta : {0.0f, 1.0f}) {
-          SCOPED_TRACE(std::string(b == SmallGemmBackend::libxsmm ? "libxsmm" : "openblas") +
-                       " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
-                       " k=" + std::to_string(s.k) + (trans_b ? " trans_b" : "") +
-                       " beta=" + std::to_string(beta));
+          SCOPED_TRACE(std::string(to_string(b)) + " m=" + std::to_string(s.m) +
+                       " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                       (trans_b ? " trans_b" : "") + " beta=" + std::to_string(beta));
           // Leading dimensions larger than the matrices, as the kernels' strided views are.
           const int lda = s.m + 3, ldb = (trans_b ? s.n : s.k) + 5, ldc = s.m + 1;
           const auto a = testing::random_normal(static_cast<std::size_t>(lda * s.k), 1);
@@ -101,8 +106,10 @@ TEST(SmallGemm, EveryBackendMatchesAFloat64ProductOnTileShapes) {
 }
 
 TEST(SmallGemm, UnknownBackendInTheEnvironmentIsNamed) {
-  EXPECT_NE(small_gemm_summary().find(
-                small_gemm_backend() == SmallGemmBackend::libxsmm ? "libxsmm" : "OpenBLAS"),
+  const SmallGemmBackend b = small_gemm_backend();
+  EXPECT_NE(small_gemm_summary().find(b == SmallGemmBackend::libxsmm ? "libxsmm"
+                                      : b == SmallGemmBackend::avx2  ? "AVX2"
+                                                                     : "OpenBLAS"),
             std::string::npos);
 }
 
