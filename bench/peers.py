@@ -202,6 +202,17 @@ def main():
     say(f"# load average at the start: {open('/proc/loadavg').read().strip()}")
     say(f"# OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset: ringattn picks from CPUID)')}"
         f" OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
+    forced = [f"{k}={os.environ[k]}" for k in ("RINGATTN_CPU_KERNELS", "LIBXSMM_TARGET",
+                                               "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
+                                               "ONEDNN_MAX_CPU_ISA") if os.environ.get(k)]
+    flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo")
+                  if ln.startswith("flags")), [])
+    say("# CPU vector extensions: " + (" ".join(f for f in ("avx2", "fma", "avx512f") if f in flags)
+                                       or "none of avx2, fma, avx512f"))
+    say("# vector variants forced: " + (" ".join(forced) if forced else "none (each side picks "
+                                          "from CPUID)")
+        + (f"; torch's ATen CPU capability: {torch.torch.backends.cpu.get_cpu_capability()}"
+           if torch else ""))
     say(f"# block-sparse: local band, window {args.window} tokens, blocks of {args.block}")
     say(f"# SGEMM (cpu_bench --sgemm-only, 512^3 per thread): {gemm_first:.1f} GFLOP/s at the start")
     say("# FMA peak (cpu_bench --sgemm-only, registers only): "
@@ -317,6 +328,8 @@ def main():
         "one (same_layout_as_ringattn in the JSON), else against the other")
     say(f"# ringattn BLAS: {b.get('config')}; kernels {b.get('core')}; "
         f"{b.get('threading')}, {b.get('threads_per_call')} thread(s) per call")
+    say(f"# ringattn tile products: {b.get('small_gemm')}; softmax steps: "
+        f"{b.get('vector_kernels', '(not reported by this build)')}")
     say(header)
     for attention, causal in (("dense", False), ("dense", True), ("block-sparse", False)):
         for pss in ("fwd", "bwd"):
@@ -327,7 +340,8 @@ def main():
                      pairs_of[key])
                 rows[-1]["round_medians_ms"] = samples[key]
                 rows[-1]["blas"] = {f: b.get(f)
-                                    for f in ("file", "threading", "threads_per_call", "core")}
+                                    for f in ("file", "threading", "threads_per_call", "core",
+                                              "small_gemm", "vector_kernels")}
             peers = ([sdpa_impl[lay] for lay in sdpa_layouts] if attention == "dense"
                      else ["torch_flex_compiled"])
             for peer in peers:

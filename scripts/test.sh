@@ -6,7 +6,7 @@
 # the SIMT emulator into ./build-emu and runs every GPU test on it (label gpu-emu: the
 # CUDA kernels, CudaPlan, NCCL and `ringattn --device cuda` on emulated devices), so the GPU
 # code runs on every machine; then a portable build of the CPU kernels (./build-portable: no
-# -march=native, no libxsmm), as a machine without AVX-512 or libxsmm builds them; then the
+# -march=native, no libxsmm), as a wheel or a machine without libxsmm builds them; then the
 # sanitizer builds and the fuzzers
 # (scripts/sanitize_and_fuzz.sh). Tests that need hardware this machine lacks print why
 # they skip.
@@ -101,9 +101,11 @@ cmake --build "$root/build-emu" -j "$(nproc)" --target ringattn_emu_tests _core
   -p no:cacheprovider -rs python/tests/test_device_arrays.py)
 emu_s=$((SECONDS - start))
 
-# The CPU kernels as a portable build runs them: the softmax steps' portable forms (no
-# AVX-512 at compile time) and every tile product on OpenBLAS (no libxsmm); their float64,
-# golden and determinism tests.
+# The CPU kernels as a portable build runs them (no -march=native, no libxsmm): the vector
+# variant still chosen from CPUID (kernels/cpu_isa.hpp) and the tile products on ringattn's
+# AVX2 kernel where the CPU runs AVX2; then as a CPU without AVX2 would, with the portable
+# softmax forms and every tile product on OpenBLAS. Their float64, golden and determinism
+# tests.
 start=$SECONDS
 cmake -S "$root" -B "$root/build-portable" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DRINGATTN_WERROR=ON -DRINGATTN_NATIVE=OFF -DRINGATTN_WITH_LIBXSMM=OFF \
@@ -111,6 +113,10 @@ cmake -S "$root" -B "$root/build-portable" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$root/build-portable" -j "$(nproc)" --target test_kernels test_sparse
 "$root/build-portable/tests/test_kernels" --gtest_brief=1
 "$root/build-portable/tests/test_sparse" --gtest_brief=1
+RINGATTN_CPU_KERNELS=portable RINGATTN_SMALL_GEMM=openblas \
+  "$root/build-portable/tests/test_kernels" --gtest_brief=1
+RINGATTN_CPU_KERNELS=portable RINGATTN_SMALL_GEMM=openblas \
+  "$root/build-portable/tests/test_sparse" --gtest_brief=1
 portable_s=$((SECONDS - start))
 
 # Sanitizers (ASan+UBSan, TSan) over the CPU suite, and the fuzzers for a fixed time each;
