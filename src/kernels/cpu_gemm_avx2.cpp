@@ -24,7 +24,7 @@ namespace {
 // Rows [0, 8·V) of a block (V = 1 or 2 vectors), NB columns; `tail` (when set) masks the
 // last vector's lanes, for the rows past a multiple of 8.
 template <int V, int NB>
-GEMM_AVX2 [[gnu::always_inline]] inline void block(int k, const float* a, int lda, const float* b,
+[[gnu::always_inline]] GEMM_AVX2 inline void block(int k, const float* a, int lda, const float* b,
                                                    int ldb, bool beta, float* c, int ldc,
                                                    const __m256i* tail) {
   __m256 acc[NB][V];

@@ -123,7 +123,7 @@ namespace avx2 {
 // rounded by adding 1.5·2^23 (whose low mantissa bits then hold n, shifted into the
 // exponent field for 2^n), and lanes below -87.3 (and -inf, where r is NaN) are zeroed by
 // one AND at the end.
-KM_AVX2 [[gnu::always_inline]] inline __m256 exp8(__m256 x) {
+[[gnu::always_inline]] KM_AVX2 inline __m256 exp8(__m256 x) {
   const __m256 magic = _mm256_set1_ps(12582912.0f);  // 1.5 · 2^23
   const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
   const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
