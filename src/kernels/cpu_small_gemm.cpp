@@ -88,6 +88,16 @@ std::atomic<int>& backend_slot() {
   return slot;
 }
 
+// Bᵀ for a B stored n×k (leading dimension ldb): k×n column-major in this thread's scratch,
+// its leading dimension (k rounded up to 16) in `ldt`. Valid until the thread's next call.
+const float* transposed_b(const float* b, int ldb, int k, int n, int& ldt) {
+  thread_local std::vector<float> bt;
+  ldt = (k + 15) / 16 * 16;
+  bt.resize(static_cast<std::size_t>(ldt) * static_cast<std::size_t>(n));
+  km::transpose_rows(b, ldb, k, n, 1.0f, bt.data(), ldt);
+  return bt.data();
+}
+
 // C = A·op(B) + beta·C column-major, as OpenBLAS's row-major sgemm: the row-major view of a
 // column-major C is Cᵀ = op(B)ᵀ·Aᵀ, with Aᵀ (k×m) and B (k×n, or n×k) read in place.
 void openblas_gemm(bool trans_b, int m, int n, int k, const float* a, int lda, const float* b,
@@ -158,12 +168,10 @@ std::string small_gemm_summary() {
 void small_gemm(bool trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                 float beta, float* c, int ldc) {
   if (small_gemm_backend() == SmallGemmBackend::avx2) {
-    if (trans_b) {  // Bᵀ (k×n, leading dimension k rounded up to 16) first, as below
-      thread_local std::vector<float> bt;
-      const int ldt = (k + 15) / 16 * 16;
-      bt.resize(static_cast<std::size_t>(ldt) * static_cast<std::size_t>(n));
-      km::transpose_rows(b, ldb, k, n, 1.0f, bt.data(), ldt);
-      gemm_avx2(m, n, k, a, lda, bt.data(), ldt, beta, c, ldc);
+    if (trans_b) {
+      int ldt = 0;
+      const float* bt = transposed_b(b, ldb, k, n, ldt);
+      gemm_avx2(m, n, k, a, lda, bt, ldt, beta, c, ldc);
     } else {
       gemm_avx2(m, n, k, a, lda, b, ldb, beta, c, ldc);
     }
@@ -178,17 +186,14 @@ void small_gemm(bool trans_b, int m, int n, int k, const float* a, int lda, cons
     const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;  // the kernel takes (a, b, c) only
     const libxsmm_blasint lm = m, ln = n, lk = k, la = lda, lb = ldb, lc = ldc;
     if (trans_b && libxsmm_transposes_b_slowly()) {
-      // Bᵀ (k×n, leading dimension k rounded up to 16) in this thread's scratch, then the
-      // kernel without the flag: the same sums, in the same order.
-      thread_local std::vector<float> bt;
-      const int ldt = (k + 15) / 16 * 16;
-      bt.resize(static_cast<std::size_t>(ldt) * static_cast<std::size_t>(n));
-      km::transpose_rows(b, ldb, k, n, 1.0f, bt.data(), ldt);
+      // Bᵀ first, then the kernel without the flag: the same sums, in the same order.
+      int ldt = 0;
+      const float* bt = transposed_b(b, ldb, k, n, ldt);
       const libxsmm_blasint lt = ldt;
       const int plain = LIBXSMM_GEMM_FLAG_NONE;
       if (const libxsmm_smmfunction fn =
               libxsmm_smmdispatch(lm, ln, lk, &la, &lt, &lc, &one, &beta, &plain, &prefetch)) {
-        fn(a, bt.data(), c);
+        fn(a, bt, c);
         return;
       }
     }
