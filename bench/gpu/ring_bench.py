@@ -14,7 +14,8 @@ Through the CLI (`ringattn run --device cuda --json`), bf16, B=1, H=16, D=128:
   the ring rows are.
 - Block-sparse on one rank (local window pattern at ~90 % and ~95 % sparsity) against the
   same run's dense rate: `vs_ideal` is (dense time x density) / sparse time (1.0: the whole
-  1/density speed-up).
+  1/density speed-up), for the native kernels and, on an sm_90, for `--kernel hopper` (the
+  sm_90a forward, the native backward) against the same run's dense `--kernel hopper`.
 
 Writes ring_bench_rows.jsonl and ring_bench_table.txt under --out; prints the table."""
 import argparse
@@ -104,31 +105,52 @@ def main():
                     row["bwd_vs_p1"] = base["bwd_ms"] / row["bwd_ms"]
             results.append(row)
 
-    # Block-sparse against the native dense kernel on one rank. local:window=W keeps key
-    # blocks within W / (2 * 128) blocks of the query block: radius nb/20 is ~90 % sparse.
-    dense = next((r for r in results if r["config"] == "dense" and r["ranks"] == 1), None)
-    nb = n // 128
-    for window in (2 * 128 * max(1, nb // 20), 2 * 128 * max(1, nb // 40)):
-        if time.time() - t0 > a.budget_s:
-            skipped.append(f"block-sparse window {window}")
-            continue
-        j, err = run_cli(a.cli, ["--seq-len", str(n), "--attention", "block-sparse", "--pattern",
-                                 f"local:window={window}", "--warmup", "1", "--iters", str(a.iters)],
-                         timeout=240)
+    # Block-sparse against the same kernel family's dense forward on one rank: the native
+    # kernels, and the sm_90a ones (--kernel hopper: its forward; the backward is native) where
+    # the device is an sm_90. local:window=W keeps key blocks within W / (2 * 128) blocks of
+    # the query block: radius nb/20 is ~90 % sparse, nb/40 ~95 %.
+    dense = {"native": next((r for r in results if r["config"] == "dense" and r["ranks"] == 1),
+                            None)}
+    if time.time() - t0 <= a.budget_s:
+        j, err = run_cli(a.cli, ["--seq-len", str(n), "--kernel", "hopper", "--warmup", "1",
+                                 "--iters", str(a.iters)], timeout=240)
         if err:
             errors.append(err)
-            continue
-        density = 1.0 - j["sparsity"]
-        row = {"bench": "block-sparse", "config": f"local:window={window}", "ranks": 1,
-               "seq_len": n, "device": j["device"], "sparsity": j["sparsity"],
-               "fwd_ms": j["fwd_ms"], "bwd_ms": j.get("bwd_ms"),
-               "device_peak_bytes": j["device_peak_bytes"],
-               "emulated_device": j.get("emulated_device", False)}
-        if dense:
-            row["fwd_vs_ideal"] = dense["fwd_ms"] * density / j["fwd_ms"]
-            if j.get("bwd_ms") and dense["bwd_ms"]:
-                row["bwd_vs_ideal"] = dense["bwd_ms"] * density / j["bwd_ms"]
-        results.append(row)
+        elif j["kernel"] != "hopper":
+            skipped.append("the hopper rows: " + "; ".join(j.get("notes", [])))
+        else:
+            dense["hopper"] = {"fwd_ms": j["fwd_ms"], "bwd_ms": j.get("bwd_ms")}
+            results.append({"bench": "ring", "config": "dense (hopper)", "ranks": 1,
+                            "seq_len": n, "device": j["device"], "fwd_ms": j["fwd_ms"],
+                            "bwd_ms": j.get("bwd_ms"), "fwd_tflops": j["fwd_gflops"] / 1e3,
+                            "bwd_tflops": (j.get("bwd_gflops") or 0) / 1e3,
+                            "comm_exposed_ms": None, "bytes_sent": 0, "bytes_sent_min": 0,
+                            "device_peak_bytes": j["device_peak_bytes"], "kernel": "hopper",
+                            "emulated_device": j.get("emulated_device", False)})
+    nb = n // 128
+    for kernel in [k for k in ("native", "hopper") if k in dense]:
+        for window in sorted({2 * 128 * max(1, nb // 20), 2 * 128 * max(1, nb // 40)}, reverse=True):
+            if time.time() - t0 > a.budget_s:
+                skipped.append(f"block-sparse window {window} ({kernel})")
+                continue
+            j, err = run_cli(a.cli, ["--seq-len", str(n), "--attention", "block-sparse",
+                                     "--pattern", f"local:window={window}", "--kernel", kernel,
+                                     "--warmup", "1", "--iters", str(a.iters)], timeout=240)
+            if err:
+                errors.append(err)
+                continue
+            density = 1.0 - j["sparsity"]
+            row = {"bench": "block-sparse", "config": f"local:window={window}", "ranks": 1,
+                   "seq_len": n, "device": j["device"], "sparsity": j["sparsity"],
+                   "kernel": j["kernel"], "fwd_ms": j["fwd_ms"], "bwd_ms": j.get("bwd_ms"),
+                   "device_peak_bytes": j["device_peak_bytes"],
+                   "emulated_device": j.get("emulated_device", False)}
+            base = dense[kernel]
+            if base:
+                row["fwd_vs_ideal"] = base["fwd_ms"] * density / j["fwd_ms"]
+                if j.get("bwd_ms") and base["bwd_ms"]:
+                    row["bwd_vs_ideal"] = base["bwd_ms"] * density / j["bwd_ms"]
+            results.append(row)
 
     with open(os.path.join(a.out, "ring_bench_rows.jsonl"), "w") as f:
         for r in results:
@@ -157,9 +179,10 @@ def main():
                          f"{r['device_peak_bytes'] / 2**20:>13.0f}")
     for r in results:
         if r["bench"] == "block-sparse":
-            lines.append(f"block-sparse {r['config']}: sparsity {100 * r['sparsity']:.1f}%, fwd "
+            lines.append(f"block-sparse {r['config']} ({r['kernel']}): sparsity "
+                         f"{100 * r['sparsity']:.1f}%, fwd "
                          f"{r['fwd_ms']:.2f} ms, bwd {(r['bwd_ms'] or 0):.2f} ms; of the ideal "
-                         f"1/density speed-up over dense: fwd {r.get('fwd_vs_ideal', 0):.2f}, "
+                         f"1/density speed-up over the same kernel's dense: fwd {r.get('fwd_vs_ideal', 0):.2f}, "
                          f"bwd {r.get('bwd_vs_ideal', 0):.2f}")
     for e in errors:
         lines.append(f"error: {e[:400]}")

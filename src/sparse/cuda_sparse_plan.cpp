@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/sparse_params.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
@@ -114,6 +115,9 @@ struct CudaSparsePlan::Impl {
   std::vector<std::pair<int64_t, int64_t>> ret_slots;  // (first run, runs) per launch
   std::vector<int64_t> ret_slot_rows;
   bool vector_loads = false;
+  // --kernel hopper: the local blocks' forward on the sm_90a kernel (the local lists are laid
+  // out over the shard's [B, N/P, H, D] tensors, as it needs; the received slabs are not).
+  bool use_hopper = false, noted_unaligned = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
   ring::RingTimings fwd, bwd;
@@ -283,6 +287,29 @@ struct CudaSparsePlan::Impl {
     return p;
   }
 
+  kc::HopperSparseShape hopper_shape() const {
+    return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G)};
+  }
+
+  // Chooses the Hopper forward for the local blocks where it applies, with a note either way.
+  void choose_hopper() {
+    std::string why;
+    if (NL > std::numeric_limits<int>::max() / 2)
+      why = "a shard of " + std::to_string(NL) + " rows (tensor map coordinates are int)";
+    else
+      why = kc::hopper_sparse_forward_unsupported(
+          elem, forward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, false),
+          hopper_shape(), opts.device);
+    use_hopper = why.empty();
+    notes.push_back(use_hopper
+                        ? std::string("--kernel hopper: the sm_90a block-sparse forward (TMA + "
+                                      "wgmma) for the local blocks") +
+                              (world > 1 ? ", the native kernels for received blocks" : "") +
+                              " and the native backward; experimental: exact under the "
+                              "emulator, not yet run on a GPU"
+                        : "--kernel hopper: " + why + "; using the native kernels");
+  }
+
   struct Device;
 };
 
@@ -337,7 +364,18 @@ struct CudaSparsePlan::Impl::Device {
   void compute_forward(SparseBlocks which) {
     // Every row has one local query tile: written, not merged; remote tiles merge.
     if (which == SparseBlocks::local) {
-      kc::sparse_forward(m.elem, m.forward_params(m.local, q, k, v, out, lse, false), m.stream);
+      const kc::SparseForwardParams p = m.forward_params(m.local, q, k, v, out, lse, false);
+      if (m.use_hopper && aligned16(q) && aligned16(k) && aligned16(v)) {
+        kc::hopper_sparse_forward(m.elem, p, m.hopper_shape(), m.stream);
+        return;
+      }
+      if (m.use_hopper && !m.noted_unaligned) {  // TMA reads 16-byte aligned tensors only
+        m.notes.push_back(
+            "the Hopper block-sparse forward needs 16-byte aligned q/k/v; these are not, so "
+            "the native kernels ran");
+        m.noted_unaligned = true;
+      }
+      kc::sparse_forward(m.elem, p, m.stream);
       return;
     }
     const SlabHalves r = slab(SparseSlab::receive);
@@ -426,6 +464,7 @@ void CudaSparsePlan::finish_construction(double timeout_s) {
         std::make_unique<ring::StreamExchanges>(*m.comm, m.stream, m.opts.device, timeout_s, false);
   if (m.opts.kernel == KernelChoice::automatic)
     m.notes.push_back("--kernel auto: the native block-sparse kernels (cuDNN has none)");
+  if (m.opts.kernel == KernelChoice::hopper) m.choose_hopper();
   // The host lists go out of scope: the copies must have landed.
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
@@ -437,6 +476,8 @@ CudaSparsePlan& CudaSparsePlan::operator=(CudaSparsePlan&&) noexcept = default;
 const AttentionConfig& CudaSparsePlan::config() const noexcept { return impl_->cfg; }
 DeviceDType CudaSparsePlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaSparsePlan::notes() const noexcept { return impl_->notes; }
+std::string CudaSparsePlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
+std::string CudaSparsePlan::backward_kernel_name() const { return "native"; }
 const ring::ShardLayout& CudaSparsePlan::layout() const noexcept { return impl_->layout; }
 const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept { return impl_->fwd; }
 const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return impl_->bwd; }

@@ -45,5 +45,7 @@ const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept {
 const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return last_forward(); }
 int CudaSparsePlan::peers() const noexcept { return 0; }
 std::string CudaSparsePlan::device_description() const { return "none"; }
+std::string CudaSparsePlan::kernel_name() const { return "native"; }
+std::string CudaSparsePlan::backward_kernel_name() const { return "native"; }
 
 }  // namespace ringattn::sparse

@@ -65,6 +65,8 @@ Inputs random_inputs(const Shape4& s, uint64_t seed, int64_t kv_heads = 0) {
 
 struct Result {
   std::vector<float> out, lse, dq, dk, dv;
+  std::string kernel;  // the plan's forward kernel
+  std::vector<std::string> notes;
 };
 
 std::vector<float> nan_filled(std::size_t n) {
@@ -73,8 +75,9 @@ std::vector<float> nan_filled(std::size_t n) {
 
 // One forward and (optionally) backward through CudaSparsePlan on `device`.
 Result run_on_device(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
-                     DeviceDType t, const Inputs& in, bool backward, int device = 0) {
-  CudaSparsePlan plan(cfg, std::move(lists), {t, KernelChoice::native, device});
+                     DeviceDType t, const Inputs& in, bool backward, int device = 0,
+                     KernelChoice kernel = KernelChoice::native) {
+  CudaSparsePlan plan(cfg, std::move(lists), {t, kernel, device});
   EXPECT_EQ(plan.dtype(), t) << "the plan fell back to fp32";
   const Shape4& s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
@@ -91,6 +94,8 @@ Result run_on_device(const AttentionConfig& cfg, std::shared_ptr<const BlockList
   plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
   plan.synchronize();
   Result r;
+  r.kernel = plan.kernel_name();
+  r.notes = plan.notes();
   r.out.resize(n);
   r.lse.resize(nl);
   out.download(r.out.data(), n);
@@ -308,7 +313,7 @@ TEST(SingleDeviceLists, TheCpuKernelsOnTheDeviceListsMatchTheReference) {
     const auto n = static_cast<std::size_t>(c.shape.numel());
     const auto nl = static_cast<std::size_t>(c.shape.batch * c.shape.heads * c.shape.seq_len);
     Result r{nan_filled(n), nan_filled(nl), std::vector<float>(n), std::vector<float>(n),
-             std::vector<float>(n)};
+             std::vector<float>(n), {}, {}};
     std::vector<float> delta(nl);
     const kernels::TileConfig tc{64, 64};
     std::vector<float> ws(kernels::sparse_workspace_floats(tc, c.shape.head_dim));
@@ -395,6 +400,51 @@ TEST(CudaSparseKernels, BackwardIsBitwiseDeterministic) {
                             {&a.dv, &b.dv, "dv"}})
     EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0)
         << name << " differs between two identical runs";
+}
+
+bool has_note(const std::vector<std::string>& notes, const std::string& part) {
+  for (const std::string& n : notes)
+    if (n.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// --kernel hopper: the plan runs the forward on the sm_90a block-sparse kernel where it
+// applies (the emulated sm_90s here) and gives what the native kernels give, gradients (the
+// native backward's) included; where it does not apply (an sm_86, fp32, D = 96) the native
+// kernels run and a note says why.
+TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
+  REQUIRE_GPU();
+  using T = DeviceDType;
+  for (const SparseCase& c :
+       {SparseCase{"hopper_gqa_window_causal", {1, 256, 4, 128}, 64, true, T::bf16,
+                   "local:window=192", 0, 2, 24},
+        SparseCase{"hopper_mask_bs32_batch2", {2, 128, 1, 64}, 32, false, T::fp16, "", 0.5},
+        SparseCase{"hopper_packed_causal", {1, 256, 2, 64}, 32, true, T::bf16,
+                   "local:window=128+global", 0, 0, -1, {1, 70, 3, 150, 32}}}) {
+    const AttentionConfig cfg = config_of(c);
+    const auto lists = lists_of(c);
+    const Inputs in = random_inputs(c.shape, 120, c.kv_heads);
+    const Result got = run_on_device(cfg, lists, c.dtype, in, true, 0, KernelChoice::hopper);
+#if RINGATTN_CUDA_EMULATION
+    EXPECT_EQ(got.kernel, "hopper") << c.name;  // device 0 is an emulated sm_90
+#endif
+    if (got.kernel != "hopper") {
+      EXPECT_TRUE(has_note(got.notes, "--kernel hopper: ")) << c.name;
+    }
+    expect_matches_reference(std::string(c.name) + " (" + got.kernel + ")", cfg,
+                             mask_from_lists(*lists), c.dtype, in, got);
+  }
+#if RINGATTN_CUDA_EMULATION
+  const SparseCase c{"hopper_refused", {1, 128, 1, 96}, 64, false, T::bf16, "local:window=128", 0};
+  CudaSparsePlan d96(config_of(c), lists_of(c), {T::bf16, KernelChoice::hopper, 0});
+  EXPECT_EQ(d96.kernel_name(), "native");
+  EXPECT_TRUE(has_note(d96.notes(), "head dim 96")) << ::testing::PrintToString(d96.notes());
+  const SparseCase c64{"hopper_sm86", {1, 128, 1, 64}, 64, false, T::bf16, "local:window=128", 0};
+  CudaSparsePlan sm86(config_of(c64), lists_of(c64), {T::bf16, KernelChoice::hopper, 1});
+  EXPECT_EQ(sm86.kernel_name(), "native");
+  EXPECT_TRUE(has_note(sm86.notes(), "compute capability 8.6"))
+      << ::testing::PrintToString(sm86.notes());
+#endif
 }
 
 TEST(CudaSparseKernels, CudnnIsRefusedNamingKernel) {

@@ -42,6 +42,7 @@ struct Inputs {
 struct Full : testing::FullResult {
   std::vector<int64_t> bytes_sent, bytes_min;
   std::vector<int> peers;
+  std::string kernel;  // rank 0's forward kernel
 };
 
 bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; }
@@ -49,7 +50,8 @@ bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; 
 // Runs the plan on P virtual ranks and gathers the full tensors. Outputs start as NaN, so an
 // unwritten element fails.
 Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
-                     const Inputs& in, int p, DeviceDType t, bool force_shared = false) {
+                     const Inputs& in, int p, DeviceDType t, bool force_shared = false,
+                     KernelChoice kernel = KernelChoice::native) {
   const Shape4 s = cfg.shape;
   const int64_t g = cfg.effective_kv_heads();
   const auto n = static_cast<std::size_t>(s.numel());
@@ -60,13 +62,14 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
           std::vector<float>(n_kv), std::vector<float>(n_kv)},
          std::vector<int64_t>(p),
          std::vector<int64_t>(p),
-         std::vector<int>(p)};
+         std::vector<int>(p),
+         {}};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
     const int r = shared ? 0 : control.rank();
     auto comm = shared ? ring::make_device_inproc_communicator(control, 0)
                        : ring::make_nccl_communicator(control, {60});
-    CudaSparsePlan plan(cfg, lists, *comm, {t, KernelChoice::native, r});
+    CudaSparsePlan plan(cfg, lists, *comm, {t, kernel, r});
     EXPECT_EQ(plan.dtype(), t) << "the plan fell back to fp32";
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim, kv_inner = g * s.head_dim;
@@ -117,6 +120,7 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
     // The minimum is counted in fp32 K/V; the exchange moves them in the device dtype.
     f.bytes_min[i] = minimum_bytes_sent(cfg, *lists, l, me) * static_cast<int64_t>(eb) / 4;
     f.peers[i] = plan.peers();
+    if (me == 0) f.kernel = plan.kernel_name();
     return 0;
   });
   EXPECT_EQ(rc, 0);
@@ -138,7 +142,8 @@ BlockReferenceProblem problem_of(const AttentionConfig& cfg,
 void expect_every_p_matches_reference(const std::string& what, const AttentionConfig& cfg,
                                       std::shared_ptr<const BlockLists> lists, Inputs in,
                                       DeviceDType t,
-                                      const std::vector<float>* golden_out = nullptr) {
+                                      const std::vector<float>* golden_out = nullptr,
+                                      KernelChoice kernel = KernelChoice::native) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
   Inputs rounded = in;
@@ -153,8 +158,13 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
   const int64_t nb = cfg.shape.seq_len / cfg.block_size;
   for (int p = 1; p <= 4; ++p) {
     if (nb % p != 0) continue;
-    const Full got = run_sparse_ring(cfg, lists, in, p, t);
+    const Full got = run_sparse_ring(cfg, lists, in, p, t, false, kernel);
     const auto n = got.out.size();
+#if RINGATTN_CUDA_EMULATION
+    if (kernel == KernelChoice::hopper) {  // every emulated device here is an sm_90
+      EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;
+    }
+#endif
     const double e[5] = {relative_error(got.out.data(), ref.out.data(), n),
                          relative_error(got.lse.data(), ref.lse.data(), got.lse.size()),
                          relative_error(got.dq.data(), g.dq.data(), n),
@@ -171,9 +181,10 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
                 got.bytes_min[static_cast<std::size_t>(r)])
           << what << " P=" << p << " rank " << r;
     std::printf(
-        "  %s P=%d%s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld "
+        "  %s P=%d%s %s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld "
         "bytes to %d peers\n",
-        what.c_str(), p, ranks_share_a_device(p) ? " (one GPU)" : "", to_string(t), e[0], e[1],
+        what.c_str(), p, ranks_share_a_device(p) ? " (one GPU)" : "", got.kernel.c_str(),
+        to_string(t), e[0], e[1],
         e[2], e[3], e[4], static_cast<long long>(got.bytes_sent[0]), got.peers[0]);
   }
 }
@@ -302,6 +313,25 @@ TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
     in.v.resize(n_kv);
     expect_every_p_matches_reference(f.name, cfg, lists, in, f.dtype);
   }
+}
+
+// --kernel hopper: each rank's local blocks on the sm_90a block-sparse forward (the shard's
+// own [B, N/P, H, D] tensors), received blocks merged in by the native kernel, on a causal
+// GQA configuration with packed documents and a window.
+TEST(CudaSparseRingFeatures, KernelHopperRunsEachRanksLocalBlocksAndMatchesTheReference) {
+  AttentionConfig cfg = config({1, 768, 4, 64}, 64, true);
+  cfg.kv_heads = 2;
+  cfg.window_left = 100;
+  cfg.cu_seqlens = {0, 1, 300, 500, 768};
+  const Geometry g{768, 64, 4};
+  auto lists = std::make_shared<const BlockLists>(
+      build_lists(parse_pattern("local:window=256+global:blocks=1", g, {}, {}, 0), g));
+  Inputs in = random_inputs(cfg.shape, 91);
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  in.k.resize(n_kv);
+  in.v.resize(n_kv);
+  expect_every_p_matches_reference("hopper_packed_window_gqa_causal", cfg, lists, in,
+                                   DeviceDType::bf16, nullptr, KernelChoice::hopper);
 }
 
 using testing::same_bits;
