@@ -50,7 +50,7 @@ def main():
     parts = [HEADER]
     for elem in ("bf16", "f16"):
         parts.append(gen("ss", 64, elem, False))
-        for n in (64, 128):
+        for n in (64, 128, 256):
             parts.append(gen("rs", n, elem, True))
     parts.append("}  // namespace ringattn::kernels::cuda::ptx\n")
     path = os.path.join("src", "kernels", "cuda", "hopper_wgmma.cuh")

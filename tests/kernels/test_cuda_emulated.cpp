@@ -116,11 +116,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases
 // same bytes under every execution mode, TMA and wgmma results landing at the issue or at
 // the wait; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
-  // dense, causal, a window of 70 left and 10 right, causal packed documents
-  for (const int mode : {0, 1, 2, 3}) {
-    const bool causal = mode == 1 || mode == 3;
+  // dense, causal, a window of 70 left and 10 right, causal packed documents; causal D = 256
+  for (const int mode : {0, 1, 2, 3, 4}) {
+    const bool causal = mode == 1 || mode == 3 || mode == 4;
     kernels::cuda::HopperForwardParams p;
-    p.batch = 1, p.seq_len = 200, p.heads = 2, p.kv_heads = 1, p.head_dim = 64;
+    p.batch = 1, p.seq_len = 200, p.heads = 2, p.kv_heads = 1, p.head_dim = mode == 4 ? 256 : 64;
     p.scale = 0.125f;
     p.causal = causal;
     if (mode == 2) p.window_left = 70, p.window_right = 10;

@@ -253,15 +253,19 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, ui
 template <int kN, bool kBf16>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4],
                                             uint64_t desc_b, int scale_d) {
-  static_assert(kN == 64 || kN == 128, "O tiles are the head dim wide: 64 or 128");
+  static_assert(kN == 64 || kN == 128 || kN == 256, "O tiles are the head dim wide");
   if constexpr (kN == 64 && kBf16)
     wgmma_rs_m64n64k16_bf16_tb(d, a, desc_b, scale_d);
   else if constexpr (kN == 64)
     wgmma_rs_m64n64k16_f16_tb(d, a, desc_b, scale_d);
-  else if constexpr (kBf16)
+  else if constexpr (kN == 128 && kBf16)
     wgmma_rs_m64n128k16_bf16_tb(d, a, desc_b, scale_d);
-  else
+  else if constexpr (kN == 128)
     wgmma_rs_m64n128k16_f16_tb(d, a, desc_b, scale_d);
+  else if constexpr (kBf16)
+    wgmma_rs_m64n256k16_bf16_tb(d, a, desc_b, scale_d);
+  else
+    wgmma_rs_m64n256k16_f16_tb(d, a, desc_b, scale_d);
 }
 }  // namespace ptx
 #endif

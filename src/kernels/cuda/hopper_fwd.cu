@@ -93,8 +93,6 @@ struct DenseWork {
 }  // namespace
 
 std::string hopper_forward_unsupported(const HopperForwardParams& p, int device) {
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return "head dim " + std::to_string(p.head_dim) + " (64 or 128)";
   if (p.elem == Elem::fp32) return "fp32 inputs (bf16 or fp16)";
   if (p.kv_heads <= 0 || p.heads % p.kv_heads != 0)
     return "query heads not a multiple of K/V heads";

@@ -2,8 +2,8 @@
 // V tiles into 128-byte-swizzled shared memory under mbarriers, a producer warpgroup and a
 // consumer warpgroup, wgmma for S = Q·Kᵀ (both K-major) and O = P·V (P from registers, V
 // N-major), the online softmax between them. Dense attention on [B, N, H, D] bf16/fp16
-// tensors, causal or not, sliding windows, packed documents, grouped-query heads, D = 64
-// or 128, N any (only the key tiles a query tile can see are loaded); writes fp32 out
+// tensors, causal or not, sliding windows, packed documents, grouped-query heads, D = 64,
+// 128 or 256, N any (only the key tiles a query tile can see are loaded); writes fp32 out
 // [B, N, H, D] and the natural-log lse [B, H, N] as the native forward does (write mode).
 //
 // The kernel's body (hopper_fwd_kernel.cuh) is shared with the block-sparse variant

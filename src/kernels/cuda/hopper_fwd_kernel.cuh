@@ -319,8 +319,8 @@ inline TmaDesc tensor_map(const void* base, Elem elem, int batch, int seq_len, i
 
 // "" when the Hopper kernels can run D = head_dim in `elem` on `device`, else why not.
 inline std::string device_unsupported(int head_dim, Elem elem, int device) {
-  if (head_dim != 64 && head_dim != 128)
-    return "head dim " + std::to_string(head_dim) + " (64 or 128)";
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    return "head dim " + std::to_string(head_dim) + " (64, 128 or 256)";
   if (elem == Elem::fp32) return "fp32 inputs (bf16 or fp16)";
   int major = 0, minor = 0;
   RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -353,8 +353,10 @@ void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, 
   const bool bf16 = elem == Elem::bf16;
   if (head_dim == 64)
     bf16 ? launch<64, true>(name, a, grid, stream) : launch<64, false>(name, a, grid, stream);
-  else
+  else if (head_dim == 128)
     bf16 ? launch<128, true>(name, a, grid, stream) : launch<128, false>(name, a, grid, stream);
+  else
+    bf16 ? launch<256, true>(name, a, grid, stream) : launch<256, false>(name, a, grid, stream);
 }
 
 }  // namespace ringattn::kernels::cuda::hopper
