@@ -103,9 +103,10 @@ Args parse(int argc, char** argv) {
                               : DeviceDType::bf16;
     } else if (k == "--kernel") {
       const std::string t = val();
-      a.kernel = t == "cudnn"  ? KernelChoice::cudnn
-                 : t == "auto" ? KernelChoice::automatic
-                               : KernelChoice::native;
+      a.kernel = t == "cudnn"    ? KernelChoice::cudnn
+                 : t == "auto"   ? KernelChoice::automatic
+                 : t == "hopper" ? KernelChoice::hopper
+                                 : KernelChoice::native;
       a.hopper = t == "hopper";
     } else if (k == "--pass") {
       const std::string t = val();
@@ -212,7 +213,9 @@ int bench_hopper(const Args& a) {
 }
 
 int bench(const Args& a) {
-  if (a.hopper) return bench_hopper(a);
+  // Dense: the kernel alone. Dilated: CudaPlan's --kernel hopper (its forward over the
+  // pattern's strided views; the backward rows are the native kernels').
+  if (a.hopper && a.cfg.attention == AttentionKind::dense) return bench_hopper(a);
   const Shape4& s = a.cfg.shape;
   CudaPlan plan(a.cfg, {a.dtype, a.kernel, 0});
   const auto n = static_cast<std::size_t>(s.numel());

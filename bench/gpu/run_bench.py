@@ -7,8 +7,9 @@ dilations 1,2,4, grouped). Each row is timed, forward and backward, for our nati
 (gpu_bench --kernel native), cuDNN's graphs (gpu_bench --kernel cudnn; each pass recorded only
 where cuDNN really ran it), and PyTorch (for dense, SDPA with each backend that runs the row:
 torch_flash, torch_cudnn; torch_seed, the replaced project's gather/SDPA/scatter, for
-dilated); ratio_vs_torch is against PyTorch's fastest. Dense rows also time the sm_90a
-forward kernel (gpu_bench --kernel hopper, forward only) where the device is an sm_90. Small N first across all configs, so a
+dilated); ratio_vs_torch is against PyTorch's fastest. Rows also time the sm_90a forward
+(gpu_bench --kernel hopper, forward only: the kernel alone for dense, CudaPlan's strided views
+for dilated) where the device is an sm_90. Small N first across all configs, so a
 time budget cuts the largest rows and says which. Then the largest N of the dilated forward
 against the memory bound.
 
@@ -77,6 +78,8 @@ def gpu_bench(exe, row, kernel, warmup, iters, timeout):
                  "--dilations", ",".join(map(str, DILATIONS))]
     if row["causal"]:
         args.append("--causal")
+    if kernel == "hopper":  # its forward only: the backward is the native one
+        args += ["--pass", "fwd"]
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -111,7 +114,7 @@ def main():
             continue
         warmup, iters = iters_for(row)
         flops = 4.0 * row["head_dim"] * attended_pairs(row)
-        kernels = ("native", "cudnn") + (("hopper",) if row["attention"] == "dense" else ())
+        kernels = ("native", "cudnn", "hopper")
         for kernel in kernels:
             got, err = gpu_bench(a.gpu_bench, row, kernel, warmup, iters, timeout=300)
             if err:
@@ -120,6 +123,12 @@ def main():
                 device = r["device"]
                 if "error" in r:  # the Hopper kernel declines (not an sm_90 device, ...)
                     errors.append({**row, "impl": kernel, "error": r["error"]})
+                    continue
+                if kernel == "hopper" and r["impl"] != "hopper":
+                    # the plan's native backward, or the plan declined (its notes say why)
+                    if r["pass"] == "fwd":
+                        errors.append({**row, "impl": "hopper", "pass": "fwd",
+                                       "error": "; ".join(r.get("notes", []))})
                     continue
                 if kernel == "cudnn" and r["impl"] != "cudnn":
                     # cuDNN did not run this pass (the plan's notes say why): not a cuDNN row.

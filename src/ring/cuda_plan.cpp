@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iomanip>
 #include <limits>
+#include <span>
 #include <sstream>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -18,6 +19,7 @@
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/host_convert.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
 #include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
@@ -207,6 +209,13 @@ struct CudaPlan::Impl {
   bool use_cudnn = false;
   bool use_cudnn_backward = false;
   bool use_hopper = false;
+  // --kernel hopper on a dilated configuration: the sm_90a forward over the schedule's own
+  // tasks, each pass's items ordered into groups of one (query view, key view) each.
+  bool use_hopper_tasks = false;
+  kc::DeviceAllocation hopper_items;
+  std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source (as cu_host)
+  std::vector<int64_t> hopper_item0;                         // per pass, into hopper_items
+  std::vector<std::vector<kc::HopperTaskGroup>> hopper_groups;  // per pass
   bool decide_on_first_forward = false;
   bool decide_on_first_backward = false;
   bool noted_unaligned = false;
@@ -227,6 +236,7 @@ struct CudaPlan::Impl {
     k_items.reset();
     delta.reset();
     cu_seqlens.reset();
+    hopper_items.reset();
 #if RINGATTN_HAVE_CUDNN
     cudnn.reset();
 #endif
@@ -281,6 +291,54 @@ struct CudaPlan::Impl {
     return p;
   }
 
+  kc::HopperTaskShape hopper_task_shape() const {
+    const Shape4& s = cfg.shape;
+    return {static_cast<int>(s.batch), static_cast<int>(s.seq_len), static_cast<int>(s.heads),
+            static_cast<int>(cfg.effective_kv_heads()), static_cast<int>(s.head_dim)};
+  }
+
+  // "" and the task path ready (items grouped and uploaded), or why it cannot run.
+  std::string prepare_hopper_tasks() {
+    const Shape4& s = cfg.shape;
+    if (s.seq_len > std::numeric_limits<int>::max() / 2 ||
+        s.batch * s.seq_len > std::numeric_limits<int>::max() / 2)
+      return "a sequence of " + std::to_string(s.seq_len) + " (tensor map coordinates are int)";
+    const kc::HopperTaskShape shape = hopper_task_shape();
+    if (std::string why = kc::hopper_task_forward_unsupported(elem, shape, opts.device);
+        !why.empty())
+      return why;
+    std::vector<kernels::ForwardItem>& all = hopper_items_host;
+    std::vector<kernels::ForwardItem> ordered;
+    for (const ring::DevicePass& pass : sched.passes) {
+      std::vector<kc::HopperTaskGroup> groups;
+      const std::span<const kernels::ForwardItem> items(
+          sched.q_items.data() + pass.q_item0, static_cast<std::size_t>(pass.n_q_items));
+      if (std::string why = kc::hopper_task_groups(sched.tasks, items, shape, ordered, groups);
+          !why.empty())
+        return why;
+      hopper_item0.push_back(static_cast<int64_t>(all.size()));
+      all.insert(all.end(), ordered.begin(), ordered.end());
+      hopper_groups.push_back(std::move(groups));
+    }
+    hopper_items = upload_vector(all, "the Hopper forward's work items", opts.device, stream);
+    return "";
+  }
+
+  void hopper_task_forward(const void* q, const void* k, const void* v, float* out, float* lse) {
+    kc::FlashForwardParams p;
+    p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+    p.tasks = tasks.as<kernels::SubseqTask>();
+    p.head_dim = static_cast<int>(cfg.shape.head_dim);
+    p.scale = static_cast<float>(cfg.effective_scale());
+    p.causal = cfg.causal;
+    for (std::size_t i = 0; i < sched.passes.size(); ++i) {
+      p.items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
+      p.accumulate = sched.passes[i].accumulate;
+      p.out_scale = sched.passes[i].out_scale;
+      kc::hopper_task_forward(elem, p, hopper_task_shape(), hopper_groups[i], stream);
+    }
+  }
+
   void run_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
                    float* lse) {
     const Shape4& s = cfg.shape;
@@ -293,6 +351,10 @@ struct CudaPlan::Impl {
           cudaMemsetAsync(out, 0, static_cast<std::size_t>(s.numel()) * sizeof(float), stream));
       kc::fill_floats(lse, s.batch * s.heads * s.seq_len, -std::numeric_limits<float>::infinity(),
                       stream);
+    }
+    if (use_hopper_tasks) {
+      hopper_task_forward(q, k, v, out, lse);
+      return;
     }
 #if RINGATTN_HAVE_CUDNN
     if (cudnn_path) {
@@ -427,21 +489,28 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
 
   if (opts.kernel == KernelChoice::hopper) {
     std::string why;
-    if (cfg.attention != AttentionKind::dense)
-      why = "it takes dense attention only (no dilation or block-sparse)";
-    else
+    if (cfg.attention == AttentionKind::dilated) {
+      why = m.prepare_hopper_tasks();
+      m.use_hopper_tasks = why.empty();
+    } else if (cfg.attention != AttentionKind::dense) {
+      why = "it takes dense and dilated attention only";
+    } else {
       why = kc::hopper_forward_unsupported(m.hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr),
                                            opts.device);
-    m.use_hopper = why.empty();
+      m.use_hopper = why.empty();
+    }
     if (m.use_hopper && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
       m.cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
       m.cu_seqlens = upload_vector(m.cu_host, "the packed documents' offsets", opts.device, m.stream);
     }
-    m.notes.push_back(m.use_hopper
-                          ? "--kernel hopper: the sm_90a forward (TMA + wgmma), the native "
-                            "backward; experimental: exact under the emulator, not yet run on a GPU"
+    m.notes.push_back(m.use_hopper || m.use_hopper_tasks
+                          ? std::string("--kernel hopper: the sm_90a forward (TMA + wgmma") +
+                                (m.use_hopper_tasks ? ", over the dilated pattern's strided views"
+                                                    : "") +
+                                "), the native backward; experimental: exact under the emulator, "
+                                "not yet run on a GPU"
                           : "--kernel hopper: " + why + "; using the native kernels");
   } else if (opts.kernel != KernelChoice::native) {
 #if RINGATTN_HAVE_CUDNN
@@ -500,7 +569,9 @@ const AttentionConfig& CudaPlan::config() const noexcept { return impl_->cfg; }
 DeviceDType CudaPlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaPlan::notes() const noexcept { return impl_->notes; }
 std::string CudaPlan::kernel_name() const {
-  return impl_->use_hopper ? "hopper" : impl_->use_cudnn ? "cudnn" : "native";
+  return impl_->use_hopper || impl_->use_hopper_tasks ? "hopper"
+         : impl_->use_cudnn                            ? "cudnn"
+                                                       : "native";
 }
 std::string CudaPlan::backward_kernel_name() const {
   return impl_->use_cudnn_backward ? "cudnn" : "native";
@@ -508,7 +579,8 @@ std::string CudaPlan::backward_kernel_name() const {
 
 std::size_t CudaPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
-  std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.delta.bytes();
+  std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.delta.bytes() +
+                  m.hopper_items.bytes();
 #if RINGATTN_HAVE_CUDNN
   if (m.cudnn) b += m.cudnn->workspace_bytes();
 #endif
@@ -532,14 +604,15 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
   const kc::ScopedDevice on(m.opts.device);
   // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
-  if (m.use_hopper && !cudnn_can_read) {  // TMA needs 16-byte aligned tensors too
+  if ((m.use_hopper || m.use_hopper_tasks) && !cudnn_can_read) {  // TMA needs them too
     if (!m.noted_unaligned)
       m.notes.push_back(
           "the Hopper forward needs 16-byte aligned q/k/v; these are not, so the native kernels ran");
     m.noted_unaligned = true;
-    m.use_hopper = false;
+    const bool dense = m.use_hopper, tasks = m.use_hopper_tasks;
+    m.use_hopper = m.use_hopper_tasks = false;
     m.run_forward(false, q, k, v, out, lse);
-    m.use_hopper = true;
+    m.use_hopper = dense, m.use_hopper_tasks = tasks;
     return;
   }
   if (m.has_cudnn() && !cudnn_can_read) {

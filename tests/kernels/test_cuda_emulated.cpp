@@ -51,11 +51,15 @@ std::string name_of(const SweepCase& c) {
 }
 
 // out, lse, dq, dk, dv of one forward and backward on `device`, as bytes.
-std::vector<std::byte> run_plan(const AttentionConfig& cfg, DeviceDType t, int device) {
+std::vector<std::byte> run_plan(const AttentionConfig& cfg, DeviceDType t, int device,
+                                KernelChoice kernel = KernelChoice::native) {
   const auto n = static_cast<std::size_t>(cfg.shape.numel());
   const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
   const std::size_t in_bytes = n * (t == DeviceDType::fp32 ? 4 : 2);
-  CudaPlan plan(cfg, {t, KernelChoice::native, device});
+  CudaPlan plan(cfg, {t, kernel, device});
+  if (kernel == KernelChoice::hopper && device == 0) {
+    EXPECT_EQ(plan.kernel_name(), "hopper");
+  }
   DeviceBuffer q(in_bytes, "q", device), k(in_bytes, "k", device), v(in_bytes, "v", device),
       dout(in_bytes, "dout", device);
   DeviceBuffer out(n * 4, "out", device), lse(nl * 4, "lse", device), dq(n * 4, "dq", device),
@@ -161,6 +165,23 @@ TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
   sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
   const std::string why = kernels::cuda::hopper_forward_unsupported(sm86, 1);
   EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
+}
+
+// The Hopper forward over a dilated schedule's strided views (a launch per view, passes merged
+// by log-sum-exp, the mixture's out_scale; a dilation of 3 that divides neither N nor the
+// first segment), with the native backward: the same bytes under every execution mode.
+TEST(EmulatedModes, HopperDilatedForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 200, 3, 64};
+  cfg.attention = AttentionKind::dilated;
+  cfg.combine = Combine::mixture;
+  cfg.segments = {100, 200};
+  cfg.dilations = {3, 2};
+  cfg.causal = true;
+  const auto differs = emu::find_mode_dependence(
+      [&] { return run_plan(cfg, DeviceDType::bf16, 0, KernelChoice::hopper); },
+      emu::standard_modes());
+  EXPECT_FALSE(differs.has_value()) << *differs;
 }
 
 // The Hopper block-sparse forward (the same pipeline walking key spans): the same bytes under

@@ -587,8 +587,8 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
 }
 
 // CudaPlan with --kernel hopper: the sm_90a forward where it applies (the emulated GPU is an
-// sm_90) with the native backward, against float64; a dilated configuration runs native
-// with a note naming why.
+// sm_90) with the native backward, against float64; fp32 inputs run native with a note
+// naming why.
 TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   REQUIRE_GPU();
   AttentionConfig cfg;
@@ -614,9 +614,9 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   dilated.segments = {68, 136};
   dilated.dilations = {1, 2};
   dilated.kv_heads = 4;
-  CudaPlan plan(dilated, {DeviceDType::bf16, KernelChoice::hopper, 0});
+  CudaPlan plan(dilated, {DeviceDType::fp32, KernelChoice::hopper, 0});
   EXPECT_EQ(plan.kernel_name(), "native");
-  EXPECT_TRUE(has_note(plan.notes(), "dense attention only"));
+  EXPECT_TRUE(has_note(plan.notes(), "fp32 inputs"));
   AttentionConfig window = cfg;  // a sliding window takes it, with the native backward
   window.window_left = 40;
   window.window_right = 10;
@@ -633,6 +633,57 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_packed", packed, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(pk.kernel, "hopper");
+  }
+}
+
+// CudaPlan with --kernel hopper on dilated patterns: the sm_90a forward over the schedule's
+// strided views (one launch per query/key view, passes merged by log-sum-exp, mixture's
+// out_scale), the native backward, against float64. Grouped and mixture, causal or not,
+// dilations that divide neither N nor their segment (5 on 64, 3 on 100 and 200, batch 2: the
+// views' rows run across the batches end to end), a dilation larger than its segment,
+// D = 64/128, bf16/fp16; a head dim it lacks (32) runs native with a note.
+TEST(CudaHopper, PlanRunsDilatedPatternsOnTheSm90aForward) {
+  REQUIRE_GPU();
+  struct Case {
+    Shape4 shape;
+    Combine combine;
+    std::vector<int64_t> segments, dilations;
+    bool causal;
+    DeviceDType dtype;
+  };
+  using C = Combine;
+  using T = DeviceDType;
+  const Case cases[] = {
+      {{1, 256, 5, 64}, C::grouped, {64, 128, 256}, {1, 2, 4}, true, T::bf16},
+      {{1, 256, 4, 128}, C::mixture, {64, 128, 256}, {1, 2, 4}, false, T::fp16},
+      {{1, 384, 3, 64}, C::mixture, {96, 384}, {3, 128}, true, T::bf16},
+      {{2, 320, 4, 64}, C::grouped, {64, 320}, {5, 2}, false, T::bf16},
+      {{2, 200, 3, 64}, C::mixture, {100, 200}, {3, 2}, true, T::bf16},
+      {{1, 128, 2, 32}, C::grouped, {64, 128}, {1, 2}, true, T::bf16},
+  };
+  for (const Case& c : cases) {
+    AttentionConfig cfg;
+    cfg.shape = c.shape;
+    cfg.attention = AttentionKind::dilated;
+    cfg.combine = c.combine;
+    cfg.segments = c.segments;
+    cfg.dilations = c.dilations;
+    cfg.causal = c.causal;
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const Inputs in{testing::random_normal(n, 131), testing::random_normal(n, 132),
+                    testing::random_normal(n, 133), testing::random_normal(n, 134)};
+    std::ostringstream label;
+    label << "hopper_dilated_" << to_string(c.combine) << "_D" << c.shape.head_dim
+          << (c.causal ? "_causal" : "");
+    const DeviceResult r =
+        expect_matches_reference(label.str(), cfg, c.dtype, KernelChoice::hopper, in, true);
+    if (c.shape.head_dim == 32) {
+      EXPECT_EQ(r.kernel, "native");
+      EXPECT_TRUE(has_note(r.notes, "head dim 32")) << label.str();
+    } else if (kEmulated) {
+      EXPECT_EQ(r.kernel, "hopper") << label.str();
+      EXPECT_TRUE(has_note(r.notes, "strided views")) << label.str();
+    }
   }
 }
 

@@ -42,6 +42,7 @@ struct QueryRows {
   float* lse;
   int64_t out_stride, lse_stride;
   int rows, row0;
+  float out_scale = 1.0f;  // applied when writing out (not when merging), as the native kernels
 };
 
 // One K/V tile a block walks: the box's coordinates in the [B, N, HKV, D] tensors and where
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     if (!valid[r]) continue;
     const int64_t row = local0 + 8 * r;
-    float ca = 0.0f, cb = inv[r], new_lse = row_lse[r];
+    float ca = 0.0f, cb = p.accumulate ? inv[r] : inv[r] * qr.out_scale, new_lse = row_lse[r];
     if (p.accumulate) {
       if (row_lse[r] == -INFINITY) continue;  // nothing to add
       if (old_lse[r] != -INFINITY) {
@@ -277,15 +278,23 @@ __device__ __forceinline__ void position_of(int64_t offset, int head_dim, int he
 }
 
 // A [B, N, heads, D] tensor of 16-bit elements as a rank-4 tensor map: dimensions (D, heads,
-// N, B), boxes of 64 × 1 × 64 × 1 with the 128-byte swizzle, zeros out of bounds.
+// N, B), boxes of 64 × 1 × 64 × 1 with the 128-byte swizzle, zeros out of bounds. With `step`
+// > 1 the map is the strided view of rows phase, phase + step, ... (< N) of every batch: row
+// index n of the map is row phase + n·step of the tensor (a dilated pattern's rows; with
+// batch 1 and seq_len B·N, of the batches' rows end to end).
 inline TmaDesc tensor_map(const void* base, Elem elem, int batch, int seq_len, int heads,
-                          int head_dim) {
+                          int head_dim, int phase = 0, int step = 1) {
   const uint64_t d = static_cast<uint64_t>(head_dim);
-  const uint64_t dims[4] = {d, static_cast<uint64_t>(heads), static_cast<uint64_t>(seq_len),
+  const uint64_t dims[4] = {d, static_cast<uint64_t>(heads),
+                            static_cast<uint64_t>((seq_len - phase + step - 1) / step),
                             static_cast<uint64_t>(batch)};
-  const uint64_t strides[3] = {
-      2 * d, 2 * d * static_cast<uint64_t>(heads),
-      2 * d * static_cast<uint64_t>(heads) * static_cast<uint64_t>(seq_len)};
+  uint64_t strides[3] = {2 * d, 2 * d * static_cast<uint64_t>(heads) * static_cast<uint64_t>(step),
+                         2 * d * static_cast<uint64_t>(heads) * static_cast<uint64_t>(seq_len)};
+  // Dimensions may not overlap; with one batch its stride is never used, so it can be the
+  // view's whole span (which passes N when the last row of the view's step grid is past N).
+  if (batch == 1 && dims[2] * strides[1] > strides[2]) strides[2] = dims[2] * strides[1];
+  base = static_cast<const char*>(base) + 2 * d * static_cast<uint64_t>(heads) *
+                                              static_cast<uint64_t>(phase);
   const uint32_t box[4] = {64, 1, kRows, 1};
   TmaDesc map;
 #if RINGATTN_CUDA_EMULATION

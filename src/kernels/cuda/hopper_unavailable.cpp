@@ -1,9 +1,11 @@
-// hopper_fwd.hpp and hopper_sparse_fwd.hpp in a build whose CUDA toolkit is older than 12.5:
-// the kernels are not built, and the plan runs the native kernels with this reason as its note.
+// hopper_fwd.hpp, hopper_sparse_fwd.hpp and hopper_task_fwd.hpp in a build whose CUDA toolkit
+// is older than 12.5: the kernels are not built, and the plans run the native kernels with
+// this reason as their note.
 #include <string>
 
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
+#include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -24,6 +26,24 @@ std::string hopper_sparse_forward_unsupported(Elem, const SparseForwardParams&,
 void hopper_sparse_forward(Elem, const SparseForwardParams&, const HopperSparseShape&,
                            cudaStream_t) {
   throw RuntimeFailure("the Hopper block-sparse forward cannot run: " +
+                       hopper_forward_unsupported(HopperForwardParams{}, 0));
+}
+
+std::string hopper_task_groups(std::span<const SubseqTask>, std::span<const ForwardItem>,
+                               const HopperTaskShape&, std::vector<ForwardItem>& ordered,
+                               std::vector<HopperTaskGroup>& groups) {
+  ordered.clear();
+  groups.clear();
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+std::string hopper_task_forward_unsupported(Elem, const HopperTaskShape&, int) {
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+void hopper_task_forward(Elem, const FlashForwardParams&, const HopperTaskShape&,
+                         std::span<const HopperTaskGroup>, cudaStream_t) {
+  throw RuntimeFailure("the Hopper task forward cannot run: " +
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
 
