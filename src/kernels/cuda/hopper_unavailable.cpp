@@ -1,7 +1,8 @@
-// hopper_fwd.hpp and hopper_sparse_fwd.hpp in a build whose CUDA toolkit is older than 12.5:
+// hopper_fwd.hpp, hopper_bwd.hpp and hopper_sparse_fwd.hpp in a build whose CUDA toolkit is older than 12.5:
 // the kernels are not built, and the plan runs the native kernels with this reason as its note.
 #include <string>
 
+#include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "ringattn/errors.hpp"
@@ -14,6 +15,15 @@ std::string hopper_forward_unsupported(const HopperForwardParams&, int) {
 
 void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
   throw RuntimeFailure("the Hopper forward kernel cannot run: " + hopper_forward_unsupported(p, 0));
+}
+
+std::string hopper_backward_unsupported(const HopperBackwardParams&, int) {
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+void hopper_backward(const HopperBackwardParams&, cudaStream_t) {
+  throw RuntimeFailure("the Hopper backward kernels cannot run: " +
+                       hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
 
 std::string hopper_sparse_forward_unsupported(Elem, const SparseForwardParams&,
