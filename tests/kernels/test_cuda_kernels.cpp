@@ -688,9 +688,9 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
       }
 }
 
-// CudaPlan with --kernel hopper: the sm_90a forward where it applies (the emulated GPU is an
-// sm_90) with the native backward, against float64; a dilated configuration runs native
-// with a note naming why.
+// CudaPlan with --kernel hopper: the sm_90a forward and backward where they apply (the
+// emulated GPU is an sm_90), against float64, gradients included; a dilated configuration
+// runs native with a note naming why, and so does a backward on unaligned tensors.
 TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   REQUIRE_GPU();
   AttentionConfig cfg;
@@ -707,7 +707,8 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
     EXPECT_EQ(r.kernel, "hopper");
   }
   if (r.kernel == "hopper") {
-    EXPECT_EQ(r.kernel_backward, "native");
+    EXPECT_EQ(r.kernel_backward, "hopper");
+    EXPECT_TRUE(has_note(r.notes, "the sm_90a forward and backward"));
   } else {
     EXPECT_TRUE(has_note(r.notes, "--kernel hopper: "));
   }
@@ -719,7 +720,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   CudaPlan plan(dilated, {DeviceDType::bf16, KernelChoice::hopper, 0});
   EXPECT_EQ(plan.kernel_name(), "native");
   EXPECT_TRUE(has_note(plan.notes(), "dense attention only"));
-  AttentionConfig window = cfg;  // a sliding window takes it, with the native backward
+  AttentionConfig window = cfg;  // a sliding window takes both
   window.window_left = 40;
   window.window_right = 10;
   window.causal = false;
@@ -727,6 +728,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_window", window, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(w.kernel, "hopper");
+    EXPECT_EQ(w.kernel_backward, "hopper");
   }
   // Packed documents (one of a single token, one across a tile boundary), causal.
   AttentionConfig packed = cfg;
@@ -735,6 +737,37 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_packed", packed, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(pk.kernel, "hopper");
+    EXPECT_EQ(pk.kernel_backward, "hopper");
+  }
+  // Views one element into their buffers: TMA cannot read them, so both passes run native
+  // (still right), each saying why once.
+  CudaPlan odd(cfg, {DeviceDType::bf16, KernelChoice::hopper, 0});
+  const auto nl = static_cast<std::size_t>(cfg.shape.heads * cfg.shape.seq_len);
+  auto offset_view = [](DeviceBuffer& b, const std::vector<float>& x) {
+    std::vector<float> padded(x.size() + 1, 0.0f);
+    std::copy(x.begin(), x.end(), padded.begin() + 1);
+    b.upload(padded.data(), padded.size(), DeviceDType::bf16);
+    return static_cast<const void*>(static_cast<const uint16_t*>(b.data()) + 1);
+  };
+  DeviceBuffer q(n * 2 + 2, "q"), k(n_kv * 2 + 2, "k"), v(n_kv * 2 + 2, "v"),
+      dout(n * 2 + 2, "dout"), out(n * 4, "out"), lse(nl * 4, "lse"), dq(n * 4, "dq"),
+      dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
+  const void *q1 = offset_view(q, in.q), *k1 = offset_view(k, in.k), *v1 = offset_view(v, in.v),
+             *dout1 = offset_view(dout, in.dout);
+  odd.forward(q1, k1, v1, out.as<float>(), lse.as<float>());
+  odd.backward(q1, k1, v1, out.as<float>(), lse.as<float>(), dout1, dq.as<float>(),
+               dk.as<float>(), dv.as<float>());
+  odd.synchronize();
+  std::vector<float> got_dk(n_kv);
+  dk.download(got_dk.data(), n_kv);
+  Inputs rounded = in;
+  for (std::vector<float>* x : {&rounded.q, &rounded.k, &rounded.v, &rounded.dout})
+    round_to_device_dtype(x->data(), x->size(), DeviceDType::bf16);
+  const ReferenceGradients g = reference_backward(cfg, rounded.q.data(), rounded.k.data(),
+                                                  rounded.v.data(), rounded.dout.data());
+  EXPECT_LE(relative_error(got_dk.data(), g.dk.data(), n_kv), tolerance(DeviceDType::bf16));
+  if (kEmulated) {
+    EXPECT_TRUE(has_note(odd.notes(), "the Hopper backward needs 16-byte aligned"));
   }
 }
 
