@@ -605,20 +605,22 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
 // The Hopper backward (dK/dV and dQ passes) against float64 and against the native backward
 // on the same inputs: the Hopper forward's out and lse, start_backward's zeroed gradients and
 // row sums, then hopper_backward, as a plan runs them. Every configuration of the forward's
-// test, and one with all four query heads on one K/V head. The two backwards round P and dS
+// test, one with all four query heads on one K/V head (mode 5) and one of a single partial
+// tile where each query sees only its own key (mode 6). The two backwards round P and dS
 // alike; they differ by the order of fp32 sums (a quarter of the float64 bound).
 TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
   REQUIRE_GPU();
   for (const int d : {64, 128})
-    for (const int mode : {0, 1, 2, 3, 4, 5})
+    for (const int mode : {0, 1, 2, 3, 4, 5, 6})
       for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
-        if (mode == 5 && (d == 128 || t == DeviceDType::fp16)) continue;
+        if (mode >= 5 && (d == 128 || t == DeviceDType::fp16)) continue;
         // CI time: under the emulator, fp16 causal and packed only; D = 128 dense and causal.
         const bool fp16 = t == DeviceDType::fp16;
         if (kEmulated && ((fp16 && mode != 1 && mode != 4) || (d == 128 && (fp16 || mode > 1))))
           continue;
-        AttentionConfig cfg = hopper_config(d, mode == 5 ? 1 : mode);
-        if (mode == 5) cfg.kv_heads = 1;
+        AttentionConfig cfg = hopper_config(d, mode >= 5 ? 1 : mode);
+        if (mode >= 5) cfg.kv_heads = 1;
+        if (mode == 6) cfg.shape.seq_len = 40, cfg.window_left = 0;
         if (kEmulated && mode > 0) cfg.shape.batch = 1;  // CI time: the dense case has two
         const Shape4& s = cfg.shape;
         DeviceBuffer cu_dev(std::max<std::size_t>(cfg.cu_seqlens.size(), 1) * 4, "cu_seqlens");
@@ -669,8 +671,10 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
         const bool vs_native = !kEmulated || (!fp16 && (mode == 0 || mode >= 4 || d == 128));
         DeviceResult native;
         if (vs_native) native = run_on_device(cfg, t, KernelChoice::native, in, true);
-        const std::string name = std::string(mode == 5 ? "causal mqa" : hopper_mode_names[mode]) +
-                                 " D=" + std::to_string(d) + " " + to_string(t);
+        const char* extra_names[] = {"causal mqa", "causal window 0 N=40"};
+        const std::string name =
+            std::string(mode >= 5 ? extra_names[mode - 5] : hopper_mode_names[mode]) +
+            " D=" + std::to_string(d) + " " + to_string(t);
         std::printf("  hopper backward %s:", name.c_str());
         for (auto [g, w, nat, what] : {std::tuple{&got.dq, &ref.dq, &native.dq, "dq"},
                                        {&got.dk, &ref.dk, &native.dk, "dk"},
