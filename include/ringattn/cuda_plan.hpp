@@ -17,8 +17,8 @@
 namespace ringattn {
 
 enum class DeviceDType { bf16, fp16, fp32 };
-// hopper: the sm_90a forward kernel (TMA + wgmma, dense attention) where it applies, the
-// native kernels otherwise and for the backward; experimental until it has run on a GPU.
+// hopper: the sm_90a forward and backward kernels (TMA + wgmma, dense attention) where they
+// apply, the native kernels otherwise; experimental until they have run on a GPU.
 enum class KernelChoice { automatic, native, cudnn, hopper };
 
 const char* to_string(DeviceDType t);
@@ -108,7 +108,7 @@ class CudaPlan {
   // The plan's cudaStream_t (its work is ordered on it; null in a build without CUDA).
   void* stream() const noexcept;
 
-  // "native" or "cudnn": the forward kernel in use (after the first forward for automatic).
+  // "native", "cudnn" or "hopper": the forward kernel in use (after the first forward for automatic).
   std::string kernel_name() const;
   // The same for the backward (after the first backward for automatic).
   std::string backward_kernel_name() const;

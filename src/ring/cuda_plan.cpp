@@ -18,6 +18,7 @@
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/host_convert.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
@@ -216,10 +217,12 @@ struct CudaPlan::Impl {
   std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source (as cu_host)
   std::vector<int64_t> hopper_item0;                         // per pass, into hopper_items
   std::vector<std::vector<kc::HopperTaskGroup>> hopper_groups;  // per pass
+  bool use_hopper_backward = false;
   bool decide_on_first_forward = false;
   bool decide_on_first_backward = false;
   bool noted_unaligned = false;
   bool noted_unaligned_backward = false;
+  bool noted_unaligned_hopper_backward = false;
 #if RINGATTN_HAVE_CUDNN
   std::unique_ptr<kc::CudnnSdpa> cudnn;
   bool has_cudnn() const { return cudnn != nullptr; }
@@ -268,12 +271,10 @@ struct CudaPlan::Impl {
     }
   }
 
-  // The sm_90a forward's parameters for this plan's configuration.
-  kc::HopperForwardParams hopper_params(const void* q, const void* k, const void* v, float* out,
-                                        float* lse) const {
+  // What the sm_90a kernels attend over, for this plan's configuration.
+  kc::HopperAttention hopper_attention() const {
     const Shape4& s = cfg.shape;
-    kc::HopperForwardParams p;
-    p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+    kc::HopperAttention p;
     p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
     p.heads = static_cast<int>(s.heads), p.kv_heads = static_cast<int>(cfg.effective_kv_heads());
     p.head_dim = static_cast<int>(s.head_dim);
@@ -339,6 +340,24 @@ struct CudaPlan::Impl {
     }
   }
 
+  kc::HopperForwardParams hopper_params(const void* q, const void* k, const void* v, float* out,
+                                        float* lse) const {
+    kc::HopperForwardParams p;
+    static_cast<kc::HopperAttention&>(p) = hopper_attention();
+    p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+    return p;
+  }
+
+  kc::HopperBackwardParams hopper_backward_params(const void* q, const void* k, const void* v,
+                                                  const float* lse, const void* dout, float* dq,
+                                                  float* dk, float* dv) const {
+    kc::HopperBackwardParams p;
+    static_cast<kc::HopperAttention&>(p) = hopper_attention();
+    p.q = q, p.k = k, p.v = v, p.dout = dout, p.lse = lse, p.delta = delta.as<float>();
+    p.dq = dq, p.dk = dk, p.dv = dv;
+    return p;
+  }
+
   void run_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
                    float* lse) {
     const Shape4& s = cfg.shape;
@@ -367,11 +386,23 @@ struct CudaPlan::Impl {
     native_forward(q, k, v, out, lse);
   }
 
-  void native_backward(const void* q, const void* k, const void* v, const float* out,
-                       const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+  // dq, dk, dv zeroed and the row sums D, as every backward here starts.
+  void start_backward(const float* out, const void* dout, float* dq, float* dk, float* dv) {
     const Shape4& s = cfg.shape;
     kc::start_backward(elem, {out, dout, delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
                        cfg.effective_kv_heads(), dq, dk, dv, stream);
+  }
+
+  void hopper_backward(const void* q, const void* k, const void* v, const float* out,
+                       const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+    start_backward(out, dout, dq, dk, dv);
+    kc::hopper_backward(hopper_backward_params(q, k, v, lse, dout, dq, dk, dv), stream);
+  }
+
+  void native_backward(const void* q, const void* k, const void* v, const float* out,
+                       const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+    const Shape4& s = cfg.shape;
+    start_backward(out, dout, dq, dk, dv);
     kc::FlashBackwardParams p;
     p.q = q;
     p.k = k;
@@ -499,19 +530,34 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
                                            opts.device);
       m.use_hopper = why.empty();
     }
+    std::string why_backward = why;
+    if (m.use_hopper)
+      why_backward = kc::hopper_backward_unsupported(
+          m.hopper_backward_params(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                   nullptr),
+          opts.device);
+    else if (m.use_hopper_tasks)
+      why_backward = "the Hopper backward takes dense attention only so far";
+    m.use_hopper_backward = m.use_hopper && why_backward.empty();
     if (m.use_hopper && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
       m.cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
       m.cu_seqlens = upload_vector(m.cu_host, "the packed documents' offsets", opts.device, m.stream);
     }
-    m.notes.push_back(m.use_hopper || m.use_hopper_tasks
-                          ? std::string("--kernel hopper: the sm_90a forward (TMA + wgmma") +
-                                (m.use_hopper_tasks ? ", over the dilated pattern's strided views"
-                                                    : "") +
-                                "), the native backward; experimental: exact under the emulator, "
-                                "not yet run on a GPU"
-                          : "--kernel hopper: " + why + "; using the native kernels");
+    const std::string experimental = "experimental: exact under the emulator, not yet run on a GPU";
+    const std::string forward =
+        m.use_hopper_tasks ? "the sm_90a forward (TMA + wgmma, over the dilated pattern's strided "
+                             "views)"
+                           : "the sm_90a forward (TMA + wgmma)";
+    if (!m.use_hopper && !m.use_hopper_tasks)
+      m.notes.push_back("--kernel hopper: " + why + "; using the native kernels");
+    else if (m.use_hopper_backward)
+      m.notes.push_back("--kernel hopper: the sm_90a forward and backward (TMA + wgmma); " +
+                        experimental);
+    else
+      m.notes.push_back("--kernel hopper: " + forward + ", the native backward (" + why_backward +
+                        "); " + experimental);
   } else if (opts.kernel != KernelChoice::native) {
 #if RINGATTN_HAVE_CUDNN
     try {
@@ -574,7 +620,7 @@ std::string CudaPlan::kernel_name() const {
                                                        : "native";
 }
 std::string CudaPlan::backward_kernel_name() const {
-  return impl_->use_cudnn_backward ? "cudnn" : "native";
+  return impl_->use_hopper_backward ? "hopper" : impl_->use_cudnn_backward ? "cudnn" : "native";
 }
 
 std::size_t CudaPlan::workspace_bytes() const noexcept {
@@ -652,6 +698,16 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
+  if (m.use_hopper_backward) {
+    if (cudnn_can_read) return m.hopper_backward(q, k, v, out, lse, dout, dq, dk, dv);
+    // TMA needs 16-byte aligned tensors.
+    if (!m.noted_unaligned_hopper_backward)
+      m.notes.push_back(
+          "the Hopper backward needs 16-byte aligned q/k/v/dout; these are not, so the native "
+          "backward ran");
+    m.noted_unaligned_hopper_backward = true;
+    return m.native_backward(q, k, v, out, lse, dout, dq, dk, dv);
+  }
   if ((m.use_cudnn_backward || m.decide_on_first_backward) && !cudnn_can_read) {
     if (!m.noted_unaligned_backward)
       m.notes.push_back(

@@ -21,7 +21,9 @@
 
 #include "emu/mode_sweep.hpp"
 #include "emu/runtime.hpp"
+#include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "random.hpp"
@@ -116,50 +118,70 @@ std::vector<SweepCase> sweep_cases() {
 INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases()),
                          [](const auto& p) { return name_of(p.param); });
 
+// One dense Hopper run on device 0 (bf16, B = 1, N = 200, scale 1/8, heads 2 on one K/V
+// head), as bytes: out and lse of the forward, and with `backward` dq, dk and dv of the
+// backward after it (start_backward's zeroed gradients and row sums, as a plan runs it).
+// Modes: dense, causal, a window of 70 left and 10 right, causal packed documents.
+std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward) {
+  kernels::cuda::HopperAttention a;
+  a.batch = 1, a.seq_len = 200, a.heads = 2, a.kv_heads = 1, a.head_dim = head_dim;
+  a.scale = 0.125f;
+  a.causal = mode == 1 || mode == 3;
+  if (mode == 2) a.window_left = 70, a.window_right = 10;
+  const auto n = static_cast<std::size_t>(a.seq_len * a.heads * a.head_dim);
+  const auto n_kv = static_cast<std::size_t>(a.seq_len * a.kv_heads * a.head_dim);
+  const auto nl = static_cast<std::size_t>(a.seq_len * a.heads);
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0), dout(n * 2, "dout", 0),
+      out(n * 4, "out", 0), lse(nl * 4, "lse", 0), delta(nl * 4, "delta", 0), dq(n * 4, "dq", 0),
+      dk(n_kv * 4, "dk", 0), dv(n_kv * 4, "dv", 0);
+  q.upload(testing::random_normal(n, 71).data(), n, DeviceDType::bf16);
+  k.upload(testing::random_normal(n_kv, 72).data(), n_kv, DeviceDType::bf16);
+  v.upload(testing::random_normal(n_kv, 73).data(), n_kv, DeviceDType::bf16);
+  dout.upload(testing::random_normal(n, 74).data(), n, DeviceDType::bf16);
+  const int cu_host[] = {0, 1, 90, 200};
+  DeviceBuffer cu(sizeof cu_host, "cu_seqlens", 0);
+  EXPECT_EQ(cudaMemcpy(cu.data(), cu_host, sizeof cu_host, cudaMemcpyHostToDevice), cudaSuccess);
+  if (mode == 3) a.cu_seqlens = static_cast<const int*>(cu.data()), a.n_docs = 3;
+  kernels::cuda::HopperForwardParams f;
+  static_cast<kernels::cuda::HopperAttention&>(f) = a;
+  f.q = q.data(), f.k = k.data(), f.v = v.data(), f.out = out.as<float>(), f.lse = lse.as<float>();
+  kernels::cuda::hopper_forward(f, nullptr);
+  std::vector<std::pair<DeviceBuffer*, std::size_t>> results{{&out, n}, {&lse, nl}};
+  if (backward) {
+    kernels::cuda::start_backward(kernels::cuda::Elem::bf16,
+                                  {out.as<float>(), dout.data(), delta.as<float>(), a.batch,
+                                   a.seq_len, a.heads, a.head_dim},
+                                  a.kv_heads, dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                  nullptr);
+    kernels::cuda::HopperBackwardParams b;
+    static_cast<kernels::cuda::HopperAttention&>(b) = a;
+    b.q = q.data(), b.k = k.data(), b.v = v.data(), b.dout = dout.data();
+    b.lse = lse.as<float>(), b.delta = delta.as<float>();
+    b.dq = dq.as<float>(), b.dk = dk.as<float>(), b.dv = dv.as<float>();
+    kernels::cuda::hopper_backward(b, nullptr);
+    results.insert(results.end(), {{&dq, n}, {&dk, n_kv}, {&dv, n_kv}});
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<std::byte> bytes;
+  for (auto [buf, count] : results) {
+    std::vector<float> host(count);
+    buf->download(host.data(), count);
+    const auto* p = reinterpret_cast<const std::byte*>(host.data());
+    bytes.insert(bytes.end(), p, p + count * sizeof(float));
+  }
+  return bytes;
+}
+
 // The Hopper forward (producer and consumer warpgroups, mbarrier pipeline, TMA, wgmma): the
 // same bytes under every execution mode, TMA and wgmma results landing at the issue or at
 // the wait; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
-  // dense, causal, a window of 70 left and 10 right, causal packed documents; causal D = 256
-  for (const int mode : {0, 1, 2, 3, 4}) {
-    const bool causal = mode == 1 || mode == 3 || mode == 4;
-    kernels::cuda::HopperForwardParams p;
-    p.batch = 1, p.seq_len = 200, p.heads = 2, p.kv_heads = 1, p.head_dim = mode == 4 ? 256 : 64;
-    p.scale = 0.125f;
-    p.causal = causal;
-    if (mode == 2) p.window_left = 70, p.window_right = 10;
-    const auto n = static_cast<std::size_t>(p.seq_len * p.heads * p.head_dim);
-    const auto n_kv = static_cast<std::size_t>(p.seq_len * p.kv_heads * p.head_dim);
-    const auto nl = static_cast<std::size_t>(p.seq_len * p.heads);
-    auto run = [&] {
-      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-      DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0),
-          out(n * 4, "out", 0), lse(nl * 4, "lse", 0);
-      q.upload(testing::random_normal(n, 71).data(), n, DeviceDType::bf16);
-      k.upload(testing::random_normal(n_kv, 72).data(), n_kv, DeviceDType::bf16);
-      v.upload(testing::random_normal(n_kv, 73).data(), n_kv, DeviceDType::bf16);
-      const int cu_host[] = {0, 1, 90, 200};
-      DeviceBuffer cu(sizeof cu_host, "cu_seqlens", 0);
-      ASSERT_EQ(cudaMemcpy(cu.data(), cu_host, sizeof cu_host, cudaMemcpyHostToDevice), cudaSuccess);
-      kernels::cuda::HopperForwardParams a = p;
-      if (mode == 3) a.cu_seqlens = static_cast<const int*>(cu.data()), a.n_docs = 3;
-      a.q = q.data(), a.k = k.data(), a.v = v.data(), a.out = out.as<float>(),
-      a.lse = lse.as<float>();
-      kernels::cuda::hopper_forward(a, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<float> host(n + nl);
-      out.download(host.data(), n);
-      lse.download(host.data() + n, nl);
-      bytes_ = std::vector<std::byte>(reinterpret_cast<const std::byte*>(host.data()),
-                                      reinterpret_cast<const std::byte*>(host.data() + host.size()));
-    };
-    const auto differs = emu::find_mode_dependence(
-        [&] {
-          run();
-          return bytes_;
-        },
-        emu::standard_modes());
-    EXPECT_FALSE(differs.has_value()) << "mode " << mode << ": " << *differs;
+  // D = 64 in every mode, and D = 256 causal
+  for (const auto& [d, mode] : {std::pair{64, 0}, {64, 1}, {64, 2}, {64, 3}, {256, 1}}) {
+    const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, false); },
+                                                   emu::standard_modes());
+    EXPECT_FALSE(differs.has_value()) << "D " << d << " mode " << mode << ": " << *differs;
   }
   kernels::cuda::HopperForwardParams sm86;
   sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
@@ -182,6 +204,23 @@ TEST(EmulatedModes, HopperDilatedForwardIsBitwiseIndependentOfWarpOrderAndLandin
       [&] { return run_plan(cfg, DeviceDType::bf16, 0, KernelChoice::hopper); },
       emu::standard_modes());
   EXPECT_FALSE(differs.has_value()) << *differs;
+}
+
+// The Hopper backward (its dK/dV pass walking both query heads of the K/V head, and its dQ
+// pass), after the forward: the same bytes under every execution mode, at D = 64 in every
+// mode and at D = 128 causal; on the sm_86 device it declines, naming the compute capability.
+TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
+  for (const auto& [d, mode] : {std::pair{64, 0}, {64, 1}, {64, 2}, {64, 3}, {128, 1}}) {
+    const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, true); },
+                                                   emu::standard_modes());
+    EXPECT_FALSE(differs.has_value()) << "D " << d << " mode " << mode << ": " << *differs;
+    std::printf("  hopper backward D%d mode %d: the same bytes under %zu modes\n", d, mode,
+                emu::standard_modes().size());
+  }
+  kernels::cuda::HopperBackwardParams sm86;
+  sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
+  const std::string why = kernels::cuda::hopper_backward_unsupported(sm86, 1);
+  EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
 }
 
 // The Hopper block-sparse forward (the same pipeline walking key spans): the same bytes under

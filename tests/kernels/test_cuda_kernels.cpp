@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/sparse_params.hpp"
@@ -511,47 +512,66 @@ TEST(CudaKernels, DeviceLseMergeMatchesTheHostMerge) {
   EXPECT_LE(relative_error(got_l.data(), want_l.data(), got_l.size()), 1e-6);
 }
 
-// The Hopper forward kernel (TMA, mbarriers, wgmma; issue 31) against float64: head dims
-// 64, 128 and 256, bf16 and fp16, causal or not, grouped-query heads, N not a multiple of the
-// 64-row tile. Runs under the emulated GPU (its sm_90 profile) in CI; on a real GPU only
-// where the device and the build have sm_90a, skipped with the reason elsewhere.
+// The dense Hopper kernels' description of `cfg` (packed documents' offsets uploaded into
+// `cu_dev`).
+kernels::cuda::HopperAttention hopper_attention_of(const AttentionConfig& cfg, DeviceDType t,
+                                                   DeviceBuffer& cu_dev) {
+  const Shape4& s = cfg.shape;
+  kernels::cuda::HopperAttention a;
+  a.batch = static_cast<int>(s.batch), a.seq_len = static_cast<int>(s.seq_len);
+  a.heads = static_cast<int>(s.heads), a.kv_heads = static_cast<int>(cfg.effective_kv_heads());
+  a.head_dim = static_cast<int>(s.head_dim);
+  a.scale = static_cast<float>(cfg.effective_scale());
+  a.causal = cfg.causal;
+  if (cfg.windowed()) {
+    a.window_left = cfg.window_reach().left;
+    a.window_right = cfg.window_reach().right;
+  }
+  a.elem = t == DeviceDType::bf16 ? kernels::cuda::Elem::bf16 : kernels::cuda::Elem::fp16;
+  if (cfg.packed()) {
+    std::vector<int> cu(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
+    EXPECT_EQ(cudaMemcpy(cu_dev.data(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    a.cu_seqlens = static_cast<const int*>(cu_dev.data());
+    a.n_docs = static_cast<int>(cu.size()) - 1;
+  }
+  return a;
+}
+
+// The Hopper configurations of the tests below: head dims 64 and 128, bf16 and fp16, dense,
+// causal, windows (causal with a left reach of 70: tiles before the reach are never loaded;
+// 20 left, 5 right without causality) and causal packed documents, grouped-query heads, N
+// not a multiple of the 64-row tile. `mode` 0..4 as `hopper_mode_names`.
+const char* const hopper_mode_names[] = {"dense", "causal", "causal window 70", "window 20,5",
+                                         "causal packed"};
+AttentionConfig hopper_config(int d, int mode) {
+  AttentionConfig cfg;
+  cfg.shape = {2, kEmulated ? 200 : 333, 4, d};
+  cfg.kv_heads = 2;
+  cfg.causal = mode == 1 || mode == 2 || mode == 4;
+  if (mode == 2) cfg.window_left = 70;
+  if (mode == 3) cfg.window_left = 20, cfg.window_right = 5;
+  if (mode == 4) cfg.cu_seqlens = {0, 1, 50, 100, cfg.shape.seq_len};
+  return cfg;
+}
+
+// The Hopper forward kernel (TMA, mbarriers, wgmma; issue 31) against float64, head dims 64,
+// 128 and 256 (the backward takes 64 and 128). Runs under
+// the emulated GPU (its sm_90 profile) in CI; on a real GPU only where the device and the
+// build have sm_90a, skipped with the reason elsewhere.
 TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
   REQUIRE_GPU();
-  // Windows: causal with a left reach of 70 (tiles before the reach are never loaded), and
-  // 20 left, 5 right without causality.
   for (const int d : {64, 128, 256})
     for (const int mode : {0, 1, 2, 3, 4})
       for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
         if (kEmulated && d == 128 && (t == DeviceDType::fp16 || mode > 1)) continue;  // CI time
         if (kEmulated && d == 256 && (t == DeviceDType::fp16) != (mode == 0)) continue;
         if (kEmulated && d == 256 && mode > 2) continue;
-        const bool causal = mode == 1 || mode == 2 || mode == 4;
-        AttentionConfig cfg;
-        cfg.shape = {2, kEmulated ? 200 : 333, 4, d};
-        cfg.kv_heads = 2;
-        cfg.causal = causal;
-        if (mode == 2) cfg.window_left = 70;
-        if (mode == 3) cfg.window_left = 20, cfg.window_right = 5;
-        if (mode == 4) cfg.cu_seqlens = {0, 1, 50, 100, cfg.shape.seq_len};
+        const AttentionConfig cfg = hopper_config(d, mode);
         const Shape4& s = cfg.shape;
-        kernels::cuda::HopperForwardParams p;
-        p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
-        p.heads = static_cast<int>(s.heads), p.kv_heads = 2, p.head_dim = d;
-        p.scale = static_cast<float>(cfg.effective_scale());
-        p.causal = causal;
-        if (cfg.windowed()) {
-          p.window_left = cfg.window_reach().left;
-          p.window_right = cfg.window_reach().right;
-        }
-        p.elem = t == DeviceDType::bf16 ? kernels::cuda::Elem::bf16 : kernels::cuda::Elem::fp16;
         DeviceBuffer cu_dev(std::max<std::size_t>(cfg.cu_seqlens.size(), 1) * 4, "cu_seqlens");
-        if (cfg.packed()) {
-          std::vector<int> cu(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
-          ASSERT_EQ(cudaMemcpy(cu_dev.data(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice),
-                    cudaSuccess);
-          p.cu_seqlens = static_cast<const int*>(cu_dev.data());
-          p.n_docs = static_cast<int>(cu.size()) - 1;
-        }
+        kernels::cuda::HopperForwardParams p;
+        static_cast<kernels::cuda::HopperAttention&>(p) = hopper_attention_of(cfg, t, cu_dev);
         if (const std::string why = kernels::cuda::hopper_forward_unsupported(p, 0); !why.empty())
           GTEST_SKIP() << "SKIPPED: the Hopper forward cannot run here: " << why;
         const auto n = static_cast<std::size_t>(s.numel());
@@ -577,18 +597,107 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
         const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
         const double e_out = relative_error(got_out.data(), ref.out.data(), n);
         const double e_lse = relative_error(got_lse.data(), ref.lse.data(), nl);
-        const char* names[] = {"dense", "causal", "causal window 70", "window 20,5",
-                               "causal packed"};
-        std::printf("  hopper D=%d %s %s: out %.2e lse %.2e\n", d, to_string(t), names[mode],
-                    e_out, e_lse);
-        EXPECT_LE(e_out, tolerance(t)) << d << " " << to_string(t) << " " << names[mode];
-        EXPECT_LE(e_lse, tolerance(t)) << d << " " << to_string(t) << " " << names[mode];
+        const char* name = hopper_mode_names[mode];
+        std::printf("  hopper D=%d %s %s: out %.2e lse %.2e\n", d, to_string(t), name, e_out,
+                    e_lse);
+        EXPECT_LE(e_out, tolerance(t)) << d << " " << to_string(t) << " " << name;
+        EXPECT_LE(e_lse, tolerance(t)) << d << " " << to_string(t) << " " << name;
       }
 }
 
-// CudaPlan with --kernel hopper: the sm_90a forward where it applies (the emulated GPU is an
-// sm_90) with the native backward, against float64; fp32 inputs run native with a note
-// naming why.
+// The Hopper backward (dK/dV and dQ passes) against float64 and against the native backward
+// on the same inputs: the Hopper forward's out and lse, start_backward's zeroed gradients and
+// row sums, then hopper_backward, as a plan runs them. Every configuration of the forward's
+// test, one with all four query heads on one K/V head (mode 5) and one of a single partial
+// tile where each query sees only its own key (mode 6). The two backwards round P and dS
+// alike; they differ by the order of fp32 sums (a quarter of the float64 bound).
+TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
+  REQUIRE_GPU();
+  for (const int d : {64, 128})
+    for (const int mode : {0, 1, 2, 3, 4, 5, 6})
+      for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
+        if (mode >= 5 && (d == 128 || t == DeviceDType::fp16)) continue;
+        // CI time: under the emulator, fp16 causal and packed only; D = 128 dense and causal.
+        const bool fp16 = t == DeviceDType::fp16;
+        if (kEmulated && ((fp16 && mode != 1 && mode != 4) || (d == 128 && (fp16 || mode > 1))))
+          continue;
+        AttentionConfig cfg = hopper_config(d, mode >= 5 ? 1 : mode);
+        if (mode >= 5) cfg.kv_heads = 1;
+        if (mode == 6) cfg.shape.seq_len = 40, cfg.window_left = 0;
+        if (kEmulated && mode > 0) cfg.shape.batch = 1;  // CI time: the dense case has two
+        const Shape4& s = cfg.shape;
+        DeviceBuffer cu_dev(std::max<std::size_t>(cfg.cu_seqlens.size(), 1) * 4, "cu_seqlens");
+        kernels::cuda::HopperForwardParams fp;
+        kernels::cuda::HopperBackwardParams bp;
+        static_cast<kernels::cuda::HopperAttention&>(fp) = hopper_attention_of(cfg, t, cu_dev);
+        static_cast<kernels::cuda::HopperAttention&>(bp) = fp;
+        if (const std::string why = kernels::cuda::hopper_backward_unsupported(bp, 0); !why.empty())
+          GTEST_SKIP() << "SKIPPED: the Hopper backward cannot run here: " << why;
+        const auto n = static_cast<std::size_t>(s.numel());
+        const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+        const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
+        Inputs in{testing::random_normal(n, 91), testing::random_normal(n_kv, 92),
+                  testing::random_normal(n_kv, 93), testing::random_normal(n, 94)};
+        for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
+          round_to_device_dtype(x->data(), x->size(), t);
+        DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_kv * 2, "v"), dout(n * 2, "dout"),
+            out(n * 4, "out"), lse(nl * 4, "lse"), delta(nl * 4, "delta"), dq(n * 4, "dq"),
+            dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
+        q.upload(in.q.data(), n, t);
+        k.upload(in.k.data(), n_kv, t);
+        v.upload(in.v.data(), n_kv, t);
+        dout.upload(in.dout.data(), n, t);
+        for (DeviceBuffer* g : {&dq, &dk, &dv})
+          g->upload(nan_filled(n).data(), g == &dq ? n : n_kv, DeviceDType::fp32);
+        fp.q = q.data(), fp.k = k.data(), fp.v = v.data();
+        fp.out = out.as<float>(), fp.lse = lse.as<float>();
+        kernels::cuda::hopper_forward(fp, nullptr);
+        kernels::cuda::start_backward(fp.elem,
+                                      {out.as<float>(), dout.data(), delta.as<float>(), s.batch,
+                                       s.seq_len, s.heads, s.head_dim},
+                                      cfg.effective_kv_heads(), dq.as<float>(), dk.as<float>(),
+                                      dv.as<float>(), nullptr);
+        bp.q = q.data(), bp.k = k.data(), bp.v = v.data(), bp.dout = dout.data();
+        bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
+        bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
+        kernels::cuda::hopper_backward(bp, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        DeviceResult got;
+        got.dq.resize(n), got.dk.resize(n_kv), got.dv.resize(n_kv);
+        dq.download(got.dq.data(), n);
+        dk.download(got.dk.data(), n_kv);
+        dv.download(got.dv.data(), n_kv);
+        const ReferenceGradients ref =
+            reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+        // The native backward (its own forward first); under the emulator, bf16 dense, packed,
+        // one K/V head and D = 128.
+        const bool vs_native = !kEmulated || (!fp16 && (mode == 0 || mode >= 4 || d == 128));
+        DeviceResult native;
+        if (vs_native) native = run_on_device(cfg, t, KernelChoice::native, in, true);
+        const char* extra_names[] = {"causal mqa", "causal window 0 N=40"};
+        const std::string name =
+            std::string(mode >= 5 ? extra_names[mode - 5] : hopper_mode_names[mode]) +
+            " D=" + std::to_string(d) + " " + to_string(t);
+        std::printf("  hopper backward %s:", name.c_str());
+        for (auto [g, w, nat, what] : {std::tuple{&got.dq, &ref.dq, &native.dq, "dq"},
+                                       {&got.dk, &ref.dk, &native.dk, "dk"},
+                                       {&got.dv, &ref.dv, &native.dv, "dv"}}) {
+          const double e = relative_error(g->data(), w->data(), g->size());
+          std::printf(" %s %.2e", what, e);
+          EXPECT_LE(e, tolerance(t)) << name << " " << what;
+          if (!vs_native) continue;
+          const double e_native = relative_error(g->data(), nat->data(), g->size());
+          std::printf(" (native %.2e)", e_native);
+          EXPECT_LE(e_native, tolerance(t) / 4)
+              << name << " " << what << " against the native backward";
+        }
+        std::printf("\n");
+      }
+}
+
+// CudaPlan with --kernel hopper: the sm_90a forward and backward where they apply (the
+// emulated GPU is an sm_90), against float64, gradients included; fp32 inputs run native
+// with a note naming why, and so does a backward on unaligned tensors.
 TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   REQUIRE_GPU();
   AttentionConfig cfg;
@@ -605,7 +714,8 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
     EXPECT_EQ(r.kernel, "hopper");
   }
   if (r.kernel == "hopper") {
-    EXPECT_EQ(r.kernel_backward, "native");
+    EXPECT_EQ(r.kernel_backward, "hopper");
+    EXPECT_TRUE(has_note(r.notes, "the sm_90a forward and backward"));
   } else {
     EXPECT_TRUE(has_note(r.notes, "--kernel hopper: "));
   }
@@ -617,7 +727,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   CudaPlan plan(dilated, {DeviceDType::fp32, KernelChoice::hopper, 0});
   EXPECT_EQ(plan.kernel_name(), "native");
   EXPECT_TRUE(has_note(plan.notes(), "fp32 inputs"));
-  AttentionConfig window = cfg;  // a sliding window takes it, with the native backward
+  AttentionConfig window = cfg;  // a sliding window takes both
   window.window_left = 40;
   window.window_right = 10;
   window.causal = false;
@@ -625,6 +735,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_window", window, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(w.kernel, "hopper");
+    EXPECT_EQ(w.kernel_backward, "hopper");
   }
   // Packed documents (one of a single token, one across a tile boundary), causal.
   AttentionConfig packed = cfg;
@@ -633,6 +744,37 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_packed", packed, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(pk.kernel, "hopper");
+    EXPECT_EQ(pk.kernel_backward, "hopper");
+  }
+  // Views one element into their buffers: TMA cannot read them, so both passes run native
+  // (still right), each saying why once.
+  CudaPlan odd(cfg, {DeviceDType::bf16, KernelChoice::hopper, 0});
+  const auto nl = static_cast<std::size_t>(cfg.shape.heads * cfg.shape.seq_len);
+  auto offset_view = [](DeviceBuffer& b, const std::vector<float>& x) {
+    std::vector<float> padded(x.size() + 1, 0.0f);
+    std::copy(x.begin(), x.end(), padded.begin() + 1);
+    b.upload(padded.data(), padded.size(), DeviceDType::bf16);
+    return static_cast<const void*>(static_cast<const uint16_t*>(b.data()) + 1);
+  };
+  DeviceBuffer q(n * 2 + 2, "q"), k(n_kv * 2 + 2, "k"), v(n_kv * 2 + 2, "v"),
+      dout(n * 2 + 2, "dout"), out(n * 4, "out"), lse(nl * 4, "lse"), dq(n * 4, "dq"),
+      dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
+  const void *q1 = offset_view(q, in.q), *k1 = offset_view(k, in.k), *v1 = offset_view(v, in.v),
+             *dout1 = offset_view(dout, in.dout);
+  odd.forward(q1, k1, v1, out.as<float>(), lse.as<float>());
+  odd.backward(q1, k1, v1, out.as<float>(), lse.as<float>(), dout1, dq.as<float>(),
+               dk.as<float>(), dv.as<float>());
+  odd.synchronize();
+  std::vector<float> got_dk(n_kv);
+  dk.download(got_dk.data(), n_kv);
+  Inputs rounded = in;
+  for (std::vector<float>* x : {&rounded.q, &rounded.k, &rounded.v, &rounded.dout})
+    round_to_device_dtype(x->data(), x->size(), DeviceDType::bf16);
+  const ReferenceGradients g = reference_backward(cfg, rounded.q.data(), rounded.k.data(),
+                                                  rounded.v.data(), rounded.dout.data());
+  EXPECT_LE(relative_error(got_dk.data(), g.dk.data(), n_kv), tolerance(DeviceDType::bf16));
+  if (kEmulated) {
+    EXPECT_TRUE(has_note(odd.notes(), "the Hopper backward needs 16-byte aligned"));
   }
 }
 

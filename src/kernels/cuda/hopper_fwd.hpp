@@ -21,12 +21,8 @@
 
 namespace ringattn::kernels::cuda {
 
-struct HopperForwardParams {
-  const void* q = nullptr;  // [B, N, H, D]
-  const void* k = nullptr;  // [B, N, HKV, D]
-  const void* v = nullptr;
-  float* out = nullptr;  // [B, N, H, D]
-  float* lse = nullptr;  // [B, H, N]
+// What the dense Hopper kernels attend over (the forward's and the backward's alike).
+struct HopperAttention {
   int batch = 0, seq_len = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1;
   bool causal = false;
@@ -38,6 +34,14 @@ struct HopperForwardParams {
   const int* cu_seqlens = nullptr;
   int n_docs = 0;
   Elem elem = Elem::bf16;
+};
+
+struct HopperForwardParams : HopperAttention {
+  const void* q = nullptr;  // [B, N, H, D]
+  const void* k = nullptr;  // [B, N, HKV, D]
+  const void* v = nullptr;
+  float* out = nullptr;  // [B, N, H, D]
+  float* lse = nullptr;  // [B, H, N]
 };
 
 // "" when hopper_forward can run `p` on `device`, else why not (the head dim, the dtype,

@@ -1,8 +1,9 @@
-// hopper_fwd.hpp, hopper_sparse_fwd.hpp and hopper_task_fwd.hpp in a build whose CUDA toolkit
-// is older than 12.5: the kernels are not built, and the plans run the native kernels with
-// this reason as their note.
+// hopper_fwd.hpp, hopper_bwd.hpp, hopper_sparse_fwd.hpp and hopper_task_fwd.hpp in a build
+// whose CUDA toolkit is older than 12.5: the kernels are not built, and the plans run the
+// native kernels with this reason as their note.
 #include <string>
 
+#include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
@@ -16,6 +17,15 @@ std::string hopper_forward_unsupported(const HopperForwardParams&, int) {
 
 void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
   throw RuntimeFailure("the Hopper forward kernel cannot run: " + hopper_forward_unsupported(p, 0));
+}
+
+std::string hopper_backward_unsupported(const HopperBackwardParams&, int) {
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+void hopper_backward(const HopperBackwardParams&, cudaStream_t) {
+  throw RuntimeFailure("the Hopper backward kernels cannot run: " +
+                       hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
 
 std::string hopper_sparse_forward_unsupported(Elem, const SparseForwardParams&,

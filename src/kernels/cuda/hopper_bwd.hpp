@@ -1,0 +1,43 @@
+// The Hopper (sm_90a) dense backward: the gradients of hopper_forward's attention (causal,
+// sliding windows, packed documents, grouped-query heads; D = 64 or 128, bf16/fp16) from the
+// forward's lse, with the same pipeline (TMA loads under mbarriers, a producer and a consumer
+// warpgroup, wgmma) in two passes, each element written by one block (deterministic):
+//   dK/dV, a block per (64-key tile, K/V head, batch): K and V loaded once, the (Q, dO) tiles
+//     of every query tile and query head that sees the keys streamed through the ring, the
+//     products taken transposed (Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dK += dSᵀ·Q);
+//   dQ, a block per (64-query tile, head, batch) as the forward's: S = Q·Kᵀ, dP = dO·Vᵀ,
+//     dQ += dS·K over the key tiles the queries see.
+// The contract is flash_backward's (flash_params.hpp) for a dense [B, N, H, D] shard: dq, dk
+// and dv are fp32 and added into (+=), delta = rowsum(out ∘ dout) per lse row comes from
+// launch_row_dot, and start_backward (device_ops.hpp) does both, so a plan can run either.
+// Run on the emulated GPU in CI; not yet run on a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/cuda/hopper_fwd.hpp"
+
+namespace ringattn::kernels::cuda {
+
+struct HopperBackwardParams : HopperAttention {
+  const void* q = nullptr;       // [B, N, H, D]
+  const void* k = nullptr;       // [B, N, HKV, D]
+  const void* v = nullptr;       // [B, N, HKV, D]
+  const void* dout = nullptr;    // [B, N, H, D], the element type of q
+  const float* lse = nullptr;    // [B, H, N], the forward's
+  const float* delta = nullptr;  // [B, H, N]: rowsum(out ∘ dout)
+  float* dq = nullptr;           // [B, N, H, D], added into
+  float* dk = nullptr;           // [B, N, HKV, D], added into
+  float* dv = nullptr;           // [B, N, HKV, D], added into
+};
+
+// "" when hopper_backward can run `p` on `device`, else why not (the head dim, the dtype,
+// the device's compute capability, a build without sm_90a code).
+std::string hopper_backward_unsupported(const HopperBackwardParams& p, int device);
+
+// Throws RuntimeFailure where hopper_backward_unsupported says why, or a tensor map is refused.
+void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream);
+
+}  // namespace ringattn::kernels::cuda

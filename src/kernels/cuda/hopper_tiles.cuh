@@ -1,0 +1,309 @@
+// The pieces every Hopper (sm_90a) attention kernel is built from: the 64-row tiles and what
+// a `Work` hands a block (its rows, the tiles it walks, each row's reach), the block's shared
+// memory (mbarriers, tiles loaded once, a two-stage ring of tile pairs), the producer's TMA
+// loads, the two wgmma products (a 64 × 64 tile from two K-major tiles; a 64 × D tile from a
+// register tile and an N-major one), the accumulator's layout, the tensor maps and the
+// (head dim, dtype) launch switch. The forward (hopper_fwd_kernel.cuh) and the backward
+// (hopper_bwd.cu) are written against these.
+//
+// Shared memory, from a 1024-byte aligned base: the mbarriers (resident, full[2], empty[2])
+// in the first 1024 bytes, then the resident tiles and the ring (stage s: tiles (0, s) and
+// (1, s)), each a 64-row tile stored as D/64 boxes of 64 × 64 elements (8 KiB) with the
+// 128-byte swizzle.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/mma_primitives.cuh"
+#include "ringattn/errors.hpp"
+
+#if !RINGATTN_CUDA_EMULATION
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#endif
+
+namespace ringattn::kernels::cuda::hopper {
+
+constexpr int kRows = 64;                    // rows per block, rows per walked tile
+constexpr uint32_t kBoxBytes = 64 * 64 * 2;  // one 64 × 64 box of 16-bit elements
+constexpr int kThreads = 256;                // producer and consumer warpgroups
+constexpr float kLn2f = 0.6931471805599453f;
+constexpr float kLog2ef = 1.4426950408889634f;
+
+// A block's rows: the box's coordinates in the [B, N, H, D] tensor its rows come from, and
+// (the forward's) where row r of the box writes (out + r·out_stride, lse + r·lse_stride, for
+// r < rows only). `row0` is the first row's index in the work's own frame (Work::reach takes
+// it back).
+struct QueryRows {
+  int n, h, b;
+  float* out;
+  float* lse;
+  int64_t out_stride, lse_stride;
+  int rows, row0;
+  float out_scale = 1.0f;  // applied when writing out (not when merging), as the native kernels
+};
+
+// One tile a block walks: the box's coordinates in the walked tensors and where its columns
+// sit in the rows' reach: column c may be seen by a row of reach [lo, hi) iff
+// lo <= base + c < hi and c < limit.
+struct KeyTile {
+  int n, h, b;
+  int base, limit;
+};
+
+// The columns a row may see, in KeyTile::base's frame: [lo, hi).
+struct Reach {
+  int lo, hi;
+};
+
+// Row `reach` against tile `t`, in the tile's column frame.
+__device__ __forceinline__ Reach columns_of(const Reach& reach, const KeyTile& t) {
+  const int hi = reach.hi - t.base;
+  return {reach.lo - t.base, hi < t.limit ? hi : t.limit};
+}
+
+// The consumer warpgroup's 64 × N accumulator (wgmma's): warp w owns rows 16w..16w+15, a
+// lane rows lane/4 and lane/4 + 8 of those; register i holds row index acc_row(i) (0 or 1)
+// and column acc_col(i, lane).
+__device__ __forceinline__ int acc_row(int i) { return (i >> 1) & 1; }
+__device__ __forceinline__ int acc_col(int i, int lane) {
+  return 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+}
+
+__host__ __device__ constexpr uint32_t tile_bytes(int head_dim) {
+  return static_cast<uint32_t>(head_dim / 64) * kBoxBytes;
+}
+__host__ __device__ constexpr uint32_t smem_bytes(int head_dim, int resident) {
+  return 1024 + static_cast<uint32_t>(resident + 4) * tile_bytes(head_dim) + 1024;  // + slack
+}
+
+// A wgmma descriptor with the 128-byte swizzle (bits as in the PTX ISA).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t start, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((start >> 4) & 0x3fff) |
+         (static_cast<uint64_t>((lbo >> 4) & 0x3fff) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3fff) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+#if RINGATTN_CUDA_EMULATION
+inline uint32_t u32(SmemAddr a) { return a.offset; }
+inline SmemAddr at(uint32_t a) { return SmemAddr{a}; }
+#else
+__device__ __forceinline__ uint32_t u32(uint32_t a) { return a; }
+__device__ __forceinline__ uint32_t at(uint32_t a) { return a; }
+#endif
+
+// The block's shared memory: kResident tiles loaded once (under one barrier) and the ring.
+template <int kD, int kResident>
+struct Stages {
+  static constexpr uint32_t kTile = tile_bytes(kD);
+  uint32_t base;
+
+  __device__ __forceinline__ static Stages of_block() {
+    const uint32_t raw = u32(smem_addr(dynamic_smem<unsigned char>()));
+    return {(raw + 1023u) & ~1023u};
+  }
+  __device__ __forceinline__ uint32_t resident_full() const { return base; }
+  __device__ __forceinline__ uint32_t full(int s) const {
+    return base + 8 + 8 * static_cast<uint32_t>(s);
+  }
+  __device__ __forceinline__ uint32_t empty(int s) const {
+    return base + 24 + 8 * static_cast<uint32_t>(s);
+  }
+  __device__ __forceinline__ uint32_t resident(int i) const {
+    return base + 1024 + kTile * static_cast<uint32_t>(i);
+  }
+  __device__ __forceinline__ uint32_t ring(int tensor, int s) const {
+    return base + 1024 + kTile * static_cast<uint32_t>(kResident + 2 * tensor + s);
+  }
+
+  // Thread 0 initialises the barriers; the caller then synchronises the block.
+  __device__ __forceinline__ void init_barriers() const {
+    if (threadIdx.x != 0) return;
+    ptx::mbarrier_init(at(resident_full()), 1);
+    for (int s = 0; s < 2; ++s) {
+      ptx::mbarrier_init(at(full(s)), 1);
+      ptx::mbarrier_init(at(empty(s)), 128);  // every consumer thread frees a stage
+    }
+    ptx::fence_barrier_init();
+  }
+};
+
+// The producer thread's loads: the 64-row box of `rows` from each resident map (the second
+// for kResident == 2 only), then for every tile the work walks, that box of both ring maps
+// into the next ring stage once the consumers have freed it.
+template <int kD, int kResident, class Work>
+__device__ __forceinline__ void produce(const Stages<kD, kResident>& st, const Work& work,
+                                        const QueryRows& rows, const TmaDesc& resident0,
+                                        const TmaDesc& resident1, const TmaDesc& ring0,
+                                        const TmaDesc& ring1) {
+  constexpr int kHalves = kD / 64;
+  constexpr uint32_t kTile = tile_bytes(kD);
+  ptx::mbarrier_arrive_expect_tx(at(st.resident_full()), kResident * kTile);
+  for (int x = 0; x < kHalves; ++x) {
+    const uint32_t box = static_cast<uint32_t>(x) * kBoxBytes;
+    ptx::tma_load_4d(at(st.resident(0) + box), resident0, at(st.resident_full()), 64 * x, rows.h,
+                     rows.n, rows.b);
+    if constexpr (kResident == 2)
+      ptx::tma_load_4d(at(st.resident(1) + box), resident1, at(st.resident_full()), 64 * x, rows.h,
+                       rows.n, rows.b);
+  }
+  typename Work::Cursor cursor = work.begin(rows);
+  KeyTile t;
+  for (int j = 0; work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.empty(s)), static_cast<unsigned>((use + 1) & 1));
+    ptx::mbarrier_arrive_expect_tx(at(st.full(s)), 2 * kTile);
+    for (int x = 0; x < kHalves; ++x) {
+      const uint32_t box = static_cast<uint32_t>(x) * kBoxBytes;
+      ptx::tma_load_4d(at(st.ring(0, s) + box), ring0, at(st.full(s)), 64 * x, t.h, t.n, t.b);
+      ptx::tma_load_4d(at(st.ring(1, s) + box), ring1, at(st.full(s)), 64 * x, t.h, t.n, t.b);
+    }
+  }
+}
+
+// acc (64 × 64) = A·Bᵀ over the head dim, A and B 64-row tiles stored K-major.
+template <int kD, bool kBf16>
+__device__ __forceinline__ void product_ss(float (&acc)[32], uint32_t a_tile, uint32_t b_tile) {
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t step =
+        static_cast<uint32_t>(kk / 4) * kBoxBytes + 32u * static_cast<uint32_t>(kk % 4);
+    ptx::wgmma_ss<64, kBf16>(acc, sw128_desc(a_tile + step, 16, 1024),
+                             sw128_desc(b_tile + step, 16, 1024), kk > 0 ? 1 : 0);
+  }
+  ptx::wgmma_commit_group();
+  ptx::wgmma_wait_group<0>();
+}
+
+// acc (64 × kD) += A·B over 64 rows of B: A this lane's part of a 64 × 64 accumulator-layout
+// tile (rounded to the element type: wgmma's register A, 16 columns per step, is
+// mma.m16n8k16's A fragment, the accumulator's 8-column slices 2kk and 2kk + 1), B a 64-row
+// tile read N-major.
+template <int kD, bool kBf16>
+__device__ __forceinline__ void product_rs(float (&acc)[kD / 2], const float (&a_tile)[32],
+                                           uint32_t b_tile) {
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+      a[kk][x] = pack2<T>(a_tile[8 * kk + 2 * x], a_tile[8 * kk + 2 * x + 1]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    ptx::wgmma_rs_tb<kD, kBf16>(
+        acc, a[kk], sw128_desc(b_tile + 2048u * static_cast<uint32_t>(kk), kBoxBytes, 1024), 1);
+  ptx::wgmma_commit_group();
+  ptx::wgmma_wait_group<0>();
+}
+
+// The [B, N, H, D] position of an element offset into such a tensor (of `heads` heads).
+__device__ __forceinline__ void position_of(int64_t offset, int head_dim, int heads, int seq_len,
+                                            int& n, int& h, int& b) {
+  const int64_t row = offset / head_dim;
+  h = static_cast<int>(row % heads);
+  const int64_t flat = row / heads;
+  n = static_cast<int>(flat % seq_len);
+  b = static_cast<int>(flat / seq_len);
+}
+
+// A [B, N, heads, D] tensor of 16-bit elements as a rank-4 tensor map: dimensions (D, heads,
+// N, B), boxes of 64 × 1 × 64 × 1 with the 128-byte swizzle, zeros out of bounds. With `step`
+// > 1 the map is the strided view of rows phase, phase + step, ... (< N) of every batch: row
+// index n of the map is row phase + n·step of the tensor (a dilated pattern's rows; with
+// batch 1 and seq_len B·N, of the batches' rows end to end).
+inline TmaDesc tensor_map(const void* base, Elem elem, int batch, int seq_len, int heads,
+                          int head_dim, int phase = 0, int step = 1) {
+  const uint64_t d = static_cast<uint64_t>(head_dim);
+  const uint64_t dims[4] = {d, static_cast<uint64_t>(heads),
+                            static_cast<uint64_t>((seq_len - phase + step - 1) / step),
+                            static_cast<uint64_t>(batch)};
+  uint64_t strides[3] = {2 * d, 2 * d * static_cast<uint64_t>(heads) * static_cast<uint64_t>(step),
+                         2 * d * static_cast<uint64_t>(heads) * static_cast<uint64_t>(seq_len)};
+  // Dimensions may not overlap; with one batch its stride is never used, so it can be the
+  // view's whole span (which passes N when the last row of the view's step grid is past N).
+  if (batch == 1 && dims[2] * strides[1] > strides[2]) strides[2] = dims[2] * strides[1];
+  base = static_cast<const char*>(base) + 2 * d * static_cast<uint64_t>(heads) *
+                                              static_cast<uint64_t>(phase);
+  const uint32_t box[4] = {64, 1, kRows, 1};
+  TmaDesc map;
+#if RINGATTN_CUDA_EMULATION
+  (void)elem;
+  const std::string why = emu::encode_tensor_map_tiled(
+      map, 2, 4, base, dims, strides, box, emu::TmaSwizzle::bytes128, emu::TmaOobFill::zeros);
+  if (!why.empty()) throw RuntimeFailure("the Hopper kernels' tensor map is refused: " + why);
+#else
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) throw RuntimeFailure("the driver has no cuTensorMapEncodeTiled");
+  const uint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult rc = encode(
+      &map, elem == Elem::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS)
+    throw RuntimeFailure("cuTensorMapEncodeTiled refused the Hopper kernels' tensor map (error " +
+                         std::to_string(static_cast<int>(rc)) + ")");
+#endif
+  return map;
+}
+
+// "" when the Hopper kernels can run D = head_dim in `elem` on `device`, else why not.
+inline std::string device_unsupported(int head_dim, Elem elem, int device) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    return "head dim " + std::to_string(head_dim) + " (64, 128 or 256)";
+  if (elem == Elem::fp32) return "fp32 inputs (bf16 or fp16)";
+  int major = 0, minor = 0;
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0)
+    return "compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+           " (the kernel is sm_90a's)";
+#if !RINGATTN_CUDA_EMULATION && !defined(RINGATTN_SM90A_KERNELS)
+  return "this build has no sm_90a code";
+#endif
+  return "";
+}
+
+// Launches `kernel` on `grid` with `smem` bytes of dynamic shared memory (raised on every
+// launch: the attribute is per device).
+template <class Args>
+void launch(const char* name, void (*kernel)(Args), const Args& a, dim3 grid, int smem,
+            cudaStream_t stream) {
+  RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  launch_kernel(name, kernel, grid, dim3(kThreads), static_cast<std::size_t>(smem), stream, a);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
+    throw_cuda_error(err, (std::string("launch of ") + name).c_str(), __FILE__, __LINE__);
+}
+
+// The (head dim, dtype) switch: f.template operator()<kD, kBf16>(), for head dims up to kMaxD
+// (the forward's 256; the backward's accumulators fit 128).
+template <int kMaxD = 128, class F>
+void dispatch(int head_dim, Elem elem, F&& f) {
+  const bool bf16 = elem == Elem::bf16;
+  if (head_dim == 64) {
+    bf16 ? f.template operator()<64, true>() : f.template operator()<64, false>();
+  } else if (kMaxD < 256 || head_dim == 128) {
+    bf16 ? f.template operator()<128, true>() : f.template operator()<128, false>();
+  } else if constexpr (kMaxD >= 256) {
+    bf16 ? f.template operator()<256, true>() : f.template operator()<256, false>();
+  }
+}
+
+}  // namespace ringattn::kernels::cuda::hopper
