@@ -33,6 +33,8 @@ std::string whereabouts(const ThreadState& u, const WarpOp& op, std::uint32_t ma
              describe(u.where);
     case ThreadAt::named_barrier:
       return "waits at named barrier " + std::to_string(u.named_id) + " at " + describe(u.where);
+    case ThreadAt::yielded:
+      return "stepped aside after an mbarrier.arrive at " + describe(u.where);
     case ThreadAt::warp_op:
       if (!u.op->matches(op))
         return "waits at " + std::string(u.op->name()) + " at " + describe(u.where);
@@ -173,13 +175,14 @@ void BlockRunner::schedule(const std::function<void()>& body) {
 }
 
 bool BlockRunner::wake_mbarrier_waiters() {
-  bool woke = false;
+  bool woke = false, yielded = false;
   for (unsigned i = 0; i < n_threads_; ++i) {
     ThreadState& t = threads_[i];
     if (t.at == ThreadAt::named_barrier && named_[t.named_id].generation != t.named_generation) {
       t.at = ThreadAt::ready;
       woke = true;
     }
+    yielded = yielded || t.at == ThreadAt::yielded;
     if (t.at != ThreadAt::mbarrier) continue;
     Mbarrier& bar = mbarriers_.at(t.wait_bar);
     land_bulk_copies(bar, t.wait_bar, t);
@@ -187,6 +190,12 @@ bool BlockRunner::wake_mbarrier_waiters() {
       t.at = ThreadAt::ready;
       woke = true;
     }
+  }
+  // Threads that stepped aside run again once no waiter is left to go first.
+  if (!woke && yielded) {
+    for (unsigned i = 0; i < n_threads_; ++i)
+      if (threads_[i].at == ThreadAt::yielded) threads_[i].at = ThreadAt::ready;
+    woke = true;
   }
   return woke;
 }
@@ -270,6 +279,7 @@ bool BlockRunner::perform_warp_ops(unsigned w) {
         missing = &u;
       }
     }
+    if (missing && missing->at == ThreadAt::yielded) continue;  // it comes once resumed
     if (missing) {
       fault_at(t, name + " (mask " + hex(mask) + ") reached by only " + std::to_string(arrived) +
                       " of the " + std::to_string(std::popcount(mask)) + " lanes of warp " +
@@ -336,6 +346,23 @@ void wait_at_mbarrier(std::uint32_t bar, unsigned parity, std::source_location w
   t.at = ThreadAt::mbarrier;
   t.wait_bar = bar;
   t.wait_parity = parity;
+  t.where = where;
+  suspend(t);
+}
+
+void yield_after_arrive(std::uint32_t bar, unsigned completed, std::source_location where) {
+  BlockRunner& block = current_block();
+  if (!block.mode().arrive_yields) return;
+  ThreadState& t = current_thread();
+  bool waited_for = false;
+  for (unsigned i = 0; i < block.config().block.x * block.config().block.y * block.config().block.z;
+       ++i) {
+    const ThreadState& u = block.thread_at(i);
+    waited_for = waited_for || (u.at == ThreadAt::mbarrier && u.wait_bar == bar &&
+                                (u.wait_parity & 1u) == (completed & 1u));
+  }
+  if (!waited_for) return;
+  t.at = ThreadAt::yielded;
   t.where = where;
   suspend(t);
 }

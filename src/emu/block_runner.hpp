@@ -26,7 +26,9 @@
 
 namespace ringattn::emu {
 
-enum class ThreadAt { ready, barrier, warp_op, mbarrier, named_barrier, exited };
+// `yielded`: stepped aside at a phase-completing mbarrier.arrive (ExecutionMode::arrive_yields);
+// it runs again once the threads that phase woke have had their turn.
+enum class ThreadAt { ready, barrier, warp_op, mbarrier, named_barrier, yielded, exited };
 
 // An asynchronous warpgroup operation in flight (wgmma.mma_async under the at-wait landing):
 // shared by the lanes that issued it, landed once, by the first wait that covers it.
@@ -146,6 +148,10 @@ void arrive_at_warp_op(WarpOp& op, std::uint32_t mask, bool aligned, std::source
 void wait_at_named_barrier(unsigned id, std::uint64_t generation, std::source_location where);
 // Suspend the running thread until the mbarrier at `bar` completes the phase of `parity`.
 void wait_at_mbarrier(std::uint32_t bar, unsigned parity, std::source_location where);
+// Under ExecutionMode::arrive_yields, after the running thread's arrive completed the phase
+// of the mbarrier at `bar` whose parity `completed` is: if another thread waits for that
+// phase, suspend the running thread until the waiters have run.
+void yield_after_arrive(std::uint32_t bar, unsigned completed, std::source_location where);
 // Lands the barrier's bulk copies still in flight and completes their bytes on it (a wait
 // on it, under CpAsyncLanding::at_wait); may complete its phase. Faults name `t`.
 void land_bulk_copies(Mbarrier& bar, std::uint32_t offset, const ThreadState& t);

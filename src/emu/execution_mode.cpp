@@ -14,8 +14,10 @@ ExecutionMode& current_mode() {
   static ExecutionMode mode = [] {
     const char* order = std::getenv("RINGATTN_EMU_ORDER");
     const char* landing = std::getenv("RINGATTN_EMU_CP_ASYNC");
+    const char* arrive = std::getenv("RINGATTN_EMU_ARRIVE");
     return parse_execution_mode(order ? order : "", landing ? landing : "",
-                                "RINGATTN_EMU_ORDER / RINGATTN_EMU_CP_ASYNC");
+                                "RINGATTN_EMU_ORDER / RINGATTN_EMU_CP_ASYNC / RINGATTN_EMU_ARRIVE",
+                                arrive ? arrive : "");
   }();
   return mode;
 }
@@ -36,16 +38,17 @@ std::string describe(const ExecutionMode& mode) {
                       : mode.order == RunOrder::reverse ? "reverse"
                                                         : "shuffled:" + std::to_string(mode.seed);
   return "order=" + order +
-         " cp.async=" + (mode.landing == CpAsyncLanding::at_copy ? "at-copy" : "at-wait");
+         " cp.async=" + (mode.landing == CpAsyncLanding::at_copy ? "at-copy" : "at-wait") +
+         (mode.arrive_yields ? " arrive=yield" : "");
 }
 
 ExecutionMode parse_execution_mode(std::string_view order, std::string_view landing,
-                                   std::string_view source) {
+                                   std::string_view source, std::string_view arrive) {
   ExecutionMode mode;
   const auto bad = [&](std::string_view what) {
     return EmuUsageError(std::string(source) + ": '" + std::string(what) +
                          "' is not an execution mode (order: forward, reverse, shuffled[:SEED]; "
-                         "cp.async: at-copy, at-wait)");
+                         "cp.async: at-copy, at-wait; arrive: continue, yield)");
   };
   if (order == "forward" || order.empty()) {
     mode.order = RunOrder::forward;
@@ -70,6 +73,11 @@ ExecutionMode parse_execution_mode(std::string_view order, std::string_view land
     mode.landing = CpAsyncLanding::at_wait;
   } else {
     throw bad(landing);
+  }
+  if (arrive == "yield") {
+    mode.arrive_yields = true;
+  } else if (!arrive.empty() && arrive != "continue") {
+    throw bad(arrive);
   }
   return mode;
 }

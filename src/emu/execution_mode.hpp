@@ -1,7 +1,10 @@
 // What the emulator decides where real hardware gives no order: the order in which blocks,
-// warps (inside each barrier interval) and lanes (between warp collectives) run, and the
-// moment a cp.async lands (at the copy or at its wait_group). One mode is process-wide,
-// read from RINGATTN_EMU_ORDER / RINGATTN_EMU_CP_ASYNC; tests switch it with ScopedExecutionMode.
+// warps (inside each barrier interval) and lanes (between warp collectives) run, the moment
+// a cp.async lands (at the copy or at its wait_group), and whether a thread whose
+// mbarrier.arrive completes a phase that others wait on runs on, or lets them run first
+// (then a consumer that frees a stage before its last read of it sees the producer's next
+// copy land there). One mode is process-wide, read from RINGATTN_EMU_ORDER /
+// RINGATTN_EMU_CP_ASYNC / RINGATTN_EMU_ARRIVE; tests switch it with ScopedExecutionMode.
 #pragma once
 
 #include <cstdint>
@@ -18,15 +21,17 @@ struct ExecutionMode {
   RunOrder order = RunOrder::forward;
   std::uint64_t seed = 0;  // shuffled only
   CpAsyncLanding landing = CpAsyncLanding::at_copy;
+  bool arrive_yields = false;  // a phase-completing arrive lets the phase's waiters run first
 };
 
-// "order=shuffled:7 cp.async=at-wait"
+// "order=shuffled:7 cp.async=at-wait" (and " arrive=yield" when it yields)
 std::string describe(const ExecutionMode& mode);
 
-// `order`: forward | reverse | shuffled[:SEED]; `landing`: at-copy | at-wait. Empty strings
-// keep the defaults. Throws EmuUsageError naming `source` (e.g. the variable) when invalid.
+// `order`: forward | reverse | shuffled[:SEED]; `landing`: at-copy | at-wait; `arrive`:
+// continue | yield. Empty strings keep the defaults. Throws EmuUsageError naming `source`
+// (e.g. the variable) when invalid.
 ExecutionMode parse_execution_mode(std::string_view order, std::string_view landing,
-                                   std::string_view source);
+                                   std::string_view source, std::string_view arrive = "");
 
 // The mode launches run under (first use reads the environment).
 const ExecutionMode& execution_mode();

@@ -58,6 +58,7 @@ std::uint64_t arrive(SharedAddress bar, unsigned tx_bytes, const char* call,
   b.tx += tx_bytes;
   --b.pending;
   settle(b, bar.offset, t);
+  if (b.phase != state) yield_after_arrive(bar.offset, static_cast<unsigned>(state & 1u), where);
   return state;
 }
 

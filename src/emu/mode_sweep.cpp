@@ -8,8 +8,10 @@ namespace ringattn::emu {
 std::vector<ExecutionMode> standard_modes() {
   using enum RunOrder;
   using enum CpAsyncLanding;
-  return {{forward, 0, at_copy}, {reverse, 0, at_wait},  {forward, 0, at_wait},
-          {reverse, 0, at_copy}, {shuffled, 1, at_copy}, {shuffled, 2, at_wait}};
+  // Half of them let a phase-completing mbarrier.arrive yield to the phase's waiters.
+  return {{forward, 0, at_copy, false}, {reverse, 0, at_wait, false},
+          {forward, 0, at_wait, true},  {reverse, 0, at_copy, true},
+          {shuffled, 1, at_copy, true}, {shuffled, 2, at_wait, false}};
 }
 
 std::optional<std::string> find_mode_dependence(const std::function<std::vector<std::byte>()>& run,

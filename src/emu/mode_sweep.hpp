@@ -1,7 +1,8 @@
 // Runs one computation under several execution modes and compares the bytes it produced.
-// A kernel whose result depends on warp order or on when cp.async lands has a race (a
-// missing __syncthreads or cp.async wait) that a real GPU shows only sometimes; here it
-// shows as a difference between two modes.
+// A kernel whose result depends on warp order, on when cp.async lands or on who runs after a
+// phase-completing mbarrier.arrive has a race (a missing __syncthreads or cp.async wait, a
+// stage released before its last read) that a real GPU shows only sometimes; here it shows
+// as a difference between two modes.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +16,8 @@
 
 namespace ringattn::emu {
 
-// Forward and reverse, each with both landings, and shuffled orders with two seeds.
+// Forward and reverse, each with both landings, and shuffled orders with two seeds; half of
+// them yield at a phase-completing mbarrier.arrive.
 std::vector<ExecutionMode> standard_modes();
 
 // Runs `run` once per mode (with that mode set process-wide) and returns a description of

@@ -178,6 +178,11 @@ TEST(Execution, ModesParseFromTheirTextForm) {
   EXPECT_THROW(parse_execution_mode("sideways", "", "RINGATTN_EMU_ORDER"), EmuUsageError);
   EXPECT_THROW(parse_execution_mode("shuffled:x", "", "RINGATTN_EMU_ORDER"), EmuUsageError);
   EXPECT_THROW(parse_execution_mode("", "later", "RINGATTN_EMU_CP_ASYNC"), EmuUsageError);
+  const ExecutionMode y = parse_execution_mode("", "", "test", "yield");
+  EXPECT_TRUE(y.arrive_yields);
+  EXPECT_EQ(describe(y), "order=forward cp.async=at-copy arrive=yield");
+  EXPECT_FALSE(parse_execution_mode("", "", "test", "continue").arrive_yields);
+  EXPECT_THROW(parse_execution_mode("", "", "RINGATTN_EMU_ARRIVE", "later"), EmuUsageError);
 }
 
 }  // namespace

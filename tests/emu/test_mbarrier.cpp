@@ -26,6 +26,7 @@ using testing::faults;
 
 const ExecutionMode kAtCopy{RunOrder::forward, 0, CpAsyncLanding::at_copy};
 const ExecutionMode kAtWait{RunOrder::forward, 0, CpAsyncLanding::at_wait};
+const ExecutionMode kAtCopyYield{RunOrder::forward, 0, CpAsyncLanding::at_copy, true};
 
 constexpr unsigned kStages = 6, kChunk = 32;  // floats per stage (128 bytes)
 
@@ -39,7 +40,7 @@ Source counting() {
   return s;
 }
 
-enum class Consumer { waits, skips_the_wait, test_wait_spin, wrong_parity };
+enum class Consumer { waits, skips_the_wait, test_wait_spin, wrong_parity, frees_before_reading };
 
 // Shared layout: full[2], empty[2] barriers (8 bytes each) at 0..31, buffers at 32.
 // Warp `producer_warp`'s lane 0 produces; the other warp's 32 lanes consume, each summing
@@ -87,8 +88,13 @@ std::vector<float> pipeline(Consumer how, unsigned producer_warp = 0) {
           break;
         case Consumer::skips_the_wait:
           break;
+        case Consumer::frees_before_reading:
+          mbarrier_try_wait_parity(full[b], use % 2);
+          mbarrier_arrive(empty[b]);  // the stage is the producer's again: the read races
+          break;
       }
       sum += buf[b * kChunk + lane];
+      if (how == Consumer::frees_before_reading) continue;
       if (how == Consumer::skips_the_wait) mbarrier_try_wait_parity(full[b], use % 2);
       mbarrier_arrive(empty[b]);
     }
@@ -126,6 +132,20 @@ TEST(Mbarrier, AMissingWaitShowsAsLandingDependence) {
   EXPECT_NE(difference->find("cp.async=at-wait"), std::string::npos) << *difference;
   const ScopedExecutionMode at_wait(kAtWait);
   EXPECT_TRUE(std::isnan(pipeline(Consumer::skips_the_wait)[0])) << "the poison, not the copy";
+}
+
+// Freeing a stage (arriving on "empty") before the last read of it lets the producer's next
+// copy land there first: on a GPU a race, here a mode dependence, since under arrive=yield
+// the arrive that completes the phase lets the waiting producer run (and its copy land)
+// before the consumer reads.
+TEST(Mbarrier, AStageFreedBeforeItsLastReadShowsAsModeDependence) {
+  const std::vector<ExecutionMode> modes = {kAtCopy, kAtCopyYield};
+  const auto difference = find_mode_dependence(
+      [&] { return bytes_of(pipeline(Consumer::frees_before_reading)); }, modes);
+  ASSERT_TRUE(difference.has_value());
+  EXPECT_NE(difference->find("arrive=yield"), std::string::npos) << *difference;
+  const ScopedExecutionMode plain(kAtCopy);
+  EXPECT_EQ(pipeline(Consumer::frees_before_reading), expected()) << "no yield: no race seen";
 }
 
 // Waiting on the other phase's parity passes where it should wait and waits where it should
