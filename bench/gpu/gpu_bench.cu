@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/hopper_fwd.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
@@ -57,7 +56,6 @@ struct Args {
   DeviceDType dtype = DeviceDType::bf16;
   KernelChoice kernel = KernelChoice::native;
   bool fwd = true, bwd = true, max_n = false;
-  bool hopper = false;  // --kernel hopper: the sm_90a forward kernel alone (forward only)
   int warmup = 2, iters = 10;
 };
 
@@ -107,7 +105,6 @@ Args parse(int argc, char** argv) {
                  : t == "auto"   ? KernelChoice::automatic
                  : t == "hopper" ? KernelChoice::hopper
                                  : KernelChoice::native;
-      a.hopper = t == "hopper";
     } else if (k == "--pass") {
       const std::string t = val();
       a.fwd = t != "bwd";
@@ -175,47 +172,7 @@ std::pair<double, std::vector<double>> time_ms(const Args& a, F&& f) {
   return {sorted[sorted.size() / 2], ms};
 }
 
-// The Hopper forward kernel on its own (kernels/cuda/hopper_fwd.hpp): dense [B, N, H, D],
-// forward only; a row saying why where it cannot run (not an sm_90 device, a head dim).
-int bench_hopper(const Args& a) {
-  const Shape4& s = a.cfg.shape;
-  namespace kc = kernels::cuda;
-  kc::HopperForwardParams p;
-  p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
-  p.heads = static_cast<int>(s.heads), p.kv_heads = static_cast<int>(s.heads);
-  p.head_dim = static_cast<int>(s.head_dim);
-  p.scale = static_cast<float>(a.cfg.effective_scale());
-  p.causal = a.cfg.causal;
-  p.elem = a.dtype == DeviceDType::fp16 ? kc::Elem::fp16 : kc::Elem::bf16;
-  nlohmann::json j = row_base(a, "hopper");
-  j["pass"] = "fwd";
-  if (const std::string why = kc::hopper_forward_unsupported(p, 0);
-      !why.empty() || a.cfg.attention != AttentionKind::dense || a.dtype == DeviceDType::fp32) {
-    j["error"] = why.empty() ? "dense bf16/fp16 only" : why;
-    std::cout << j.dump() << std::endl;
-    return 0;
-  }
-  const auto n = static_cast<std::size_t>(s.numel());
-  const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), out(n * 4, "out"), lse(nl * 4, "lse");
-  fill(q.data(), static_cast<int64_t>(n), a.dtype, 1);
-  fill(k.data(), static_cast<int64_t>(n), a.dtype, 2);
-  fill(v.data(), static_cast<int64_t>(n), a.dtype, 3);
-  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.as<float>(), p.lse = lse.as<float>();
-  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto [median, all] = time_ms(a, [&] { kc::hopper_forward(p, nullptr); });
-  const double flops = 4.0 * static_cast<double>(s.head_dim) * attended_pairs(a.cfg);
-  j["ms"] = median;
-  j["tflops"] = flops / (median * 1e9);
-  j["ms_all"] = all;
-  std::cout << j.dump() << std::endl;
-  return 0;
-}
-
 int bench(const Args& a) {
-  // Dense: the kernel alone. Dilated: CudaPlan's --kernel hopper (its forward over the
-  // pattern's strided views; the backward rows are the native kernels').
-  if (a.hopper && a.cfg.attention == AttentionKind::dense) return bench_hopper(a);
   const Shape4& s = a.cfg.shape;
   CudaPlan plan(a.cfg, {a.dtype, a.kernel, 0});
   const auto n = static_cast<std::size_t>(s.numel());

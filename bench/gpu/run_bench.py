@@ -7,9 +7,10 @@ dilations 1,2,4, grouped). Each row is timed, forward and backward, for our nati
 (gpu_bench --kernel native), cuDNN's graphs (gpu_bench --kernel cudnn; each pass recorded only
 where cuDNN really ran it), and PyTorch (for dense, SDPA with each backend that runs the row:
 torch_flash, torch_cudnn; torch_seed, the replaced project's gather/SDPA/scatter, for
-dilated); ratio_vs_torch is against PyTorch's fastest. Rows also time the sm_90a forward
-(gpu_bench --kernel hopper, forward only: the kernel alone for dense, CudaPlan's strided views
-for dilated) where the device is an sm_90. Small N first across all configs, so a
+dilated); ratio_vs_torch is against PyTorch's fastest. Rows also time the sm_90a kernels
+(gpu_bench --kernel hopper: CudaPlan's --kernel hopper, each pass a row where it ran the
+Hopper kernel, the reason where it did not) where the device is an sm_90. Small N first
+across all configs, so a
 time budget cuts the largest rows and says which. Then the largest N of the dilated forward
 against the memory bound.
 
@@ -78,8 +79,6 @@ def gpu_bench(exe, row, kernel, warmup, iters, timeout):
                  "--dilations", ",".join(map(str, DILATIONS))]
     if row["causal"]:
         args.append("--causal")
-    if kernel == "hopper":  # its forward only: the backward is the native one
-        args += ["--pass", "fwd"]
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -125,10 +124,9 @@ def main():
                     errors.append({**row, "impl": kernel, "error": r["error"]})
                     continue
                 if kernel == "hopper" and r["impl"] != "hopper":
-                    # the plan's native backward, or the plan declined (its notes say why)
-                    if r["pass"] == "fwd":
-                        errors.append({**row, "impl": "hopper", "pass": "fwd",
-                                       "error": "; ".join(r.get("notes", []))})
+                    # the plan ran this pass natively (its notes say why): not a Hopper row
+                    errors.append({**row, "impl": "hopper", "pass": r["pass"],
+                                   "error": "; ".join(r.get("notes", []))})
                     continue
                 if kernel == "cudnn" and r["impl"] != "cudnn":
                     # cuDNN did not run this pass (the plan's notes say why): not a cuDNN row.
