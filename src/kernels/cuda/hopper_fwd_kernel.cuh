@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/hopper_tiles.cuh"
 
@@ -24,7 +26,10 @@ struct Args {
   Work work;
 };
 
-template <int kD, bool kBf16, class Work>
+// kOverlap: the next tile's S = Q·Kᵀ is issued before this tile's softmax and runs under it
+// (FlashAttention-3's intra-warpgroup overlap), at the cost of a second 64 × 64 score tile in
+// registers; without it each product is waited for before the softmax.
+template <int kD, bool kBf16, class Work, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_fwd_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -53,12 +58,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   ptx::mbarrier_wait(at(st.resident_full()), 0);
   typename Work::Cursor cursor = p.work.begin(qr);
-  KeyTile t;
-  for (int j = 0; p.work.next(cursor, t); ++j) {
+  KeyTile t, t_next{};
+  float sc[32], s_next[32];
+  bool have = p.work.next(cursor, t);
+  if (kOverlap && have) {
+    ptx::mbarrier_wait(at(st.full(0)), 0);
+    product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, 0));
+  }
+  for (int j = 0; have; ++j) {
     const int s = j & 1, use = j >> 1;
-    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
-    float sc[32];
-    product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
+    bool more = false;
+    if constexpr (kOverlap) {  // S of the next tile, in flight under this tile's softmax
+      more = p.work.next(cursor, t_next);
+      if (more) {
+        const int s2 = (j + 1) & 1, use2 = (j + 1) >> 1;
+        ptx::mbarrier_wait(at(st.full(s2)), static_cast<unsigned>(use2 & 1));
+        issue_ss<kD, kBf16>(s_next, st.resident(0), st.ring(0, s2));
+      }
+    } else {
+      ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+      product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
+    }
     // Scores in the log2 domain; columns outside the row's reach are masked.
     Reach cols[2];
 #pragma unroll
@@ -91,8 +111,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + tile_sum[r];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] *= corr[acc_row(i)];
-    product_rs<kD, kBf16>(o, sc, st.ring(1, s));
+    issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
+    ptx::wgmma_wait_group<0>();  // O += P·V, and the next S under kOverlap
     ptx::mbarrier_arrive(at(st.empty(s)));
+    if constexpr (kOverlap) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sc[i] = s_next[i];
+      t = t_next;
+      have = more;
+    } else {
+      have = p.work.next(cursor, t);
+    }
   }
   // The epilogue: out = o / l and lse = (m + log2 l)·ln 2, written, or merged into the
   // (out, lse) already there as merge_lse_row does. Every lane of a row reads the old lse
@@ -142,13 +171,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The forward's (head dim, dtype) switch.
+// Whether the forward overlaps the next tile's S = Q·Kᵀ with this tile's softmax (D <= 128):
+// yes, unless RINGATTN_HOPPER_OVERLAP=0 (for A/B runs on a GPU; read once).
+inline bool overlap_chosen() {
+  static const bool on = [] {
+    const char* v = std::getenv("RINGATTN_HOPPER_OVERLAP");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// The forward's (head dim, dtype, overlap) switch.
 template <class Work>
 void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
                 cudaStream_t stream) {
+  const bool overlap = overlap_chosen();
   dispatch<256>(head_dim, elem, [&]<int kD, bool kBf16>() {
-    launch(name, &hopper_fwd_kernel<kD, kBf16, Work>, a, grid, static_cast<int>(smem_bytes(kD, 1)),
-           stream);
+    const int smem = static_cast<int>(smem_bytes(kD, 1));
+    if constexpr (kD <= 128) {  // at D = 256 the second score tile would spill (ptxas)
+      if (overlap) {
+        launch(name, &hopper_fwd_kernel<kD, kBf16, Work, true>, a, grid, smem, stream);
+        return;
+      }
+    }
+    launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false>, a, grid, smem, stream);
   });
 }
 

@@ -166,9 +166,10 @@ __device__ __forceinline__ void produce(const Stages<kD, kResident>& st, const W
   }
 }
 
-// acc (64 × 64) = A·Bᵀ over the head dim, A and B 64-row tiles stored K-major.
+// Issues acc (64 × 64) = A·Bᵀ over the head dim, A and B 64-row tiles stored K-major, as one
+// committed wgmma group: acc may not be touched until a wait_group covers it.
 template <int kD, bool kBf16>
-__device__ __forceinline__ void product_ss(float (&acc)[32], uint32_t a_tile, uint32_t b_tile) {
+__device__ __forceinline__ void issue_ss(float (&acc)[32], uint32_t a_tile, uint32_t b_tile) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
@@ -178,16 +179,22 @@ __device__ __forceinline__ void product_ss(float (&acc)[32], uint32_t a_tile, ui
                              sw128_desc(b_tile + step, 16, 1024), kk > 0 ? 1 : 0);
   }
   ptx::wgmma_commit_group();
+}
+
+// acc (64 × 64) = A·Bᵀ, waited for.
+template <int kD, bool kBf16>
+__device__ __forceinline__ void product_ss(float (&acc)[32], uint32_t a_tile, uint32_t b_tile) {
+  issue_ss<kD, kBf16>(acc, a_tile, b_tile);
   ptx::wgmma_wait_group<0>();
 }
 
-// acc (64 × kD) += A·B over 64 rows of B: A this lane's part of a 64 × 64 accumulator-layout
-// tile (rounded to the element type: wgmma's register A, 16 columns per step, is
-// mma.m16n8k16's A fragment, the accumulator's 8-column slices 2kk and 2kk + 1), B a 64-row
-// tile read N-major.
+// Issues acc (64 × kD) += A·B over 64 rows of B as one committed wgmma group: A this lane's
+// part of a 64 × 64 accumulator-layout tile (rounded to the element type: wgmma's register
+// A, 16 columns per step, is mma.m16n8k16's A fragment, the accumulator's 8-column slices 2kk
+// and 2kk + 1), B a 64-row tile read N-major.
 template <int kD, bool kBf16>
-__device__ __forceinline__ void product_rs(float (&acc)[kD / 2], const float (&a_tile)[32],
-                                           uint32_t b_tile) {
+__device__ __forceinline__ void issue_rs(float (&acc)[kD / 2], const float (&a_tile)[32],
+                                         uint32_t b_tile) {
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   uint32_t a[4][4];
 #pragma unroll
@@ -201,6 +208,13 @@ __device__ __forceinline__ void product_rs(float (&acc)[kD / 2], const float (&a
     ptx::wgmma_rs_tb<kD, kBf16>(
         acc, a[kk], sw128_desc(b_tile + 2048u * static_cast<uint32_t>(kk), kBoxBytes, 1024), 1);
   ptx::wgmma_commit_group();
+}
+
+// acc += A·B as issue_rs, waited for.
+template <int kD, bool kBf16>
+__device__ __forceinline__ void product_rs(float (&acc)[kD / 2], const float (&a_tile)[32],
+                                           uint32_t b_tile) {
+  issue_rs<kD, kBf16>(acc, a_tile, b_tile);
   ptx::wgmma_wait_group<0>();
 }
 
