@@ -10,15 +10,22 @@
 #                                         # wheel for the image's Python), or what it lacks
 #   bash bench/gpu/device_run.sh bench   # the benchmark sweep (run_bench.py) and max N
 #   bash bench/gpu/device_run.sh ring    # the ring and block-sparse benchmark (ring_bench.py)
+#   bash bench/gpu/device_run.sh hopper  # the Hopper (sm_90a) kernels' tests, then their A/B
+#                                         # against native and cuDNN, with and without the
+#                                         # forward's overlap (hopper_ab.py)
 #   bash bench/gpu/device_run.sh all     # check, ring, bench (may not fit one 10-minute call)
 #   bash bench/gpu/device_run.sh tests python sanitize   # several stages, in that order
 #
 # One call for a 15-minute lease (about 7 minutes of device time; leaves room to rerun):
 #   REPEAT=2 QUICK=1 BUDGET_S=150 SKIP_MAX_N=1 bash bench/gpu/device_run.sh tests python bench
 #
-# Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset), at most five
-# files: device.txt, tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt,
-# ring_bench_rows.jsonl, ring_bench_table.txt, ceilings.json.
+# Issue 31's first sm_90 look, in one call of about 8 minutes:
+#   QUICK=1 HOPPER_BUDGET_S=200 bash bench/gpu/device_run.sh hopper tests
+#
+# Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset): device.txt,
+# tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt, ring_bench_rows.jsonl,
+# ring_bench_table.txt, ceilings.json, hopper_tests.log, hopper_ab_rows.jsonl,
+# hopper_ab_table.txt (each stage writes its own).
 # Exit status: 0 when every stage run passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -134,6 +141,22 @@ run_bench() {
     --budget-s "$BUDGET_S" ${QUICK:+--quick} ${SKIP_MAX_N:+--skip-max-n} || status=1
 }
 
+# Issue 31's kernels on their first sm_90: their tests (dense, block-sparse, dilated; the
+# plans and the CLI), then hopper_ab.py's table.
+run_hopper() {
+  : >"$OUT/hopper_tests.log"
+  for spec in "test_cuda_kernels:CudaHopper.*" "test_cuda_sparse:*Hopper*" \
+    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*"; do
+    t=${spec%%:*}
+    echo "== $t ${spec#*:}" | tee -a "$OUT/hopper_tests.log"
+    "$CARRY/bin/$t" --gtest_color=no --gtest_filter="${spec#*:}" >>"$OUT/hopper_tests.log" 2>&1 ||
+      status=1
+    grep -E "^\[  (PASSED|FAILED) \]|SKIPPED: " "$OUT/hopper_tests.log" | tail -2
+  done
+  python3 bench/gpu/hopper_ab.py --gpu-bench "$CARRY/bin/gpu_bench" --out "$OUT" \
+    --budget-s "${HOPPER_BUDGET_S:-240}" ${QUICK:+--quick} || status=1
+}
+
 run_ring() {
   python3 bench/gpu/ring_bench.py --cli "$CARRY/bin/ringattn" --out "$OUT" \
     --budget-s "${RING_BUDGET_S:-240}" || status=1
@@ -176,10 +199,11 @@ for stage in "${@:-all}"; do
     check) run_check; run_sanitize ;;
     python) run_python ;;
     bench) run_bench ;;
+    hopper) run_hopper ;;
     ring) run_ring ;;
     ring+bench) run_ring; run_bench ;;
     all) run_check; run_sanitize; run_ring; run_bench ;;
-    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | ring+bench | all)"; exit 2 ;;
+    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | ring+bench | hopper | all)"; exit 2 ;;
   esac
   echo "device_run: stage $stage took $(( $(date +%s) - begin )) s (status so far $status)"
 done

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The Hopper kernels' first look on a lent sm_90 (device_run.sh stage `hopper`): each row
+through gpu_bench (CudaPlan, bf16, B=1, H·D=2048) with --kernel native, cudnn and hopper,
+the last twice: with the forward's intra-warpgroup overlap (the default) and without it
+(RINGATTN_HOPPER_OVERLAP=0), run A, B, A, B so drift shows as the spread between repeats.
+Rows: dense full and causal at D = 64/128/256, N = 16K (and 64K at D = 128), and dilated
+(segments 2048,4096,8192, dilations 1,2,4) at D = 128. Issue 31's goals read off this table:
+dense forward >= 550 TFLOP/s at D = 128 (>= 0.85x cuDNN), backward >= 400; dilated >= 1.0x
+our cuDNN path.
+
+Writes hopper_ab_rows.jsonl and hopper_ab_table.txt under --out; prints the table."""
+import argparse
+import json
+import os
+import subprocess
+import time
+
+VARIANTS = [("native", {}), ("cudnn", {}), ("hopper", {}),
+            ("hopper-no-overlap", {"RINGATTN_HOPPER_OVERLAP": "0"})]
+
+
+def rows(quick):
+    out = []
+    for d, n in [(128, 16384), (128, 65536), (64, 16384), (256, 16384)]:
+        if quick and n > 16384:
+            continue
+        for causal in (False, True):
+            out.append({"attention": "dense", "head_dim": d, "seq_len": n, "causal": causal})
+    out.append({"attention": "dilated", "head_dim": 128, "seq_len": 16384, "causal": False})
+    return out
+
+
+def bench(exe, row, kernel, env, iters, timeout=240):
+    args = [exe, "--seq-len", str(row["seq_len"]), "--batch", "1",
+            "--heads", str(2048 // row["head_dim"]), "--head-dim", str(row["head_dim"]),
+            "--attention", row["attention"], "--kernel", kernel.split("-")[0],
+            "--warmup", "2", "--iters", str(iters)]
+    if row["attention"] == "dilated":
+        args += ["--segments", "2048,4096,8192", "--dilations", "1,2,4"]
+    if row["causal"]:
+        args.append("--causal")
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        return {}, f"timed out after {timeout} s"
+    got = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            got[r["pass"]] = r
+    return got, ("" if p.returncode == 0 else f"exit {p.returncode}: {p.stderr.strip()[-300:]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu-bench", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=240)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.time()
+    results, notes, skipped = [], [], []
+    table_rows = rows(a.quick)
+    for row in table_rows:
+        best = {}  # (variant, pass) -> (ms, tflops, impl)
+        for repeat in range(2):
+            for name, env in VARIANTS:
+                if time.time() - t0 > a.budget_s:
+                    skipped.append(f"{row} {name} repeat {repeat}")
+                    continue
+                got, err = bench(a.gpu_bench, row, name, env, a.iters)
+                if err:
+                    notes.append(f"{row} {name}: {err}")
+                for pas, r in got.items():
+                    key = (name, pas)
+                    results.append({**row, "variant": name, "repeat": repeat, "pass": pas,
+                                    "impl": r["impl"], "ms": r["ms"], "tflops": r["tflops"],
+                                    "device": r.get("device"), "notes": r.get("notes", [])})
+                    if name.startswith("hopper") and r["impl"] != "hopper":
+                        notes.append(f"{row} {name} {pas}: ran {r['impl']}: "
+                                     + "; ".join(r.get("notes", [])))
+                        continue
+                    if key not in best or r["ms"] < best[key][0]:
+                        best[key] = (r["ms"], r["tflops"], r["impl"])
+        row["best"] = {f"{k[0]}/{k[1]}": v for k, v in best.items()}
+    with open(os.path.join(a.out, "hopper_ab_rows.jsonl"), "w") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")
+    device = next((r["device"] for r in results if r.get("device")), "unknown")
+    lines = [f"Hopper A/B on {device}, bf16, B=1, H*D=2048, best of 2 interleaved repeats "
+             f"(TFLOP/s; x cuDNN in brackets), {time.strftime('%Y-%m-%d %H:%M:%S')}",
+             f"{'row':<34}{'pass':<5}{'native':>9}{'cudnn':>9}{'hopper':>16}{'no-overlap':>16}"]
+    for row in table_rows:
+        name = (f"{row['attention']} D={row['head_dim']} N={row['seq_len']}"
+                + (" causal" if row["causal"] else ""))
+        for pas in ("fwd", "bwd"):
+            best = row.get("best", {})
+
+            def tf(v):
+                x = best.get(f"{v}/{pas}")
+                return x[1] if x else None
+            cud = tf("cudnn")
+
+            def cell(v, width):
+                x = tf(v)
+                if x is None:
+                    return f"{'-':>{width}}"
+                rel = f" [{x / cud:.2f}x]" if cud and v.startswith("hopper") else ""
+                return f"{x:.1f}{rel}".rjust(width)
+            lines.append(f"{name:<34}{pas:<5}{cell('native', 9)}{cell('cudnn', 9)}"
+                         f"{cell('hopper', 16)}{cell('hopper-no-overlap', 16)}")
+    lines += [f"note: {n[:300]}" for n in notes[:20]]
+    if skipped:
+        lines.append(f"skipped for the time budget: {len(skipped)} runs")
+    table = "\n".join(lines)
+    with open(os.path.join(a.out, "hopper_ab_table.txt"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
