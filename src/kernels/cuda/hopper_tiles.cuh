@@ -313,11 +313,20 @@ void dispatch(int head_dim, Elem elem, F&& f) {
   const bool bf16 = elem == Elem::bf16;
   if (head_dim == 64) {
     bf16 ? f.template operator()<64, true>() : f.template operator()<64, false>();
-  } else if (kMaxD < 256 || head_dim == 128) {
-    bf16 ? f.template operator()<128, true>() : f.template operator()<128, false>();
-  } else if constexpr (kMaxD >= 256) {
-    bf16 ? f.template operator()<256, true>() : f.template operator()<256, false>();
+    return;
   }
+  if (head_dim == 128) {
+    bf16 ? f.template operator()<128, true>() : f.template operator()<128, false>();
+    return;
+  }
+  if constexpr (kMaxD >= 256) {
+    if (head_dim == 256) {
+      bf16 ? f.template operator()<256, true>() : f.template operator()<256, false>();
+      return;
+    }
+  }
+  throw RuntimeFailure("the Hopper kernels have no instantiation for head dim " +
+                       std::to_string(head_dim));
 }
 
 }  // namespace ringattn::kernels::cuda::hopper
