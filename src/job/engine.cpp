@@ -68,21 +68,24 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
     m.device_comm = ring::make_nccl_communicator(comm, {spec.timeout_s});
   // cuDNN runs where a rank's attention is a single-GPU plan: one rank, or Ulysses with one
   // group (each rank's head slice whole, between the all-to-alls). The ring's steps and
-  // block-sparse run the native kernels.
-  if (m.device_comm &&
-      (spec.kernel == KernelChoice::cudnn || spec.kernel == KernelChoice::hopper) &&
-      !single_plan_per_rank(m))
+  // block-sparse run the native kernels, or with --kernel hopper the sm_90a forward (every
+  // ring step's; block-sparse's local blocks).
+  if (m.device_comm && spec.kernel == KernelChoice::cudnn && !single_plan_per_rank(m))
     throw InputError("--kernel", std::string("'") + to_string(spec.kernel) +
                                      "' runs on one rank, or with --ulysses equal "
                                      "to the rank count; the GPU " +
                                      (m.job.lists ? "block-sparse mode" : "ring") +
-                                     " uses the native kernels (use --kernel native or auto)");
+                                     " uses the native kernels (use --kernel native, hopper or "
+                                     "auto)");
 }
 
+// The kernel choice reaches every device plan but cuDNN's, which runs on single-GPU plans
+// only (auto on a ring or distributed block-sparse is native).
 CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
   const bool single = !m.device_comm || single_plan_per_rank(m);
-  return {spec.dtype.value_or(DeviceDType::bf16), single ? spec.kernel : KernelChoice::native,
-          m.device_index, spec.deterministic};
+  const KernelChoice k =
+      single || spec.kernel == KernelChoice::hopper ? spec.kernel : KernelChoice::native;
+  return {spec.dtype.value_or(DeviceDType::bf16), k, m.device_index, spec.deterministic};
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks

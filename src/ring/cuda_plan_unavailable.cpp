@@ -77,6 +77,7 @@ struct CudaRingPlan::Impl {
   ShardLayout layout;
   RingSchedule sched;
   RingTimings none;
+  std::vector<std::string> notes;
 };
 CudaRingPlan::CudaRingPlan(const AttentionConfig&, Communicator&, CudaPlanOptions, RingOptions) {
   no_cuda();
@@ -95,6 +96,9 @@ void* CudaRingPlan::stream() const noexcept { return nullptr; }
 const RingTimings& CudaRingPlan::last_forward() const noexcept { return impl_->none; }
 const RingTimings& CudaRingPlan::last_backward() const noexcept { return impl_->none; }
 std::size_t CudaRingPlan::workspace_bytes() const noexcept { return 0; }
+std::string CudaRingPlan::kernel_name() const { return "native"; }
+std::string CudaRingPlan::backward_kernel_name() const { return "native"; }
+const std::vector<std::string>& CudaRingPlan::notes() const noexcept { return impl_->notes; }
 
 }  // namespace ringattn::ring
 

@@ -14,6 +14,7 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
 #include "ring/progress_thread.hpp"
 #include "ring/ring_protocol.hpp"
@@ -26,6 +27,8 @@ namespace ringattn::ring {
 namespace kc = kernels::cuda;
 
 namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 kc::Elem elem_of(DeviceDType t) {
   switch (t) {
@@ -59,6 +62,11 @@ struct DeviceStep {
   int64_t run0 = 0, n_runs = 0;  // the rows this rank sends, into the run list
   bool rows_repeat = false;  // runs_repeat_a_row(): dK/dV rows are added serially
 };
+// A wave's items for the Hopper forward, ordered into groups of one (query view, key view).
+struct HopperWave {
+  int64_t item0 = 0;  // into the plan's Hopper item list
+  std::vector<kc::HopperTaskGroup> groups;
+};
 
 }  // namespace
 
@@ -83,6 +91,13 @@ struct CudaRingPlan::Impl {
   RingBuffers<kc::DeviceAllocation> buf;
   std::unique_ptr<StreamExchanges> ex;  // before the stream in ~Impl
   RingTimings fwd, bwd;
+  // --kernel hopper: every step's forward on the sm_90a task kernel, over the rank's own K/V
+  // at step 0 and the packed receive buffer after; the backward is native.
+  bool use_hopper = false, noted_unaligned = false;
+  std::vector<std::vector<HopperWave>> hopper_waves;  // [step][wave]
+  std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source
+  kc::DeviceAllocation hopper_items;
+  std::vector<std::string> notes;
 
   int64_t d() const { return cfg.shape.head_dim; }
   std::size_t eb() const { return static_cast<std::size_t>(kc::elem_bytes(elem)); }
@@ -97,6 +112,7 @@ struct CudaRingPlan::Impl {
     delta.reset();
     part_out.reset();
     part_lse.reset();
+    hopper_items.reset();
     for (int i = 0; i < 2; ++i) {
       buf.send[i].reset();
       buf.receive[i].reset();
@@ -135,6 +151,50 @@ struct CudaRingPlan::Impl {
   }
 
   int64_t shard_rows() const { return cfg.shape.batch * layout.local_len * cfg.shape.heads; }
+
+  // Step t's tensors as the Hopper task kernel reads them: q [B, N/P, H, D]; K/V the shard's
+  // [B, N/P, HKV, D] at step 0, else the step's packed receive rows [recv_rows, D].
+  kc::HopperTaskShape hopper_shape(int t) const {
+    const Shape4& s = cfg.shape;
+    kc::HopperTaskShape h{static_cast<int>(s.batch), static_cast<int>(layout.local_len),
+                          static_cast<int>(s.heads), static_cast<int>(cfg.effective_kv_heads()),
+                          static_cast<int>(s.head_dim)};
+    if (t > 0) {
+      h.kv_heads = 1;
+      h.kv_rows = static_cast<int>(sched.steps[static_cast<std::size_t>(t)].recv_rows);
+    }
+    return h;
+  }
+
+  // "" and every wave's items grouped and uploaded, or why the Hopper forward cannot run.
+  std::string prepare_hopper() {
+    const Shape4& s = cfg.shape;
+    if (s.batch * layout.local_len > std::numeric_limits<int>::max() / 2 ||
+        sched.max_recv_rows > std::numeric_limits<int>::max() / 2)
+      return "a shard past int positions (tensor map coordinates)";
+    if (std::string why = kc::hopper_task_forward_unsupported(elem, hopper_shape(0), opts.device);
+        !why.empty())
+      return why;
+    std::vector<kernels::ForwardItem> ordered;
+    for (std::size_t t = 0; t < sched.steps.size(); ++t) {
+      std::vector<HopperWave> waves;
+      for (const Wave& w : sched.steps[t].waves) {
+        HopperWave hw;
+        hw.item0 = static_cast<int64_t>(hopper_items_host.size());
+        if (std::string why = kc::hopper_task_groups(w.tasks, w.items,
+                                                     hopper_shape(static_cast<int>(t)), ordered,
+                                                     hw.groups);
+            !why.empty())
+          return why;
+        hopper_items_host.insert(hopper_items_host.end(), ordered.begin(), ordered.end());
+        waves.push_back(std::move(hw));
+      }
+      hopper_waves.push_back(std::move(waves));
+    }
+    hopper_items = upload(hopper_items_host, "the Hopper forward's ring work items", opts.device,
+                          stream);
+    return "";
+  }
 
   void clear_partial() {
     RINGATTN_CUDA_CHECK(cudaMemsetAsync(part_out.get(), 0, part_out.bytes(), stream));
@@ -195,8 +255,23 @@ struct CudaRingPlan::Impl::Device {
       p.lse = m.part_lse.as<float>();
       m.clear_partial();
     }
-    for (const DeviceWave& w : m.steps[static_cast<std::size_t>(t)].waves) {
+    const bool hopper = m.use_hopper && aligned16(p.q) && aligned16(k) && aligned16(v);
+    if (m.use_hopper && !hopper && !m.noted_unaligned) {
+      m.notes.push_back(
+          "the Hopper forward needs 16-byte aligned q/k/v; these are not, so the native kernels "
+          "ran");
+      m.noted_unaligned = true;
+    }
+    const auto& waves = m.steps[static_cast<std::size_t>(t)].waves;
+    for (std::size_t i = 0; i < waves.size(); ++i) {
+      const DeviceWave& w = waves[i];
       p.tasks = m.tasks.as<kernels::SubseqTask>() + w.task0;
+      if (hopper) {
+        const HopperWave& hw = m.hopper_waves[static_cast<std::size_t>(t)][i];
+        p.items = m.hopper_items.as<kernels::ForwardItem>() + hw.item0;
+        kc::hopper_task_forward(m.elem, p, m.hopper_shape(t), hw.groups, m.stream);
+        continue;
+      }
       p.items = m.q_items.as<kernels::ForwardItem>() + w.q_item0;
       p.n_items = w.n_q_items;
       kc::flash_forward(m.elem, p, m.stream);
@@ -321,10 +396,23 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.buf.returned[i] = kc::DeviceAllocation(kv_send * sizeof(float), "a ring dK/dV return buffer",
                                              opts.device, m.stream);
   }
+  if (opts.kernel == KernelChoice::hopper) {
+    const std::string why = m.prepare_hopper();
+    m.use_hopper = why.empty();
+    m.notes.push_back(m.use_hopper
+                          ? "--kernel hopper: every ring step's forward on the sm_90a kernel (TMA "
+                            "+ wgmma; the rank's K/V, then each received block), the native "
+                            "backward; experimental: exact under the emulator, not yet run on a GPU"
+                          : "--kernel hopper: " + why + "; using the native kernels");
+  }
   m.ex =
       std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s, m.skip_ordering);
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
+
+std::string CudaRingPlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
+std::string CudaRingPlan::backward_kernel_name() const { return "native"; }
+const std::vector<std::string>& CudaRingPlan::notes() const noexcept { return impl_->notes; }
 
 CudaRingPlan::~CudaRingPlan() = default;
 
@@ -337,7 +425,8 @@ const RingTimings& CudaRingPlan::last_backward() const noexcept { return impl_->
 std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
   std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() +
-                  m.delta.bytes() + m.part_out.bytes() + m.part_lse.bytes();
+                  m.delta.bytes() + m.part_out.bytes() + m.part_lse.bytes() +
+                  m.hopper_items.bytes();
   for (int i = 0; i < 2; ++i)
     b += m.buf.send[i].bytes() + m.buf.receive[i].bytes() + m.buf.partial[i].bytes() +
          m.buf.returned[i].bytes();

@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "ring/communicator.hpp"
 #include "ring/ring_engine.hpp"
@@ -30,7 +32,12 @@ class CudaRingPlan {
   const ShardLayout& layout() const noexcept;
   const RingSchedule& schedule() const noexcept;
   DeviceDType dtype() const noexcept;  // fp32 where the tensor-core kernels do not fit
-  std::string kernel_name() const { return "native"; }
+  // The forward's kernel: "hopper" where opts.kernel hopper runs every step's forward on the
+  // sm_90a task kernel (bf16/fp16, D 64/128/256, an sm_90 device), else "native"; the
+  // backward is native.
+  std::string kernel_name() const;
+  std::string backward_kernel_name() const;
+  const std::vector<std::string>& notes() const noexcept;
 
   // Device pointers to the local shards: q, k, v, dout [B, N/P, H, D] in dtype(); out, lse,
   // dq, dk, dv fp32 (lse [B, H, N/P]). Enqueued on the plan's stream; synchronize() waits.

@@ -180,7 +180,7 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
 // --kernel hopper: the sm_90a forward and backward where the device is an sm_90 and the
 // configuration dense (the emulated GPU's default profile is one), checked against float64,
 // and the sm_90a forward with the native backward where it is dilated; elsewhere the native
-// kernels and a note saying why. On several ranks of a ring it is refused naming --kernel.
+// kernels and a note saying why. On a ring every step's forward runs on it.
 TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
@@ -203,8 +203,17 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
   EXPECT_TRUE(r.out.find("over the dilated pattern's strided views") != std::string::npos ||
               r.out.find("note: --kernel hopper: ") != std::string::npos)
       << describe(r);
+  // On a ring of two ranks every step's forward (--check against float64 on every rank).
   r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
-                        "--kernel", "hopper"});
+                        "--heads", "2", "--head-dim", "64", "--causal", "--kernel", "hopper",
+                        "--check", "--backward"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(r.out.find("every ring step's forward on the sm_90a kernel") != std::string::npos ||
+              r.out.find("note: --kernel hopper: ") != std::string::npos)
+      << describe(r);
+  // cuDNN is still refused there, naming --kernel.
+  r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
+                        "--kernel", "cudnn"});
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
 }

@@ -41,12 +41,14 @@ using testing::RingInputs;
 struct Full : testing::FullResult {
   std::vector<int64_t> bytes_sent, bytes_min;
   std::vector<std::size_t> workspace;  // device bytes each rank's plan holds
+  std::string kernel;                  // rank 0's forward kernel
 };
 
 // Runs the GPU ring on P virtual ranks (rank r on device r) and gathers the full tensors.
 // With `one_device`, every rank uses device 0 and the in-process device communicator.
 Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, DeviceDType t,
-                  ring::RingOptions ring_opts = {}, bool one_device = false) {
+                  ring::RingOptions ring_opts = {}, bool one_device = false,
+                  KernelChoice kernel = KernelChoice::native) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
@@ -55,13 +57,14 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
           std::vector<float>(n), std::vector<float>(n_kv), std::vector<float>(n_kv)},
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<int64_t>(static_cast<std::size_t>(p)),
-         std::vector<std::size_t>(static_cast<std::size_t>(p))};
+         std::vector<std::size_t>(static_cast<std::size_t>(p)),
+         {}};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
     const int r = one_device ? 0 : control.rank();
     auto comm = one_device ? ring::make_device_inproc_communicator(control, 0)
                            : ring::make_nccl_communicator(control, {60});
-    ring::CudaRingPlan plan(cfg, *comm, {t, KernelChoice::native, r}, ring_opts);
+    ring::CudaRingPlan plan(cfg, *comm, {t, kernel, r}, ring_opts);
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim;
     const int64_t kv_inner = cfg.effective_kv_heads() * s.head_dim;
@@ -99,6 +102,7 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
     const auto me = static_cast<std::size_t>(control.rank());
     f.bytes_sent[me] = plan.last_forward().bytes_sent;
     f.workspace[me] = plan.workspace_bytes();
+    if (me == 0) f.kernel = plan.kernel_name();
     // The minimum is counted in fp32 K/V; the ring moves them in the device dtype.
     f.bytes_min[me] =
         ring::minimum_bytes_sent(cfg, l, control.rank()) * (t == DeviceDType::fp32 ? 4 : 2) / 4;
@@ -122,10 +126,17 @@ std::string skip_reason(int p, bool needs_one_gpu_per_rank = false) {
 bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; }
 
 void expect_matches_reference(const std::string& what, const AttentionConfig& cfg, RingInputs in,
-                              int p, DeviceDType t, ring::RingOptions ring_opts = {}) {
+                              int p, DeviceDType t, ring::RingOptions ring_opts = {},
+                              KernelChoice kernel = KernelChoice::native) {
   const bool shared = ranks_share_a_device(p);
   const bool partials = ring_opts.step_results == ring::RingOptions::StepResults::partials;
-  const Full got = run_gpu_ring(cfg, in, p, t, ring_opts, shared);
+  const Full got = run_gpu_ring(cfg, in, p, t, ring_opts, shared, kernel);
+#if RINGATTN_CUDA_EMULATION
+  const int64_t d = cfg.shape.head_dim;
+  if (kernel == KernelChoice::hopper && (d == 64 || d == 128 || d == 256)) {
+    EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
+  }
+#endif
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     round_to_device_dtype(x->data(), x->size(), t);
   const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
@@ -172,9 +183,10 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   for (int r = 0; r < p; ++r)
     EXPECT_LE(got.workspace[static_cast<std::size_t>(r)], bound)
         << what << " P=" << p << " rank " << r;
-  std::printf("  %s P=%d%s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
-              what.c_str(), p, shared ? " (one GPU)" : "", to_string(t), e[0], e[1], e[2], e[3],
-              e[4], static_cast<long long>(got.bytes_sent[0]));
+  std::printf(
+      "  %s P=%d%s %s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
+      what.c_str(), p, shared ? " (one GPU)" : "", got.kernel.c_str(), to_string(t), e[0], e[1],
+      e[2], e[3], e[4], static_cast<long long>(got.bytes_sent[0]));
 }
 
 class CudaRingGolden : public ::testing::TestWithParam<std::string> {};
@@ -388,6 +400,49 @@ std::vector<RingCase> partial_ring_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Partials, CudaRingPartials, ::testing::ValuesIn(partial_ring_cases()),
+                         [](const auto& p) { return name_of(p.param); });
+
+// --kernel hopper: every step's forward on the sm_90a task kernel (the rank's own K/V at step
+// 0, the packed receive buffer after), merged in place or through per-step partials, with the
+// native backward; P = 1..4 against float64 and the CPU engine: dense, causal (zigzag),
+// dilated mixture, GQA, a window and packed documents, each at D = 64.
+class CudaRingHopper : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(CudaRingHopper, EveryRankCountMatchesTheReference) {
+  const RingCase& rc = GetParam();
+  AttentionConfig cfg = testing::config_of(rc.c, rc.causal);
+  cfg.shape.head_dim = 64;  // a head dim the Hopper kernels have
+  const RingInputs in = testing::random_inputs(cfg);
+  for (int p = 1; p <= 4; ++p) {
+    if (cfg.shape.seq_len % p != 0) continue;
+    if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+    expect_matches_reference(name_of(rc) + " (hopper)", cfg, in, p, DeviceDType::bf16, {},
+                             KernelChoice::hopper);
+    if (std::string(rc.c.name) == "dense_D64" && rc.causal) {
+      ring::RingOptions opts;
+      opts.step_results = ring::RingOptions::StepResults::partials;
+      expect_matches_reference(name_of(rc) + " (hopper, partials)", cfg, in, p, DeviceDType::bf16,
+                               opts, KernelChoice::hopper);
+    }
+  }
+}
+
+std::vector<RingCase> hopper_ring_cases() {
+  std::vector<RingCase> v;
+  const std::vector<std::pair<std::string, bool>> wanted = {
+      {"dense_D64", false},   {"dense_D64", true},   {"mixture_straddling", true},
+      {"gqa_grouped_straddling", false}, {"window_3_90", true}, {"packed_mixed", true}};
+  std::vector<testing::RandomRingCase> all = testing::random_ring_cases();
+  for (const auto& c : testing::gqa_ring_cases()) all.push_back(c);
+  for (const auto& c : testing::window_ring_cases()) all.push_back(c);
+  for (const auto& c : testing::packed_ring_cases()) all.push_back(c);
+  for (const auto& [name, causal] : wanted)
+    for (const auto& c : all)
+      if (name == c.name) v.push_back({c, causal});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Hopper, CudaRingHopper, ::testing::ValuesIn(hopper_ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
 
 // docs/COMMUNICATION.md's per-rank bound: per-step partials (the path a library kernel that

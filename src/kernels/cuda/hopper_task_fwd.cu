@@ -28,7 +28,9 @@ struct TaskWork {
   const ForwardItem* items;  // this launch's
   float* out;
   float* lse;
-  int rows, heads, kv_heads, head_dim;  // rows: B·N, the batches' positions end to end
+  int rows;     // B·N: the batches' positions end to end
+  int kv_rows;  // K/V positions end to end (B·N unless packed)
+  int heads, kv_heads, head_dim;
   int q_step, k_step;  // the views' row steps: position n is index n / step of its view
   bool causal;
   float out_scale;
@@ -61,7 +63,7 @@ struct TaskWork {
     Cursor c{};
     c.k0 = static_cast<int>(keys.begin), c.k_end = static_cast<int>(keys.end);
     c.off = static_cast<int>(t.causal_offset), c.n_k = static_cast<int>(t.n_k);
-    hopper::position_of(t.k_row0, head_dim, kv_heads, rows, c.n0, c.h, c.b);
+    hopper::position_of(t.k_row0, head_dim, kv_heads, kv_rows, c.n0, c.h, c.b);
     c.n0 /= k_step;
     return c;
   }
@@ -86,10 +88,11 @@ struct TaskWork {
   }
 };
 
-// Where a view of `n` rows `stride` elements apart from element `row0` sits in a [B, N,
-// heads, D] tensor: its batch row, head, first row and step; "" or why it is no such view.
+// Where a view of `n` rows `stride` elements apart from element `row0` sits in a tensor of
+// `batches` × `seq` positions of `heads` heads: its step and phase over the positions end to
+// end; "" or why it is no such view.
 std::string view_of(int64_t row0, int64_t stride, int64_t n, const HopperTaskShape& s, int heads,
-                    const char* what, int& step, int& phase) {
+                    int64_t batches, int64_t seq, const char* what, int& step, int& phase) {
   const int64_t d = s.head_dim, row = static_cast<int64_t>(heads) * d;
   if (row0 % d != 0) return std::string(what) + " rows that do not start a head's row";
   if (n > 1 && (stride <= 0 || stride % row != 0))
@@ -97,8 +100,8 @@ std::string view_of(int64_t row0, int64_t stride, int64_t n, const HopperTaskSha
            " elements apart (not a multiple of a position's " + std::to_string(row) + ")";
   const int64_t st = n > 1 ? stride / row : 1;
   const int64_t pos = row0 / row;  // b·N + position: the maps run over the batches end to end
-  if (pos % s.seq_len + (n - 1) * st >= s.seq_len)
-    return std::string(what) + " view that leaves its batch";
+  if (pos / seq >= batches) return std::string(what) + " rows past the tensor";
+  if (pos % seq + (n - 1) * st >= seq) return std::string(what) + " view that leaves its batch";
   if (st > std::numeric_limits<int>::max() / 2) return std::string(what) + " step past int";
   step = static_cast<int>(st);
   phase = static_cast<int>(pos % st);
@@ -126,12 +129,14 @@ std::string hopper_task_groups(std::span<const SubseqTask> tasks,
     if (t.n_q > std::numeric_limits<int>::max() / 2 || t.n_k > std::numeric_limits<int>::max() / 2)
       return "a task of more than 2^30 rows";
     Key key{};
-    if (std::string why = view_of(t.q_row0, t.q_stride, t.n_q, s, s.heads, "query",
-                                  std::get<0>(key), std::get<1>(key));
+    if (std::string why = view_of(t.q_row0, t.q_stride, t.n_q, s, s.heads, s.batch, s.seq_len,
+                                  "query", std::get<0>(key), std::get<1>(key));
         !why.empty())
       return why;
     if (t.n_k > 0) {
-      if (std::string why = view_of(t.k_row0, t.k_stride, t.n_k, s, s.kv_heads, "key",
+      const bool packed = s.kv_rows > 0;
+      if (std::string why = view_of(t.k_row0, t.k_stride, t.n_k, s, s.kv_heads,
+                                    packed ? 1 : s.batch, packed ? s.kv_rows : s.seq_len, "key",
                                     std::get<2>(key), std::get<3>(key));
           !why.empty())
         return why;
@@ -155,7 +160,8 @@ std::string hopper_task_groups(std::span<const SubseqTask> tasks,
 std::string hopper_task_forward_unsupported(Elem e, const HopperTaskShape& s, int device) {
   if (s.batch <= 0 || s.seq_len <= 0 || s.heads <= 0 || s.kv_heads <= 0)
     return "an empty tensor shape";
-  if (static_cast<int64_t>(s.batch) * s.seq_len > std::numeric_limits<int>::max() / 2)
+  if (static_cast<int64_t>(s.batch) * s.seq_len > std::numeric_limits<int>::max() / 2 ||
+      s.kv_rows < 0 || s.kv_rows > std::numeric_limits<int>::max() / 2)
     return "B·N past int (tensor map coordinates)";
   return hopper::device_unsupported(s.head_dim, e, device);
 }
@@ -167,15 +173,16 @@ void hopper_task_forward(Elem e, const FlashForwardParams& p, const HopperTaskSh
   if (const std::string why = hopper_task_forward_unsupported(e, s, device); !why.empty())
     throw RuntimeFailure("the Hopper task forward cannot run: " + why);
   const int rows = s.batch * s.seq_len;  // one "batch" of B·N positions: views never cross
+  const int kv_rows = s.kv_rows > 0 ? s.kv_rows : rows;
   for (const HopperTaskGroup& g : groups) {
     if (g.n_items == 0) continue;
     const hopper::Args<TaskWork> a{
         hopper::tensor_map(p.q, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
-        hopper::tensor_map(p.k, e, 1, rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
-        hopper::tensor_map(p.v, e, 1, rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
+        hopper::tensor_map(p.k, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
+        hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
         p.scale * 1.4426950408889634f,
         p.accumulate,
-        {p.tasks, p.items + g.item0, p.out, p.lse, rows, s.heads, s.kv_heads, s.head_dim,
+        {p.tasks, p.items + g.item0, p.out, p.lse, rows, kv_rows, s.heads, s.kv_heads, s.head_dim,
          g.q_step, g.k_step, p.causal, p.out_scale}};
     hopper::launch_for(s.head_dim, e, "hopper_task_fwd_kernel", a,
                        dim3(static_cast<unsigned>(g.n_items)), stream);

@@ -22,6 +22,9 @@ namespace ringattn::kernels::cuda {
 
 struct HopperTaskShape {
   int batch = 0, seq_len = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // K and V as kv_rows positions of kv_heads heads end to end, when they are not [B, N,
+  // HKV, D] (a ring's packed receive buffer: [kv_rows, D], kv_heads 1); 0: B·N positions.
+  int kv_rows = 0;
 };
 
 // Items [item0, item0 + n_items) of an ordered list, whose tasks read query rows q_phase,
