@@ -1,10 +1,11 @@
-// hopper_fwd.hpp, hopper_bwd.hpp, hopper_sparse_fwd.hpp and hopper_task_fwd.hpp in a build
-// whose CUDA toolkit is older than 12.5: the kernels are not built, and the plans run the
-// native kernels with this reason as their note.
+// hopper_fwd.hpp, hopper_bwd.hpp, hopper_sparse_fwd.hpp, hopper_sparse_bwd.hpp and
+// hopper_task_fwd.hpp in a build whose CUDA toolkit is older than 12.5: the kernels are not
+// built, and the plans run the native kernels with this reason as their note.
 #include <string>
 
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ringattn/errors.hpp"
@@ -36,6 +37,17 @@ std::string hopper_sparse_forward_unsupported(Elem, const SparseForwardParams&,
 void hopper_sparse_forward(Elem, const SparseForwardParams&, const HopperSparseShape&,
                            cudaStream_t) {
   throw RuntimeFailure("the Hopper block-sparse forward cannot run: " +
+                       hopper_forward_unsupported(HopperForwardParams{}, 0));
+}
+
+std::string hopper_sparse_backward_unsupported(Elem, const SparseBackwardParams&,
+                                               const HopperSparseShape&, int) {
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+void hopper_sparse_backward(Elem, const SparseBackwardParams&, const HopperSparseShape&,
+                            cudaStream_t) {
+  throw RuntimeFailure("the Hopper block-sparse backward cannot run: " +
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
 
