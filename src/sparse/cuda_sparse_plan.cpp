@@ -313,17 +313,17 @@ struct CudaSparsePlan::Impl {
           hopper_shape(), opts.device);
       use_hopper_backward = why_backward.empty();
     }
-    const std::string remote = world > 1 ? ", the native kernels for received blocks" : "";
+    const std::string received = world > 1 ? ", the native kernels for received blocks" : "";
     notes.push_back(
         !use_hopper ? "--kernel hopper: " + why + "; using the native kernels"
         : use_hopper_backward
             ? "--kernel hopper: the sm_90a block-sparse forward and backward (TMA + wgmma) for "
               "the local blocks" +
-                  remote + "; experimental: exact under the emulator, not yet run on a GPU"
+                  received + "; experimental: exact under the emulator, not yet run on a GPU"
             : "--kernel hopper: the sm_90a block-sparse forward (TMA + wgmma) for the local "
               "blocks" +
-                  remote + " and the native backward (the Hopper one cannot run: " + why_backward +
-                  "); experimental: exact under the emulator, not yet run on a GPU");
+                  received + " and the native backward (the Hopper one cannot run: " +
+                  why_backward + "); experimental: exact under the emulator, not yet run on a GPU");
   }
 
   struct Device;

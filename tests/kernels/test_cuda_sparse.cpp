@@ -317,7 +317,7 @@ TEST(SingleDeviceLists, TheCpuKernelsOnTheDeviceListsMatchTheReference) {
     const auto n = static_cast<std::size_t>(c.shape.numel());
     const auto nl = static_cast<std::size_t>(c.shape.batch * c.shape.heads * c.shape.seq_len);
     Result r{nan_filled(n), nan_filled(nl), std::vector<float>(n), std::vector<float>(n),
-             std::vector<float>(n), {}, {}};
+             std::vector<float>(n), {}, {}, {}};
     std::vector<float> delta(nl);
     const kernels::TileConfig tc{64, 64};
     std::vector<float> ws(kernels::sparse_workspace_floats(tc, c.shape.head_dim));
