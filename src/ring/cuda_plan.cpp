@@ -20,6 +20,7 @@
 #include "kernels/cuda/host_convert.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
 #include "ring/schedule.hpp"
@@ -217,6 +218,11 @@ struct CudaPlan::Impl {
   std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source (as cu_host)
   std::vector<int64_t> hopper_item0;                         // per pass, into hopper_items
   std::vector<std::vector<kc::HopperTaskGroup>> hopper_groups;  // per pass
+  // Its backward's dK/dV items: each pass's k_ranges, each range's items grouped as above.
+  kc::DeviceAllocation hopper_k_items;
+  std::vector<kernels::ForwardItem> hopper_k_items_host;
+  std::vector<std::vector<int64_t>> hopper_k_item0;                       // per pass, range
+  std::vector<std::vector<std::vector<kc::HopperTaskGroup>>> hopper_k_groups;  // per pass, range
   bool use_hopper_backward = false;
   bool decide_on_first_forward = false;
   bool decide_on_first_backward = false;
@@ -240,6 +246,7 @@ struct CudaPlan::Impl {
     delta.reset();
     cu_seqlens.reset();
     hopper_items.reset();
+    hopper_k_items.reset();
 #if RINGATTN_HAVE_CUDNN
     cudnn.reset();
 #endif
@@ -325,6 +332,35 @@ struct CudaPlan::Impl {
     return "";
   }
 
+  // "" and the task backward's dK/dV items grouped and uploaded (range by range, so that
+  // query heads sharing a K/V head still add into it in turn), or why it cannot run.
+  std::string prepare_hopper_task_backward() {
+    const kc::HopperTaskShape shape = hopper_task_shape();
+    if (std::string why = kc::hopper_task_backward_unsupported(elem, shape, opts.device);
+        !why.empty())
+      return why;
+    std::vector<kernels::ForwardItem>& all = hopper_k_items_host;
+    std::vector<kernels::ForwardItem> ordered;
+    for (const ring::DevicePass& pass : sched.passes) {
+      std::vector<int64_t>& item0 = hopper_k_item0.emplace_back();
+      std::vector<std::vector<kc::HopperTaskGroup>>& ranges = hopper_k_groups.emplace_back();
+      for (const ring::ItemRange& r : pass.k_ranges) {
+        std::vector<kc::HopperTaskGroup> groups;
+        const std::span<const kernels::ForwardItem> items(sched.k_items.data() + r.first,
+                                                          static_cast<std::size_t>(r.count));
+        if (std::string why = kc::hopper_task_groups(sched.tasks, items, shape, ordered, groups);
+            !why.empty())
+          return why;
+        item0.push_back(static_cast<int64_t>(all.size()));
+        all.insert(all.end(), ordered.begin(), ordered.end());
+        ranges.push_back(std::move(groups));
+      }
+    }
+    hopper_k_items =
+        upload_vector(all, "the Hopper backward's key work items", opts.device, stream);
+    return "";
+  }
+
   void hopper_task_forward(const void* q, const void* k, const void* v, float* out, float* lse) {
     kc::FlashForwardParams p;
     p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
@@ -396,7 +432,35 @@ struct CudaPlan::Impl {
   void hopper_backward(const void* q, const void* k, const void* v, const float* out,
                        const float* lse, const void* dout, float* dq, float* dk, float* dv) {
     start_backward(out, dout, dq, dk, dv);
+    if (use_hopper_tasks) return hopper_task_backward(q, k, v, out, lse, dout, dq, dk, dv);
     kc::hopper_backward(hopper_backward_params(q, k, v, lse, dout, dq, dk, dv), stream);
+  }
+
+  // native_backward's passes and ranges in its order, each on the task kernels.
+  void hopper_task_backward(const void* q, const void* k, const void* v, const float* out,
+                            const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+    kc::FlashBackwardParams p;
+    p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse, p.dout = dout;
+    p.delta = delta.as<float>();
+    p.dq = dq, p.dk = dk, p.dv = dv;
+    p.tasks = tasks.as<kernels::SubseqTask>();
+    p.head_dim = static_cast<int>(cfg.shape.head_dim);
+    p.scale = static_cast<float>(cfg.effective_scale());
+    p.causal = cfg.causal;
+    for (std::size_t i = 0; i < sched.passes.size(); ++i) {
+      p.q_items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
+      p.out_scale = sched.passes[i].out_scale;
+      p.dout_scale = sched.passes[i].out_scale;
+      std::span<const kc::HopperTaskGroup> q_groups = hopper_groups[i];
+      for (std::size_t r = 0; r < hopper_k_groups[i].size(); ++r) {
+        p.k_items = hopper_k_items.as<kernels::ForwardItem>() + hopper_k_item0[i][r];
+        kc::hopper_task_backward(elem, p, hopper_task_shape(), q_groups, hopper_k_groups[i][r],
+                                 stream);
+        q_groups = {};
+      }
+      if (hopper_k_groups[i].empty())
+        kc::hopper_task_backward(elem, p, hopper_task_shape(), q_groups, {}, stream);
+    }
   }
 
   void native_backward(const void* q, const void* k, const void* v, const float* out,
@@ -537,8 +601,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
                                    nullptr),
           opts.device);
     else if (m.use_hopper_tasks)
-      why_backward = "the Hopper backward takes dense attention only so far";
-    m.use_hopper_backward = m.use_hopper && why_backward.empty();
+      why_backward = m.prepare_hopper_task_backward();
+    m.use_hopper_backward = (m.use_hopper || m.use_hopper_tasks) && why_backward.empty();
     if (m.use_hopper && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
@@ -553,8 +617,12 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     if (!m.use_hopper && !m.use_hopper_tasks)
       m.notes.push_back("--kernel hopper: " + why + "; using the native kernels");
     else if (m.use_hopper_backward)
-      m.notes.push_back("--kernel hopper: the sm_90a forward and backward (TMA + wgmma); " +
-                        experimental);
+      m.notes.push_back(m.use_hopper_tasks
+                            ? "--kernel hopper: the sm_90a forward and backward (TMA + wgmma, "
+                              "over the dilated pattern's strided views); " +
+                                  experimental
+                            : "--kernel hopper: the sm_90a forward and backward (TMA + wgmma); " +
+                                  experimental);
     else
       m.notes.push_back("--kernel hopper: " + forward + ", the native backward (" + why_backward +
                         "); " + experimental);

@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/sparse_params.hpp"
 #include "ring/stream_exchanges.hpp"
@@ -115,9 +116,11 @@ struct CudaSparsePlan::Impl {
   std::vector<std::pair<int64_t, int64_t>> ret_slots;  // (first run, runs) per launch
   std::vector<int64_t> ret_slot_rows;
   bool vector_loads = false;
-  // --kernel hopper: the local blocks' forward on the sm_90a kernel (the local lists are laid
-  // out over the shard's [B, N/P, H, D] tensors, as it needs; the received slabs are not).
-  bool use_hopper = false, noted_unaligned = false;
+  // --kernel hopper: the local blocks' forward, and backward where it applies (D 64 or 128),
+  // on the sm_90a kernels (the local lists are laid out over the shard's [B, N/P, H, D]
+  // tensors, as they need; the received slabs are not).
+  bool use_hopper = false, use_hopper_backward = false;
+  bool noted_unaligned = false, noted_unaligned_backward = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
   ring::RingTimings fwd, bwd;
@@ -291,9 +294,10 @@ struct CudaSparsePlan::Impl {
     return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G)};
   }
 
-  // Chooses the Hopper forward for the local blocks where it applies, with a note either way.
+  // Chooses the Hopper forward and backward for the local blocks where they apply, with a
+  // note either way.
   void choose_hopper() {
-    std::string why;
+    std::string why, why_backward;
     if (NL > std::numeric_limits<int>::max() / 2)
       why = "a shard of " + std::to_string(NL) + " rows (tensor map coordinates are int)";
     else
@@ -301,13 +305,25 @@ struct CudaSparsePlan::Impl {
           elem, forward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, false),
           hopper_shape(), opts.device);
     use_hopper = why.empty();
-    notes.push_back(use_hopper
-                        ? std::string("--kernel hopper: the sm_90a block-sparse forward (TMA + "
-                                      "wgmma) for the local blocks") +
-                              (world > 1 ? ", the native kernels for received blocks" : "") +
-                              " and the native backward; experimental: exact under the "
-                              "emulator, not yet run on a GPU"
-                        : "--kernel hopper: " + why + "; using the native kernels");
+    if (use_hopper) {
+      why_backward = kc::hopper_sparse_backward_unsupported(
+          elem,
+          backward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                          nullptr),
+          hopper_shape(), opts.device);
+      use_hopper_backward = why_backward.empty();
+    }
+    const std::string received = world > 1 ? ", the native kernels for received blocks" : "";
+    notes.push_back(
+        !use_hopper ? "--kernel hopper: " + why + "; using the native kernels"
+        : use_hopper_backward
+            ? "--kernel hopper: the sm_90a block-sparse forward and backward (TMA + wgmma) for "
+              "the local blocks" +
+                  received + "; experimental: exact under the emulator, not yet run on a GPU"
+            : "--kernel hopper: the sm_90a block-sparse forward (TMA + wgmma) for the local "
+              "blocks" +
+                  received + " and the native backward (the Hopper one cannot run: " +
+                  why_backward + "); experimental: exact under the emulator, not yet run on a GPU");
   }
 
   struct Device;
@@ -389,8 +405,19 @@ struct CudaSparsePlan::Impl::Device {
 
   void compute_backward(SparseBlocks which) {
     if (which == SparseBlocks::local) {
-      kc::sparse_backward(m.elem, m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv),
-                          m.stream);
+      const kc::SparseBackwardParams p = m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv);
+      if (m.use_hopper_backward && aligned16(q) && aligned16(k) && aligned16(v) &&
+          aligned16(dout)) {
+        kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(), m.stream);
+        return;
+      }
+      if (m.use_hopper_backward && !m.noted_unaligned_backward) {
+        m.notes.push_back(
+            "the Hopper block-sparse backward needs 16-byte aligned q/k/v/dout; these are not, "
+            "so the native kernels ran");
+        m.noted_unaligned_backward = true;
+      }
+      kc::sparse_backward(m.elem, p, m.stream);
       return;
     }
     const SlabHalves r = slab(SparseSlab::receive), g = slab(SparseSlab::partial);
@@ -477,7 +504,9 @@ const AttentionConfig& CudaSparsePlan::config() const noexcept { return impl_->c
 DeviceDType CudaSparsePlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaSparsePlan::notes() const noexcept { return impl_->notes; }
 std::string CudaSparsePlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
-std::string CudaSparsePlan::backward_kernel_name() const { return "native"; }
+std::string CudaSparsePlan::backward_kernel_name() const {
+  return impl_->use_hopper_backward ? "hopper" : "native";
+}
 const ring::ShardLayout& CudaSparsePlan::layout() const noexcept { return impl_->layout; }
 const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept { return impl_->fwd; }
 const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return impl_->bwd; }

@@ -31,8 +31,9 @@ class CudaSparsePlan {
   // `cfg.attention` must be block_sparse and `lists` match its heads, N and block size.
   // `opts.kernel` cudnn is refused (InputError naming --kernel): cuDNN has no block-sparse
   // kernel; automatic and native run the native kernels; hopper runs the local blocks'
-  // forward on the sm_90a kernel where it applies (bf16/fp16, D 64 or 128, a compute
-  // capability 9.0 device, a build with sm_90a code) and says why not in notes() otherwise.
+  // forward and backward on the sm_90a kernels where they apply (bf16/fp16, D 64 or 128, a
+  // compute capability 9.0 device, a build with sm_90a code) and says why not in notes()
+  // otherwise.
   CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
                  CudaPlanOptions opts = {});
   // On the ranks of `comm`, a device communicator (memory_space() == device) bound to
@@ -60,8 +61,8 @@ class CudaSparsePlan {
   // The plan's cudaStream_t (its work is ordered on it; null in a build without CUDA).
   void* stream() const noexcept;
 
-  // The forward's kernel: "hopper" where --kernel hopper runs the local blocks on the sm_90a
-  // block-sparse forward, else "native"; the backward is native.
+  // Each pass's kernel: "hopper" where --kernel hopper runs the local blocks on the sm_90a
+  // block-sparse forward (backward), else "native".
   std::string kernel_name() const;
   std::string backward_kernel_name() const;
   const ring::ShardLayout& layout() const noexcept;

@@ -177,10 +177,10 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
 }
 #endif
 
-// --kernel hopper: the sm_90a forward and backward where the device is an sm_90 and the
-// configuration dense (the emulated GPU's default profile is one), checked against float64,
-// and the sm_90a forward with the native backward where it is dilated; elsewhere the native
-// kernels and a note saying why. On a ring every step's forward runs on it.
+// --kernel hopper: the sm_90a forward and backward where the device is an sm_90 (the emulated
+// GPU's default profile is one) and the configuration dense or dilated, checked against
+// float64; elsewhere the native kernels and a note saying why. On a ring every step's forward
+// runs on it.
 TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
@@ -198,11 +198,18 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
   }
   r = testing::run_cli({"run", "--device", "cuda", "--seq-len", "256", "--heads", "4",
                         "--attention", "dilated", "--segments", "128,256", "--dilations", "1,2",
-                        "--kernel", "hopper", "--check"});
-  ASSERT_EQ(r.exit_code, 0) << describe(r);  // --check passed: hopper's dilated forward or native
-  EXPECT_TRUE(r.out.find("over the dilated pattern's strided views") != std::string::npos ||
-              r.out.find("note: --kernel hopper: ") != std::string::npos)
-      << describe(r);
+                        "--kernel", "hopper", "--check", "--backward", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);  // --check passed: hopper's dilated passes or native
+  const nlohmann::json dilated = last_line_json(r.out);
+  if (dilated.value("kernel", "") == "hopper") {
+    EXPECT_EQ(dilated.value("kernel_backward", ""), "hopper") << describe(r);
+    EXPECT_NE(r.out.find("forward and backward (TMA + wgmma, over the dilated pattern's strided "
+                         "views)"),
+              std::string::npos)
+        << describe(r);
+  } else {
+    EXPECT_NE(r.out.find("note: --kernel hopper: "), std::string::npos) << describe(r);
+  }
   // On a ring of two ranks every step's forward (--check against float64 on every rank).
   r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
                         "--heads", "2", "--head-dim", "64", "--causal", "--kernel", "hopper",

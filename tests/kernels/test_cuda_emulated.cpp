@@ -25,10 +25,12 @@
 #include "kernels/cuda/device_seam.cuh"
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "random.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "sparse/block_lists.hpp"
+#include "sparse/cuda_sparse_plan.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/single_device_lists.hpp"
 #include "sparse/token_rule.hpp"
@@ -189,9 +191,10 @@ TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
   EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
 }
 
-// The Hopper forward over a dilated schedule's strided views (a launch per view, passes merged
-// by log-sum-exp, the mixture's out_scale; a dilation of 3 that divides neither N nor the
-// first segment), with the native backward: the same bytes under every execution mode.
+// The Hopper forward and backward over a dilated schedule's strided views (a launch per view,
+// passes merged by log-sum-exp, the mixture's out_scale and the backward's dout_scale, dK/dV
+// ranges in turn; a dilation of 3 that divides neither N nor the first segment): the same
+// bytes under every execution mode.
 TEST(EmulatedModes, HopperDilatedForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
   AttentionConfig cfg;
   cfg.shape = {1, 200, 3, 64};
@@ -325,6 +328,83 @@ TEST(EmulatedModes, HopperSparseForwardIsBitwiseIndependentOfWarpOrderAndLanding
   kernels::cuda::SparseForwardParams sm86;
   sm86.head_dim = 64, sm86.q_stride = 128;
   const std::string why = kernels::cuda::hopper_sparse_forward_unsupported(
+      kernels::cuda::Elem::bf16, sm86, {1, 64, 2, 1}, 1);
+  EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
+}
+
+// The Hopper block-sparse backward through the plan (--kernel hopper: the local blocks'
+// forward and backward on sm_90a; one rank, so every block is local): the same bytes of out,
+// lse, dq, dk and dv under every execution mode; causal local + global blocks of 32 rows with
+// a window (query spans off the 64 grid, cut by the window, both query heads of the K/V head
+// walked by the dK/dV pass) at D = 64, and a random mask of 3/4 of the 64-row blocks at
+// D = 128 (items that walk three tiles or more, so each ring stage is reused).
+TEST(EmulatedModes, HopperSparseBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
+  struct Case {
+    int64_t block_size, head_dim;
+    bool causal;
+    DeviceDType dtype;
+    const char* pattern;  // empty: a random mask
+  };
+  for (const Case& c : {Case{32, 64, true, DeviceDType::bf16, "local:window=96+global:blocks=1"},
+                        Case{64, 128, false, DeviceDType::fp16, ""}}) {
+    AttentionConfig cfg;
+    cfg.shape = {1, 256, 2, c.head_dim};
+    cfg.attention = AttentionKind::block_sparse;
+    cfg.block_size = c.block_size;
+    cfg.causal = c.causal;
+    cfg.kv_heads = 1;
+    if (c.causal) cfg.window_left = 70;
+    const sparse::Geometry g{cfg.shape.seq_len, c.block_size, cfg.shape.heads};
+    sparse::BlockLists lists;
+    if (*c.pattern) {
+      lists = sparse::build_lists(sparse::parse_pattern(c.pattern, g, {}, {}, 7), g);
+    } else {
+      const int64_t nb = g.blocks();
+      std::vector<uint8_t> mask(static_cast<std::size_t>(2 * nb * nb));
+      for (std::size_t i = 0; i < mask.size(); ++i) mask[i] = (i * 2654435761u) % 4 != 0;
+      lists = sparse::lists_from_mask(mask.data(), 2, 2, nb, c.block_size);
+    }
+    const auto shared = std::make_shared<const sparse::BlockLists>(std::move(lists));
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    const auto nl = static_cast<std::size_t>(cfg.shape.heads * cfg.shape.seq_len);
+    std::string chosen;
+    auto run = [&] {
+      sparse::CudaSparsePlan plan(cfg, shared, {c.dtype, KernelChoice::hopper, 0});
+      chosen = plan.kernel_name() + "/" + plan.backward_kernel_name();
+      DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0),
+          dout(n * 2, "dout", 0), out(n * 4, "out", 0), lse(nl * 4, "lse", 0),
+          dq(n * 4, "dq", 0), dk(n_kv * 4, "dk", 0), dv(n_kv * 4, "dv", 0);
+      q.upload(testing::random_normal(n, 84).data(), n, c.dtype);
+      k.upload(testing::random_normal(n_kv, 85).data(), n_kv, c.dtype);
+      v.upload(testing::random_normal(n_kv, 86).data(), n_kv, c.dtype);
+      dout.upload(testing::random_normal(n, 87).data(), n, c.dtype);
+      plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
+      plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
+                    dq.as<float>(), dk.as<float>(), dv.as<float>());
+      plan.synchronize();
+      std::vector<std::byte> bytes;
+      for (auto [buf, count] :
+           {std::pair{&out, n}, {&lse, nl}, {&dq, n}, {&dk, n_kv}, {&dv, n_kv}}) {
+        std::vector<float> host(count);
+        buf->download(host.data(), count);
+        const auto* b = reinterpret_cast<const std::byte*>(host.data());
+        bytes.insert(bytes.end(), b, b + count * sizeof(float));
+      }
+      return bytes;
+    };
+    const auto differs = emu::find_mode_dependence(run, emu::standard_modes());
+    EXPECT_EQ(chosen, "hopper/hopper");
+    EXPECT_FALSE(differs.has_value())
+        << "D" << c.head_dim << " bs " << c.block_size << ": " << *differs;
+    if (!differs)
+      std::printf("  hopper sparse backward D%lld bs %lld %s: the same bytes under %zu modes\n",
+                  static_cast<long long>(c.head_dim), static_cast<long long>(c.block_size),
+                  to_string(c.dtype), emu::standard_modes().size());
+  }
+  kernels::cuda::SparseBackwardParams sm86;
+  sm86.head_dim = 64, sm86.q_stride = 128;
+  const std::string why = kernels::cuda::hopper_sparse_backward_unsupported(
       kernels::cuda::Elem::bf16, sm86, {1, 64, 2, 1}, 1);
   EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
 }

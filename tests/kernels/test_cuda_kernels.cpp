@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "golden.hpp"
 #include "gpu_skip.hpp"
@@ -778,12 +779,14 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   }
 }
 
-// CudaPlan with --kernel hopper on dilated patterns: the sm_90a forward over the schedule's
-// strided views (one launch per query/key view, passes merged by log-sum-exp, mixture's
-// out_scale), the native backward, against float64. Grouped and mixture, causal or not,
-// dilations that divide neither N nor their segment (5 on 64, 3 on 100 and 200, batch 2: the
-// views' rows run across the batches end to end), a dilation larger than its segment,
-// D = 64/128, bf16/fp16; a head dim it lacks (32) runs native with a note.
+// CudaPlan with --kernel hopper on dilated patterns: the sm_90a forward and backward over the
+// schedule's strided views (one launch per query/key view, passes merged by log-sum-exp,
+// mixture's out_scale and the backward's dout_scale, dK/dV ranges in the native backward's
+// order), against float64, and the gradients against the native backward's on the first two
+// cases. Grouped and mixture, causal or not, dilations that divide neither N nor their
+// segment (5 on 64, 3 on 100 and 200, batch 2: the views' rows run across the batches end to
+// end), a dilation larger than its segment, D = 64/128, bf16/fp16; a head dim it lacks (32)
+// runs native with a note.
 TEST(CudaHopper, PlanRunsDilatedPatternsOnTheSm90aForward) {
   REQUIRE_GPU();
   struct Case {
@@ -824,7 +827,19 @@ TEST(CudaHopper, PlanRunsDilatedPatternsOnTheSm90aForward) {
       EXPECT_TRUE(has_note(r.notes, "head dim 32")) << label.str();
     } else if (kEmulated) {
       EXPECT_EQ(r.kernel, "hopper") << label.str();
+      EXPECT_EQ(r.kernel_backward, "hopper") << label.str();
       EXPECT_TRUE(has_note(r.notes, "strided views")) << label.str();
+    }
+    if (&c - cases < 2) {
+      const DeviceResult native = run_on_device(cfg, c.dtype, KernelChoice::native, in, true);
+      std::printf("  %s against the native backward:", label.str().c_str());
+      for (auto [name, a, b] : {std::tuple{"dq", &r.dq, &native.dq}, {"dk", &r.dk, &native.dk},
+                                {"dv", &r.dv, &native.dv}}) {
+        const double e = relative_error(a->data(), b->data(), b->size());
+        std::printf(" %s %.1e", name, e);
+        EXPECT_LE(e, 5e-3) << label.str() << ": " << name << " against the native backward";
+      }
+      std::printf("\n");
     }
   }
 }

@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "cli_runner.hpp"
 #include "gpu_skip.hpp"
@@ -65,7 +66,8 @@ Inputs random_inputs(const Shape4& s, uint64_t seed, int64_t kv_heads = 0) {
 
 struct Result {
   std::vector<float> out, lse, dq, dk, dv;
-  std::string kernel;  // the plan's forward kernel
+  std::string kernel;           // the plan's forward kernel
+  std::string kernel_backward;  // and its backward's (set with the gradients)
   std::vector<std::string> notes;
 };
 
@@ -109,6 +111,8 @@ Result run_on_device(const AttentionConfig& cfg, std::shared_ptr<const BlockList
   plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                 dq.as<float>(), dk.as<float>(), dv.as<float>());
   plan.synchronize();
+  r.kernel_backward = plan.backward_kernel_name();
+  r.notes = plan.notes();
   r.dq.resize(n);
   r.dk.resize(n_kv);
   r.dv.resize(n_kv);
@@ -313,7 +317,7 @@ TEST(SingleDeviceLists, TheCpuKernelsOnTheDeviceListsMatchTheReference) {
     const auto n = static_cast<std::size_t>(c.shape.numel());
     const auto nl = static_cast<std::size_t>(c.shape.batch * c.shape.heads * c.shape.seq_len);
     Result r{nan_filled(n), nan_filled(nl), std::vector<float>(n), std::vector<float>(n),
-             std::vector<float>(n), {}, {}};
+             std::vector<float>(n), {}, {}, {}};
     std::vector<float> delta(nl);
     const kernels::TileConfig tc{64, 64};
     std::vector<float> ws(kernels::sparse_workspace_floats(tc, c.shape.head_dim));
@@ -408,10 +412,11 @@ bool has_note(const std::vector<std::string>& notes, const std::string& part) {
   return false;
 }
 
-// --kernel hopper: the plan runs the forward on the sm_90a block-sparse kernel where it
-// applies (the emulated sm_90s here) and gives what the native kernels give, gradients (the
-// native backward's) included; where it does not apply (an sm_86, fp32, D = 96) the native
-// kernels run and a note says why.
+// --kernel hopper: the plan runs the forward and the backward on the sm_90a block-sparse
+// kernels where they apply (the emulated sm_90s here) and gives what the float64 reference
+// gives, and gradients within a few bf16 roundings of the native backward's; where they do
+// not apply (an sm_86, fp32, D = 96; D = 256 for the backward) the native kernels run and a
+// note says why.
 TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
   REQUIRE_GPU();
   using T = DeviceDType;
@@ -427,23 +432,44 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
     const Result got = run_on_device(cfg, lists, c.dtype, in, true, 0, KernelChoice::hopper);
 #if RINGATTN_CUDA_EMULATION
     EXPECT_EQ(got.kernel, "hopper") << c.name;  // device 0 is an emulated sm_90
+    EXPECT_EQ(got.kernel_backward, "hopper") << c.name;
 #endif
-    if (got.kernel != "hopper") {
+    if (got.kernel != "hopper" || got.kernel_backward != "hopper") {
       EXPECT_TRUE(has_note(got.notes, "--kernel hopper: ")) << c.name;
     }
-    expect_matches_reference(std::string(c.name) + " (" + got.kernel + ")", cfg,
-                             mask_from_lists(*lists), c.dtype, in, got);
+    expect_matches_reference(std::string(c.name) + " (" + got.kernel + ", " +
+                                 got.kernel_backward + " backward)",
+                             cfg, mask_from_lists(*lists), c.dtype, in, got);
+    // The same gradients as the native backward, to within its rounding of P and dS.
+    const Result native = run_on_device(cfg, lists, c.dtype, in, true, 0, KernelChoice::native);
+    std::printf("  %s against the native backward:", c.name);
+    for (auto [name, a, b] : {std::tuple{"dq", &got.dq, &native.dq}, {"dk", &got.dk, &native.dk},
+                              {"dv", &got.dv, &native.dv}}) {
+      const double e = relative_error(a->data(), b->data(), b->size());
+      std::printf(" %s %.1e", name, e);
+      EXPECT_LE(e, 5e-3) << c.name << ": " << name << " against the native backward";
+    }
+    std::printf("\n");
   }
 #if RINGATTN_CUDA_EMULATION
   const SparseCase c{"hopper_refused", {1, 128, 1, 96}, 64, false, T::bf16, "local:window=128", 0};
   CudaSparsePlan d96(config_of(c), lists_of(c), {T::bf16, KernelChoice::hopper, 0});
   EXPECT_EQ(d96.kernel_name(), "native");
+  EXPECT_EQ(d96.backward_kernel_name(), "native");
   EXPECT_TRUE(has_note(d96.notes(), "head dim 96")) << ::testing::PrintToString(d96.notes());
   const SparseCase c64{"hopper_sm86", {1, 128, 1, 64}, 64, false, T::bf16, "local:window=128", 0};
   CudaSparsePlan sm86(config_of(c64), lists_of(c64), {T::bf16, KernelChoice::hopper, 1});
   EXPECT_EQ(sm86.kernel_name(), "native");
+  EXPECT_EQ(sm86.backward_kernel_name(), "native");
   EXPECT_TRUE(has_note(sm86.notes(), "compute capability 8.6"))
       << ::testing::PrintToString(sm86.notes());
+  // D = 256: the forward is Hopper's, the backward native (its dK/dV would not fit registers).
+  const SparseCase c256{"hopper_d256", {1, 128, 1, 256}, 64, false, T::bf16, "local", 0};
+  CudaSparsePlan d256(config_of(c256), lists_of(c256), {T::bf16, KernelChoice::hopper, 0});
+  EXPECT_EQ(d256.kernel_name(), "hopper");
+  EXPECT_EQ(d256.backward_kernel_name(), "native");
+  EXPECT_TRUE(has_note(d256.notes(), "head dim 256 (the backward takes 64 or 128)"))
+      << ::testing::PrintToString(d256.notes());
 #endif
 }
 

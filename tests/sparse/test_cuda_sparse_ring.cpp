@@ -42,7 +42,8 @@ struct Inputs {
 struct Full : testing::FullResult {
   std::vector<int64_t> bytes_sent, bytes_min;
   std::vector<int> peers;
-  std::string kernel;  // rank 0's forward kernel
+  std::string kernel;           // rank 0's forward kernel
+  std::string kernel_backward;  // and its backward's
 };
 
 bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; }
@@ -63,6 +64,7 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
          std::vector<int64_t>(p),
          std::vector<int64_t>(p),
          std::vector<int>(p),
+         {},
          {}};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
@@ -120,7 +122,10 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
     // The minimum is counted in fp32 K/V; the exchange moves them in the device dtype.
     f.bytes_min[i] = minimum_bytes_sent(cfg, *lists, l, me) * static_cast<int64_t>(eb) / 4;
     f.peers[i] = plan.peers();
-    if (me == 0) f.kernel = plan.kernel_name();
+    if (me == 0) {
+      f.kernel = plan.kernel_name();
+      f.kernel_backward = plan.backward_kernel_name();
+    }
     return 0;
   });
   EXPECT_EQ(rc, 0);
@@ -163,6 +168,7 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
 #if RINGATTN_CUDA_EMULATION
     if (kernel == KernelChoice::hopper) {  // every emulated device here is an sm_90
       EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;
+      EXPECT_EQ(got.kernel_backward, "hopper") << what << " P=" << p;
     }
 #endif
     const double e[5] = {relative_error(got.out.data(), ref.out.data(), n),
@@ -315,9 +321,9 @@ TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
   }
 }
 
-// --kernel hopper: each rank's local blocks on the sm_90a block-sparse forward (the shard's
-// own [B, N/P, H, D] tensors), received blocks merged in by the native kernel, on a causal
-// GQA configuration with packed documents and a window.
+// --kernel hopper: each rank's local blocks on the sm_90a block-sparse forward and backward
+// (the shard's own [B, N/P, H, D] tensors), received blocks by the native kernels, on a
+// causal GQA configuration with packed documents and a window.
 TEST(CudaSparseRingFeatures, KernelHopperRunsEachRanksLocalBlocksAndMatchesTheReference) {
   AttentionConfig cfg = config({1, 768, 4, 64}, 64, true);
   cfg.kv_heads = 2;

@@ -90,6 +90,21 @@ struct DenseWork {
     return true;
   }
 
+  // The backward's rows in lse/delta ([B, H, N]) and in the gradients ([B, N, heads, D]: dQ's
+  // for query rows, dK's and dV's for key rows), and a walked query tile's columns in
+  // lse/delta (the dK/dV walk).
+  __device__ __forceinline__ Strided row_stats(const QueryRows& q) const {
+    return {(static_cast<int64_t>(q.b) * heads + q.h) * seq_len + q.n, 1};
+  }
+  __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int head_dim) const {
+    const int64_t row_heads = rows_are_keys ? kv_heads : heads;
+    return {((static_cast<int64_t>(q.b) * seq_len + q.n) * row_heads + q.h) * head_dim,
+            row_heads * head_dim};
+  }
+  __device__ __forceinline__ Strided column_stats(const Cursor&, const KeyTile& t) const {
+    return {(static_cast<int64_t>(t.b) * heads + t.h) * seq_len + t.n, 1};
+  }
+
   // Column positions: the window's, within the row's document.
   __device__ __forceinline__ Reach reach(const QueryRows& q, int local) const {
     const int row = q.row0 + local;

@@ -1,7 +1,7 @@
 // The Hopper forward over SubseqTasks (see hopper_task_fwd.hpp): hopper_fwd_kernel.cuh's body
-// with a block per work item (64 query rows of a task) walking the keys those rows can see
-// (visible_key_range, as the native forward), 64 at a time, through tensor maps of the
-// launch's query and key views; each row's reach is the task's causal offset and window.
+// over hopper_task_work.cuh's TaskWork, a block per work item (64 query rows of a task)
+// walking the keys those rows can see, through tensor maps of the launch's query and key
+// views; and the grouping of items by view that every task launch needs.
 #include "kernels/cuda/hopper_task_fwd.hpp"
 
 #include <limits>
@@ -10,83 +10,12 @@
 #include <tuple>
 
 #include "kernels/cuda/hopper_fwd_kernel.cuh"
+#include "kernels/cuda/hopper_task_work.cuh"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
 
 namespace {
-
-using hopper::KeyTile;
-using hopper::kRows;
-using hopper::QueryRows;
-using hopper::Reach;
-
-constexpr int64_t kFar = int64_t{1} << 30;  // past any key: no limit
-
-struct TaskWork {
-  const SubseqTask* tasks;
-  const ForwardItem* items;  // this launch's
-  float* out;
-  float* lse;
-  int rows;     // B·N: the batches' positions end to end
-  int kv_rows;  // K/V positions end to end (B·N unless packed)
-  int heads, kv_heads, head_dim;
-  int q_step, k_step;  // the views' row steps: position n is index n / step of its view
-  bool causal;
-  float out_scale;
-
-  struct Cursor {
-    int k0, k_end;  // the next key tile's first key and the last visible key + 1
-    int n0, h, b;   // the task's key 0 in the key view
-    int off, n_k;   // the task's causal offset and keys
-  };
-
-  __device__ __forceinline__ const SubseqTask& task() const {
-    return tasks[items[blockIdx.x].task];
-  }
-
-  __device__ __forceinline__ QueryRows query_rows(int d) const {
-    const ForwardItem item = items[blockIdx.x];
-    const SubseqTask& t = tasks[item.task];
-    const int i0 = static_cast<int>(item.q_begin);
-    const int n_rows = t.n_q - i0 < kRows ? static_cast<int>(t.n_q - i0) : kRows;
-    const int64_t at = t.q_row0 + i0 * t.q_stride;
-    int n, h, b;
-    hopper::position_of(at, d, heads, rows, n, h, b);
-    return {n / q_step,   h,      b,  out + at, lse + t.lse0 + i0 * t.lse_stride, t.q_stride,
-            t.lse_stride, n_rows, i0, out_scale};
-  }
-
-  __device__ __forceinline__ Cursor begin(const QueryRows& q) const {
-    const SubseqTask& t = task();
-    const KeyRange keys = visible_key_range(t, causal, q.row0, q.rows);
-    Cursor c{};
-    c.k0 = static_cast<int>(keys.begin), c.k_end = static_cast<int>(keys.end);
-    c.off = static_cast<int>(t.causal_offset), c.n_k = static_cast<int>(t.n_k);
-    hopper::position_of(t.k_row0, head_dim, kv_heads, kv_rows, c.n0, c.h, c.b);
-    c.n0 /= k_step;
-    return c;
-  }
-
-  __device__ __forceinline__ bool next(Cursor& c, KeyTile& t) const {
-    if (c.k0 >= c.k_end) return false;
-    t = {c.n0 + c.k0, c.h, c.b, c.k0 - c.off, c.n_k - c.k0};
-    c.k0 += kRows;
-    return true;
-  }
-
-  // Query i sees key j of the task iff i - window_left <= j - causal_offset <= i + right,
-  // right being the window's right reach, at most 0 when causal.
-  __device__ __forceinline__ Reach reach(const QueryRows& q, int local) const {
-    const SubseqTask& t = task();
-    auto clamped = [](int64_t w) { return static_cast<int>(w < kFar ? w : kFar); };
-    const int left = t.window_left == kNoWindow ? static_cast<int>(kFar) : clamped(t.window_left);
-    int right = t.window_right == kNoWindow ? static_cast<int>(kFar) : clamped(t.window_right);
-    if (causal && right > 0) right = 0;
-    const int i = q.row0 + local;
-    return {i - left, i + right + 1};
-  }
-};
 
 // Where a view of `n` rows `stride` elements apart from element `row0` sits in a tensor of
 // `batches` × `seq` positions of `heads` heads: its step and phase over the positions end to
@@ -176,7 +105,7 @@ void hopper_task_forward(Elem e, const FlashForwardParams& p, const HopperTaskSh
   const int kv_rows = s.kv_rows > 0 ? s.kv_rows : rows;
   for (const HopperTaskGroup& g : groups) {
     if (g.n_items == 0) continue;
-    const hopper::Args<TaskWork> a{
+    const hopper::Args<hopper::TaskWork> a{
         hopper::tensor_map(p.q, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
         hopper::tensor_map(p.k, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
         hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),

@@ -61,6 +61,11 @@ struct Reach {
   int lo, hi;
 };
 
+// Rows of a tensor (or of lse/delta) a fixed distance apart: row r is element at + r·stride.
+struct Strided {
+  int64_t at, stride;
+};
+
 // Row `reach` against tile `t`, in the tile's column frame.
 __device__ __forceinline__ Reach columns_of(const Reach& reach, const KeyTile& t) {
   const int hi = reach.hi - t.base;
@@ -244,8 +249,8 @@ inline TmaDesc tensor_map(const void* base, Elem elem, int batch, int seq_len, i
   // Dimensions may not overlap; with one batch its stride is never used, so it can be the
   // view's whole span (which passes N when the last row of the view's step grid is past N).
   if (batch == 1 && dims[2] * strides[1] > strides[2]) strides[2] = dims[2] * strides[1];
-  base = static_cast<const char*>(base) + 2 * d * static_cast<uint64_t>(heads) *
-                                              static_cast<uint64_t>(phase);
+  base = static_cast<const char*>(base) +
+         2 * d * static_cast<uint64_t>(heads) * static_cast<uint64_t>(phase);
   const uint32_t box[4] = {64, 1, kRows, 1};
   TmaDesc map;
 #if RINGATTN_CUDA_EMULATION

@@ -1,11 +1,14 @@
-// hopper_fwd.hpp, hopper_bwd.hpp, hopper_sparse_fwd.hpp and hopper_task_fwd.hpp in a build
-// whose CUDA toolkit is older than 12.5: the kernels are not built, and the plans run the
-// native kernels with this reason as their note.
+// hopper_fwd.hpp, hopper_bwd.hpp, hopper_sparse_fwd.hpp, hopper_sparse_bwd.hpp,
+// hopper_task_fwd.hpp and hopper_task_bwd.hpp in a build whose CUDA toolkit is older than
+// 12.5: the kernels are not built, and the plans run the native kernels with this reason as
+// their note.
 #include <string>
 
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
+#include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ringattn/errors.hpp"
 
@@ -39,6 +42,17 @@ void hopper_sparse_forward(Elem, const SparseForwardParams&, const HopperSparseS
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
 
+std::string hopper_sparse_backward_unsupported(Elem, const SparseBackwardParams&,
+                                               const HopperSparseShape&, int) {
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+void hopper_sparse_backward(Elem, const SparseBackwardParams&, const HopperSparseShape&,
+                            cudaStream_t) {
+  throw RuntimeFailure("the Hopper block-sparse backward cannot run: " +
+                       hopper_forward_unsupported(HopperForwardParams{}, 0));
+}
+
 std::string hopper_task_groups(std::span<const SubseqTask>, std::span<const ForwardItem>,
                                const HopperTaskShape&, std::vector<ForwardItem>& ordered,
                                std::vector<HopperTaskGroup>& groups) {
@@ -54,6 +68,17 @@ std::string hopper_task_forward_unsupported(Elem, const HopperTaskShape&, int) {
 void hopper_task_forward(Elem, const FlashForwardParams&, const HopperTaskShape&,
                          std::span<const HopperTaskGroup>, cudaStream_t) {
   throw RuntimeFailure("the Hopper task forward cannot run: " +
+                       hopper_forward_unsupported(HopperForwardParams{}, 0));
+}
+
+std::string hopper_task_backward_unsupported(Elem, const HopperTaskShape&, int) {
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+void hopper_task_backward(Elem, const FlashBackwardParams&, const HopperTaskShape&,
+                          std::span<const HopperTaskGroup>, std::span<const HopperTaskGroup>,
+                          cudaStream_t) {
+  throw RuntimeFailure("the Hopper task backward cannot run: " +
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
 

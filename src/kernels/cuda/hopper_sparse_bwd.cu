@@ -1,0 +1,84 @@
+// The Hopper block-sparse backward (see hopper_sparse_bwd.hpp): hopper_bwd_kernel.cuh's two
+// passes over hopper_sparse_work.cuh's SparseWork (dQ) and SparseKeyWork (dK/dV), in the
+// native sparse_backward's order.
+#include <limits>
+#include <string>
+
+#include "kernels/cuda/hopper_bwd_kernel.cuh"
+#include "kernels/cuda/hopper_sparse_bwd.hpp"
+#include "kernels/cuda/hopper_sparse_work.cuh"
+#include "ringattn/errors.hpp"
+
+namespace ringattn::kernels::cuda {
+
+std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParams& p,
+                                               const HopperSparseShape& s, int device) {
+  if (s.batch <= 0 || s.seq_len <= 0 || s.heads <= 0 || s.kv_heads <= 0)
+    return "an empty tensor shape";
+  if (p.q_stride != static_cast<int64_t>(s.heads) * p.head_dim)
+    return "query rows not [B, N, H, D] (q_stride " + std::to_string(p.q_stride) + ")";
+  if (p.n_q_items > std::numeric_limits<int>::max() ||
+      p.n_k_items > std::numeric_limits<int>::max())
+    return "more work items than a grid holds";
+  if (p.head_dim == 256)  // dK and dV of 64 × 256 in fp32 would be 256 registers a thread
+    return "head dim 256 (the backward takes 64 or 128)";
+  return hopper::device_unsupported(p.head_dim, e, device);
+}
+
+void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperSparseShape& s,
+                            cudaStream_t stream) {
+  int device = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  if (const std::string why = hopper_sparse_backward_unsupported(e, p, s, device); !why.empty())
+    throw RuntimeFailure("the Hopper block-sparse backward cannot run: " + why);
+  if (p.n_q_items == 0 && p.n_k_items == 0) return;
+  const TmaDesc q = hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim);
+  const TmaDesc k = hopper::tensor_map(p.k, e, s.batch, s.seq_len, s.kv_heads, p.head_dim);
+  const TmaDesc v = hopper::tensor_map(p.v, e, s.batch, s.seq_len, s.kv_heads, p.head_dim);
+  const TmaDesc dout = hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim);
+  const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
+  const float scale_log2 = p.scale * hopper::kLog2ef;
+  if (p.n_q_items > 0) {
+    const hopper::BackwardArgs<hopper::SparseWork> a{
+        q,
+        k,
+        v,
+        dout,
+        scale_log2,
+        p.scale,
+        1.0f,
+        1.0f,
+        p.lse,
+        p.delta,
+        p.dq,
+        p.dk,
+        p.dv,
+        {p.q_tiles, p.key_spans, p.q_items, nullptr, nullptr, p.q_stride, p.lse_stride, s.seq_len,
+         s.heads, s.kv_heads, p.head_dim, p.causal, p.window_left, p.window_right, reach.left,
+         reach.right}};
+    hopper::launch_backward_pass<false>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_q_items)),
+                                        stream);
+  }
+  if (p.n_k_items > 0) {
+    const hopper::BackwardArgs<hopper::SparseKeyWork> a{
+        q,
+        k,
+        v,
+        dout,
+        scale_log2,
+        p.scale,
+        1.0f,
+        1.0f,
+        p.lse,
+        p.delta,
+        p.dq,
+        p.dk,
+        p.dv,
+        {p.k_tiles, p.query_spans, p.k_items, p.q_stride, p.lse_stride, s.seq_len, s.heads,
+         s.kv_heads, p.head_dim, p.causal, p.window_left, p.window_right, reach.left, reach.right}};
+    hopper::launch_backward_pass<true>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
+                                       stream);
+  }
+}
+
+}  // namespace ringattn::kernels::cuda

@@ -1,0 +1,33 @@
+// The Hopper (sm_90a) backward over the native backward's own work (FlashBackwardParams:
+// SubseqTasks, q_items for the dQ pass, k_items for the dK/dV pass, the pass's out_scale and
+// dout_scale), so dilated patterns' strided views are read in place: hopper_bwd_kernel.cuh's
+// two passes over hopper_task_work.cuh's TaskWork (dQ) and TaskKeyWork (dK/dV), one launch
+// per group of items sharing a (query view, key view), as hopper_task_forward
+// (hopper_task_groups orders both item lists). Same contract as flash_backward: dq, dk and
+// dv fp32 and added into, delta = rowsum(out ∘ dout) from start_backward. bf16/fp16,
+// D = 64 or 128. Run on the emulated GPU in CI; not yet run on a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <span>
+#include <string>
+
+#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/hopper_task_fwd.hpp"
+
+namespace ringattn::kernels::cuda {
+
+// "" when hopper_task_backward can run D = s.head_dim in `e` on `device`, else why not.
+std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, int device);
+
+// The dQ launches (one per q_groups entry, items from p.q_items) and then the dK/dV ones
+// (one per k_groups entry, items from p.k_items), on `stream`; p.n_q_items and p.n_k_items
+// are ignored. Each k group's items must write disjoint dK/dV rows (as a k_range's do).
+// Throws RuntimeFailure where hopper_task_backward_unsupported says why, or a tensor map is
+// refused.
+void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTaskShape& s,
+                          std::span<const HopperTaskGroup> q_groups,
+                          std::span<const HopperTaskGroup> k_groups, cudaStream_t stream);
+
+}  // namespace ringattn::kernels::cuda
