@@ -21,21 +21,13 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
   if (const std::string why = hopper_backward_unsupported(p, device); !why.empty())
     throw RuntimeFailure("the Hopper backward kernels cannot run: " + why);
   if (p.batch <= 0 || p.seq_len <= 0) return;
-  hopper::BackwardArgs<hopper::DenseWork> a{
+  const TmaDesc maps[4] = {
       hopper::tensor_map(p.q, p.elem, p.batch, p.seq_len, p.heads, p.head_dim),
       hopper::tensor_map(p.k, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
       hopper::tensor_map(p.v, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
-      hopper::tensor_map(p.dout, p.elem, p.batch, p.seq_len, p.heads, p.head_dim),
-      p.scale * hopper::kLog2ef,
-      p.scale,
-      1.0f,
-      1.0f,
-      p.lse,
-      p.delta,
-      p.dq,
-      p.dk,
-      p.dv,
-      hopper::dense_work(p, nullptr, nullptr, true)};
+      hopper::tensor_map(p.dout, p.elem, p.batch, p.seq_len, p.heads, p.head_dim)};
+  auto a =
+      hopper::backward_args(maps, p, 1.0f, 1.0f, hopper::dense_work(p, nullptr, nullptr, true));
   hopper::launch_backward_pass<true>(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads),
                                      stream);
   a.work = hopper::dense_work(p, nullptr, nullptr, false);

@@ -30,6 +30,16 @@ struct BackwardArgs {
   Work work;
 };
 
+// A pass's arguments: the q, k, v, dout tensor maps, the params' scale and tensors (any
+// backward params with scale, lse, delta, dq, dk, dv), the pass's dout scale and delta
+// factor, and its work.
+template <class Work, class Params>
+BackwardArgs<Work> backward_args(const TmaDesc (&maps)[4], const Params& p, float dout_scale,
+                                 float delta_factor, const Work& work) {
+  return {maps[0], maps[1], maps[2], maps[3], p.scale * kLog2ef, p.scale, dout_scale,
+          delta_factor, p.lse, p.delta, p.dq, p.dk, p.dv, work};
+}
+
 // Whether column `col` of a tile lies in a row's visible columns.
 __device__ __forceinline__ bool seen(const Reach& cols, int col) {
   return col >= cols.lo && col < cols.hi;

@@ -32,50 +32,27 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
   if (const std::string why = hopper_sparse_backward_unsupported(e, p, s, device); !why.empty())
     throw RuntimeFailure("the Hopper block-sparse backward cannot run: " + why);
   if (p.n_q_items == 0 && p.n_k_items == 0) return;
-  const TmaDesc q = hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim);
-  const TmaDesc k = hopper::tensor_map(p.k, e, s.batch, s.seq_len, s.kv_heads, p.head_dim);
-  const TmaDesc v = hopper::tensor_map(p.v, e, s.batch, s.seq_len, s.kv_heads, p.head_dim);
-  const TmaDesc dout = hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim);
+  const TmaDesc maps[4] = {
+      hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
+      hopper::tensor_map(p.k, e, s.batch, s.seq_len, s.kv_heads, p.head_dim),
+      hopper::tensor_map(p.v, e, s.batch, s.seq_len, s.kv_heads, p.head_dim),
+      hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim)};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
-  const float scale_log2 = p.scale * hopper::kLog2ef;
   if (p.n_q_items > 0) {
-    const hopper::BackwardArgs<hopper::SparseWork> a{
-        q,
-        k,
-        v,
-        dout,
-        scale_log2,
-        p.scale,
-        1.0f,
-        1.0f,
-        p.lse,
-        p.delta,
-        p.dq,
-        p.dk,
-        p.dv,
-        {p.q_tiles, p.key_spans, p.q_items, nullptr, nullptr, p.q_stride, p.lse_stride, s.seq_len,
-         s.heads, s.kv_heads, p.head_dim, p.causal, p.window_left, p.window_right, reach.left,
-         reach.right}};
+    const auto a = hopper::backward_args(
+        maps, p, 1.0f, 1.0f,
+        hopper::SparseWork{p.q_tiles, p.key_spans, p.q_items, nullptr, nullptr, p.q_stride,
+                           p.lse_stride, s.seq_len, s.heads, s.kv_heads, p.head_dim, p.causal,
+                           p.window_left, p.window_right, reach.left, reach.right});
     hopper::launch_backward_pass<false>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_q_items)),
                                         stream);
   }
   if (p.n_k_items > 0) {
-    const hopper::BackwardArgs<hopper::SparseKeyWork> a{
-        q,
-        k,
-        v,
-        dout,
-        scale_log2,
-        p.scale,
-        1.0f,
-        1.0f,
-        p.lse,
-        p.delta,
-        p.dq,
-        p.dk,
-        p.dv,
-        {p.k_tiles, p.query_spans, p.k_items, p.q_stride, p.lse_stride, s.seq_len, s.heads,
-         s.kv_heads, p.head_dim, p.causal, p.window_left, p.window_right, reach.left, reach.right}};
+    const auto a = hopper::backward_args(
+        maps, p, 1.0f, 1.0f,
+        hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.q_stride, p.lse_stride,
+                              s.seq_len, s.heads, s.kv_heads, p.head_dim, p.causal,
+                              p.window_left, p.window_right, reach.left, reach.right});
     hopper::launch_backward_pass<true>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
                                        stream);
   }

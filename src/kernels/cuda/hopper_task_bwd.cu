@@ -29,21 +29,12 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
   // The stored out and dout are the pass's scaled ones (see BackwardArgs).
   const float dout_scale = p.dout_scale, delta_factor = p.dout_scale / p.out_scale;
   auto maps = [&](const HopperTaskGroup& g, auto work) {
-    return hopper::BackwardArgs<decltype(work)>{
+    const TmaDesc m[4] = {
         hopper::tensor_map(p.q, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
         hopper::tensor_map(p.k, e, 1, rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
         hopper::tensor_map(p.v, e, 1, rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
-        hopper::tensor_map(p.dout, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
-        p.scale * hopper::kLog2ef,
-        p.scale,
-        dout_scale,
-        delta_factor,
-        p.lse,
-        p.delta,
-        p.dq,
-        p.dk,
-        p.dv,
-        work};
+        hopper::tensor_map(p.dout, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step)};
+    return hopper::backward_args(m, p, dout_scale, delta_factor, work);
   };
   for (const HopperTaskGroup& g : q_groups) {
     if (g.n_items == 0) continue;
