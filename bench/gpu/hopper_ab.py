@@ -30,7 +30,7 @@ def rows(quick):
     return out
 
 
-def bench(exe, row, kernel, env, iters, timeout=240):
+def bench(exe, row, kernel, env, iters, timeout=90):
     args = [exe, "--seq-len", str(row["seq_len"]), "--batch", "1",
             "--heads", str(2048 // row["head_dim"]), "--head-dim", str(row["head_dim"]),
             "--attention", row["attention"], "--kernel", kernel.split("-")[0],
