@@ -10,6 +10,7 @@
 #                                         # wheel for the image's Python), or what it lacks
 #   bash bench/gpu/device_run.sh bench   # the benchmark sweep (run_bench.py) and max N
 #   bash bench/gpu/device_run.sh ring    # the ring and block-sparse benchmark (ring_bench.py)
+#   bash bench/gpu/device_run.sh flex    # block-sparse against FlexAttention (flex_sparse.py)
 #   bash bench/gpu/device_run.sh hopper  # the Hopper (sm_90a) kernels' tests, then their A/B
 #                                         # against native and cuDNN, with and without the
 #                                         # forward's overlap (hopper_ab.py)
@@ -25,7 +26,7 @@
 # Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset): device.txt,
 # tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt, ring_bench_rows.jsonl,
 # ring_bench_table.txt, ceilings.json, hopper_tests.log, hopper_ab_rows.jsonl,
-# hopper_ab_table.txt (each stage writes its own).
+# hopper_ab_table.txt, flex_sparse_rows.jsonl, flex_sparse_table.txt (each stage writes its own).
 # Exit status: 0 when every stage run passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -178,6 +179,12 @@ run_hopper() {
     --budget-s "${HOPPER_BUDGET_S:-240}" ${QUICK:+--quick} || status=1
 }
 
+# Block-sparse against FlexAttention on this GPU (issue 31), the image's PyTorch compiling Flex.
+run_flex() {
+  timeout -k 5 "${FLEX_TIMEOUT_S:-240}" python3 bench/gpu/flex_sparse.py --cli "$CARRY/bin/ringattn" \
+    --out "$OUT" --seq-len "${FLEX_SEQ_LEN:-32768}" --budget-s "${FLEX_BUDGET_S:-180}" || status=1
+}
+
 run_ring() {
   python3 bench/gpu/ring_bench.py --cli "$CARRY/bin/ringattn" --out "$OUT" \
     --budget-s "${RING_BUDGET_S:-240}" || status=1
@@ -222,9 +229,10 @@ for stage in "${@:-all}"; do
     bench) run_bench ;;
     hopper) run_hopper ;;
     ring) run_ring ;;
+    flex) run_flex ;;
     ring+bench) run_ring; run_bench ;;
     all) run_check; run_sanitize; run_ring; run_bench ;;
-    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | ring+bench | hopper | all)"; exit 2 ;;
+    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | flex | ring+bench | hopper | all)"; exit 2 ;;
   esac
   echo "device_run: stage $stage took $(( $(date +%s) - begin )) s (status so far $status)"
 done

@@ -308,8 +308,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& p) { return std::to_string(p.index); });
 
 // Grouped-query attention, sliding windows and packed sequences on the GPU: one rank and
-// three, checked against float64, K/V files with --kv-heads heads; --kernel cudnn is refused
-// by name for them (cuDNN's SDPA takes none).
+// three, checked against float64, K/V files with --kv-heads heads. --kernel cudnn takes GQA on
+// one GPU (cuDNN 9 runs it), and is refused by name on a ring, whose steps run natively.
 TEST(CliCudaFeatures, GqaWindowsAndPackingRunCheckedOnTheGpu) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
@@ -344,7 +344,8 @@ TEST(CliCudaFeatures, GqaWindowsAndPackingRunCheckedOnTheGpu) {
   }
   const CliResult r =
       testing::run_cli({"run", "--device", "cuda", "--kernel", "cudnn", "--seq-len", "128",
-                        "--heads", "4", "--kv-heads", "2", "--out", dir.file("out.npy")});
+                        "--heads", "4", "--kv-heads", "2", "--ring-size", "2", "--out",
+                        dir.file("out.npy")});
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));

@@ -71,7 +71,7 @@ __device__ __forceinline__ void add_rows(float* g, const float (&acc)[kD / 2], f
 // resident; the ring carries (Q, dO). Accumulator columns are queries, so lse and delta are
 // per column.
 template <int kD, bool kBf16, class Work>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_bwd_dkdv_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   const Stages<kD, 2> st = Stages<kD, 2>::of_block();
@@ -81,12 +81,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp < 4) {  // the producer warpgroup: one thread issues every load
-    ptx::setmaxnreg<false, 40>();
+    ptx::setmaxnreg<false, kProducerRegs<kD>>();
     if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
     return;
   }
 
-  ptx::setmaxnreg<true, 232>();
+  ptx::setmaxnreg<true, kConsumerRegs<kD>>();
   const int local0 = 16 * (warp - 4) + lane / 4;  // this lane's keys: local0, local0 + 8
   Reach reach[2];
 #pragma unroll
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // dQ of a 64-query tile from the key tiles the work walks for it, as the forward walks
 // them. Q and dO are resident; the ring carries (K, V).
 template <int kD, bool kBf16, class Work>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_bwd_dq_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   const Stages<kD, 2> st = Stages<kD, 2>::of_block();
@@ -158,12 +158,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp < 4) {
-    ptx::setmaxnreg<false, 40>();
+    ptx::setmaxnreg<false, kProducerRegs<kD>>();
     if (threadIdx.x == 0) produce(st, p.work, qr, p.q, p.dout, p.k, p.v);
     return;
   }
 
-  ptx::setmaxnreg<true, 232>();
+  ptx::setmaxnreg<true, kConsumerRegs<kD>>();
   const int local0 = 16 * (warp - 4) + lane / 4;  // this lane's queries: local0, local0 + 8
   const Strided stats = p.work.row_stats(qr);
   Reach reach[2];

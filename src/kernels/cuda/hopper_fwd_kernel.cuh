@@ -30,7 +30,7 @@ struct Args {
 // (FlashAttention-3's intra-warpgroup overlap), at the cost of a second 64 × 64 score tile in
 // registers; without it each product is waited for before the softmax.
 template <int kD, bool kBf16, class Work, bool kOverlap>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_fwd_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   const Stages<kD, 1> st = Stages<kD, 1>::of_block();
@@ -40,14 +40,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp < 4) {  // the producer warpgroup: one thread issues every load
-    ptx::setmaxnreg<false, 40>();
+    ptx::setmaxnreg<false, kProducerRegs<kD>>();
     if (threadIdx.x == 0) produce(st, p.work, qr, p.q, p.q, p.k, p.v);
     return;
   }
 
   // The consumer warpgroup: a lane holds rows local0 and local0 + 8 of the tile (index
   // r = 0, 1), as wgmma's accumulator does.
-  ptx::setmaxnreg<true, 232>();
+  ptx::setmaxnreg<true, kConsumerRegs<kD>>();
   const int local0 = 16 * (warp - 4) + lane / 4;
   Reach reach[2];
 #pragma unroll
@@ -84,12 +84,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
     float tile_max[2] = {-INFINITY, -INFINITY};
+    // Most tiles lie wholly inside both rows' reach: no per-column compare there.
+    if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = acc_row(i), col = acc_col(i, lane);
-      const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[i] * p.scale_log2;
-      sc[i] = x;
-      tile_max[r] = fmaxf(tile_max[r], x);
+      for (int i = 0; i < 32; ++i) {
+        sc[i] *= p.scale_log2;
+        tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int r = acc_row(i), col = acc_col(i, lane);
+        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[i] * p.scale_log2;
+        sc[i] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
     }
     float corr[2], base_m[2], tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll

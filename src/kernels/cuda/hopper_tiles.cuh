@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -32,6 +33,19 @@ namespace ringattn::kernels::cuda::hopper {
 constexpr int kRows = 64;                    // rows per block, rows per walked tile
 constexpr uint32_t kBoxBytes = 64 * 64 * 2;  // one 64 × 64 box of 16-bit elements
 constexpr int kThreads = 256;                // producer and consumer warpgroups
+
+// Blocks per SM a kernel is compiled for: two where two blocks' shared memory fits (head dims
+// up to 128), so one block's consumer runs its wgmma while the other's runs its softmax (the
+// overlap FlashAttention-3 gets from ping-pong between two consumer warpgroups of one block,
+// left here to the warp schedulers). The 65,536 registers are split 128 per thread at launch;
+// the producer gives back down to 24 and the consumer takes 232 (setmaxnreg). One block per
+// SM keeps 40 and 232.
+template <int kD>
+inline constexpr int kBlocksPerSm = kD <= 128 ? 2 : 1;
+template <int kD>
+inline constexpr unsigned kProducerRegs = kBlocksPerSm<kD> == 2 ? 32u : 40u;
+template <int kD>
+inline constexpr unsigned kConsumerRegs = kBlocksPerSm<kD> == 2 ? 224u : 232u;
 constexpr float kLn2f = 0.6931471805599453f;
 constexpr float kLog2ef = 1.4426950408889634f;
 
@@ -301,9 +315,21 @@ inline std::string device_unsupported(int head_dim, Elem elem, int device) {
 
 // Launches `kernel` on `grid` with `smem` bytes of dynamic shared memory (raised on every
 // launch: the attribute is per device).
+// RINGATTN_HOPPER_BLOCKS_PER_SM=1 pads each block's shared memory past half an SM's, so one
+// block runs per SM: the A/B against the two that kBlocksPerSm allows (read once).
+inline bool one_block_per_sm() {
+  static const bool one = [] {
+    const char* v = std::getenv("RINGATTN_HOPPER_BLOCKS_PER_SM");
+    return v && std::string(v) == "1";
+  }();
+  return one;
+}
+
 template <class Args>
 void launch(const char* name, void (*kernel)(Args), const Args& a, dim3 grid, int smem,
             cudaStream_t stream) {
+  constexpr int kHalfSm = 116 * 1024;  // more than half of an H100's 228 KiB per SM
+  if (one_block_per_sm() && smem < kHalfSm) smem = kHalfSm;
   RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   launch_kernel(name, kernel, grid, dim3(kThreads), static_cast<std::size_t>(smem), stream, a);
