@@ -27,7 +27,7 @@ H, D, BS = 16, 128, 128
 
 def run_cli(exe, n, extra, iters, timeout=180):
     cmd = [exe, "run", "--device", "cuda", "--dtype", "bf16", "--heads", str(H), "--head-dim",
-           str(D), "--batch", "1", "--seq-len", str(n), "--block-size", str(BS), "--json",
+           str(D), "--batch", "1", "--seq-len", str(n), "--json",
            "--backward", "--warmup", "2", "--iters", str(iters), "--timeout", "60"] + extra
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -104,7 +104,8 @@ def main():
                 continue
             extra = ["--kernel", kernel]
             if radius is not None:
-                extra += ["--attention", "block-sparse", "--pattern", name]
+                extra += ["--attention", "block-sparse", "--block-size", str(BS),
+                          "--pattern", name]
             j, err = run_cli(a.cli, n, extra, a.iters)
             if err:
                 notes.append(err)

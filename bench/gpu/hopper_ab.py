@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The Hopper kernels' first look on a lent sm_90 (device_run.sh stage `hopper`): each row
 through gpu_bench (CudaPlan, bf16, B=1, H·D=2048) with --kernel native, cudnn and hopper,
-the last twice: with the forward's intra-warpgroup overlap (the default) and without it
-(RINGATTN_HOPPER_OVERLAP=0), run A, B, A, B so drift shows as the spread between repeats.
+the last three times: the default, with the forward's intra-warpgroup overlap
+(RINGATTN_HOPPER_OVERLAP=1) and with one block per SM (RINGATTN_HOPPER_BLOCKS_PER_SM=1), run
+A, B, C, A, B, C so drift shows as the spread between repeats.
 Rows: dense full and causal at D = 64/128/256, N = 16K (and 64K at D = 128), and dilated
 (segments 2048,4096,8192, dilations 1,2,4) at D = 128. Issue 31's goals read off this table:
 dense forward >= 550 TFLOP/s at D = 128 (>= 0.85x cuDNN), backward >= 400; dilated >= 1.0x
@@ -17,10 +18,12 @@ import time
 
 # hopper: two blocks per SM where they fit (D <= 128) and the overlap; "1blk": one block per
 # SM (RINGATTN_HOPPER_BLOCKS_PER_SM=1, shared memory padded past half the SM's).
+# hopper: the default (two blocks per SM where they fit, D <= 128; the plain loop);
+# "overlap": RINGATTN_HOPPER_OVERLAP=1; "1blk": one block per SM
+# (RINGATTN_HOPPER_BLOCKS_PER_SM=1, shared memory padded past half the SM's).
 VARIANTS = [("native", {}), ("cudnn", {}), ("hopper", {}),
-            ("hopper-no-overlap", {"RINGATTN_HOPPER_OVERLAP": "0"}),
-            ("hopper-1blk-no-overlap", {"RINGATTN_HOPPER_OVERLAP": "0",
-                                        "RINGATTN_HOPPER_BLOCKS_PER_SM": "1"})]
+            ("hopper-overlap", {"RINGATTN_HOPPER_OVERLAP": "1"}),
+            ("hopper-1blk", {"RINGATTN_HOPPER_BLOCKS_PER_SM": "1"})]
 HOPPER = [name for name, _ in VARIANTS if name.startswith("hopper")]
 
 
