@@ -609,7 +609,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       m.cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
       m.cu_seqlens = upload_vector(m.cu_host, "the packed documents' offsets", opts.device, m.stream);
     }
-    const std::string experimental = "experimental: exact under the emulator, not yet run on a GPU";
+    const std::string experimental = kernels::cuda::kHopperStatus;
     const std::string forward =
         m.use_hopper_tasks ? "the sm_90a forward (TMA + wgmma, over the dilated pattern's strided "
                              "views)"

@@ -14,6 +14,7 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
 #include "ring/progress_thread.hpp"
@@ -402,7 +403,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.notes.push_back(m.use_hopper
                           ? "--kernel hopper: every ring step's forward on the sm_90a kernel (TMA "
                             "+ wgmma; the rank's K/V, then each received block), the native "
-                            "backward; experimental: exact under the emulator, not yet run on a GPU"
+                            "backward; " +
+                                std::string(kernels::cuda::kHopperStatus)
                           : "--kernel hopper: " + why + "; using the native kernels");
   }
   m.ex =

@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/sparse_params.hpp"
@@ -319,11 +320,11 @@ struct CudaSparsePlan::Impl {
         : use_hopper_backward
             ? "--kernel hopper: the sm_90a block-sparse forward and backward (TMA + wgmma) for "
               "the local blocks" +
-                  received + "; experimental: exact under the emulator, not yet run on a GPU"
+                  received + "; " + kernels::cuda::kHopperStatus
             : "--kernel hopper: the sm_90a block-sparse forward (TMA + wgmma) for the local "
               "blocks" +
                   received + " and the native backward (the Hopper one cannot run: " +
-                  why_backward + "); experimental: exact under the emulator, not yet run on a GPU");
+                  why_backward + "); " + kernels::cuda::kHopperStatus);
   }
 
   struct Device;

@@ -9,7 +9,8 @@
 // The kernel's body (hopper_fwd_kernel.cuh) is shared with the block-sparse variant
 // (hopper_sparse_fwd.hpp). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
 // on a real GPU only where the build holds sm_90a code and the device is compute capability
-// 9.0. Not yet run on a GPU: nothing selects it by default.
+// 9.0. Exact on an H100 (bench/results/gpu-h100-20261126-353d64e); opt-in (`--kernel hopper`)
+// while cuDNN is faster where it runs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,6 +21,11 @@
 #include "kernels/cuda/flash_params.hpp"
 
 namespace ringattn::kernels::cuda {
+
+// What every plan's note says of the Hopper family once it runs.
+inline constexpr const char* kHopperStatus =
+    "opt-in: exact on an H100 and the emulated GPU, slower than cuDNN where cuDNN runs "
+    "(docs/GPU_PERFORMANCE.md)";
 
 // What the dense Hopper kernels attend over (the forward's and the backward's alike).
 struct HopperAttention {

@@ -181,11 +181,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 }
 
 // Whether the forward overlaps the next tile's S = Q·Kᵀ with this tile's softmax (D <= 128):
-// yes, unless RINGATTN_HOPPER_OVERLAP=0 (for A/B runs on a GPU; read once).
+// only with RINGATTN_HOPPER_OVERLAP=1 (read once). Measured on an H100 with two blocks per SM
+// (bench/results/gpu-h100-20261126-353d64e), the plain loop is faster: 473 against 361 TFLOP/s
+// dense at D = 128, 313 against 264 at D = 64, 333 against 267 dilated; the two blocks' own
+// interleaving already hides the softmax, and the second score tile costs registers and a
+// wait on both products.
 inline bool overlap_chosen() {
   static const bool on = [] {
     const char* v = std::getenv("RINGATTN_HOPPER_OVERLAP");
-    return !(v && std::string(v) == "0");
+    return v && std::string(v) == "1";
   }();
   return on;
 }

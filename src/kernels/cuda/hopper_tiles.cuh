@@ -38,8 +38,10 @@ constexpr int kThreads = 256;                // producer and consumer warpgroups
 // up to 128), so one block's consumer runs its wgmma while the other's runs its softmax (the
 // overlap FlashAttention-3 gets from ping-pong between two consumer warpgroups of one block,
 // left here to the warp schedulers). The 65,536 registers are split 128 per thread at launch;
-// the producer gives back down to 24 and the consumer takes 232 (setmaxnreg). One block per
-// SM keeps 40 and 232.
+// the producer gives back down to 32 and the consumer takes 224 (setmaxnreg; at 24 the
+// block-sparse producer spilled). One block per SM keeps 40 and 232. On an H100 two blocks
+// took the forward from 356 to 473 TFLOP/s at D = 128 and the backward from 107 to 169
+// (bench/results/gpu-h100-20261126-353d64e).
 template <int kD>
 inline constexpr int kBlocksPerSm = kD <= 128 ? 2 : 1;
 template <int kD>
