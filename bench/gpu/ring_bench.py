@@ -15,7 +15,8 @@ Through the CLI (`ringattn run --device cuda --json`), bf16, B=1, H=16, D=128:
 - Block-sparse on one rank (local window pattern at ~90 % and ~95 % sparsity) against the
   same run's dense rate: `vs_ideal` is (dense time x density) / sparse time (1.0: the whole
   1/density speed-up), for the native kernels and, on an sm_90, for `--kernel hopper` (the
-  sm_90a forward, the native backward) against the same run's dense `--kernel hopper`.
+  sm_90a forward and backward of the local blocks) against the same run's dense
+  `--kernel hopper`.
 
 Writes ring_bench_rows.jsonl and ring_bench_table.txt under --out; prints the table."""
 import argparse
@@ -106,7 +107,7 @@ def main():
             results.append(row)
 
     # Block-sparse against the same kernel family's dense forward on one rank: the native
-    # kernels, and the sm_90a ones (--kernel hopper: its forward; the backward is native) where
+    # kernels, and the sm_90a ones (--kernel hopper, forward and backward) where
     # the device is an sm_90. local:window=W keeps key blocks within W / (2 * 128) blocks of
     # the query block: radius nb/20 is ~90 % sparse, nb/40 ~95 %.
     dense = {"native": next((r for r in results if r["config"] == "dense" and r["ranks"] == 1),

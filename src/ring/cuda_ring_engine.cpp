@@ -15,6 +15,7 @@
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
+#include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
 #include "ring/progress_thread.hpp"
@@ -63,10 +64,13 @@ struct DeviceStep {
   int64_t run0 = 0, n_runs = 0;  // the rows this rank sends, into the run list
   bool rows_repeat = false;  // runs_repeat_a_row(): dK/dV rows are added serially
 };
-// A wave's items for the Hopper forward, ordered into groups of one (query view, key view).
+// A wave's items for the Hopper forward (and the backward's dQ pass), ordered into groups of
+// one (query view, key view); and its backward's key items, range by range, grouped alike.
 struct HopperWave {
   int64_t item0 = 0;  // into the plan's Hopper item list
   std::vector<kc::HopperTaskGroup> groups;
+  std::vector<int64_t> k_item0;  // per k_range, into the plan's Hopper key item list
+  std::vector<std::vector<kc::HopperTaskGroup>> k_groups;  // per k_range
 };
 
 }  // namespace
@@ -92,12 +96,16 @@ struct CudaRingPlan::Impl {
   RingBuffers<kc::DeviceAllocation> buf;
   std::unique_ptr<StreamExchanges> ex;  // before the stream in ~Impl
   RingTimings fwd, bwd;
-  // --kernel hopper: every step's forward on the sm_90a task kernel, over the rank's own K/V
-  // at step 0 and the packed receive buffer after; the backward is native.
+  // --kernel hopper: every step's forward and backward on the sm_90a task kernels, over the
+  // rank's own K/V at step 0 and the packed receive buffer after (the step's dK/dV partial,
+  // laid out as that buffer, for the backward).
   bool use_hopper = false, noted_unaligned = false;
+  bool use_hopper_backward = false, noted_unaligned_backward = false;
   std::vector<std::vector<HopperWave>> hopper_waves;  // [step][wave]
   std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source
   kc::DeviceAllocation hopper_items;
+  std::vector<kernels::ForwardItem> hopper_k_items_host;
+  kc::DeviceAllocation hopper_k_items;
   std::vector<std::string> notes;
 
   int64_t d() const { return cfg.shape.head_dim; }
@@ -114,6 +122,7 @@ struct CudaRingPlan::Impl {
     part_out.reset();
     part_lse.reset();
     hopper_items.reset();
+    hopper_k_items.reset();
     for (int i = 0; i < 2; ++i) {
       buf.send[i].reset();
       buf.receive[i].reset();
@@ -194,6 +203,40 @@ struct CudaRingPlan::Impl {
     }
     hopper_items = upload(hopper_items_host, "the Hopper forward's ring work items", opts.device,
                           stream);
+    return "";
+  }
+
+  // "" and every wave's key items (`key_items`, the native backward's list on the host)
+  // grouped range by range and uploaded, or why the Hopper backward cannot run. After
+  // prepare_hopper.
+  std::string prepare_hopper_backward(const std::vector<kernels::ForwardItem>& key_items) {
+    for (std::size_t t = 0; t < sched.steps.size(); ++t)
+      if (std::string why = kc::hopper_task_backward_unsupported(
+              elem, hopper_shape(static_cast<int>(t)), opts.device);
+          !why.empty())
+        return why;
+    std::vector<kernels::ForwardItem> ordered;
+    for (std::size_t t = 0; t < sched.steps.size(); ++t) {
+      const std::vector<Wave>& waves = sched.steps[t].waves;
+      for (std::size_t i = 0; i < waves.size(); ++i) {
+        HopperWave& hw = hopper_waves[t][i];
+        for (const ItemRange& r : steps[t].waves[i].k_ranges) {
+          std::vector<kc::HopperTaskGroup> groups;
+          const std::span<const kernels::ForwardItem> items(
+              key_items.data() + r.first, static_cast<std::size_t>(r.count));
+          if (std::string why = kc::hopper_task_groups(waves[i].tasks, items,
+                                                       hopper_shape(static_cast<int>(t)),
+                                                       ordered, groups);
+              !why.empty())
+            return why;
+          hw.k_item0.push_back(static_cast<int64_t>(hopper_k_items_host.size()));
+          hopper_k_items_host.insert(hopper_k_items_host.end(), ordered.begin(), ordered.end());
+          hw.k_groups.push_back(std::move(groups));
+        }
+      }
+    }
+    hopper_k_items = upload(hopper_k_items_host, "the Hopper backward's ring key work items",
+                            opts.device, stream);
     return "";
   }
 
@@ -286,7 +329,31 @@ struct CudaRingPlan::Impl::Device {
     p.v = v;
     p.dk = dk;
     p.dv = dv;
-    for (const DeviceWave& w : m.steps[static_cast<std::size_t>(t)].waves) {
+    const bool hopper = m.use_hopper_backward && aligned16(p.q) && aligned16(p.dout) &&
+                        aligned16(k) && aligned16(v);
+    if (m.use_hopper_backward && !hopper && !m.noted_unaligned_backward) {
+      m.notes.push_back(
+          "the Hopper backward needs 16-byte aligned q/k/v/dout; these are not, so the native "
+          "kernels ran");
+      m.noted_unaligned_backward = true;
+    }
+    const auto& waves = m.steps[static_cast<std::size_t>(t)].waves;
+    for (std::size_t i = 0; hopper && i < waves.size(); ++i) {  // as CudaPlan's task backward
+      const HopperWave& hw = m.hopper_waves[static_cast<std::size_t>(t)][i];
+      p.tasks = m.tasks.as<kernels::SubseqTask>() + waves[i].task0;
+      p.q_items = m.hopper_items.as<kernels::ForwardItem>() + hw.item0;
+      std::span<const kc::HopperTaskGroup> q_groups = hw.groups;
+      for (std::size_t r = 0; r < hw.k_groups.size(); ++r) {
+        p.k_items = m.hopper_k_items.as<kernels::ForwardItem>() + hw.k_item0[r];
+        kc::hopper_task_backward(m.elem, p, m.hopper_shape(t), q_groups, hw.k_groups[r],
+                                 m.stream);
+        q_groups = {};
+      }
+      if (hw.k_groups.empty())
+        kc::hopper_task_backward(m.elem, p, m.hopper_shape(t), q_groups, {}, m.stream);
+    }
+    if (hopper) return;
+    for (const DeviceWave& w : waves) {
       p.tasks = m.tasks.as<kernels::SubseqTask>() + w.task0;
       p.q_items = m.q_items.as<kernels::ForwardItem>() + w.q_item0;
       p.n_q_items = w.n_q_items;
@@ -400,12 +467,17 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   if (opts.kernel == KernelChoice::hopper) {
     const std::string why = m.prepare_hopper();
     m.use_hopper = why.empty();
-    m.notes.push_back(m.use_hopper
-                          ? "--kernel hopper: every ring step's forward on the sm_90a kernel (TMA "
-                            "+ wgmma; the rank's K/V, then each received block), the native "
-                            "backward; " +
-                                std::string(kernels::cuda::kHopperStatus)
-                          : "--kernel hopper: " + why + "; using the native kernels");
+    const std::string why_backward = m.use_hopper ? m.prepare_hopper_backward(all.k_items) : why;
+    m.use_hopper_backward = m.use_hopper && why_backward.empty();
+    const std::string status = kernels::cuda::kHopperStatus;
+    m.notes.push_back(
+        !m.use_hopper ? "--kernel hopper: " + why + "; using the native kernels"
+        : m.use_hopper_backward
+            ? "--kernel hopper: every ring step's forward and backward on the sm_90a kernels "
+              "(TMA + wgmma; the rank's K/V, then each received block); " + status
+            : "--kernel hopper: every ring step's forward on the sm_90a kernel (TMA + wgmma; the "
+              "rank's K/V, then each received block), the native backward (the Hopper one "
+              "cannot run: " + why_backward + "); " + status);
   }
   m.ex =
       std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s, m.skip_ordering);
@@ -413,7 +485,9 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
 }
 
 std::string CudaRingPlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
-std::string CudaRingPlan::backward_kernel_name() const { return "native"; }
+std::string CudaRingPlan::backward_kernel_name() const {
+  return impl_->use_hopper_backward ? "hopper" : "native";
+}
 const std::vector<std::string>& CudaRingPlan::notes() const noexcept { return impl_->notes; }
 
 CudaRingPlan::~CudaRingPlan() = default;
@@ -428,7 +502,7 @@ std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
   std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() +
                   m.delta.bytes() + m.part_out.bytes() + m.part_lse.bytes() +
-                  m.hopper_items.bytes();
+                  m.hopper_items.bytes() + m.hopper_k_items.bytes();
   for (int i = 0; i < 2; ++i)
     b += m.buf.send[i].bytes() + m.buf.receive[i].bytes() + m.buf.partial[i].bytes() +
          m.buf.returned[i].bytes();

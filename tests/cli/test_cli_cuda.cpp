@@ -210,13 +210,16 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
   } else {
     EXPECT_NE(r.out.find("note: --kernel hopper: "), std::string::npos) << describe(r);
   }
-  // On a ring of two ranks every step's forward (--check against float64 on every rank).
+  // On a ring of two ranks every step's forward and backward (--check against float64 on
+  // every rank).
   r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
                         "--heads", "2", "--head-dim", "64", "--causal", "--kernel", "hopper",
                         "--check", "--backward"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_TRUE(r.out.find("every ring step's forward on the sm_90a kernel") != std::string::npos ||
-              r.out.find("note: --kernel hopper: ") != std::string::npos)
+  EXPECT_TRUE(
+      r.out.find("every ring step's forward and backward on the sm_90a kernels") !=
+          std::string::npos ||
+      r.out.find("note: --kernel hopper: ") != std::string::npos)
       << describe(r);
   // cuDNN is still refused there, naming --kernel.
   r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",

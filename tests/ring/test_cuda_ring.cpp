@@ -42,6 +42,7 @@ struct Full : testing::FullResult {
   std::vector<int64_t> bytes_sent, bytes_min;
   std::vector<std::size_t> workspace;  // device bytes each rank's plan holds
   std::string kernel;                  // rank 0's forward kernel
+  std::string kernel_backward;         // and its backward kernel
 };
 
 // Runs the GPU ring on P virtual ranks (rank r on device r) and gathers the full tensors.
@@ -58,6 +59,7 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<std::size_t>(static_cast<std::size_t>(p)),
+         {},
          {}};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
@@ -102,7 +104,10 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
     const auto me = static_cast<std::size_t>(control.rank());
     f.bytes_sent[me] = plan.last_forward().bytes_sent;
     f.workspace[me] = plan.workspace_bytes();
-    if (me == 0) f.kernel = plan.kernel_name();
+    if (me == 0) {
+      f.kernel = plan.kernel_name();
+      f.kernel_backward = plan.backward_kernel_name();
+    }
     // The minimum is counted in fp32 K/V; the ring moves them in the device dtype.
     f.bytes_min[me] =
         ring::minimum_bytes_sent(cfg, l, control.rank()) * (t == DeviceDType::fp32 ? 4 : 2) / 4;
@@ -135,6 +140,7 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const int64_t d = cfg.shape.head_dim;
   if (kernel == KernelChoice::hopper && (d == 64 || d == 128 || d == 256)) {
     EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
+    EXPECT_EQ(got.kernel_backward, d == 256 ? "native" : "hopper") << what << " P=" << p;
   }
 #endif
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
@@ -402,9 +408,10 @@ std::vector<RingCase> partial_ring_cases() {
 INSTANTIATE_TEST_SUITE_P(Partials, CudaRingPartials, ::testing::ValuesIn(partial_ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
 
-// --kernel hopper: every step's forward on the sm_90a task kernel (the rank's own K/V at step
-// 0, the packed receive buffer after), merged in place or through per-step partials, with the
-// native backward; P = 1..4 against float64 and the CPU engine: dense, causal (zigzag),
+// --kernel hopper: every step's forward and backward on the sm_90a task kernels (the rank's own
+// K/V at step 0, the packed receive buffer and its dK/dV partial after), the forward merged in
+// place or through per-step partials; P = 1..4 against float64 and the CPU engine (gradients
+// included): dense, causal (zigzag),
 // dilated mixture, GQA, a window and packed documents, each at D = 64.
 class CudaRingHopper : public ::testing::TestWithParam<RingCase> {};
 

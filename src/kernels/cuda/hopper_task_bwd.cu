@@ -14,7 +14,6 @@ namespace ringattn::kernels::cuda {
 std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, int device) {
   if (s.head_dim == 256)  // dK and dV of 64 × 256 in fp32 would be 256 registers a thread
     return "head dim 256 (the backward takes 64 or 128)";
-  if (s.kv_rows > 0) return "packed K/V rows (the backward reads [B, N, HKV, D] tensors)";
   return hopper_task_forward_unsupported(e, s, device);
 }
 
@@ -26,29 +25,31 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
   if (const std::string why = hopper_task_backward_unsupported(e, s, device); !why.empty())
     throw RuntimeFailure("the Hopper task backward cannot run: " + why);
   const int rows = s.batch * s.seq_len;  // one "batch" of B·N positions: views never cross
+  // K/V (and dK/dV, laid out as they are): [B, N, HKV, D], or a ring's packed receive rows.
+  const int kv_rows = s.kv_rows > 0 ? s.kv_rows : rows;
   // The stored out and dout are the pass's scaled ones (see BackwardArgs).
   const float dout_scale = p.dout_scale, delta_factor = p.dout_scale / p.out_scale;
   auto maps = [&](const HopperTaskGroup& g, auto work) {
     const TmaDesc m[4] = {
         hopper::tensor_map(p.q, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
-        hopper::tensor_map(p.k, e, 1, rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
-        hopper::tensor_map(p.v, e, 1, rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
+        hopper::tensor_map(p.k, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
+        hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
         hopper::tensor_map(p.dout, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step)};
     return hopper::backward_args(m, p, dout_scale, delta_factor, work);
   };
   for (const HopperTaskGroup& g : q_groups) {
     if (g.n_items == 0) continue;
     const hopper::TaskWork work{
-        p.tasks,  p.q_items + g.item0, nullptr,    nullptr,  rows,     rows,     s.heads,
+        p.tasks,  p.q_items + g.item0, nullptr,    nullptr,  rows,     kv_rows,  s.heads,
         s.kv_heads, s.head_dim,        g.q_step,   g.k_step, p.causal, 1.0f};
     hopper::launch_backward_pass<false>(s.head_dim, e, maps(g, work),
                                         dim3(static_cast<unsigned>(g.n_items)), stream);
   }
   for (const HopperTaskGroup& g : k_groups) {
     if (g.n_items == 0) continue;
-    const hopper::TaskKeyWork work{p.tasks,    p.k_items + g.item0, rows,     s.heads,
-                                   s.kv_heads, s.head_dim,          g.q_step, g.k_step,
-                                   p.causal};
+    const hopper::TaskKeyWork work{p.tasks,   p.k_items + g.item0, rows,     kv_rows,
+                                   s.heads,   s.kv_heads,          s.head_dim, g.q_step,
+                                   g.k_step,  p.causal};
     hopper::launch_backward_pass<true>(s.head_dim, e, maps(g, work),
                                        dim3(static_cast<unsigned>(g.n_items)), stream);
   }

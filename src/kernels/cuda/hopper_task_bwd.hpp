@@ -5,7 +5,9 @@
 // per group of items sharing a (query view, key view), as hopper_task_forward
 // (hopper_task_groups orders both item lists). Same contract as flash_backward: dq, dk and
 // dv fp32 and added into, delta = rowsum(out ∘ dout) from start_backward. bf16/fp16,
-// D = 64 or 128. Run on the emulated GPU in CI; exact on an H100.
+// D = 64 or 128. K/V may be a ring's packed receive rows (HopperTaskShape::kv_rows; dK/dV
+// then laid out as they are, the step's partial buffer). Run on the emulated GPU in CI;
+// exact on an H100 (the packed-rows case not yet run there).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -113,8 +113,10 @@ __device__ __forceinline__ void task_reach(const SubseqTask& t, bool causal, int
 // (seeing_query_range, as the native backward), 64 at a time, through the query view's map.
 struct TaskKeyWork {
   const SubseqTask* tasks;
-  const ForwardItem* items;             // this launch's
-  int rows, heads, kv_heads, head_dim;  // rows: B·N, the batches' positions end to end
+  const ForwardItem* items;  // this launch's
+  int rows;                  // B·N: the batches' query positions end to end
+  int kv_rows;               // K/V positions end to end (B·N unless packed: a ring's receive rows)
+  int heads, kv_heads, head_dim;
   int q_step, k_step;
   bool causal;
 
@@ -135,7 +137,7 @@ struct TaskKeyWork {
     const int j0 = static_cast<int>(item.q_begin);
     const int n_rows = t.n_k - j0 < kRows ? static_cast<int>(t.n_k - j0) : kRows;
     int n, h, b;
-    hopper::position_of(t.k_row0 + j0 * t.k_stride, d, kv_heads, rows, n, h, b);
+    hopper::position_of(t.k_row0 + j0 * t.k_stride, d, kv_heads, kv_rows, n, h, b);
     return {n / k_step, h, b, nullptr, nullptr, 0, 0, n_rows, j0};
   }
 
