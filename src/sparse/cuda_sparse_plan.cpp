@@ -117,9 +117,9 @@ struct CudaSparsePlan::Impl {
   std::vector<std::pair<int64_t, int64_t>> ret_slots;  // (first run, runs) per launch
   std::vector<int64_t> ret_slot_rows;
   bool vector_loads = false;
-  // --kernel hopper: the local blocks' forward, and backward where it applies (D 64 or 128),
-  // on the sm_90a kernels (the local lists are laid out over the shard's [B, N/P, H, D]
-  // tensors, as they need; the received slabs are not).
+  // --kernel hopper: the forward, and the backward where it applies (D 64 or 128), on the
+  // sm_90a kernels, the local blocks' over the shard's [B, N/P, HKV, D] tensors and the
+  // received ones' over the receive slab's rows (HopperSparseShape::kv_rows).
   bool use_hopper = false, use_hopper_backward = false;
   bool noted_unaligned = false, noted_unaligned_backward = false;
   std::vector<std::string> notes;
@@ -291,16 +291,21 @@ struct CudaSparsePlan::Impl {
     return p;
   }
 
-  kc::HopperSparseShape hopper_shape() const {
-    return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G)};
+  // The local blocks' tensors ([B, N/P, HKV, D] K/V), or (received) the receive slab's rows.
+  kc::HopperSparseShape hopper_shape(bool received = false) const {
+    return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G),
+            received ? static_cast<int>(recv_rows) : 0};
   }
 
-  // Chooses the Hopper forward and backward for the local blocks where they apply, with a
-  // note either way.
+  // Chooses the Hopper forward and backward, for the local blocks and the received ones
+  // alike, where they apply, with a note either way.
   void choose_hopper() {
     std::string why, why_backward;
     if (NL > std::numeric_limits<int>::max() / 2)
       why = "a shard of " + std::to_string(NL) + " rows (tensor map coordinates are int)";
+    else if (recv_rows > std::numeric_limits<int>::max() / 2)
+      why = "a receive slab of " + std::to_string(recv_rows) +
+            " rows (tensor map coordinates are int)";
     else
       why = kc::hopper_sparse_forward_unsupported(
           elem, forward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, false),
@@ -314,17 +319,15 @@ struct CudaSparsePlan::Impl {
           hopper_shape(), opts.device);
       use_hopper_backward = why_backward.empty();
     }
-    const std::string received = world > 1 ? ", the native kernels for received blocks" : "";
+    const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
     notes.push_back(
         !use_hopper ? "--kernel hopper: " + why + "; using the native kernels"
         : use_hopper_backward
-            ? "--kernel hopper: the sm_90a block-sparse forward and backward (TMA + wgmma) for "
-              "the local blocks" +
-                  received + "; " + kernels::cuda::kHopperStatus
-            : "--kernel hopper: the sm_90a block-sparse forward (TMA + wgmma) for the local "
-              "blocks" +
-                  received + " and the native backward (the Hopper one cannot run: " +
-                  why_backward + "); " + kernels::cuda::kHopperStatus);
+            ? "--kernel hopper: the sm_90a block-sparse forward and backward (TMA + wgmma) for " +
+                  blocks + "; " + kernels::cuda::kHopperStatus
+            : "--kernel hopper: the sm_90a block-sparse forward (TMA + wgmma) for " + blocks +
+                  " and the native backward (the Hopper one cannot run: " + why_backward + "); " +
+                  kernels::cuda::kHopperStatus);
   }
 
   struct Device;
@@ -396,7 +399,12 @@ struct CudaSparsePlan::Impl::Device {
       return;
     }
     const SlabHalves r = slab(SparseSlab::receive);
-    kc::sparse_forward(m.elem, m.forward_params(m.remote, q, r.k, r.v, out, lse, true), m.stream);
+    const kc::SparseForwardParams p = m.forward_params(m.remote, q, r.k, r.v, out, lse, true);
+    if (m.use_hopper && aligned16(q) && aligned16(r.k) && aligned16(r.v)) {
+      kc::hopper_sparse_forward(m.elem, p, m.hopper_shape(true), m.stream);
+      return;
+    }
+    kc::sparse_forward(m.elem, p, m.stream);
   }
 
   void start_backward() {
@@ -422,10 +430,15 @@ struct CudaSparsePlan::Impl::Device {
       return;
     }
     const SlabHalves r = slab(SparseSlab::receive), g = slab(SparseSlab::partial);
-    kc::sparse_backward(m.elem,
-                        m.backward_params(m.remote, q, r.k, r.v, lse, dout, dq,
-                                          static_cast<float*>(g.k), static_cast<float*>(g.v)),
-                        m.stream);
+    const kc::SparseBackwardParams p =
+        m.backward_params(m.remote, q, r.k, r.v, lse, dout, dq, static_cast<float*>(g.k),
+                          static_cast<float*>(g.v));
+    if (m.use_hopper_backward && aligned16(q) && aligned16(dout) && aligned16(r.k) &&
+        aligned16(r.v)) {
+      kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(true), m.stream);
+      return;
+    }
+    kc::sparse_backward(m.elem, p, m.stream);
   }
 
   void clear_partials() {

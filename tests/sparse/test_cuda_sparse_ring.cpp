@@ -321,9 +321,10 @@ TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
   }
 }
 
-// --kernel hopper: each rank's local blocks on the sm_90a block-sparse forward and backward
-// (the shard's own [B, N/P, H, D] tensors), received blocks by the native kernels, on a
-// causal GQA configuration with packed documents and a window.
+// --kernel hopper: each rank's blocks on the sm_90a block-sparse forward and backward, the
+// local ones over the shard's own [B, N/P, H, D] tensors and the received ones over the
+// receive slab's rows: a causal GQA configuration with packed documents and a window, and
+// random blocks (most of them received from other ranks) at D = 128 in fp16.
 TEST(CudaSparseRingFeatures, KernelHopperRunsEachRanksLocalBlocksAndMatchesTheReference) {
   AttentionConfig cfg = config({1, 768, 4, 64}, 64, true);
   cfg.kv_heads = 2;
@@ -338,6 +339,13 @@ TEST(CudaSparseRingFeatures, KernelHopperRunsEachRanksLocalBlocksAndMatchesTheRe
   in.v.resize(n_kv);
   expect_every_p_matches_reference("hopper_packed_window_gqa_causal", cfg, lists, in,
                                    DeviceDType::bf16, nullptr, KernelChoice::hopper);
+  const AttentionConfig wide = config({2, 512, 2, 128}, 64, false);
+  const Geometry gw{512, 64, 2};
+  auto random = std::make_shared<const BlockLists>(
+      build_lists(parse_pattern("random:blocks=3+global:blocks=1", gw, {}, {}, 0), gw));
+  expect_every_p_matches_reference("hopper_random_D128_fp16", wide, random,
+                                   random_inputs(wide.shape, 92), DeviceDType::fp16, nullptr,
+                                   KernelChoice::hopper);
 }
 
 using testing::same_bits;

@@ -13,7 +13,7 @@ namespace ringattn::kernels::cuda {
 
 std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParams& p,
                                                const HopperSparseShape& s, int device) {
-  if (s.batch <= 0 || s.seq_len <= 0 || s.heads <= 0 || s.kv_heads <= 0)
+  if (s.batch <= 0 || s.seq_len <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.kv_rows < 0)
     return "an empty tensor shape";
   if (p.q_stride != static_cast<int64_t>(s.heads) * p.head_dim)
     return "query rows not [B, N, H, D] (q_stride " + std::to_string(p.q_stride) + ")";
@@ -32,18 +32,19 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
   if (const std::string why = hopper_sparse_backward_unsupported(e, p, s, device); !why.empty())
     throw RuntimeFailure("the Hopper block-sparse backward cannot run: " + why);
   if (p.n_q_items == 0 && p.n_k_items == 0) return;
+  const hopper::KeyGeometry kv = hopper::key_geometry(s);
   const TmaDesc maps[4] = {
       hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
-      hopper::tensor_map(p.k, e, s.batch, s.seq_len, s.kv_heads, p.head_dim),
-      hopper::tensor_map(p.v, e, s.batch, s.seq_len, s.kv_heads, p.head_dim),
+      hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
+      hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
       hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim)};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
   if (p.n_q_items > 0) {
     const auto a = hopper::backward_args(
         maps, p, 1.0f, 1.0f,
         hopper::SparseWork{p.q_tiles, p.key_spans, p.q_items, nullptr, nullptr, p.q_stride,
-                           p.lse_stride, s.seq_len, s.heads, s.kv_heads, p.head_dim, p.causal,
-                           p.window_left, p.window_right, reach.left, reach.right});
+                           p.lse_stride, s.seq_len, s.heads, kv.heads, p.head_dim, kv.seq_len,
+                           p.causal, p.window_left, p.window_right, reach.left, reach.right});
     hopper::launch_backward_pass<false>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_q_items)),
                                         stream);
   }
@@ -51,7 +52,7 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
     const auto a = hopper::backward_args(
         maps, p, 1.0f, 1.0f,
         hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.q_stride, p.lse_stride,
-                              s.seq_len, s.heads, s.kv_heads, p.head_dim, p.causal,
+                              s.seq_len, s.heads, kv.heads, p.head_dim, kv.seq_len, p.causal,
                               p.window_left, p.window_right, reach.left, reach.right});
     hopper::launch_backward_pass<true>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
                                        stream);

@@ -13,7 +13,7 @@ namespace ringattn::kernels::cuda {
 
 std::string hopper_sparse_forward_unsupported(Elem e, const SparseForwardParams& p,
                                               const HopperSparseShape& s, int device) {
-  if (s.batch <= 0 || s.seq_len <= 0 || s.heads <= 0 || s.kv_heads <= 0)
+  if (s.batch <= 0 || s.seq_len <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.kv_rows < 0)
     return "an empty tensor shape";
   if (p.q_stride != static_cast<int64_t>(s.heads) * p.head_dim)
     return "query rows not [B, N, H, D] (q_stride " + std::to_string(p.q_stride) + ")";
@@ -29,14 +29,16 @@ void hopper_sparse_forward(Elem e, const SparseForwardParams& p, const HopperSpa
     throw RuntimeFailure("the Hopper block-sparse forward cannot run: " + why);
   if (p.n_items == 0) return;
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
+  const hopper::KeyGeometry kv = hopper::key_geometry(s);
   const hopper::Args<hopper::SparseWork> a{
       hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
-      hopper::tensor_map(p.k, e, s.batch, s.seq_len, s.kv_heads, p.head_dim),
-      hopper::tensor_map(p.v, e, s.batch, s.seq_len, s.kv_heads, p.head_dim),
+      hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
+      hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
       p.scale * 1.4426950408889634f,
       p.accumulate,
       {p.tiles, p.spans, p.items, p.out, p.lse, p.q_stride, p.lse_stride, s.seq_len, s.heads,
-       s.kv_heads, p.head_dim, p.causal, p.window_left, p.window_right, reach.left, reach.right}};
+       kv.heads, p.head_dim, kv.seq_len, p.causal, p.window_left, p.window_right, reach.left,
+       reach.right}};
   hopper::launch_for(p.head_dim, e, "hopper_sparse_fwd_kernel", a,
                      dim3(static_cast<unsigned>(p.n_items)), stream);
 }

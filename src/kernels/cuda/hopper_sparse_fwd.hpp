@@ -7,7 +7,8 @@
 //
 // The tensor maps need the tensors' extents, so the lists must be over [B, N, H, D] q and
 // out and [B, N, HKV, D] k and v, as build_single_device_work makes them: q_stride = H·D,
-// every span's k_stride = HKV·D, and every tile's and span's rows within one (batch, head).
+// every span's k_stride = HKV·D, and every tile's and span's rows within one (batch, head);
+// or, with HopperSparseShape::kv_rows, k and v a received slab of rows (k_stride = D).
 // bf16/fp16, D = 64, 128 or 256. Run on the emulated GPU in CI; exact on an H100.
 #pragma once
 
@@ -22,6 +23,10 @@ namespace ringattn::kernels::cuda {
 
 struct HopperSparseShape {
   int batch = 0, seq_len = 0, heads = 0, kv_heads = 0;
+  // K and V (and dK/dV) as kv_rows rows of one head end to end, when they are not [B, N, HKV,
+  // D]: a distributed block-sparse plan's received slab, whose spans are rows of D elements.
+  // 0: the [B, N, HKV, D] tensors.
+  int kv_rows = 0;
 };
 
 // "" when hopper_sparse_forward can run `p` over tensors of `shape` on `device`, else why not.

@@ -25,6 +25,7 @@ struct SparseWork {
   float* lse;
   int64_t q_stride, lse_stride;
   int seq_len, heads, kv_heads, head_dim;
+  int kv_seq_len;  // K/V positions per batch: seq_len, or a slab's rows (one batch, one head)
   bool causal;
   int64_t window_left, window_right;  // span units, kNoWindow: none
   // Query i sees key j of a span iff i - reach_left <= j - causal_offset <= i + reach_right:
@@ -81,7 +82,7 @@ struct SparseWork {
       const KeyRange keys = visible_key_range(view, causal, c.i0, c.rows);
       c.k0 = static_cast<int>(keys.begin), c.k_end = static_cast<int>(keys.end);
       c.off = static_cast<int>(sp.causal_offset), c.n_k = static_cast<int>(sp.n_k);
-      hopper::position_of(sp.k_row0, head_dim, kv_heads, seq_len, c.n0, c.h, c.b);
+      hopper::position_of(sp.k_row0, head_dim, kv_heads, kv_seq_len, c.n0, c.h, c.b);
     }
     t = {c.n0 + c.k0, c.h, c.b, c.k0 - c.off, c.n_k - c.k0};
     c.k0 += kRows;
@@ -110,6 +111,7 @@ struct SparseKeyWork {
   const ForwardItem* items;  // (key tile, first key row)
   int64_t q_stride, lse_stride;
   int seq_len, heads, kv_heads, head_dim;
+  int kv_seq_len;  // K/V positions per batch: seq_len, or a slab's rows (one batch, one head)
   bool causal;
   int64_t window_left, window_right;  // span units, kNoWindow: none
   // Key j is seen by query i of a span iff j - reach_right <= i + causal_offset <=
@@ -132,7 +134,7 @@ struct SparseKeyWork {
     const int j0 = static_cast<int>(item.q_begin);
     const int rows = tile.n_k - j0 < kRows ? static_cast<int>(tile.n_k - j0) : kRows;
     int n, h, b;
-    position_of(tile.k_row0 + j0 * tile.k_stride, head_dim, kv_heads, seq_len, n, h, b);
+    position_of(tile.k_row0 + j0 * tile.k_stride, head_dim, kv_heads, kv_seq_len, n, h, b);
     return {n, h, b, nullptr, nullptr, 0, 0, rows, j0};
   }
 
@@ -181,6 +183,17 @@ struct SparseKeyWork {
     return {c.lse0 + static_cast<int64_t>(t.base - c.off) * lse_stride, lse_stride};
   }
 };
+
+// The K/V tensors' extents as the tensor maps and position_of take them: [B, N, HKV, D], or
+// (kv_rows > 0) a slab of kv_rows rows, one batch of one head.
+struct KeyGeometry {
+  int batch, seq_len, heads;
+};
+template <class Shape>
+KeyGeometry key_geometry(const Shape& s) {
+  if (s.kv_rows > 0) return {1, s.kv_rows, 1};
+  return {s.batch, s.seq_len, s.kv_heads};
+}
 
 // The window's reach in int, causality folded into the right: {left, right}.
 struct SparseReach {
