@@ -279,7 +279,12 @@ bool BlockRunner::perform_warp_ops(unsigned w) {
         missing = &u;
       }
     }
-    if (missing && missing->at == ThreadAt::yielded) continue;  // it comes once resumed
+    // It comes once resumed: a lane that stepped aside, or one still parked at a named
+    // barrier whose generation a later lane of this warp has just completed.
+    if (missing && (missing->at == ThreadAt::yielded ||
+                    (missing->at == ThreadAt::named_barrier &&
+                     named_[missing->named_id].generation != missing->named_generation)))
+      continue;
     if (missing) {
       fault_at(t, name + " (mask " + hex(mask) + ") reached by only " + std::to_string(arrived) +
                       " of the " + std::to_string(std::popcount(mask)) + " lanes of warp " +

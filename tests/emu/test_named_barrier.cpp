@@ -51,6 +51,28 @@ TEST(NamedBarrier, PingPongBetweenWarpgroupsAlternatesInEveryMode) {
             std::nullopt);
 }
 
+// A warp collective right after a named barrier: the lane that completes the barrier's
+// generation runs on to the collective while its warp's other lanes are still parked at the
+// barrier, released; they take part once resumed (the Hopper kernels zero a tile's tail rows
+// and meet at a named barrier before the warpgroup's wgmma).
+std::vector<int> barrier_then_shuffle() {
+  std::vector<int> got(128, -1);
+  launch(LaunchConfig{"barrier_then_shuffle", Dim3{1}, Dim3{128}, 0}, [&] {
+    named_barrier_sync(1, 128);
+    got[threadIdx.x] = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x), 0);
+  });
+  return got;
+}
+
+TEST(NamedBarrier, AWarpCollectiveAfterItGathersTheReleasedLanesInEveryMode) {
+  std::vector<int> want(128);
+  for (int i = 0; i < 128; ++i) want[static_cast<std::size_t>(i)] = i / 32 * 32;
+  EXPECT_EQ(barrier_then_shuffle(), want);
+  EXPECT_EQ(
+      find_mode_dependence([] { return bytes_of(barrier_then_shuffle()); }, standard_modes()),
+      std::nullopt);
+}
+
 TEST(NamedBarrier, MisuseIsAFaultNamingTheThread) {
   EXPECT_TRUE(faults(
       [] {

@@ -1076,6 +1076,57 @@ TEST(CudaHopper, SparseForwardMatchesTheFloat64ReferenceAsTheNativeSparseForward
 
 // The merge mode, as the distributed plan uses it for remote blocks: each tile's first span
 // written, the rest merged in by log-sum-exp, gives the one-pass answer.
+// A key tile that runs past the end of a strided view reads the rows that follow it through
+// the view's tensor map: for the last view of batch 0, rows of batch 1. Those rows are
+// zeroed in shared memory before any product reads them, so a non-finite value in batch 1
+// (here every element) leaves batch 0's forward and gradients exact, as the native kernels
+// leave them.
+TEST(CudaHopper, NonFiniteRowsPastAViewNeverReachItsResults) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {2, 200, 3, 64};
+  cfg.attention = AttentionKind::dilated;
+  cfg.combine = Combine::mixture;
+  cfg.segments = {100, 200};
+  cfg.dilations = {3, 2};
+  cfg.causal = true;
+  AttentionConfig one = cfg;  // batch 0 alone
+  one.shape.batch = 1;
+  const auto n = static_cast<std::size_t>(cfg.shape.numel()), half = n / 2;
+  Inputs in{testing::random_normal(n, 141), testing::random_normal(n, 142),
+            testing::random_normal(n, 143), testing::random_normal(n, 144)};
+  for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
+    std::fill(x->begin() + static_cast<std::ptrdiff_t>(half), x->end(),
+              std::numeric_limits<float>::quiet_NaN());
+  const DeviceResult got = run_on_device(cfg, DeviceDType::bf16, KernelChoice::hopper, in, true);
+  if (kEmulated) {
+    EXPECT_EQ(got.kernel, "hopper");
+    EXPECT_EQ(got.kernel_backward, "hopper");
+  }
+  Inputs first;
+  for (auto [from, to] : {std::pair{&in.q, &first.q}, {&in.k, &first.k}, {&in.v, &first.v},
+                          {&in.dout, &first.dout}}) {
+    to->assign(from->begin(), from->begin() + static_cast<std::ptrdiff_t>(half));
+    round_to_device_dtype(to->data(), to->size(), DeviceDType::bf16);
+  }
+  const ReferenceForward ref = reference_forward(one, first.q.data(), first.k.data(),
+                                                 first.v.data());
+  const ReferenceGradients g =
+      reference_backward(one, first.q.data(), first.k.data(), first.v.data(), first.dout.data());
+  const double tol = tolerance(DeviceDType::bf16);
+  auto check = [&](const char* name, const std::vector<float>& x, const std::vector<double>& w) {
+    const std::vector<float> batch0(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(w.size()));
+    EXPECT_TRUE(std::none_of(batch0.begin(), batch0.end(), [](float f) { return std::isnan(f); }))
+        << name << " of batch 0 has a NaN";  // (lse is -inf where a row attends nothing)
+    EXPECT_LE(relative_error(batch0.data(), w.data(), w.size()), tol) << name;
+  };
+  check("out", got.out, ref.out);
+  check("lse", got.lse, ref.lse);
+  check("dq", got.dq, g.dq);
+  check("dk", got.dk, g.dk);
+  check("dv", got.dv, g.dv);
+}
+
 TEST(CudaHopper, SparseForwardMergesSpanSubsetsByLogSumExp) {
   REQUIRE_GPU();
   for (const int d : {64, 128}) {

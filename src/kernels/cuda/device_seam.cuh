@@ -106,6 +106,11 @@ template <bool kIncrease, unsigned kCount>
 inline void setmaxnreg() {
   emu::setmaxnreg(kIncrease, kCount);
 }
+// bar.sync id, count (a named barrier of `count` threads).
+inline void named_barrier_sync(unsigned id, unsigned count) { emu::named_barrier_sync(id, count); }
+// fence.proxy.async.shared::cta: this thread's generic stores to shared memory, ordered before
+// the async proxy's (wgmma's, TMA's) later accesses. The emulator has one proxy: nothing to do.
+inline void fence_proxy_async_shared() {}
 }  // namespace ptx
 
 using TmaDesc = emu::TensorMap;
@@ -228,6 +233,12 @@ __device__ __forceinline__ void wgmma_commit_group() {
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 template <bool kIncrease, unsigned kCount>
 __device__ __forceinline__ void setmaxnreg() {

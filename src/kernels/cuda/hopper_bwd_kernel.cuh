@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   for (int j = 0; p.work.next(cursor, t); ++j) {
     const int s = j & 1, use = j >> 1;
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
     const Strided stats = p.work.column_stats(cursor, t);
     Reach cols[2];
 #pragma unroll
@@ -185,6 +186,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   for (int j = 0; p.work.next(cursor, t); ++j) {
     const int s = j & 1, use = j >> 1;
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
     float sc[32], dp[32];
     product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));  // S = Q·Kᵀ
     product_ss<kD, kBf16>(dp, st.resident(1), st.ring(1, s));  // dP = dO·Vᵀ (dO as stored)

@@ -61,8 +61,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   KeyTile t, t_next{};
   float sc[32], s_next[32];
   bool have = p.work.next(cursor, t);
+  const int thread = static_cast<int>(threadIdx.x) - 128;  // in the consumer warpgroup
   if (kOverlap && have) {
     ptx::mbarrier_wait(at(st.full(0)), 0);
+    if (t.limit < kRows) zero_tail_rows(st, 0, t.limit, thread);
     product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, 0));
   }
   for (int j = 0; have; ++j) {
@@ -73,10 +75,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       if (more) {
         const int s2 = (j + 1) & 1, use2 = (j + 1) >> 1;
         ptx::mbarrier_wait(at(st.full(s2)), static_cast<unsigned>(use2 & 1));
+        if (t_next.limit < kRows) zero_tail_rows(st, s2, t_next.limit, thread);
         issue_ss<kD, kBf16>(s_next, st.resident(0), st.ring(0, s2));
       }
     } else {
       ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+      if (t.limit < kRows) zero_tail_rows(st, s, t.limit, thread);
       product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
     }
     // Scores in the log2 domain; columns outside the row's reach are masked.

@@ -154,6 +154,31 @@ struct Stages {
   }
 };
 
+// Zeroes rows [from, kRows) of stage s's two ring tiles: the rows a TMA box read past the
+// end of the walked view or span (another batch's, view's or span's rows: masked, but a
+// non-finite value there would turn a product's 0 into NaN; the native kernels zero-fill
+// them too). The consumer warpgroup's 128 threads (`thread` 0..127) each store, fence the
+// stores to the async proxy, and meet at named barrier 1 before any wgmma reads the stage.
+// A row of a box is 128 contiguous bytes whatever the swizzle, so whole rows are zeroed.
+template <int kD, int kResident>
+__device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, int s, int from,
+                                               int thread) {
+  const auto base = dynamic_smem<uint32_t>();
+  const uint32_t base_addr = u32(smem_addr(base));
+  constexpr int kWordsPerRow = 128 / 4;
+  const int words = (kRows - from) * kWordsPerRow;
+  for (int tensor = 0; tensor < 2; ++tensor)
+#pragma unroll
+    for (int box = 0; box < kD / 64; ++box) {
+      const uint32_t row0 = st.ring(tensor, s) + static_cast<uint32_t>(box) * kBoxBytes +
+                            static_cast<uint32_t>(from) * 128u;
+      const auto dst = base + static_cast<std::ptrdiff_t>((row0 - base_addr) / 4);
+      for (int w = thread; w < words; w += 128) dst[w] = 0u;
+    }
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(1, 128);
+}
+
 // The producer thread's loads: the 64-row box of `rows` from each resident map (the second
 // for kResident == 2 only), then for every tile the work walks, that box of both ring maps
 // into the next ring stage once the consumers have freed it.
