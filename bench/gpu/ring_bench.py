@@ -76,7 +76,13 @@ def main():
                                           f"local:window={window90}", "--causal"]))
     # The ring's local kernel is the native one (cuDNN has no merge mode), so every ring row
     # names --kernel native and P = 1 is the like-for-like base; one cuDNN row for reference.
+    # On an sm_90 the ring and distributed block-sparse also run on the sm_90a kernels
+    # (--kernel hopper, forward and backward; elsewhere those rows say why they ran native).
     configs.insert(1, ("dense (cudnn)", ["--kernel", "cudnn"]))
+    configs += [("causal (hopper)", ["--kernel", "hopper", "--causal"]),
+                ("sparse 90% causal (hopper)", ["--kernel", "hopper", "--attention",
+                                                "block-sparse", "--pattern",
+                                                f"local:window={window90}", "--causal"])]
     for name, extra in configs:
         base = None
         for p in ((1,) if "cudnn" in name else (1, 2, 4)):
@@ -85,7 +91,8 @@ def main():
                 continue
             j, err = run_cli(a.cli, ["--seq-len", str(n), "--ring-size", str(p), "--warmup", "1",
                                      "--iters", str(a.iters)]
-                             + ([] if "cudnn" in name else ["--kernel", "native"]) + extra,
+                             + ([] if "cudnn" in name or "hopper" in name
+                                else ["--kernel", "native"]) + extra,
                              timeout=240)
             if err:
                 errors.append(err)
