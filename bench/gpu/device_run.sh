@@ -20,8 +20,12 @@
 # One call for a 15-minute lease (about 7 minutes of device time; leaves room to rerun):
 #   REPEAT=2 QUICK=1 BUDGET_S=150 SKIP_MAX_N=1 bash bench/gpu/device_run.sh tests python bench
 #
-# Issue 31's first sm_90 look, in one call of about 8 minutes:
-#   QUICK=1 HOPPER_BUDGET_S=200 bash bench/gpu/device_run.sh hopper tests
+# Issue 31 on an sm_90 (first run 2026-11-26: bench/results/gpu-h100-20261126-353d64e), in
+# one call of about 8 minutes: the Hopper tests and A/B, Flex, the ring's and distributed
+# block-sparse's hopper rows (the ring backward and the received slabs have run only on the
+# emulated GPU so far):
+#   QUICK=1 HOPPER_BUDGET_S=150 FLEX_BUDGET_S=80 RING_BUDGET_S=180 \
+#     bash bench/gpu/device_run.sh hopper flex ring
 #
 # Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset): device.txt,
 # tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt, ring_bench_rows.jsonl,
