@@ -325,7 +325,7 @@ TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
 // local ones over the shard's own [B, N/P, H, D] tensors and the received ones over the
 // receive slab's rows: a causal GQA configuration with packed documents and a window, and
 // random blocks (most of them received from other ranks) at D = 128 in fp16.
-TEST(CudaSparseRingFeatures, KernelHopperRunsEachRanksLocalBlocksAndMatchesTheReference) {
+TEST(CudaSparseRingFeatures, KernelHopperRunsLocalAndReceivedBlocksAndMatchesTheReference) {
   AttentionConfig cfg = config({1, 768, 4, 64}, 64, true);
   cfg.kv_heads = 2;
   cfg.window_left = 100;

@@ -51,7 +51,7 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
   if (p.n_k_items > 0) {
     const auto a = hopper::backward_args(
         maps, p, 1.0f, 1.0f,
-        hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.q_stride, p.lse_stride,
+        hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.lse_stride,
                               s.seq_len, s.heads, kv.heads, p.head_dim, kv.seq_len, p.causal,
                               p.window_left, p.window_right, reach.left, reach.right});
     hopper::launch_backward_pass<true>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),

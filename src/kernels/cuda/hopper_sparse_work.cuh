@@ -109,7 +109,7 @@ struct SparseKeyWork {
   const SparseKeyTile* tiles;
   const QuerySpan* spans;
   const ForwardItem* items;  // (key tile, first key row)
-  int64_t q_stride, lse_stride;
+  int64_t lse_stride;
   int seq_len, heads, kv_heads, head_dim;
   int kv_seq_len;  // K/V positions per batch: seq_len, or a slab's rows (one batch, one head)
   bool causal;

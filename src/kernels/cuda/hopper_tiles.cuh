@@ -176,6 +176,7 @@ __device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, 
       for (int w = thread; w < words; w += 128) dst[w] = 0u;
     }
   ptx::fence_proxy_async_shared();
+  __syncwarp();  // bar.sync is aligned: the warp's lanes, reconverged after the loop
   ptx::named_barrier_sync(1, 128);
 }
 
