@@ -19,24 +19,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import time
 
+from ring_bench import run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
+
 H, D, BS = 16, 128, 128
-
-
-def run_cli(exe, n, extra, iters, timeout=180):
-    cmd = [exe, "run", "--device", "cuda", "--dtype", "bf16", "--heads", str(H), "--head-dim",
-           str(D), "--batch", "1", "--seq-len", str(n), "--json",
-           "--backward", "--warmup", "2", "--iters", str(iters), "--timeout", "60"] + extra
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout} s: {' '.join(cmd[1:])}"
-    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-    if p.returncode != 0 or not lines:
-        return None, f"exit {p.returncode}: {' '.join(cmd[1:])}: {p.stderr.strip()[-300:]}"
-    return json.loads(lines[-1]), ""
 
 
 def flex_times(n, radius, iters):
@@ -106,7 +93,8 @@ def main():
             if radius is not None:
                 extra += ["--attention", "block-sparse", "--block-size", str(BS),
                           "--pattern", name]
-            j, err = run_cli(a.cli, n, extra, a.iters)
+            j, err = run_cli(a.cli, ["--seq-len", str(n), "--warmup", "2", "--iters",
+                                     str(a.iters)] + extra, 180, H, D)
             if err:
                 notes.append(err)
                 continue

@@ -37,9 +37,11 @@ def device_name():
         return ""
 
 
-def run_cli(exe, args, timeout):
-    cmd = [exe, "run", "--device", "cuda", "--dtype", "bf16", "--heads", str(H), "--head-dim",
-           str(D), "--batch", "1", "--json", "--backward", "--timeout", "60"] + args
+def run_cli(exe, args, timeout, heads=None, head_dim=None):
+    """(the CLI's --json report, "") of one bf16 GPU run, forward and backward, or (None, why)."""
+    cmd = [exe, "run", "--device", "cuda", "--dtype", "bf16", "--heads", str(heads or H),
+           "--head-dim", str(head_dim or D), "--batch", "1", "--json", "--backward", "--timeout",
+           "60"] + args
     t = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -158,7 +158,7 @@ po::options_description control_options() {
                         "cpu | cuda | auto (cuda on one rank when a GPU is usable)")(
       "kernel", po::value<std::string>()->default_value("auto"),
       "cuda kernel: auto (the faster, timed on the first forward and backward) | native | "
-      "cudnn | hopper (the sm_90a forward and backward, experimental)")(
+      "cudnn | hopper (the sm_90a forward and backward, opt-in)")(
       "dtype", po::value<std::string>(),
       "device input precision: bf16 (cuda default) | fp16 | fp32 (cpu: fp32 only)")(
       "threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")(
