@@ -88,8 +88,6 @@ def main():
                                     "impl": r["impl"], "ms": r["ms"], "tflops": r["tflops"],
                                     "device": r.get("device"), "notes": r.get("notes", [])})
                     if name.startswith("hopper") and r["impl"] != "hopper":
-                        if pas == "bwd" and row["head_dim"] > 128:
-                            continue  # D = 256's backward is native, said once in the docs
                         notes.append(f"{row} {name} {pas}: ran {r['impl']}: "
                                      + "; ".join(r.get("notes", [])))
                         continue

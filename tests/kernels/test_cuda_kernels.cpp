@@ -557,7 +557,7 @@ AttentionConfig hopper_config(int d, int mode) {
 }
 
 // The Hopper forward kernel (TMA, mbarriers, wgmma; issue 31) against float64, head dims 64,
-// 128 and 256 (the backward takes 64 and 128). Runs under
+// 128 and 256. Runs under
 // the emulated GPU (its sm_90 profile) in CI; on a real GPU only where the device and the
 // build have sm_90a, skipped with the reason elsewhere.
 TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
@@ -610,18 +610,22 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
 // on the same inputs: the Hopper forward's out and lse, start_backward's zeroed gradients and
 // row sums, then hopper_backward, as a plan runs them. Every configuration of the forward's
 // test, one with all four query heads on one K/V head (mode 5) and one of a single partial
-// tile where each query sees only its own key (mode 6). The two backwards round P and dS
-// alike; they differ by the order of fp32 sums (a quarter of the float64 bound).
+// tile where each query sees only its own key (mode 6), at head dims 64, 128 and 256 (whose
+// dK and dV are two launches). The two backwards round P and dS alike; they differ by the
+// order of fp32 sums (a quarter of the float64 bound).
 TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
   REQUIRE_GPU();
-  for (const int d : {64, 128})
+  for (const int d : {64, 128, 256})
     for (const int mode : {0, 1, 2, 3, 4, 5, 6})
       for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
-        if (mode >= 5 && (d == 128 || t == DeviceDType::fp16)) continue;
-        // CI time: under the emulator, fp16 causal and packed only; D = 128 dense and causal.
+        if (mode >= 5 && (d >= 128 || t == DeviceDType::fp16)) continue;
+        // CI time: under the emulator, fp16 causal and packed only; D = 128 dense and causal;
+        // D = 256 bf16 causal and fp16 window.
         const bool fp16 = t == DeviceDType::fp16;
-        if (kEmulated && ((fp16 && mode != 1 && mode != 4) || (d == 128 && (fp16 || mode > 1))))
+        if (kEmulated && ((fp16 && mode != 1 && mode != 4) || (d == 128 && (fp16 || mode > 1))) &&
+            d != 256)
           continue;
+        if (kEmulated && d == 256 && !(fp16 ? mode == 3 : mode == 1)) continue;
         AttentionConfig cfg = hopper_config(d, mode >= 5 ? 1 : mode);
         if (mode >= 5) cfg.kv_heads = 1;
         if (mode == 6) cfg.shape.seq_len = 40, cfg.window_left = 0;
@@ -672,7 +676,7 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
             reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
         // The native backward (its own forward first); under the emulator, bf16 dense, packed,
         // one K/V head and D = 128.
-        const bool vs_native = !kEmulated || (!fp16 && (mode == 0 || mode >= 4 || d == 128));
+        const bool vs_native = !kEmulated || (!fp16 && (mode == 0 || mode >= 4 || d >= 128));
         DeviceResult native;
         if (vs_native) native = run_on_device(cfg, t, KernelChoice::native, in, true);
         const char* extra_names[] = {"causal mqa", "causal window 0 N=40"};

@@ -10,8 +10,6 @@
 namespace ringattn::kernels::cuda {
 
 std::string hopper_backward_unsupported(const HopperBackwardParams& p, int device) {
-  if (p.head_dim == 256)  // dK and dV of 64 × 256 in fp32 would be 256 registers a thread
-    return "head dim 256 (the backward takes 64 or 128)";
   return hopper::attention_unsupported(p, device);
 }
 

@@ -67,10 +67,15 @@ __device__ __forceinline__ void add_rows(float* g, const float (&acc)[kD / 2], f
   }
 }
 
-// dK and dV of a 64-key tile from every query tile the work walks for it. K and V are
-// resident; the ring carries (Q, dO). Accumulator columns are queries, so lse and delta are
-// per column.
-template <int kD, bool kBf16, class Work>
+// Which key-side gradients a dK/dV launch accumulates: both (D <= 128), or at D = 256 one per
+// launch, since dK and dV of 64 × 256 in fp32 would take 256 registers a thread together. The
+// dV launch then skips dPᵀ and dK's products (two of four); the dK launch, dV's (one).
+enum KeyGrads : int { kGradDv = 1, kGradDk = 2, kGradBoth = 3 };
+
+// dK and/or dV (kGrads) of a 64-key tile from every query tile the work walks for it. K and V
+// are resident; the ring carries (Q, dO). Accumulator columns are queries, so lse and delta
+// are per column.
+template <int kD, bool kBf16, class Work, int kGrads>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_bwd_dkdv_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -91,9 +96,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   Reach reach[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) reach[r] = p.work.reach(kr, local0 + 8 * r);
-  float dk[kD / 2], dv[kD / 2];
+  constexpr bool kDv = (kGrads & kGradDv) != 0, kDk = (kGrads & kGradDk) != 0;
+  // An unused accumulator is one register (the compiler drops it), not kD / 2.
+  float dk[kDk ? kD / 2 : 1], dv[kDv ? kD / 2 : 1];
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  for (float& x : dk) x = 0.0f;
+#pragma unroll
+  for (float& x : dv) x = 0.0f;
   ptx::mbarrier_wait(at(st.resident_full()), 0);
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;  // here a query tile: t.n its first query, t.h its query head
@@ -122,7 +131,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
         p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
         p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
       }
-    product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO (dO as stored)
+    if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO (as stored)
+    if constexpr (!kDk) {
+      ptx::mbarrier_arrive(at(st.empty(s)));
+      continue;
+    }
     float dpt[32];
     product_ss<kD, kBf16>(dpt, st.resident(1), st.ring(1, s));  // dPᵀ = V·dOᵀ
 #pragma unroll
@@ -135,12 +148,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
         pt[4 * c + u] *= dpt[4 * c + u] * p.dout_scale - dlt;  // dSᵀ (0 where Pᵀ is)
         pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * p.dout_scale - dlt;
       }
-    product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
+    if constexpr (kDk) product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     ptx::mbarrier_arrive(at(st.empty(s)));
   }
   const Strided out = p.work.grad_rows(kr, kD);
-  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
-  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, local0, lane);
+  if constexpr (kDk) add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
+  if constexpr (kDv) add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, local0, lane);
 #else
   (void)p;
 #endif
@@ -209,17 +222,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 #endif
 }
 
-// One pass, for D = 64 or 128: hopper_bwd_dkdv_kernel where the work's rows are keys
-// (kKeyRows), else hopper_bwd_dq_kernel.
+// One pass: hopper_bwd_dkdv_kernel where the work's rows are keys (kKeyRows; at D = 256 as
+// two launches, dV's then dK's), else hopper_bwd_dq_kernel.
 template <bool kKeyRows, class Work>
 void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
                           cudaStream_t stream) {
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     const int smem = static_cast<int>(smem_bytes(kD, 2));
-    if constexpr (kKeyRows)
-      launch("hopper_bwd_dkdv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work>, a, grid, smem,
-             stream);
-    else
+    if constexpr (kKeyRows && kD <= 128) {
+      launch("hopper_bwd_dkdv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth>, a,
+             grid, smem, stream);
+    } else if constexpr (kKeyRows) {
+      launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv>, a, grid,
+             smem, stream);
+      launch("hopper_bwd_dk_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDk>, a, grid,
+             smem, stream);
+    } else
       launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work>, a, grid, smem, stream);
   });
 }

@@ -203,7 +203,7 @@ template <class Work>
 void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
                 cudaStream_t stream) {
   const bool overlap = overlap_chosen();
-  dispatch<256>(head_dim, elem, [&]<int kD, bool kBf16>() {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     const int smem = static_cast<int>(smem_bytes(kD, 1));
     if constexpr (kD <= 128) {  // at D = 256 the second score tile would spill (ptxas)
       if (overlap) {

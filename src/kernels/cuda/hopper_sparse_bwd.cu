@@ -20,8 +20,6 @@ std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParam
   if (p.n_q_items > std::numeric_limits<int>::max() ||
       p.n_k_items > std::numeric_limits<int>::max())
     return "more work items than a grid holds";
-  if (p.head_dim == 256)  // dK and dV of 64 × 256 in fp32 would be 256 registers a thread
-    return "head dim 256 (the backward takes 64 or 128)";
   return hopper::device_unsupported(p.head_dim, e, device);
 }
 

@@ -12,8 +12,6 @@
 namespace ringattn::kernels::cuda {
 
 std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, int device) {
-  if (s.head_dim == 256)  // dK and dV of 64 × 256 in fp32 would be 256 registers a thread
-    return "head dim 256 (the backward takes 64 or 128)";
   return hopper_task_forward_unsupported(e, s, device);
 }
 

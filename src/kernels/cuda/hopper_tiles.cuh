@@ -365,9 +365,8 @@ void launch(const char* name, void (*kernel)(Args), const Args& a, dim3 grid, in
     throw_cuda_error(err, (std::string("launch of ") + name).c_str(), __FILE__, __LINE__);
 }
 
-// The (head dim, dtype) switch: f.template operator()<kD, kBf16>(), for head dims up to kMaxD
-// (the forward's 256; the backward's accumulators fit 128).
-template <int kMaxD = 128, class F>
+// The (head dim, dtype) switch: f.template operator()<kD, kBf16>() for head dims 64, 128, 256.
+template <class F>
 void dispatch(int head_dim, Elem elem, F&& f) {
   const bool bf16 = elem == Elem::bf16;
   if (head_dim == 64) {
@@ -378,11 +377,9 @@ void dispatch(int head_dim, Elem elem, F&& f) {
     bf16 ? f.template operator()<128, true>() : f.template operator()<128, false>();
     return;
   }
-  if constexpr (kMaxD >= 256) {
-    if (head_dim == 256) {
-      bf16 ? f.template operator()<256, true>() : f.template operator()<256, false>();
-      return;
-    }
+  if (head_dim == 256) {
+    bf16 ? f.template operator()<256, true>() : f.template operator()<256, false>();
+    return;
   }
   throw RuntimeFailure("the Hopper kernels have no instantiation for head dim " +
                        std::to_string(head_dim));
