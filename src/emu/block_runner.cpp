@@ -83,6 +83,7 @@ void BlockRunner::run(Dim3 block_index, std::uint64_t block_linear,
   mbarriers_.clear();
   named_ = {};
   unit_swizzle_.assign((config_.shared_bytes + 15) / 16, 0);
+  unit_generic_.assign((config_.shared_bytes + 15) / 16, GenericAccess{});
   threads_ = std::vector<ThreadState>(n_warps_ * kWarpSize);
   BlockRunner* const outer = std::exchange(tl_block, this);
   std::exception_ptr failure;
@@ -388,5 +389,18 @@ void fault_at(const ThreadState& t, const std::string& problem) {
 }
 
 void fault_here(const std::string& problem) { fault_at(current_thread(), problem); }
+
+const ThreadState* BlockRunner::unfenced_generic_access(std::uint32_t offset) const {
+  const GenericAccess& g = unit_generic_[offset / 16];
+  if (g.thread == 0) return nullptr;
+  const ThreadState& t = threads_[g.thread - 1];
+  return t.proxy_fences == g.fences ? &t : nullptr;
+}
+
+std::string describe_generic_access(const ThreadState& t) {
+  return "thread (" + std::to_string(t.index.x) + ", " + std::to_string(t.index.y) + ", " +
+         std::to_string(t.index.z) + ") accessed it through the generic proxy with no "
+         "fence.proxy.async after that (the async proxy may not see its store)";
+}
 
 }  // namespace ringattn::emu

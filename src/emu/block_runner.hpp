@@ -57,12 +57,27 @@ struct ThreadState {
   std::vector<std::vector<std::shared_ptr<PendingAsync>>> wgmma_groups;
   bool wgmma_fenced = false;
   std::uint64_t wgmma_issued = 0;
+  // fence.proxy.async instructions it has run: a generic access it made before the latest
+  // one is ordered before the async proxy's later accesses (see GenericAccess).
+  std::uint32_t proxy_fences = 0;
   std::exception_ptr failure;   // what its body threw
   boost::context::fiber fiber;  // resumes this thread (empty while it runs or once done)
   boost::context::fiber back;   // inside the thread: resumes the scheduler
 };
 
 inline constexpr std::uint8_t kUnitInFlight = 0xff;
+
+// The last generic-proxy access (through SharedPtr) to a 16-byte unit of the arena: 1 + the
+// thread's linear index (0: none since an async copy last landed there) and that thread's
+// proxy_fences then. While the thread has run no fence.proxy.async since, a wgmma (the async
+// proxy) reading the unit may not see a store there: that read is a fault. The emulator
+// cannot tell a load through SharedPtr from a store, so it counts both; a TMA copy over a
+// unit the generic proxy read is left alone (the mbarrier that frees a stage orders those
+// reads, as CUTLASS's pipelines rely on).
+struct GenericAccess {
+  std::uint32_t thread = 0;
+  std::uint32_t fences = 0;
+};
 
 // One mbarrier's state (emu/mbarrier.hpp), kept by the block beside its arena.
 struct Mbarrier {
@@ -105,6 +120,10 @@ class BlockRunner {
   // it (what a wgmma descriptor reading it must agree with), or kUnitInFlight while an
   // asynchronous copy to it has not landed.
   std::vector<std::uint8_t>& unit_swizzle() { return unit_swizzle_; }
+  std::vector<GenericAccess>& unit_generic() { return unit_generic_; }
+  // The thread whose generic access to the unit at `offset` no fence.proxy.async has ordered
+  // before the async proxy yet, or nullptr.
+  const ThreadState* unfenced_generic_access(std::uint32_t offset) const;
   // The block's mbarriers by shared-memory offset (initialised ones only).
   std::map<std::uint32_t, Mbarrier>& mbarriers() { return mbarriers_; }
   NamedBarrier& named_barrier(unsigned id) { return named_[id]; }
@@ -132,6 +151,7 @@ class BlockRunner {
   SharedArena arena_;
   std::map<std::uint32_t, Mbarrier> mbarriers_;
   std::vector<std::uint8_t> unit_swizzle_;
+  std::vector<GenericAccess> unit_generic_;
   std::array<NamedBarrier, 16> named_{};
   std::vector<ThreadState> threads_;
 };
@@ -161,5 +181,8 @@ void land_bulk_copies(Mbarrier& bar, std::uint32_t offset, const ThreadState& t)
 [[noreturn]] void fault_here(const std::string& problem);
 
 std::string describe(std::source_location where);  // "file:line"
+// "thread (x, y, z) accessed it ... with no fence.proxy.async after that ...": what a
+// fault on an unfenced generic access (BlockRunner::unfenced_generic_access) says.
+std::string describe_generic_access(const ThreadState& t);
 
 }  // namespace ringattn::emu

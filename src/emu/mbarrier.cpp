@@ -69,13 +69,18 @@ void land_bulk_copies(Mbarrier& bar, std::uint32_t offset, const ThreadState& t)
   SharedArena& arena = current_block().arena();
   for (const Mbarrier::Copy& c : bar.in_flight) {
     std::vector<std::uint8_t>& modes = current_block().unit_swizzle();
+    std::vector<GenericAccess>& generic = current_block().unit_generic();
     if (c.units.empty()) {
       std::memcpy(arena.at(c.dst), c.bytes.data(), c.bytes.size());
-      for (std::size_t u = 0; u < c.bytes.size() / 16; ++u) modes[c.dst / 16 + u] = 0;
+      for (std::size_t u = 0; u < c.bytes.size() / 16; ++u) {
+        modes[c.dst / 16 + u] = 0;
+        generic[c.dst / 16 + u] = {};
+      }
     } else {
       for (std::size_t u = 0; u < c.units.size(); ++u) {
         std::memcpy(arena.at(c.units[u]), c.bytes.data() + 16 * u, 16);
         modes[c.units[u] / 16] = c.unit_mode;
+        generic[c.units[u] / 16] = {};
       }
     }
     bar.tx -= static_cast<std::int64_t>(c.bytes.size());

@@ -40,4 +40,15 @@ std::byte* checked_shared_bytes(SharedAddress at, std::uint32_t bytes, std::uint
   return arena.at(at.offset);
 }
 
+std::byte* generic_shared_bytes(SharedAddress at, std::uint32_t bytes, std::uint32_t align) {
+  std::byte* const p = checked_shared_bytes(at, bytes, align, "access");
+  const ThreadState& t = current_thread();
+  const GenericAccess mark{t.warp * kWarpSize + t.lane + 1, t.proxy_fences};
+  std::vector<GenericAccess>& units = current_block().unit_generic();
+  for (std::uint32_t u = at.offset / 16; u <= (at.offset + bytes - 1) / 16; ++u) units[u] = mark;
+  return p;
+}
+
+void fence_proxy_async_shared() { ++current_thread().proxy_fences; }
+
 }  // namespace ringattn::emu

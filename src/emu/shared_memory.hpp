@@ -47,6 +47,13 @@ class SharedArena {
 // names the access in the message ("store", "ldmatrix", ...).
 std::byte* checked_shared_bytes(SharedAddress at, std::uint32_t bytes, std::uint32_t align,
                                 std::string_view what);
+// checked_shared_bytes for a generic-proxy access through SharedPtr, which it also records
+// against the running thread (GenericAccess in block_runner.hpp).
+std::byte* generic_shared_bytes(SharedAddress at, std::uint32_t bytes, std::uint32_t align);
+
+// fence.proxy.async.shared::cta: orders the running thread's generic accesses to shared
+// memory so far before the async proxy's later ones (wgmma, TMA).
+void fence_proxy_async_shared();
 
 // A typed pointer into shared memory holding only the 32-bit offset; dereferencing checks.
 // Arithmetic wraps like the device's 32-bit addresses, so a pointer moved before the
@@ -59,7 +66,7 @@ class SharedPtr {
 
   constexpr SharedAddress address() const { return SharedAddress{offset_}; }
   T& operator*() const {
-    return *reinterpret_cast<T*>(checked_shared_bytes(address(), sizeof(T), alignof(T), "access"));
+    return *reinterpret_cast<T*>(generic_shared_bytes(address(), sizeof(T), alignof(T)));
   }
   T& operator[](std::ptrdiff_t i) const { return *(*this + i); }
   constexpr SharedPtr operator+(std::ptrdiff_t i) const {

@@ -112,6 +112,10 @@ std::uint32_t element_address(std::uint64_t desc, std::uint32_t row, std::uint32
     fault_at(t, "a wgmma reads shared offset " + std::to_string(addr) +
                     ", where an asynchronous copy has not landed (wait on its mbarrier first)");
   }
+  if (const ThreadState* g = block.unfenced_generic_access(addr)) {
+    fault_at(t, "a wgmma reads shared offset " + std::to_string(addr) + ", where " +
+                    describe_generic_access(*g));
+  }
   if (written != 0 && written != 1 + static_cast<int>(tma_of(swizzle))) {
     fault_at(t, "a wgmma descriptor with " + std::string(name_of(tma_of(swizzle))) +
                     " swizzle reads shared offset " + std::to_string(addr) +

@@ -2,9 +2,10 @@
 // with the 128-byte swizzle, read through matching descriptors, equals the host's product
 // summed in the same order, in every execution mode; A from registers with B in the
 // unswizzled core-matrix layout too; reading D before wgmma.wait_group shows as landing
-// dependence; a missing wgmma.fence, a descriptor whose swizzle differs from the tensor
-// copy's, a warp outside a full warpgroup and wgmma in flight at exit are faults naming
-// kernel, block and thread. (The layouts are checked against CuTe in test_cute_layouts.cpp.)
+// dependence; a missing wgmma.fence, a missing fence.proxy.async between the threads' own
+// stores and wgmma's reads, a descriptor whose swizzle differs from the tensor copy's, a
+// warp outside a full warpgroup and wgmma in flight at exit are faults naming kernel, block
+// and thread. (The layouts are checked against CuTe in test_cute_layouts.cpp.)
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -127,6 +128,7 @@ TEST(Wgmma, RegisterAAndUnswizzledCoreMatricesGiveTheProduct) {
       const unsigned n = i / kK, k = i % kK, kb = k / 16, kk = k % 16;
       s[(2048 * kb + (n / 8) * 128 + (kk / 8) * 1024 + (n % 8) * 16 + (kk % 8) * 2) / 2] = p.b[i];
     }
+    fence_proxy_async_shared();  // the stores, before wgmma's (the async proxy's) reads
     __syncthreads();
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float d[kN / 2] = {};
@@ -255,6 +257,28 @@ TEST(Wgmma, MisuseIsAFaultNamingTheThread) {
         });
       },
       "wgmma_one_warp_skips", Dim3{0, 0, 0}, Dim3{64, 0, 0}, "warp 2 0"));
+  // Tiles the threads stored themselves, read by wgmma with no fence.proxy.async between:
+  // the async proxy may not see the stores. The same kernel with the fence runs clean.
+  auto stores_then_wgmma = [](bool proxy_fence) {
+    launch(LaunchConfig{"wgmma_after_stores", Dim3{1}, Dim3{128}, 4096}, [proxy_fence] {
+      const SharedPtr<std::uint32_t> s = dynamic_shared_memory<std::uint32_t>();
+      for (unsigned i = threadIdx.x; i < 1024; i += 128) s[i] = 0x3f803f80u;  // bf16 ones
+      if (proxy_fence) fence_proxy_async_shared();
+      __syncthreads();
+      float d[4] = {};
+      wgmma_fence();
+      wgmma_m64k16_ss(MmaInput::bf16, 8, d,
+                      make_gmma_descriptor(SharedAddress{0}, 128, 256, GmmaSwizzle::none),
+                      make_gmma_descriptor(SharedAddress{2048}, 128, 256, GmmaSwizzle::none),
+                      false);
+      wgmma_commit_group();
+      wgmma_wait_group(0);
+      if (d[0] != 16.0f) fault_here("wrong product");
+    });
+  };
+  EXPECT_TRUE(faults([&] { stores_then_wgmma(false); }, "wgmma_after_stores", Dim3{0, 0, 0},
+                     Dim3{0, 0, 0}, "with no fence.proxy.async after that"));
+  EXPECT_NO_THROW(stores_then_wgmma(true));
   EXPECT_TRUE(faults([&] { product(p, Flaw::no_fence); }, "wgmma_ss", Dim3{0, 0, 0},
                      Dim3{0, 0, 0}, "without a wgmma.fence"));
   EXPECT_TRUE(faults([&] { product(p, Flaw::wrong_swizzle); }, "wgmma_ss", Dim3{0, 0, 0},
