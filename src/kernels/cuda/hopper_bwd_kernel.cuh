@@ -131,13 +131,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
         p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
         p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
       }
-    if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO (as stored)
+    // dV += Pᵀ·dO, then dPᵀ = V·dOᵀ, each waited for: under one wait, the packed Pᵀ would
+    // be live beside dPᵀ's accumulator, and ptxas spills 72-80 bytes at D = 128.
+    if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dO as stored
     if constexpr (!kDk) {
       ptx::mbarrier_arrive(at(st.empty(s)));
       continue;
     }
     float dpt[32];
-    product_ss<kD, kBf16>(dpt, st.resident(1), st.ring(1, s));  // dPᵀ = V·dOᵀ
+    product_ss<kD, kBf16>(dpt, st.resident(1), st.ring(1, s));
 #pragma unroll
     for (int c = 0; c < 8; ++c)
 #pragma unroll
@@ -200,9 +202,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     const int s = j & 1, use = j >> 1;
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
     if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
-    float sc[32], dp[32];
-    product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));  // S = Q·Kᵀ
-    product_ss<kD, kBf16>(dp, st.resident(1), st.ring(1, s));  // dP = dO·Vᵀ (dO as stored)
+    float sc[32], dp[32];  // S = Q·Kᵀ and dP = dO·Vᵀ (dO as stored), under one wait
+    issue_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
+    issue_ss<kD, kBf16>(dp, st.resident(1), st.ring(1, s));
+    ptx::wgmma_wait_group<0>();
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
