@@ -23,7 +23,8 @@
 # Issue 31 on an sm_90 (first run 2026-11-26: bench/results/gpu-h100-20261126-353d64e), in
 # one call of about 8 minutes: the Hopper tests and A/B, Flex, the ring's and distributed
 # block-sparse's hopper rows (the ring backward, the received slabs, the tail-row zeroing,
-# D = 256's backward and the dQ pass's single wait have run only on the emulated GPU so far):
+# D = 256's backward, the dQ pass's single wait and the dK/dV pass's early lse loads have run
+# only on the emulated GPU so far):
 #   QUICK=1 HOPPER_BUDGET_S=150 FLEX_BUDGET_S=80 RING_BUDGET_S=180 \
 #     bash bench/gpu/device_run.sh hopper flex ring
 #
