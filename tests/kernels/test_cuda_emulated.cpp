@@ -120,12 +120,14 @@ std::vector<SweepCase> sweep_cases() {
 INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases()),
                          [](const auto& p) { return name_of(p.param); });
 
-// One dense Hopper run on device 0 (bf16, B = 1, N = 200, scale 1/8, heads 2 on one K/V
-// head), as bytes: out and lse of the forward, and with `backward` dq, dk and dv of the
-// backward after it (start_backward's zeroed gradients and row sums, as a plan runs it).
-// Modes: dense, causal, a window of 70 left and 10 right, causal packed documents.
-std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward) {
+// One dense Hopper run on device 0 (bf16, or fp16 with `fp16`; B = 1, N = 200, scale 1/8,
+// heads 2 on one K/V head), as bytes: out and lse of the forward, and with `backward` dq, dk
+// and dv of the backward after it (start_backward's zeroed gradients and row sums, as a plan
+// runs it). Modes: dense, causal, a window of 70 left and 10 right, causal packed documents.
+std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp16 = false) {
+  const DeviceDType t = fp16 ? DeviceDType::fp16 : DeviceDType::bf16;
   kernels::cuda::HopperAttention a;
+  a.elem = fp16 ? kernels::cuda::Elem::fp16 : kernels::cuda::Elem::bf16;
   a.batch = 1, a.seq_len = 200, a.heads = 2, a.kv_heads = 1, a.head_dim = head_dim;
   a.scale = 0.125f;
   a.causal = mode == 1 || mode == 3;
@@ -137,10 +139,10 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward) {
   DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0), dout(n * 2, "dout", 0),
       out(n * 4, "out", 0), lse(nl * 4, "lse", 0), delta(nl * 4, "delta", 0), dq(n * 4, "dq", 0),
       dk(n_kv * 4, "dk", 0), dv(n_kv * 4, "dv", 0);
-  q.upload(testing::random_normal(n, 71).data(), n, DeviceDType::bf16);
-  k.upload(testing::random_normal(n_kv, 72).data(), n_kv, DeviceDType::bf16);
-  v.upload(testing::random_normal(n_kv, 73).data(), n_kv, DeviceDType::bf16);
-  dout.upload(testing::random_normal(n, 74).data(), n, DeviceDType::bf16);
+  q.upload(testing::random_normal(n, 71).data(), n, t);
+  k.upload(testing::random_normal(n_kv, 72).data(), n_kv, t);
+  v.upload(testing::random_normal(n_kv, 73).data(), n_kv, t);
+  dout.upload(testing::random_normal(n, 74).data(), n, t);
   const int cu_host[] = {0, 1, 90, 200};
   DeviceBuffer cu(sizeof cu_host, "cu_seqlens", 0);
   EXPECT_EQ(cudaMemcpy(cu.data(), cu_host, sizeof cu_host, cudaMemcpyHostToDevice), cudaSuccess);
@@ -151,7 +153,7 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward) {
   kernels::cuda::hopper_forward(f, nullptr);
   std::vector<std::pair<DeviceBuffer*, std::size_t>> results{{&out, n}, {&lse, nl}};
   if (backward) {
-    kernels::cuda::start_backward(kernels::cuda::Elem::bf16,
+    kernels::cuda::start_backward(a.elem,
                                   {out.as<float>(), dout.data(), delta.as<float>(), a.batch,
                                    a.seq_len, a.heads, a.head_dim},
                                   a.kv_heads, dq.as<float>(), dk.as<float>(), dv.as<float>(),
@@ -179,11 +181,17 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward) {
 // same bytes under every execution mode, TMA and wgmma results landing at the issue or at
 // the wait; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
-  // D = 64 in every mode, and D = 256 causal
-  for (const auto& [d, mode] : {std::pair{64, 0}, {64, 1}, {64, 2}, {64, 3}, {256, 1}}) {
-    const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, false); },
-                                                   emu::standard_modes());
-    EXPECT_FALSE(differs.has_value()) << "D " << d << " mode " << mode << ": " << *differs;
+  // D = 64 in every mode, D = 256 causal; fp16 at D = 128 causal
+  struct Run {
+    int d, mode;
+    bool fp16;
+  };
+  for (const auto& [d, mode, fp16] : {Run{64, 0, false}, Run{64, 1, false}, Run{64, 2, false},
+                                      Run{64, 3, false}, Run{256, 1, false}, Run{128, 1, true}}) {
+    const auto differs = emu::find_mode_dependence(
+        [&] { return hopper_run(d, mode, false, fp16); }, emu::standard_modes());
+    EXPECT_FALSE(differs.has_value())
+        << "D " << d << " mode " << mode << (fp16 ? " fp16" : "") << ": " << *differs;
   }
   kernels::cuda::HopperForwardParams sm86;
   sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
@@ -211,16 +219,22 @@ TEST(EmulatedModes, HopperDilatedForwardIsBitwiseIndependentOfWarpOrderAndLandin
 
 // The Hopper backward (its dK/dV pass walking both query heads of the K/V head, and its dQ
 // pass), after the forward: the same bytes under every execution mode, at D = 64 in every
-// mode, at D = 128 causal and at D = 256 causal (dV and dK as two launches); on the sm_86
-// device it declines, naming the compute capability.
+// mode, at D = 128 causal and at D = 256 causal (dV and dK as two launches), and in fp16 at
+// D = 128 with the window; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
-  for (const auto& [d, mode] :
-       {std::pair{64, 0}, {64, 1}, {64, 2}, {64, 3}, {128, 1}, {256, 1}}) {
-    const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, true); },
-                                                   emu::standard_modes());
-    EXPECT_FALSE(differs.has_value()) << "D " << d << " mode " << mode << ": " << *differs;
-    std::printf("  hopper backward D%d mode %d: the same bytes under %zu modes\n", d, mode,
-                emu::standard_modes().size());
+  struct Run {
+    int d, mode;
+    bool fp16;
+  };
+  for (const auto& [d, mode, fp16] :
+       {Run{64, 0, false}, Run{64, 1, false}, Run{64, 2, false}, Run{64, 3, false},
+        Run{128, 1, false}, Run{256, 1, false}, Run{128, 2, true}}) {
+    const auto differs = emu::find_mode_dependence(
+        [&] { return hopper_run(d, mode, true, fp16); }, emu::standard_modes());
+    EXPECT_FALSE(differs.has_value())
+        << "D " << d << " mode " << mode << (fp16 ? " fp16" : "") << ": " << *differs;
+    std::printf("  hopper backward D%d mode %d%s: the same bytes under %zu modes\n", d, mode,
+                fp16 ? " fp16" : "", emu::standard_modes().size());
   }
   kernels::cuda::HopperBackwardParams sm86;
   sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
