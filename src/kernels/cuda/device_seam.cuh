@@ -109,8 +109,8 @@ inline void setmaxnreg() {
 // bar.sync id, count (a named barrier of `count` threads).
 inline void named_barrier_sync(unsigned id, unsigned count) { emu::named_barrier_sync(id, count); }
 // fence.proxy.async.shared::cta: this thread's generic stores to shared memory, ordered before
-// the async proxy's (wgmma's, TMA's) later accesses; the emulator faults on an async-proxy
-// access to a unit that a generic access no such fence has ordered touched.
+// the async proxy's (wgmma's, TMA's) later accesses. The emulator faults when a wgmma reads
+// shared memory that a thread accessed through the generic proxy with no such fence since.
 inline void fence_proxy_async_shared() { emu::fence_proxy_async_shared(); }
 }  // namespace ptx
 
