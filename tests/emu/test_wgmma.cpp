@@ -211,6 +211,13 @@ TEST(Wgmma, ReadingDBeforeTheWaitShowsAsLandingDependence) {
   EXPECT_NE(difference->find("cp.async=at-wait"), std::string::npos) << *difference;
 }
 
+// A 64 × 8 × 16 product into `d` from unswizzled core matrices: A at shared offset 0, B at 2048.
+void core_matrix_product(float (&d)[4]) {
+  wgmma_m64k16_ss(MmaInput::bf16, 8, d,
+                  make_gmma_descriptor(SharedAddress{0}, 128, 256, GmmaSwizzle::none),
+                  make_gmma_descriptor(SharedAddress{2048}, 128, 256, GmmaSwizzle::none), false);
+}
+
 TEST(Wgmma, MisuseIsAFaultNamingTheThread) {
   const Problem p;
   // Issued before waiting on the TMA's barrier: under the at-wait landing the wgmma reads
@@ -246,12 +253,7 @@ TEST(Wgmma, MisuseIsAFaultNamingTheThread) {
         launch(LaunchConfig{"wgmma_one_warp_skips", Dim3{1}, Dim3{128}, 4096}, [] {
           float d[4] = {};
           wgmma_fence();
-          if (threadIdx.x / 32 != 2) {
-            wgmma_m64k16_ss(MmaInput::bf16, 8, d,
-                            make_gmma_descriptor(SharedAddress{0}, 128, 256, GmmaSwizzle::none),
-                            make_gmma_descriptor(SharedAddress{2048}, 128, 256, GmmaSwizzle::none),
-                            false);
-          }
+          if (threadIdx.x / 32 != 2) core_matrix_product(d);
           wgmma_commit_group();
           wgmma_wait_group(0);
         });
@@ -267,10 +269,7 @@ TEST(Wgmma, MisuseIsAFaultNamingTheThread) {
       __syncthreads();
       float d[4] = {};
       wgmma_fence();
-      wgmma_m64k16_ss(MmaInput::bf16, 8, d,
-                      make_gmma_descriptor(SharedAddress{0}, 128, 256, GmmaSwizzle::none),
-                      make_gmma_descriptor(SharedAddress{2048}, 128, 256, GmmaSwizzle::none),
-                      false);
+      core_matrix_product(d);
       wgmma_commit_group();
       wgmma_wait_group(0);
       if (d[0] != 16.0f) fault_here("wrong product");
