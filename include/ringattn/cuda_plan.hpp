@@ -17,8 +17,8 @@
 namespace ringattn {
 
 enum class DeviceDType { bf16, fp16, fp32 };
-// hopper: the sm_90a forward and backward kernels (TMA + wgmma, dense attention) where they
-// apply, the native kernels otherwise; experimental until they have run on a GPU.
+// hopper: the sm_90a forward and backward kernels (TMA + wgmma; every GPU path, head dims 64,
+// 128 and 256, bf16/fp16) where they apply, the native kernels otherwise; opt-in.
 enum class KernelChoice { automatic, native, cudnn, hopper };
 
 const char* to_string(DeviceDType t);
