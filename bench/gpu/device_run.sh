@@ -12,8 +12,9 @@
 #   bash bench/gpu/device_run.sh ring    # the ring and block-sparse benchmark (ring_bench.py)
 #   bash bench/gpu/device_run.sh flex    # block-sparse against FlexAttention (flex_sparse.py)
 #   bash bench/gpu/device_run.sh hopper  # the Hopper (sm_90a) kernels' tests, then their A/B
-#                                         # against native and cuDNN, with and without the
-#                                         # forward's overlap (hopper_ab.py)
+#                                         # against native and cuDNN, and the forward's
+#                                         # variants: overlap, one block per SM, ping-pong
+#                                         # (hopper_ab.py)
 #   bash bench/gpu/device_run.sh all     # check, ring, bench (may not fit one 10-minute call)
 #   bash bench/gpu/device_run.sh tests python sanitize   # several stages, in that order
 #
@@ -23,8 +24,8 @@
 # Issue 31 on an sm_90 (first run 2026-11-26: bench/results/gpu-h100-20261126-353d64e), in
 # one call of about 8 minutes: the Hopper tests and A/B, Flex, the ring's and distributed
 # block-sparse's hopper rows (the ring backward, the received slabs, the tail-row zeroing,
-# D = 256's backward, the dQ pass's single wait and the dK/dV pass's early lse loads have run
-# only on the emulated GPU so far):
+# D = 256's backward, the dQ pass's single wait, the dK/dV pass's early lse loads and the
+# dense forward's ping-pong kernel have run only on the emulated GPU so far):
 #   QUICK=1 HOPPER_BUDGET_S=150 FLEX_BUDGET_S=80 RING_BUDGET_S=180 \
 #     bash bench/gpu/device_run.sh hopper flex ring
 #
@@ -153,17 +154,22 @@ run_bench() {
 run_hopper() {
   : >"$OUT/hopper_tests.log"
   local hung=""
+  # binary:filter[@VAR=value]: the last runs the dense forward's ping-pong kernel.
   for spec in "test_cuda_kernels:CudaHopper.*" "test_cuda_sparse:*Hopper*" \
-    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*"; do
+    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" \
+    "test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG=1"; do
     t=${spec%%:*}
+    filter=${spec#*:}
+    env_set=()
+    case "$filter" in *@*) env_set=("${filter##*@}"); filter=${filter%@*} ;; esac
     if [ -n "$hung" ]; then
-      echo "== $t ${spec#*:}: not run, $hung timed out" | tee -a "$OUT/hopper_tests.log"; continue
+      echo "== $t $filter ${env_set[*]}: not run, $hung timed out" | tee -a "$OUT/hopper_tests.log"; continue
     fi
-    echo "== $t ${spec#*:}" | tee -a "$OUT/hopper_tests.log"
+    echo "== $t $filter ${env_set[*]}" | tee -a "$OUT/hopper_tests.log"
     # Never run on real sm_90a before: a hang must cost one binary's timeout, not the lease.
     from=$(( $(wc -l <"$OUT/hopper_tests.log") + 1 ))
-    timeout -k 5 "${HOPPER_TEST_TIMEOUT_S:-150}" "$CARRY/bin/$t" --gtest_color=no \
-      --gtest_filter="${spec#*:}" >>"$OUT/hopper_tests.log" 2>&1
+    env "${env_set[@]}" timeout -k 5 "${HOPPER_TEST_TIMEOUT_S:-150}" "$CARRY/bin/$t" \
+      --gtest_color=no --gtest_filter="$filter" >>"$OUT/hopper_tests.log" 2>&1
     rc=$?
     [ $rc -le 1 ] || echo "$t exited with status $rc" | tee -a "$OUT/hopper_tests.log"
     grep -E "^\[  (PASSED|FAILED) \]|SKIPPED: " "$OUT/hopper_tests.log" | tail -2
@@ -174,7 +180,7 @@ run_hopper() {
       first=$(tail -n +"$from" "$OUT/hopper_tests.log" | sed -n 's|^\[  FAILED  \] \([A-Za-z0-9_/.]*\).*|\1|p' | head -1)
       if [ -n "$first" ] && [ "${HOPPER_MEMCHECK:-1}" = 1 ]; then
         echo "== memcheck $t $first" | tee -a "$OUT/hopper_tests.log"
-        timeout -k 5 90 compute-sanitizer --tool memcheck --print-limit 10 "$CARRY/bin/$t" \
+        env "${env_set[@]}" timeout -k 5 90 compute-sanitizer --tool memcheck --print-limit 10 "$CARRY/bin/$t" \
           --gtest_color=no --gtest_filter="$first" 2>&1 | tail -60 >>"$OUT/hopper_tests.log"
       fi
     fi

@@ -108,6 +108,10 @@ inline void setmaxnreg() {
 }
 // bar.sync id, count (a named barrier of `count` threads).
 inline void named_barrier_sync(unsigned id, unsigned count) { emu::named_barrier_sync(id, count); }
+// bar.arrive id, count: counts toward the barrier without waiting for it.
+inline void named_barrier_arrive(unsigned id, unsigned count) {
+  emu::named_barrier_arrive(id, count);
+}
 // fence.proxy.async.shared::cta: this thread's generic stores to shared memory, ordered before
 // the async proxy's (wgmma's, TMA's) later accesses. The emulator faults when a wgmma reads
 // shared memory that a thread accessed through the generic proxy with no such fence since.
@@ -237,6 +241,9 @@ __device__ __forceinline__ void wgmma_wait_group() {
 }
 __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

@@ -15,6 +15,9 @@
 namespace ringattn::kernels::cuda::hopper {
 
 struct DenseWork {
+  // Every walked tile is whole (KeyTile::limit == kRows): rows past N are the tensor map's
+  // zero fill, so no tile rows are zeroed in shared memory.
+  static constexpr bool kWholeTiles = true;
   float* out;  // the forward's [B, N, H, D] out and [B, H, N] lse; null in the backward
   float* lse;
   int seq_len, heads, kv_heads;
@@ -25,6 +28,7 @@ struct DenseWork {
   // heads / kv_heads query heads in turn. Otherwise blockIdx.y is a query head and the block
   // walks its K/V head's tiles.
   bool rows_are_keys;
+  int block_rows = kRows;  // a block's rows: 64, or 128 for the ping-pong forward's two halves
 
   struct Cursor {
     int j, first, last;  // the next tile, the first and the last one of a head
@@ -46,11 +50,11 @@ struct DenseWork {
     start = cu_seqlens[lo], end = cu_seqlens[lo + 1];
   }
 
-  // Tile blockIdx.x of head blockIdx.y, batch blockIdx.z.
+  // Block blockIdx.x's rows (block_rows of them) of head blockIdx.y, batch blockIdx.z.
   __device__ __forceinline__ QueryRows query_rows(int head_dim) const {
-    const int row0 = kRows * static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
+    const int row0 = block_rows * static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
               b = static_cast<int>(blockIdx.z);
-    const int rows = seq_len - row0 < kRows ? seq_len - row0 : kRows;
+    const int rows = seq_len - row0 < block_rows ? seq_len - row0 : block_rows;
     return {
         row0,
         h,
@@ -128,7 +132,8 @@ inline DenseWork dense_work(const HopperAttention& a, float* out, float* lse, bo
           rows_are_keys ? left : right,
           a.cu_seqlens,
           a.n_docs,
-          rows_are_keys};
+          rows_are_keys,
+          kRows};
 }
 
 // "" when the dense Hopper kernels can run `a` on `device`, else why not.
@@ -139,10 +144,10 @@ inline std::string attention_unsupported(const HopperAttention& a, int device) {
   return device_unsupported(a.head_dim, a.elem, device);
 }
 
-// The grid of a block per (64-row tile, head, batch) over `heads` heads.
-inline dim3 dense_grid(const HopperAttention& a, int heads) {
-  return dim3(static_cast<unsigned>((a.seq_len + kRows - 1) / kRows), static_cast<unsigned>(heads),
-              static_cast<unsigned>(a.batch));
+// The grid of a block per (block_rows-row tile, head, batch) over `heads` heads.
+inline dim3 dense_grid(const HopperAttention& a, int heads, int block_rows = kRows) {
+  return dim3(static_cast<unsigned>((a.seq_len + block_rows - 1) / block_rows),
+              static_cast<unsigned>(heads), static_cast<unsigned>(a.batch));
 }
 
 }  // namespace ringattn::kernels::cuda::hopper

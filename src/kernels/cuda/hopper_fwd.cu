@@ -1,5 +1,6 @@
 // The Hopper dense forward (see hopper_fwd.hpp): hopper_fwd_kernel.cuh's body over
-// hopper_dense_work.cuh's DenseWork, a block per (64-row query tile, head, batch).
+// hopper_dense_work.cuh's DenseWork, a block per (64-row query tile, head, batch), or with
+// RINGATTN_HOPPER_PINGPONG=1 its ping-pong kernel, a block per 128 rows.
 #include <string>
 
 #include "kernels/cuda/hopper_dense_work.cuh"
@@ -18,13 +19,19 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t stream) {
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
   if (const std::string why = hopper_forward_unsupported(p, device); !why.empty())
     throw RuntimeFailure("the Hopper forward kernel cannot run: " + why);
-  const hopper::Args<hopper::DenseWork> a{
+  hopper::Args<hopper::DenseWork> a{
       hopper::tensor_map(p.q, p.elem, p.batch, p.seq_len, p.heads, p.head_dim),
       hopper::tensor_map(p.k, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
       hopper::tensor_map(p.v, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
       p.scale * hopper::kLog2ef,
       false,
       hopper::dense_work(p, p.out, p.lse, false)};
+  if (hopper::pingpong_chosen()) {  // 128-row blocks, two consumer warpgroups
+    a.work.block_rows = 2 * hopper::kRows;
+    hopper::launch_pingpong(p.head_dim, p.elem, "hopper_fwd_pingpong_kernel", a,
+                            hopper::dense_grid(p, p.heads, a.work.block_rows), stream);
+    return;
+  }
   hopper::launch_for(p.head_dim, p.elem, "hopper_fwd_kernel", a, hopper::dense_grid(p, p.heads),
                      stream);
 }

@@ -26,6 +26,107 @@ struct Args {
   Work work;
 };
 
+// One key tile's online-softmax step for a lane's two rows (index r = 0, 1, reaching `reach`):
+// sc holds S = Q·Kᵀ on entry and P on return (scaled to the log2 domain, columns outside the
+// row's reach masked, exponentiated against the new running max); m and l, the running max
+// and sum, are updated and o is rescaled by exp2(m_old - m_new).
+template <int kD>
+__device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reach)[2],
+                                             const KeyTile& t, int lane, float scale_log2,
+                                             float (&m)[2], float (&l)[2], float (&o)[kD / 2]) {
+  // Scores in the log2 domain; columns outside the row's reach are masked.
+  Reach cols[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
+  float tile_max[2] = {-INFINITY, -INFINITY};
+  // Most tiles lie wholly inside both rows' reach: no per-column compare there.
+  if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      sc[i] *= scale_log2;
+      tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = acc_row(i), col = acc_col(i, lane);
+      const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[i] * scale_log2;
+      sc[i] = x;
+      tile_max[r] = fmaxf(tile_max[r], x);
+    }
+  }
+  float corr[2], base_m[2], tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r]);
+    base_m[r] = m_new == -INFINITY ? 0.0f : m_new;
+    corr[r] = exp2f(m[r] - base_m[r]);  // 0 while m was -inf
+    m[r] = m_new;
+  }
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int r = acc_row(i);
+    sc[i] = exp2f(sc[i] - base_m[r]);
+    tile_sum[r] += sc[i];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + tile_sum[r];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] *= corr[acc_row(i)];
+}
+
+// The epilogue of a lane's two rows, local0 and local0 + 8 of the block's (`qr`): out = o / l
+// and lse = (m + log2 l)·ln 2, written, or (accumulate) merged into the (out, lse) already
+// there as merge_lse_row does. Rows at or past qr.rows are left alone.
+template <int kD>
+__device__ __forceinline__ void write_rows(bool accumulate, const QueryRows& qr, int local0,
+                                           const float (&o)[kD / 2], float (&m)[2],
+                                           float (&l)[2], int lane) {
+  // Every lane of a row reads the old lse before the row's first lane writes the new one.
+  float row_lse[2], inv[2], old_lse[2];
+  bool valid[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    valid[r] = local0 + 8 * r < qr.rows;
+    row_lse[r] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2f : -INFINITY;
+    inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    old_lse[r] = accumulate && valid[r]
+                     ? qr.lse[static_cast<int64_t>(local0 + 8 * r) * qr.lse_stride]
+                     : -INFINITY;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!valid[r]) continue;
+    const int64_t row = local0 + 8 * r;
+    float ca = 0.0f, cb = accumulate ? inv[r] : inv[r] * qr.out_scale, new_lse = row_lse[r];
+    if (accumulate) {
+      if (row_lse[r] == -INFINITY) continue;  // nothing to add
+      if (old_lse[r] != -INFINITY) {
+        const float mx = fmaxf(old_lse[r], row_lse[r]);
+        const float wa = expf(old_lse[r] - mx), wb = expf(row_lse[r] - mx);
+        const float norm = 1.0f / (wa + wb);
+        ca = wa * norm;
+        cb = wb * norm * inv[r];
+        new_lse = mx + logf(wa + wb);
+      }
+    }
+    float* out = qr.out + row * qr.out_stride;
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) {
+      if (acc_row(i) != r) continue;
+      float& x = out[acc_col(i, lane)];
+      const float mine = o[i] * cb;
+      x = ca == 0.0f ? mine : ca * x + mine;
+    }
+    if (lane % 4 == 0) qr.lse[row * qr.lse_stride] = new_lse;
+  }
+}
+
 // kOverlap: the next tile's S = Q·Kᵀ is issued before this tile's softmax and runs under it
 // (FlashAttention-3's intra-warpgroup overlap), at the cost of a second 64 × 64 score tile in
 // registers; without it each product is waited for before the softmax.
@@ -83,47 +184,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       if (t.limit < kRows) zero_tail_rows(st, s, t.limit, thread);
       product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
     }
-    // Scores in the log2 domain; columns outside the row's reach are masked.
-    Reach cols[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    // Most tiles lie wholly inside both rows' reach: no per-column compare there.
-    if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        sc[i] *= p.scale_log2;
-        tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[i]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int r = acc_row(i), col = acc_col(i, lane);
-        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[i] * p.scale_log2;
-        sc[i] = x;
-        tile_max[r] = fmaxf(tile_max[r], x);
-      }
-    }
-    float corr[2], base_m[2], tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      base_m[r] = m_new == -INFINITY ? 0.0f : m_new;
-      corr[r] = exp2f(m[r] - base_m[r]);  // 0 while m was -inf
-      m[r] = m_new;
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = acc_row(i);
-      sc[i] = exp2f(sc[i] - base_m[r]);
-      tile_sum[r] += sc[i];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + tile_sum[r];
-#pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] *= corr[acc_row(i)];
+    softmax_step<kD>(sc, reach, t, lane, p.scale_log2, m, l, o);
     issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
     ptx::wgmma_wait_group<0>();  // O += P·V, and the next S under kOverlap
     ptx::mbarrier_arrive(at(st.empty(s)));
@@ -136,49 +197,80 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       have = p.work.next(cursor, t);
     }
   }
-  // The epilogue: out = o / l and lse = (m + log2 l)·ln 2, written, or merged into the
-  // (out, lse) already there as merge_lse_row does. Every lane of a row reads the old lse
-  // before the row's first lane writes the new one.
-  float row_lse[2], inv[2], old_lse[2];
-  bool valid[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    valid[r] = local0 + 8 * r < qr.rows;
-    row_lse[r] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2f : -INFINITY;
-    inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    old_lse[r] = p.accumulate && valid[r]
-                     ? qr.lse[static_cast<int64_t>(local0 + 8 * r) * qr.lse_stride]
-                     : -INFINITY;
+  write_rows<kD>(p.accumulate, qr, local0, o, m, l, lane);
+#else
+  (void)p;
+#endif
+}
+
+// The ping-pong forward (FlashAttention-3's inter-warpgroup overlap, within one block): three
+// warpgroups, the producer and two consumers, over a 128-row Q tile whose two 64-row halves
+// are resident (consumer c takes rows [64c, 64c + 64) of the work's block); both consumers
+// read every K/V stage, which is freed once all 256 of their threads arrived. Named barriers
+// 2 and 3 pass the tensor cores back and forth: a consumer issues a product (S = Q·Kᵀ, then
+// O += P·V) only on its turn and hands the turn on once it is issued, so one consumer's
+// softmax runs while the other's product does, and the K/V tiles are loaded once for 128 rows.
+// Consumer 0 moves first; consumer 1 skips the hand-over after its last product, so every
+// bar.sync has its bar.arrive and none is left pending at exit. Only works whose walked tiles
+// are whole (DenseWork: rows past the view are the tensor map's zero fill) run here; a tile
+// with rows to zero would need both consumers to zero it before either's turn.
+//
+// Registers: one block per SM (launch bounds 384 × 1), the producer gives back down to 32
+// and the consumers take 232 each (128·32 + 256·232 = 63,488 of 65,536).
+constexpr int kPingPongThreads = 384;
+
+template <int kD, bool kBf16, class Work>
+__global__ void __launch_bounds__(kPingPongThreads, 1)
+    hopper_fwd_pingpong_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
+  static_assert(Work::kWholeTiles, "the ping-pong forward zeroes no tile rows");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
+  const QueryRows qr = p.work.query_rows(kD);  // the block's 2 × 64 rows
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  st.init_barriers(256);
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup: one thread issues every load
+    ptx::setmaxnreg<false, 32>();
+    if (threadIdx.x == 0) produce(st, p.work, qr, p.q, p.q, p.k, p.v, kRows);
+    return;
   }
-  __syncwarp();
+
+  ptx::setmaxnreg<true, 232>();
+  const int c = (warp - 4) / 4;  // this consumer: 0 or 1
+  const unsigned my_turn = 2u + static_cast<unsigned>(c), next_turn = 3u - static_cast<unsigned>(c);
+  const int local0 = kRows * c + 16 * ((warp - 4) % 4) + lane / 4;
+  Reach reach[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (!valid[r]) continue;
-    const int64_t row = local0 + 8 * r;
-    float ca = 0.0f, cb = p.accumulate ? inv[r] : inv[r] * qr.out_scale, new_lse = row_lse[r];
-    if (p.accumulate) {
-      if (row_lse[r] == -INFINITY) continue;  // nothing to add
-      if (old_lse[r] != -INFINITY) {
-        const float mx = fmaxf(old_lse[r], row_lse[r]);
-        const float wa = expf(old_lse[r] - mx), wb = expf(row_lse[r] - mx);
-        const float norm = 1.0f / (wa + wb);
-        ca = wa * norm;
-        cb = wb * norm * inv[r];
-        new_lse = mx + logf(wa + wb);
-      }
-    }
-    float* out = qr.out + row * qr.out_stride;
+  for (int r = 0; r < 2; ++r) reach[r] = p.work.reach(qr, local0 + 8 * r);
+  float o[kD / 2];
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) {
-      if (acc_row(i) != r) continue;
-      float& x = out[acc_col(i, lane)];
-      const float mine = o[i] * cb;
-      x = ca == 0.0f ? mine : ca * x + mine;
-    }
-    if (lane % 4 == 0) qr.lse[row * qr.lse_stride] = new_lse;
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  typename Work::Cursor cursor = p.work.begin(qr);
+  KeyTile t, t_next{};
+  float sc[32];
+  bool have = p.work.next(cursor, t);
+  if (have && c == 1) ptx::named_barrier_arrive(2, 256);  // consumer 0 takes the first turn
+  for (int j = 0; have; ++j) {
+    const int s = j & 1, use = j >> 1;
+    const bool more = p.work.next(cursor, t_next);
+    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    ptx::named_barrier_sync(my_turn, 256);
+    issue_ss<kD, kBf16>(sc, st.resident(c), st.ring(0, s));
+    ptx::named_barrier_arrive(next_turn, 256);
+    ptx::wgmma_wait_group<0>();
+    softmax_step<kD>(sc, reach, t, lane, p.scale_log2, m, l, o);
+    ptx::named_barrier_sync(my_turn, 256);
+    issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
+    if (c == 0 || more) ptx::named_barrier_arrive(next_turn, 256);
+    ptx::wgmma_wait_group<0>();
+    ptx::mbarrier_arrive(at(st.empty(s)));
+    t = t_next;
+    have = more;
   }
+  write_rows<kD>(p.accumulate, qr, local0, o, m, l, lane);
 #else
   (void)p;
 #endif
@@ -212,6 +304,27 @@ void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, 
       }
     }
     launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false>, a, grid, smem, stream);
+  });
+}
+
+// Whether the dense forward runs the ping-pong kernel: only with RINGATTN_HOPPER_PINGPONG=1
+// (read once) until an sm_90 has measured it against the two-blocks-per-SM default
+// (bench/gpu/hopper_ab.py's "hopper-pingpong").
+inline bool pingpong_chosen() {
+  static const bool on = [] {
+    const char* v = std::getenv("RINGATTN_HOPPER_PINGPONG");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+// The ping-pong forward's (head dim, dtype) switch, over a grid of 128-row blocks.
+template <class Work>
+void launch_pingpong(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
+                     cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work>, a, grid,
+           static_cast<int>(smem_bytes(kD, 2)), stream, kPingPongThreads);
   });
 }
 

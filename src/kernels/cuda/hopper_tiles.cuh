@@ -142,13 +142,14 @@ struct Stages {
     return base + 1024 + kTile * static_cast<uint32_t>(kResident + 2 * tensor + s);
   }
 
-  // Thread 0 initialises the barriers; the caller then synchronises the block.
-  __device__ __forceinline__ void init_barriers() const {
+  // Thread 0 initialises the barriers; the caller then synchronises the block. Every one of
+  // the `consumers` threads (one warpgroup's, or the ping-pong forward's two) frees a stage.
+  __device__ __forceinline__ void init_barriers(unsigned consumers = 128) const {
     if (threadIdx.x != 0) return;
     ptx::mbarrier_init(at(resident_full()), 1);
     for (int s = 0; s < 2; ++s) {
       ptx::mbarrier_init(at(full(s)), 1);
-      ptx::mbarrier_init(at(empty(s)), 128);  // every consumer thread frees a stage
+      ptx::mbarrier_init(at(empty(s)), consumers);
     }
     ptx::fence_barrier_init();
   }
@@ -181,13 +182,14 @@ __device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, 
 }
 
 // The producer thread's loads: the 64-row box of `rows` from each resident map (the second
-// for kResident == 2 only), then for every tile the work walks, that box of both ring maps
+// for kResident == 2 only, `resident1_rows` rows further on: the ping-pong forward's second
+// half of a 128-row Q tile), then for every tile the work walks, that box of both ring maps
 // into the next ring stage once the consumers have freed it.
 template <int kD, int kResident, class Work>
 __device__ __forceinline__ void produce(const Stages<kD, kResident>& st, const Work& work,
                                         const QueryRows& rows, const TmaDesc& resident0,
                                         const TmaDesc& resident1, const TmaDesc& ring0,
-                                        const TmaDesc& ring1) {
+                                        const TmaDesc& ring1, int resident1_rows = 0) {
   constexpr int kHalves = kD / 64;
   constexpr uint32_t kTile = tile_bytes(kD);
   ptx::mbarrier_arrive_expect_tx(at(st.resident_full()), kResident * kTile);
@@ -197,7 +199,7 @@ __device__ __forceinline__ void produce(const Stages<kD, kResident>& st, const W
                      rows.n, rows.b);
     if constexpr (kResident == 2)
       ptx::tma_load_4d(at(st.resident(1) + box), resident1, at(st.resident_full()), 64 * x, rows.h,
-                       rows.n, rows.b);
+                       rows.n + resident1_rows, rows.b);
   }
   typename Work::Cursor cursor = work.begin(rows);
   KeyTile t;
@@ -355,12 +357,13 @@ inline bool one_block_per_sm() {
 
 template <class Args>
 void launch(const char* name, void (*kernel)(Args), const Args& a, dim3 grid, int smem,
-            cudaStream_t stream) {
+            cudaStream_t stream, int threads = kThreads) {
   constexpr int kHalfSm = 116 * 1024;  // more than half of an H100's 228 KiB per SM
   if (one_block_per_sm() && smem < kHalfSm) smem = kHalfSm;
   RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  launch_kernel(name, kernel, grid, dim3(kThreads), static_cast<std::size_t>(smem), stream, a);
+  launch_kernel(name, kernel, grid, dim3(static_cast<unsigned>(threads)),
+                static_cast<std::size_t>(smem), stream, a);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
     throw_cuda_error(err, (std::string("launch of ") + name).c_str(), __FILE__, __LINE__);
 }
