@@ -85,8 +85,8 @@ if [ "${RINGATTN_SKIP_TORCH_VENV:-0}" = 1 ]; then
   torch_skip="RINGATTN_SKIP_TORCH_VENV=1"
 elif ! "$tvenv/bin/python" -c 'import torch, transformers' 2>/dev/null; then
   for dir in "$root" "${TMPDIR:-/tmp}"; do
-    free_kib=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
-    if [ "$free_kib" -lt "$torch_need_kib" ]; then
+    free_kib=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }') || free_kib=""
+    if [ -n "$free_kib" ] && [ "$free_kib" -lt "$torch_need_kib" ]; then
       torch_skip="installing torch needs 7 GiB free on $dir's disk; it has $((free_kib / 1024)) MiB"
     fi
   done
