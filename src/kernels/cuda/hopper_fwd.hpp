@@ -7,12 +7,12 @@
 // [B, N, H, D] and the natural-log lse [B, H, N] as the native forward does (write mode).
 //
 // The kernel's body (hopper_fwd_kernel.cuh) is shared with the block-sparse variant
-// (hopper_sparse_fwd.hpp). RINGATTN_HOPPER_PINGPONG=1 runs the dense forward as the
-// ping-pong kernel instead: two consumer warpgroups over 128 rows taking turns at the tensor
-// cores (not yet measured on a GPU, so not the default). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
+// (hopper_sparse_fwd.hpp). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
 // on a real GPU only where the build holds sm_90a code and the device is compute capability
 // 9.0. Exact on an H100 (bench/results/gpu-h100-20261126-353d64e); opt-in (`--kernel hopper`)
-// while cuDNN is faster where it runs.
+// while cuDNN is faster where it runs. RINGATTN_HOPPER_PINGPONG=1 runs the dense forward as
+// the ping-pong kernel instead: two consumer warpgroups over 128 rows taking turns at the
+// tensor cores (not yet measured on a GPU, so not the default).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -82,8 +82,8 @@ __device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reac
 // there as merge_lse_row does. Rows at or past qr.rows are left alone.
 template <int kD>
 __device__ __forceinline__ void write_rows(bool accumulate, const QueryRows& qr, int local0,
-                                           const float (&o)[kD / 2], float (&m)[2],
-                                           float (&l)[2], int lane) {
+                                           const float (&o)[kD / 2], float (&m)[2], float (&l)[2],
+                                           int lane) {
   // Every lane of a row reads the old lse before the row's first lane writes the new one.
   float row_lse[2], inv[2], old_lse[2];
   bool valid[2];
