@@ -154,10 +154,11 @@ run_bench() {
 run_hopper() {
   : >"$OUT/hopper_tests.log"
   local hung=""
-  # binary:filter[@VAR=value]: the last runs the dense forward's ping-pong kernel.
+  # binary:filter[@VAR=value]: the last two run the dense forward's ping-pong kernel (64- and
+  # 128-key steps).
+  pp="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG"
   for spec in "test_cuda_kernels:CudaHopper.*" "test_cuda_sparse:*Hopper*" \
-    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" \
-    "test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG=1"; do
+    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2"; do
     t=${spec%%:*}
     filter=${spec#*:}
     env_set=()

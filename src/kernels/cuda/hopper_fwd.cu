@@ -26,9 +26,9 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t stream) {
       p.scale * hopper::kLog2ef,
       false,
       hopper::dense_work(p, p.out, p.lse, false)};
-  if (hopper::pingpong_chosen()) {  // 128-row blocks, two consumer warpgroups
+  if (const int step = hopper::pingpong_chosen(); step > 0) {  // 128-row blocks, 2 consumers
     a.work.block_rows = 2 * hopper::kRows;
-    hopper::launch_pingpong(p.head_dim, p.elem, "hopper_fwd_pingpong_kernel", a,
+    hopper::launch_pingpong(p.head_dim, p.elem, step, "hopper_fwd_pingpong_kernel", a,
                             hopper::dense_grid(p, p.heads, a.work.block_rows), stream);
     return;
   }

@@ -26,33 +26,38 @@ struct Args {
   Work work;
 };
 
-// One key tile's online-softmax step for a lane's two rows (index r = 0, 1, reaching `reach`):
-// sc holds S = Q·Kᵀ on entry and P on return (scaled to the log2 domain, columns outside the
-// row's reach masked, exponentiated against the new running max); m and l, the running max
-// and sum, are updated and o is rescaled by exp2(m_old - m_new).
-template <int kD>
-__device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reach)[2],
-                                             const KeyTile& t, int lane, float scale_log2,
-                                             float (&m)[2], float (&l)[2], float (&o)[kD / 2]) {
-  // Scores in the log2 domain; columns outside the row's reach are masked.
-  Reach cols[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
+// One online-softmax step over kTiles key tiles (the first n_tiles of them walked; the rest
+// masked whole) for a lane's two rows (index r = 0, 1, reaching `reach`): sc[u] holds
+// S = Q·Kᵀ of tile u on entry and P on return (scaled to the log2 domain, columns outside
+// the row's reach masked, exponentiated against the new running max); m and l, the running
+// max and sum, are updated and o is rescaled by exp2(m_old - m_new), once per step.
+template <int kD, int kTiles>
+__device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Reach (&reach)[2],
+                                              const KeyTile (&t)[kTiles], int n_tiles, int lane,
+                                              float scale_log2, float (&m)[2], float (&l)[2],
+                                              float (&o)[kD / 2]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
-  // Most tiles lie wholly inside both rows' reach: no per-column compare there.
-  if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      sc[i] *= scale_log2;
-      tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[i]);
-    }
-  } else {
+  for (int u = 0; u < kTiles; ++u) {
+    // Scores in the log2 domain; columns outside the row's reach are masked.
+    Reach cols[2];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = acc_row(i), col = acc_col(i, lane);
-      const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[i] * scale_log2;
-      sc[i] = x;
-      tile_max[r] = fmaxf(tile_max[r], x);
+    for (int r = 0; r < 2; ++r) cols[r] = u < n_tiles ? columns_of(reach[r], t[u]) : Reach{0, 0};
+    // Most tiles lie wholly inside both rows' reach: no per-column compare there.
+    if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        sc[u][i] *= scale_log2;
+        tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[u][i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int r = acc_row(i), col = acc_col(i, lane);
+        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[u][i] * scale_log2;
+        sc[u][i] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
     }
   }
   float corr[2], base_m[2], tile_sum[2] = {0.0f, 0.0f};
@@ -66,15 +71,27 @@ __device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reac
     m[r] = m_new;
   }
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int r = acc_row(i);
-    sc[i] = exp2f(sc[i] - base_m[r]);
-    tile_sum[r] += sc[i];
-  }
+  for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = acc_row(i);
+      sc[u][i] = exp2f(sc[u][i] - base_m[r]);
+      tile_sum[r] += sc[u][i];
+    }
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + tile_sum[r];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) o[i] *= corr[acc_row(i)];
+}
+
+// The one-tile step: softmax_tiles over `t` alone.
+template <int kD>
+__device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reach)[2],
+                                             const KeyTile& t, int lane, float scale_log2,
+                                             float (&m)[2], float (&l)[2], float (&o)[kD / 2]) {
+  const KeyTile one[1] = {t};
+  softmax_tiles<kD, 1>(reinterpret_cast<float(&)[1][32]>(sc), reach, one, 1, lane, scale_log2, m, l,
+                       o);
 }
 
 // The epilogue of a lane's two rows, local0 and local0 + 8 of the block's (`qr`): out = o / l
@@ -207,24 +224,31 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // warpgroups, the producer and two consumers, over a 128-row Q tile whose two 64-row halves
 // are resident (consumer c takes rows [64c, 64c + 64) of the work's block); both consumers
 // read every K/V stage, which is freed once all 256 of their threads arrived. Named barriers
-// 2 and 3 pass the tensor cores back and forth: a consumer issues a product (S = Q·Kᵀ, then
-// O += P·V) only on its turn and hands the turn on once it is issued, so one consumer's
-// softmax runs while the other's product does, and the K/V tiles are loaded once for 128 rows.
-// Consumer 0 moves first; consumer 1 skips the hand-over after its last product, so every
-// bar.sync has its bar.arrive and none is left pending at exit. Only works whose walked tiles
-// are whole (DenseWork: rows past the view are the tensor map's zero fill) run here; a tile
-// with rows to zero would need both consumers to zero it before either's turn.
+// 2 and 3 pass the tensor cores back and forth: a consumer issues its products (S = Q·Kᵀ,
+// then O += P·V) only on its turn and hands the turn on once they are issued, so one
+// consumer's softmax runs while the other's products do, and the K/V tiles are loaded once
+// for 128 rows. Consumer 0 moves first; consumer 1 skips the hand-over after its last
+// products, so every bar.sync has its bar.arrive and none is left pending at exit.
+//
+// kStep key tiles make one softmax step: 1 (64 keys, two ring stages), or 2 (128 keys, four
+// stages: the two tiles' S products are issued together, one max and one rescale of O serve
+// both, and a turn covers twice the products; a last step with one tile masks the other).
+// Only works whose walked tiles are whole (DenseWork: rows past the view are the tensor map's
+// zero fill) run here; a tile with rows to zero would need both consumers to zero it before
+// either's turn.
 //
 // Registers: one block per SM (launch bounds 384 × 1), the producer gives back down to 32
 // and the consumers take 232 each (128·32 + 256·232 = 63,488 of 65,536).
 constexpr int kPingPongThreads = 384;
 
-template <int kD, bool kBf16, class Work>
+template <int kD, bool kBf16, class Work, int kStep>
 __global__ void __launch_bounds__(kPingPongThreads, 1)
     hopper_fwd_pingpong_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
   static_assert(Work::kWholeTiles, "the ping-pong forward zeroes no tile rows");
+  static_assert(kStep == 1 || kStep == 2, "one or two key tiles a step");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
+  constexpr int kStages = 2 * kStep;
+  const Stages<kD, 2, kStages> st = Stages<kD, 2, kStages>::of_block();
   const QueryRows qr = p.work.query_rows(kD);  // the block's 2 × 64 rows
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   st.init_barriers(256);
@@ -249,25 +273,44 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   ptx::mbarrier_wait(at(st.resident_full()), 0);
   typename Work::Cursor cursor = p.work.begin(qr);
-  KeyTile t, t_next{};
-  float sc[32];
-  bool have = p.work.next(cursor, t);
-  if (have && c == 1) ptx::named_barrier_arrive(2, 256);  // consumer 0 takes the first turn
-  for (int j = 0; have; ++j) {
-    const int s = j & 1, use = j >> 1;
-    const bool more = p.work.next(cursor, t_next);
-    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+  // Up to kStep walked tiles into ts; how many.
+  auto fetch = [&](KeyTile(&ts)[kStep]) {
+    int n = 0;
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (n == u && p.work.next(cursor, ts[u])) ++n;
+    return n;
+  };
+  KeyTile t[kStep], t_next[kStep];
+  float sc[kStep][32];
+  int have = fetch(t);
+  if (have > 0 && c == 1) ptx::named_barrier_arrive(2, 256);  // consumer 0 takes the first turn
+  for (int g = 0; have > 0;) {  // g: the walk's index of this step's first tile
+    const int more = fetch(t_next);
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have)
+        ptx::mbarrier_wait(at(st.full((g + u) % kStages)),
+                           static_cast<unsigned>(((g + u) / kStages) & 1));
     ptx::named_barrier_sync(my_turn, 256);
-    issue_ss<kD, kBf16>(sc, st.resident(c), st.ring(0, s));
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have) issue_ss<kD, kBf16>(sc[u], st.resident(c), st.ring(0, (g + u) % kStages));
     ptx::named_barrier_arrive(next_turn, 256);
     ptx::wgmma_wait_group<0>();
-    softmax_step<kD>(sc, reach, t, lane, p.scale_log2, m, l, o);
+    softmax_tiles<kD, kStep>(sc, reach, t, have, lane, p.scale_log2, m, l, o);
     ptx::named_barrier_sync(my_turn, 256);
-    issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
-    if (c == 0 || more) ptx::named_barrier_arrive(next_turn, 256);
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have) issue_rs<kD, kBf16>(o, sc[u], st.ring(1, (g + u) % kStages));
+    if (c == 0 || more > 0) ptx::named_barrier_arrive(next_turn, 256);
     ptx::wgmma_wait_group<0>();
-    ptx::mbarrier_arrive(at(st.empty(s)));
-    t = t_next;
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have) ptx::mbarrier_arrive(at(st.empty((g + u) % kStages)));
+#pragma unroll
+    for (int u = 0; u < kStep; ++u) t[u] = t_next[u];
+    g += have;
     have = more;
   }
   write_rows<kD>(p.accumulate, qr, local0, o, m, l, lane);
@@ -307,24 +350,34 @@ void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, 
   });
 }
 
-// Whether the dense forward runs the ping-pong kernel: only with RINGATTN_HOPPER_PINGPONG=1
-// (read once) until an sm_90 has measured it against the two-blocks-per-SM default
-// (bench/gpu/hopper_ab.py's "hopper-pingpong").
-inline bool pingpong_chosen() {
-  static const bool on = [] {
+// Which ping-pong forward the dense forward runs: 0, none (the default); 1, 64-key steps
+// (RINGATTN_HOPPER_PINGPONG=1); 2, 128-key steps (RINGATTN_HOPPER_PINGPONG=2; at D = 256,
+// whose four stages would not fit shared memory, 64-key steps). Read once; not the default
+// until an sm_90 has measured it against the two-blocks-per-SM default (bench/gpu/
+// hopper_ab.py's "pingpong" columns).
+inline int pingpong_chosen() {
+  static const int step = [] {
     const char* v = std::getenv("RINGATTN_HOPPER_PINGPONG");
-    return v && std::string(v) == "1";
+    const std::string s = v ? v : "";
+    return s == "1" ? 1 : s == "2" ? 2 : 0;
   }();
-  return on;
+  return step;
 }
 
-// The ping-pong forward's (head dim, dtype) switch, over a grid of 128-row blocks.
+// The ping-pong forward's (head dim, dtype, step) switch, over a grid of 128-row blocks.
 template <class Work>
-void launch_pingpong(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
-                     cudaStream_t stream) {
+void launch_pingpong(int head_dim, Elem elem, int step, const char* name, const Args<Work>& a,
+                     dim3 grid, cudaStream_t stream) {
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
-    launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work>, a, grid,
-           static_cast<int>(smem_bytes(kD, 2)), stream, kPingPongThreads);
+    if constexpr (kD <= 128) {
+      if (step == 2) {
+        launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work, 2>, a, grid,
+               static_cast<int>(smem_bytes(kD, 2, 4)), stream, kPingPongThreads);
+        return;
+      }
+    }
+    launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work, 1>, a, grid,
+           static_cast<int>(smem_bytes(kD, 2, 2)), stream, kPingPongThreads);
   });
 }
 

@@ -6,10 +6,10 @@
 // (head dim, dtype) launch switch. The forward (hopper_fwd_kernel.cuh) and the backward
 // (hopper_bwd.cu) are written against these.
 //
-// Shared memory, from a 1024-byte aligned base: the mbarriers (resident, full[2], empty[2])
-// in the first 1024 bytes, then the resident tiles and the ring (stage s: tiles (0, s) and
-// (1, s)), each a 64-row tile stored as D/64 boxes of 64 × 64 elements (8 KiB) with the
-// 128-byte swizzle.
+// Shared memory, from a 1024-byte aligned base: the mbarriers (resident, full[stages],
+// empty[stages]; two stages but in the ping-pong forward's 128-key steps) in the first 1024
+// bytes, then the resident tiles and the ring (stage s: tiles (0, s) and (1, s)), each a 64-row
+// tile stored as D/64 boxes of 64 × 64 elements (8 KiB) with the 128-byte swizzle.
 #pragma once
 
 #include <cmath>
@@ -99,8 +99,9 @@ __device__ __forceinline__ int acc_col(int i, int lane) {
 __host__ __device__ constexpr uint32_t tile_bytes(int head_dim) {
   return static_cast<uint32_t>(head_dim / 64) * kBoxBytes;
 }
-__host__ __device__ constexpr uint32_t smem_bytes(int head_dim, int resident) {
-  return 1024 + static_cast<uint32_t>(resident + 4) * tile_bytes(head_dim) + 1024;  // + slack
+__host__ __device__ constexpr uint32_t smem_bytes(int head_dim, int resident, int stages = 2) {
+  return 1024 + static_cast<uint32_t>(resident + 2 * stages) * tile_bytes(head_dim) +
+         1024;  // + slack
 }
 
 // A wgmma descriptor with the 128-byte swizzle (bits as in the PTX ISA).
@@ -118,9 +119,11 @@ __device__ __forceinline__ uint32_t u32(uint32_t a) { return a; }
 __device__ __forceinline__ uint32_t at(uint32_t a) { return a; }
 #endif
 
-// The block's shared memory: kResident tiles loaded once (under one barrier) and the ring.
-template <int kD, int kResident>
+// The block's shared memory: kResident tiles loaded once (under one barrier) and the ring of
+// kStages stages (two but in the ping-pong forward's 128-key steps).
+template <int kD, int kResident, int kStages = 2>
 struct Stages {
+  static_assert(kStages >= 2 && 8 + 16 * kStages <= 1024, "the barriers fit the first 1 KiB");
   static constexpr uint32_t kTile = tile_bytes(kD);
   uint32_t base;
 
@@ -133,13 +136,13 @@ struct Stages {
     return base + 8 + 8 * static_cast<uint32_t>(s);
   }
   __device__ __forceinline__ uint32_t empty(int s) const {
-    return base + 24 + 8 * static_cast<uint32_t>(s);
+    return base + 8 + 8 * static_cast<uint32_t>(kStages + s);
   }
   __device__ __forceinline__ uint32_t resident(int i) const {
     return base + 1024 + kTile * static_cast<uint32_t>(i);
   }
   __device__ __forceinline__ uint32_t ring(int tensor, int s) const {
-    return base + 1024 + kTile * static_cast<uint32_t>(kResident + 2 * tensor + s);
+    return base + 1024 + kTile * static_cast<uint32_t>(kResident + kStages * tensor + s);
   }
 
   // Thread 0 initialises the barriers; the caller then synchronises the block. Every one of
@@ -147,7 +150,7 @@ struct Stages {
   __device__ __forceinline__ void init_barriers(unsigned consumers = 128) const {
     if (threadIdx.x != 0) return;
     ptx::mbarrier_init(at(resident_full()), 1);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(at(full(s)), 1);
       ptx::mbarrier_init(at(empty(s)), consumers);
     }
@@ -185,8 +188,8 @@ __device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, 
 // for kResident == 2 only, `resident1_rows` rows further on: the ping-pong forward's second
 // half of a 128-row Q tile), then for every tile the work walks, that box of both ring maps
 // into the next ring stage once the consumers have freed it.
-template <int kD, int kResident, class Work>
-__device__ __forceinline__ void produce(const Stages<kD, kResident>& st, const Work& work,
+template <int kD, int kResident, int kStages, class Work>
+__device__ __forceinline__ void produce(const Stages<kD, kResident, kStages>& st, const Work& work,
                                         const QueryRows& rows, const TmaDesc& resident0,
                                         const TmaDesc& resident1, const TmaDesc& ring0,
                                         const TmaDesc& ring1, int resident1_rows = 0) {
@@ -204,7 +207,7 @@ __device__ __forceinline__ void produce(const Stages<kD, kResident>& st, const W
   typename Work::Cursor cursor = work.begin(rows);
   KeyTile t;
   for (int j = 0; work.next(cursor, t); ++j) {
-    const int s = j & 1, use = j >> 1;
+    const int s = j % kStages, use = j / kStages;
     ptx::mbarrier_wait(at(st.empty(s)), static_cast<unsigned>((use + 1) & 1));
     ptx::mbarrier_arrive_expect_tx(at(st.full(s)), 2 * kTile);
     for (int x = 0; x < kHalves; ++x) {
