@@ -161,12 +161,13 @@ run_hopper() {
     "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2"; do
     t=${spec%%:*}
     filter=${spec#*:}
-    env_set=()
-    case "$filter" in *@*) env_set=("${filter##*@}"); filter=${filter%@*} ;; esac
+    # Never empty: "${a[@]}" of an empty array is an error under set -u before bash 4.4.
+    env_set=(RINGATTN_DEVICE_RUN=1)
+    case "$filter" in *@*) env_set+=("${filter##*@}"); filter=${filter%@*} ;; esac
     if [ -n "$hung" ]; then
-      echo "== $t $filter ${env_set[*]}: not run, $hung timed out" | tee -a "$OUT/hopper_tests.log"; continue
+      echo "== $t $filter ${env_set[*]:1}: not run, $hung timed out" | tee -a "$OUT/hopper_tests.log"; continue
     fi
-    echo "== $t $filter ${env_set[*]}" | tee -a "$OUT/hopper_tests.log"
+    echo "== $t $filter ${env_set[*]:1}" | tee -a "$OUT/hopper_tests.log"
     # Never run on real sm_90a before: a hang must cost one binary's timeout, not the lease.
     from=$(( $(wc -l <"$OUT/hopper_tests.log") + 1 ))
     env "${env_set[@]}" timeout -k 5 "${HOPPER_TEST_TIMEOUT_S:-150}" "$CARRY/bin/$t" \
