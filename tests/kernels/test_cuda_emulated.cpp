@@ -153,11 +153,10 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp
   kernels::cuda::hopper_forward(f, nullptr);
   std::vector<std::pair<DeviceBuffer*, std::size_t>> results{{&out, n}, {&lse, nl}};
   if (backward) {
-    kernels::cuda::start_backward(a.elem,
-                                  {out.as<float>(), dout.data(), delta.as<float>(), a.batch,
-                                   a.seq_len, a.heads, a.head_dim},
-                                  a.kv_heads, dq.as<float>(), dk.as<float>(), dv.as<float>(),
-                                  nullptr);
+    kernels::cuda::start_backward(
+        a.elem,
+        {out.as<float>(), dout.data(), delta.as<float>(), a.batch, a.seq_len, a.heads, a.head_dim},
+        a.kv_heads, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
     kernels::cuda::HopperBackwardParams b;
     static_cast<kernels::cuda::HopperAttention&>(b) = a;
     b.q = q.data(), b.k = k.data(), b.v = v.data(), b.dout = dout.data();
@@ -177,19 +176,22 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp
   return bytes;
 }
 
+// A hopper_run case of the two sweeps below.
+struct HopperCase {
+  int d, mode;
+  bool fp16;
+};
+
 // The Hopper forward (producer and consumer warpgroups, mbarrier pipeline, TMA, wgmma): the
 // same bytes under every execution mode, TMA and wgmma results landing at the issue or at
 // the wait; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
   // D = 64 in every mode, D = 256 causal; fp16 at D = 128 causal
-  struct Run {
-    int d, mode;
-    bool fp16;
-  };
-  for (const auto& [d, mode, fp16] : {Run{64, 0, false}, Run{64, 1, false}, Run{64, 2, false},
-                                      Run{64, 3, false}, Run{256, 1, false}, Run{128, 1, true}}) {
-    const auto differs = emu::find_mode_dependence(
-        [&] { return hopper_run(d, mode, false, fp16); }, emu::standard_modes());
+  for (const auto& [d, mode, fp16] :
+       {HopperCase{64, 0, false}, HopperCase{64, 1, false}, HopperCase{64, 2, false},
+        HopperCase{64, 3, false}, HopperCase{256, 1, false}, HopperCase{128, 1, true}}) {
+    const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, false, fp16); },
+                                                   emu::standard_modes());
     EXPECT_FALSE(differs.has_value())
         << "D " << d << " mode " << mode << (fp16 ? " fp16" : "") << ": " << *differs;
   }
@@ -222,15 +224,12 @@ TEST(EmulatedModes, HopperDilatedForwardIsBitwiseIndependentOfWarpOrderAndLandin
 // mode, at D = 128 causal and at D = 256 causal (dV and dK as two launches), and in fp16 at
 // D = 128 with the window; on the sm_86 device it declines, naming the compute capability.
 TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
-  struct Run {
-    int d, mode;
-    bool fp16;
-  };
   for (const auto& [d, mode, fp16] :
-       {Run{64, 0, false}, Run{64, 1, false}, Run{64, 2, false}, Run{64, 3, false},
-        Run{128, 1, false}, Run{256, 1, false}, Run{128, 2, true}}) {
-    const auto differs = emu::find_mode_dependence(
-        [&] { return hopper_run(d, mode, true, fp16); }, emu::standard_modes());
+       {HopperCase{64, 0, false}, HopperCase{64, 1, false}, HopperCase{64, 2, false},
+        HopperCase{64, 3, false}, HopperCase{128, 1, false}, HopperCase{256, 1, false},
+        HopperCase{128, 2, true}}) {
+    const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, true, fp16); },
+                                                   emu::standard_modes());
     EXPECT_FALSE(differs.has_value())
         << "D " << d << " mode " << mode << (fp16 ? " fp16" : "") << ": " << *differs;
     std::printf("  hopper backward D%d mode %d%s: the same bytes under %zu modes\n", d, mode,
@@ -389,8 +388,8 @@ TEST(EmulatedModes, HopperSparseBackwardIsBitwiseIndependentOfWarpOrderAndLandin
       sparse::CudaSparsePlan plan(cfg, shared, {c.dtype, KernelChoice::hopper, 0});
       chosen = plan.kernel_name() + "/" + plan.backward_kernel_name();
       DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0),
-          dout(n * 2, "dout", 0), out(n * 4, "out", 0), lse(nl * 4, "lse", 0),
-          dq(n * 4, "dq", 0), dk(n_kv * 4, "dk", 0), dv(n_kv * 4, "dv", 0);
+          dout(n * 2, "dout", 0), out(n * 4, "out", 0), lse(nl * 4, "lse", 0), dq(n * 4, "dq", 0),
+          dk(n_kv * 4, "dk", 0), dv(n_kv * 4, "dv", 0);
       q.upload(testing::random_normal(n, 84).data(), n, c.dtype);
       k.upload(testing::random_normal(n_kv, 85).data(), n_kv, c.dtype);
       v.upload(testing::random_normal(n_kv, 86).data(), n_kv, c.dtype);

@@ -240,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // Registers: one block per SM (launch bounds 384 × 1), the producer gives back down to 32
 // and the consumers take 232 each (128·32 + 256·232 = 63,488 of 65,536).
 constexpr int kPingPongThreads = 384;
+constexpr unsigned kPingPongConsumers = 256;  // both consumer warpgroups' threads
 
 template <int kD, bool kBf16, class Work, int kStep>
 __global__ void __launch_bounds__(kPingPongThreads, 1)
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   const Stages<kD, 2, kStages> st = Stages<kD, 2, kStages>::of_block();
   const QueryRows qr = p.work.query_rows(kD);  // the block's 2 × 64 rows
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  st.init_barriers(256);
+  st.init_barriers(kPingPongConsumers);
   __syncthreads();
 
   if (warp < 4) {  // the producer warpgroup: one thread issues every load
@@ -284,7 +285,8 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   KeyTile t[kStep], t_next[kStep];
   float sc[kStep][32];
   int have = fetch(t);
-  if (have > 0 && c == 1) ptx::named_barrier_arrive(2, 256);  // consumer 0 takes the first turn
+  if (have > 0 && c == 1)
+    ptx::named_barrier_arrive(2, kPingPongConsumers);  // consumer 0 takes the first turn
   for (int g = 0; have > 0;) {  // g: the walk's index of this step's first tile
     const int more = fetch(t_next);
 #pragma unroll
@@ -292,18 +294,18 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
       if (u < have)
         ptx::mbarrier_wait(at(st.full((g + u) % kStages)),
                            static_cast<unsigned>(((g + u) / kStages) & 1));
-    ptx::named_barrier_sync(my_turn, 256);
+    ptx::named_barrier_sync(my_turn, kPingPongConsumers);
 #pragma unroll
     for (int u = 0; u < kStep; ++u)
       if (u < have) issue_ss<kD, kBf16>(sc[u], st.resident(c), st.ring(0, (g + u) % kStages));
-    ptx::named_barrier_arrive(next_turn, 256);
+    ptx::named_barrier_arrive(next_turn, kPingPongConsumers);
     ptx::wgmma_wait_group<0>();
     softmax_tiles<kD, kStep>(sc, reach, t, have, lane, p.scale_log2, m, l, o);
-    ptx::named_barrier_sync(my_turn, 256);
+    ptx::named_barrier_sync(my_turn, kPingPongConsumers);
 #pragma unroll
     for (int u = 0; u < kStep; ++u)
       if (u < have) issue_rs<kD, kBf16>(o, sc[u], st.ring(1, (g + u) % kStages));
-    if (c == 0 || more > 0) ptx::named_barrier_arrive(next_turn, 256);
+    if (c == 0 || more > 0) ptx::named_barrier_arrive(next_turn, kPingPongConsumers);
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int u = 0; u < kStep; ++u)
