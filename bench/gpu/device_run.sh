@@ -15,6 +15,11 @@
 #                                         # against native and cuDNN, and the forward's
 #                                         # variants: overlap, one block per SM, ping-pong
 #                                         # (hopper_ab.py)
+#   bash bench/gpu/device_run.sh builds  # gpu_bench builds against each other (builds_ab.py):
+#                                         # the carried gpu_bench first, then every
+#                                         # variants/gpu_bench_* in .gpu-carry/variants.tar.xz
+#                                         # (BUILDS_ARGS adds
+#                                         # builds_ab.py options, e.g. "--pass fwd --rows d128")
 #   bash bench/gpu/device_run.sh all     # check, ring, bench (may not fit one 10-minute call)
 #   bash bench/gpu/device_run.sh tests python sanitize   # several stages, in that order
 #
@@ -69,6 +74,7 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
   echo "== carried build"; cat "$CARRY/build_info.txt"
   echo "== nvidia-smi"; nvidia-smi
   echo "== compute-sanitizer"; compute-sanitizer --version 2>&1 | head -2
+  echo "== profilers"; command -v nsys ncu 2>&1; ls /usr/local/cuda/bin 2>&1 | tr '\n' ' '; echo
   echo "== LD_LIBRARY_PATH"; echo "$LD_LIBRARY_PATH" | tr ':' '\n'
   echo "== libraries the binaries resolve"; ldd "$CARRY"/bin/* | grep -E "nccl|cudnn|openblas|cudart" | sort -u
   echo "== cudnn / nccl found"; ls $(echo "$WHEEL_LIBS" | tr ':' ' ') 2>/dev/null | grep -E "libcudnn.so|libnccl.so" 
@@ -198,6 +204,29 @@ run_flex() {
     --out "$OUT" --seq-len "${FLEX_SEQ_LEN:-32768}" --budget-s "${FLEX_BUDGET_S:-180}" || status=1
 }
 
+# A regression's bisection: the same rows through several gpu_bench builds, interleaved.
+run_builds() {
+  local args=(--build "carried=$CARRY/bin/gpu_bench")
+  # Packed as .gpu-carry/variants.tar.xz (the carry's 64 MiB), unpacked beside the build.
+  [ -f "$ROOT/.gpu-carry/variants.tar.xz" ] && tar -xJf "$ROOT/.gpu-carry/variants.tar.xz" -C "$CARRY"
+  for b in "$CARRY"/variants/gpu_bench_*; do
+    [ -x "$b" ] && args+=(--build "${b##*/gpu_bench_}=$b")
+  done
+  # shellcheck disable=SC2086  # BUILDS_ARGS is a list of options
+  python3 bench/gpu/builds_ab.py --out "$OUT" "${args[@]}" ${BUILDS_ARGS:-} || status=1
+  # Where the carried build's backward time goes, kernel by kernel, where the image has nsys.
+  local nsys
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$nsys" ]; then
+    timeout -k 5 120 "$nsys" profile -t cuda -o /tmp/ringattn-nsys -f true --stats=true \
+      "$CARRY/bin/gpu_bench" --seq-len 16384 --batch 1 --heads 16 --head-dim 128 --attention dense \
+      --kernel hopper --pass bwd --warmup 2 --iters 10 >"$OUT/builds_nsys.txt" 2>&1
+    grep -A25 "cuda_gpu_kern_sum" "$OUT/builds_nsys.txt" | cut -c1-220
+  else
+    echo "device_run: no nsys in the image: no per-kernel split"
+  fi
+}
+
 run_ring() {
   python3 bench/gpu/ring_bench.py --cli "$CARRY/bin/ringattn" --out "$OUT" \
     --budget-s "${RING_BUDGET_S:-240}" || status=1
@@ -243,9 +272,10 @@ for stage in "${@:-all}"; do
     hopper) run_hopper ;;
     ring) run_ring ;;
     flex) run_flex ;;
+    builds) run_builds ;;
     ring+bench) run_ring; run_bench ;;
     all) run_check; run_sanitize; run_ring; run_bench ;;
-    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | flex | ring+bench | hopper | all)"; exit 2 ;;
+    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | flex | builds | ring+bench | hopper | all)"; exit 2 ;;
   esac
   echo "device_run: stage $stage took $(( $(date +%s) - begin )) s (status so far $status)"
 done
