@@ -114,23 +114,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
-    // This lane's 16 query columns (8c + 2(lane % 4) + u) share one lse per column. At D <=
-    // 128 they are loaded before Sᵀ's product, so that the loads' latency runs under its
-    // wgmma; at D = 256 at their use, after it (loaded ahead, the dK launch's ptxas spills
-    // 4-68 bytes). delta stays loaded at its use: ahead of dPᵀ's product it spilled 48-64
-    // bytes at D = 128.
-    auto lse_of = [&](int col) {
-      return seen(cols[0], col) || seen(cols[1], col)
-                 ? lse_log2(p.lse, stats.at + col * stats.stride)
-                 : INFINITY;
-    };
-    float lse2[16];
-    if constexpr (kD <= 128) {
-#pragma unroll
-      for (int x = 0; x < 16; ++x) lse2[x] = lse_of(8 * (x / 2) + 2 * (lane % 4) + x % 2);
-    }
     // Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) per query column; 0 where the query does not see
-    // the key. Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u.
+    // the key. Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. lse is loaded at
+    // its use: loaded ahead of Sᵀ's product (so that the loads would run under the wgmma), the
+    // 16 guarded loads became branches, and the whole backward ran 0.77x as fast on an H200
+    // (bench/results/gpu-h200-20261126-a9aff03).
     float pt[32];
     product_ss<kD, kBf16>(pt, st.resident(0), st.ring(0, s));
 #pragma unroll
@@ -138,11 +126,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int col = 8 * c + 2 * (lane % 4) + u;
-        const float l2 = kD <= 128 ? lse2[2 * c + u] : lse_of(col);
+        const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
+        const float lse2 =
+            seen0 || seen1 ? lse_log2(p.lse, stats.at + col * stats.stride) : INFINITY;
         float& p0 = pt[4 * c + u];
         float& p1 = pt[4 * c + 2 + u];
-        p0 = seen(cols[0], col) ? exp2f(p0 * p.scale_log2 - l2) : 0.0f;
-        p1 = seen(cols[1], col) ? exp2f(p1 * p.scale_log2 - l2) : 0.0f;
+        p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
+        p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
       }
     // dV += Pᵀ·dO, then dPᵀ = V·dOᵀ, each waited for: under one wait, the packed Pᵀ would
     // be live beside dPᵀ's accumulator, and ptxas spills 72-80 bytes at D = 128.
