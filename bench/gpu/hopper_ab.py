@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The Hopper kernels' first look on a lent sm_90 (device_run.sh stage `hopper`): each row
 through gpu_bench (CudaPlan, bf16, B=1, H·D=2048) with --kernel native, cudnn and hopper,
-the last five times: the default, with the forward's intra-warpgroup overlap
+the last six times: the default, the plain kernel at every head dim
+(RINGATTN_HOPPER_PINGPONG=0; the default runs the ping-pong kernel at D = 256), with the
+forward's intra-warpgroup overlap
 (RINGATTN_HOPPER_OVERLAP=1), with one block per SM (RINGATTN_HOPPER_BLOCKS_PER_SM=1) and with
 the dense forward's ping-pong kernel in 64- and 128-key steps (RINGATTN_HOPPER_PINGPONG=1, 2),
 run in turn and repeated so drift shows as the spread between repeats.
@@ -17,13 +19,15 @@ import os
 import subprocess
 import time
 
-# hopper: the default (two blocks per SM where they fit, D <= 128; the plain loop);
+# hopper: the default (two blocks per SM where they fit, D <= 128; the plain loop; at D = 256
+# the ping-pong kernel); "plain": RINGATTN_HOPPER_PINGPONG=0, the plain kernel at every D;
 # "overlap": RINGATTN_HOPPER_OVERLAP=1; "1blk": one block per SM
 # (RINGATTN_HOPPER_BLOCKS_PER_SM=1, shared memory padded past half the SM's); "pingpong":
 # RINGATTN_HOPPER_PINGPONG=1, the dense forward as one block of two consumer warpgroups per
 # 128 rows taking turns at the tensor cores, 64 keys a softmax step; "pingpong128": =2, 128
-# keys a step (64 at D = 256). The backward and dilated rows run as "hopper" under both.
+# keys a step (64 at D = 256). The backward and dilated rows run as "hopper" under all of them.
 VARIANTS = [("native", {}), ("cudnn", {}), ("hopper", {}),
+            ("hopper-plain", {"RINGATTN_HOPPER_PINGPONG": "0"}),
             ("hopper-overlap", {"RINGATTN_HOPPER_OVERLAP": "1"}),
             ("hopper-1blk", {"RINGATTN_HOPPER_BLOCKS_PER_SM": "1"}),
             ("hopper-pingpong", {"RINGATTN_HOPPER_PINGPONG": "1"}),

@@ -1,6 +1,6 @@
 // The Hopper dense forward (see hopper_fwd.hpp): hopper_fwd_kernel.cuh's body over
-// hopper_dense_work.cuh's DenseWork, a block per (64-row query tile, head, batch), or with
-// RINGATTN_HOPPER_PINGPONG=1 its ping-pong kernel, a block per 128 rows.
+// hopper_dense_work.cuh's DenseWork, a block per (64-row query tile, head, batch), or (at
+// D = 256, or as RINGATTN_HOPPER_PINGPONG says) its ping-pong kernel, a block per 128 rows.
 #include <string>
 
 #include "kernels/cuda/hopper_dense_work.cuh"
@@ -26,7 +26,8 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t stream) {
       p.scale * hopper::kLog2ef,
       false,
       hopper::dense_work(p, p.out, p.lse, false)};
-  if (const int step = hopper::pingpong_chosen(); step > 0) {  // 128-row blocks, 2 consumers
+  // The ping-pong kernel: 128-row blocks, two consumer warpgroups.
+  if (const int step = hopper::pingpong_chosen(p.head_dim); step > 0) {
     a.work.block_rows = 2 * hopper::kRows;
     hopper::launch_pingpong(p.head_dim, p.elem, step, "hopper_fwd_pingpong_kernel", a,
                             hopper::dense_grid(p, p.heads, a.work.block_rows), stream);

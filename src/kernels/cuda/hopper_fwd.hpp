@@ -9,10 +9,11 @@
 // The kernel's body (hopper_fwd_kernel.cuh) is shared with the block-sparse variant
 // (hopper_sparse_fwd.hpp). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
 // on a real GPU only where the build holds sm_90a code and the device is compute capability
-// 9.0. Exact on an H100 (bench/results/gpu-h100-20261126-353d64e); opt-in (`--kernel hopper`)
-// while cuDNN is faster where it runs. RINGATTN_HOPPER_PINGPONG=1 runs the dense forward as
-// the ping-pong kernel instead: two consumer warpgroups over 128 rows taking turns at the
-// tensor cores (not yet measured on a GPU, so not the default).
+// 9.0. Exact on an H100 and an H200 (bench/results/gpu-h100-20261126-353d64e,
+// gpu-h200-20261126-a9aff03); opt-in (`--kernel hopper`) while cuDNN is faster where it runs.
+// At D = 256 the dense forward runs as the ping-pong kernel: two consumer warpgroups over 128
+// rows taking turns at the tensor cores (1.33x the plain kernel there on an H200, slower at
+// D <= 128; RINGATTN_HOPPER_PINGPONG=0/1/2 overrides it, see hopper_fwd_kernel.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,7 +27,7 @@ namespace ringattn::kernels::cuda {
 
 // What every plan's note says of the Hopper family once it runs.
 inline constexpr const char* kHopperStatus =
-    "opt-in: exact on an H100 and the emulated GPU, slower than cuDNN where cuDNN runs "
+    "opt-in: exact on an H100, an H200 and the emulated GPU, slower than cuDNN where cuDNN runs "
     "(docs/GPU_PERFORMANCE.md)";
 
 // What the dense Hopper kernels attend over (the forward's and the backward's alike).

@@ -352,18 +352,21 @@ void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, 
   });
 }
 
-// Which ping-pong forward the dense forward runs: 0, none (the default); 1, 64-key steps
-// (RINGATTN_HOPPER_PINGPONG=1); 2, 128-key steps (RINGATTN_HOPPER_PINGPONG=2; at D = 256,
-// whose four stages would not fit shared memory, 64-key steps). Read once; not the default
-// until an sm_90 has measured it against the two-blocks-per-SM default (bench/gpu/
-// hopper_ab.py's "pingpong" columns).
-inline int pingpong_chosen() {
-  static const int step = [] {
+// Which ping-pong forward the dense forward runs at head dim `head_dim`: 0, none; 1, 64-key
+// steps; 2, 128-key steps (at D = 256, whose four stages would not fit shared memory, 64-key
+// steps). By default 1 at D = 256 and 0 below: on an H200 the ping-pong kernel ran D = 256 at
+// 1.33x the plain kernel (666 against 502 TFLOP/s, 0.94x cuDNN) but D = 128 at 0.92x (64-key
+// steps) and 0.99x (128-key steps), D = 64 at 0.89x / 0.95x (bench/results/
+// gpu-h200-20261126-a9aff03). RINGATTN_HOPPER_PINGPONG=0, 1 or 2 sets it at every head dim.
+// The variable is read once.
+inline int pingpong_chosen(int head_dim) {
+  static const int forced = [] {
     const char* v = std::getenv("RINGATTN_HOPPER_PINGPONG");
     const std::string s = v ? v : "";
-    return s == "1" ? 1 : s == "2" ? 2 : 0;
+    return s == "0" ? 0 : s == "1" ? 1 : s == "2" ? 2 : -1;
   }();
-  return step;
+  if (forced >= 0) return forced;
+  return head_dim == 256 ? 1 : 0;
 }
 
 // The ping-pong forward's (head dim, dtype, step) switch, over a grid of 128-row blocks.
