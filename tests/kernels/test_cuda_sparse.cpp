@@ -464,6 +464,20 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
   EXPECT_EQ(sm86.backward_kernel_name(), "native");
   EXPECT_TRUE(has_note(sm86.notes(), "compute capability 8.6"))
       << ::testing::PrintToString(sm86.notes());
+  // --kernel auto: the sm_90a kernels where they run (the emulated sm_90), else native, each
+  // with the note saying which and why.
+  CudaSparsePlan auto90(config_of(c64), lists_of(c64), {T::bf16, KernelChoice::automatic, 0});
+  EXPECT_EQ(auto90.kernel_name(), "hopper");
+  EXPECT_EQ(auto90.backward_kernel_name(), "hopper");
+  EXPECT_TRUE(has_note(auto90.notes(), "--kernel auto: the sm_90a block-sparse forward and "
+                                       "backward"))
+      << ::testing::PrintToString(auto90.notes());
+  CudaSparsePlan auto86(config_of(c64), lists_of(c64), {T::bf16, KernelChoice::automatic, 1});
+  EXPECT_EQ(auto86.kernel_name(), "native");
+  EXPECT_TRUE(has_note(auto86.notes(), "--kernel auto: the native block-sparse kernels"))
+      << ::testing::PrintToString(auto86.notes());
+  CudaSparsePlan auto_fp32(config_of(c64), lists_of(c64), {T::fp32, KernelChoice::automatic, 0});
+  EXPECT_EQ(auto_fp32.kernel_name(), "native");
 #endif
 }
 
