@@ -20,24 +20,27 @@
 #                                         # variants/gpu_bench_* in .gpu-carry/variants.tar.xz
 #                                         # (BUILDS_ARGS adds
 #                                         # builds_ab.py options, e.g. "--pass fwd --rows d128")
+#   bash bench/gpu/device_run.sh profile # Nsight Compute (ncu, in the image) over the Hopper
+#                                         # dense forward and backward kernels at D = 128:
+#                                         # speed of light, warp stalls, the tensor pipe
 #   bash bench/gpu/device_run.sh all     # check, ring, bench (may not fit one 10-minute call)
 #   bash bench/gpu/device_run.sh tests python sanitize   # several stages, in that order
 #
 # One call for a 15-minute lease (about 7 minutes of device time; leaves room to rerun):
 #   REPEAT=2 QUICK=1 BUDGET_S=150 SKIP_MAX_N=1 bash bench/gpu/device_run.sh tests python bench
 #
-# Issue 31 on an sm_90 (first run 2026-11-26: bench/results/gpu-h100-20261126-353d64e), in
-# one call of about 8 minutes: the Hopper tests and A/B, Flex, the ring's and distributed
-# block-sparse's hopper rows (the ring backward, the received slabs, the tail-row zeroing,
-# D = 256's backward, the dQ pass's single wait, the dK/dV pass's early lse loads and the
-# dense forward's ping-pong kernel have run only on the emulated GPU so far):
-#   QUICK=1 HOPPER_BUDGET_S=150 FLEX_BUDGET_S=80 RING_BUDGET_S=180 \
-#     bash bench/gpu/device_run.sh hopper flex ring
+# Issue 31 on an sm_90 (runs so far: bench/results/gpu-h100-20261126-353d64e,
+# gpu-h200-20261126-a9aff03), in one call of about 5 minutes: where the Hopper forward's and
+# backward's time goes (Nsight Compute), the Hopper tests and A/B, and block-sparse against
+# Flex (its backward not re-measured since the backward's regression was undone):
+#   QUICK=1 HOPPER_BUDGET_S=120 FLEX_BUDGET_S=70 FLEX_TIMEOUT_S=110 \
+#     bash bench/gpu/device_run.sh profile hopper flex
 #
 # Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset): device.txt,
 # tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt, ring_bench_rows.jsonl,
 # ring_bench_table.txt, ceilings.json, hopper_tests.log, hopper_ab_rows.jsonl,
-# hopper_ab_table.txt, flex_sparse_rows.jsonl, flex_sparse_table.txt (each stage writes its own).
+# hopper_ab_table.txt, flex_sparse_rows.jsonl, flex_sparse_table.txt, builds_ab_rows.jsonl,
+# builds_ab_table.txt, profile.txt (each stage writes its own).
 # Exit status: 0 when every stage run passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -227,6 +230,34 @@ run_builds() {
   fi
 }
 
+# Where the Hopper kernels' time goes: ncu's sections for one launch of each kernel of the
+# dense forward (D = 128, plain and ping-pong) and backward (the dQ and dK/dV passes).
+# Containers may refuse the counters (ERR_NVGPUCTRPERM): then the log says so.
+run_profile() {
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -z "$ncu" ]; then
+    echo "device_run: no ncu in the image: no profile"; status=1; return
+  fi
+  : >"$OUT/profile.txt"
+  local bench_args=(--seq-len 16384 --batch 1 --heads 16 --head-dim 128 --attention dense
+    --kernel hopper --warmup 0 --iters 1)
+  for spec in "fwd:hopper_fwd_kernel:0" "fwd:hopper_fwd_pingpong_kernel:2" \
+    "bwd:hopper_bwd_dq_kernel:0" "bwd:hopper_bwd_dkdv_kernel:0"; do
+    IFS=: read -r pass kernel pingpong <<<"$spec"
+    echo "== ncu $kernel (--pass $pass, RINGATTN_HOPPER_PINGPONG=$pingpong)" | tee -a "$OUT/profile.txt"
+    RINGATTN_HOPPER_PINGPONG=$pingpong timeout -k 5 "${PROFILE_TIMEOUT_S:-90}" "$ncu" \
+      --kernel-name-base mangled --kernel-name "regex:${kernel}" --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section LaunchStats \
+      "$CARRY/bin/gpu_bench" "${bench_args[@]}" --pass "$pass" >>"$OUT/profile.txt" 2>&1
+    local rc=$?
+    [ $rc -eq 0 ] || { echo "ncu exited with status $rc" | tee -a "$OUT/profile.txt"; status=1; }
+  done
+  grep -E "^== ncu|ERR_|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|==WARNING==|==ERROR==" \
+    "$OUT/profile.txt" | head -60
+}
+
 run_ring() {
   python3 bench/gpu/ring_bench.py --cli "$CARRY/bin/ringattn" --out "$OUT" \
     --budget-s "${RING_BUDGET_S:-240}" || status=1
@@ -273,9 +304,10 @@ for stage in "${@:-all}"; do
     ring) run_ring ;;
     flex) run_flex ;;
     builds) run_builds ;;
+    profile) run_profile ;;
     ring+bench) run_ring; run_bench ;;
     all) run_check; run_sanitize; run_ring; run_bench ;;
-    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | flex | builds | ring+bench | hopper | all)"; exit 2 ;;
+    *) echo "device_run: unknown stage '$stage' (tests | sanitize | check | python | bench | ring | flex | builds | profile | ring+bench | hopper | all)"; exit 2 ;;
   esac
   echo "device_run: stage $stage took $(( $(date +%s) - begin )) s (status so far $status)"
 done
