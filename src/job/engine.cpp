@@ -67,9 +67,9 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
   else if (t == ring::DeviceTransport::nccl)
     m.device_comm = ring::make_nccl_communicator(comm, {spec.timeout_s});
   // cuDNN runs where a rank's attention is a single-GPU plan: one rank, or Ulysses with one
-  // group (each rank's head slice whole, between the all-to-alls). The ring's steps run the
-  // native kernels, or with --kernel hopper the sm_90a ones; block-sparse's local and
-  // received blocks the sm_90a ones with --kernel hopper, and with auto where they run.
+  // group (each rank's head slice whole, between the all-to-alls). The ring's steps and
+  // block-sparse's local and received blocks run the sm_90a kernels with --kernel hopper, and
+  // with auto where they run; else the native ones.
   if (m.device_comm && spec.kernel == KernelChoice::cudnn && !single_plan_per_rank(m))
     throw InputError("--kernel", std::string("'") + to_string(spec.kernel) +
                                      "' runs on one rank, or with --ulysses equal "
@@ -79,14 +79,13 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
                                      "auto)");
 }
 
-// The kernel choice reaches every device plan but cuDNN's, which runs on single-GPU plans
-// only: auto on a ring is native; on distributed block-sparse it stays auto, which the
-// block-sparse plan resolves (the sm_90a kernels where they run, else native).
+// The kernel choice reaches every device plan; cuDNN runs on single-GPU plans only (refused
+// above elsewhere). auto on the ring or distributed block-sparse is resolved by its plan:
+// the sm_90a kernels where they run, else native.
 CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
   const bool single = !m.device_comm || single_plan_per_rank(m);
-  const bool passed = single || spec.kernel == KernelChoice::hopper ||
-                      (m.job.lists && spec.kernel == KernelChoice::automatic);
-  const KernelChoice k = passed ? spec.kernel : KernelChoice::native;
+  const KernelChoice k =
+      single || spec.kernel != KernelChoice::cudnn ? spec.kernel : KernelChoice::native;
   return {spec.dtype.value_or(DeviceDType::bf16), k, m.device_index, spec.deterministic};
 }
 

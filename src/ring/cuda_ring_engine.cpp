@@ -464,20 +464,33 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.buf.returned[i] = kc::DeviceAllocation(kv_send * sizeof(float), "a ring dK/dV return buffer",
                                              opts.device, m.stream);
   }
-  if (opts.kernel == KernelChoice::hopper) {
+  // --kernel hopper, and auto: cuDNN does not run a ring's steps, and where the sm_90a task
+  // kernels run they are the faster ones (on an H200, N = 64K causal: forward 2.0x, backward
+  // 1.2-1.3x the native kernels; bench/results/gpu-h200-20261126-a9aff03).
+  if (opts.kernel == KernelChoice::hopper || opts.kernel == KernelChoice::automatic) {
+    const bool automatic = opts.kernel == KernelChoice::automatic;
     const std::string why = m.prepare_hopper();
     m.use_hopper = why.empty();
     const std::string why_backward = m.use_hopper ? m.prepare_hopper_backward(all.k_items) : why;
     m.use_hopper_backward = m.use_hopper && why_backward.empty();
-    const std::string status = kernels::cuda::kHopperStatus;
+    const std::string status =
+        automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
+    const std::string flag = automatic ? "--kernel auto: " : "--kernel hopper: ";
     m.notes.push_back(
-        !m.use_hopper ? "--kernel hopper: " + why + "; using the native kernels"
+        !m.use_hopper
+            ? (automatic ? "--kernel auto: the native kernels (cuDNN does not run a ring's "
+                           "steps; the sm_90a ones cannot run: " +
+                               why + ")"
+                         : "--kernel hopper: " + why + "; using the native kernels")
         : m.use_hopper_backward
-            ? "--kernel hopper: every ring step's forward and backward on the sm_90a kernels "
-              "(TMA + wgmma; the rank's K/V, then each received block); " + status
-            : "--kernel hopper: every ring step's forward on the sm_90a kernel (TMA + wgmma; the "
-              "rank's K/V, then each received block), the native backward (the Hopper one "
-              "cannot run: " + why_backward + "); " + status);
+            ? flag +
+                  "every ring step's forward and backward on the sm_90a kernels (TMA + wgmma; "
+                  "the rank's K/V, then each received block); " +
+                  status
+            : flag +
+                  "every ring step's forward on the sm_90a kernel (TMA + wgmma; the rank's K/V, "
+                  "then each received block), the native backward (the Hopper one cannot run: " +
+                  why_backward + "); " + status);
   }
   m.ex =
       std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s, m.skip_ordering);

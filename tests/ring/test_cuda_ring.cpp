@@ -138,7 +138,9 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const Full got = run_gpu_ring(cfg, in, p, t, ring_opts, shared, kernel);
 #if RINGATTN_CUDA_EMULATION
   const int64_t d = cfg.shape.head_dim;
-  if (kernel == KernelChoice::hopper && (d == 64 || d == 128 || d == 256)) {
+  const bool hopper_asked = kernel == KernelChoice::hopper ||
+                            (kernel == KernelChoice::automatic && t != DeviceDType::fp32);
+  if (hopper_asked && (d == 64 || d == 128 || d == 256)) {
     EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
     EXPECT_EQ(got.kernel_backward, "hopper") << what << " P=" << p;
   }
@@ -458,6 +460,42 @@ std::vector<RingCase> hopper_ring_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Hopper, CudaRingHopper, ::testing::ValuesIn(hopper_ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
+
+// --kernel auto on the ring: the sm_90a kernels where they run (bf16 on the emulated sm_90s,
+// checked against float64 and the CPU engine), the native ones in fp32, each with a note.
+TEST(CudaRing, AutoRunsTheSm90aKernelsWhereTheyRunElseTheNativeOnes) {
+  if (const std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  AttentionConfig cfg;
+  for (const auto& c : testing::random_ring_cases())
+    if (std::string(c.name) == "dense_D64") cfg = testing::config_of(c, true);
+  ASSERT_EQ(cfg.shape.head_dim, 64);
+  const RingInputs in = testing::random_inputs(cfg);
+  expect_matches_reference("auto bf16", cfg, in, 2, DeviceDType::bf16, {},
+                           KernelChoice::automatic);
+  for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp32}) {
+    std::vector<std::string> notes;
+    std::string kernel;
+    const int rc = ring::run_virtual_ranks(1, [&](ring::Communicator& control) {
+      auto comm = ring::make_device_inproc_communicator(control, 0);
+      ring::CudaRingPlan plan(cfg, *comm, {t, KernelChoice::automatic, 0}, {});
+      notes = plan.notes();
+      kernel = plan.kernel_name();
+      return 0;
+    });
+    ASSERT_EQ(rc, 0);
+    const std::string all = ::testing::PrintToString(notes);
+    if (kernel == "hopper") {
+      EXPECT_NE(all.find("--kernel auto: every ring step's forward and backward on the sm_90a"),
+                std::string::npos)
+          << all;
+    } else {
+      EXPECT_NE(all.find("--kernel auto: the native kernels"), std::string::npos) << all;
+    }
+#if RINGATTN_CUDA_EMULATION
+    EXPECT_EQ(kernel, t == DeviceDType::fp32 ? "native" : "hopper") << all;
+#endif
+  }
+}
 
 // docs/COMMUNICATION.md's per-rank bound: per-step partials (the path a library kernel that
 // cannot merge in place takes) cost one more shard's output and lse in fp32, B·n·H·(D + 1)·4
