@@ -10,7 +10,8 @@
 // (hopper_sparse_fwd.hpp). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
 // on a real GPU only where the build holds sm_90a code and the device is compute capability
 // 9.0. Exact on an H100 and an H200 (bench/results/gpu-h100-20261126-353d64e,
-// gpu-h200-20261126-a9aff03); opt-in (`--kernel hopper`) while cuDNN is faster where it runs.
+// gpu-h200-20261126-a9aff03). Chosen by `--kernel hopper`, and by `auto` where cuDNN does not
+// run (the ring's steps, block-sparse); cuDNN is faster where it runs.
 // At D = 256 the dense forward runs as the ping-pong kernel: two consumer warpgroups over 128
 // rows taking turns at the tensor cores (1.33x the plain kernel there on an H200, slower at
 // D <= 128; RINGATTN_HOPPER_PINGPONG=0/1/2 overrides it, see hopper_fwd_kernel.cuh).
