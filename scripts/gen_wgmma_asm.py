@@ -50,6 +50,7 @@ def main():
     parts = [HEADER]
     for elem in ("bf16", "f16"):
         parts.append(gen("ss", 64, elem, False))
+        parts.append(gen("rs", 64, elem, False))  # S = Q·Kᵀ with Q in registers
         for n in (64, 128, 256):
             parts.append(gen("rs", n, elem, True))
     parts.append("}  // namespace ringattn::kernels::cuda::ptx\n")

@@ -163,11 +163,12 @@ run_bench() {
 run_hopper() {
   : >"$OUT/hopper_tests.log"
   local hung=""
-  # binary:filter[@VAR=value]: the last two run the dense forward's ping-pong kernel (64- and
-  # 128-key steps).
+  # binary:filter[@VAR=value]: "$pp=1" and "$pp=2" run the dense forward's ping-pong kernel
+  # (64- and 128-key steps), "$qr" the forwards with Q in registers.
   pp="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG"
+  local qr="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.Sparse*:CudaHopper.PlanRunsDilated*@RINGATTN_HOPPER_QREGS=1"
   for spec in "test_cuda_kernels:CudaHopper.*" "test_cuda_sparse:*Hopper*" \
-    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2"; do
+    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" "$qr"; do
     t=${spec%%:*}
     filter=${spec#*:}
     # Never empty: "${a[@]}" of an empty array is an error under set -u before bash 4.4.

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The Hopper kernels' first look on a lent sm_90 (device_run.sh stage `hopper`): each row
 through gpu_bench (CudaPlan, bf16, B=1, H·D=2048) with --kernel native, cudnn and hopper,
-the last six times: the default, the plain kernel at every head dim
+the last seven times: the default, the plain kernel at every head dim
 (RINGATTN_HOPPER_PINGPONG=0; the default runs the ping-pong kernel at D = 256), with the
-forward's intra-warpgroup overlap
-(RINGATTN_HOPPER_OVERLAP=1), with one block per SM (RINGATTN_HOPPER_BLOCKS_PER_SM=1) and with
-the dense forward's ping-pong kernel in 64- and 128-key steps (RINGATTN_HOPPER_PINGPONG=1, 2),
-run in turn and repeated so drift shows as the spread between repeats.
+forward's intra-warpgroup overlap (RINGATTN_HOPPER_OVERLAP=1), with one block per SM
+(RINGATTN_HOPPER_BLOCKS_PER_SM=1), with the dense forward's ping-pong kernel in 64- and
+128-key steps (RINGATTN_HOPPER_PINGPONG=1, 2) and with Q in registers for S = Q·Kᵀ
+(RINGATTN_HOPPER_QREGS=1), run in turn and repeated so drift shows as the spread between
+repeats.
 Rows: dense full and causal at D = 64/128/256, N = 16K (and 64K at D = 128), and dilated
 (segments 2048,4096,8192, dilations 1,2,4) at D = 128. Issue 31's goals read off this table:
 dense forward >= 550 TFLOP/s at D = 128 (>= 0.85x cuDNN), backward >= 400; dilated >= 1.0x
@@ -25,13 +26,15 @@ import time
 # (RINGATTN_HOPPER_BLOCKS_PER_SM=1, shared memory padded past half the SM's); "pingpong":
 # RINGATTN_HOPPER_PINGPONG=1, the dense forward as one block of two consumer warpgroups per
 # 128 rows taking turns at the tensor cores, 64 keys a softmax step; "pingpong128": =2, 128
-# keys a step (64 at D = 256). The backward and dilated rows run as "hopper" under all of them.
+# keys a step (64 at D = 256); "qregs": RINGATTN_HOPPER_QREGS=1, the plain forward with Q in
+# registers for S = Q·Kᵀ (D <= 128). The backward rows run as "hopper" under all of them.
 VARIANTS = [("native", {}), ("cudnn", {}), ("hopper", {}),
             ("hopper-plain", {"RINGATTN_HOPPER_PINGPONG": "0"}),
             ("hopper-overlap", {"RINGATTN_HOPPER_OVERLAP": "1"}),
             ("hopper-1blk", {"RINGATTN_HOPPER_BLOCKS_PER_SM": "1"}),
             ("hopper-pingpong", {"RINGATTN_HOPPER_PINGPONG": "1"}),
-            ("hopper-pingpong128", {"RINGATTN_HOPPER_PINGPONG": "2"})]
+            ("hopper-pingpong128", {"RINGATTN_HOPPER_PINGPONG": "2"}),
+            ("hopper-qregs", {"RINGATTN_HOPPER_QREGS": "1"})]
 # Measured on an H100 and slower than the default (bench/results/gpu-h100-20261126-353d64e):
 # left out under --quick, so a short lease spends its time on what has not run.
 MEASURED_SLOWER = {"hopper-overlap", "hopper-1blk"}

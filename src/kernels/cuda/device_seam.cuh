@@ -102,6 +102,12 @@ inline void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t des
   emu::wgmma_m64k16_rs(kBf16 ? emu::MmaInput::bf16 : emu::MmaInput::f16, kN, d, a, desc_b,
                        scale_d != 0, true);
 }
+// Register A, B read K-major (not transposed): S = Q·Kᵀ with Q in registers.
+template <int kN, bool kBf16>
+inline void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  emu::wgmma_m64k16_rs(kBf16 ? emu::MmaInput::bf16 : emu::MmaInput::f16, kN, d, a, desc_b,
+                       scale_d != 0, false);
+}
 template <bool kIncrease, unsigned kCount>
 inline void setmaxnreg() {
   emu::setmaxnreg(kIncrease, kCount);
@@ -268,6 +274,15 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, ui
     wgmma_ss_m64n64k16_bf16(d, desc_a, desc_b, scale_d);
   else
     wgmma_ss_m64n64k16_f16(d, desc_a, desc_b, scale_d);
+}
+template <int kN, bool kBf16>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                         uint64_t desc_b, int scale_d) {
+  static_assert(kN == 64, "S = Q K^T tiles are 64 keys wide");
+  if constexpr (kBf16)
+    wgmma_rs_m64n64k16_bf16(d, a, desc_b, scale_d);
+  else
+    wgmma_rs_m64n64k16_f16(d, a, desc_b, scale_d);
 }
 template <int kN, bool kBf16>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4],

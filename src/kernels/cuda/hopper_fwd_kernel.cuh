@@ -146,10 +146,13 @@ __device__ __forceinline__ void write_rows(bool accumulate, const QueryRows& qr,
 
 // kOverlap: the next tile's S = Q·Kᵀ is issued before this tile's softmax and runs under it
 // (FlashAttention-3's intra-warpgroup overlap), at the cost of a second 64 × 64 score tile in
-// registers; without it each product is waited for before the softmax.
-template <int kD, bool kBf16, class Work, bool kOverlap>
+// registers; without it each product is waited for before the softmax. kQRegs (D <= 128): the
+// Q tile is read once into registers as wgmma's register A, so S = Q·Kᵀ reads only K from
+// shared memory (issue_rs_k), for D/4 more registers a thread.
+template <int kD, bool kBf16, class Work, bool kOverlap, bool kQRegs = false>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_fwd_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
+  static_assert(!kQRegs || kD <= 128, "Q in registers takes D/4 of them");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   const Stages<kD, 1> st = Stages<kD, 1>::of_block();
   const QueryRows qr = p.work.query_rows(kD);
@@ -175,6 +178,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   ptx::mbarrier_wait(at(st.resident_full()), 0);
+  [[maybe_unused]] uint32_t qa[kQRegs ? kD / 16 : 1][4];
+  if constexpr (kQRegs) load_a_fragments<kD>(qa, st.resident(0), local0, lane);
+  // Issues S = Q·Kᵀ against ring stage s's K tile.
+  auto issue_scores = [&](float (&acc)[32], int s) {
+    if constexpr (kQRegs)
+      issue_rs_k<kD, kBf16>(acc, qa, st.ring(0, s));
+    else
+      issue_ss<kD, kBf16>(acc, st.resident(0), st.ring(0, s));
+  };
   typename Work::Cursor cursor = p.work.begin(qr);
   KeyTile t, t_next{};
   float sc[32], s_next[32];
@@ -183,7 +195,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   if (kOverlap && have) {
     ptx::mbarrier_wait(at(st.full(0)), 0);
     if (t.limit < kRows) zero_tail_rows(st, 0, t.limit, thread);
-    product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, 0));
+    issue_scores(sc, 0);
+    ptx::wgmma_wait_group<0>();
   }
   for (int j = 0; have; ++j) {
     const int s = j & 1, use = j >> 1;
@@ -194,12 +207,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
         const int s2 = (j + 1) & 1, use2 = (j + 1) >> 1;
         ptx::mbarrier_wait(at(st.full(s2)), static_cast<unsigned>(use2 & 1));
         if (t_next.limit < kRows) zero_tail_rows(st, s2, t_next.limit, thread);
-        issue_ss<kD, kBf16>(s_next, st.resident(0), st.ring(0, s2));
+        issue_scores(s_next, s2);
       }
     } else {
       ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
       if (t.limit < kRows) zero_tail_rows(st, s, t.limit, thread);
-      product_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
+      issue_scores(sc, s);
+      ptx::wgmma_wait_group<0>();
     }
     softmax_step<kD>(sc, reach, t, lane, p.scale_log2, m, l, o);
     issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
@@ -335,16 +349,32 @@ inline bool overlap_chosen() {
   return on;
 }
 
-// The forward's (head dim, dtype, overlap) switch.
+// Whether the forward keeps Q in registers for S = Q·Kᵀ (D <= 128, without the overlap): only
+// with RINGATTN_HOPPER_QREGS=1 (read once), until an sm_90 has measured it against the
+// default (hopper_ab.py's "qregs" column). The S product from shared memory alone reads 32
+// flops a byte there, at the SM's shared-memory rate; with Q in registers, 64.
+inline bool qregs_chosen() {
+  static const bool on = [] {
+    const char* v = std::getenv("RINGATTN_HOPPER_QREGS");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+// The forward's (head dim, dtype, overlap, Q in registers) switch.
 template <class Work>
 void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
                 cudaStream_t stream) {
-  const bool overlap = overlap_chosen();
+  const bool overlap = overlap_chosen(), qregs = qregs_chosen();
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     const int smem = static_cast<int>(smem_bytes(kD, 1));
     if constexpr (kD <= 128) {  // at D = 256 the second score tile would spill (ptxas)
       if (overlap) {
         launch(name, &hopper_fwd_kernel<kD, kBf16, Work, true>, a, grid, smem, stream);
+        return;
+      }
+      if (qregs) {
+        launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false, true>, a, grid, smem, stream);
         return;
       }
     }

@@ -240,6 +240,46 @@ __device__ __forceinline__ void product_ss(float (&acc)[32], uint32_t a_tile, ui
   ptx::wgmma_wait_group<0>();
 }
 
+// This lane's part of a 64 × kD tile in shared memory (K-major, 128-byte swizzle, D/64 boxes)
+// as wgmma's register A, for each 16 columns kk of the head dim: a[kk][x] holds row local0 +
+// 8(x % 2), columns 16kk + 8(x / 2) + 2(lane % 4) and the next (mma.m16n8k16's A fragment,
+// which is how issue_rs packs an accumulator tile). Generic 4-byte shared loads, once the
+// tile's barrier has completed; the swizzle XORs a row's 16-byte chunk index with row % 8.
+template <int kD>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[kD / 16][4], uint32_t tile,
+                                                 int local0, int lane) {
+  const auto base = dynamic_smem<uint32_t>();
+  const uint32_t base_addr = u32(smem_addr(base));
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int row = local0 + 8 * (x % 2), col = 16 * kk + 8 * (x / 2) + 2 * (lane % 4);
+      const int byte = 2 * (col % 64);
+      const uint32_t at_byte = tile + static_cast<uint32_t>(col / 64) * kBoxBytes +
+                               static_cast<uint32_t>(row) * 128u +
+                               static_cast<uint32_t>(((byte / 16) ^ (row % 8)) * 16 + byte % 16);
+      a[kk][x] = base[(at_byte - base_addr) / 4];
+    }
+}
+
+// Issues acc (64 × 64) = A·Bᵀ over the head dim as one committed wgmma group, A in registers
+// (load_a_fragments), B a 64-row tile stored K-major: the same product as issue_ss, reading
+// only B from shared memory (64 flops a byte instead of 32, the SM's shared-memory rate being
+// 128 bytes a clock against about 4096 dense bf16 flops).
+template <int kD, bool kBf16>
+__device__ __forceinline__ void issue_rs_k(float (&acc)[32], const uint32_t (&a)[kD / 16][4],
+                                           uint32_t b_tile) {
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t step =
+        static_cast<uint32_t>(kk / 4) * kBoxBytes + 32u * static_cast<uint32_t>(kk % 4);
+    ptx::wgmma_rs<64, kBf16>(acc, a[kk], sw128_desc(b_tile + step, 16, 1024), kk > 0 ? 1 : 0);
+  }
+  ptx::wgmma_commit_group();
+}
+
 // Issues acc (64 × kD) += A·B over 64 rows of B as one committed wgmma group: A this lane's
 // part of a 64 × 64 accumulator-layout tile (rounded to the element type: wgmma's register
 // A, 16 columns per step, is mma.m16n8k16's A fragment, the accumulator's 8-column slices 2kk
