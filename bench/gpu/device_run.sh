@@ -164,11 +164,12 @@ run_hopper() {
   : >"$OUT/hopper_tests.log"
   local hung=""
   # binary:filter[@VAR=value]: "$pp=1" and "$pp=2" run the dense forward's ping-pong kernel
-  # (64- and 128-key steps), "$qr" the forwards with Q in registers.
+  # (64- and 128-key steps), the last two the kernels with their resident tiles in registers.
   pp="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG"
-  local qr="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.Sparse*:CudaHopper.PlanRunsDilated*@RINGATTN_HOPPER_QREGS=1"
+  local qr="@RINGATTN_HOPPER_QREGS=1"
   for spec in "test_cuda_kernels:CudaHopper.*" "test_cuda_sparse:*Hopper*" \
-    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" "$qr"; do
+    "test_cuda_ring:*Hopper*" "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" \
+    "test_cuda_kernels:CudaHopper.*$qr" "test_cuda_sparse:*Hopper*$qr"; do
     t=${spec%%:*}
     filter=${spec#*:}
     # Never empty: "${a[@]}" of an empty array is an error under set -u before bash 4.4.

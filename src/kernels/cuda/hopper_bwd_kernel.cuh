@@ -165,10 +165,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 }
 
 // dQ of a 64-query tile from the key tiles the work walks for it, as the forward walks
-// them. Q and dO are resident; the ring carries (K, V).
-template <int kD, bool kBf16, class Work>
+// them. Q and dO are resident; the ring carries (K, V). kRegA (D <= 128): Q and dO are read
+// once into registers as wgmma's register A, so S and dP read only K and V from shared memory.
+template <int kD, bool kBf16, class Work, bool kRegA = false>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_bwd_dq_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(!kRegA || kD <= 128, "Q and dO in registers take D/2 of them");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   const Stages<kD, 2> st = Stages<kD, 2>::of_block();
   const QueryRows qr = p.work.query_rows(kD);
@@ -199,6 +201,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dq[i] = 0.0f;
   ptx::mbarrier_wait(at(st.resident_full()), 0);
+  [[maybe_unused]] uint32_t qa[kRegA ? kD / 16 : 1][4], da[kRegA ? kD / 16 : 1][4];
+  if constexpr (kRegA) {
+    load_a_fragments<kD>(qa, st.resident(0), local0, lane);
+    load_a_fragments<kD>(da, st.resident(1), local0, lane);
+  }
   typename Work::Cursor cursor = p.work.begin(qr);
   KeyTile t;
   for (int j = 0; p.work.next(cursor, t); ++j) {
@@ -206,8 +213,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
     if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
     float sc[32], dp[32];  // S = Q·Kᵀ and dP = dO·Vᵀ (dO as stored), under one wait
-    issue_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
-    issue_ss<kD, kBf16>(dp, st.resident(1), st.ring(1, s));
+    if constexpr (kRegA) {
+      issue_rs_k<kD, kBf16>(sc, qa, st.ring(0, s));
+      issue_rs_k<kD, kBf16>(dp, da, st.ring(1, s));
+    } else {
+      issue_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
+      issue_ss<kD, kBf16>(dp, st.resident(1), st.ring(1, s));
+    }
     ptx::wgmma_wait_group<0>();
     Reach cols[2];
 #pragma unroll
@@ -229,7 +241,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 }
 
 // One pass: hopper_bwd_dkdv_kernel where the work's rows are keys (kKeyRows; at D = 256 as
-// two launches, dV's then dK's), else hopper_bwd_dq_kernel.
+// two launches, dV's then dK's), else hopper_bwd_dq_kernel (with Q and dO in registers under
+// RINGATTN_HOPPER_QREGS=1, D <= 128).
 template <bool kKeyRows, class Work>
 void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
                           cudaStream_t stream) {
@@ -243,8 +256,12 @@ void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, 
              smem, stream);
       launch("hopper_bwd_dk_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDk>, a, grid,
              smem, stream);
-    } else
+    } else if (kD <= 128 && qregs_chosen()) {
+      launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work, (kD <= 128)>, a, grid,
+             smem, stream);
+    } else {
       launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work>, a, grid, smem, stream);
+    }
   });
 }
 

@@ -349,18 +349,6 @@ inline bool overlap_chosen() {
   return on;
 }
 
-// Whether the forward keeps Q in registers for S = Q·Kᵀ (D <= 128, without the overlap): only
-// with RINGATTN_HOPPER_QREGS=1 (read once), until an sm_90 has measured it against the
-// default (hopper_ab.py's "qregs" column). The S product from shared memory alone reads 32
-// flops a byte there, at the SM's shared-memory rate; with Q in registers, 64.
-inline bool qregs_chosen() {
-  static const bool on = [] {
-    const char* v = std::getenv("RINGATTN_HOPPER_QREGS");
-    return v && std::string(v) == "1";
-  }();
-  return on;
-}
-
 // The forward's (head dim, dtype, overlap, Q in registers) switch.
 template <class Work>
 void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,

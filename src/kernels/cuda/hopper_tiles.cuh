@@ -398,6 +398,20 @@ inline bool one_block_per_sm() {
   return one;
 }
 
+// Whether the kernels keep their resident tiles in registers as wgmma's register A where
+// they fit (D <= 128): the forward's Q for S = Q·Kᵀ, the dQ pass's Q and dO for S = Q·Kᵀ and
+// dP = dO·Vᵀ. Only with RINGATTN_HOPPER_QREGS=1 (read once), until an sm_90 has measured it
+// against the default (hopper_ab.py's "qregs" column): a product with both operands in
+// shared memory reads 32 flops a byte there, at the SM's shared-memory rate; with A in
+// registers, 64.
+inline bool qregs_chosen() {
+  static const bool on = [] {
+    const char* v = std::getenv("RINGATTN_HOPPER_QREGS");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
 template <class Args>
 void launch(const char* name, void (*kernel)(Args), const Args& a, dim3 grid, int smem,
             cudaStream_t stream, int threads = kThreads) {
