@@ -75,7 +75,7 @@ enum KeyGrads : int { kGradDv = 1, kGradDk = 2, kGradBoth = 3 };
 // dK and/or dV (kGrads) of a 64-key tile from every query tile the work walks for it. K and V
 // are resident; the ring carries (Q, dO). Accumulator columns are queries, so lse and delta
 // are per column.
-template <int kD, bool kBf16, class Work, int kGrads>
+template <int kD, bool kBf16, class Work, int kGrads, bool kRegA = false>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_bwd_dkdv_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -104,6 +104,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 #pragma unroll
   for (float& x : dv) x = 0.0f;
   ptx::mbarrier_wait(at(st.resident_full()), 0);
+  // kRegA (D = 64): K and V read once into registers as wgmma's register A, so Sᵀ and dPᵀ
+  // read only Q and dO from shared memory. At D = 128, K alone beside dK's and dV's
+  // accumulators spilled 240-284 bytes (ptxas).
+  static_assert(!kRegA || kD == 64, "K and V in registers fit at D = 64 only");
+  constexpr bool kRegV = kRegA;
+  [[maybe_unused]] uint32_t ka[kRegA ? kD / 16 : 1][4], va[kRegV ? kD / 16 : 1][4];
+  if constexpr (kRegA) load_a_fragments<kD>(ka, st.resident(0), local0, lane);
+  if constexpr (kRegV) load_a_fragments<kD>(va, st.resident(1), local0, lane);
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;  // here a query tile: t.n its first query, t.h its query head
   for (int j = 0; p.work.next(cursor, t); ++j) {
@@ -120,7 +128,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     // 16 guarded loads became branches, and the whole backward ran 0.77x as fast on an H200
     // (bench/results/gpu-h200-20261126-a9aff03).
     float pt[32];
-    product_ss<kD, kBf16>(pt, st.resident(0), st.ring(0, s));
+    if constexpr (kRegA)
+      issue_rs_k<kD, kBf16>(pt, ka, st.ring(0, s));
+    else
+      issue_ss<kD, kBf16>(pt, st.resident(0), st.ring(0, s));
+    ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int c = 0; c < 8; ++c)
 #pragma unroll
@@ -142,7 +154,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       continue;
     }
     float dpt[32];
-    product_ss<kD, kBf16>(dpt, st.resident(1), st.ring(1, s));
+    if constexpr (kRegV)
+      issue_rs_k<kD, kBf16>(dpt, va, st.ring(1, s));
+    else
+      issue_ss<kD, kBf16>(dpt, st.resident(1), st.ring(1, s));
+    ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int c = 0; c < 8; ++c)
 #pragma unroll
@@ -249,8 +265,13 @@ void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, 
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     const int smem = static_cast<int>(smem_bytes(kD, 2));
     if constexpr (kKeyRows && kD <= 128) {
-      launch("hopper_bwd_dkdv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth>, a,
-             grid, smem, stream);
+      if (kD == 64 && qregs_chosen())
+        launch("hopper_bwd_dkdv_kernel",
+               &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth, (kD == 64)>, a, grid, smem,
+               stream);
+      else
+        launch("hopper_bwd_dkdv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth>, a,
+               grid, smem, stream);
     } else if constexpr (kKeyRows) {
       launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv>, a, grid,
              smem, stream);

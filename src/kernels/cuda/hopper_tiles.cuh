@@ -400,7 +400,7 @@ inline bool one_block_per_sm() {
 
 // Whether the kernels keep their resident tiles in registers as wgmma's register A where
 // they fit (D <= 128): the forward's Q for S = Q·Kᵀ, the dQ pass's Q and dO for S = Q·Kᵀ and
-// dP = dO·Vᵀ. Only with RINGATTN_HOPPER_QREGS=1 (read once), until an sm_90 has measured it
+// dP = dO·Vᵀ, and at D = 64 the dK/dV pass's K and V for Sᵀ and dPᵀ. Only with RINGATTN_HOPPER_QREGS=1 (read once), until an sm_90 has measured it
 // against the default (hopper_ab.py's "qregs" column): a product with both operands in
 // shared memory reads 32 flops a byte there, at the SM's shared-memory rate; with A in
 // registers, 64.
