@@ -26,8 +26,9 @@ import time
 # (RINGATTN_HOPPER_BLOCKS_PER_SM=1, shared memory padded past half the SM's); "pingpong":
 # RINGATTN_HOPPER_PINGPONG=1, the dense forward as one block of two consumer warpgroups per
 # 128 rows taking turns at the tensor cores, 64 keys a softmax step; "pingpong128": =2, 128
-# keys a step (64 at D = 256); "qregs": RINGATTN_HOPPER_QREGS=1, the plain forward with Q in
-# registers for S = Q·Kᵀ (D <= 128). The backward rows run as "hopper" under all of them.
+# keys a step (64 at D = 256); "qregs": RINGATTN_HOPPER_QREGS=1, the resident tiles in
+# registers as wgmma's A (D <= 128): the plain forward's Q, the dQ pass's Q and dO, and at
+# D = 64 the dK/dV pass's K and V. The backward rows run as "hopper" under all the others.
 VARIANTS = [("native", {}), ("cudnn", {}), ("hopper", {}),
             ("hopper-plain", {"RINGATTN_HOPPER_PINGPONG": "0"}),
             ("hopper-overlap", {"RINGATTN_HOPPER_OVERLAP": "1"}),
