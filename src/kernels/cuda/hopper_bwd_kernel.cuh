@@ -108,10 +108,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   // read only Q and dO from shared memory. At D = 128, K alone beside dK's and dV's
   // accumulators spilled 240-284 bytes (ptxas).
   static_assert(!kRegA || kD == 64, "K and V in registers fit at D = 64 only");
-  constexpr bool kRegV = kRegA;
-  [[maybe_unused]] uint32_t ka[kRegA ? kD / 16 : 1][4], va[kRegV ? kD / 16 : 1][4];
-  if constexpr (kRegA) load_a_fragments<kD>(ka, st.resident(0), local0, lane);
-  if constexpr (kRegV) load_a_fragments<kD>(va, st.resident(1), local0, lane);
+  [[maybe_unused]] uint32_t ka[kRegA ? kD / 16 : 1][4], va[kRegA ? kD / 16 : 1][4];
+  if constexpr (kRegA) {
+    load_a_fragments<kD>(ka, st.resident(0), local0, lane);
+    load_a_fragments<kD>(va, st.resident(1), local0, lane);
+  }
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;  // here a query tile: t.n its first query, t.h its query head
   for (int j = 0; p.work.next(cursor, t); ++j) {
@@ -128,10 +129,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     // 16 guarded loads became branches, and the whole backward ran 0.77x as fast on an H200
     // (bench/results/gpu-h200-20261126-a9aff03).
     float pt[32];
-    if constexpr (kRegA)
-      issue_rs_k<kD, kBf16>(pt, ka, st.ring(0, s));
-    else
-      issue_ss<kD, kBf16>(pt, st.resident(0), st.ring(0, s));
+    issue_a_bt<kD, kBf16, kRegA>(pt, ka, st.resident(0), st.ring(0, s));
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int c = 0; c < 8; ++c)
@@ -154,10 +152,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       continue;
     }
     float dpt[32];
-    if constexpr (kRegV)
-      issue_rs_k<kD, kBf16>(dpt, va, st.ring(1, s));
-    else
-      issue_ss<kD, kBf16>(dpt, st.resident(1), st.ring(1, s));
+    issue_a_bt<kD, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int c = 0; c < 8; ++c)
@@ -229,13 +224,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
     if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
     float sc[32], dp[32];  // S = Q·Kᵀ and dP = dO·Vᵀ (dO as stored), under one wait
-    if constexpr (kRegA) {
-      issue_rs_k<kD, kBf16>(sc, qa, st.ring(0, s));
-      issue_rs_k<kD, kBf16>(dp, da, st.ring(1, s));
-    } else {
-      issue_ss<kD, kBf16>(sc, st.resident(0), st.ring(0, s));
-      issue_ss<kD, kBf16>(dp, st.resident(1), st.ring(1, s));
-    }
+    issue_a_bt<kD, kBf16, kRegA>(sc, qa, st.resident(0), st.ring(0, s));
+    issue_a_bt<kD, kBf16, kRegA>(dp, da, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
     Reach cols[2];
 #pragma unroll

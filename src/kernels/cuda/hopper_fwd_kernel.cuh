@@ -148,7 +148,7 @@ __device__ __forceinline__ void write_rows(bool accumulate, const QueryRows& qr,
 // (FlashAttention-3's intra-warpgroup overlap), at the cost of a second 64 × 64 score tile in
 // registers; without it each product is waited for before the softmax. kQRegs (D <= 128): the
 // Q tile is read once into registers as wgmma's register A, so S = Q·Kᵀ reads only K from
-// shared memory (issue_rs_k), for D/4 more registers a thread.
+// shared memory (issue_a_bt's register-A form), for D/4 more registers a thread.
 template <int kD, bool kBf16, class Work, bool kOverlap, bool kQRegs = false>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_fwd_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
@@ -180,13 +180,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   ptx::mbarrier_wait(at(st.resident_full()), 0);
   [[maybe_unused]] uint32_t qa[kQRegs ? kD / 16 : 1][4];
   if constexpr (kQRegs) load_a_fragments<kD>(qa, st.resident(0), local0, lane);
-  // Issues S = Q·Kᵀ against ring stage s's K tile.
-  auto issue_scores = [&](float (&acc)[32], int s) {
-    if constexpr (kQRegs)
-      issue_rs_k<kD, kBf16>(acc, qa, st.ring(0, s));
-    else
-      issue_ss<kD, kBf16>(acc, st.resident(0), st.ring(0, s));
-  };
   typename Work::Cursor cursor = p.work.begin(qr);
   KeyTile t, t_next{};
   float sc[32], s_next[32];
@@ -195,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   if (kOverlap && have) {
     ptx::mbarrier_wait(at(st.full(0)), 0);
     if (t.limit < kRows) zero_tail_rows(st, 0, t.limit, thread);
-    issue_scores(sc, 0);
+    issue_a_bt<kD, kBf16, kQRegs>(sc, qa, st.resident(0), st.ring(0, 0));
     ptx::wgmma_wait_group<0>();
   }
   for (int j = 0; have; ++j) {
@@ -207,12 +200,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
         const int s2 = (j + 1) & 1, use2 = (j + 1) >> 1;
         ptx::mbarrier_wait(at(st.full(s2)), static_cast<unsigned>(use2 & 1));
         if (t_next.limit < kRows) zero_tail_rows(st, s2, t_next.limit, thread);
-        issue_scores(s_next, s2);
+        issue_a_bt<kD, kBf16, kQRegs>(s_next, qa, st.resident(0), st.ring(0, s2));
       }
     } else {
       ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
       if (t.limit < kRows) zero_tail_rows(st, s, t.limit, thread);
-      issue_scores(sc, s);
+      issue_a_bt<kD, kBf16, kQRegs>(sc, qa, st.resident(0), st.ring(0, s));
       ptx::wgmma_wait_group<0>();
     }
     softmax_step<kD>(sc, reach, t, lane, p.scale_log2, m, l, o);

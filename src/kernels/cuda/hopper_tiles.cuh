@@ -233,13 +233,6 @@ __device__ __forceinline__ void issue_ss(float (&acc)[32], uint32_t a_tile, uint
   ptx::wgmma_commit_group();
 }
 
-// acc (64 × 64) = A·Bᵀ, waited for.
-template <int kD, bool kBf16>
-__device__ __forceinline__ void product_ss(float (&acc)[32], uint32_t a_tile, uint32_t b_tile) {
-  issue_ss<kD, kBf16>(acc, a_tile, b_tile);
-  ptx::wgmma_wait_group<0>();
-}
-
 // This lane's part of a 64 × kD tile in shared memory (K-major, 128-byte swizzle, D/64 boxes)
 // as wgmma's register A, for each 16 columns kk of the head dim: a[kk][x] holds row local0 +
 // 8(x % 2), columns 16kk + 8(x / 2) + 2(lane % 4) and the next (mma.m16n8k16's A fragment,
@@ -278,6 +271,18 @@ __device__ __forceinline__ void issue_rs_k(float (&acc)[32], const uint32_t (&a)
     ptx::wgmma_rs<64, kBf16>(acc, a[kk], sw128_desc(b_tile + step, 16, 1024), kk > 0 ? 1 : 0);
   }
   ptx::wgmma_commit_group();
+}
+
+// Issues acc (64 × 64) = A·Bᵀ with A from registers (kRegA: its fragments `a_regs`, as
+// issue_rs_k) or from its tile `a_tile` (as issue_ss).
+template <int kD, bool kBf16, bool kRegA>
+__device__ __forceinline__ void issue_a_bt(float (&acc)[32],
+                                           const uint32_t (&a_regs)[kRegA ? kD / 16 : 1][4],
+                                           uint32_t a_tile, uint32_t b_tile) {
+  if constexpr (kRegA)
+    issue_rs_k<kD, kBf16>(acc, a_regs, b_tile);
+  else
+    issue_ss<kD, kBf16>(acc, a_tile, b_tile);
 }
 
 // Issues acc (64 × kD) += A·B over 64 rows of B as one committed wgmma group: A this lane's
@@ -400,10 +405,10 @@ inline bool one_block_per_sm() {
 
 // Whether the kernels keep their resident tiles in registers as wgmma's register A where
 // they fit (D <= 128): the forward's Q for S = Q·Kᵀ, the dQ pass's Q and dO for S = Q·Kᵀ and
-// dP = dO·Vᵀ, and at D = 64 the dK/dV pass's K and V for Sᵀ and dPᵀ. Only with RINGATTN_HOPPER_QREGS=1 (read once), until an sm_90 has measured it
-// against the default (hopper_ab.py's "qregs" column): a product with both operands in
-// shared memory reads 32 flops a byte there, at the SM's shared-memory rate; with A in
-// registers, 64.
+// dP = dO·Vᵀ, and at D = 64 the dK/dV pass's K and V for Sᵀ and dPᵀ. Only with
+// RINGATTN_HOPPER_QREGS=1 (read once), until an sm_90 has measured it against the default
+// (hopper_ab.py's "qregs" column): a product with both operands in shared memory reads 32
+// flops a byte there, at the SM's shared-memory rate; with A in registers, 64.
 inline bool qregs_chosen() {
   static const bool on = [] {
     const char* v = std::getenv("RINGATTN_HOPPER_QREGS");
