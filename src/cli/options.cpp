@@ -157,8 +157,9 @@ po::options_description control_options() {
   control.add_options()("device", po::value<std::string>()->default_value("auto"),
                         "cpu | cuda | auto (cuda on one rank when a GPU is usable)")(
       "kernel", po::value<std::string>()->default_value("auto"),
-      "cuda kernel: auto (the faster, timed on the first forward and backward) | native | "
-      "cudnn | hopper (the sm_90a forward and backward, opt-in)")(
+      "cuda kernel: auto (one GPU: cuDNN or native, the faster, timed on the first forward "
+      "and backward; the ring and block-sparse: hopper where it runs, else native) | native | "
+      "cudnn | hopper (the sm_90a forward and backward)")(
       "dtype", po::value<std::string>(),
       "device input precision: bf16 (cuda default) | fp16 | fp32 (cpu: fp32 only)")(
       "threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")(
