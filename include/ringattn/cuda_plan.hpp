@@ -18,7 +18,8 @@ namespace ringattn {
 
 enum class DeviceDType { bf16, fp16, fp32 };
 // hopper: the sm_90a forward and backward kernels (TMA + wgmma; every GPU path, head dims 64,
-// 128 and 256, bf16/fp16) where they apply, the native kernels otherwise; opt-in.
+// 128 and 256, bf16/fp16) where they apply, the native kernels otherwise; automatic also runs
+// them where they apply and cuDNN does not, or is slower.
 enum class KernelChoice { automatic, native, cudnn, hopper };
 
 const char* to_string(DeviceDType t);
@@ -75,9 +76,12 @@ void round_to_device_dtype(float* data, std::size_t count, DeviceDType t);
 
 struct CudaPlanOptions {
   DeviceDType dtype = DeviceDType::bf16;
-  // automatic: cuDNN's fused SDPA where it applies and times faster than the native kernel
-  // (decided on the first forward, on the caller's tensors); native: ours; cudnn: cuDNN
-  // where it applies (otherwise native, with a note).
+  // automatic: cuDNN's fused SDPA where it applies and times faster than ours (decided on
+  // the first forward and the first backward, on the caller's tensors); ours are the sm_90a
+  // kernels where they run (compute capability 9.0, bf16/fp16, head dims 64/128/256), else
+  // the native ones, and run wherever cuDNN does not (its refused backwards, --deterministic
+  // backwards, builds without it). native: ours on mma.sync; cudnn: cuDNN where it applies
+  // (otherwise native, with a note).
   KernelChoice kernel = KernelChoice::automatic;
   int device = 0;
   // Bitwise the same results run to run: `automatic` then chooses by rule (cuDNN where it

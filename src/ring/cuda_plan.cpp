@@ -1,6 +1,6 @@
 // CudaPlan (see include/ringattn/cuda_plan.hpp): the CPU Plan's schedule, flattened and
 // uploaded once, run by the CUDA kernels on one device and one stream. The kernel choice
-// (native or cuDNN) is made here; the kernels know nothing of patterns or ranks.
+// (native, sm_90a or cuDNN) is made here; the kernels know nothing of patterns or ranks.
 #include "ringattn/cuda_plan.hpp"
 
 #include <cuda_runtime_api.h>
@@ -12,6 +12,7 @@
 #include <limits>
 #include <span>
 #include <sstream>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
@@ -34,6 +35,12 @@ namespace ringattn {
 namespace kc = kernels::cuda;
 
 namespace {
+
+#if RINGATTN_HAVE_CUDNN
+constexpr bool kCudnnBuilt = true;
+#else
+constexpr bool kCudnnBuilt = false;
+#endif
 
 kc::Elem elem_of(DeviceDType t) {
   switch (t) {
@@ -394,10 +401,52 @@ struct CudaPlan::Impl {
     return p;
   }
 
+  // Sets use_hopper or use_hopper_tasks, and use_hopper_backward, where the sm_90a kernels
+  // can run this configuration on this device; returns why the forward cannot ("" where it
+  // can) and why the backward cannot.
+  std::pair<std::string, std::string> choose_hopper() {
+    std::string why;
+    if (cfg.attention == AttentionKind::dilated) {
+      why = prepare_hopper_tasks();
+      use_hopper_tasks = why.empty();
+    } else if (cfg.attention != AttentionKind::dense) {
+      why = "it takes dense and dilated attention only";
+    } else {
+      why = kc::hopper_forward_unsupported(hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr),
+                                           opts.device);
+      use_hopper = why.empty();
+    }
+    std::string why_backward = why;
+    if (use_hopper)
+      why_backward = kc::hopper_backward_unsupported(
+          hopper_backward_params(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr),
+          opts.device);
+    else if (use_hopper_tasks)
+      why_backward = prepare_hopper_task_backward();
+    use_hopper_backward = (use_hopper || use_hopper_tasks) && why_backward.empty();
+    if (use_hopper && cfg.packed()) {
+      // Kept with the plan: the emulated runtime reads an async copy's host source when the
+      // copy runs, not at the call (a GPU stages pageable memory at the call).
+      cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
+      cu_seqlens = upload_vector(cu_host, "the packed documents' offsets", opts.device, stream);
+    }
+    return {why, why_backward};
+  }
+
+  // What runs where cuDNN does not: the sm_90a kernels where they can, else the native ones.
+  const char* forward_fallback() const {
+    return use_hopper || use_hopper_tasks ? "hopper" : "native";
+  }
+  const char* backward_fallback() const { return use_hopper_backward ? "hopper" : "native"; }
+  std::string fallback_kernels() const {
+    return use_hopper || use_hopper_tasks ? "the sm_90a kernels" : "the native kernels";
+  }
+
   void run_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
                    float* lse) {
     const Shape4& s = cfg.shape;
-    if (use_hopper) {  // writes every row of out and lse
+    if (use_hopper && !cudnn_path) {  // writes every row of out and lse
       kc::hopper_forward(hopper_params(q, k, v, out, lse), stream);
       return;
     }
@@ -407,7 +456,7 @@ struct CudaPlan::Impl {
       kc::fill_floats(lse, s.batch * s.heads * s.seq_len, -std::numeric_limits<float>::infinity(),
                       stream);
     }
-    if (use_hopper_tasks) {
+    if (use_hopper_tasks && !cudnn_path) {
       hopper_task_forward(q, k, v, out, lse);
       return;
     }
@@ -510,6 +559,7 @@ struct CudaPlan::Impl {
 #else
     (void)cudnn_path;
 #endif
+    if (use_hopper_backward) return hopper_backward(q, k, v, out, lse, dout, dq, dk, dv);
     native_backward(q, k, v, out, lse, dout, dq, dk, dv);
   }
 
@@ -582,55 +632,44 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
                    ring::rows_aligned(m.sched, 8);
 
-  if (opts.kernel == KernelChoice::hopper) {
-    std::string why;
-    if (cfg.attention == AttentionKind::dilated) {
-      why = m.prepare_hopper_tasks();
-      m.use_hopper_tasks = why.empty();
-    } else if (cfg.attention != AttentionKind::dense) {
-      why = "it takes dense and dilated attention only";
-    } else {
-      why = kc::hopper_forward_unsupported(m.hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr),
-                                           opts.device);
-      m.use_hopper = why.empty();
-    }
-    std::string why_backward = why;
-    if (m.use_hopper)
-      why_backward = kc::hopper_backward_unsupported(
-          m.hopper_backward_params(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                   nullptr),
-          opts.device);
-    else if (m.use_hopper_tasks)
-      why_backward = m.prepare_hopper_task_backward();
-    m.use_hopper_backward = (m.use_hopper || m.use_hopper_tasks) && why_backward.empty();
-    if (m.use_hopper && cfg.packed()) {
-      // Kept with the plan: the emulated runtime reads an async copy's host source when the
-      // copy runs, not at the call (a GPU stages pageable memory at the call).
-      m.cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
-      m.cu_seqlens = upload_vector(m.cu_host, "the packed documents' offsets", opts.device, m.stream);
-    }
+  const bool automatic = opts.kernel == KernelChoice::automatic;
+  std::string hopper_why_backward;
+  if (opts.kernel == KernelChoice::hopper || automatic) {
+    const auto [why, why_backward] = m.choose_hopper();
+    hopper_why_backward = why_backward;
     const std::string experimental = kernels::cuda::kHopperStatus;
-    const std::string forward =
-        m.use_hopper_tasks ? "the sm_90a forward (TMA + wgmma, over the dilated pattern's strided "
-                             "views)"
-                           : "the sm_90a forward (TMA + wgmma)";
-    if (!m.use_hopper && !m.use_hopper_tasks)
+    const bool hopper = m.use_hopper || m.use_hopper_tasks;
+    const std::string over = m.use_hopper_tasks
+                                 ? " (TMA + wgmma, over the dilated pattern's strided views)"
+                                 : " (TMA + wgmma)";
+    if (automatic) {
+      // Quiet where the sm_90a kernels cannot run (every GPU but compute capability 9.0);
+      // without cuDNN in the build, its own note says what runs.
+      if (hopper && kCudnnBuilt)
+        m.notes.push_back(
+            m.use_hopper_backward
+                ? "--kernel auto: the sm_90a forward and backward" + over +
+                      " stand in for the native kernels wherever cuDNN does not run or is slower"
+                : "--kernel auto: the sm_90a forward" + over +
+                      " stands in for the native kernels wherever cuDNN does not run or is "
+                      "slower; the backward's fallback is native (" +
+                      why_backward + ")");
+    } else if (!hopper) {
       m.notes.push_back("--kernel hopper: " + why + "; using the native kernels");
-    else if (m.use_hopper_backward)
-      m.notes.push_back(m.use_hopper_tasks
-                            ? "--kernel hopper: the sm_90a forward and backward (TMA + wgmma, "
-                              "over the dilated pattern's strided views); " +
-                                  experimental
-                            : "--kernel hopper: the sm_90a forward and backward (TMA + wgmma); " +
-                                  experimental);
-    else
-      m.notes.push_back("--kernel hopper: " + forward + ", the native backward (" + why_backward +
-                        "); " + experimental);
-  } else if (opts.kernel != KernelChoice::native) {
+    } else if (m.use_hopper_backward) {
+      m.notes.push_back("--kernel hopper: the sm_90a forward and backward" + over + "; " +
+                        experimental);
+    } else {
+      m.notes.push_back("--kernel hopper: the sm_90a forward" + over + ", the native backward (" +
+                        why_backward + "); " + experimental);
+    }
+  }
+  if (opts.kernel == KernelChoice::cudnn || automatic) {
 #if RINGATTN_HAVE_CUDNN
     try {
       // cuDNN's backward adds dQ with atomics (run-to-run differences within the dtype's
-      // tolerance): a deterministic plan keeps the native backward.
+      // tolerance): a deterministic plan keeps the native (or sm_90a) backward, whose
+      // every element has one writer.
       m.cudnn = kc::CudnnSdpa::create(cfg, m.elem, opts.device, m.stream, !opts.deterministic);
       // Deterministic runs choose by rule: timing could pick either kernel on another run.
       m.use_cudnn = opts.kernel == KernelChoice::cudnn ||
@@ -643,7 +682,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       os << std::fixed << std::setprecision(0) << m.cudnn->description() << ", graphs built in "
          << m.cudnn->build_ms() << " ms";
       if (!m.cudnn->has_backward())
-        os << "; the backward runs natively ("
+        os << "; the backward runs "
+           << (m.use_hopper_backward ? "on the sm_90a kernels" : "natively") << " ("
            << (opts.deterministic ? "--deterministic: cuDNN's backward adds dQ with atomics"
                                   : m.cudnn->backward_refusal())
            << ")";
@@ -658,7 +698,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       m.cudnn.reset();
       m.notes.push_back(std::string("--kernel ") + to_string(opts.kernel) +
                         ": no device memory for cuDNN's scratch and workspace (" + e.what() +
-                        "); using the native kernels");
+                        "); using " + m.fallback_kernels());
     }
 #else
 #if RINGATTN_CUDA_EMULATION
@@ -669,7 +709,10 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     if (opts.kernel == KernelChoice::cudnn)
       throw InputError("--kernel", std::string("'cudnn' is not available in this build (") + why +
                                        "); use --kernel native or auto");
-    m.notes.push_back(std::string("--kernel auto: the native kernels (no cuDNN: ") + why + ")");
+    m.notes.push_back("--kernel auto: " + m.fallback_kernels() + " (no cuDNN: " + why + ")" +
+                      (m.use_hopper_backward || !(m.use_hopper || m.use_hopper_tasks)
+                           ? ""
+                           : "; the native backward (" + hopper_why_backward + ")"));
 #endif
   }
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -683,12 +726,10 @@ const AttentionConfig& CudaPlan::config() const noexcept { return impl_->cfg; }
 DeviceDType CudaPlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaPlan::notes() const noexcept { return impl_->notes; }
 std::string CudaPlan::kernel_name() const {
-  return impl_->use_hopper || impl_->use_hopper_tasks ? "hopper"
-         : impl_->use_cudnn                            ? "cudnn"
-                                                       : "native";
+  return impl_->use_cudnn ? "cudnn" : impl_->forward_fallback();
 }
 std::string CudaPlan::backward_kernel_name() const {
-  return impl_->use_hopper_backward ? "hopper" : impl_->use_cudnn_backward ? "cudnn" : "native";
+  return impl_->use_cudnn_backward ? "cudnn" : impl_->backward_fallback();
 }
 
 std::size_t CudaPlan::workspace_bytes() const noexcept {
@@ -740,20 +781,21 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
   if (m.decide_on_first_forward) {
     m.decide_on_first_forward = false;
 #if RINGATTN_HAVE_CUDNN
-    const double native_ms = m.median_ms([&] { m.run_forward(false, q, k, v, out, lse); });
+    // cuDNN against what runs where it does not (the sm_90a kernels or the native ones).
+    const double other_ms = m.median_ms([&] { m.run_forward(false, q, k, v, out, lse); });
     double cudnn_ms = std::numeric_limits<double>::infinity();
     try {
       cudnn_ms = m.median_ms([&] { m.run_forward(true, q, k, v, out, lse); });
     } catch (const RuntimeFailure& e) {
       m.notes.push_back(std::string("--kernel auto: cuDNN failed when run (") + e.what() +
-                        "); using the native kernels");
+                        "); using " + m.fallback_kernels());
       (void)cudaGetLastError();
     }
-    m.use_cudnn = cudnn_ms < native_ms;
+    m.use_cudnn = cudnn_ms < other_ms;
     std::ostringstream os;
-    os << std::fixed << std::setprecision(3) << "--kernel auto: forward native " << native_ms
-       << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
-       << (m.use_cudnn ? "cudnn" : "native");
+    os << std::fixed << std::setprecision(3) << "--kernel auto: forward " << m.forward_fallback()
+       << " " << other_ms << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
+       << (m.use_cudnn ? "cudnn" : m.forward_fallback());
     m.notes.push_back(os.str());
     if (!m.use_cudnn && !m.decide_on_first_backward && !m.use_cudnn_backward) m.cudnn.reset();
 #endif
@@ -766,42 +808,39 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-  if (m.use_hopper_backward) {
-    if (cudnn_can_read) return m.hopper_backward(q, k, v, out, lse, dout, dq, dk, dv);
-    // TMA needs 16-byte aligned tensors.
-    if (!m.noted_unaligned_hopper_backward)
-      m.notes.push_back(
-          "the Hopper backward needs 16-byte aligned q/k/v/dout; these are not, so the native "
-          "backward ran");
-    m.noted_unaligned_hopper_backward = true;
+  if (!cudnn_can_read) {  // TMA needs 16-byte aligned tensors too
+    if (m.use_cudnn_backward || m.decide_on_first_backward) {
+      if (!m.noted_unaligned_backward)
+        m.notes.push_back(
+            "cuDNN needs 16-byte aligned q/k/v/dout; these are not, so the native backward ran");
+      m.noted_unaligned_backward = true;
+    } else if (m.use_hopper_backward) {
+      if (!m.noted_unaligned_hopper_backward)
+        m.notes.push_back(
+            "the Hopper backward needs 16-byte aligned q/k/v/dout; these are not, so the native "
+            "backward ran");
+      m.noted_unaligned_hopper_backward = true;
+    }
     return m.native_backward(q, k, v, out, lse, dout, dq, dk, dv);
-  }
-  if ((m.use_cudnn_backward || m.decide_on_first_backward) && !cudnn_can_read) {
-    if (!m.noted_unaligned_backward)
-      m.notes.push_back(
-          "cuDNN needs 16-byte aligned q/k/v/dout; these are not, so the native backward ran");
-    m.noted_unaligned_backward = true;
-    m.native_backward(q, k, v, out, lse, dout, dq, dk, dv);
-    return;
   }
   if (m.decide_on_first_backward) {
     m.decide_on_first_backward = false;
 #if RINGATTN_HAVE_CUDNN
-    const double native_ms =
+    const double other_ms =
         m.median_ms([&] { m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv); });
     double cudnn_ms = std::numeric_limits<double>::infinity();
     try {
       cudnn_ms = m.median_ms([&] { m.run_backward(true, q, k, v, out, lse, dout, dq, dk, dv); });
     } catch (const RuntimeFailure& e) {
       m.notes.push_back(std::string("--kernel auto: cuDNN's backward failed when run (") +
-                        e.what() + "); using the native backward");
+                        e.what() + "); using the " + m.backward_fallback() + " backward");
       (void)cudaGetLastError();
     }
-    m.use_cudnn_backward = cudnn_ms < native_ms;
+    m.use_cudnn_backward = cudnn_ms < other_ms;
     std::ostringstream os;
-    os << std::fixed << std::setprecision(3) << "--kernel auto: backward native " << native_ms
-       << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
-       << (m.use_cudnn_backward ? "cudnn" : "native");
+    os << std::fixed << std::setprecision(3) << "--kernel auto: backward "
+       << m.backward_fallback() << " " << other_ms << " ms, cudnn " << cudnn_ms
+       << " ms (median of 5); using " << (m.use_cudnn_backward ? "cudnn" : m.backward_fallback());
     m.notes.push_back(os.str());
     if (!m.use_cudnn && !m.use_cudnn_backward) m.cudnn.reset();
 #endif

@@ -148,7 +148,8 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnFallsBackWithANoteWhereItCannotRun) {
 }
 #else
 // A build without cuDNN (the emulated GPU among them): --kernel cudnn is refused naming
-// --kernel, with no output file; auto runs the native kernels and says why.
+// --kernel, with no output file; auto runs the sm_90a kernels on compute capability 9.0 (the
+// emulator's default profile), the native ones elsewhere, and says why.
 TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
   const CudaDeviceStatus gpu = probe_cuda_device();
   if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
@@ -164,9 +165,22 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   const nlohmann::json j = last_line_json(r.out);
   EXPECT_EQ(j.value("device", ""), "cuda");
-  EXPECT_EQ(j.value("kernel", ""), "native");
+  // (A real GPU's build may lack the sm_90a kernels: then native on any device.)
+  const bool sm90 = gpu.cc_major == 9 && gpu.cc_minor == 0;
+  const std::string kernel = j.value("kernel", "");
+#if RINGATTN_CUDA_EMULATION
+  EXPECT_EQ(kernel, sm90 ? "hopper" : "native") << describe(r);
+#endif
+  EXPECT_EQ(j.value("kernel_backward", ""), kernel) << describe(r);
+  if (kernel == "hopper") {
+    EXPECT_TRUE(sm90) << describe(r);
+  } else {
+    EXPECT_EQ(kernel, "native") << describe(r);
+  }
   EXPECT_TRUE(j["check"].value("passed", false)) << describe(r);
-  EXPECT_NE(r.out.find("note: --kernel auto: the native kernels (no cuDNN"), std::string::npos)
+  EXPECT_NE(r.out.find(kernel == "hopper" ? "note: --kernel auto: the sm_90a kernels (no cuDNN"
+                                          : "note: --kernel auto: the native kernels (no cuDNN"),
+            std::string::npos)
       << describe(r);
 #if RINGATTN_CUDA_EMULATION
   // The report says the device is emulated, and its timings are not GPU timings.

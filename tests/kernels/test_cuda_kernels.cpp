@@ -94,8 +94,8 @@ std::vector<float> nan_filled(std::size_t n) {
 }
 
 DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoice kernel,
-                           const Inputs& in, bool backward) {
-  CudaPlan plan(cfg, {t, kernel, 0});
+                           const Inputs& in, bool backward, bool deterministic = false) {
+  CudaPlan plan(cfg, {t, kernel, 0, deterministic});
   const Shape4& s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
@@ -140,8 +140,8 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
 // tensor; prints the errors so a passing run still shows how close it was.
 DeviceResult expect_matches_reference(const std::string& label, const AttentionConfig& cfg,
                                       DeviceDType t, KernelChoice kernel, Inputs in,
-                                      bool backward) {
-  const DeviceResult got = run_on_device(cfg, t, kernel, in, backward);
+                                      bool backward, bool deterministic = false) {
+  const DeviceResult got = run_on_device(cfg, t, kernel, in, backward, deterministic);
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     if (!x->empty()) round_to_device_dtype(x->data(), x->size(), t);
   const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
@@ -364,6 +364,67 @@ TEST(CudaKernels, AutomaticKernelChoiceIsCorrectAndSaysWhatItChose) {
   const Inputs in = random_inputs(cfg.shape, 11);
   expect_matches_reference("dense_auto", cfg, DeviceDType::bf16, KernelChoice::automatic, in,
                            false);
+}
+
+// --kernel auto runs the sm_90a kernels wherever they can and cuDNN does not: in builds
+// without cuDNN (the emulated GPU, whose default profile is an sm_90), for --deterministic
+// backwards (cuDNN's adds dQ with atomics) and for the backwards cuDNN refuses (a dilated
+// mixture merges its views by lse); elsewhere what it did before. Checked against float64,
+// forward and gradients, with the notes saying which ran.
+TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
+  REQUIRE_GPU();
+  AttentionConfig dense;
+  dense.shape = {1, kEmulated ? 192 : 1024, 4, 64};
+  dense.kv_heads = 2;
+  dense.causal = true;
+  AttentionConfig dilated;
+  dilated.shape = {1, kEmulated ? 256 : 1024, 4, 64};
+  dilated.attention = AttentionKind::dilated;
+  dilated.segments = kEmulated ? std::vector<int64_t>{128, 256} : std::vector<int64_t>{256, 512};
+  dilated.dilations = {1, 2};
+  dilated.combine = Combine::mixture;
+  int seed = 121;
+  for (const AttentionConfig& cfg : {dense, dilated}) {
+    for (bool deterministic : {false, true}) {
+      // What runs where cuDNN does not: what --kernel hopper runs (sm_90a or native).
+      const CudaPlan hopper(cfg, {DeviceDType::bf16, KernelChoice::hopper, 0, deterministic});
+      const std::string ours = hopper.kernel_name(), ours_backward = hopper.backward_kernel_name();
+      if (kEmulated) {
+        EXPECT_EQ(ours_backward, "hopper");
+      }
+      const std::string label = std::string(to_string(cfg.attention)) +
+                                (deterministic ? "_auto_deterministic" : "_auto");
+      const DeviceResult r =
+          expect_matches_reference(label, cfg, DeviceDType::bf16, KernelChoice::automatic,
+                                   random_inputs(cfg.shape, seed += 4), true, deterministic);
+      if (!kCudnnBuilt) {
+        EXPECT_EQ(r.kernel, ours) << label;
+        EXPECT_EQ(r.kernel_backward, ours_backward) << label;
+        EXPECT_TRUE(has_note(r.notes, "--kernel auto: the " +
+                                          std::string(ours == "hopper" ? "sm_90a" : "native") +
+                                          " kernels (no cuDNN"))
+            << label;
+        continue;
+      }
+      // cuDNN's forward by rule when deterministic, else whichever timed faster.
+      if (deterministic) {
+        EXPECT_EQ(r.kernel, "cudnn") << label;
+      } else {
+        EXPECT_TRUE(r.kernel == "cudnn" || r.kernel == ours) << label << ": " << r.kernel;
+      }
+      const bool cudnn_backward = !deterministic && cfg.attention == AttentionKind::dense;
+      if (cudnn_backward) {
+        EXPECT_TRUE(r.kernel_backward == "cudnn" || r.kernel_backward == ours_backward)
+            << label << ": " << r.kernel_backward;
+      } else {
+        EXPECT_EQ(r.kernel_backward, ours_backward) << label;
+        EXPECT_TRUE(has_note(r.notes, ours_backward == "hopper"
+                                          ? "the backward runs on the sm_90a kernels"
+                                          : "the backward runs natively"))
+            << label;
+      }
+    }
+  }
 }
 
 // ---- grouped-query attention, sliding windows, packed sequences ---------------------------
@@ -1332,7 +1393,8 @@ TEST(CudaMemory, APrivatePoolThatGivesMemoryBackWhenThePlansAreGone) {
 }
 
 // --kernel auto must not fail for cuDNN's scratch and workspace when native fits: with
-// RINGATTN_DEVICE_MEMORY_LIMIT leaving room for native only, it runs native with a note.
+// RINGATTN_DEVICE_MEMORY_LIMIT leaving room for ours only, it runs ours (native, or sm_90a
+// where those run) with a note.
 // (Without cuDNN in the build, the note says so instead.)
 TEST(CudaMemory, AutoFallsBackToNativeWhenCudnnsScratchDoesNotFit) {
   REQUIRE_GPU();
@@ -1356,7 +1418,7 @@ TEST(CudaMemory, AutoFallsBackToNativeWhenCudnnsScratchDoesNotFit) {
     FAIL() << "--kernel auto failed instead of running native: " << e.what();
   }
   unsetenv("RINGATTN_DEVICE_MEMORY_LIMIT");
-  EXPECT_EQ(kernel, "native");
+  EXPECT_NE(kernel, "cudnn");  // native, or the sm_90a kernels where they run
   EXPECT_TRUE(has_note(notes, kCudnnBuilt ? "no device memory for cuDNN" : "no cuDNN"));
   expect_bf16_forward_matches(cfg, in, f.out);
 }
