@@ -759,23 +759,18 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
   const kc::ScopedDevice on(m.opts.device);
   // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
-  if ((m.use_hopper || m.use_hopper_tasks) && !cudnn_can_read) {  // TMA needs them too
+  const bool cudnn_next = m.has_cudnn() && (m.use_cudnn || m.decide_on_first_forward);
+  if (!cudnn_can_read && (cudnn_next || m.use_hopper || m.use_hopper_tasks)) {  // TMA too
     if (!m.noted_unaligned)
-      m.notes.push_back(
-          "the Hopper forward needs 16-byte aligned q/k/v; these are not, so the native kernels ran");
+      m.notes.push_back(cudnn_next ? "cuDNN needs 16-byte aligned q/k/v; these are not, so the "
+                                     "native kernels ran"
+                                   : "the Hopper forward needs 16-byte aligned q/k/v; these are "
+                                     "not, so the native kernels ran");
     m.noted_unaligned = true;
     const bool dense = m.use_hopper, tasks = m.use_hopper_tasks;
     m.use_hopper = m.use_hopper_tasks = false;
     m.run_forward(false, q, k, v, out, lse);
     m.use_hopper = dense, m.use_hopper_tasks = tasks;
-    return;
-  }
-  if (m.has_cudnn() && !cudnn_can_read) {
-    if (!m.noted_unaligned)
-      m.notes.push_back(
-          "cuDNN needs 16-byte aligned q/k/v; these are not, so the native kernels ran");
-    m.noted_unaligned = true;
-    m.run_forward(false, q, k, v, out, lse);
     return;
   }
   if (m.decide_on_first_forward) {
