@@ -424,7 +424,7 @@ struct CudaPlan::Impl {
           opts.device);
     else if (use_hopper_tasks)
       why_backward = prepare_hopper_task_backward();
-    use_hopper_backward = (use_hopper || use_hopper_tasks) && why_backward.empty();
+    use_hopper_backward = hopper_forward() && why_backward.empty();
     if (use_hopper && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
@@ -434,13 +434,12 @@ struct CudaPlan::Impl {
     return {why, why_backward};
   }
 
+  bool hopper_forward() const { return use_hopper || use_hopper_tasks; }
   // What runs where cuDNN does not: the sm_90a kernels where they can, else the native ones.
-  const char* forward_fallback() const {
-    return use_hopper || use_hopper_tasks ? "hopper" : "native";
-  }
+  const char* forward_fallback() const { return hopper_forward() ? "hopper" : "native"; }
   const char* backward_fallback() const { return use_hopper_backward ? "hopper" : "native"; }
   std::string fallback_kernels() const {
-    return use_hopper || use_hopper_tasks ? "the sm_90a kernels" : "the native kernels";
+    return hopper_forward() ? "the sm_90a kernels" : "the native kernels";
   }
 
   void run_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
@@ -638,7 +637,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     const auto [why, why_backward] = m.choose_hopper();
     hopper_why_backward = why_backward;
     const std::string experimental = kernels::cuda::kHopperStatus;
-    const bool hopper = m.use_hopper || m.use_hopper_tasks;
+    const bool hopper = m.hopper_forward();
     const std::string over = m.use_hopper_tasks
                                  ? " (TMA + wgmma, over the dilated pattern's strided views)"
                                  : " (TMA + wgmma)";
@@ -710,7 +709,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       throw InputError("--kernel", std::string("'cudnn' is not available in this build (") + why +
                                        "); use --kernel native or auto");
     m.notes.push_back("--kernel auto: " + m.fallback_kernels() + " (no cuDNN: " + why + ")" +
-                      (m.use_hopper_backward || !(m.use_hopper || m.use_hopper_tasks)
+                      (m.use_hopper_backward || !m.hopper_forward()
                            ? ""
                            : "; the native backward (" + hopper_why_backward + ")"));
 #endif
@@ -760,7 +759,7 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
   // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
   const bool cudnn_next = m.has_cudnn() && (m.use_cudnn || m.decide_on_first_forward);
-  if (!cudnn_can_read && (cudnn_next || m.use_hopper || m.use_hopper_tasks)) {  // TMA too
+  if (!cudnn_can_read && (cudnn_next || m.hopper_forward())) {  // TMA too
     if (!m.noted_unaligned)
       m.notes.push_back(cudnn_next ? "cuDNN needs 16-byte aligned q/k/v; these are not, so the "
                                      "native kernels ran"
