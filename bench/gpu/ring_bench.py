@@ -76,18 +76,19 @@ def main():
     window90 = 2 * 128 * max(1, (n // 128) // 20)
     configs.append(("sparse 90% causal", ["--attention", "block-sparse", "--pattern",
                                           f"local:window={window90}", "--causal"]))
-    # The ring's local kernel is the native one (cuDNN has no merge mode), so every ring row
-    # names --kernel native and P = 1 is the like-for-like base; one cuDNN row for reference.
-    # On an sm_90 the ring and distributed block-sparse also run on the sm_90a kernels
-    # (--kernel hopper, forward and backward; elsewhere those rows say why they ran native).
+    # Every row names its kernel, so P = 1 is the like-for-like base: native by default;
+    # cuDNN (--kernel cudnn: each ring step's views on cuDNN's graphs, merged by lse; P = 1 is
+    # the single-GPU cuDNN plan); on an sm_90 the sm_90a kernels (--kernel hopper, forward and
+    # backward; elsewhere those rows say why they ran native).
     configs.insert(1, ("dense (cudnn)", ["--kernel", "cudnn"]))
-    configs += [("causal (hopper)", ["--kernel", "hopper", "--causal"]),
+    configs += [("causal (cudnn)", ["--kernel", "cudnn", "--causal"]),
+                ("causal (hopper)", ["--kernel", "hopper", "--causal"]),
                 ("sparse 90% causal (hopper)", ["--kernel", "hopper", "--attention",
                                                 "block-sparse", "--pattern",
                                                 f"local:window={window90}", "--causal"])]
     for name, extra in configs:
         base = None
-        for p in ((1,) if "cudnn" in name else (1, 2, 4)):
+        for p in (1, 2, 4):
             if time.time() - t0 > a.budget_s:
                 skipped.append(f"{name} P={p}")
                 continue

@@ -159,8 +159,8 @@ po::options_description control_options() {
       "kernel", po::value<std::string>()->default_value("auto"),
       "cuda kernel: auto (one GPU: cuDNN or ours, the faster, timed on the first forward and "
       "backward, ours wherever cuDNN does not run; ours, and the ring's and block-sparse's: "
-      "hopper where it runs, else native) | native | cudnn | hopper (the sm_90a forward and "
-      "backward)")(
+      "hopper where it runs, else native) | native | cudnn (one GPU, and the ring's dense "
+      "steps) | hopper (the sm_90a forward and backward)")(
       "dtype", po::value<std::string>(),
       "device input precision: bf16 (cuda default) | fp16 | fp32 (cpu: fp32 only)")(
       "threads", po::value<int>()->default_value(0), "OpenMP threads (0: all cores)")(

@@ -66,27 +66,20 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
     m.device_comm = ring::make_device_inproc_communicator(comm, m.device_index);
   else if (t == ring::DeviceTransport::nccl)
     m.device_comm = ring::make_nccl_communicator(comm, {spec.timeout_s});
-  // cuDNN runs where a rank's attention is a single-GPU plan: one rank, or Ulysses with one
-  // group (each rank's head slice whole, between the all-to-alls). The ring's steps and
-  // block-sparse's local and received blocks run the sm_90a kernels with --kernel hopper, and
-  // with auto where they run; else the native ones.
-  if (m.device_comm && spec.kernel == KernelChoice::cudnn && !single_plan_per_rank(m))
-    throw InputError("--kernel", std::string("'") + to_string(spec.kernel) +
-                                     "' runs on one rank, or with --ulysses equal "
-                                     "to the rank count; the GPU " +
-                                     (m.job.lists ? "block-sparse mode" : "ring") +
-                                     " has no cuDNN kernels (use --kernel native, hopper or "
-                                     "auto)");
+  // cuDNN runs on single-GPU plans and on the GPU ring's steps (dense attention: each step's
+  // tasks as cuDNN views); block-sparse's local and received blocks have no cuDNN kernels.
+  if (m.device_comm && m.job.lists && spec.kernel == KernelChoice::cudnn &&
+      !single_plan_per_rank(m))
+    throw InputError("--kernel", "'cudnn' has no block-sparse kernels: the GPU block-sparse "
+                                 "mode runs --kernel native, hopper or auto");
 }
 
-// The kernel choice reaches every device plan; cuDNN runs on single-GPU plans only (refused
-// above elsewhere). auto on the ring or distributed block-sparse is resolved by its plan:
-// the sm_90a kernels where they run, else native.
+// The kernel choice reaches every device plan. auto on the ring or distributed block-sparse
+// is resolved by its plan: the sm_90a kernels where they run, else native; cudnn on the ring
+// runs each step's views on cuDNN where they map (else a note and the auto choice).
 CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
-  const bool single = !m.device_comm || single_plan_per_rank(m);
-  const KernelChoice k =
-      single || spec.kernel != KernelChoice::cudnn ? spec.kernel : KernelChoice::native;
-  return {spec.dtype.value_or(DeviceDType::bf16), k, m.device_index, spec.deterministic};
+  return {spec.dtype.value_or(DeviceDType::bf16), spec.kernel, m.device_index,
+          spec.deterministic};
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks

@@ -6,7 +6,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <iomanip>
 #include <limits>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,10 @@
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
+#if RINGATTN_HAVE_CUDNN
+#include "kernels/cuda/cudnn_graphs.hpp"
+#include "ring/ring_cudnn_views.hpp"
+#endif
 #include "ring/progress_thread.hpp"
 #include "ring/ring_protocol.hpp"
 #include "ring/schedule.hpp"
@@ -106,6 +114,18 @@ struct CudaRingPlan::Impl {
   kc::DeviceAllocation hopper_items;
   std::vector<kernels::ForwardItem> hopper_k_items_host;
   kc::DeviceAllocation hopper_k_items;
+  // --kernel cudnn: each step's tasks as cuDNN views (ring_cudnn_views.hpp), every view's
+  // forward into a scratch O and its stats, merged into out/lse by lse; the backward from the
+  // global out (rounded to the io type) and lse, each view's dQ, dK, dV added into the fp32
+  // gradients. One graph per distinct view shape, shared by the steps.
+  bool use_cudnn = false, use_cudnn_backward = false;
+#if RINGATTN_HAVE_CUDNN
+  std::vector<std::vector<kc::SdpaView>> cudnn_views;       // [step][view]
+  std::vector<std::vector<std::size_t>> cudnn_graph_of;     // [step][view] into cudnn_graphs
+  std::vector<std::unique_ptr<kc::CudnnGraphPlan>> cudnn_graphs;
+  kc::DeviceAllocation c_o, c_stats, c_dq, c_dk, c_dv;
+  double cudnn_build_ms = 0;
+#endif
   std::vector<std::string> notes;
 
   int64_t d() const { return cfg.shape.head_dim; }
@@ -123,6 +143,14 @@ struct CudaRingPlan::Impl {
     part_lse.reset();
     hopper_items.reset();
     hopper_k_items.reset();
+#if RINGATTN_HAVE_CUDNN
+    cudnn_graphs.clear();
+    c_o.reset();
+    c_stats.reset();
+    c_dq.reset();
+    c_dk.reset();
+    c_dv.reset();
+#endif
     for (int i = 0; i < 2; ++i) {
       buf.send[i].reset();
       buf.receive[i].reset();
@@ -240,6 +268,129 @@ struct CudaRingPlan::Impl {
     return "";
   }
 
+#if RINGATTN_HAVE_CUDNN
+  // "" and every step's views with their graphs built (with the backward's when asked) and the
+  // scratch allocated, or why cuDNN cannot run this ring's steps.
+  std::string prepare_cudnn(bool with_backward) {
+    if (elem == kc::Elem::fp32) return "cuDNN's fused attention takes bf16 or fp16, not fp32";
+    const auto t0 = std::chrono::steady_clock::now();
+    std::map<std::string, std::size_t> by_shape;
+    for (const RingStep& st : sched.steps) {
+      std::string why;
+      std::vector<kc::SdpaView> views = ring_step_views(cfg, layout, st, &why);
+      if (views.empty() && !why.empty()) return why;
+      std::vector<std::size_t> graph_of;
+      for (const kc::SdpaView& v : views) {
+        kc::SdpaView shape = v;  // the graph's view: offsets are applied to the pointers
+        shape.q_offset = shape.kv_offset = shape.row_offset = 0;
+        std::ostringstream key;
+        key << shape.batch << ' ' << shape.heads << ' ' << shape.kv_heads << ' ' << shape.rows
+            << ' ' << shape.kv_rows << ' ' << shape.head_dim << ' ' << shape.right_bound.value_or(-1)
+            << ' ' << (shape.right_bound ? 1 : 0);
+        for (int i = 0; i < 4; ++i) key << ' ' << shape.q_stride[i] << ' ' << shape.kv_stride[i];
+        auto [it, fresh] = by_shape.try_emplace(key.str(), cudnn_graphs.size());
+        if (fresh) {
+          try {
+            cudnn_graphs.push_back(std::make_unique<kc::CudnnGraphPlan>(
+                std::vector<kc::SdpaView>{shape}, opts.dtype, opts.device, stream,
+                with_backward));
+          } catch (const std::runtime_error& e) {
+            return e.what();
+          }
+        }
+        graph_of.push_back(it->second);
+      }
+      cudnn_views.push_back(std::move(views));
+      cudnn_graph_of.push_back(std::move(graph_of));
+    }
+    const Shape4& s = cfg.shape;
+    const auto q_elems = static_cast<std::size_t>(s.batch * layout.local_len * s.heads * d());
+    const auto kv_elems = static_cast<std::size_t>(
+        std::max(s.batch * layout.local_len * cfg.effective_kv_heads(), sched.max_recv_rows) *
+        d());
+    c_o = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN output scratch", opts.device,
+                               stream);
+    c_stats = kc::DeviceAllocation(static_cast<std::size_t>(shard_rows()) * sizeof(float),
+                                   "the ring's cuDNN stats", opts.device, stream);
+    if (with_backward) {
+      c_dq = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN dQ scratch", opts.device,
+                                  stream);
+      c_dk = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dK scratch", opts.device,
+                                  stream);
+      c_dv = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dV scratch", opts.device,
+                                  stream);
+    }
+    cudnn_build_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return "";
+  }
+
+  std::size_t cudnn_view_count() const {
+    std::size_t n = 0;
+    for (const auto& v : cudnn_views) n += v.size();
+    return n;
+  }
+
+  // Where view `v`'s rows go in out/lse (the rank's [B, N/P, H, D] and [B, H, N/P]).
+  kc::ViewResultParams place_of(const kc::SdpaView& v, float* out, float* lse) const {
+    const Shape4& s = cfg.shape;
+    kc::ViewResultParams r;
+    r.o_scratch = c_o.get();
+    r.stats = c_stats.as<float>();
+    r.out = out;
+    r.lse = lse;
+    r.batch = s.batch, r.seq_len = layout.local_len, r.heads = s.heads, r.head_dim = s.head_dim;
+    r.segment = layout.local_len, r.dilation = 1, r.offset = v.row_offset, r.rows = v.rows;
+    r.first_head = 0, r.head_count = s.heads, r.head_step = 1;
+    r.accumulate = true;
+    return r;
+  }
+
+  const char* at(const void* base, int64_t elements) const {
+    return static_cast<const char*>(base) + elements * static_cast<int64_t>(eb());
+  }
+  void* at(void* base, int64_t elements) const {
+    return static_cast<char*>(base) + elements * static_cast<int64_t>(eb());
+  }
+
+  // Step t's views into out/lse (merged by lse).
+  void cudnn_forward(int t, const void* q, const void* k, const void* v, float* out, float* lse) {
+    const auto& views = cudnn_views[static_cast<std::size_t>(t)];
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      const kc::SdpaView& w = views[i];
+      cudnn_graphs[cudnn_graph_of[static_cast<std::size_t>(t)][i]]->forward_view(
+          0, at(q, w.q_offset), at(k, w.kv_offset), at(v, w.kv_offset), at(c_o.get(), w.q_offset),
+          c_stats.as<float>());
+      kc::launch_store_view_result(elem, place_of(w, out, lse), stream);
+    }
+  }
+
+  // Step t's views' gradients added into dq (the rank's) and dk, dv (laid out as k, v). c_o
+  // holds the call's out in the io type.
+  void cudnn_backward(int t, const void* q, const void* k, const void* v, const void* dout,
+                      const float* lse, float* dq, float* dk, float* dv) {
+    const auto& views = cudnn_views[static_cast<std::size_t>(t)];
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      const kc::SdpaView& w = views[i];
+      kc::launch_gather_view_stats(place_of(w, nullptr, const_cast<float*>(lse)),
+                                   c_stats.as<float>(), stream);
+      cudnn_graphs[cudnn_graph_of[static_cast<std::size_t>(t)][i]]->backward_view(
+          0, at(q, w.q_offset), at(k, w.kv_offset), at(v, w.kv_offset), at(c_o.get(), w.q_offset),
+          at(dout, w.q_offset), c_stats.as<float>(), at(c_dq.get(), w.q_offset),
+          at(c_dk.get(), w.kv_offset), at(c_dv.get(), w.kv_offset));
+      kc::StridedView qv{w.q_offset, {w.batch, w.heads, w.rows, w.head_dim}, {}};
+      kc::StridedView kv{w.kv_offset, {w.batch, w.kv_heads, w.kv_rows, w.head_dim}, {}};
+      for (int a = 0; a < 4; ++a) {
+        qv.strides[a] = w.q_stride[static_cast<std::size_t>(a)];
+        kv.strides[a] = w.kv_stride[static_cast<std::size_t>(a)];
+      }
+      kc::launch_add_view(elem, c_dq.get(), dq, qv, stream);
+      kc::launch_add_view(elem, c_dk.get(), dk, kv, stream);
+      kc::launch_add_view(elem, c_dv.get(), dv, kv, stream);
+    }
+  }
+#endif
+
   void clear_partial() {
     RINGATTN_CUDA_CHECK(cudaMemsetAsync(part_out.get(), 0, part_out.bytes(), stream));
     kc::fill_floats(part_lse.as<float>(), shard_rows(), -std::numeric_limits<float>::infinity(),
@@ -299,6 +450,18 @@ struct CudaRingPlan::Impl::Device {
       p.lse = m.part_lse.as<float>();
       m.clear_partial();
     }
+#if RINGATTN_HAVE_CUDNN
+    if (m.use_cudnn && aligned16(p.q) && aligned16(k) && aligned16(v)) {
+      m.cudnn_forward(t, p.q, k, v, p.out, p.lse);
+      if (m.partials) m.merge_partial(fwd.out, fwd.lse);
+      return;
+    }
+    if (m.use_cudnn && !m.noted_unaligned) {
+      m.notes.push_back("cuDNN needs 16-byte aligned q/k/v; these are not, so the native kernels "
+                        "ran");
+      m.noted_unaligned = true;
+    }
+#endif
     const bool hopper = m.use_hopper && aligned16(p.q) && aligned16(k) && aligned16(v);
     if (m.use_hopper && !hopper && !m.noted_unaligned) {
       m.notes.push_back(
@@ -329,6 +492,18 @@ struct CudaRingPlan::Impl::Device {
     p.v = v;
     p.dk = dk;
     p.dv = dv;
+#if RINGATTN_HAVE_CUDNN
+    if (m.use_cudnn_backward && aligned16(p.q) && aligned16(p.dout) && aligned16(k) &&
+        aligned16(v)) {
+      m.cudnn_backward(t, p.q, k, v, p.dout, p.lse, p.dq, dk, dv);
+      return;
+    }
+    if (m.use_cudnn_backward && !m.noted_unaligned_backward) {
+      m.notes.push_back("cuDNN needs 16-byte aligned q/k/v/dout; these are not, so the native "
+                        "kernels ran");
+      m.noted_unaligned_backward = true;
+    }
+#endif
     const bool hopper = m.use_hopper_backward && aligned16(p.q) && aligned16(p.dout) &&
                         aligned16(k) && aligned16(v);
     if (m.use_hopper_backward && !hopper && !m.noted_unaligned_backward) {
@@ -464,28 +639,70 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.buf.returned[i] = kc::DeviceAllocation(kv_send * sizeof(float), "a ring dK/dV return buffer",
                                              opts.device, m.stream);
   }
-  // --kernel hopper, and auto: cuDNN does not run a ring's steps, and where the sm_90a task
-  // kernels run they are the faster ones (on an H200, N = 64K causal: forward 2.0x, backward
-  // 1.2-1.3x the native kernels; bench/results/gpu-h200-20261126-a9aff03).
-  if (opts.kernel == KernelChoice::hopper || opts.kernel == KernelChoice::automatic) {
-    const bool automatic = opts.kernel == KernelChoice::automatic;
+  // --kernel cudnn: every step's views on cuDNN (dense attention; the backward too unless
+  // --deterministic, as cuDNN's backward adds dQ with atomics). Where it cannot run, a note
+  // says why and the choice falls to auto's.
+  bool hopper_or_auto =
+      opts.kernel == KernelChoice::hopper || opts.kernel == KernelChoice::automatic;
+  if (opts.kernel == KernelChoice::cudnn) {
+#if RINGATTN_HAVE_CUDNN
+    const std::string why = m.prepare_cudnn(!opts.deterministic);
+    m.use_cudnn = why.empty();
+    if (!m.use_cudnn) {  // what was built before the refusal
+      m.cudnn_graphs.clear();
+      m.cudnn_views.clear();
+      m.cudnn_graph_of.clear();
+    }
+    m.use_cudnn_backward = m.use_cudnn && !opts.deterministic;
+    if (m.use_cudnn) {
+      const std::string library = m.cudnn_graphs.empty()
+                                      ? std::string("cuDNN")
+                                      : m.cudnn_graphs.front()->description().substr(
+                                            0, m.cudnn_graphs.front()->description().find(':'));
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(0) << "--kernel cudnn: every ring step's forward"
+         << (m.use_cudnn_backward ? " and backward" : "") << " on cuDNN (" << library << "; " << m.cudnn_view_count() << " views over " << m.sched.steps.size() << " steps, "
+         << m.cudnn_graphs.size() << (m.cudnn_graphs.size() == 1 ? " graph" : " graphs")
+         << " built in " << m.cudnn_build_ms << " ms)";
+      if (!m.use_cudnn_backward)
+        os << "; the backward is ringattn's (--deterministic: cuDNN's backward adds dQ with "
+              "atomics)";
+      m.notes.push_back(os.str());
+    } else {
+      m.notes.push_back("--kernel cudnn: cuDNN cannot run this ring's steps (" + why +
+                        "); using what --kernel auto picks");
+    }
+#else
+    throw InputError("--kernel",
+                     "'cudnn' is not available in this build (no cuDNN headers or cudnn-frontend "
+                     "at configure time)");
+#endif
+    hopper_or_auto = !m.use_cudnn_backward;
+  }
+  // --kernel hopper, and auto: the sm_90a task kernels, where they run, are the faster ring
+  // kernels of ringattn's own (on an H200, N = 64K causal: forward 2.0x, backward 1.2-1.3x
+  // the native kernels; bench/results/gpu-h200-20261126-a9aff03). auto does not take cuDNN on
+  // the ring until a GPU has measured it there.
+  if (hopper_or_auto) {
+    const bool automatic = opts.kernel != KernelChoice::hopper;
     const std::string why = m.prepare_hopper();
     m.use_hopper = why.empty();
     const std::string why_backward = m.use_hopper ? m.prepare_hopper_backward(all.k_items) : why;
     m.use_hopper_backward = m.use_hopper && why_backward.empty();
     const std::string status =
         automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
-    const std::string flag = automatic ? "--kernel auto: " : "--kernel hopper: ";
+    const std::string flag = opts.kernel == KernelChoice::cudnn ? "--kernel cudnn: "
+                             : automatic                         ? "--kernel auto: "
+                                                                 : "--kernel hopper: ";
+    const char* steps = m.use_cudnn ? "backward" : "forward and backward";
     m.notes.push_back(
         !m.use_hopper
-            ? (automatic ? "--kernel auto: the native kernels (cuDNN does not run a ring's "
-                           "steps; the sm_90a ones cannot run: " +
-                               why + ")"
+            ? (automatic ? flag + "the native kernels (the sm_90a ones cannot run: " + why + ")"
                          : "--kernel hopper: " + why + "; using the native kernels")
         : m.use_hopper_backward
-            ? flag +
-                  "every ring step's forward and backward on the sm_90a kernels (TMA + wgmma; "
-                  "the rank's K/V, then each received block); " +
+            ? flag + "every ring step's " + steps +
+                  " on the sm_90a kernels (TMA + wgmma; the rank's K/V, then each received "
+                  "block); " +
                   status
             : flag +
                   "every ring step's forward on the sm_90a kernel (TMA + wgmma; the rank's K/V, "
@@ -497,9 +714,11 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
-std::string CudaRingPlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
+std::string CudaRingPlan::kernel_name() const {
+  return impl_->use_cudnn ? "cudnn" : impl_->use_hopper ? "hopper" : "native";
+}
 std::string CudaRingPlan::backward_kernel_name() const {
-  return impl_->use_hopper_backward ? "hopper" : "native";
+  return impl_->use_cudnn_backward ? "cudnn" : impl_->use_hopper_backward ? "hopper" : "native";
 }
 const std::vector<std::string>& CudaRingPlan::notes() const noexcept { return impl_->notes; }
 
@@ -516,6 +735,10 @@ std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() +
                   m.delta.bytes() + m.part_out.bytes() + m.part_lse.bytes() +
                   m.hopper_items.bytes() + m.hopper_k_items.bytes();
+#if RINGATTN_HAVE_CUDNN
+  b += m.c_o.bytes() + m.c_stats.bytes() + m.c_dq.bytes() + m.c_dk.bytes() + m.c_dv.bytes();
+  for (const auto& g : m.cudnn_graphs) b += g->workspace_bytes();
+#endif
   for (int i = 0; i < 2; ++i)
     b += m.buf.send[i].bytes() + m.buf.receive[i].bytes() + m.buf.partial[i].bytes() +
          m.buf.returned[i].bytes();
@@ -559,6 +782,11 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
                      {out, dout, m.delta.as<float>(), s.batch, m.layout.local_len, s.heads, dd},
                      m.cfg.effective_kv_heads(), dq, dk, dv, m.stream);
 
+#if RINGATTN_HAVE_CUDNN
+  if (m.use_cudnn_backward)  // cuDNN's backward reads the global out in the io type
+    kc::launch_floats_to_elem(m.elem, out, m.c_o.get(),
+                              s.batch * m.layout.local_len * s.heads * dd, m.stream);
+#endif
   Impl::Device device{m, {}, {}};
   kc::FlashBackwardParams& p = device.bwd;
   p.q = q;

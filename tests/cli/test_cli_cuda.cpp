@@ -235,11 +235,22 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
           std::string::npos ||
       r.out.find("note: --kernel hopper: ") != std::string::npos)
       << describe(r);
-  // cuDNN is still refused there, naming --kernel.
+  // --kernel cudnn: every step's views on cuDNN, forward and backward, checked against float64
+  // on every rank, where the build has cuDNN; refused naming --kernel where it has none.
   r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
-                        "--kernel", "cudnn"});
+                        "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--causal",
+                        "--kernel", "cudnn", "--check", "--backward", "--json"});
+#if RINGATTN_TEST_HAVE_CUDNN
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const nlohmann::json jr = last_line_json(r.out);
+  EXPECT_EQ(jr.value("kernel", ""), "cudnn") << describe(r);
+  EXPECT_EQ(jr.value("kernel_backward", ""), "cudnn") << describe(r);
+  EXPECT_NE(r.out.find("every ring step's forward and backward on cuDNN"), std::string::npos)
+      << describe(r);
+#else
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
+#endif
 }
 
 // --layout bhnd: the GPU engines read [B, N, H, D] only, so --device auto keeps the run on the

@@ -16,6 +16,9 @@
 
 #include "gpu_skip.hpp"
 #include "kernels/cuda/cudnn_graphs.hpp"
+#include "ring/ring_cudnn_views.hpp"
+#include "ring/ring_schedule.hpp"
+#include "ring/sharding.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -138,6 +141,40 @@ TEST(CudnnViews, BandsFollowTheDenseRule) {
   EXPECT_EQ(v[0].left_bound, 17);
   EXPECT_EQ(v[0].right_bound, 0);
   EXPECT_FLOAT_EQ(v[0].scale, 0.125f);
+}
+
+// The GPU ring's --kernel cudnn: every step's views (ring_cudnn_views.hpp) of dense rings,
+// causal zigzag with GQA and non-causal with MQA, P = 2 and 4, every rank, validate forward and
+// backward, bf16 and fp16, on Hopper and Ampere: rectangles whose key rows differ from their
+// query rows, bands offset from the diagonal, and K/V read from the packed receive buffer.
+TEST(CudnnViews, EveryRingStepsGraphsValidate) {
+  std::string library;
+  if (!cudnn_loadable(&library)) GTEST_SKIP() << "SKIPPED: " << library;
+  AttentionConfig causal_gqa = dense(256, 8, 128);
+  causal_gqa.causal = true;
+  causal_gqa.kv_heads = 2;
+  AttentionConfig mqa = dense(256, 4, 64);
+  mqa.kv_heads = 1;
+  for (const AttentionConfig& cfg : {causal_gqa, mqa})
+    for (const int world : {2, 4}) {
+      const ring::ShardLayout layout = ring::make_layout(cfg, world);
+      for (int r = 0; r < world; ++r) {
+        const ring::RingSchedule s = ring::build_ring_schedule(cfg, layout, r, {64, 128});
+        for (std::size_t t = 0; t < s.steps.size(); ++t) {
+          std::string why;
+          const std::vector<SdpaView> views = ring::ring_step_views(cfg, layout, s.steps[t], &why);
+          ASSERT_TRUE(why.empty()) << why;
+          for (const SdpaView& v : views)
+            for (const DeviceDType dtype : {DeviceDType::bf16, DeviceDType::fp16})
+              for (const int sm : {90, 80})
+                for (const SdpaGraphKind kind : {SdpaGraphKind::forward, SdpaGraphKind::backward})
+                  EXPECT_EQ(validate_sdpa_view(v, kind, dtype, sm), "")
+                      << library << ", P " << world << " rank " << r << " step " << t << ", sm_"
+                      << sm << ", " << to_string(dtype)
+                      << (kind == SdpaGraphKind::forward ? " forward" : " backward");
+        }
+      }
+    }
 }
 
 // On a GPU (skipped, with the reason, elsewhere): the graphs built and run by CudnnGraphPlan,

@@ -145,6 +145,10 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
     EXPECT_EQ(got.kernel_backward, "hopper") << what << " P=" << p;
   }
 #endif
+  if (kernel == KernelChoice::cudnn) {  // every view is a cuDNN grid in these cases
+    EXPECT_EQ(got.kernel, "cudnn") << what << " P=" << p;
+    EXPECT_EQ(got.kernel_backward, "cudnn") << what << " P=" << p;
+  }
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     round_to_device_dtype(x->data(), x->size(), t);
   const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
@@ -496,6 +500,44 @@ TEST(CudaRing, AutoRunsTheSm90aKernelsWhereTheyRunElseTheNativeOnes) {
 #endif
   }
 }
+
+#if RINGATTN_TEST_HAVE_CUDNN
+// --kernel cudnn (a build with cuDNN, on a GPU): every step's views on cuDNN's graphs, the
+// forward merged by lse (in place and through per-step partials), the backward from the
+// global out and lse; P = 1..4 against float64: dense and causal (every layout the ring picks
+// for N = 240), MQA and GQA 6:3, D = 64 and 128.
+TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
+  std::vector<std::pair<AttentionConfig, std::string>> cases;
+  for (const auto& c : testing::random_ring_cases())
+    if (std::string(c.name) == "dense_D64")
+      for (const bool causal : {false, true})
+        cases.emplace_back(testing::config_of(c, causal), causal ? "causal" : "dense");
+  for (const auto& c : testing::gqa_ring_cases())
+    if (std::string(c.name) == "gqa_dense_mqa" || std::string(c.name) == "gqa_dense_half") {
+      AttentionConfig cfg = testing::config_of(c, true);
+      cfg.shape.head_dim = 64;
+      cases.emplace_back(cfg, c.name);
+    }
+  AttentionConfig wide = cases.at(1).first;
+  wide.shape.head_dim = 128;
+  cases.emplace_back(wide, "causal D=128");
+  for (const auto& [cfg, name] : cases) {
+    const RingInputs in = testing::random_inputs(cfg);
+    for (int p = 1; p <= 4; ++p) {
+      if (cfg.shape.seq_len % p != 0) continue;
+      if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+      expect_matches_reference(name + " (cudnn)", cfg, in, p, DeviceDType::bf16, {},
+                               KernelChoice::cudnn);
+      if (name == "causal" && p == 2) {
+        ring::RingOptions opts;
+        opts.step_results = ring::RingOptions::StepResults::partials;
+        expect_matches_reference(name + " (cudnn, partials)", cfg, in, p, DeviceDType::bf16, opts,
+                                 KernelChoice::cudnn);
+      }
+    }
+  }
+}
+#endif
 
 // docs/COMMUNICATION.md's per-rank bound: per-step partials (the path a library kernel that
 // cannot merge in place takes) cost one more shard's output and lse in fp32, B·n·H·(D + 1)·4

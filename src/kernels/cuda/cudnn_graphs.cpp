@@ -42,6 +42,9 @@ const std::string& open_cudnn() {
 std::vector<int64_t> dims(const SdpaView& v, int64_t heads) {
   return {v.batch, heads, v.rows, v.head_dim};
 }
+std::vector<int64_t> kv_dims(const SdpaView& v) {
+  return {v.batch, v.kv_heads, v.kv_rows > 0 ? v.kv_rows : v.rows, v.head_dim};
+}
 std::vector<int64_t> strides(const std::array<int64_t, 4>& s) { return {s[0], s[1], s[2], s[3]}; }
 
 fe::DataType_t io_type(DeviceDType t) {
@@ -62,14 +65,12 @@ struct Inputs {
 };
 
 Inputs inputs(Graph& g, const SdpaView& v) {
-  auto t = [&](const char* name, int64_t heads, const std::array<int64_t, 4>& s) {
-    return g.tensor(fe::graph::Tensor_attributes()
-                        .set_name(name)
-                        .set_dim(dims(v, heads))
-                        .set_stride(strides(s)));
+  auto t = [&](const char* name, const std::vector<int64_t>& d, const std::array<int64_t, 4>& s) {
+    return g.tensor(
+        fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(strides(s)));
   };
-  return {t("Q", v.heads, v.q_stride), t("K", v.kv_heads, v.kv_stride),
-          t("V", v.kv_heads, v.kv_stride)};
+  return {t("Q", dims(v, v.heads), v.q_stride), t("K", kv_dims(v), v.kv_stride),
+          t("V", kv_dims(v), v.kv_stride)};
 }
 
 // Stats (lse) [batch, heads, rows, 1], fp32, contiguous per view.
@@ -129,8 +130,8 @@ ViewGraph backward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
   set_band(v, a);
   auto [dq, dk, dv] = g.sdpa_backward(in.q, in.k, in.v, o, dout, stats, a);
   dq->set_output(true).set_dim(dims(v, v.heads)).set_stride(strides(v.q_stride));
-  dk->set_output(true).set_dim(dims(v, v.kv_heads)).set_stride(strides(v.kv_stride));
-  dv->set_output(true).set_dim(dims(v, v.kv_heads)).set_stride(strides(v.kv_stride));
+  dk->set_output(true).set_dim(kv_dims(v)).set_stride(strides(v.kv_stride));
+  dv->set_output(true).set_dim(kv_dims(v)).set_stride(strides(v.kv_stride));
   vg.q = in.q, vg.k = in.k, vg.v = in.v, vg.o = o, vg.dout = dout, vg.stats = stats;
   vg.dq = dq, vg.dk = dk, vg.dv = dv;
   return vg;
@@ -304,15 +305,27 @@ struct CudnnGraphPlan::Impl {
   }
 };
 
+namespace {
+std::vector<SdpaView> views_or_throw(const AttentionConfig& cfg) {
+  std::string why;
+  std::vector<SdpaView> views = sdpa_views(cfg, &why);
+  if (views.empty()) throw std::runtime_error(why);
+  return views;
+}
+}  // namespace
+
 CudnnGraphPlan::CudnnGraphPlan(const AttentionConfig& cfg, DeviceDType dtype, int device,
+                               void* stream, bool with_backward)
+    : CudnnGraphPlan(views_or_throw(cfg), dtype, device, stream, with_backward) {}
+
+CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, int device,
                                void* stream, bool with_backward)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   if (dtype == DeviceDType::fp32)
     throw std::runtime_error("cuDNN's fused attention takes bf16 or fp16 inputs, not fp32");
-  std::string why;
-  m.views = sdpa_views(cfg, &why);
-  if (m.views.empty()) throw std::runtime_error(why);
+  if (views.empty()) throw std::runtime_error("no cuDNN views");
+  m.views = std::move(views);
   if (const std::string& error = open_cudnn(); !error.empty()) throw std::runtime_error(error);
   const CudaDeviceStatus d = probe_cuda_device(device);
   if (!d.usable) throw std::runtime_error(d.reason);
@@ -374,22 +387,25 @@ void CudnnGraphPlan::forward_view(std::size_t i, const void* q, const void* k, c
 
 void CudnnGraphPlan::backward(const void* q, const void* k, const void* v, const void* out,
                               const void* dout, const float* stats, void* dq, void* dk, void* dv) {
+  for (std::size_t i = 0; i < impl_->views.size(); ++i)
+    backward_view(i, q, k, v, out, dout, stats, dq, dk, dv);
+}
+
+void CudnnGraphPlan::backward_view(std::size_t i, const void* q, const void* k, const void* v,
+                                   const void* out, const void* dout, const float* stats,
+                                   void* dq, void* dk, void* dv) {
   Impl& m = *impl_;
   if (m.backward.empty()) throw std::logic_error("CudnnGraphPlan: built without the backward");
-  for (std::size_t i = 0; i < m.views.size(); ++i) {
-    const SdpaView& w = m.views[i];
-    const ViewGraph& g = m.backward[i];
-    auto p = [&](const void* base, int64_t offset) {
-      return const_cast<char*>(m.at(base, offset));
-    };
-    std::unordered_map<Tensor, void*> pack = {
-        {g.q, p(q, w.q_offset)},       {g.k, p(k, w.kv_offset)},
-        {g.v, p(v, w.kv_offset)},      {g.o, p(out, w.q_offset)},
-        {g.dout, p(dout, w.q_offset)}, {g.stats, const_cast<float*>(stats + m.stats_offsets[i])},
-        {g.dq, p(dq, w.q_offset)},     {g.dk, p(dk, w.kv_offset)},
-        {g.dv, p(dv, w.kv_offset)}};
-    m.execute(g, pack);
-  }
+  const SdpaView& w = m.views.at(i);
+  const ViewGraph& g = m.backward[i];
+  auto p = [&](const void* base, int64_t offset) { return const_cast<char*>(m.at(base, offset)); };
+  std::unordered_map<Tensor, void*> pack = {
+      {g.q, p(q, w.q_offset)},       {g.k, p(k, w.kv_offset)},
+      {g.v, p(v, w.kv_offset)},      {g.o, p(out, w.q_offset)},
+      {g.dout, p(dout, w.q_offset)}, {g.stats, const_cast<float*>(stats + m.stats_offsets[i])},
+      {g.dq, p(dq, w.q_offset)},     {g.dk, p(dk, w.kv_offset)},
+      {g.dv, p(dv, w.kv_offset)}};
+  m.execute(g, pack);
 }
 
 }  // namespace ringattn::kernels::cuda

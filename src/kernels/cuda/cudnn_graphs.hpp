@@ -23,6 +23,7 @@ namespace ringattn::kernels::cuda {
 // theirs; k and v theirs), dimensions in cuDNN's [batch, head, row, dim] order.
 struct SdpaView {
   int64_t batch = 1, heads = 1, kv_heads = 1, rows = 0, head_dim = 0;
+  int64_t kv_rows = 0;  // key rows, where they differ from `rows` (a ring step); 0: rows
   std::array<int64_t, 4> q_stride{}, kv_stride{};
   int64_t q_offset = 0, kv_offset = 0;
   float scale = 1;
@@ -80,6 +81,9 @@ class CudnnGraphPlan {
   // not support (the caller falls back to the native kernels with that note).
   CudnnGraphPlan(const AttentionConfig& cfg, DeviceDType dtype, int device, void* stream,
                  bool with_backward);
+  // The given views' graphs (a ring step's, ring_cudnn_views.hpp), throwing as above.
+  CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, int device, void* stream,
+                 bool with_backward);
   ~CudnnGraphPlan();
   CudnnGraphPlan(const CudnnGraphPlan&) = delete;
   CudnnGraphPlan& operator=(const CudnnGraphPlan&) = delete;
@@ -94,6 +98,10 @@ class CudnnGraphPlan {
                     float* stats);
   void backward(const void* q, const void* k, const void* v, const void* out, const void* dout,
                 const float* stats, void* dq, void* dk, void* dv);
+  // One view's backward (stats at that view's offset); it writes dq, dk, dv at the view's rows.
+  void backward_view(std::size_t view, const void* q, const void* k, const void* v,
+                     const void* out, const void* dout, const float* stats, void* dq, void* dk,
+                     void* dv);
   double build_ms() const;
   std::size_t workspace_bytes() const;  // cuDNN's own, shared by the graphs
   std::string description() const;  // "cuDNN 9.19.0: 1 view, composite forward + backward"

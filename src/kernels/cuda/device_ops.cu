@@ -203,6 +203,20 @@ __global__ void elem_to_floats_kernel(const T* src, float* dst, int64_t n, bool 
 }
 
 template <typename T>
+__global__ void add_view_kernel(const T* src, float* dst, const StridedView v) {
+  const int64_t n = v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, at = v.offset;
+    for (int a = 3; a >= 0; --a) {
+      at += rest % v.dims[a] * v.strides[a];
+      rest /= v.dims[a];
+    }
+    dst[at] += to_float(src[at]);
+  }
+}
+
+template <typename T>
 __global__ void store_view_result_kernel(const ViewResultParams p) {
   const int64_t segs = p.seq_len / p.segment;
   const int64_t rows = p.batch * segs * p.head_count * p.rows;
@@ -422,6 +436,28 @@ void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t st
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("store_view_result_kernel");
+}
+
+void launch_add_view(Elem e, const void* src, float* dst, const StridedView& v,
+                     cudaStream_t stream) {
+  const int64_t n = v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3];
+  if (n <= 0) return;
+  const dim3 grid(blocks_for(n, kThreads * 4)), block(kThreads);
+  switch (e) {
+    case Elem::bf16:
+      launch_kernel("add_view_kernel", &add_view_kernel<__nv_bfloat16>, grid, block, 0, stream,
+                    static_cast<const __nv_bfloat16*>(src), dst, v);
+      break;
+    case Elem::fp16:
+      launch_kernel("add_view_kernel", &add_view_kernel<__half>, grid, block, 0, stream,
+                    static_cast<const __half*>(src), dst, v);
+      break;
+    case Elem::fp32:
+      launch_kernel("add_view_kernel", &add_view_kernel<float>, grid, block, 0, stream,
+                    static_cast<const float*>(src), dst, v);
+      break;
+  }
+  RINGATTN_CUDA_CHECK_LAUNCH("add_view_kernel");
 }
 
 }  // namespace ringattn::kernels::cuda

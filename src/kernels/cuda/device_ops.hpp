@@ -65,6 +65,17 @@ void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaS
 void launch_elem_to_floats(Elem e, const void* src, float* dst, int64_t n, bool add,
                            cudaStream_t stream);
 
+// dst[at] += src[at] (src of element type `e`) for every element of the strided 4-D view
+// at = offset + i0·strides[0] + i1·strides[1] + i2·strides[2] + i3·strides[3], i < dims: one
+// cuDNN view's dQ (or dK, dV) of a ring step into the fp32 gradients. A view names each element
+// once, so the adds do not race.
+struct StridedView {
+  int64_t offset = 0;
+  int64_t dims[4] = {}, strides[4] = {};
+};
+void launch_add_view(Elem e, const void* src, float* dst, const StridedView& view,
+                     cudaStream_t stream);
+
 // dst[r * dpitch + c] += src[r * spitch + c] for r < height, c < width; pitches and width in
 // floats (the Ulysses all-to-all summing the dK/dV of members that share a K/V head).
 void add_floats_2d(float* dst, int64_t dpitch, const float* src, int64_t spitch, int64_t width,
