@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <map>
@@ -22,7 +23,7 @@
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "ring/device_schedule.hpp"
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
 #include "kernels/cuda/cudnn_graphs.hpp"
 #include "ring/ring_cudnn_views.hpp"
 #endif
@@ -119,7 +120,7 @@ struct CudaRingPlan::Impl {
   // global out (rounded to the io type) and lse, each view's dQ, dK, dV added into the fp32
   // gradients. One graph per distinct view shape, shared by the steps.
   bool use_cudnn = false, use_cudnn_backward = false;
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
   std::vector<std::vector<kc::SdpaView>> cudnn_views;       // [step][view]
   std::vector<std::vector<std::size_t>> cudnn_graph_of;     // [step][view] into cudnn_graphs
   std::vector<std::unique_ptr<kc::CudnnGraphPlan>> cudnn_graphs;
@@ -143,7 +144,7 @@ struct CudaRingPlan::Impl {
     part_lse.reset();
     hopper_items.reset();
     hopper_k_items.reset();
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
     cudnn_graphs.clear();
     c_o.reset();
     c_stats.reset();
@@ -268,7 +269,7 @@ struct CudaRingPlan::Impl {
     return "";
   }
 
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
   // "" and every step's views with their graphs built (with the backward's when asked) and the
   // scratch allocated, or why cuDNN cannot run this ring's steps.
   std::string prepare_cudnn(bool with_backward) {
@@ -450,7 +451,7 @@ struct CudaRingPlan::Impl::Device {
       p.lse = m.part_lse.as<float>();
       m.clear_partial();
     }
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
     if (m.use_cudnn && aligned16(p.q) && aligned16(k) && aligned16(v)) {
       m.cudnn_forward(t, p.q, k, v, p.out, p.lse);
       if (m.partials) m.merge_partial(fwd.out, fwd.lse);
@@ -492,7 +493,7 @@ struct CudaRingPlan::Impl::Device {
     p.v = v;
     p.dk = dk;
     p.dv = dv;
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
     if (m.use_cudnn_backward && aligned16(p.q) && aligned16(p.dout) && aligned16(k) &&
         aligned16(v)) {
       m.cudnn_backward(t, p.q, k, v, p.dout, p.lse, p.dq, dk, dv);
@@ -645,7 +646,13 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   bool hopper_or_auto =
       opts.kernel == KernelChoice::hopper || opts.kernel == KernelChoice::automatic;
   if (opts.kernel == KernelChoice::cudnn) {
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_CUDA_EMULATION  // cuDNN's stand-in runs for tests only (cudnn_graphs_emulated.cpp)
+    const char* standin = std::getenv("RINGATTN_EMU_CUDNN_STANDIN");
+    if (!standin || std::string(standin) != "1")
+      throw InputError("--kernel", "'cudnn' is not available in this build (the emulated GPU has "
+                                   "no cuDNN)");
+#endif
+#if RINGATTN_RING_CUDNN
     const std::string why = m.prepare_cudnn(!opts.deterministic);
     m.use_cudnn = why.empty();
     if (!m.use_cudnn) {  // what was built before the refusal
@@ -735,7 +742,7 @@ std::size_t CudaRingPlan::workspace_bytes() const noexcept {
   std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.runs.bytes() +
                   m.delta.bytes() + m.part_out.bytes() + m.part_lse.bytes() +
                   m.hopper_items.bytes() + m.hopper_k_items.bytes();
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
   b += m.c_o.bytes() + m.c_stats.bytes() + m.c_dq.bytes() + m.c_dk.bytes() + m.c_dv.bytes();
   for (const auto& g : m.cudnn_graphs) b += g->workspace_bytes();
 #endif
@@ -782,7 +789,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
                      {out, dout, m.delta.as<float>(), s.batch, m.layout.local_len, s.heads, dd},
                      m.cfg.effective_kv_heads(), dq, dk, dv, m.stream);
 
-#if RINGATTN_HAVE_CUDNN
+#if RINGATTN_RING_CUDNN
   if (m.use_cudnn_backward)  // cuDNN's backward reads the global out in the io type
     kc::launch_floats_to_elem(m.elem, out, m.c_o.get(),
                               s.batch * m.layout.local_len * s.heads * dd, m.stream);

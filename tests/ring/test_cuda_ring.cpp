@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <ostream>
@@ -501,12 +502,20 @@ TEST(CudaRing, AutoRunsTheSm90aKernelsWhereTheyRunElseTheNativeOnes) {
   }
 }
 
-#if RINGATTN_TEST_HAVE_CUDNN
-// --kernel cudnn (a build with cuDNN, on a GPU): every step's views on cuDNN's graphs, the
-// forward merged by lse (in place and through per-step partials), the backward from the
-// global out and lse; P = 1..4 against float64: dense and causal (every layout the ring picks
-// for N = 240), MQA and GQA 6:3, D = 64 and 128.
+#if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
+// --kernel cudnn: every step's views on cuDNN's graphs, the forward merged by lse (in place
+// and through per-step partials), the backward from the global out and lse; P = 1..4 against
+// float64: dense and causal (every layout the ring picks for N = 240), MQA and GQA 6:3, D = 64
+// and 128. On a GPU with cuDNN (label gpu); on the emulated GPU (gpu-emu) with cuDNN's
+// stand-in (cudnn_graphs_emulated.cpp, a reference of its SDPA contract), so that the views,
+// epilogues and gradient adds around it run on every commit.
 TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
+#if RINGATTN_CUDA_EMULATION
+  setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1);
+  struct Unset {
+    ~Unset() { unsetenv("RINGATTN_EMU_CUDNN_STANDIN"); }
+  } unset;
+#endif
   std::vector<std::pair<AttentionConfig, std::string>> cases;
   for (const auto& c : testing::random_ring_cases())
     if (std::string(c.name) == "dense_D64")
