@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -250,6 +251,22 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
 #else
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
+#endif
+#if RINGATTN_CUDA_EMULATION
+  // The same run with cuDNN's stand-in (tests only): the CLI's ranks, --check on each and
+  // --json carry the ring's cuDNN steps.
+  setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1);
+  r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
+                        "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--causal",
+                        "--kernel", "cudnn", "--check", "--backward", "--json"});
+  unsetenv("RINGATTN_EMU_CUDNN_STANDIN");
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const nlohmann::json je = last_line_json(r.out);
+  EXPECT_EQ(je.value("kernel", ""), "cudnn") << describe(r);
+  EXPECT_EQ(je.value("kernel_backward", ""), "cudnn") << describe(r);
+  EXPECT_NE(r.out.find("every ring step's forward and backward on cuDNN (emulated cuDNN stand-in"),
+            std::string::npos)
+      << describe(r);
 #endif
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -162,11 +163,22 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
       }
     return local;
   };
-  // U = 4 is one group: each rank's slice is a single-GPU plan, which may take cuDNN.
+  // U = 4 is one group: each rank's slice is a single-GPU plan, which may take cuDNN; with
+  // U = 2 each slice's ring of two takes cuDNN per step (on the emulated GPU, cuDNN's
+  // stand-in: cudnn_graphs_emulated.cpp).
   std::vector<std::pair<int, KernelChoice>> runs = {{2, KernelChoice::native},
                                                     {4, KernelChoice::native}};
 #if RINGATTN_TEST_HAVE_CUDNN
   runs.emplace_back(4, KernelChoice::cudnn);
+#endif
+#if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
+  runs.emplace_back(2, KernelChoice::cudnn);
+#endif
+#if RINGATTN_CUDA_EMULATION
+  setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1);
+  struct Unset {
+    ~Unset() { unsetenv("RINGATTN_EMU_CUDNN_STANDIN"); }
+  } unset;
 #endif
   for (const auto& [u, kernel] : runs) {
     spec.ulysses = u;
