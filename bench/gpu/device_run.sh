@@ -36,6 +36,11 @@
 #   QUICK=1 HOPPER_BUDGET_S=120 FLEX_BUDGET_S=70 FLEX_TIMEOUT_S=110 \
 #     bash bench/gpu/device_run.sh profile hopper flex
 #
+# The GPU ring's cuDNN steps (--kernel cudnn, never run on a GPU before 5425c34): their gpu
+# tests run in the hopper stage (CudaRing.Cudnn*); ring_bench.py's cudnn rows time them at
+# P = 1, 2, 4 beside the sm_90a rows, which is what `auto` on the ring waits for:
+#   QUICK=1 HOPPER_BUDGET_S=60 RING_BUDGET_S=140 bash bench/gpu/device_run.sh hopper ring
+#
 # Output under $OUT (the device tool's folder; /tmp/ringattn-gpu when unset): device.txt,
 # tests.log, sanitizer.log, gpu_bench_rows.jsonl, gpu_bench_table.txt, ring_bench_rows.jsonl,
 # ring_bench_table.txt, ceilings.json, hopper_tests.log, hopper_ab_rows.jsonl,

@@ -144,7 +144,8 @@ TEST(CudnnViews, BandsFollowTheDenseRule) {
 }
 
 // The GPU ring's --kernel cudnn: every step's views (ring_cudnn_views.hpp) of dense rings,
-// causal zigzag with GQA and non-causal with MQA, P = 2 and 4, every rank, validate forward and
+// causal zigzag with GQA, non-causal with MQA and causal balanced (chunks of unequal
+// lengths), P = 2 and 4, every rank, validate forward and
 // backward, bf16 and fp16, on Hopper and Ampere: rectangles whose key rows differ from their
 // query rows, bands offset from the diagonal, and K/V read from the packed receive buffer.
 TEST(CudnnViews, EveryRingStepsGraphsValidate) {
@@ -155,9 +156,14 @@ TEST(CudnnViews, EveryRingStepsGraphsValidate) {
   causal_gqa.kv_heads = 2;
   AttentionConfig mqa = dense(256, 4, 64);
   mqa.kv_heads = 1;
-  for (const AttentionConfig& cfg : {causal_gqa, mqa})
+  AttentionConfig balanced = dense(252, 2, 64);  // causal, 252 % 2P != 0 at P = 4: balanced
+  balanced.causal = true;
+  for (const AttentionConfig& cfg : {causal_gqa, mqa, balanced})
     for (const int world : {2, 4}) {
       const ring::ShardLayout layout = ring::make_layout(cfg, world);
+      if (cfg.shape.seq_len == 252 && world == 4) {
+        EXPECT_FALSE(layout.zigzag);
+      }
       for (int r = 0; r < world; ++r) {
         const ring::RingSchedule s = ring::build_ring_schedule(cfg, layout, r, {64, 128});
         for (std::size_t t = 0; t < s.steps.size(); ++t) {

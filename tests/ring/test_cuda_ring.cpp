@@ -505,8 +505,8 @@ TEST(CudaRing, AutoRunsTheSm90aKernelsWhereTheyRunElseTheNativeOnes) {
 #if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
 // --kernel cudnn: every step's views on cuDNN's graphs, the forward merged by lse (in place
 // and through per-step partials), the backward from the global out and lse; P = 1..4 against
-// float64: dense and causal (every layout the ring picks for N = 240), MQA and GQA 6:3, D = 64
-// and 128. On a GPU with cuDNN (label gpu); on the emulated GPU (gpu-emu) with cuDNN's
+// float64: dense and causal (zigzag at N = 240, balanced at N = 252 and P = 4), MQA and GQA
+// 6:3, D = 64 and 128. On a GPU with cuDNN (label gpu); on the emulated GPU (gpu-emu) with cuDNN's
 // stand-in (cudnn_graphs_emulated.cpp, a reference of its SDPA contract), so that the views,
 // epilogues and gradient adds around it run on every commit.
 TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
@@ -530,6 +530,9 @@ TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
   AttentionConfig wide = cases.at(1).first;
   wide.shape.head_dim = 128;
   cases.emplace_back(wide, "causal D=128");
+  AttentionConfig balanced = cases.at(1).first;  // 252 % 2P != 0 at P = 4: the balanced layout,
+  balanced.shape.seq_len = 252;                   // chunks of unequal lengths
+  cases.emplace_back(balanced, "causal N=252");
   for (const auto& [cfg, name] : cases) {
     const RingInputs in = testing::random_inputs(cfg);
     for (int p = 1; p <= 4; ++p) {
