@@ -67,8 +67,9 @@ std::vector<kc::SdpaView> ring_step_views(const AttentionConfig& cfg, const Shar
       if (t->q_row0 != ((b * n + pos) * H + h) * D || t->lse0 != (b * H + h) * n + pos)
         return refuse("a ring task whose rows are not where its batch and head put them");
       if (t->k_row0 != k0 + b * kb + h / qpk * kh)
-        return refuse("a ring step whose key rows are not one strided view over batches and "
-                      "K/V heads");
+        return refuse(
+            "a ring step whose key rows are not one strided view over batches and "
+            "K/V heads");
     }
     kc::SdpaView v;
     v.batch = B;

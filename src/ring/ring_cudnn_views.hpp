@@ -25,8 +25,8 @@ namespace ringattn::ring {
 // grids: dilated, windowed or packed attention, or a causal diagonal cuDNN's band cannot
 // express; a step with no tasks gives no views and no reason.
 std::vector<kernels::cuda::SdpaView> ring_step_views(const AttentionConfig& cfg,
-                                                      const ShardLayout& layout,
-                                                      const RingStep& step, std::string* why);
+                                                     const ShardLayout& layout,
+                                                     const RingStep& step, std::string* why);
 
 // Whether ring_step_views can map this configuration at all (the per-task checks aside):
 // "" or why not, naming the feature.

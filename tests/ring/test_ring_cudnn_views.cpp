@@ -79,17 +79,16 @@ TEST(RingCudnnViews, EveryStepsViewsAttendExactlyItsTasksPairs) {
           const RingStep& st = s.steps[t];
           std::string why;
           const auto views = ring_step_views(c.cfg, layout, st, &why);
-          const std::string where = std::string(c.name) + " P " + std::to_string(world) +
-                                    " rank " + std::to_string(r) + " step " + std::to_string(t) +
-                                    " (" + layout.name() + ")";
+          const std::string where = std::string(c.name) + " P " + std::to_string(world) + " rank " +
+                                    std::to_string(r) + " step " + std::to_string(t) + " (" +
+                                    layout.name() + ")";
           ASSERT_TRUE(why.empty()) << where << ": " << why;
           const Pairs want = task_pairs(st, c.cfg.causal);
           EXPECT_EQ(views.empty(), want.empty()) << where;
           EXPECT_TRUE(view_pairs(views) == want) << where;
           for (const auto& v : views) {
             EXPECT_EQ(v.segment, layout.local_len) << where;
-            EXPECT_EQ(v.q_offset, v.row_offset * c.cfg.shape.heads * c.cfg.shape.head_dim)
-                << where;
+            EXPECT_EQ(v.q_offset, v.row_offset * c.cfg.shape.heads * c.cfg.shape.head_dim) << where;
           }
         }
       }

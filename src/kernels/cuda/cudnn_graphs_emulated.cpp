@@ -161,8 +161,8 @@ void CudnnGraphPlan::backward(const void* q, const void* k, const void* v, const
 }
 
 void CudnnGraphPlan::backward_view(std::size_t view, const void* q, const void* k, const void* v,
-                                   const void* out, const void* dout, const float* stats,
-                                   void* dq, void* dk, void* dv) {
+                                   const void* out, const void* dout, const float* stats, void* dq,
+                                   void* dk, void* dv) {
   const Impl& m = *impl_;
   if (!m.with_backward) throw std::logic_error("CudnnGraphPlan: built without the backward");
   const Geometry g{m.views.at(view)};
