@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <map>
@@ -332,17 +331,16 @@ struct CudaRingPlan::Impl {
     return n;
   }
 
-  // Where view `v`'s rows go in out/lse (the rank's [B, N/P, H, D] and [B, H, N/P]).
+  // Where view `v`'s rows go in out/lse (the rank's [B, N/P, H, D] and [B, H, N/P]), merged
+  // by lse.
   kc::ViewResultParams place_of(const kc::SdpaView& v, float* out, float* lse) const {
     const Shape4& s = cfg.shape;
-    kc::ViewResultParams r;
+    kc::ViewResultParams r =
+        kc::view_place(v, {s.batch, layout.local_len, s.heads, s.head_dim});
     r.o_scratch = c_o.get();
     r.stats = c_stats.as<float>();
     r.out = out;
     r.lse = lse;
-    r.batch = s.batch, r.seq_len = layout.local_len, r.heads = s.heads, r.head_dim = s.head_dim;
-    r.segment = layout.local_len, r.dilation = 1, r.offset = v.row_offset, r.rows = v.rows;
-    r.first_head = 0, r.head_count = s.heads, r.head_step = 1;
     r.accumulate = true;
     return r;
   }
@@ -647,8 +645,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
       opts.kernel == KernelChoice::hopper || opts.kernel == KernelChoice::automatic;
   if (opts.kernel == KernelChoice::cudnn) {
 #if RINGATTN_CUDA_EMULATION  // cuDNN's stand-in runs for tests only (cudnn_graphs_emulated.cpp)
-    const char* standin = std::getenv("RINGATTN_EMU_CUDNN_STANDIN");
-    if (!standin || std::string(standin) != "1")
+    if (!kc::cudnn_standin_enabled())
       throw InputError("--kernel", "'cudnn' is not available in this build (the emulated GPU has "
                                    "no cuDNN)");
 #endif

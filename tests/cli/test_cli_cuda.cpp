@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,6 +15,7 @@
 #include "cli/npy.hpp"
 #include "cli_runner.hpp"
 #include "golden.hpp"
+#include "gpu_skip.hpp"
 #include "ringattn/cuda_plan.hpp"
 #include "ringattn/reference.hpp"
 
@@ -255,11 +255,12 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
 #if RINGATTN_CUDA_EMULATION
   // The same run with cuDNN's stand-in (tests only): the CLI's ranks, --check on each and
   // --json carry the ring's cuDNN steps.
-  setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1);
-  r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
-                        "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--causal",
-                        "--kernel", "cudnn", "--check", "--backward", "--json"});
-  unsetenv("RINGATTN_EMU_CUDNN_STANDIN");
+  {
+    const testing::CudnnStandinScope standin;
+    r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
+                          "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--causal",
+                          "--kernel", "cudnn", "--check", "--backward", "--json"});
+  }
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   const nlohmann::json je = last_line_json(r.out);
   EXPECT_EQ(je.value("kernel", ""), "cudnn") << describe(r);

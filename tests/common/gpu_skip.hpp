@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "ringattn/cuda_plan.hpp"
 
 #define REQUIRE_GPU()                                                          \
@@ -11,3 +13,16 @@
     const ::ringattn::CudaDeviceStatus gpu_ = ::ringattn::probe_cuda_device(); \
     if (!gpu_.usable) GTEST_SKIP() << "SKIPPED: " << gpu_.reason;              \
   } while (0)
+
+namespace ringattn::testing {
+
+// On the emulated GPU, cuDNN's stand-in (cudnn_graphs_emulated.cpp) for as long as it lives:
+// RINGATTN_EMU_CUDNN_STANDIN=1 in this process and the CLI processes it starts.
+struct CudnnStandinScope {
+  CudnnStandinScope() { setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1); }
+  ~CudnnStandinScope() { unsetenv("RINGATTN_EMU_CUDNN_STANDIN"); }
+  CudnnStandinScope(const CudnnStandinScope&) = delete;
+  CudnnStandinScope& operator=(const CudnnStandinScope&) = delete;
+};
+
+}  // namespace ringattn::testing

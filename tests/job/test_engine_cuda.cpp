@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -175,10 +174,7 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
   runs.emplace_back(2, KernelChoice::cudnn);
 #endif
 #if RINGATTN_CUDA_EMULATION
-  setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1);
-  struct Unset {
-    ~Unset() { unsetenv("RINGATTN_EMU_CUDNN_STANDIN"); }
-  } unset;
+  const testing::CudnnStandinScope standin;
 #endif
   for (const auto& [u, kernel] : runs) {
     spec.ulysses = u;

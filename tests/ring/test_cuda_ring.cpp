@@ -12,7 +12,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <ostream>
@@ -24,6 +23,7 @@
 #include "emu/runtime.hpp"
 #endif
 #include "golden.hpp"
+#include "gpu_skip.hpp"
 #include "random.hpp"
 #include "ring/cuda_ring_engine.hpp"
 #include "ring/inproc_communicator.hpp"
@@ -511,10 +511,7 @@ TEST(CudaRing, AutoRunsTheSm90aKernelsWhereTheyRunElseTheNativeOnes) {
 // epilogues and gradient adds around it run on every commit.
 TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
 #if RINGATTN_CUDA_EMULATION
-  setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1);
-  struct Unset {
-    ~Unset() { unsetenv("RINGATTN_EMU_CUDNN_STANDIN"); }
-  } unset;
+  const testing::CudnnStandinScope standin;
 #endif
   std::vector<std::pair<AttentionConfig, std::string>> cases;
   for (const auto& c : testing::random_ring_cases())

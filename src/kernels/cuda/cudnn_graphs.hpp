@@ -67,6 +67,12 @@ std::string validate_sdpa_view(const SdpaView& view, SdpaGraphKind kind, DeviceD
 // The cuDNN library this process loads, e.g. "cuDNN 9.19.0", or why none can be loaded.
 bool cudnn_loadable(std::string* description);
 
+#if RINGATTN_CUDA_EMULATION
+// Whether tests asked for cuDNN's stand-in on the emulated GPU (RINGATTN_EMU_CUDNN_STANDIN=1;
+// cudnn_graphs_emulated.cpp): CudnnGraphPlan's view constructor refuses otherwise.
+bool cudnn_standin_enabled();
+#endif
+
 // A configuration's view graphs built for one GPU and run there: the forward with stats and,
 // when asked, the backward. Each graph is built once, in the constructor (cuDNN's heuristics
 // mode A; build_ms() says how long that took), with one workspace for all of them. Tensors

@@ -23,12 +23,12 @@
 
 namespace ringattn::kernels::cuda {
 
-namespace {
-
-bool standin_enabled() {
+bool cudnn_standin_enabled() {
   const char* v = std::getenv("RINGATTN_EMU_CUDNN_STANDIN");
   return v && std::string(v) == "1";
 }
+
+namespace {
 
 // An io-type tensor read and written through a view's strides.
 struct Io {
@@ -80,7 +80,7 @@ CudnnGraphPlan::CudnnGraphPlan(const AttentionConfig&, DeviceDType, int, void*, 
 CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, int, void* stream,
                                bool with_backward)
     : impl_(std::make_unique<Impl>()) {
-  if (!standin_enabled())
+  if (!cudnn_standin_enabled())
     throw std::runtime_error(
         "cuDNN does not run on the emulated GPU (RINGATTN_EMU_CUDNN_STANDIN=1 runs a reference "
         "in its place, for tests)");

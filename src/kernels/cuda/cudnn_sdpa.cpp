@@ -17,16 +17,6 @@ namespace {
 
 DeviceDType dtype_of(Elem e) { return e == Elem::fp16 ? DeviceDType::fp16 : DeviceDType::bf16; }
 
-// Where a view's rows go in out/lse, for the epilogue kernels.
-ViewResultParams place_of(const SdpaView& v, const Shape4& s) {
-  ViewResultParams r;
-  r.batch = s.batch, r.seq_len = s.seq_len, r.heads = s.heads, r.head_dim = s.head_dim;
-  r.segment = v.segment, r.dilation = v.dilation, r.offset = v.row_offset, r.rows = v.rows;
-  r.first_head = v.first_head, r.head_count = v.heads, r.head_step = v.head_step;
-  r.accumulate = v.accumulate, r.out_scale = v.out_scale;
-  return r;
-}
-
 // The backward takes views that each write their rows once with the whole output: merged
 // (mixture) or scaled (several head groups) views need the native backward.
 bool backward_fits(const std::vector<SdpaView>& views) {
@@ -85,7 +75,7 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e,
     throw CudnnUnavailable(err.what());  // a graph cuDNN refuses, or no cuDNN: use native
   }
   const Shape4& s = cfg.shape;
-  for (const SdpaView& v : views) m->places.push_back(place_of(v, s));
+  for (const SdpaView& v : views) m->places.push_back(view_place(v, s));
   const ViewResultParams& p0 = m->places.front();
   m->stats_are_lse = views.size() == 1 && p0.segment == s.seq_len && p0.dilation == 1 &&
                      p0.offset == 0 && p0.rows == s.seq_len && p0.first_head == 0 &&

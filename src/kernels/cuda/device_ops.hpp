@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/cudnn_graphs.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/merge_lse.hpp"
 
@@ -50,6 +51,17 @@ struct ViewResultParams {
   float out_scale = 1.0f;
 };
 void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t stream);
+
+// Where view `v`'s rows go in out/lse of a [B, N, H, D] problem of shape `s` (the epilogues'
+// place; the pointers are the caller's to set).
+inline ViewResultParams view_place(const SdpaView& v, const Shape4& s) {
+  ViewResultParams r;
+  r.batch = s.batch, r.seq_len = s.seq_len, r.heads = s.heads, r.head_dim = s.head_dim;
+  r.segment = v.segment, r.dilation = v.dilation, r.offset = v.row_offset, r.rows = v.rows;
+  r.first_head = v.first_head, r.head_count = v.heads, r.head_step = v.head_step;
+  r.accumulate = v.accumulate, r.out_scale = v.out_scale;
+  return r;
+}
 
 // The backward's view of lse for cuDNN: stats (contiguous [B·S, Hg, m], the view's rows
 // in the order launch_store_view_result reads them) = lse at the view's rows. p's o_scratch,
