@@ -252,6 +252,17 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
 #endif
+  // The GPU block-sparse mode has no cuDNN kernels: refused naming --kernel, no output file.
+  {
+    TempDir dir;
+    r = testing::run_cli({"run", "--device", "cuda", "--ring-size", "2", "--seq-len", "256",
+                          "--heads", "2", "--attention", "block-sparse", "--block-size", "32",
+                          "--pattern", "local:window=64", "--kernel", "cudnn", "--out",
+                          dir.file("out.npy")});
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_NE(r.err.find("--kernel"), std::string::npos) << describe(r);
+    EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  }
 #if RINGATTN_CUDA_EMULATION
   // The same run with cuDNN's stand-in (tests only): the CLI's ranks, --check on each and
   // --json carry the ring's cuDNN steps.
