@@ -212,7 +212,7 @@ run_hopper() {
     --budget-s "${HOPPER_BUDGET_S:-240}" ${QUICK:+--quick} || status=1
 }
 
-# Block-sparse against FlexAttention on this GPU (issue 31), the image's PyTorch compiling Flex.
+# Block-sparse against FlexAttention on this GPU, the image's PyTorch compiling Flex.
 run_flex() {
   timeout -k 5 "${FLEX_TIMEOUT_S:-240}" python3 bench/gpu/flex_sparse.py --cli "$CARRY/bin/ringattn" \
     --out "$OUT" --seq-len "${FLEX_SEQ_LEN:-32768}" --budget-s "${FLEX_BUDGET_S:-180}" || status=1

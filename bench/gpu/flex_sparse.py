@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Block-sparse on the GPU against FlexAttention on the same GPU (issue 31's goal: >= 1.0x
-Flex, forward and backward, at 90-95 % sparsity; device_run.sh stage `flex`).
+"""Block-sparse on the GPU against FlexAttention on the same GPU (the target: >= 1.0x Flex,
+forward and backward, at 90-95 % sparsity; device_run.sh stage `flex`).
 
 One pattern both sides express exactly: `local:window=W` at 128-token blocks keeps key
 blocks j with |i - j| <= W / 256 of query block i; Flex gets the same block mask from

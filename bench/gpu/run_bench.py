@@ -6,8 +6,8 @@ causal and not, bf16; dense and the dilated configuration (segments 2048,4096,81
 dilations 1,2,4, grouped). Each row is timed, forward and backward, for our native kernels
 (gpu_bench --kernel native), cuDNN's graphs (gpu_bench --kernel cudnn; each pass recorded only
 where cuDNN really ran it), and PyTorch (for dense, SDPA with each backend that runs the row:
-torch_flash, torch_cudnn; torch_seed, the replaced project's gather/SDPA/scatter, for
-dilated); ratio_vs_torch is against PyTorch's fastest. Rows also time the sm_90a kernels
+torch_flash, torch_cudnn; torch_seed, a plain-PyTorch gather/SDPA/scatter (torch_rows.py),
+for dilated); ratio_vs_torch is against PyTorch's fastest. Rows also time the sm_90a kernels
 (gpu_bench --kernel hopper: CudaPlan's --kernel hopper, each pass a row where it ran the
 Hopper kernel, the reason where it did not) where the device is an sm_90. Small N first
 across all configs, so a

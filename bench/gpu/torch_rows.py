@@ -1,6 +1,6 @@
 """PyTorch baselines for the GPU benchmark, timed like gpu_bench (CUDA events, warm-up,
 median): `torch_sdpa` is torch.nn.functional.scaled_dot_product_attention on [B, H, N, D];
-`torch_seed` is the replaced project's grouped dilated attention written from
+`torch_seed` is grouped dilated attention in plain PyTorch written from
 docs/SEMANTICS.md: per head group, gather the dilated rows of every segment, run SDPA on
 [B*S, Hg, m, D], scatter back, divide by the number of groups. Used by run_bench.py."""
 import math
@@ -31,7 +31,7 @@ def group_heads(heads, groups, g):
 
 
 def dilated_grouped(q, k, v, segments, dilations, causal):
-    """The replaced project's DilatedAttention (grouped): gather, SDPA, scatter."""
+    """Grouped dilated attention in plain PyTorch: gather, SDPA, scatter."""
     b, n, h, d = q.shape
     groups = len(segments)
     out = torch.zeros_like(q)
@@ -74,7 +74,7 @@ def time_ms(fn, warmup, iters):
 def run(row, warmup, iters):
     """Times forward and backward of the torch implementations for one benchmark row: dense
     rows once per SDPA backend that runs them (torch_flash, torch_cudnn), dilated rows as
-    the replaced project's gather/SDPA/scatter (torch_seed, default backend). Returns result
+    the plain-PyTorch gather/SDPA/scatter (torch_seed, default backend). Returns result
     dicts (one per implementation and pass) with ms, or an error string (OOM, a backend that
     refuses the row)."""
     if row["attention"] != "dense":

@@ -91,9 +91,9 @@ OpenBlas open_blas() {
   // The pthreads build starts a pool of threads at load, and a pool thread that has nothing
   // to do spins (yielding) for 2^OPENBLAS_THREAD_TIMEOUT cycles (2^28, ~0.1 s, by default)
   // before it sleeps. ringattn never gives that pool work (each sgemm runs on its caller),
-  // so the spinning only takes the cores the kernels run on: `cpu_bench --sgemm-only` read
-  // 93-166 GFLOP/s under the pthreads build against 180-191 with the pool asleep. 4 is
-  // OpenBLAS's smallest value: its threads sleep at once. (The OpenMP build has no pool.)
+  // so the spinning only takes the cores the kernels run on (`cpu_bench --sgemm-only` shows
+  // it; docs/PERFORMANCE.md). 4 is OpenBLAS's smallest value: its threads sleep at once.
+  // (The OpenMP build has no pool.)
   set_unless_given("OPENBLAS_THREAD_TIMEOUT", "4");
   std::string tried;
   void* handle = nullptr;

@@ -1,12 +1,12 @@
 // The BLAS under the CPU kernels: which OpenBLAS is loaded, with which CPU kernels, and how
 // its calls are threaded. Every sgemm the kernels make runs inside their own OpenMP regions,
 // one call per thread on a small tile, so each call must stay on its calling thread; and
-// its speed must not depend on what else is installed. Two things made it so before:
-// Debian's alternatives hand out the pthreads build whenever libopenblas0-pthread is also
-// installed (3-13x slower: a second thread pool inside ours), and OpenBLAS 0.3.21 falls back
-// to its SSE3 "Prescott" kernels on CPUs newer than it knows (5x slower sgemm). So OpenBLAS
-// is opened here, not by the loader: the OpenMP build by its own path, after choosing its
-// kernels from the CPU's features.
+// its speed must not depend on what else is installed. Left to the loader it would: Debian's
+// alternatives hand out the pthreads build whenever libopenblas0-pthread is also installed
+// (a second thread pool inside ours), and OpenBLAS 0.3.21 falls back to its SSE3 "Prescott"
+// kernels on CPUs newer than it knows (both several times slower; docs/PERFORMANCE.md). So
+// OpenBLAS is opened here, not by the loader: the OpenMP build by its own path, after
+// choosing its kernels from the CPU's features.
 #pragma once
 
 #include <cblas.h>

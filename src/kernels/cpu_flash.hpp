@@ -158,10 +158,9 @@ constexpr std::size_t round_up16(std::size_t n) { return (n + 15) / 16 * 16; }
 // The leading dimension of a query tile's key-major scratch (scores, Qᵀ, the accumulators):
 // q_tile rounded up to 16 floats, plus 16 more where that is a multiple of 128 floats. A
 // stride of 2^k · 512 bytes puts the 64-byte pieces a product reads down one column of
-// 16-query blocks (k steps, one stride apart) into a few cache sets, which evict each other:
-// on one Zen 4 core the AVX2 tile products ran at 93-106 GFLOP/s with 256 floats and
-// 109-114 with 272 (libxsmm 'hsw' and ringattn's AVX2 kernel alike; the AVX-512 kernels
-// unchanged at ~112), bench/README.md "AVX2 hosts".
+// 16-query blocks (k steps, one stride apart) into a few cache sets, which evict each other
+// and slow the AVX2 tile products (measured: docs/PERFORMANCE.md, bench/README.md "AVX2
+// hosts").
 constexpr std::size_t tile_ld(int64_t q_tile) {
   const std::size_t ld = round_up16(static_cast<std::size_t>(q_tile));
   return ld % 128 == 0 ? ld + 16 : ld;

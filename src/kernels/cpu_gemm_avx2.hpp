@@ -1,10 +1,9 @@
 // ringattn's own AVX2 tile product: the tile products' backend where libxsmm is not built in
 // and the CPU runs AVX2 (an AVX-512 host included: OpenBLAS's sgemm packs both operands on
 // every call and reaches ~40 % of its large-GEMM rate on these tiles), or when
-// RINGATTN_SMALL_GEMM=avx2 asks for it. On one Zen 4 core it runs the forward's tile shapes
-// (256 queries × 128 keys × head dim 64, and P·V) at 98-112 GFLOP/s, ~0.9x of the core's
-// FMA peak, about what libxsmm's generated AVX2 ('hsw') kernels reach at the kernels' padded
-// leading dimension (bench/README.md, "AVX2 hosts"). Column-major, the small_gemm contract:
+// RINGATTN_SMALL_GEMM=avx2 asks for it. On the forward's tile shapes (256 queries × 128 keys
+// × head dim 64, and P·V) it runs about as fast as libxsmm's generated AVX2 ('hsw') kernels
+// (docs/PERFORMANCE.md, bench/README.md "AVX2 hosts"). Column-major, the small_gemm contract:
 // C (m×n) = A (m×k) · B (k×n) + beta · C, beta 0 or 1, any m, n, k and leading dimensions;
 // each element's sum runs over k in order (one FMA chain), so the result does not depend on
 // the blocking.

@@ -68,11 +68,9 @@ void settle_libxsmm_target() {
 }
 
 #if defined(RINGATTN_HAVE_LIBXSMM)
-// libxsmm 1.17's AVX2 kernels read a transposed B at ~0.9x of their plain rate (the forward's
-// acc += P·V on a 256-query tile at the kernels' padded leading dimension: 103 against 113
-// GFLOP/s on one Zen 4 core, 'hsw'; its AVX-512 kernels run both at ~115), so on AVX2
-// targets the product transposes B first, which costs k·n copies against m·n·k
-// multiply-adds (m >= 64 here).
+// libxsmm 1.17's AVX2 kernels read a transposed B more slowly than a plain one (its AVX-512
+// kernels do not; docs/PERFORMANCE.md), so on AVX2 targets the product transposes B first,
+// which costs k·n copies against m·n·k multiply-adds (m >= 64 here).
 bool libxsmm_transposes_b_slowly() {
   const int arch = libxsmm_get_target_archid();
   return arch >= LIBXSMM_X86_AVX2 && arch < LIBXSMM_X86_AVX512;

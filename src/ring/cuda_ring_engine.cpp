@@ -684,9 +684,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     hopper_or_auto = !m.use_cudnn_backward;
   }
   // --kernel hopper, and auto: the sm_90a task kernels, where they run, are the faster ring
-  // kernels of ringattn's own (on an H200, N = 64K causal: forward 2.0x, backward 1.2-1.3x
-  // the native kernels; bench/results/gpu-h200-20261126-a9aff03). auto does not take cuDNN on
-  // the ring until a GPU has measured it there.
+  // kernels of ringattn's own (docs/PERFORMANCE.md). auto does not take cuDNN on the ring
+  // until a GPU has measured it there.
   if (hopper_or_auto) {
     const bool automatic = opts.kernel != KernelChoice::hopper;
     const std::string why = m.prepare_hopper();

@@ -300,8 +300,7 @@ struct CudaSparsePlan::Impl {
   // Chooses the Hopper forward and backward, for the local blocks and the received ones
   // alike, where they apply, with a note either way: asked for (--kernel hopper), or under
   // --kernel auto, where they are the faster block-sparse kernels on compute capability 9.0
-  // (on an H200, N = 32K, 90 % sparse: forward 2.0x and backward 1.19x the native kernels,
-  // bench/results/gpu-h200-20261126-a9aff03).
+  // (measured: docs/PERFORMANCE.md).
   void choose_hopper(bool automatic) {
     std::string why, why_backward;
     if (NL > std::numeric_limits<int>::max() / 2)

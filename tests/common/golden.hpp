@@ -1,4 +1,5 @@
-// Loads the golden cases copied from the replaced project's reference (tests/data/golden).
+// Loads the golden cases of tests/data/golden: inputs and the expected outputs that
+// docs/SEMANTICS.md defines (tests/data/golden/README.md says how they were made).
 #pragma once
 
 #include <optional>

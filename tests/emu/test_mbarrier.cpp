@@ -1,4 +1,4 @@
-// mbarriers and bulk copies (issue 31's first step): a warp-specialised pipeline (a producer
+// mbarriers and bulk copies: a warp-specialised pipeline (a producer
 // warp copying stages into a double buffer, a consumer warp waiting on "full" and releasing
 // on "empty") gives the same bytes in every execution mode, with either warp running first;
 // waits make progress as scheduling points (try_wait and a test_wait spin loop); a missing

@@ -1,4 +1,4 @@
-// Named barriers and setmaxnreg (issue 31): two consumer warpgroups taking turns through a
+// Named barriers and setmaxnreg: two consumer warpgroups taking turns through a
 // pair of named barriers (FA3's ping-pong) produce the same bytes in every execution mode; a
 // producer's bar.arrive releases waiting consumers; what would hang or be undefined is a
 // fault naming kernel, block and thread.

@@ -1,4 +1,4 @@
-// Tensor maps and box copies (issue 31): encoding refused where the driver refuses it; a box
+// Tensor maps and box copies: encoding refused where the driver refuses it; a box
 // lands swizzled (none, 32, 64, 128 bytes) with out-of-bounds elements filled, its bytes
 // completing on an mbarrier, the same in every execution mode; a box read before its
 // barrier's wait shows as landing dependence; misuse faults name kernel, block and thread.

@@ -1,4 +1,4 @@
-// wgmma (issue 31): one warpgroup's 64 × 64 × 64 product from tiles that a TMA copy wrote
+// wgmma: one warpgroup's 64 × 64 × 64 product from tiles that a TMA copy wrote
 // with the 128-byte swizzle, read through matching descriptors, equals the host's product
 // summed in the same order, in every execution mode; A from registers with B in the
 // unswizzled core-matrix layout too; reading D before wgmma.wait_group shows as landing

@@ -624,10 +624,9 @@ AttentionConfig hopper_config(int d, int mode) {
   return cfg;
 }
 
-// The Hopper forward kernel (TMA, mbarriers, wgmma; issue 31) against float64, head dims 64,
-// 128 and 256. Runs under
-// the emulated GPU (its sm_90 profile) in CI; on a real GPU only where the device and the
-// build have sm_90a, skipped with the reason elsewhere.
+// The Hopper forward kernel (TMA, mbarriers, wgmma) against float64, head dims 64, 128 and
+// 256. Runs under the emulated GPU (its sm_90 profile) in CI; on a real GPU only where the
+// device and the build have sm_90a, skipped with the reason elsewhere.
 TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
   REQUIRE_GPU();
   for (const int d : {64, 128, 256})

@@ -126,8 +126,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     // Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) per query column; 0 where the query does not see
     // the key. Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. lse is loaded at
     // its use: loaded ahead of Sᵀ's product (so that the loads would run under the wgmma), the
-    // 16 guarded loads became branches, and the whole backward ran 0.77x as fast on an H200
-    // (bench/results/gpu-h200-20261126-a9aff03).
+    // 16 guarded loads become branches and the whole backward slows down (docs/PERFORMANCE.md).
     float pt[32];
     issue_a_bt<kD, kBf16, kRegA>(pt, ka, st.resident(0), st.ring(0, s));
     ptx::wgmma_wait_group<0>();

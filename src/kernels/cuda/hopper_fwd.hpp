@@ -1,4 +1,4 @@
-// The Hopper (sm_90a) forward kernel (issue 31, first of the family): TMA loads of Q, K and
+// The Hopper (sm_90a) forward kernel: TMA loads of Q, K and
 // V tiles into 128-byte-swizzled shared memory under mbarriers, a producer warpgroup and a
 // consumer warpgroup, wgmma for S = Q·Kᵀ (both K-major) and O = P·V (P from registers, V
 // N-major), the online softmax between them. Dense attention on [B, N, H, D] bf16/fp16
@@ -9,11 +9,11 @@
 // The kernel's body (hopper_fwd_kernel.cuh) is shared with the block-sparse variant
 // (hopper_sparse_fwd.hpp). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
 // on a real GPU only where the build holds sm_90a code and the device is compute capability
-// 9.0. Exact on an H100 and an H200 (bench/results/gpu-h100-20261126-353d64e,
-// gpu-h200-20261126-a9aff03). Chosen by `--kernel hopper`, and by `auto` where cuDNN does not
-// run (the ring's steps, block-sparse); cuDNN is faster where it runs.
+// 9.0. Must match the float64 reference wherever it runs. Chosen by `--kernel hopper`, and by
+// `auto` where cuDNN does not run (the ring's steps, block-sparse); cuDNN is faster where it
+// runs (docs/PERFORMANCE.md).
 // At D = 256 the dense forward runs as the ping-pong kernel: two consumer warpgroups over 128
-// rows taking turns at the tensor cores (1.33x the plain kernel there on an H200, slower at
+// rows taking turns at the tensor cores (the faster form at D = 256, the slower one at
 // D <= 128; RINGATTN_HOPPER_PINGPONG=0/1/2 overrides it, see hopper_fwd_kernel.cuh).
 #pragma once
 

@@ -329,11 +329,9 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 }
 
 // Whether the forward overlaps the next tile's S = Q·Kᵀ with this tile's softmax (D <= 128):
-// only with RINGATTN_HOPPER_OVERLAP=1 (read once). Measured on an H100 with two blocks per SM
-// (bench/results/gpu-h100-20261126-353d64e), the plain loop is faster: 473 against 361 TFLOP/s
-// dense at D = 128, 313 against 264 at D = 64, 333 against 267 dilated; the two blocks' own
-// interleaving already hides the softmax, and the second score tile costs registers and a
-// wait on both products.
+// only with RINGATTN_HOPPER_OVERLAP=1 (read once). With two blocks per SM the plain loop is
+// faster (docs/PERFORMANCE.md): the two blocks' own interleaving already hides the softmax,
+// and the second score tile costs registers and a wait on both products.
 inline bool overlap_chosen() {
   static const bool on = [] {
     const char* v = std::getenv("RINGATTN_HOPPER_OVERLAP");
@@ -365,10 +363,8 @@ void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, 
 
 // Which ping-pong forward the dense forward runs at head dim `head_dim`: 0, none; 1, 64-key
 // steps; 2, 128-key steps (at D = 256, whose four stages would not fit shared memory, 64-key
-// steps). By default 1 at D = 256 and 0 below: on an H200 the ping-pong kernel ran D = 256 at
-// 1.33x the plain kernel (666 against 502 TFLOP/s, 0.94x cuDNN) but D = 128 at 0.92x (64-key
-// steps) and 0.99x (128-key steps), D = 64 at 0.89x / 0.95x (bench/results/
-// gpu-h200-20261126-a9aff03). RINGATTN_HOPPER_PINGPONG=0, 1 or 2 sets it at every head dim.
+// steps). By default 1 at D = 256 and 0 below, where each is the faster form
+// (docs/PERFORMANCE.md). RINGATTN_HOPPER_PINGPONG=0, 1 or 2 sets it at every head dim.
 // The variable is read once.
 inline int pingpong_chosen(int head_dim) {
   static const int forced = [] {

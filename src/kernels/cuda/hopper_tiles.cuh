@@ -39,9 +39,8 @@ constexpr int kThreads = 256;                // producer and consumer warpgroups
 // overlap FlashAttention-3 gets from ping-pong between two consumer warpgroups of one block,
 // left here to the warp schedulers). The 65,536 registers are split 128 per thread at launch;
 // the producer gives back down to 32 and the consumer takes 224 (setmaxnreg; at 24 the
-// block-sparse producer spilled). One block per SM keeps 40 and 232. On an H100 two blocks
-// took the forward from 356 to 473 TFLOP/s at D = 128 and the backward from 107 to 169
-// (bench/results/gpu-h100-20261126-353d64e).
+// block-sparse producer spilled). One block per SM keeps 40 and 232. Two blocks are the
+// faster choice where they fit (docs/PERFORMANCE.md).
 template <int kD>
 inline constexpr int kBlocksPerSm = kD <= 128 ? 2 : 1;
 template <int kD>

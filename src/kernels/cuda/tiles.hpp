@@ -22,9 +22,9 @@ constexpr int kRowPad = 8;
 constexpr int forward_key_step(int head_dim) { return head_dim > 128 ? 32 : 64; }
 constexpr int backward_step(int head_dim) { return head_dim > 128 ? 32 : 64; }
 // Forward K tiles double-buffered (the next loads while this one's P·V runs) only for
-// D = 256: measured on an H100 (bench/results/gpu-h100-20261123-*/ab_forward.txt) it is 6%
-// faster there, where 2-3 blocks fit an SM, and 3-4% slower for D <= 128, where the extra
-// shared memory costs resident blocks that were hiding the load already.
+// D = 256, where 2-3 blocks fit an SM and it is faster; for D <= 128 the extra shared memory
+// costs resident blocks that were hiding the load already, and it is slower
+// (docs/PERFORMANCE.md).
 constexpr bool forward_prefetches_k(int head_dim) { return head_dim > 128; }
 // Forward: Q (kQueryTile rows), one or two K tiles and one V tile.
 constexpr int forward_smem_bytes(int head_dim, int elem_bytes) {
