@@ -3,10 +3,10 @@
 // virtual rank) runs there, and a call that started a team of its own would put two threads
 // on a core that another rank owns. OpenBLAS's OpenMP build decides a call's threads from
 // the calling thread's OpenMP thread count outside an active region (and resets its own
-// count to it), so openblas_set_num_threads(1) alone did not hold there: before the fix,
-// `cpu_bench --sgemm-only --threads 1` read 177-183 GFLOP/s on a core whose FMA peak is 113.
+// count to it), so openblas_set_num_threads(1) alone does not hold there (a second thread
+// shows as a one-thread sgemm faster than the core's FMA peak: docs/PERFORMANCE.md).
 // Observed here without timing, by OpenBLAS's own count after the call (the process's OS
-// thread count was no witness: it did not change even while the call took two threads).
+// thread count is no witness: it does not change even while the call takes two threads).
 #include <gtest/gtest.h>
 #include <omp.h>
 
