@@ -95,10 +95,9 @@ void finish_rows(const float* acc, int64_t ld, const float* m, const float* l, i
                  bool accumulate, float out_scale, float* row);
 
 // Rows of one head among H heads sit H·D floats apart, so a key tile's 128 rows of 256 bytes
-// span 256 KiB in 128 pieces, which the hardware prefetchers do not stream (the same kernels
-// ran 5-12 % faster on head-major [H, N, D] rows); the kernels move such tiles themselves:
-// prefetched (forward) or packed (backward), dense N = 8K H = 8 D = 64 ran ~3-5 % faster
-// forward and ~4-10 % backward in interleaved runs. Unstrided rows are used in place.
+// span 256 KiB in 128 pieces, which the hardware prefetchers do not stream (head-major
+// [H, N, D] rows run faster); the kernels move such tiles themselves: prefetched (forward) or
+// packed (backward), which is faster (docs/PERFORMANCE.md). Unstrided rows are used in place.
 //
 // Hints the cache to fetch `rows` rows of `cols` floats, `stride` apart (a tile the kernel
 // reads next), into L2; `for_write` when the kernel will also write them.

@@ -64,9 +64,8 @@ std::vector<kernels::ForwardItem> forward_items(std::span<const kernels::SubseqT
 // Tiles for a head dim, unless the caller asks for others (0: automatic): 256 queries × 128
 // keys (a 128 KiB score tile) up to D = 128, 128 × 128 past it, so that the score tiles and
 // the query tile's transposed copies (cpu_keymajor.hpp) stay in L2 beside the K/V tile. 256
-// queries per tile halve how often K/V stream past each query; measured on a 2-core AVX-512
-// host against the earlier 128 × 256, dense N = 8K D = 64: forward and backward ~10 % faster
-// (interleaved runs, bench/cpu_bench --q-tile --k-tile).
+// queries per tile halve how often K/V stream past each query (measured against 128 × 256
+// with bench/cpu_bench --q-tile --k-tile: docs/PERFORMANCE.md).
 inline kernels::TileConfig choose_tiles(int64_t head_dim, int64_t q_tile, int64_t k_tile) {
   kernels::TileConfig t;
   t.q_tile = q_tile > 0 ? q_tile : (head_dim > 128 ? 128 : 256);
