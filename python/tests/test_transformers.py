@@ -70,3 +70,47 @@ def test_padding_is_refused_naming_why():
     mask[1, :4] = 0
     with pytest.raises(ValueError, match="the batch has padding"):
         model(ids, attention_mask=mask)
+
+
+def _tiny(cls_name, config_name, **extra):
+    cls, config_cls = getattr(transformers, cls_name), getattr(transformers, config_name)
+    torch.manual_seed(1)
+    return cls._from_config(config_cls(**SMALL, **extra), attn_implementation="ringattn")
+
+
+@pytest.mark.parametrize("cls_name, config_name, extra, named", [
+    # gpt-oss's attention sinks (s_aux): refused by name, never dropped.
+    ("GptOssForCausalLM", "GptOssConfig",
+     dict(num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+          sliding_window=8), "attention sinks"),
+    # Gemma 2's logit soft-capping: refused by name, never dropped.
+    ("Gemma2ForCausalLM", "Gemma2Config",
+     dict(num_key_value_heads=2, head_dim=16, attn_logit_softcapping=1.0), "soft-capping"),
+])
+def test_a_model_feature_ringattn_does_not_carry_is_refused_by_name(cls_name, config_name, extra,
+                                                                  named):
+    model = _tiny(cls_name, config_name, **extra)
+    ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(4))
+    with pytest.raises(ValueError, match=named):
+        model(ids)
+
+
+def test_an_unknown_layer_keyword_is_refused_by_name():
+    q = torch.randn(1, 4, 8, 16)
+    k = v = torch.randn(1, 2, 8, 16)
+    layer = torch.nn.Module()
+    with pytest.raises(ValueError, match="'my_new_bias'"):
+        ra_hf.ringattn_attention_forward(layer, q, k, v, None, my_new_bias=torch.zeros(1))
+    out, _ = ra_hf.ringattn_attention_forward(layer, q, k, v, None, position_ids=None,
+                                              my_flag=False)
+    assert out.shape == (1, 8, 4, 16)
+
+
+# Without a cache (training), transformers reads restarting position_ids as packed sequences
+# and masks across them; ringattn's options cannot say that from a mask, so it refuses.
+def test_sequences_packed_through_position_ids_are_refused_not_attended_across():
+    model = build("llama_gqa", "ringattn")
+    ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(5))
+    position_ids = torch.cat([torch.arange(20), torch.arange(12)])[None]
+    with pytest.raises(ValueError, match="more than causality"):
+        model(ids, position_ids=position_ids, use_cache=False)

@@ -13,9 +13,13 @@ with the layer's causality and scaling, grouped-query attention on the model's K
 in float32 and returned in theirs).
 
 What it refuses, naming why (ValueError): padded batches (an attention mask with padding:
-pack the documents with ``seqlens`` instead), attention dropout in training, and a chunk of
-several queries over a longer cache. A single decoding query over a cache goes to
-transformers' own ``sdpa`` (one row of attention is not what ringattn is for).
+pack the documents with ``seqlens`` instead), attention dropout in training, a chunk of
+several queries over a longer cache, and every model feature it does not carry: a layer
+argument or attribute it does not know (attention sinks, logit soft-capping, an attention
+bias, ALiBi slopes, sparse-attention indices, flash-attention's packed ``cu_seq_lens``, ...)
+is named in the error rather than dropped, and so is a mask that is more than causality and
+the sliding window (sequences packed through ``position_ids``, bidirectional overlays). A
+single decoding query over a cache goes to transformers' own ``sdpa`` (one row of attention is not what ringattn is for).
 ``register(comm=...)`` spreads every layer over a ``ringattn.Comm``'s ranks, each passing
 its shard of the sequence (``ringattn.shard``).
 """
@@ -31,12 +35,81 @@ from ..functional import attention as _attention
 NAME = "ringattn"
 _COMM = None
 
+# Keywords transformers passes every attention implementation that carry no attention
+# semantics: positions are already in q and k (RoPE), the cache has already been updated,
+# and the rest steer outputs of the model, not of this layer's attention. Every other keyword
+# with a value (not None or False) is a model feature ringattn would otherwise drop: it is
+# refused by name. An allow-list, so that a feature a future model adds is refused too.
+_NEUTRAL_KWARGS = frozenset({
+    "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache",
+    "output_hidden_states", "output_router_logits", "num_items_in_batch", "return_dict",
+    "layer_idx", "position_embeddings", "max_length_q", "max_length_k", "target_dtype",
+})
+# What the known features are, for the error message.
+_FEATURE_NAMES = {
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+    "softcap": "logit soft-capping",
+    "position_bias": "an additive attention bias (relative position bias)",
+    "alibi": "ALiBi slopes",
+    "alibi_slopes": "ALiBi slopes",
+    "indices": "sparse-attention indices",
+    "block_indices": "block-sparse attention indices",
+    "cu_seq_lens_q": "packed sequences (flash-attention's cu_seq_lens)",
+    "cu_seq_lens_k": "packed sequences (flash-attention's cu_seq_lens)",
+    "seq_idx": "packed sequences (seq_idx)",
+}
+# Layer attributes that change attention when set, though some models read them inside the
+# layer rather than passing them on.
+_FEATURE_ATTRIBUTES = {
+    "sinks": "attention sinks",
+    "attn_logit_softcapping": "logit soft-capping",
+    "alibi": "ALiBi slopes",
+    "alibi_slopes": "ALiBi slopes",
+}
+
+
+class _MaskNotCarried:
+    """Returned by the mask interface for a mask ringattn's options cannot express; the
+    attention refuses it, naming why."""
+
+    def __bool__(self):
+        return True
+
+
+_MASK_NOT_CARRIED = _MaskNotCarried()
+
+
+def _present(value) -> bool:
+    return value is not None and value is not False
+
+
+def _refuse_features(module, kwargs) -> None:
+    for key, value in kwargs.items():
+        if key in _NEUTRAL_KWARGS or key == "output_attentions" or not _present(value):
+            continue
+        what = _FEATURE_NAMES.get(key, "a model feature ringattn does not know")
+        raise ValueError(f"ringattn: the layer passes {key!r} ({what}), which ringattn does "
+                         "not carry; it refuses rather than compute another model's attention "
+                         "(use attn_implementation='eager' for this model)")
+    for attr, what in _FEATURE_ATTRIBUTES.items():
+        if _present(getattr(module, attr, None)):
+            raise ValueError(f"ringattn: the layer has {attr!r} ({what}), which ringattn does "
+                             "not carry; it refuses rather than compute another model's "
+                             "attention (use attn_implementation='eager' for this model)")
+
 
 def ringattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
                                scaling=None, is_causal=None, sliding_window=None, **kwargs):
     """transformers' attention interface: q [B, H, N, D], k and v [B, HKV, N, D] (head-major)
     in, the output [B, N, H, D] and no attention weights out."""
     q_len, kv_len = query.shape[2], key.shape[2]
+    _refuse_features(module, kwargs)
+    if attention_mask is _MASK_NOT_CARRIED:
+        raise ValueError("ringattn: the model's attention mask is more than causality and its "
+                         "sliding window (sequences packed through position_ids, or a "
+                         "bidirectional or blockwise overlay), which ringattn does not carry; "
+                         "pack documents with ringattn's seqlens option instead")
     if q_len == 1 and kv_len > 1:  # a decoding step over the cache
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
@@ -64,8 +137,16 @@ def ringattn_attention_forward(module, query, key, value, attention_mask, dropou
 
 
 def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-          attention_mask=None, **kwargs):
-    """No mask tensor unless the batch has padding (which the attention then refuses)."""
+          attention_mask=None, allow_is_causal_skip=True, **kwargs):
+    """No mask tensor unless the batch has padding (which the attention then refuses), or
+    transformers composed more than causality and the window (packing found in position_ids,
+    an or/and overlay): then a marker the attention refuses. transformers clears
+    allow_is_causal_skip for exactly those compositions, for bidirectional masks (carried:
+    is_causal=False), and for one-query decoding over a compiled cache (transformers' own sdpa
+    computes those steps)."""
+    bidirectional = getattr(mask_function, "__name__", "") == "bidirectional_mask_function"
+    if not allow_is_causal_skip and q_length > 1 and not bidirectional:
+        return _MASK_NOT_CARRIED
     if attention_mask is not None:
         attention_mask = attention_mask[:, -kv_length:]
         if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
