@@ -20,14 +20,18 @@ struct ReferenceForward {
 
 struct ReferenceGradients {
   std::vector<double> dq, dk, dv;
+  std::vector<double> dsinks;  // [H], with sinks
 };
 
+// `sinks` ([H], or null): attention sinks (docs/SEMANTICS.md), a logit per head in every row's
+// softmax normaliser that attends no value; lse includes it. Dilated configs take none.
 ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, const float* k,
-                                   const float* v);
+                                   const float* v, const float* sinks = nullptr);
 
-// Gradients of sum(out * dout) with respect to q, k and v.
+// Gradients of sum(out * dout) with respect to q, k and v (and the sinks).
 ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q, const float* k,
-                                      const float* v, const float* dout);
+                                      const float* v, const float* dout,
+                                      const float* sinks = nullptr);
 
 // Block-sparse attention (docs/SEMANTICS.md): query p of head h attends key t when key block
 // t / bs is among key_blocks(h, p / bs) and the dense rule allows the pair: t <= p when
@@ -44,6 +48,7 @@ struct BlockReferenceProblem {
   std::vector<int64_t> cu_seqlens;              // document starts then N; empty: one document
   int64_t window_left = -1, window_right = -1;  // -1: no limit on that side
   std::function<std::vector<int64_t>(int64_t head, int64_t qblock)> key_blocks;
+  std::vector<float> sinks;  // [H] attention sinks, or empty
 };
 
 // The problem for cfg's shape, block size, causality, scale, K/V heads, documents and window;

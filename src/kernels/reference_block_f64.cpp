@@ -56,20 +56,27 @@ double dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// Probabilities of one row over `keys`; returns the lse (-inf when there are none).
-double softmax_row(const BlockReferenceProblem& pb, const float* q_row,
+// Head h's attention sink (-inf: none), a term of every row's normaliser with no value.
+double sink_of(const BlockReferenceProblem& pb, int64_t h) {
+  return pb.sinks.empty() ? -kInf : static_cast<double>(pb.sinks[static_cast<std::size_t>(h)]);
+}
+
+// Probabilities of one row of head h over `keys`; returns the lse (with the head's sink; -inf
+// when there are no keys and no sink).
+double softmax_row(const BlockReferenceProblem& pb, int64_t h, const float* q_row,
                    const std::vector<int64_t>& keys,
                    const std::function<const float*(int64_t)>& key_row, std::vector<double>& prob) {
   const int64_t d = pb.shape.head_dim;
   const double sc = scale_of(pb);
   prob.resize(keys.size());
-  double mx = -kInf;
+  const double sink = sink_of(pb, h);
+  double mx = sink;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     prob[i] = sc * dot(q_row, key_row(keys[i]), d);
     mx = std::max(mx, prob[i]);
   }
-  if (keys.empty()) return -kInf;
-  double sum = 0;
+  if (mx == -kInf) return -kInf;
+  double sum = sink == -kInf ? 0.0 : std::exp(sink - mx);
   for (double& x : prob) sum += (x = std::exp(x - mx));
   for (double& x : prob) x /= sum;
   return mx + std::log(sum);
@@ -91,7 +98,7 @@ void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p,
   const int64_t d = pb.shape.head_dim;
   const std::vector<int64_t> keys = allowed_keys(pb, h, p);
   std::vector<double> prob;
-  *lse = softmax_row(pb, q_row, keys, key_row, prob);
+  *lse = softmax_row(pb, h, q_row, keys, key_row, prob);
   std::fill(out, out + d, 0.0);
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const float* v = value_row(keys[i]);
@@ -146,6 +153,7 @@ ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, co
   g.dq.assign(static_cast<std::size_t>(s.numel()), 0.0);
   g.dk.assign(static_cast<std::size_t>(s.batch * s.seq_len * n_kv * d), 0.0);
   g.dv.assign(static_cast<std::size_t>(s.batch * s.seq_len * n_kv * d), 0.0);
+  if (!pb.sinks.empty()) g.dsinks.assign(static_cast<std::size_t>(s.heads), 0.0);
   std::vector<double> prob, dprob;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
@@ -153,14 +161,16 @@ ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, co
         const std::vector<int64_t> keys = allowed_keys(pb, h, p);
         if (keys.empty()) continue;
         const std::size_t pa = at.row(b, p, h);
-        softmax_row(
-            pb, q + pa, keys, [&](int64_t t) { return k + kv.row(b, t, h / per_kv); }, prob);
+        const double lse = softmax_row(
+            pb, h, q + pa, keys, [&](int64_t t) { return k + kv.row(b, t, h / per_kv); }, prob);
         dprob.assign(keys.size(), 0.0);
         double row_dot = 0;
         for (std::size_t i = 0; i < keys.size(); ++i) {
           dprob[i] = dot(dout + pa, v + kv.row(b, keys[i], h / per_kv), d);
           row_dot += prob[i] * dprob[i];
         }
+        // The sink: one more softmax entry whose value is 0 (dP = 0).
+        if (!g.dsinks.empty()) g.dsinks[h] -= std::exp(sink_of(pb, h) - lse) * row_dot;
         for (std::size_t i = 0; i < keys.size(); ++i) {
           const std::size_t ta = kv.row(b, keys[i], h / per_kv);
           const double ds = prob[i] * (dprob[i] - row_dot);

@@ -137,8 +137,10 @@ struct Problem {
   double scale;
   const float* q;
   const float* k;
+  const float* sinks;  // [H] or null
 
-  explicit Problem(const AttentionConfig& c, const float* q_in, const float* k_in)
+  explicit Problem(const AttentionConfig& c, const float* q_in, const float* k_in,
+                   const float* sinks_in)
       : cfg(c),
         plan(plan_heads(c)),
         layout{c.shape.seq_len, c.shape.heads, c.shape.head_dim},
@@ -146,7 +148,14 @@ struct Problem {
         queries_per_kv(c.shape.heads / kv_layout.heads),
         scale(c.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.shape.head_dim)))),
         q(q_in),
-        k(k_in) {}
+        k(k_in),
+        sinks(sinks_in) {
+    require(!sinks || c.attention != AttentionKind::dilated,
+            "attention sinks are defined for one softmax per row, not dilated attention");
+  }
+
+  // The sink's logit for head h (-inf: none), a term of the row's normaliser with no value.
+  double sink(int64_t h) const { return sinks ? static_cast<double>(sinks[h]) : -kInf; }
 
   // Query head h reads K/V head h / (H / HKV): consecutive query heads share one.
   std::size_t kv_row(int64_t b, int64_t t, int64_t h) const {
@@ -168,9 +177,11 @@ struct Problem {
       counts.push_back(static_cast<double>(m));
       max_score = std::max(max_score, score);
     }
-    if (row.keys.empty()) return row;
+    const double sink_score = sink(h);
+    max_score = std::max(max_score, sink_score);
+    if (max_score == -kInf) return row;  // no key and no sink
     // Shift by the row maximum so exp cannot overflow.
-    double sum = 0.0;
+    double sum = sink_score == -kInf ? 0.0 : std::exp(sink_score - max_score);
     for (std::size_t i = 0; i < scores.size(); ++i)
       sum += counts[i] * std::exp(scores[i] - max_score);
     row.lse = max_score + std::log(sum);
@@ -206,8 +217,8 @@ double relative_error_impl(const float* got, const Want* want, std::size_t n) {
 }  // namespace
 
 ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, const float* k,
-                                   const float* v) {
-  const Problem prob(cfg, q, k);
+                                   const float* v, const float* sinks) {
+  const Problem prob(cfg, q, k, sinks);
   const Shape4& s = cfg.shape;
   ReferenceForward result;
   result.out.assign(static_cast<std::size_t>(s.numel()), 0.0);
@@ -231,8 +242,8 @@ ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, c
 }
 
 ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q, const float* k,
-                                      const float* v, const float* dout) {
-  const Problem prob(cfg, q, k);
+                                      const float* v, const float* dout, const float* sinks) {
+  const Problem prob(cfg, q, k, sinks);
   const Shape4& s = cfg.shape;
   const int64_t dim = s.head_dim;
   ReferenceGradients grads;
@@ -241,6 +252,7 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
   grads.dq.assign(static_cast<std::size_t>(s.numel()), 0.0);
   grads.dk.assign(n_kv, 0.0);  // a K/V head's gradient sums over the query heads sharing it
   grads.dv.assign(n_kv, 0.0);
+  if (sinks) grads.dsinks.assign(static_cast<std::size_t>(s.heads), 0.0);
   std::vector<double> d_head_out(static_cast<std::size_t>(dim));
   std::vector<double> d_prob;
 
@@ -266,6 +278,9 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
           d_prob[i] = acc;
           row_dot += row.prob[i] * acc;
         }
+        // The sink is one more softmax entry whose value is 0: dP_sink = 0, so its score's
+        // gradient is P_sink (0 - row_dot).
+        if (sinks) grads.dsinks[h] -= std::exp(prob.sink(h) - row.lse) * row_dot;
         for (std::size_t i = 0; i < row.keys.size(); ++i) {
           const std::size_t t_at = prob.kv_row(b, row.keys[i], h);
           const double d_score = row.prob[i] * (d_prob[i] - row_dot);

@@ -2,6 +2,7 @@
 // library users compile unchanged, and every entry point says, naming --device, that this
 // build has no CUDA kernels.
 #include "job/ulysses.hpp"
+#include "kernels/attention_sinks.hpp"
 #include "kernels/cuda/stream_order.hpp"
 #include "ring/cuda_ring_engine.hpp"
 #include "ringattn/cuda_plan.hpp"
@@ -104,6 +105,13 @@ const std::vector<std::string>& CudaRingPlan::notes() const noexcept { return im
 
 namespace ringattn::kernels::cuda {
 void order_after(void*, void*, int) { no_cuda(); }
+void apply_sinks(const SinkRows&, const float*, float*, float*, void*, int) { no_cuda(); }
+void sink_gradient(const SinkRows&, DeviceDType, const float*, const float*, const void*,
+                   const float*, float*, void*, int) {
+  no_cuda();
+}
+void read_sink_gradient(const float*, float*, int64_t, void*, int) { no_cuda(); }
+void write_sink_gradient(const float*, float*, int64_t, void*, int) { no_cuda(); }
 }  // namespace ringattn::kernels::cuda
 
 namespace ringattn::job {

@@ -45,6 +45,55 @@ __global__ void row_dot_kernel(const RowDotParams p) {
   }
 }
 
+// One warp per lse row (b, h, n): the sink's epilogue. Every lane computes the row's factor
+// from lse before lane 0 rewrites it.
+__global__ void apply_sinks_kernel(const SinkParams p) {
+  const int64_t rows = p.batch * p.heads * p.seq_len;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += warps) {
+    const int64_t n = r % p.seq_len, bh = r / p.seq_len;
+    const int64_t h = bh % p.heads, b = bh / p.heads;
+    const float sink = p.sinks[h];
+    if (sink == -INFINITY) continue;  // no sink for this head
+    const float l = p.lse[r];
+    __syncwarp();
+    const float m = fmaxf(l, sink);
+    const float merged = m + logf(expf(l - m) + expf(sink - m));
+    const float factor = expf(l - merged);  // 0 for a row that attends no key
+    float* o = p.out + ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
+    for (int64_t d = lane; d < p.head_dim; d += 32) o[d] *= factor;
+    if (lane == 0) p.lse[r] = merged;
+  }
+}
+
+// One warp per head: its rows in order, each lane summing its columns' share weighted by the
+// row's exp(sink - lse), then the lanes' sums by a fixed butterfly.
+template <typename T>
+__global__ void sink_gradient_kernel(const SinkParams p) {
+  const int64_t h = blockIdx.x;
+  const int lane = static_cast<int>(threadIdx.x);
+  const float sink = p.sinks[h];
+  double acc = 0.0;
+  if (sink != -INFINITY) {
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t n = 0; n < p.seq_len; ++n) {
+        const double w = exp(static_cast<double>(sink) -
+                             static_cast<double>(p.lse[(b * p.heads + h) * p.seq_len + n]));
+        const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
+        const T* g = static_cast<const T*>(p.dout) + at;
+        const float* o = p.out + at;
+        float s = 0.0f;
+        for (int64_t d = lane; d < p.head_dim; d += 32) s += o[d] * to_float(g[d]);
+        acc += w * static_cast<double>(s);
+      }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) p.dsinks[h] = static_cast<float>(-acc);
+}
+
 // dst[r * dpitch + c] += src[r * spitch + c] for r < height, c < width (floats).
 __global__ void add_2d_kernel(float* dst, int64_t dpitch, const float* src, int64_t spitch,
                               int64_t width, int64_t height) {
@@ -307,6 +356,34 @@ void start_backward(Elem e, const RowDotParams& rd, int64_t kv_heads, float* dq,
   launch_row_dot(e, rd, stream);
 }
 
+void launch_apply_sinks(const SinkParams& p, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.heads * p.seq_len;
+  if (rows == 0) return;
+  launch_kernel("apply_sinks_kernel", &apply_sinks_kernel, dim3(blocks_for(rows, kThreads / 32)),
+                dim3(kThreads), 0, stream, p);
+  RINGATTN_CUDA_CHECK_LAUNCH("apply_sinks_kernel");
+}
+
+void launch_sink_gradient(Elem e, const SinkParams& p, cudaStream_t stream) {
+  if (p.heads == 0) return;
+  const dim3 grid(static_cast<unsigned>(p.heads)), block(32);
+  switch (e) {
+    case Elem::bf16:
+      launch_kernel("sink_gradient_kernel", &sink_gradient_kernel<__nv_bfloat16>, grid, block, 0,
+                    stream, p);
+      break;
+    case Elem::fp16:
+      launch_kernel("sink_gradient_kernel", &sink_gradient_kernel<__half>, grid, block, 0, stream,
+                    p);
+      break;
+    case Elem::fp32:
+      launch_kernel("sink_gradient_kernel", &sink_gradient_kernel<float>, grid, block, 0, stream,
+                    p);
+      break;
+  }
+  RINGATTN_CUDA_CHECK_LAUNCH("sink_gradient_kernel");
+}
+
 void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream) {
   if (n <= 0) return;
   launch_kernel("scale_kernel", &scale_kernel, dim3(blocks_for(n, kThreads * 4)), dim3(kThreads), 0,
@@ -385,8 +462,8 @@ void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaS
                     stream, src, static_cast<__nv_bfloat16*>(dst), n);
       break;
     case Elem::fp16:
-      launch_kernel("floats_to_elem_kernel", &floats_to_elem_kernel<__half>, grid, block, 0,
-                    stream, src, static_cast<__half*>(dst), n);
+      launch_kernel("floats_to_elem_kernel", &floats_to_elem_kernel<__half>, grid, block, 0, stream,
+                    src, static_cast<__half*>(dst), n);
       break;
     case Elem::fp32:
       RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
@@ -406,12 +483,12 @@ void launch_elem_to_floats(Elem e, const void* src, float* dst, int64_t n, bool 
                     stream, static_cast<const __nv_bfloat16*>(src), dst, n, add);
       break;
     case Elem::fp16:
-      launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<__half>, grid, block, 0,
-                    stream, static_cast<const __half*>(src), dst, n, add);
+      launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<__half>, grid, block, 0, stream,
+                    static_cast<const __half*>(src), dst, n, add);
       break;
     case Elem::fp32:
-      launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<float>, grid, block, 0,
-                    stream, static_cast<const float*>(src), dst, n, add);
+      launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<float>, grid, block, 0, stream,
+                    static_cast<const float*>(src), dst, n, add);
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("elem_to_floats_kernel");

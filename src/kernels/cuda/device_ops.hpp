@@ -93,6 +93,22 @@ void launch_add_view(Elem e, const void* src, float* dst, const StridedView& vie
 void add_floats_2d(float* dst, int64_t dpitch, const float* src, int64_t spitch, int64_t width,
                    int64_t height, cudaStream_t stream);
 
+// Attention sinks on a [B, N, H, D] shard (the device form of kernels/attention_sinks.hpp):
+// the forward's epilogue lse' = logaddexp(lse, sinks[h]), out *= exp(lse - lse'), and the
+// sinks' gradient dsinks[h] = -sum over the shard's rows of exp(sinks[h] - lse) ·
+// rowsum(out ∘ dout) (out and lse the forward's, dout of element type `e`), each head's sum
+// taken in a fixed order (deterministic). All pointers are device pointers.
+struct SinkParams {
+  float* out = nullptr;
+  float* lse = nullptr;
+  const void* dout = nullptr;
+  const float* sinks = nullptr;
+  float* dsinks = nullptr;
+  int64_t batch = 0, seq_len = 0, heads = 0, head_dim = 0;
+};
+void launch_apply_sinks(const SinkParams& p, cudaStream_t stream);
+void launch_sink_gradient(Elem e, const SinkParams& p, cudaStream_t stream);
+
 // data[i] *= factor for i < n (the grouped combine's 1/G at the end of the ring).
 void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream);
 
