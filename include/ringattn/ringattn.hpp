@@ -81,6 +81,13 @@ struct JobSpec {
   // ring runs across the groups. 1: the ring alone; 0: the split the cost model picks for
   // this shape and the ranks per node.
   int ulysses = 1;
+  // Attention sinks (docs/SEMANTICS.md): a learned logit per query head joins every row's
+  // softmax normaliser and attends no value (gpt-oss, StreamingLLM). With sinks, forward and
+  // backward take the logits [H] (fp32, in the memory of the other tensors; -inf: no sink for
+  // that head) and backward writes their gradient [H], summed over the batch and every rank's
+  // rows (each rank gets the same total). Dense and block-sparse attention; dilated refuses
+  // them (one softmax per pattern).
+  bool sinks = false;
   // Progress (called with steps done and steps in the call by the thread driving the ring);
   // cheap, must not throw. May be empty.
   std::function<void(int done, int steps)> on_step;
@@ -183,16 +190,22 @@ class Engine {
   Shape4 local_kv_shape() const noexcept;
 
   // This rank's float32 host shard. On a GPU engine the first host call allocates staging
-  // buffers on the device once; the call returns when the results are on the host.
-  void forward(const float* q, const float* k, const float* v, float* out, float* lse);
+  // buffers on the device once; the call returns when the results are on the host. `sinks`
+  // and `dsinks` ([H]) are given exactly when JobSpec::sinks is set.
+  void forward(const float* q, const float* k, const float* v, float* out, float* lse,
+               const float* sinks = nullptr);
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                const float* dout, float* dq, float* dk, float* dv);
-  // Tensor references: host tensors as above; device tensors enqueue on their stream.
+                const float* dout, float* dq, float* dk, float* dv, const float* sinks = nullptr,
+                float* dsinks = nullptr);
+  // Tensor references: host tensors as above; device tensors enqueue on their stream. With
+  // several ranks, a device backward with sinks waits for its stream once, to sum dsinks over
+  // the ranks on the host.
   void forward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,
-               const TensorRef& lse);
+               const TensorRef& lse, const TensorRef& sinks = {});
   void backward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,
                 const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
-                const TensorRef& dk, const TensorRef& dv);
+                const TensorRef& dk, const TensorRef& dv, const TensorRef& sinks = {},
+                const TensorRef& dsinks = {});
   // Waits until the engine's device work is done (a no-op on the CPU).
   void synchronize();
 

@@ -77,13 +77,15 @@ bool samples_rows(const Engine& engine) {
 
 std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicator& comm,
                                         const Engine& engine, const HostTensor& q,
-                                        const HostTensor& out, const HostTensor& lse) {
+                                        const HostTensor& out, const HostTensor& lse,
+                                        const std::vector<float>& sinks) {
   const AttentionConfig& cfg = engine.config();
   const sparse::BlockLists& lists = *lists_of(engine);
   const Shape4& s = cfg.shape;
   const int64_t D = s.head_dim, H = s.heads, NL = engine.local_len(), bs = cfg.block_size;
   const std::vector<int64_t> positions = engine.local_rows();
-  const BlockReferenceProblem pb = block_problem(engine);
+  BlockReferenceProblem pb = block_problem(engine);
+  pb.sinks = sinks;
   double out_diff = 0, out_want = 0, lse_diff = 0, lse_want = 0;
   bool inf_mismatch = false;
   const int64_t rows = std::min(kSampledRows, NL);
@@ -155,17 +157,20 @@ std::vector<CheckResult> full_check(const Engine& engine, const WholeTensors& t,
       static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
   std::vector<CheckResult> r;
   const bool blocks = lists_of(engine) != nullptr;
-  const BlockReferenceProblem pb = blocks ? block_problem(engine) : BlockReferenceProblem{};
-  const ReferenceForward ref =
-      blocks ? reference_forward_blocks(pb, t.q, t.k, t.v) : reference_forward(cfg, t.q, t.k, t.v);
+  BlockReferenceProblem pb = blocks ? block_problem(engine) : BlockReferenceProblem{};
+  if (t.sinks) pb.sinks.assign(t.sinks, t.sinks + cfg.shape.heads);
+  const ReferenceForward ref = blocks ? reference_forward_blocks(pb, t.q, t.k, t.v)
+                                      : reference_forward(cfg, t.q, t.k, t.v, t.sinks);
   r.push_back({"out", relative_error(t.out, ref.out.data(), n_full)});
   r.push_back({"lse", relative_error(t.lse, ref.lse.data(), n_lse)});
   if (backward) {
     const ReferenceGradients g = blocks ? reference_backward_blocks(pb, t.q, t.k, t.v, t.dout)
-                                        : reference_backward(cfg, t.q, t.k, t.v, t.dout);
+                                        : reference_backward(cfg, t.q, t.k, t.v, t.dout, t.sinks);
     r.push_back({"dq", relative_error(t.dq, g.dq.data(), n_full)});
     r.push_back({"dk", relative_error(t.dk, g.dk.data(), n_kv)});
     r.push_back({"dv", relative_error(t.dv, g.dv.data(), n_kv)});
+    if (t.dsinks)
+      r.push_back({"dsinks", relative_error(t.dsinks, g.dsinks.data(), g.dsinks.size())});
   }
   return r;
 }

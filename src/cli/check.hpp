@@ -26,12 +26,14 @@ bool samples_rows(const Engine& engine);
 // The sampled check on this rank's shard (forward only); {out, lse} errors, max over ranks.
 std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicator& comm,
                                         const Engine& engine, const HostTensor& q,
-                                        const HostTensor& out, const HostTensor& lse);
+                                        const HostTensor& out, const HostTensor& lse,
+                                        const std::vector<float>& sinks);
 
 // Whole tensors (rank 0): the results against the float64 reference of the inputs.
 struct WholeTensors {
   const float *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   const float *out = nullptr, *lse = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  const float *sinks = nullptr, *dsinks = nullptr;  // [H], with --sinks
 };
 std::vector<CheckResult> full_check(const Engine& engine, const WholeTensors& t, bool backward);
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "cli/npy.hpp"
 
@@ -86,6 +87,27 @@ std::vector<uint8_t> read_block_mask(const std::string& path, std::vector<int64_
                      "block mask must be a bool array (numpy dtype bool, '|b1')");
   dims = h.shape;
   return reading("--block-mask", path, [&] { return read_npy_bool(path); });
+}
+
+std::vector<float> read_sinks(const std::string& path, int64_t heads) {
+  const std::string subject = file_subject("--sinks", path);
+  const NpyHeader h = reading("--sinks", path, [&] { return read_npy_header(path); });
+  if (h.dtype != NpyDtype::float32)
+    throw InputError(subject, "sinks must be float32 (numpy dtype '<f4'), one logit per head");
+  if (h.shape.size() != 1 || h.shape[0] != heads) {
+    std::string shape = "[";
+    for (std::size_t i = 0; i < h.shape.size(); ++i)
+      shape += (i ? ", " : "") + std::to_string(h.shape[i]);
+    throw InputError(subject, "sinks must have shape [" + std::to_string(heads) +
+                                  "] (one logit per query head), got " + shape + "]");
+  }
+  std::vector<float> sinks = reading("--sinks", path, [&] { return read_npy_float(path); });
+  for (std::size_t i = 0; i < sinks.size(); ++i)
+    if (std::isnan(sinks[i]) || sinks[i] == std::numeric_limits<float>::infinity())
+      throw InputError(subject, "head " + std::to_string(i) + "'s sink is " +
+                                    (std::isnan(sinks[i]) ? "NaN" : "+inf") +
+                                    "; a sink is a finite logit, or -inf for none");
+  return sinks;
 }
 
 void load_shard(const std::string& option, const std::string& path,

@@ -41,6 +41,10 @@ std::vector<int64_t> read_cu_seqlens(const std::string& path, int64_t seq_len);
 // The bool block mask of a --block-mask file, its dimensions in `dims`.
 std::vector<uint8_t> read_block_mask(const std::string& path, std::vector<int64_t>& dims);
 
+// The attention sinks of a --sinks file: float32 [heads], each finite or -inf (no sink for
+// that head).
+std::vector<float> read_sinks(const std::string& path, int64_t heads);
+
 // This rank's rows (global positions, local order) of a [B, N, heads, D] tensor of `full`
 // shape `s`: read from `path` (every element checked finite) or synthesised.
 void load_shard(const std::string& option, const std::string& path,

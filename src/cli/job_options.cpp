@@ -108,6 +108,7 @@ JobSpec job_spec(const RunOptions& opts) {
   spec.timeout_s = opts.timeout_s;
   spec.ulysses = opts.ulysses;
   spec.deterministic = opts.deterministic;
+  spec.sinks = !opts.sinks_path.empty();
   return spec;
 }
 

@@ -106,7 +106,10 @@ po::options_description pattern_options() {
       "cu-seqlens", po::value<std::string>(),
       "packed sequences from a file: .npy int32/int64 [n_docs + 1] document offsets, 0 first, "
       "strictly increasing, N last")("scale", po::value<double>(),
-                                     "softmax scale (default 1/sqrt(D))");
+                                     "softmax scale (default 1/sqrt(D))")(
+      "sinks", po::value<std::string>(),
+      "attention sinks: .npy float32 [H], a learned logit per query head joining every row's "
+      "softmax normaliser (-inf: none for that head); dense and block-sparse attention");
   return pattern;
 }
 
@@ -134,7 +137,9 @@ po::options_description backward_options() {
       "backward", po::bool_switch(), "run the backward pass with a synthetic dout")(
       "dq-out", po::value<std::string>(), "write dQ (.npy float32 [B,N,H,D])")(
       "dk-out", po::value<std::string>(), "write dK (.npy float32 [B,N,HKV,D])")(
-      "dv-out", po::value<std::string>(), "write dV (.npy float32 [B,N,HKV,D])");
+      "dv-out", po::value<std::string>(), "write dV (.npy float32 [B,N,HKV,D])")(
+      "dsinks-out", po::value<std::string>(),
+      "write the attention sinks' gradient (.npy float32 [H]; needs --sinks)");
   return backward;
 }
 
@@ -430,9 +435,15 @@ void read_mask_and_documents(const po::variables_map& vm, RunOptions& o) {
 
 void read_backward(const po::variables_map& vm, RunOptions& o) {
   o.backward = vm["backward"].as<bool>() || !o.dout_path.empty();
+  o.sinks_path = string_or_empty(vm, "sinks");
+  if (vm.count("sinks") && o.sinks_path.empty()) throw InputError("--sinks", "the path is empty");
+  o.dsinks_out_path = string_or_empty(vm, "dsinks-out");
+  if (!o.dsinks_out_path.empty() && o.sinks_path.empty())
+    throw InputError("--dsinks-out", "needs attention sinks: give --sinks FILE");
   for (const auto& [name, path] : {std::pair{"--dq-out", o.dq_out_path},
                                    {"--dk-out", o.dk_out_path},
-                                   {"--dv-out", o.dv_out_path}})
+                                   {"--dv-out", o.dv_out_path},
+                                   {"--dsinks-out", o.dsinks_out_path}})
     if (!path.empty() && !o.backward)
       throw InputError(name, "needs the backward pass: give --dout FILE (or --backward)");
 }
@@ -448,14 +459,14 @@ void read_device(const po::variables_map& vm, RunOptions& o) {
         require_choice("--kv-layout", vm["kv-layout"].as<std::string>(), {"bnhd", "bhnd"}) == "bnhd"
             ? TensorLayout::bnhd
             : TensorLayout::bhnd;
-  o.kernel =
-      require_choice("--kernel", vm["kernel"].as<std::string>(), {"auto", "native", "cudnn", "hopper"});
+  o.kernel = require_choice("--kernel", vm["kernel"].as<std::string>(),
+                            {"auto", "native", "cudnn", "hopper"});
   if (vm.count("dtype"))
     o.dtype = require_choice("--dtype", vm["dtype"].as<std::string>(), {"bf16", "fp16", "fp32"});
   if (o.device == "cpu" && (o.kernel == "cudnn" || o.kernel == "hopper"))
-    throw InputError("--kernel",
-                     "'" + o.kernel + "' is a CUDA kernel; it needs --device cuda (or auto on a "
-                     "machine with a GPU), not --device cpu");
+    throw InputError("--kernel", "'" + o.kernel +
+                                     "' is a CUDA kernel; it needs --device cuda (or auto on a "
+                                     "machine with a GPU), not --device cpu");
   if (o.device == "cpu" && !o.dtype.empty() && o.dtype != "fp32")
     throw InputError("--dtype",
                      "'" + o.dtype + "' needs --device cuda; the CPU kernels compute in fp32");

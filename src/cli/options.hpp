@@ -19,6 +19,7 @@ struct RunOptions {
   bool shape_from_options = false;
   std::string q_path, k_path, v_path, dout_path;
   std::string out_path, lse_out_path, dq_out_path, dk_out_path, dv_out_path;
+  std::string sinks_path, dsinks_out_path;  // --sinks FILE, --dsinks-out FILE
   uint64_t seed = 0;
   bool backward = false;  // --dout or --backward
   // Block-sparse (--attention block-sparse, or auto past --sparse-threshold tokens).
@@ -34,11 +35,11 @@ struct RunOptions {
   int threads = 0;
   int warmup = 1;
   int iters = 3;
-  std::string comm = "auto";  // --comm: auto | nccl | mpi | local (see ring/comm_choice.hpp)
-  int ring_size = 0;          // --ring-size: 0 = the launcher's world size (1 without one)
-  int ulysses = 1;            // --ulysses: U (0: auto)
+  std::string comm = "auto";   // --comm: auto | nccl | mpi | local (see ring/comm_choice.hpp)
+  int ring_size = 0;           // --ring-size: 0 = the launcher's world size (1 without one)
+  int ulysses = 1;             // --ulysses: U (0: auto)
   bool deterministic = false;  // --deterministic
-  double timeout_s = 300;     // watchdog: longest wait for one ring exchange (--timeout)
+  double timeout_s = 300;      // watchdog: longest wait for one ring exchange (--timeout)
   bool check = false;
   bool json = false;
   bool progress = false;  // --progress: progress lines on stderr even when it is no terminal

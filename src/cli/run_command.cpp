@@ -36,12 +36,13 @@ namespace {
 // (made and undone outside the timed calls); on a GPU, device copies in the engine's dtype.
 struct Tensors {
   HostTensor q, k, v, o, lse, dout, dq, dk, dv;
+  std::vector<float> sinks, dsinks;  // [H], --sinks
   struct Copies {
     HostTensor q, k, v, o, dout, dq, dk, dv;
   };
   std::optional<Copies> engine_copies;
   struct Device {
-    DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv;
+    DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv, sinks, dsinks;
   };
   std::optional<Device> device;
 };
@@ -88,7 +89,8 @@ const std::pair<const char*, const std::string RunOptions::*> kOutputs[] = {
     {"--pattern-out", &RunOptions::pattern_out_path},
     {"--dq-out", &RunOptions::dq_out_path},
     {"--dk-out", &RunOptions::dk_out_path},
-    {"--dv-out", &RunOptions::dv_out_path}};
+    {"--dv-out", &RunOptions::dv_out_path},
+    {"--dsinks-out", &RunOptions::dsinks_out_path}};
 
 bool writes_outputs(const RunOptions& opts) {
   for (const auto& [name, path] : kOutputs)
@@ -159,6 +161,11 @@ void make_engine_copies(Run& run) {
       d.dk = DeviceBuffer(t.k.size() * sizeof(float), "dk", dev);
       d.dv = DeviceBuffer(t.k.size() * sizeof(float), "dv", dev);
     }
+    if (!t.sinks.empty()) {
+      d.sinks = DeviceBuffer(t.sinks.size() * sizeof(float), "sinks", dev);
+      d.sinks.upload(t.sinks.data(), t.sinks.size(), DeviceDType::fp32);
+      d.dsinks = DeviceBuffer(t.sinks.size() * sizeof(float), "dsinks", dev);
+    }
   } else if (e.config().layout == TensorLayout::bhnd ||
              e.config().effective_kv_layout() == TensorLayout::bhnd) {
     // Each tensor in its own layout: q, out, dout, dq as --layout, k, v, dk, dv as
@@ -222,6 +229,10 @@ void load_tensors(Run& run) {
     else
       fill_synthetic(t.dout, rows, s, opts.seed, 4);
   }
+  if (!opts.sinks_path.empty()) {
+    t.sinks = read_sinks(opts.sinks_path, s.heads);
+    t.dsinks.assign(t.sinks.size(), 0.0f);
+  }
   make_engine_copies(run);
 }
 
@@ -229,28 +240,45 @@ void load_tensors(Run& run) {
 // or the host tensors themselves.
 struct CallTensors {
   TensorRef q, k, v, o, lse, dout, dq, dk, dv;
+  TensorRef sinks, dsinks;  // null without --sinks
 };
 
 CallTensors call_tensors(Run& run) {
   Tensors& t = run.t;
-  CallTensors c;
+  const bool sinks = !t.sinks.empty();
   if (t.device) {
     const DeviceDType in = run.engine->dtype(), f32 = DeviceDType::fp32;
     auto ref = [](const DeviceBuffer& b, DeviceDType dt) {
       return TensorRef{b.data(), dt, Memory::device, nullptr};
     };
     Tensors::Device& d = *t.device;
-    return {ref(d.q, in),    ref(d.k, in),   ref(d.v, in),   ref(d.o, f32), ref(d.lse, f32),
-            ref(d.dout, in), ref(d.dq, f32), ref(d.dk, f32), ref(d.dv, f32)};
+    CallTensors c{ref(d.q, in),
+                  ref(d.k, in),
+                  ref(d.v, in),
+                  ref(d.o, f32),
+                  ref(d.lse, f32),
+                  ref(d.dout, in),
+                  ref(d.dq, f32),
+                  ref(d.dk, f32),
+                  ref(d.dv, f32),
+                  {},
+                  {}};
+    if (sinks) c.sinks = ref(d.sinks, f32), c.dsinks = ref(d.dsinks, f32);
+    return c;
   }
   auto ref = [](HostTensor& h) { return TensorRef{h.data(), DeviceDType::fp32, Memory::host}; };
+  CallTensors c{ref(t.q),  ref(t.k),  ref(t.v),  ref(t.o), ref(t.lse), ref(t.dout),
+                ref(t.dq), ref(t.dk), ref(t.dv), {},       {}};
   if (t.engine_copies) {
     Tensors::Copies& hm = *t.engine_copies;
-    return {ref(hm.q),    ref(hm.k),  ref(hm.v),  ref(hm.o), ref(t.lse),
-            ref(hm.dout), ref(hm.dq), ref(hm.dk), ref(hm.dv)};
+    c = {ref(hm.q),  ref(hm.k),  ref(hm.v),  ref(hm.o), ref(t.lse), ref(hm.dout),
+         ref(hm.dq), ref(hm.dk), ref(hm.dv), {},        {}};
   }
-  return {ref(t.q),    ref(t.k),  ref(t.v),  ref(t.o), ref(t.lse),
-          ref(t.dout), ref(t.dq), ref(t.dk), ref(t.dv)};
+  if (sinks) {
+    c.sinks = {t.sinks.data(), DeviceDType::fp32, Memory::host};
+    c.dsinks = {t.dsinks.data(), DeviceDType::fp32, Memory::host};
+  }
+  return c;
 }
 
 // Where each rank runs (several ranks only), printed once by rank 0.
@@ -287,7 +315,7 @@ Timings time_calls(Run& run, ProgressReporter& progress) {
     run.comm.barrier();
     progress.begin_call(false, it);
     auto t0 = std::chrono::steady_clock::now();
-    e.forward(c.q, c.k, c.v, c.o, c.lse);
+    e.forward(c.q, c.k, c.v, c.o, c.lse, c.sinks);
     e.synchronize();
     if (it >= opts.warmup) tm.fwd.push_back(ms_since(t0));
     progress.end_call();
@@ -295,7 +323,7 @@ Timings time_calls(Run& run, ProgressReporter& progress) {
     run.comm.barrier();
     progress.begin_call(true, it);
     t0 = std::chrono::steady_clock::now();
-    e.backward(c.q, c.k, c.v, c.o, c.lse, c.dout, c.dq, c.dk, c.dv);
+    e.backward(c.q, c.k, c.v, c.o, c.lse, c.dout, c.dq, c.dk, c.dv, c.sinks, c.dsinks);
     e.synchronize();
     if (it >= opts.warmup) tm.bwd.push_back(ms_since(t0));
     progress.end_call();
@@ -331,6 +359,7 @@ void results_to_host(Run& run) {
       t.device->dq.download(t.dq.data(), t.dq.size());
       t.device->dk.download(t.dk.data(), t.dk.size());
       t.device->dv.download(t.dv.data(), t.dv.size());
+      if (!t.dsinks.empty()) t.device->dsinks.download(t.dsinks.data(), t.dsinks.size());
     }
   }
 }
@@ -432,6 +461,11 @@ Gathered gather_results(Run& run, bool full_check) {
   g.t.k = full(t.k, full_check, hkv, false);
   g.t.v = full(t.v, full_check, hkv, false);
   g.t.dout = full(t.dout, full_check && bwd, h, false);
+  // Every rank holds the whole sinks and the same total of their gradient.
+  if (!t.sinks.empty()) {
+    g.t.sinks = t.sinks.data();
+    if (bwd) g.t.dsinks = t.dsinks.data();
+  }
   return g;
 }
 
@@ -448,6 +482,7 @@ void write_outputs(const RunOptions& opts, const Engine& e, const WholeTensors& 
   if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, w.dq);
   if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, kv_dims4, w.dk);
   if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, kv_dims4, w.dv);
+  if (!opts.dsinks_out_path.empty()) files.stage(opts.dsinks_out_path, {s.heads}, w.dsinks);
   if (!opts.pattern_out_path.empty()) {
     const sparse::BlockLists& l = *e.impl().job.lists;
     const std::vector<uint8_t> mask = sparse::mask_from_lists(l);
@@ -471,8 +506,9 @@ int run_and_report(Run& run, ProgressReporter& progress, std::ostream& out) {
 
   if (opts.check) progress.phase("check");
   // A sampled check runs on every rank, on its own shard.
-  const auto sampled = run.sampled_check ? sampled_check(opts, comm, e, run.t.q, run.t.o, run.t.lse)
-                                         : std::pair<double, double>{0, 0};
+  const auto sampled = run.sampled_check
+                           ? sampled_check(opts, comm, e, run.t.q, run.t.o, run.t.lse, run.t.sinks)
+                           : std::pair<double, double>{0, 0};
   const bool whole = opts.check && !run.sampled_check;
   const Gathered g = gather_results(run, whole);
   int code = 0;

@@ -17,6 +17,7 @@
 #include "job/engine_impl.hpp"
 #include "job/resolve.hpp"
 #include "job/ulysses.hpp"
+#include "kernels/attention_sinks.hpp"
 #include "kernels/cuda/stream_order.hpp"
 #include "ring/comm_choice.hpp"
 #include "ring/fault_injection.hpp"
@@ -70,16 +71,16 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
   // tasks as cuDNN views); block-sparse's local and received blocks have no cuDNN kernels.
   if (m.device_comm && m.job.lists && spec.kernel == KernelChoice::cudnn &&
       !single_plan_per_rank(m))
-    throw InputError("--kernel", "'cudnn' has no block-sparse kernels: the GPU block-sparse "
-                                 "mode runs --kernel native, hopper or auto");
+    throw InputError("--kernel",
+                     "'cudnn' has no block-sparse kernels: the GPU block-sparse "
+                     "mode runs --kernel native, hopper or auto");
 }
 
 // The kernel choice reaches every device plan. auto on the ring or distributed block-sparse
 // is resolved by its plan: the sm_90a kernels where they run, else native; cudnn on the ring
 // runs each step's views on cuDNN where they map (else a note and the auto choice).
 CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
-  return {spec.dtype.value_or(DeviceDType::bf16), spec.kernel, m.device_index,
-          spec.deterministic};
+  return {spec.dtype.value_or(DeviceDType::bf16), spec.kernel, m.device_index, spec.deterministic};
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks
@@ -126,6 +127,41 @@ void build(Engine::Impl& m, const JobSpec& spec) {
   }
   m.backend = job::make_device_backend(m.job, m.device_comm.get(), device_options(m, spec),
                                        ring_options(spec));
+}
+
+// This rank's out and lse as the sinks' epilogue and gradient read them.
+kernels::SinkRows sink_rows(const Engine::Impl& m) {
+  const AttentionConfig& c = m.job.cfg;
+  return {c.shape.batch, m.job.local_len(), c.shape.heads, c.shape.head_dim, c.layout};
+}
+
+// Sinks are given to a call exactly when the job has them.
+void check_sinks_given(const Engine::Impl& m, bool sinks, bool dsinks, bool backward) {
+  if (m.sinks && !sinks)
+    throw InputError("sinks", "the job has attention sinks (JobSpec::sinks): pass their logits");
+  if (!m.sinks && sinks)
+    throw InputError("sinks", "given to a job without them (set JobSpec::sinks)");
+  if (backward && m.sinks && !dsinks)
+    throw InputError("dsinks", "the job has attention sinks: pass where their gradient goes");
+}
+
+// dsinks = minus the total of every rank's terms, summed in rank order on rank 0 and sent to
+// every rank (the same value everywhere, run to run).
+void total_sink_gradient(ring::Communicator& c, std::vector<double>& terms, float* dsinks) {
+  if (c.size() > 1) {
+    const std::size_t bytes = terms.size() * sizeof(double);
+    std::vector<double> all(terms.size() * static_cast<std::size_t>(c.size()));
+    c.gather(terms.data(), bytes, all.data());
+    if (c.rank() == 0)
+      for (std::size_t h = 0; h < terms.size(); ++h) {
+        double sum = 0.0;
+        for (int r = 0; r < c.size(); ++r)
+          sum += all[static_cast<std::size_t>(r) * terms.size() + h];
+        terms[h] = sum;
+      }
+    c.broadcast(terms.data(), bytes, 0);
+  }
+  for (std::size_t h = 0; h < terms.size(); ++h) dsinks[h] = static_cast<float>(-terms[h]);
 }
 
 }  // namespace
@@ -186,6 +222,7 @@ Engine make_engine(const JobSpec& spec, Comm& comm) {
     ranks.per_node = static_cast<int>(c.max(static_cast<int64_t>(c.local_rank()))) + 1;
   job::agree_on_errors(c, [&] { impl->job = job::resolve(spec, ranks); });
   impl->deterministic = spec.deterministic;
+  impl->sinks = spec.sinks;
   job::agree_on_errors(c, [&] { build(*impl, spec); });
   return Engine(std::move(impl));
 }
@@ -238,44 +275,60 @@ Engine::Impl::Staging& Engine::Impl::stage(bool backward_too) {
   return *staging;
 }
 
-void Engine::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
+void Engine::forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                     const float* sinks) {
   Impl& m = *impl_;
-  if (!m.on_gpu()) return m.backend->forward(q, k, v, out, lse);
-  const auto n = static_cast<std::size_t>(local_shape().numel());
-  const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
-  const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
-  const DeviceDType t = dtype();
-  Impl::Staging& s = m.stage(false);
-  s.q.upload(q, n, t);
-  s.k.upload(k, n_kv, t);
-  s.v.upload(v, n_kv, t);
-  m.backend->forward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>());
-  m.backend->synchronize();
-  s.out.download(out, n);
-  s.lse.download(lse, n_lse);
+  check_sinks_given(m, sinks != nullptr, false, false);
+  if (!m.on_gpu()) {
+    m.backend->forward(q, k, v, out, lse);
+  } else {
+    const auto n = static_cast<std::size_t>(local_shape().numel());
+    const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
+    const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
+    const DeviceDType t = dtype();
+    Impl::Staging& s = m.stage(false);
+    s.q.upload(q, n, t);
+    s.k.upload(k, n_kv, t);
+    s.v.upload(v, n_kv, t);
+    m.backend->forward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>());
+    m.backend->synchronize();
+    s.out.download(out, n);
+    s.lse.download(lse, n_lse);
+  }
+  if (sinks) kernels::apply_sinks(sink_rows(m), sinks, out, lse, 0);
 }
 
 void Engine::backward(const float* q, const float* k, const float* v, const float* out,
-                      const float* lse, const float* dout, float* dq, float* dk, float* dv) {
+                      const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                      const float* sinks, float* dsinks) {
   Impl& m = *impl_;
-  if (!m.on_gpu()) return m.backend->backward(q, k, v, out, lse, dout, dq, dk, dv);
-  const auto n = static_cast<std::size_t>(local_shape().numel());
-  const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
-  const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
-  const DeviceDType t = dtype();
-  Impl::Staging& s = m.stage(true);
-  s.q.upload(q, n, t);
-  s.k.upload(k, n_kv, t);
-  s.v.upload(v, n_kv, t);
-  s.out.upload(out, n, DeviceDType::fp32);
-  s.lse.upload(lse, n_lse, DeviceDType::fp32);
-  s.dout.upload(dout, n, t);
-  m.backend->backward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>(),
-                      s.dout.data(), s.dq.as<float>(), s.dk.as<float>(), s.dv.as<float>());
-  m.backend->synchronize();
-  s.dq.download(dq, n);
-  s.dk.download(dk, n_kv);
-  s.dv.download(dv, n_kv);
+  check_sinks_given(m, sinks != nullptr, dsinks != nullptr, true);
+  if (!m.on_gpu()) {
+    m.backend->backward(q, k, v, out, lse, dout, dq, dk, dv);
+  } else {
+    const auto n = static_cast<std::size_t>(local_shape().numel());
+    const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
+    const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
+    const DeviceDType t = dtype();
+    Impl::Staging& s = m.stage(true);
+    s.q.upload(q, n, t);
+    s.k.upload(k, n_kv, t);
+    s.v.upload(v, n_kv, t);
+    s.out.upload(out, n, DeviceDType::fp32);
+    s.lse.upload(lse, n_lse, DeviceDType::fp32);
+    s.dout.upload(dout, n, t);
+    m.backend->backward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>(),
+                        s.dout.data(), s.dq.as<float>(), s.dk.as<float>(), s.dv.as<float>());
+    m.backend->synchronize();
+    s.dq.download(dq, n);
+    s.dk.download(dk, n_kv);
+    s.dv.download(dv, n_kv);
+  }
+  if (sinks) {
+    std::vector<double> terms(static_cast<std::size_t>(config().shape.heads));
+    kernels::sink_gradient_terms(sink_rows(m), sinks, out, dout, lse, terms.data(), 0);
+    total_sink_gradient(m.comm.communicator(), terms, dsinks);
+  }
 }
 
 namespace {
@@ -295,33 +348,46 @@ void check_ref(const TensorRef& t, const char* name, Memory memory, DeviceDType 
 }  // namespace
 
 void Engine::forward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                     const TensorRef& out, const TensorRef& lse) {
+                     const TensorRef& out, const TensorRef& lse, const TensorRef& sinks) {
   Impl& m = *impl_;
+  check_sinks_given(m, sinks.data != nullptr, false, false);
   if (!m.on_gpu() || q.memory == Memory::host) {
     for (const auto& [t, name] :
          {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}})
       check_ref(*t, name, Memory::host, DeviceDType::fp32);
+    if (sinks.data) check_ref(sinks, "sinks", Memory::host, DeviceDType::fp32);
     return forward(static_cast<const float*>(q.data), static_cast<const float*>(k.data),
                    static_cast<const float*>(v.data), static_cast<float*>(out.data),
-                   static_cast<float*>(lse.data));
+                   static_cast<float*>(lse.data), static_cast<const float*>(sinks.data));
   }
   const DeviceDType t = dtype();
   for (const auto& [ref, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}})
     check_ref(*ref, name, Memory::device, t);
   for (const auto& [ref, name] : {std::pair{&out, "out"}, {&lse, "lse"}})
     check_ref(*ref, name, Memory::device, DeviceDType::fp32);
+  if (sinks.data) check_ref(sinks, "sinks", Memory::device, DeviceDType::fp32);
   void* caller = q.stream;
   kernels::cuda::order_after(caller, m.backend->stream(), m.device_index);
   m.backend->forward(q.data, k.data, v.data, static_cast<float*>(out.data),
                      static_cast<float*>(lse.data));
+  if (sinks.data)
+    kernels::cuda::apply_sinks(sink_rows(m), static_cast<const float*>(sinks.data),
+                               static_cast<float*>(out.data), static_cast<float*>(lse.data),
+                               m.backend->stream(), m.device_index);
   kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
 }
 
 void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
                       const TensorRef& out, const TensorRef& lse, const TensorRef& dout,
-                      const TensorRef& dq, const TensorRef& dk, const TensorRef& dv) {
+                      const TensorRef& dq, const TensorRef& dk, const TensorRef& dv,
+                      const TensorRef& sinks, const TensorRef& dsinks) {
   Impl& m = *impl_;
+  check_sinks_given(m, sinks.data != nullptr, dsinks.data != nullptr, true);
   if (!m.on_gpu() || q.memory == Memory::host) {
+    if (sinks.data) {
+      check_ref(sinks, "sinks", Memory::host, DeviceDType::fp32);
+      check_ref(dsinks, "dsinks", Memory::host, DeviceDType::fp32);
+    }
     for (const auto& [t, name] : {std::pair{&q, "q"},
                                   {&k, "k"},
                                   {&v, "v"},
@@ -336,7 +402,8 @@ void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v
                     static_cast<const float*>(v.data), static_cast<const float*>(out.data),
                     static_cast<const float*>(lse.data), static_cast<const float*>(dout.data),
                     static_cast<float*>(dq.data), static_cast<float*>(dk.data),
-                    static_cast<float*>(dv.data));
+                    static_cast<float*>(dv.data), static_cast<const float*>(sinks.data),
+                    static_cast<float*>(dsinks.data));
   }
   const DeviceDType t = dtype();
   for (const auto& [ref, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&dout, "dout"}})
@@ -344,11 +411,33 @@ void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v
   for (const auto& [ref, name] :
        {std::pair{&out, "out"}, {&lse, "lse"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
     check_ref(*ref, name, Memory::device, DeviceDType::fp32);
+  if (sinks.data) {
+    check_ref(sinks, "sinks", Memory::device, DeviceDType::fp32);
+    check_ref(dsinks, "dsinks", Memory::device, DeviceDType::fp32);
+  }
   void* caller = q.stream;
   kernels::cuda::order_after(caller, m.backend->stream(), m.device_index);
   m.backend->backward(q.data, k.data, v.data, static_cast<const float*>(out.data),
                       static_cast<const float*>(lse.data), dout.data, static_cast<float*>(dq.data),
                       static_cast<float*>(dk.data), static_cast<float*>(dv.data));
+  if (sinks.data) {
+    auto* ds = static_cast<float*>(dsinks.data);
+    kernels::cuda::sink_gradient(
+        sink_rows(m), t, static_cast<const float*>(sinks.data), static_cast<const float*>(out.data),
+        dout.data, static_cast<const float*>(lse.data), ds, m.backend->stream(), m.device_index);
+    ring::Communicator& c = m.comm.communicator();
+    if (c.size() > 1) {  // the ranks' shards summed on the host, in rank order
+      const auto heads = static_cast<std::size_t>(config().shape.heads);
+      std::vector<float> mine(heads);
+      kernels::cuda::read_sink_gradient(ds, mine.data(), config().shape.heads, m.backend->stream(),
+                                        m.device_index);
+      std::vector<double> terms(heads);
+      for (std::size_t h = 0; h < heads; ++h) terms[h] = -static_cast<double>(mine[h]);
+      total_sink_gradient(c, terms, mine.data());
+      kernels::cuda::write_sink_gradient(mine.data(), ds, config().shape.heads, m.backend->stream(),
+                                         m.device_index);
+    }
+  }
   kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
 }
 

@@ -55,6 +55,7 @@ struct Engine::Impl {
   Comm comm;
   int device_index = 0;  // the GPU of a cuda engine
   bool deterministic = false;
+  bool sinks = false;  // JobSpec::sinks
   // The device communicator of a multi-rank GPU engine (NCCL or device copies); declared
   // before the backend, whose communication thread uses it until the backend is gone.
   std::unique_ptr<ring::Communicator> device_comm;

@@ -185,6 +185,14 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
                      {"block-sparse runs on the CPU", "block-sparse runs on the CPU, in fp32"});
   }
   validate(cfg);
+  // A sink joins one softmax per row; dilated attention has one per pattern (grouped heads,
+  // mixtures), where a sink has no single meaning.
+  if (spec.sinks && cfg.attention == AttentionKind::dilated)
+    throw InputError("--sinks", std::string("attention sinks join one softmax per row, and ") +
+                                    "--attention " +
+                                    (spec.attention_auto ? "auto (dilated at this N)" : "dilated") +
+                                    " has one per pattern: use dense or block-sparse attention "
+                                    "(--attention), or no --sinks");
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);

@@ -5,7 +5,10 @@
 // by name. Without a usable device every test is skipped with the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -225,6 +228,164 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
         0);
     for (const std::string& f : failures) ADD_FAILURE() << f;
     EXPECT_EQ(ok.load(), 4) << "U " << u << ", kernel " << to_string(kernel);
+  }
+}
+
+// Attention sinks on the GPU engines through device tensors (the Python package's path): one
+// GPU on the native, sm_90a and cuDNN kernels, the ring of two ranks sharing the GPU (native
+// and cuDNN steps), Ulysses x ring and block-sparse, each rank's out, lse, gradients and the
+// sinks' gradient (the whole job's, on every rank) against float64.
+TEST(EngineCuda, SinksOnEveryGpuPathMatchTheFloat64Reference) {
+  REQUIRE_GPU();
+  JobSpec spec = causal_job();
+  spec.config.shape = {1, 128, 4, 64};
+  spec.config.kv_heads = 2;
+  spec.sinks = true;
+  const Shape4& s = spec.config.shape;
+  const Shape4 skv = spec.config.kv_shape();
+  auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 31),
+       k = testing::random_normal(static_cast<std::size_t>(skv.numel()), 32),
+       v = testing::random_normal(static_cast<std::size_t>(skv.numel()), 33),
+       dout = testing::random_normal(static_cast<std::size_t>(s.numel()), 34);
+  for (auto* t : {&q, &k, &v, &dout})
+    round_to_device_dtype(t->data(), t->size(), DeviceDType::bf16);
+  const std::vector<float> sinks = {1.0f, -0.5f, -std::numeric_limits<float>::infinity(), 2.0f};
+  struct Run {
+    const char* name;
+    int ranks, ulysses;
+    KernelChoice kernel;
+    bool block_sparse;
+  };
+  std::vector<Run> runs = {{"one GPU native", 1, 1, KernelChoice::native, false},
+                           {"ring P=2 native", 2, 1, KernelChoice::native, false},
+                           {"Ulysses U=2 P=2", 2, 2, KernelChoice::native, false},
+                           {"block-sparse P=2", 2, 1, KernelChoice::native, true}};
+  if (probe_cuda_device().cc_major == 9)  // the emulated GPUs are sm_90s too
+    runs.push_back({"one GPU hopper", 1, 1, KernelChoice::hopper, false});
+#if RINGATTN_TEST_HAVE_CUDNN
+  runs.push_back({"one GPU cudnn", 1, 1, KernelChoice::cudnn, false});
+#endif
+#if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
+  // On the emulated GPU, the ring's cuDNN steps run on cuDNN's stand-in.
+  runs.push_back({"ring P=2 cudnn", 2, 1, KernelChoice::cudnn, false});
+#endif
+#if RINGATTN_CUDA_EMULATION
+  const testing::CudnnStandinScope standin;
+#endif
+  for (const Run& run : runs) {
+    JobSpec js = spec;
+    js.device_index = 0;              // every rank on GPU 0, where the test's buffers are,
+    js.transport = Transport::local;  // exchanging by device copies
+    js.ulysses = run.ulysses;
+    js.kernel = run.kernel;
+    if (run.block_sparse) {
+      js.config.attention = AttentionKind::block_sparse;
+      js.config.block_size = 32;
+      js.block_sparse.pattern = "local:window=64+global:blocks=1";
+    }
+    std::mutex m;
+    std::vector<std::string> failures;
+    std::vector<std::vector<int64_t>> rows(static_cast<std::size_t>(run.ranks));
+    std::vector<std::vector<float>> outs(rows.size()), lses(rows.size()), dqs(rows.size()),
+        dks(rows.size()), dvs(rows.size()), dss(rows.size());
+    ASSERT_EQ(ring::run_virtual_ranks(
+                  run.ranks,
+                  [&](ring::Communicator& rc) {
+                    Comm comm = Comm::borrow(rc);
+                    Engine e = make_engine(js, comm);
+                    const auto r = static_cast<std::size_t>(comm.rank());
+                    rows[r] = e.local_rows();
+                    const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
+                    const auto lq = take(q, rows[r], s.seq_len, inner),
+                               lk = take(k, rows[r], s.seq_len, inner_kv),
+                               lv = take(v, rows[r], s.seq_len, inner_kv),
+                               ld = take(dout, rows[r], s.seq_len, inner);
+                    const int dev = 0;
+                    const auto bf = DeviceDType::bf16, f32 = DeviceDType::fp32;
+                    const std::size_t nl = lq.size(), nkv = lk.size(),
+                                      nlse = static_cast<std::size_t>(s.heads) * rows[r].size();
+                    DeviceBuffer bq(nl * 2, "q", dev), bk(nkv * 2, "k", dev), bv(nkv * 2, "v", dev),
+                        bd(nl * 2, "dout", dev), bo(nl * 4, "out", dev), bl(nlse * 4, "lse", dev),
+                        bdq(nl * 4, "dq", dev), bdk(nkv * 4, "dk", dev), bdv(nkv * 4, "dv", dev),
+                        bs(sinks.size() * 4, "sinks", dev), bds(sinks.size() * 4, "dsinks", dev);
+                    bq.upload(lq.data(), nl, bf);
+                    bk.upload(lk.data(), nkv, bf);
+                    bv.upload(lv.data(), nkv, bf);
+                    bd.upload(ld.data(), nl, bf);
+                    bs.upload(sinks.data(), sinks.size(), f32);
+                    const auto ref = [](const DeviceBuffer& b, DeviceDType t) {
+                      return TensorRef{b.data(), t, Memory::device, nullptr};
+                    };
+                    e.forward(ref(bq, bf), ref(bk, bf), ref(bv, bf), ref(bo, f32), ref(bl, f32),
+                              ref(bs, f32));
+                    e.backward(ref(bq, bf), ref(bk, bf), ref(bv, bf), ref(bo, f32), ref(bl, f32),
+                               ref(bd, bf), ref(bdq, f32), ref(bdk, f32), ref(bdv, f32),
+                               ref(bs, f32), ref(bds, f32));
+                    e.synchronize();
+                    outs[r].resize(nl), lses[r].resize(nlse), dqs[r].resize(nl);
+                    dks[r].resize(nkv), dvs[r].resize(nkv), dss[r].resize(sinks.size());
+                    bo.download(outs[r].data(), nl);
+                    bl.download(lses[r].data(), nlse);
+                    bdq.download(dqs[r].data(), nl);
+                    bdk.download(dks[r].data(), nkv);
+                    bdv.download(dvs[r].data(), nkv);
+                    bds.download(dss[r].data(), sinks.size());
+                    const EngineStats st = e.stats();
+                    if (run.kernel != KernelChoice::native && st.kernel != to_string(run.kernel)) {
+                      std::lock_guard lock(m);
+                      failures.push_back(std::string(run.name) + ": ran " + st.kernel);
+                    }
+                    return 0;
+                  }),
+              0);
+    for (const std::string& f : failures) ADD_FAILURE() << f;
+    ReferenceForward want;
+    ReferenceGradients g;
+    if (run.block_sparse) {
+      BlockReferenceProblem pb = block_problem_of(js.config);
+      // local:window=64 (blocks qb-1..qb+1) + global:blocks=1 (block 0 sees all, all see it)
+      pb.key_blocks = [&](int64_t, int64_t qb) {
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < 4; ++j)
+          if (qb == 0 || j == 0 || (j >= qb - 1 && j <= qb + 1)) keys.push_back(j);
+        return keys;
+      };
+      pb.sinks = sinks;
+      want = reference_forward_blocks(pb, q.data(), k.data(), v.data());
+      g = reference_backward_blocks(pb, q.data(), k.data(), v.data(), dout.data());
+    } else {
+      want = reference_forward(js.config, q.data(), k.data(), v.data(), sinks.data());
+      g = reference_backward(js.config, q.data(), k.data(), v.data(), dout.data(), sinks.data());
+    }
+    const std::vector<float> wout(want.out.begin(), want.out.end()), wdq(g.dq.begin(), g.dq.end()),
+        wdk(g.dk.begin(), g.dk.end()), wdv(g.dv.begin(), g.dv.end());
+    const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      std::vector<float> wlse;
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (const int64_t p : rows[r])
+          wlse.push_back(static_cast<float>(want.lse[static_cast<std::size_t>(h * s.seq_len + p)]));
+      const std::string at = std::string(run.name) + ", rank " + std::to_string(r);
+      EXPECT_LE(relative_error(outs[r].data(), take(wout, rows[r], s.seq_len, inner).data(),
+                               outs[r].size()),
+                kHalfTolerance)
+          << at;
+      EXPECT_LE(relative_error(lses[r].data(), wlse.data(), wlse.size()), 1e-4) << at;
+      EXPECT_LE(
+          relative_error(dqs[r].data(), take(wdq, rows[r], s.seq_len, inner).data(), dqs[r].size()),
+          kHalfTolerance)
+          << at;
+      EXPECT_LE(relative_error(dks[r].data(), take(wdk, rows[r], s.seq_len, inner_kv).data(),
+                               dks[r].size()),
+                kHalfTolerance)
+          << at;
+      EXPECT_LE(relative_error(dvs[r].data(), take(wdv, rows[r], s.seq_len, inner_kv).data(),
+                               dvs[r].size()),
+                kHalfTolerance)
+          << at;
+      EXPECT_LE(relative_error(dss[r].data(), g.dsinks.data(), sinks.size()), kHalfTolerance) << at;
+      EXPECT_EQ(dss[r][2], 0.0f) << at << ": no sink (-inf), no gradient";
+    }
   }
 }
 
