@@ -49,45 +49,51 @@ if AVAILABLE:
 
     @torch.library.custom_op("ringattn::attention", mutates_args=())
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  block_mask: Optional[torch.Tensor], spec: str) -> tuple[torch.Tensor,
-                                                                           torch.Tensor]:
+                  block_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                  spec: str) -> tuple[torch.Tensor, torch.Tensor]:
         options, layout, kv_layout, comm_id = decode(spec)
         comm = _comm.comm_by_id(comm_id)
         op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
-        return _F._forward(op, q, k, v, True)
+        return _F._forward(op, q, k, v, True, sinks)
 
     @attention.register_fake
-    def _(q, k, v, block_mask, spec):
+    def _(q, k, v, block_mask, sinks, spec):
         _, layout, _, _ = decode(spec)
         return _new_like(q, layout), q.new_empty((q.shape[0], q.shape[2], q.shape[1]),
                                                  dtype=torch.float32)
 
+    # The sinks' gradient is an empty tensor when there are no sinks (an op returns tensors).
     @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
     def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
-                           block_mask: Optional[torch.Tensor],
-                           spec: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           block_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                           spec: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                               torch.Tensor]:
         options, layout, kv_layout, comm_id = decode(spec)
         comm = _comm.comm_by_id(comm_id)
         op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
-        return _F._backward(op, q, k, v, out, lse, grad_out)
+        dq, dk, dv, dsinks = _F._backward(op, q, k, v, out, lse, grad_out, sinks)
+        return dq, dk, dv, q.new_empty((0,)) if dsinks is None else dsinks
 
     @attention_backward.register_fake
-    def _(q, k, v, out, lse, grad_out, block_mask, spec):
+    def _(q, k, v, out, lse, grad_out, block_mask, sinks, spec):
         _, layout, kv_layout, _ = decode(spec)
         dq = _new_like(q, layout).to(q.dtype)
-        return dq, _new_like(k, kv_layout).to(k.dtype), _new_like(v, kv_layout).to(v.dtype)
+        dsinks = q.new_empty((0,)) if sinks is None else torch.empty_like(sinks)
+        return (dq, _new_like(k, kv_layout).to(k.dtype), _new_like(v, kv_layout).to(v.dtype),
+                dsinks)
 
     def _setup_context(ctx, inputs, output):
-        q, k, v, block_mask, spec = inputs
+        q, k, v, block_mask, sinks, spec = inputs
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.block_mask, ctx.spec = block_mask, spec
         ctx.mark_non_differentiable(lse)
 
     def _backward(ctx, grad_out, _grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, out, lse, grad_out, ctx.block_mask, ctx.spec)
-        return dq, dk, dv, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = attention_backward(q, k, v, out, lse, grad_out, ctx.block_mask,
+                                                sinks, ctx.spec)
+        return dq, dk, dv, None, None if sinks is None else dsinks, None
 
     attention.register_autograd(_backward, setup_context=_setup_context)

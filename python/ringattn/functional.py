@@ -162,6 +162,35 @@ def _mask_array(block_mask):
     return mask
 
 
+def _sinks_array(sinks, q, use_torch, check_values=True):
+    """The sink logits as the engine reads them: float32 [H], contiguous, where q is (a copy
+    only where needed); None stays None. check_values: refuse NaN and +inf (host values only:
+    a device check would wait for the GPU, and torch.compile cannot trace one)."""
+    if sinks is None:
+        return None
+    heads = q.shape[2]
+    if use_torch:
+        if not isinstance(sinks, torch.Tensor):
+            raise ValueError(f"sinks: expected a torch.Tensor like q, got {type(sinks).__name__}")
+        if not sinks.is_floating_point():
+            raise ValueError(f"sinks: must be a floating-point tensor, got {sinks.dtype}")
+        if sinks.device != q.device:
+            raise ValueError(f"sinks: is on {sinks.device}, q on {q.device}")
+        s = sinks.detach().to(torch.float32).contiguous()
+    else:
+        s = np.ascontiguousarray(np.asarray(sinks), dtype=np.float32)
+    if tuple(s.shape) != (heads,):
+        raise ValueError(f"sinks: must have shape [{heads}] (one logit per query head), got "
+                         f"{list(s.shape)}")
+    if check_values and (not use_torch or not s.is_cuda):
+        bad = np.isnan(s).any() or np.isposinf(s).any() if not use_torch else bool(
+            torch.isnan(s).any() or torch.isposinf(s).any())
+        if bad:
+            raise ValueError("sinks: a sink is NaN or +inf; each is a finite logit, or -inf for "
+                             "none")
+    return s
+
+
 def _plan(q, k, comm, options, mask, layout="bnhd", kv_layout="bnhd"):
     key = (tuple(q.shape), tuple(k.shape), layout, kv_layout, str(getattr(q, "device", "cpu")),
            str(q.dtype)) + tuple(
@@ -220,28 +249,34 @@ def _stream(x) -> int:
     return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
 
 
-def _forward(op, q, k, v, use_torch):
-    """(out, lse) of the engine, float32 (on a GPU engine, q, k, v are in its dtype)."""
+def _forward(op, q, k, v, use_torch, sinks=None):
+    """(out, lse) of the engine, float32 (on a GPU engine, q, k, v are in its dtype); with
+    sinks (any float dtype, [H]), lse includes them."""
     b, n, h, _ = q.shape
     out = _empty_like(q, op.layout, use_torch)
+    s = _sinks_array(sinks, q, use_torch)
     if not use_torch:
         lse = np.empty((b, h, n), dtype=np.float32)
-        op.forward(q, k, v, out, lse)
+        op.forward(q, k, v, out, lse, sinks=s)
         return out, lse
     lse = q.new_empty((b, h, n), dtype=torch.float32)
-    op.forward(q.detach(), k.detach(), v.detach(), out, lse, stream=_stream(q))
+    op.forward(q.detach(), k.detach(), v.detach(), out, lse, sinks=s, stream=_stream(q))
     return out, lse
 
 
-def _backward(op, q, k, v, out, lse, grad_out):
-    """(dq, dk, dv) of the engine for torch tensors, in q's, k's and v's dtypes; grad_out
-    (any strides, any float dtype) is read in the engine's layout and dtype."""
+def _backward(op, q, k, v, out, lse, grad_out, sinks=None):
+    """(dq, dk, dv, dsinks) of the engine for torch tensors, in q's, k's, v's and the sinks'
+    dtypes (dsinks None without sinks); grad_out (any strides, any float dtype) is read in the
+    engine's layout and dtype."""
     g = _in_layout(grad_out, op.layout).to(q.dtype)
     dq = _empty_like(q, op.layout, True)
     dk, dv = (_empty_like(x, op.kv_layout, True) for x in (k, v))
+    s = _sinks_array(sinks, q, True)
+    ds = None if s is None else torch.empty_like(s)
     op.backward(q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), g, dq, dk, dv,
-                stream=_stream(q))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+                sinks=s, dsinks=ds, stream=_stream(q))
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            None if ds is None else ds.to(sinks.dtype))
 
 
 if torch is not None:
@@ -251,9 +286,9 @@ if torch is not None:
         and lse, never an N x N matrix."""
 
         @staticmethod
-        def forward(ctx, q, k, v, op):
-            out, lse = _forward(op, q, k, v, True)
-            ctx.save_for_backward(q, k, v, out, lse)
+        def forward(ctx, q, k, v, sinks, op):
+            out, lse = _forward(op, q, k, v, True, sinks)
+            ctx.save_for_backward(q, k, v, out, lse, sinks)
             ctx.op = op
             ctx.mark_non_differentiable(lse)
             return out, lse
@@ -261,13 +296,13 @@ if torch is not None:
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_out, _grad_lse):
-            q, k, v, out, lse = ctx.saved_tensors
-            return _backward(ctx.op, q, k, v, out, lse, grad_out) + (None,)
+            q, k, v, out, lse, sinks = ctx.saved_tensors
+            return _backward(ctx.op, q, k, v, out, lse, grad_out, sinks) + (None,)
 
 
 def attention(q, k, v, *, attention="dense", segments=None, dilations=None, combine="grouped",
               causal=False, scale=None, window=None, seqlens=None, pattern=None, block_mask=None,
-              block_size=128, ulysses=1, deterministic=False, return_lse=False,
+              block_size=128, ulysses=1, deterministic=False, sinks=None, return_lse=False,
               comm: Comm | None = None):
     """Exact attention of this rank's queries over the whole sequence.
 
@@ -293,6 +328,11 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
       ulysses: U ranks per all-to-all group, the ring across the    (--ulysses)
                groups (Ulysses x ring; 1: the ring alone; "auto")
       deterministic: bitwise-reproducible results run to run      (--deterministic)
+      sinks: attention sinks, [H] (a tensor on q's device, any      (--sinks)
+             float dtype, differentiable; or a numpy array): a learned logit per query head
+             joining every row's softmax normaliser, attending no value (-inf: none for that
+             head). Dense and block-sparse attention. With several ranks, its gradient is the
+             whole job's (every rank's rows) on every rank: do not sum it over the ranks again
       return_lse: also return lse ``[B, H, N_local]`` (natural log; -inf for empty rows)
       comm: ringattn.Comm (default: this process alone)
 
@@ -305,29 +345,34 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
     use_torch, layout, kv_layout, q, k, v = _readable(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
                        pattern, block_size, ulysses, deterministic)
+    if sinks is not None:
+        options["sinks"] = True
+        _sinks_array(sinks, q, use_torch, check_values=False)  # before any plan is made
     if use_torch and _ops.AVAILABLE:
         # torch.ops.ringattn.attention: autograd and torch.compile through torch.library.
         spec = _ops.encode(options, layout, kv_layout, 0 if comm is None else comm._id)
         mask = None if block_mask is None else torch.as_tensor(block_mask)
-        out, lse = torch.ops.ringattn.attention(q, k, v, mask, spec)
+        out, lse = torch.ops.ringattn.attention(q, k, v, mask, sinks, spec)
         out = out.to(q.dtype)  # the engine writes float32; a bf16 model gets bf16
         return (out, lse) if return_lse else out
     comm = default_comm() if comm is None else comm
     op = _plan(q, k, comm, options, _mask_array(block_mask), layout, kv_layout)
-    if use_torch and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out, lse = _AttentionFunction.apply(q, k, v, op)
+    tensors = (q, k, v) if sinks is None or not use_torch else (q, k, v, sinks)
+    if use_torch and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        out, lse = _AttentionFunction.apply(q, k, v, sinks, op)
     else:
-        out, lse = _forward(op, q, k, v, use_torch)
+        out, lse = _forward(op, q, k, v, use_torch, sinks)
     if use_torch:
         out = out.to(q.dtype)  # the engine writes float32; a bf16 model gets bf16
     return (out, lse) if return_lse else out
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None, block_mask=None,
-                       **options):
+                       sinks=None, **options):
     """Gradients ``(dq, dk, dv)`` of ``sum(out * grad_out)``, for callers without autograd
-    (numpy). ``out`` and ``lse`` come from ``attention(..., return_lse=True)`` with the same
-    inputs and the same keywords, which are passed here again."""
+    (numpy); ``(dq, dk, dv, dsinks)`` with sinks. ``out`` and ``lse`` come from
+    ``attention(..., return_lse=True)`` with the same inputs and the same keywords, which are
+    passed here again."""
     comm = default_comm() if comm is None else comm
     use_torch, layout, kv_layout, q, k, v = _readable(q, k, v)
     for name, x in (("out", out), ("grad_out", grad_out)):
@@ -340,13 +385,19 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     if unknown:
         raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")
     defaults.update(options)
-    op = _plan(q, k, comm, _options(**defaults), _mask_array(block_mask), layout, kv_layout)
+    plan_options = _options(**defaults)
+    if sinks is not None:
+        plan_options["sinks"] = True
+    op = _plan(q, k, comm, plan_options, _mask_array(block_mask), layout, kv_layout)
     if use_torch:
-        return _backward(op, q, k, v, out.float(), lse, grad_out)
+        grads = _backward(op, q, k, v, out.float(), lse, grad_out, sinks)
+        return grads if sinks is not None else grads[:3]
     dq = _empty_like(q, layout, use_torch)
     dk, dv = (_empty_like(x, kv_layout, use_torch) for x in (k, v))
-    op.backward(q, k, v, out, lse, grad_out, dq, dk, dv)
-    return dq, dk, dv
+    s = _sinks_array(sinks, q, False)
+    ds = None if s is None else np.empty_like(s)
+    op.backward(q, k, v, out, lse, grad_out, dq, dk, dv, sinks=s, dsinks=ds)
+    return (dq, dk, dv) if ds is None else (dq, dk, dv, ds)
 
 
 def _layout(comm, x_shape, seq_len, causal, block_size, heads, keywords):

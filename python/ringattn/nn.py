@@ -10,14 +10,18 @@ from .functional import attention
 class RingAttention(torch.nn.Module):
     """Holds the attention pattern's options; ``forward(q, k, v)`` is
     ``ringattn.attention(q, k, v, **options, comm=comm)``: exact, differentiable, on this
-    rank's shard when ``comm`` spans several ranks. No parameters of its own (the
-    projections are the caller's)."""
+    rank's shard when ``comm`` spans several ranks. The projections are the caller's; with
+    ``sink_heads=H`` the module holds one parameter, ``sinks`` [H] (attention sinks: a learned
+    logit per query head in every row's softmax normaliser, initialised to 0), whose gradient
+    is the whole job's on every rank."""
 
     def __init__(self, *, attention: str = "dense", segments=None, dilations=None,
                  combine: str = "grouped", causal: bool = False, scale=None, window=None,
                  seqlens=None, pattern=None, block_mask=None, block_size: int = 128,
-                 ulysses=1, deterministic=False, comm: Comm | None = None):
+                 ulysses=1, deterministic=False, sink_heads: int = 0,
+                 comm: Comm | None = None):
         super().__init__()
+        self.sinks = torch.nn.Parameter(torch.zeros(sink_heads)) if sink_heads else None
         self.options = dict(attention=attention, segments=segments, dilations=dilations,
                             combine=combine, causal=causal, scale=scale, window=window,
                             seqlens=seqlens, pattern=pattern, block_mask=block_mask,
@@ -26,7 +30,9 @@ class RingAttention(torch.nn.Module):
         self.comm = comm
 
     def forward(self, q, k, v, return_lse: bool = False):
-        return attention(q, k, v, **self.options, return_lse=return_lse, comm=self.comm)
+        sinks = None if self.sinks is None else self.sinks.to(q.device)
+        return attention(q, k, v, **self.options, sinks=sinks, return_lse=return_lse,
+                         comm=self.comm)
 
     def extra_repr(self) -> str:
         shown = {k: v for k, v in self.options.items()

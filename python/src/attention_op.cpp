@@ -125,6 +125,7 @@ JobSpec spec_of(const AttentionOptions& o, const Shape4& full, int64_t kv_heads,
   spec.timeout_s = timeout_s;
   spec.ulysses = o.ulysses;
   spec.deterministic = o.deterministic;
+  spec.sinks = o.sinks;
   return spec;
 }
 
@@ -185,24 +186,27 @@ void AttentionOp::run_engine(F&& f) {
   }
 }
 
-void AttentionOp::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
-  run_engine([&] { engine_->forward(q, k, v, out, lse); });
+void AttentionOp::forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                          const float* sinks) {
+  run_engine([&] { engine_->forward(q, k, v, out, lse, sinks); });
 }
 
 void AttentionOp::forward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                          const TensorRef& out, const TensorRef& lse) {
-  run_engine([&] { engine_->forward(q, k, v, out, lse); });
+                          const TensorRef& out, const TensorRef& lse, const TensorRef& sinks) {
+  run_engine([&] { engine_->forward(q, k, v, out, lse, sinks); });
 }
 
 void AttentionOp::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v,
                            const TensorRef& out, const TensorRef& lse, const TensorRef& dout,
-                           const TensorRef& dq, const TensorRef& dk, const TensorRef& dv) {
-  run_engine([&] { engine_->backward(q, k, v, out, lse, dout, dq, dk, dv); });
+                           const TensorRef& dq, const TensorRef& dk, const TensorRef& dv,
+                           const TensorRef& sinks, const TensorRef& dsinks) {
+  run_engine([&] { engine_->backward(q, k, v, out, lse, dout, dq, dk, dv, sinks, dsinks); });
 }
 
 void AttentionOp::backward(const float* q, const float* k, const float* v, const float* out,
-                           const float* lse, const float* dout, float* dq, float* dk, float* dv) {
-  run_engine([&] { engine_->backward(q, k, v, out, lse, dout, dq, dk, dv); });
+                           const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                           const float* sinks, float* dsinks) {
+  run_engine([&] { engine_->backward(q, k, v, out, lse, dout, dq, dk, dv, sinks, dsinks); });
 }
 
 }  // namespace ringattn::python

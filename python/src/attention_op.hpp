@@ -33,8 +33,9 @@ struct AttentionOptions {
   std::string layout = "bnhd";
   // k, v and their gradients, when they are laid out unlike q (a head-major KV cache).
   std::string kv_layout = "bnhd";
-  int ulysses = 1;  // Ulysses x ring: U ranks per all-to-all group (0: auto)
+  int ulysses = 1;             // Ulysses x ring: U ranks per all-to-all group (0: auto)
   bool deterministic = false;  // bitwise-reproducible kernel choices (JobSpec::deterministic)
+  bool sinks = false;          // attention sinks given to every call (JobSpec::sinks)
   // Where q's tensors live: "cpu", or "cuda" (device_index, and the dtype the GPU kernels
   // read: "bf16", "fp16" or "fp32").
   std::string device = "cpu";
@@ -69,16 +70,20 @@ class AttentionOp {
 
   // Local shards, float32, C order: q, out [B, N/P, H, D]; k, v [B, N/P, HKV, D];
   // lse [B, H, N/P]. Sizes are checked by the caller.
-  void forward(const float* q, const float* k, const float* v, float* out, float* lse);
+  // With sinks: sinks and dsinks [H] float32 (null otherwise).
+  void forward(const float* q, const float* k, const float* v, float* out, float* lse,
+               const float* sinks);
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                const float* dout, float* dq, float* dk, float* dv);
+                const float* dout, float* dq, float* dk, float* dv, const float* sinks,
+                float* dsinks);
   // Device tensors (CUDA engines): q, k, v, dout in the engine's dtype, the rest fp32, each
   // TensorRef carrying the caller's stream.
   void forward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,
-               const TensorRef& lse);
+               const TensorRef& lse, const TensorRef& sinks);
   void backward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,
                 const TensorRef& lse, const TensorRef& dout, const TensorRef& dq,
-                const TensorRef& dk, const TensorRef& dv);
+                const TensorRef& dk, const TensorRef& dv, const TensorRef& sinks,
+                const TensorRef& dsinks);
   bool on_gpu() const { return engine_->device() == Device::cuda; }
   DeviceDType dtype() const { return engine_->dtype(); }
 

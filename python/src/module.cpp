@@ -113,14 +113,16 @@ TensorRef device_ref(const Array& a, const char* name, const std::vector<int64_t
 }
 
 struct Shapes {
-  std::vector<int64_t> q, kv, lse;
+  std::vector<int64_t> q, kv, lse, sinks;
 };
 
 Shapes shapes_of(const AttentionOp& op) {
   const Shape4& s = op.config().shape;
   const int64_t nl = op.local_len(), hkv = op.config().effective_kv_heads();
-  return {
-      {s.batch, nl, s.heads, s.head_dim}, {s.batch, nl, hkv, s.head_dim}, {s.batch, s.heads, nl}};
+  return {{s.batch, nl, s.heads, s.head_dim},
+          {s.batch, nl, hkv, s.head_dim},
+          {s.batch, s.heads, nl},
+          {s.heads}};
 }
 
 // The attention keywords both init_op and Comm.layout take, as the options the core parses.
@@ -154,7 +156,7 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
              std::optional<double> scale, std::optional<std::vector<int64_t>> window,
              std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
              std::optional<Array> block_mask, int64_t block_size, int ulysses, bool deterministic,
-             const CommHandle& comm) {
+             const CommHandle& comm, bool sinks) {
   if (q.ndim() != 4)
     throw InputError("q", "must have 4 dimensions [B, N, H, D], got " + std::to_string(q.ndim()));
   if (k.ndim() != 4)
@@ -162,6 +164,7 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
   AttentionOptions o = options_of(attention, std::move(segments), std::move(dilations), combine,
                                   causal, scale, std::move(window), std::move(seqlens),
                                   std::move(pattern), block_size, ulysses, deterministic);
+  o.sinks = sinks;
   // q's strides say the layout (forward() checks that k, v and the outputs share it).
   if (!c_contiguous(q) && head_major_view(q)) o.layout = "bhnd";
   if (!c_contiguous(k) && head_major_view(k)) o.kv_layout = "bhnd";
@@ -283,7 +286,7 @@ NB_MODULE(_core, m) {
       .def("__init__", &init_op, "q"_a, "k"_a, "attention"_a, "segments"_a.none(),
            "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
            "seqlens"_a.none(), "pattern"_a.none(), "block_mask"_a.none(), "block_size"_a,
-           "ulysses"_a, "deterministic"_a, "comm"_a)
+           "ulysses"_a, "deterministic"_a, "comm"_a, "sinks"_a = false)
       .def_prop_ro("engine", &AttentionOp::engine)
       .def_prop_ro("local_len", [](const AttentionOp& op) { return op.local_len(); })
       .def_prop_ro("seq_len", [](const AttentionOp& op) { return op.config().shape.seq_len; })
@@ -301,7 +304,7 @@ NB_MODULE(_core, m) {
       .def(
           "forward",
           [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
-             const Array& lse, uintptr_t stream) {
+             const Array& lse, const std::optional<Array>& sinks, uintptr_t stream) {
             const Shapes s = shapes_of(op);
             if (op.on_gpu()) {
               const DeviceDType t = op.dtype();
@@ -309,9 +312,12 @@ NB_MODULE(_core, m) {
                               tk = device_ref(k, "k", s.kv, t, stream),
                               tv = device_ref(v, "v", s.kv, t, stream),
                               to = device_ref(out, "out", s.q, DeviceDType::fp32, stream),
-                              tl = device_ref(lse, "lse", s.lse, DeviceDType::fp32, stream);
+                              tl = device_ref(lse, "lse", s.lse, DeviceDType::fp32, stream),
+                              ts = sinks ? device_ref(*sinks, "sinks", s.sinks, DeviceDType::fp32,
+                                                      stream)
+                                         : TensorRef{};
               nb::gil_scoped_release unlocked;
-              return op.forward(tq, tk, tv, to, tl);
+              return op.forward(tq, tk, tv, to, tl, ts);
             }
             const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
@@ -319,14 +325,16 @@ NB_MODULE(_core, m) {
             const float* pv = floats(v, "v", s.kv, lkv);
             float* po = floats(out, "out", s.q, l);
             float* pl = floats(lse, "lse", s.lse);
+            const float* ps = sinks ? floats(*sinks, "sinks", s.sinks) : nullptr;
             nb::gil_scoped_release unlocked;
-            op.forward(pq, pk, pv, po, pl);
+            op.forward(pq, pk, pv, po, pl, ps);
           },
-          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "stream"_a = 0)
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "sinks"_a = nb::none(), "stream"_a = 0)
       .def(
           "backward",
           [](AttentionOp& op, const Array& q, const Array& k, const Array& v, const Array& out,
              const Array& lse, const Array& dout, const Array& dq, const Array& dk, const Array& dv,
+             const std::optional<Array>& sinks, const std::optional<Array>& dsinks,
              uintptr_t stream) {
             const Shapes s = shapes_of(op);
             if (op.on_gpu()) {
@@ -339,9 +347,13 @@ NB_MODULE(_core, m) {
                               td = device_ref(dout, "grad_output", s.q, t, stream),
                               tdq = device_ref(dq, "dq", s.q, f, stream),
                               tdk = device_ref(dk, "dk", s.kv, f, stream),
-                              tdv = device_ref(dv, "dv", s.kv, f, stream);
+                              tdv = device_ref(dv, "dv", s.kv, f, stream),
+                              ts = sinks ? device_ref(*sinks, "sinks", s.sinks, f, stream)
+                                         : TensorRef{},
+                              tds = dsinks ? device_ref(*dsinks, "dsinks", s.sinks, f, stream)
+                                           : TensorRef{};
               nb::gil_scoped_release unlocked;
-              return op.backward(tq, tk, tv, to, tl, td, tdq, tdk, tdv);
+              return op.backward(tq, tk, tv, to, tl, td, tdq, tdk, tdv, ts, tds);
             }
             const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
@@ -353,9 +365,12 @@ NB_MODULE(_core, m) {
             float* pdq = floats(dq, "dq", s.q, l);
             float* pdk = floats(dk, "dk", s.kv, lkv);
             float* pdv = floats(dv, "dv", s.kv, lkv);
+            const float* ps = sinks ? floats(*sinks, "sinks", s.sinks) : nullptr;
+            float* pds = dsinks ? floats(*dsinks, "dsinks", s.sinks) : nullptr;
             nb::gil_scoped_release unlocked;
-            op.backward(pq, pk, pv, po, pl, pd, pdq, pdk, pdv);
+            op.backward(pq, pk, pv, po, pl, pd, pdq, pdk, pdv, ps, pds);
           },
-          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "stream"_a = 0);
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a,
+          "sinks"_a = nb::none(), "dsinks"_a = nb::none(), "stream"_a = 0);
   register_testing_device_arrays(m);
 }

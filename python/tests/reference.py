@@ -72,8 +72,10 @@ def multiplicity(n, heads, *, attention="dense", segments=None, dilations=None,
     return m, divisor
 
 
-def attention(q, k, v, m, divisor, scale=None):
-    """float64 out [B, N, H, D] and lse [B, H, N] (-inf for rows with no key); differentiable."""
+def attention(q, k, v, m, divisor, scale=None, sinks=None):
+    """float64 out [B, N, H, D] and lse [B, H, N] (-inf for rows with no key and no sink);
+    differentiable. sinks [H]: attention sinks, one more term of each row's normaliser with no
+    value (docs/SEMANTICS.md)."""
     b, n, h, d = q.shape
     g = h // k.shape[2]
     kk = k.repeat_interleave(g, dim=2)
@@ -83,22 +85,31 @@ def attention(q, k, v, m, divisor, scale=None):
     allowed = m > 0
     # Finite stand-in for excluded keys so that empty rows give zero (not NaN) gradients.
     scores = scores.masked_fill(~allowed, -1e30) + torch.log(m.clamp_min(1.0))
-    lse = torch.logsumexp(scores, dim=-1)
+    if sinks is None:
+        lse = torch.logsumexp(scores, dim=-1)
+    else:
+        sink = sinks.view(1, h, 1, 1).expand(scores.shape[0], h, n, 1)
+        lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
     prob = m * torch.exp(scores - lse[..., None]) / m.clamp_min(1.0)
     out = torch.einsum("bhpt,bthd->bphd", prob, vv) / divisor
     empty = ~allowed.any(-1).expand_as(lse)
+    if sinks is not None:
+        empty = empty & torch.isneginf(sinks).view(1, h, 1).expand_as(lse)
     lse = torch.where(empty, torch.full_like(lse, -math.inf), lse)
     return out, lse
 
 
-def forward_backward(q, k, v, dout, scale=None, **pattern):
-    """Reference out, lse, dq, dk, dv (float64) for float32/64 torch inputs."""
+def forward_backward(q, k, v, dout, scale=None, sinks=None, **pattern):
+    """Reference out, lse, dq, dk, dv (float64) for float32/64 torch inputs, and dsinks with
+    sinks."""
     n, heads = q.shape[1], q.shape[2]
     m, divisor = multiplicity(n, heads, **pattern)
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    out, lse = attention(q64, k64, v64, m, divisor, scale)
+    s64 = None if sinks is None else torch.as_tensor(sinks).detach().double().requires_grad_()
+    out, lse = attention(q64, k64, v64, m, divisor, scale, s64)
     (out * dout.double()).sum().backward()
-    return out.detach(), lse.detach(), q64.grad, k64.grad, v64.grad
+    grads = (out.detach(), lse.detach(), q64.grad, k64.grad, v64.grad)
+    return grads if s64 is None else grads + (s64.grad,)
 
 
 def relative_error(got, want):

@@ -461,3 +461,65 @@ def test_threads_sharing_one_cached_plan_get_the_right_answers():
     got = threads(parallel=True)
     assert comm.cached_plans() == 1
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+SINK_CASES = [c for c in CASES if c[3].get("attention", "dense") != "dilated"]
+
+
+def make_sinks(heads, seed):
+    """Logits of both signs, with one head without a sink (-inf)."""
+    g = torch.Generator().manual_seed(seed)
+    sinks = torch.randn(heads, generator=g) * 2
+    sinks[heads // 2] = -math.inf
+    return sinks
+
+
+@pytest.mark.parametrize("name,shape,kv_heads,kw", SINK_CASES, ids=[c[0] for c in SINK_CASES])
+def test_sinks_match_float64_reference_with_their_gradient(name, shape, kv_heads, kw):
+    q, k, v, dout = make_inputs(shape, kv_heads, seed=hash(name) % 1000 + 7)
+    sinks = make_sinks(shape[2], seed=3)
+    for x in (q, k, v, sinks):
+        x.requires_grad_()
+    out, lse = ringattn.attention(q, k, v, sinks=sinks, return_lse=True, **kw)
+    out.backward(dout)
+    want = reference.forward_backward(q, k, v, dout, scale=kw.get("scale"), sinks=sinks,
+                                      **reference_pattern(kw, shape))
+    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv", "dsinks"),
+                               (out, lse, q.grad, k.grad, v.grad, sinks.grad), want):
+        err = reference.relative_error(got, ref)
+        assert err <= TOLERANCE, f"{name}: {label} relative error {err:.2e}"
+    assert sinks.grad[shape[2] // 2] == 0, "a head without a sink has no sink gradient"
+
+
+def test_sinks_on_numpy_inputs_and_attention_backward():
+    q, k, v, dout = make_inputs((1, 64, 4, 16), 2, seed=11)
+    sinks = make_sinks(4, seed=5)
+    out, lse = ringattn.attention(q.numpy(), k.numpy(), v.numpy(), sinks=sinks.numpy(),
+                                  causal=True, return_lse=True)
+    dq, dk, dv, dsinks = ringattn.attention_backward(
+        q.numpy(), k.numpy(), v.numpy(), out, lse, dout.numpy(), sinks=sinks.numpy(), causal=True)
+    want = reference.forward_backward(q, k, v, dout, sinks=sinks, causal=True)
+    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv", "dsinks"),
+                               (out, lse, dq, dk, dv, dsinks), want):
+        assert isinstance(got, np.ndarray), label
+        assert reference.relative_error(got, ref) <= TOLERANCE, label
+
+
+def test_sinks_are_refused_by_name_where_they_do_not_apply():
+    q, k, v, _ = make_inputs((1, 64, 4, 16))
+    with pytest.raises(ValueError, match="sinks: .*--attention|sinks: .*attention"):
+        ringattn.attention(q, k, v, attention="dilated", segments=[32, 64], dilations=[1, 2],
+                           sinks=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"sinks: must have shape \[4\]"):
+        ringattn.attention(q, k, v, sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match="sinks: .*NaN"):
+        ringattn.attention(q, k, v, sinks=torch.tensor([0.0, math.nan, 0.0, 0.0]))
+
+
+def test_ring_attention_module_learns_its_sinks():
+    q, k, v, dout = make_inputs((1, 64, 4, 16), seed=13)
+    attn = ringattn.nn.RingAttention(causal=True, sink_heads=4)
+    assert [n for n, _ in attn.named_parameters()] == ["sinks"]
+    attn(q, k, v).backward(dout)
+    want = reference.forward_backward(q, k, v, dout, sinks=attn.sinks.detach(), causal=True)
+    assert reference.relative_error(attn.sinks.grad, want[5]) <= TOLERANCE

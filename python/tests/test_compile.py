@@ -23,7 +23,11 @@ def test_the_op_passes_opcheck():
     options = ringattn.functional._options("dense", None, None, "grouped", True, None, None,
                                            None, None, 128)
     spec = _ops.encode(options, "bnhd", "bnhd", 0)
-    torch.library.opcheck(torch.ops.ringattn.attention.default, (q, k, v, None, spec))
+    torch.library.opcheck(torch.ops.ringattn.attention.default, (q, k, v, None, None, spec))
+    # With attention sinks (a differentiable input of their own).
+    sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf")], requires_grad=True)
+    spec = _ops.encode(dict(options, sinks=True), "bnhd", "bnhd", 0)
+    torch.library.opcheck(torch.ops.ringattn.attention.default, (q, k, v, None, sinks, spec))
 
 
 class Block(torch.nn.Module):
@@ -37,7 +41,7 @@ class Block(torch.nn.Module):
         self.q = torch.nn.Linear(width, width)
         self.kv = torch.nn.Linear(width, 2 * kv_heads * head_dim)
         self.o = torch.nn.Linear(width, width)
-        self.attn = ringattn.nn.RingAttention(causal=True)
+        self.attn = ringattn.nn.RingAttention(causal=True, sink_heads=heads)
 
     def forward(self, x):
         b, n, _ = x.shape

@@ -101,3 +101,46 @@ def test_train_tiny_on_the_gpu_follows_the_cpu_loss_curve(tmp_path):
     for dtype, tolerance in (("fp32", "1e-3"), ("bf16", "3e-2")):
         subprocess.run([sys.executable, str(example), "--device", "cuda", "--dtype", dtype,
                         "--compare", str(cpu), "--tolerance", tolerance], check=True)
+
+
+def test_sinks_on_cuda_tensors_match_the_float64_reference():
+    q, k, v, dout = inputs(torch.bfloat16, 2)
+    sinks = torch.tensor([1.0, -0.5, float("-inf"), 2.0])
+    want = reference.forward_backward(q, k, v, dout, sinks=sinks, causal=True)
+    dev = [x.to("cuda", torch.bfloat16).requires_grad_() for x in (q, k, v)]
+    s = sinks.to("cuda").requires_grad_()
+    out, lse = ringattn.attention(*dev, sinks=s, causal=True, return_lse=True)
+    out.backward(dout.to("cuda", torch.bfloat16))
+    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv", "dsinks"),
+                               (out, lse, dev[0].grad, dev[1].grad, dev[2].grad, s.grad), want):
+        assert got.is_cuda, label
+        assert reference.relative_error(got.float().cpu(), ref) <= 2e-2, label
+
+
+# transformers models in bf16 on the GPU through the integration: the bf16 kernels (no float32
+# copy), against the model's eager attention in the same precision.
+@pytest.mark.parametrize("family", ["llama", "gpt_oss"])
+def test_bf16_transformers_models_on_the_gpu_match_eager(family):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    import ringattn.integrations.transformers  # noqa: F401  registers "ringattn"
+    small = dict(vocab_size=128, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 max_position_embeddings=512)
+    if family == "llama":
+        cls, config = transformers.LlamaForCausalLM, transformers.LlamaConfig(**small)
+    else:
+        cls = transformers.GptOssForCausalLM
+        config = transformers.GptOssConfig(num_local_experts=2, num_experts_per_tok=1,
+                                           sliding_window=64, **small)
+    ids = torch.randint(0, 128, (2, 256), generator=torch.Generator().manual_seed(2)).cuda()
+    got = {}
+    for impl in ("eager", "ringattn"):
+        torch.manual_seed(1)
+        model = cls._from_config(config, attn_implementation=impl).cuda().to(torch.bfloat16)
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        got[impl] = out.logits.float(), {n: p.grad.float() for n, p in model.named_parameters()}
+    (want_logits, want_grads), (logits, grads) = got["eager"], got["ringattn"]
+    assert ((logits - want_logits).norm() / want_logits.norm()).item() < 3e-2
+    for n, g in want_grads.items():
+        assert ((grads[n] - g).norm() / g.norm().clamp_min(1e-12)).item() < 0.1, n

@@ -97,6 +97,34 @@ def test_ulysses_equals_single_process(comm, kv_heads, kw):
         assert err < TOLERANCE, f"{label}: relative error {err:.2e}"
 
 
+# Attention sinks over ranks: the ring, block-sparse and Ulysses (U = P, 6 heads, the sinks
+# sliced with them inside the engine) give the single-process rows, and every rank's sinks
+# gradient is the single-process one (the whole job's).
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=True, ulysses="P"),
+                                dict(attention="block-sparse", pattern="local:window=48",
+                                     block_size=16, causal=True)],
+                         ids=["ring", "ulysses", "block_sparse"])
+def test_sinks_over_ranks_equal_single_process(comm, kw):
+    if kw.get("ulysses") == "P":
+        kw = dict(kw, ulysses=comm.size)
+    g = torch.Generator().manual_seed(17)
+    q, k, v, dout = (torch.randn(2, 96, 6, 16, generator=g) for _ in range(4))
+    sinks = torch.tensor([1.0, -2.0, float("-inf"), 0.5, 3.0, -0.25])
+    full = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+    single = {key: val for key, val in kw.items() if key != "ulysses"}
+    ringattn.attention(*full[:3], sinks=full[3], **single).backward(dout)
+    part = lambda x: ringattn.shard(x, comm, heads=6, **kw)
+    local = [part(x).requires_grad_() for x in (q, k, v)] + [sinks.clone().requires_grad_()]
+    out = ringattn.attention(*local[:3], sinks=local[3], comm=comm, **kw)
+    out.backward(part(dout))
+    for label, got, want in (("dq", local[0].grad, part(full[0].grad)),
+                             ("dk", local[1].grad, part(full[1].grad)),
+                             ("dv", local[2].grad, part(full[2].grad)),
+                             ("dsinks", local[3].grad, full[3].grad)):
+        err = reference.relative_error(got, want)
+        assert err <= TOLERANCE, f"rank {comm.rank}: {label} relative error {err:.2e}"
+
+
 def test_shard_then_unshard_is_the_identity_in_every_layout(comm):
     x = torch.arange(2 * 96 * 3, dtype=torch.float32).view(2, 96, 3)
     for causal in (False, True):

@@ -8,9 +8,11 @@ attention itself) and ``AttentionMaskInterface`` (no mask tensor: causality and 
 sliding window are ringattn's own options). A layer's call becomes ``ringattn.attention``
 on the head-major q, k, v transformers hands over (read in place, whatever their strides),
 with the layer's causality and scaling, grouped-query attention on the model's K/V heads
-(never repeated), and the model's sliding window: a query at i sees keys (i - W, i], i.e.
-``window=(W - 1, 0)``. Exact, differentiable, float32 on the CPU (other dtypes are computed
-in float32 and returned in theirs).
+(never repeated), the model's sliding window (a query at i sees keys (i - W, i], i.e.
+``window=(W - 1, 0)``) and its attention sinks (gpt-oss's ``s_aux``, with their gradient).
+Exact and differentiable, in the model's own precision on a GPU (a bf16 or fp16 model runs
+the bf16/fp16 kernels); on the CPU, whose kernels compute in float32, other dtypes are
+computed in float32 and returned in theirs.
 
 What it refuses, naming why (ValueError): padded batches (an attention mask with padding:
 pack the documents with ``seqlens`` instead), attention dropout in training, a chunk of
@@ -19,7 +21,9 @@ argument or attribute it does not know (attention sinks, logit soft-capping, an 
 bias, ALiBi slopes, sparse-attention indices, flash-attention's packed ``cu_seq_lens``, ...)
 is named in the error rather than dropped, and so is a mask that is more than causality and
 the sliding window (sequences packed through ``position_ids``, bidirectional overlays). A
-single decoding query over a cache goes to transformers' own ``sdpa`` (one row of attention is not what ringattn is for).
+single decoding query over a cache goes to transformers' own ``sdpa`` (one row of attention is
+not what ringattn is for), or, for a layer with sinks (which sdpa drops), to a few torch
+operations that carry them.
 ``register(comm=...)`` spreads every layer over a ``ringattn.Comm``'s ranks, each passing
 its shard of the sequence (``ringattn.shard``).
 """
@@ -45,10 +49,10 @@ _NEUTRAL_KWARGS = frozenset({
     "output_hidden_states", "output_router_logits", "num_items_in_batch", "return_dict",
     "layer_idx", "position_embeddings", "max_length_q", "max_length_k", "target_dtype",
 })
+# Attention sinks: carried (ringattn's sinks option).
+_SINK_KWARGS = ("s_aux", "sinks")
 # What the known features are, for the error message.
 _FEATURE_NAMES = {
-    "s_aux": "attention sinks",
-    "sinks": "attention sinks",
     "softcap": "logit soft-capping",
     "position_bias": "an additive attention bias (relative position bias)",
     "alibi": "ALiBi slopes",
@@ -62,7 +66,6 @@ _FEATURE_NAMES = {
 # Layer attributes that change attention when set, though some models read them inside the
 # layer rather than passing them on.
 _FEATURE_ATTRIBUTES = {
-    "sinks": "attention sinks",
     "attn_logit_softcapping": "logit soft-capping",
     "alibi": "ALiBi slopes",
     "alibi_slopes": "ALiBi slopes",
@@ -86,7 +89,8 @@ def _present(value) -> bool:
 
 def _refuse_features(module, kwargs) -> None:
     for key, value in kwargs.items():
-        if key in _NEUTRAL_KWARGS or key == "output_attentions" or not _present(value):
+        if (key in _NEUTRAL_KWARGS or key in _SINK_KWARGS or key == "output_attentions" or
+                not _present(value)):
             continue
         what = _FEATURE_NAMES.get(key, "a model feature ringattn does not know")
         raise ValueError(f"ringattn: the layer passes {key!r} ({what}), which ringattn does "
@@ -97,6 +101,38 @@ def _refuse_features(module, kwargs) -> None:
             raise ValueError(f"ringattn: the layer has {attr!r} ({what}), which ringattn does "
                              "not carry; it refuses rather than compute another model's "
                              "attention (use attn_implementation='eager' for this model)")
+    if not any(_present(kwargs.get(k)) for k in _SINK_KWARGS) and _present(
+            getattr(module, "sinks", None)):
+        raise ValueError("ringattn: the layer has 'sinks' (attention sinks) but does not pass "
+                         "them to its attention (as s_aux), so ringattn cannot tell how the "
+                         "model uses them; it refuses rather than drop them")
+
+
+def _sinks_of(kwargs, heads):
+    """The layer's attention sinks ([H] logits) or None."""
+    for key in _SINK_KWARGS:
+        sinks = kwargs.get(key)
+        if _present(sinks):
+            if tuple(sinks.shape) != (heads,):
+                raise ValueError(f"ringattn: the layer's {key!r} has shape {list(sinks.shape)}; "
+                                 f"ringattn's attention sinks are one logit per query head "
+                                 f"([{heads}])")
+            return sinks
+    return None
+
+
+def _decode_with_sinks(query, key, value, scaling, sinks, sliding_window):
+    """One decoding query per sequence [B, H, 1, D] over the cache [B, HKV, L, D], with the
+    sink in each row's softmax (and the sliding window's last W keys): [B, 1, H, D]."""
+    if sliding_window is not None and key.shape[2] > int(sliding_window):
+        key, value = key[:, :, -int(sliding_window):], value[:, :, -int(sliding_window):]
+    groups = query.shape[1] // key.shape[1]
+    key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    logits = torch.matmul(query.float(), key.float().transpose(2, 3)) * scale
+    sink = sinks.float().reshape(1, -1, 1, 1).expand(logits.shape[0], -1, logits.shape[2], 1)
+    probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs, value.float()).to(query.dtype).transpose(1, 2)
 
 
 def ringattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
@@ -110,7 +146,15 @@ def ringattn_attention_forward(module, query, key, value, attention_mask, dropou
                          "sliding window (sequences packed through position_ids, or a "
                          "bidirectional or blockwise overlay), which ringattn does not carry; "
                          "pack documents with ringattn's seqlens option instead")
+    sinks = _sinks_of(kwargs, query.shape[1])
+    if q_len == 1 and kv_len > 1 and sinks is not None:  # sdpa would drop the sinks
+        if attention_mask is not None:
+            raise ValueError("ringattn: a decoding step of a layer with sinks over a masked "
+                             "cache (padding or a static cache) is not carried")
+        return _decode_with_sinks(query, key, value, scaling, sinks, sliding_window), None
     if q_len == 1 and kv_len > 1:  # a decoding step over the cache
+        for k in _SINK_KWARGS:
+            kwargs.pop(k, None)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     if q_len != kv_len:
@@ -131,8 +175,13 @@ def ringattn_attention_forward(module, query, key, value, attention_mask, dropou
     if sliding_window is not None:
         window = (int(sliding_window) - 1, 0) if causal else int(sliding_window) - 1
     dtype = query.dtype
-    q, k, v = (x.transpose(1, 2).float() for x in (query, key, value))
-    out = _attention(q, k, v, causal=bool(causal), scale=scaling, window=window, comm=_COMM)
+    # The GPU kernels read the model's precision; the CPU's compute in float32.
+    q, k, v = (x.transpose(1, 2) if x.is_cuda else x.transpose(1, 2).float()
+               for x in (query, key, value))
+    if sinks is not None:
+        sinks = sinks.to(q.device)
+    out = _attention(q, k, v, causal=bool(causal), scale=scaling, window=window, sinks=sinks,
+                     comm=_COMM)
     return out.to(dtype), None
 
 
