@@ -135,6 +135,27 @@ kernels::SinkRows sink_rows(const Engine::Impl& m) {
   return {c.shape.batch, m.job.local_len(), c.shape.heads, c.shape.head_dim, c.layout};
 }
 
+// The element counts of this rank's q (and out, dout), k (v) and lse.
+struct StagedSizes {
+  std::size_t n = 0, n_kv = 0, n_lse = 0;
+};
+
+// A host call's q, k, v uploaded into the staging buffers in the engine's dtype.
+StagedSizes stage_inputs(const Engine::Impl& m, Engine::Impl::Staging& s, const float* q,
+                         const float* k, const float* v) {
+  const Shape4& c = m.job.cfg.shape;
+  const auto rows = static_cast<std::size_t>(c.batch * m.job.local_len());
+  const auto d = static_cast<std::size_t>(c.head_dim);
+  const StagedSizes z{rows * static_cast<std::size_t>(c.heads) * d,
+                      rows * static_cast<std::size_t>(m.job.cfg.effective_kv_heads()) * d,
+                      rows * static_cast<std::size_t>(c.heads)};
+  const DeviceDType t = m.backend->dtype();
+  s.q.upload(q, z.n, t);
+  s.k.upload(k, z.n_kv, t);
+  s.v.upload(v, z.n_kv, t);
+  return z;
+}
+
 // Sinks are given to a call exactly when the job has them.
 void check_sinks_given(const Engine::Impl& m, bool sinks, bool dsinks, bool backward) {
   if (m.sinks && !sinks)
@@ -282,18 +303,12 @@ void Engine::forward(const float* q, const float* k, const float* v, float* out,
   if (!m.on_gpu()) {
     m.backend->forward(q, k, v, out, lse);
   } else {
-    const auto n = static_cast<std::size_t>(local_shape().numel());
-    const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
-    const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
-    const DeviceDType t = dtype();
     Impl::Staging& s = m.stage(false);
-    s.q.upload(q, n, t);
-    s.k.upload(k, n_kv, t);
-    s.v.upload(v, n_kv, t);
+    const StagedSizes z = stage_inputs(m, s, q, k, v);
     m.backend->forward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>());
     m.backend->synchronize();
-    s.out.download(out, n);
-    s.lse.download(lse, n_lse);
+    s.out.download(out, z.n);
+    s.lse.download(lse, z.n_lse);
   }
   if (sinks) kernels::apply_sinks(sink_rows(m), sinks, out, lse, 0);
 }
@@ -306,23 +321,17 @@ void Engine::backward(const float* q, const float* k, const float* v, const floa
   if (!m.on_gpu()) {
     m.backend->backward(q, k, v, out, lse, dout, dq, dk, dv);
   } else {
-    const auto n = static_cast<std::size_t>(local_shape().numel());
-    const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
-    const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
-    const DeviceDType t = dtype();
     Impl::Staging& s = m.stage(true);
-    s.q.upload(q, n, t);
-    s.k.upload(k, n_kv, t);
-    s.v.upload(v, n_kv, t);
-    s.out.upload(out, n, DeviceDType::fp32);
-    s.lse.upload(lse, n_lse, DeviceDType::fp32);
-    s.dout.upload(dout, n, t);
+    const StagedSizes z = stage_inputs(m, s, q, k, v);
+    s.out.upload(out, z.n, DeviceDType::fp32);
+    s.lse.upload(lse, z.n_lse, DeviceDType::fp32);
+    s.dout.upload(dout, z.n, dtype());
     m.backend->backward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>(),
                         s.dout.data(), s.dq.as<float>(), s.dk.as<float>(), s.dv.as<float>());
     m.backend->synchronize();
-    s.dq.download(dq, n);
-    s.dk.download(dk, n_kv);
-    s.dv.download(dv, n_kv);
+    s.dq.download(dq, z.n);
+    s.dk.download(dk, z.n_kv);
+    s.dv.download(dv, z.n_kv);
   }
   if (sinks) {
     std::vector<double> terms(static_cast<std::size_t>(config().shape.heads));

@@ -24,48 +24,53 @@ __global__ void fill_kernel(float* data, int64_t n, float value) {
     data[i] = value;
 }
 
-// One warp per lse row (b, h, n).
-template <typename T>
-__global__ void row_dot_kernel(const RowDotParams p) {
-  const int64_t rows = p.batch * p.heads * p.seq_len;
+// Calls f(r, b, h, n, lane) for every lse row r = (b·H + h)·N + n of a [B, H, N] grid, one
+// warp per row (grid-stride); every lane of the warp takes part.
+template <typename F>
+__device__ void for_each_row_by_warp(int64_t batch, int64_t heads, int64_t seq_len, F&& f) {
+  const int64_t rows = batch * heads * seq_len;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < rows;
        r += warps) {
-    const int64_t n = r % p.seq_len, bh = r / p.seq_len;
-    const int64_t h = bh % p.heads, b = bh / p.heads;
-    const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
-    const T* g = static_cast<const T*>(p.dout) + at;
-    const float* o = p.out + at;
-    float s = 0.0f;
-    for (int64_t d = lane; d < p.head_dim; d += 32) s += o[d] * to_float(g[d]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) p.delta[r] = s;
+    const int64_t n = r % seq_len, bh = r / seq_len;
+    f(r, bh / heads, bh % heads, n, lane);
   }
+}
+
+// One warp per lse row (b, h, n).
+template <typename T>
+__global__ void row_dot_kernel(const RowDotParams p) {
+  for_each_row_by_warp(p.batch, p.heads, p.seq_len,
+                       [&](int64_t r, int64_t b, int64_t h, int64_t n, int lane) {
+                         const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
+                         const T* g = static_cast<const T*>(p.dout) + at;
+                         const float* o = p.out + at;
+                         float s = 0.0f;
+                         for (int64_t d = lane; d < p.head_dim; d += 32) s += o[d] * to_float(g[d]);
+#pragma unroll
+                         for (int off = 16; off > 0; off >>= 1)
+                           s += __shfl_xor_sync(0xffffffffu, s, off);
+                         if (lane == 0) p.delta[r] = s;
+                       });
 }
 
 // One warp per lse row (b, h, n): the sink's epilogue. Every lane computes the row's factor
 // from lse before lane 0 rewrites it.
 __global__ void apply_sinks_kernel(const SinkParams p) {
-  const int64_t rows = p.batch * p.heads * p.seq_len;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < rows;
-       r += warps) {
-    const int64_t n = r % p.seq_len, bh = r / p.seq_len;
-    const int64_t h = bh % p.heads, b = bh / p.heads;
-    const float sink = p.sinks[h];
-    if (sink == -INFINITY) continue;  // no sink for this head
-    const float l = p.lse[r];
-    __syncwarp();
-    const float m = fmaxf(l, sink);
-    const float merged = m + logf(expf(l - m) + expf(sink - m));
-    const float factor = expf(l - merged);  // 0 for a row that attends no key
-    float* o = p.out + ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
-    for (int64_t d = lane; d < p.head_dim; d += 32) o[d] *= factor;
-    if (lane == 0) p.lse[r] = merged;
-  }
+  for_each_row_by_warp(p.batch, p.heads, p.seq_len,
+                       [&](int64_t r, int64_t b, int64_t h, int64_t n, int lane) {
+                         const float sink = p.sinks[h];
+                         if (sink == -INFINITY) return;  // no sink for this head
+                         const float l = p.lse[r];
+                         __syncwarp();
+                         const float m = fmaxf(l, sink);
+                         const float merged = m + logf(expf(l - m) + expf(sink - m));
+                         const float factor = expf(l - merged);  // 0 for a row that attends no key
+                         float* o = p.out + ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
+                         for (int64_t d = lane; d < p.head_dim; d += 32) o[d] *= factor;
+                         if (lane == 0) p.lse[r] = merged;
+                       });
 }
 
 // One warp per head: its rows in order, each lane summing its columns' share weighted by the
