@@ -25,9 +25,9 @@
 //     wrong rows);
 //   - the shared source accessed through the generic proxy (a rewrite) before a wait_group
 //     or wait_group.read covering its reduce;
-//   - the accumulator read or written by the block before the reduce completed (wait_group
-//     without .read): by cp.async, TMA and bulk copies always, by plain loads and stores of
-//     the sources compiled with the store/load instrumentation (global_writes.hpp);
+//   - the accumulator touched by the block before the reduce completed (wait_group without
+//     .read): read by cp.async, TMA and bulk copies, or written by plain stores of the sources
+//     compiled with the store instrumentation (global_writes.hpp); plain loads are not seen;
 //   - a thread that exits with reduces not completed (uncommitted, or not waited for without
 //     .read): the block's shared memory they read may be reassigned.
 // A reduce also counts as a write of the block in the check of races between blocks

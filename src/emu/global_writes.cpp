@@ -1,5 +1,5 @@
-// The per-launch shadow of global writes and the store/load callbacks that instrumented
-// kernel sources call (see global_writes.hpp).
+// The per-launch shadow of global writes and the store callbacks that instrumented kernel
+// sources call (see global_writes.hpp).
 #include "emu/global_writes.hpp"
 
 #include <algorithm>
@@ -145,19 +145,6 @@ inline void on_store(std::uintptr_t p, std::size_t bytes) noexcept {
   }
 }
 
-inline void on_load(std::uintptr_t p, std::size_t bytes) noexcept {
-  ringattn::emu::LaunchWrites* const w = ringattn::emu::tl_writes;
-  if (!w || w->reduces_in_flight == 0) return;
-  try {
-    const std::string problem = ringattn::emu::detail::reduce_conflict(p, bytes, false);
-    if (!problem.empty()) {
-      const ringattn::emu::ThreadState& t = ringattn::emu::current_thread();
-      w->defer(t.warp * ringattn::emu::kWarpSize + t.lane, "a plain load: " + problem);
-    }
-  } catch (...) {
-  }
-}
-
 }  // namespace
 
 extern "C" {
@@ -168,12 +155,6 @@ void __asan_store4_noabort(std::uintptr_t p) { on_store(p, 4); }
 void __asan_store8_noabort(std::uintptr_t p) { on_store(p, 8); }
 void __asan_store16_noabort(std::uintptr_t p) { on_store(p, 16); }
 void __asan_storeN_noabort(std::uintptr_t p, std::size_t n) { on_store(p, n); }
-void __asan_load1_noabort(std::uintptr_t p) { on_load(p, 1); }
-void __asan_load2_noabort(std::uintptr_t p) { on_load(p, 2); }
-void __asan_load4_noabort(std::uintptr_t p) { on_load(p, 4); }
-void __asan_load8_noabort(std::uintptr_t p) { on_load(p, 8); }
-void __asan_load16_noabort(std::uintptr_t p) { on_load(p, 16); }
-void __asan_loadN_noabort(std::uintptr_t p, std::size_t n) { on_load(p, n); }
 // Emitted before calls that do not return, and around a source's dynamic initialisation
 // (GCC): nothing to do.
 void __asan_handle_no_return() {}

@@ -7,7 +7,7 @@
 // How the emulator sees plain stores: the kernels store to global memory through raw C++
 // pointers, which no emulator function sees. The sources that hold kernels (the emulated
 // kernel wrappers, and tests that plant races) are therefore compiled with the compiler's
-// kernel-address-sanitizer instrumentation in its outline form (CMake:
+// kernel-address-sanitizer instrumentation in its outline form, stores only (CMake:
 // ringattn_emu_instrument_stores), which calls __asan_storeN_noabort(address) before every
 // store the optimiser leaves in memory; this file defines those callbacks. Outside a launch
 // they return at once; inside one they look the address up among the device allocations live
@@ -20,11 +20,11 @@
 // Coverage, honestly: stores the compiler emits as instructions in instrumented sources,
 // including the kernels' inline helpers instantiated there. Not covered: memcpy/memset calls
 // (the emulator's own copies: cudaMemcpy, NCCL, TMA), stores in sources compiled without the
-// instrumentation, stores whose value does not matter to the race (two blocks writing the
-// same value still fault), and single-byte stores of different blocks to the two bytes of one
-// 2-byte granule (a false fault; no kernel stores single bytes to global memory). Reads are
-// not checked between blocks; a block's own read of a reduce it has not waited for is
-// (bulk_reduce.hpp) when loads are instrumented too.
+// instrumentation, races of reads against writes (loads are not instrumented: the compiler
+// would then take a load's check for the store to the same address, and `p[i] += x`, the
+// read-modify-write that races, would call the load's callback only). Two blocks storing the
+// same value still fault, and single-byte stores of two blocks into the two bytes of one
+// 2-byte granule would be a false fault (no kernel stores single bytes to global memory).
 #pragma once
 
 #include <cstddef>
@@ -65,7 +65,7 @@ class LaunchWrites {
   const std::string& deferred() const { return deferred_; }
 
   // Bulk reduces in flight in the running block (bulk_reduce.cpp keeps the count), so that
-  // the load and store callbacks check them only then.
+  // the store callbacks check them only then.
   unsigned reduces_in_flight = 0;
 
  private:
