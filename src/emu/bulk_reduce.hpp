@@ -27,7 +27,8 @@
 //     or wait_group.read covering its reduce;
 //   - the accumulator touched by the block before the reduce completed (wait_group without
 //     .read): read by cp.async, TMA and bulk copies, or written by plain stores of the sources
-//     compiled with the store instrumentation (global_writes.hpp); plain loads are not seen;
+//     compiled with the store instrumentation (global_writes.hpp); a plain load is not seen,
+//     but shows in the mode sweep (under at_wait the adds land at the completing wait);
 //   - a thread that exits with reduces not completed (uncommitted, or not waited for without
 //     .read): the block's shared memory they read may be reassigned.
 // A reduce also counts as a write of the block in the check of races between blocks

@@ -4,8 +4,9 @@
 // wait_group.read. Each misuse is a fault naming kernel, block and thread: a missing
 // fence.proxy.async, the source rewritten before wait_group.read, two slices in flight
 // overlapping, the accumulator read (by cp.async) before the reduce completed, or only after
-// wait_group.read, and a thread exiting with its reduce not waited for. Plain loads and
-// stores of the accumulator, and races between blocks, are in test_global_races.cpp.
+// wait_group.read, and a thread exiting with its reduce not waited for; a plain load before
+// the wait shows as landing dependence. Plain stores to the accumulator, and races between
+// blocks, are in test_global_races.cpp.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -39,6 +40,7 @@ enum class Flaw {
   overlapping_slices,
   read_before_wait,
   read_after_wait_read,
+  load_before_wait,
   no_wait
 };
 
@@ -63,6 +65,8 @@ Accumulator drain(Flaw flaw = Flaw::none) {
     if (flaw == Flaw::rewrite_after_read) slice[0] = -1.0f;  // allowed: the reads are done
     if (flaw == Flaw::read_after_wait_read)
       cp_async_cg_16((slice + kSlice).address(), acc.values + 4);
+    // A plain load (not instrumented in this file): what it sees depends on the landing.
+    if (flaw == Flaw::load_before_wait) acc.values[kSlice] = acc.values[0];
     cp_async_bulk_wait_group(0);
   });
   return acc;
@@ -87,6 +91,15 @@ TEST(BulkReduce, SlicesOfEveryBlockSumIntoTheAccumulatorInEveryMode) {
   EXPECT_EQ(find_mode_dependence([] { return bytes_of(values(drain())); }, modes), std::nullopt);
   EXPECT_EQ(
       find_mode_dependence([] { return bytes_of(values(drain(Flaw::rewrite_after_read))); }, modes),
+      std::nullopt);
+}
+
+// A plain load of the accumulator before the wait is no fault (the emulator does not see
+// plain loads), but it shows in the mode sweep: under at-wait the adds land at the wait.
+TEST(BulkReduce, APlainLoadOfTheAccumulatorBeforeTheWaitShowsAsLandingDependence) {
+  const std::vector<ExecutionMode> modes = standard_modes();
+  EXPECT_NE(
+      find_mode_dependence([] { return bytes_of(values(drain(Flaw::load_before_wait))); }, modes),
       std::nullopt);
 }
 
