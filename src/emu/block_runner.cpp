@@ -8,6 +8,7 @@
 
 #include "emu/builtin_indices.hpp"
 #include "emu/fault.hpp"
+#include "emu/global_writes.hpp"
 
 namespace ringattn::emu {
 namespace {
@@ -84,14 +85,24 @@ void BlockRunner::run(Dim3 block_index, std::uint64_t block_linear,
   named_ = {};
   unit_swizzle_.assign((config_.shared_bytes + 15) / 16, 0);
   unit_generic_.assign((config_.shared_bytes + 15) / 16, GenericAccess{});
+  bulk_reduces_.clear();
+  LaunchWrites* const writes = current_launch_writes();
+  if (writes) writes->reduces_in_flight = 0;
   threads_ = std::vector<ThreadState>(n_warps_ * kWarpSize);
   BlockRunner* const outer = std::exchange(tl_block, this);
   std::exception_ptr failure;
   try {
     schedule(body);
+    // What a store or load callback saw and could not throw (global_writes.hpp).
+    if (writes && writes->has_deferred()) {
+      throw EmuFault(config_.kernel, block_index_,
+                     unlinear(writes->deferred_thread(), config_.block), writes->deferred());
+    }
   } catch (...) {
     failure = std::current_exception();
   }
+  bulk_reduces_.clear();
+  if (writes) writes->reduces_in_flight = 0;
   // Threads still suspended (after a fault) unwind here, outside any handler.
   for (ThreadState& t : threads_) t.fiber = boost::context::fiber();
   threads_.clear();
@@ -124,6 +135,21 @@ void BlockRunner::schedule(const std::function<void()>& body) {
                           "wgmma.wait_group for it)");
             } catch (...) {
               t.failure = std::current_exception();
+            }
+          }
+          if (!t.failure) {
+            const unsigned me = t.warp * kWarpSize + t.lane;
+            for (const BulkReduce& r : bulk_reduces_) {
+              if (r.issuer != me) continue;
+              try {
+                fault_at(t, "exited with a cp.reduce.async.bulk from " + describe(r.where) +
+                                " not completed (no cp.async.bulk.commit_group and "
+                                "cp.async.bulk.wait_group for it): the block's shared memory "
+                                "it reads may be reassigned");
+              } catch (...) {
+                t.failure = std::current_exception();
+              }
+              break;
             }
           }
           return std::move(t.back);

@@ -60,6 +60,8 @@ struct ThreadState {
   // fence.proxy.async instructions it has run: a generic access it made before the latest
   // one is ordered before the async proxy's later accesses (see GenericAccess).
   std::uint32_t proxy_fences = 0;
+  // cp.async.bulk.commit_group instructions it has run (its bulk async-groups so far).
+  std::uint64_t bulk_groups = 0;
   std::exception_ptr failure;   // what its body threw
   boost::context::fiber fiber;  // resumes this thread (empty while it runs or once done)
   boost::context::fiber back;   // inside the thread: resumes the scheduler
@@ -97,6 +99,19 @@ struct Mbarrier {
   bool complete(unsigned parity) const { return (phase & 1u) != (parity & 1u); }
 };
 
+// A cp.reduce.async.bulk of the block that has not completed (emu/bulk_reduce.hpp).
+struct BulkReduce {
+  static constexpr std::uint64_t kOpen = ~std::uint64_t{0};
+  float* dst = nullptr;
+  std::uint32_t src = 0, bytes = 0;
+  std::vector<float> values;    // the source, read at the issue
+  unsigned issuer = 0;          // linear thread index
+  std::uint64_t group = kOpen;  // the issuer's bulk async-group, once committed
+  bool source_read = false;     // a wait_group.read covered it: the source may be rewritten
+  bool applied = false;         // its adds have landed in global memory
+  std::source_location where;
+};
+
 // A named barrier (bar.sync / bar.arrive with an id and a thread count).
 struct NamedBarrier {
   unsigned expected = 0, arrived = 0;
@@ -127,6 +142,8 @@ class BlockRunner {
   // The block's mbarriers by shared-memory offset (initialised ones only).
   std::map<std::uint32_t, Mbarrier>& mbarriers() { return mbarriers_; }
   NamedBarrier& named_barrier(unsigned id) { return named_[id]; }
+  // The block's bulk reduces that have not completed, in issue order.
+  std::vector<BulkReduce>& bulk_reduces() { return bulk_reduces_; }
   ThreadState& thread_at(unsigned linear) { return threads_[linear]; }
   // The lanes that exist in warp `w` (fewer than 32 in a partial last warp), as a mask.
   std::uint32_t warp_lanes_mask(unsigned w) const;
@@ -153,6 +170,7 @@ class BlockRunner {
   std::vector<std::uint8_t> unit_swizzle_;
   std::vector<GenericAccess> unit_generic_;
   std::array<NamedBarrier, 16> named_{};
+  std::vector<BulkReduce> bulk_reduces_;
   std::vector<ThreadState> threads_;
 };
 

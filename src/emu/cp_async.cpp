@@ -5,6 +5,7 @@
 #include <string>
 
 #include "emu/block_runner.hpp"
+#include "emu/bulk_reduce.hpp"
 
 namespace ringattn::emu {
 
@@ -43,6 +44,7 @@ void cp_async_cg_16(SharedAddress dst, const void* src, unsigned src_size,
                     : " is outside the block's " + std::to_string(arena.size()) + "-byte arena") +
                at);
   }
+  if (src_size > 0) detail::check_reduce_read(src, src_size, "cp.async.cg 16", where);
   CpAsyncQueue::Copy copy{dst.offset, {}};
   if (src_size > 0) std::memcpy(copy.bytes.data(), src, src_size);
   if (current_block().mode().landing == CpAsyncLanding::at_copy) {

@@ -24,8 +24,12 @@ void launch(const LaunchConfig& config, const std::function<void()>& body) {
   const ExecutionMode mode = execution_mode();
   StackPool stacks;
   BlockRunner runner(config, mode, stacks);
-  for (const unsigned b : run_order(mode, static_cast<unsigned>(blocks), 0x626c6f636bull))
+  LaunchWrites writes(config.global, config.grid);
+  const detail::ScopedLaunchWrites scoped(&writes);
+  for (const unsigned b : run_order(mode, static_cast<unsigned>(blocks), 0x626c6f636bull)) {
+    writes.begin_block(b);
     runner.run(unlinear(b, config.grid), b, body);
+  }
 }
 
 }  // namespace ringattn::emu

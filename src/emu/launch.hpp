@@ -1,13 +1,17 @@
 // Launching a kernel on the emulator: the grid's blocks run one after another on the
 // calling thread (in the execution mode's block order), each with its own fibers and
-// shared-memory arena. A fault anywhere stops the launch and is rethrown to the caller.
+// shared-memory arena. A fault anywhere stops the launch and is rethrown to the caller; so
+// does a race between blocks on global memory (global_writes.hpp), at the end of the second
+// block.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "emu/dim3.hpp"
+#include "emu/global_writes.hpp"
 
 namespace ringattn::emu {
 
@@ -16,6 +20,10 @@ struct LaunchConfig {
   Dim3 grid;
   Dim3 block;
   std::uint32_t shared_bytes = 0;  // dynamic shared memory per block
+  // The device allocations live at the launch (the runtime's launches name them all): where
+  // plain stores of two blocks to one address are a race (emu/global_writes.hpp). Empty: no
+  // such check (a test's launch on host vectors).
+  std::vector<GlobalRange> global = {};
 };
 
 // Runs `body` once per thread of every block. Throws EmuUsageError for a configuration

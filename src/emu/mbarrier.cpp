@@ -5,6 +5,7 @@
 #include <string>
 
 #include "emu/block_runner.hpp"
+#include "emu/bulk_reduce.hpp"
 
 namespace ringattn::emu {
 namespace {
@@ -166,6 +167,7 @@ void cp_async_bulk_global_to_shared(SharedAddress dst, const void* src, unsigned
     fault_here(std::string(call) + " from a global address that is not 16-byte aligned" +
                at(where));
   }
+  detail::check_reduce_read(src, bytes, call, where);
   detail::AsyncCopy copy;
   copy.dst = dst.offset;
   copy.bytes.resize(bytes);

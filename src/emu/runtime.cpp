@@ -608,8 +608,18 @@ cudaError_t launch(const void* kernel, const char* name, Dim3 grid, Dim3 block,
                     " for it (raise it with cudaFuncSetAttribute("
                     "cudaFuncAttributeMaxDynamicSharedMemorySize), up to " +
                     std::to_string(d.profile.shared_per_block_optin) + ")");
-  LaunchConfig config{name, grid, block, static_cast<std::uint32_t>(shared_bytes)};
-  return set_last(push(*s, [config, body = std::move(body)] { emu::launch(config, body); }));
+  LaunchConfig config{name, grid, block, static_cast<std::uint32_t>(shared_bytes), {}};
+  return set_last(push(*s, [config, body = std::move(body)]() mutable {
+    // The allocations live when the kernel runs: where its blocks' plain stores are checked
+    // for races (emu/global_writes.hpp).
+    {
+      Machine& m = machine();
+      std::lock_guard lock(m.mu);
+      config.global.reserve(m.allocations.size());
+      for (const auto& [at, a] : m.allocations) config.global.push_back({at, at + a.bytes});
+    }
+    emu::launch(config, body);
+  }));
 }
 
 }  // namespace ringattn::emu::runtime

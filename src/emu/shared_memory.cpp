@@ -6,6 +6,7 @@
 #include <string>
 
 #include "emu/block_runner.hpp"
+#include "emu/bulk_reduce.hpp"
 
 namespace ringattn::emu {
 namespace {
@@ -42,6 +43,7 @@ std::byte* checked_shared_bytes(SharedAddress at, std::uint32_t bytes, std::uint
 
 std::byte* generic_shared_bytes(SharedAddress at, std::uint32_t bytes, std::uint32_t align) {
   std::byte* const p = checked_shared_bytes(at, bytes, align, "access");
+  if (!current_block().bulk_reduces().empty()) detail::check_reduce_source(at.offset, bytes);
   const ThreadState& t = current_thread();
   const GenericAccess mark{t.warp * kWarpSize + t.lane + 1, t.proxy_fences};
   std::vector<GenericAccess>& units = current_block().unit_generic();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "emu/block_runner.hpp"
+#include "emu/bulk_reduce.hpp"
 #include "emu/mbarrier.hpp"
 
 namespace ringattn::emu {
@@ -160,10 +161,10 @@ void cp_async_bulk_tensor(SharedAddress dst, const TensorMap& map,
       const std::int64_t x = coords[0] + static_cast<std::int64_t>(e);
       std::byte* out = image.data() + r * row_bytes + e * map.elem_bytes;
       if (inside && x >= 0 && x < static_cast<std::int64_t>(map.dims[0])) {
-        std::memcpy(out,
-                    static_cast<const std::byte*>(map.base) + row_offset +
-                        static_cast<std::uint64_t>(x) * map.elem_bytes,
-                    map.elem_bytes);
+        const std::byte* from = static_cast<const std::byte*>(map.base) + row_offset +
+                                static_cast<std::uint64_t>(x) * map.elem_bytes;
+        detail::check_reduce_read(from, map.elem_bytes, call.c_str(), where);
+        std::memcpy(out, from, map.elem_bytes);
       } else {
         std::memcpy(out, fill.data(), map.elem_bytes);
       }

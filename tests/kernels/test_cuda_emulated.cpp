@@ -7,7 +7,9 @@
 //    of another device, a launch onto another device's stream, dynamic shared memory past
 //    the default 48 KiB without cudaFuncSetAttribute, or past the device's opt-in limit),
 //    and a kernel fault becomes the device's sticky error naming the kernel, block, thread;
-//  - streams are ordered only by events: cudaStreamWaitEvent makes one wait for another.
+//  - streams are ordered only by events: cudaStreamWaitEvent makes one wait for another;
+//  - two blocks of one launch storing to one global address is a fault (the ring's dK/dV add
+//    over repeated rows, the race a lent H200 found).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -579,6 +581,49 @@ TEST(EmulatedRuntime, AKernelFaultIsTheDevicesStickyErrorNamingKernelBlockAndThr
   ASSERT_EQ(cudaSetDevice(3), cudaSuccess);
   EXPECT_EQ(cudaMalloc(&more, 16), cudaSuccess);
   cudaFree(more);
+}
+
+// The race a lent H200 found and CI had passed (issue 45): dK/dV rows returned by the ring
+// added in parallel where two runs name one row (a K/V head serving two patterns). Blocks of
+// the parallel add (one warp per packed row, 8 rows a block) then add to the same rows, which
+// the emulator's check of races between blocks reports naming both blocks; the add that
+// serves repeated rows (one thread per column) has no such race.
+TEST(EmulatedRuntime, TheParallelRowAddOverRepeatedRowsIsARaceBetweenBlocks) {
+  ResetDevices reset;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  constexpr int64_t kRows = 8, kDim = 32;
+  // Two runs of 8 packed rows each naming dk/dv rows 0..7: packed rows 0..7 fall in block 0
+  // of the parallel add and rows 8..15 in block 1.
+  const kernels::cuda::PackedRun host_runs[2] = {{0, kDim, kRows, 0, 0},
+                                                 {0, kDim, kRows, kRows, kRows}};
+  kernels::cuda::PackedRun* runs = nullptr;
+  float *buf = nullptr, *dk = nullptr, *dv = nullptr;
+  ASSERT_EQ(cudaMalloc(&runs, sizeof host_runs), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(runs, host_runs, sizeof host_runs, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<float> ones(static_cast<std::size_t>(4 * kRows * kDim), 1.0f);
+  ASSERT_EQ(cudaMalloc(&buf, ones.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(buf, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dk, kRows * kDim * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dv, kRows * kDim * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dk, 0, kRows * kDim * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dv, 0, kRows * kDim * sizeof(float)), cudaSuccess);
+  const kernels::cuda::PackParams p{runs, 2, 2 * kRows, 2 * kRows, kDim};
+  // Serving repeated rows: each element gets both runs' adds, no fault.
+  kernels::cuda::launch_unpack_add_rows(p, buf, dk, dv, /*rows_may_repeat=*/true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> got(static_cast<std::size_t>(kRows * kDim));
+  ASSERT_EQ(cudaMemcpy(got.data(), dk, got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(got, std::vector<float>(got.size(), 2.0f));
+  // The parallel add over the same runs: a race between blocks 0 and 1.
+  kernels::cuda::launch_unpack_add_rows(p, buf, dk, dv, /*rows_may_repeat=*/false, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  const std::string why = cudaGetErrorString(cudaErrorLaunchFailure);
+  std::printf("  %s\n", why.c_str());
+  for (const char* part : {"'unpack_add_kernel' block (", "block (0,0,0)", "block (1,0,0)",
+                           "of this launch also stores to with plain stores"})
+    EXPECT_NE(why.find(part), std::string::npos) << why;
 }
 
 TEST(EmulatedRuntime, StreamWaitEventOrdersWorkAcrossStreams) {

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "emu/bulk_reduce.hpp"
 #include "emu/cp_async.hpp"
 #include "emu/ldmatrix.hpp"
 #include "emu/mbarrier.hpp"
@@ -122,6 +123,27 @@ inline void named_barrier_arrive(unsigned id, unsigned count) {
 // the async proxy's (wgmma's, TMA's) later accesses. The emulator faults when a wgmma reads
 // shared memory that a thread accessed through the generic proxy with no such fence since.
 inline void fence_proxy_async_shared() { emu::fence_proxy_async_shared(); }
+// cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [dst], [src], bytes: adds
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32 from shared memory to
+// global memory, asynchronously; completed by the bulk async-group waits below. The emulator
+// faults on a missing fence.proxy.async before it, the source rewritten before
+// bulk_wait_group_read, overlapping slices in flight, the destination touched before
+// bulk_wait_group, and a thread exiting with one in flight (emu/bulk_reduce.hpp).
+inline void bulk_reduce_add_f32(float* dst, SmemAddr src, unsigned bytes) {
+  emu::cp_reduce_async_bulk_add_f32(dst, src, bytes);
+}
+// cp.async.bulk.commit_group: this thread's bulk operations since the last one, as a group.
+inline void bulk_commit_group() { emu::cp_async_bulk_commit_group(); }
+// cp.async.bulk.wait_group N: all but the newest N groups complete (their writes visible).
+template <int kPending>
+inline void bulk_wait_group() {
+  emu::cp_async_bulk_wait_group(kPending, false);
+}
+// cp.async.bulk.wait_group.read N: all but the newest N groups have read their sources.
+template <int kPending>
+inline void bulk_wait_group_read() {
+  emu::cp_async_bulk_wait_group(kPending, true);
+}
 }  // namespace ptx
 
 using TmaDesc = emu::TensorMap;
@@ -253,6 +275,23 @@ __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned count
 }
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, unsigned bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+      "r"(src), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 }
 template <bool kIncrease, unsigned kCount>
 __device__ __forceinline__ void setmaxnreg() {
