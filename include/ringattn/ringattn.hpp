@@ -84,9 +84,9 @@ struct JobSpec {
   // Attention sinks (docs/SEMANTICS.md): a learned logit per query head joins every row's
   // softmax normaliser and attends no value (gpt-oss, StreamingLLM). With sinks, forward and
   // backward take the logits [H] (fp32, in the memory of the other tensors; -inf: no sink for
-  // that head) and backward writes their gradient [H], summed over the batch and every rank's
-  // rows (each rank gets the same total). Dense and block-sparse attention; dilated refuses
-  // them (one softmax per pattern).
+  // that head) and backward writes their gradient [H] through this rank's rows (summed over the
+  // batch): like any parameter every rank holds, the job's gradient is the sum over the ranks.
+  // Dense and block-sparse attention; dilated refuses them (one softmax per pattern).
   bool sinks = false;
   // Progress (called with steps done and steps in the call by the thread driving the ring);
   // cheap, must not throw. May be empty.
@@ -197,9 +197,7 @@ class Engine {
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv, const float* sinks = nullptr,
                 float* dsinks = nullptr);
-  // Tensor references: host tensors as above; device tensors enqueue on their stream. With
-  // several ranks, a device backward with sinks waits for its stream once, to sum dsinks over
-  // the ranks on the host.
+  // Tensor references: host tensors as above; device tensors enqueue on their stream.
   void forward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,
                const TensorRef& lse, const TensorRef& sinks = {});
   void backward(const TensorRef& q, const TensorRef& k, const TensorRef& v, const TensorRef& out,

@@ -331,8 +331,9 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
       sinks: attention sinks, [H] (a tensor on q's device, any      (--sinks)
              float dtype, differentiable; or a numpy array): a learned logit per query head
              joining every row's softmax normaliser, attending no value (-inf: none for that
-             head). Dense and block-sparse attention. With several ranks, its gradient is the
-             whole job's (every rank's rows) on every rank: do not sum it over the ranks again
+             head). Dense and block-sparse attention. With several ranks, its gradient is this
+             rank's part (its rows): sum it over the ranks, as for any parameter every rank
+             holds
       return_lse: also return lse ``[B, H, N_local]`` (natural log; -inf for empty rows)
       comm: ringattn.Comm (default: this process alone)
 

@@ -13,7 +13,7 @@ class RingAttention(torch.nn.Module):
     rank's shard when ``comm`` spans several ranks. The projections are the caller's; with
     ``sink_heads=H`` the module holds one parameter, ``sinks`` [H] (attention sinks: a learned
     logit per query head in every row's softmax normaliser, initialised to 0), whose gradient
-    is the whole job's on every rank."""
+    is this rank's part (its rows), summed over the ranks like any parameter's."""
 
     def __init__(self, *, attention: str = "dense", segments=None, dilations=None,
                  combine: str = "grouped", causal: bool = False, scale=None, window=None,

@@ -362,6 +362,20 @@ void results_to_host(Run& run) {
       if (!t.dsinks.empty()) t.device->dsinks.download(t.dsinks.data(), t.dsinks.size());
     }
   }
+  // The job's sinks gradient, on rank 0: every rank's part, summed in rank order.
+  ring::Communicator& comm = run.comm;
+  if (backward && !t.dsinks.empty() && comm.size() > 1) {
+    const std::size_t heads = t.dsinks.size();
+    std::vector<float> all(comm.rank() == 0 ? heads * static_cast<std::size_t>(comm.size()) : 0);
+    comm.gather(t.dsinks.data(), heads * sizeof(float), all.data());
+    if (comm.rank() == 0)
+      for (std::size_t h = 0; h < heads; ++h) {
+        double sum = 0.0;
+        for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r)
+          sum += all[r * heads + h];
+        t.dsinks[h] = static_cast<float>(sum);
+      }
+  }
 }
 
 // The report's figures from the engine's stats, reduced over ranks where the report shows
@@ -461,7 +475,7 @@ Gathered gather_results(Run& run, bool full_check) {
   g.t.k = full(t.k, full_check, hkv, false);
   g.t.v = full(t.v, full_check, hkv, false);
   g.t.dout = full(t.dout, full_check && bwd, h, false);
-  // Every rank holds the whole sinks and the same total of their gradient.
+  // Every rank holds the whole sinks; rank 0 the job's gradient (results_to_host).
   if (!t.sinks.empty()) {
     g.t.sinks = t.sinks.data();
     if (bwd) g.t.dsinks = t.dsinks.data();

@@ -166,25 +166,6 @@ void check_sinks_given(const Engine::Impl& m, bool sinks, bool dsinks, bool back
     throw InputError("dsinks", "the job has attention sinks: pass where their gradient goes");
 }
 
-// dsinks = minus the total of every rank's terms, summed in rank order on rank 0 and sent to
-// every rank (the same value everywhere, run to run).
-void total_sink_gradient(ring::Communicator& c, std::vector<double>& terms, float* dsinks) {
-  if (c.size() > 1) {
-    const std::size_t bytes = terms.size() * sizeof(double);
-    std::vector<double> all(terms.size() * static_cast<std::size_t>(c.size()));
-    c.gather(terms.data(), bytes, all.data());
-    if (c.rank() == 0)
-      for (std::size_t h = 0; h < terms.size(); ++h) {
-        double sum = 0.0;
-        for (int r = 0; r < c.size(); ++r)
-          sum += all[static_cast<std::size_t>(r) * terms.size() + h];
-        terms[h] = sum;
-      }
-    c.broadcast(terms.data(), bytes, 0);
-  }
-  for (std::size_t h = 0; h < terms.size(); ++h) dsinks[h] = static_cast<float>(-terms[h]);
-}
-
 }  // namespace
 
 const char* to_string(Device d) {
@@ -336,7 +317,7 @@ void Engine::backward(const float* q, const float* k, const float* v, const floa
   if (sinks) {
     std::vector<double> terms(static_cast<std::size_t>(config().shape.heads));
     kernels::sink_gradient_terms(sink_rows(m), sinks, out, dout, lse, terms.data(), 0);
-    total_sink_gradient(m.comm.communicator(), terms, dsinks);
+    for (std::size_t h = 0; h < terms.size(); ++h) dsinks[h] = static_cast<float>(-terms[h]);
   }
 }
 
@@ -434,18 +415,6 @@ void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v
     kernels::cuda::sink_gradient(
         sink_rows(m), t, static_cast<const float*>(sinks.data), static_cast<const float*>(out.data),
         dout.data, static_cast<const float*>(lse.data), ds, m.backend->stream(), m.device_index);
-    ring::Communicator& c = m.comm.communicator();
-    if (c.size() > 1) {  // the ranks' shards summed on the host, in rank order
-      const auto heads = static_cast<std::size_t>(config().shape.heads);
-      std::vector<float> mine(heads);
-      kernels::cuda::read_sink_gradient(ds, mine.data(), config().shape.heads, m.backend->stream(),
-                                        m.device_index);
-      std::vector<double> terms(heads);
-      for (std::size_t h = 0; h < heads; ++h) terms[h] = -static_cast<double>(mine[h]);
-      total_sink_gradient(c, terms, mine.data());
-      kernels::cuda::write_sink_gradient(mine.data(), ds, config().shape.heads, m.backend->stream(),
-                                         m.device_index);
-    }
   }
   kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
 }

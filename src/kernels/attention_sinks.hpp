@@ -27,8 +27,8 @@ struct SinkRows {
 void apply_sinks(const SinkRows& s, const float* sinks, float* out, float* lse, int threads);
 
 // terms[h] = sum over this shard's rows of head h of exp(sinks[h] - lse) · rowsum(out ∘ dout),
-// with out and lse the forward's (sink-adjusted) results; dsinks[h] is minus the total of
-// terms[h] over every rank's rows. Each head's sum is taken in row order (deterministic).
+// with out and lse the forward's (sink-adjusted) results; the shard's part of the sinks'
+// gradient is -terms. Each head's sum is taken in row order (deterministic).
 void sink_gradient_terms(const SinkRows& s, const float* sinks, const float* out, const float* dout,
                          const float* lse, double* terms, int threads);
 
@@ -44,9 +44,5 @@ void apply_sinks(const SinkRows& s, const float* sinks, float* out, float* lse, 
                  int device);
 void sink_gradient(const SinkRows& s, DeviceDType dout_type, const float* sinks, const float* out,
                    const void* dout, const float* lse, float* dsinks, void* stream, int device);
-// dsinks [H] between the device and the host, ordered on `stream` (the read waits for it):
-// how a shard's gradient is summed over ranks.
-void read_sink_gradient(const float* dsinks, float* host, int64_t heads, void* stream, int device);
-void write_sink_gradient(const float* host, float* dsinks, int64_t heads, void* stream, int device);
 
 }  // namespace ringattn::kernels::cuda

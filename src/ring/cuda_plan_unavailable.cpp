@@ -110,8 +110,6 @@ void sink_gradient(const SinkRows&, DeviceDType, const float*, const float*, con
                    const float*, float*, void*, int) {
   no_cuda();
 }
-void read_sink_gradient(const float*, float*, int64_t, void*, int) { no_cuda(); }
-void write_sink_gradient(const float*, float*, int64_t, void*, int) { no_cuda(); }
 }  // namespace ringattn::kernels::cuda
 
 namespace ringattn::job {

@@ -35,21 +35,4 @@ void sink_gradient(const SinkRows& s, DeviceDType dout_type, const float* sinks,
   launch_sink_gradient(e, p, static_cast<cudaStream_t>(stream));
 }
 
-void read_sink_gradient(const float* dsinks, float* host, int64_t heads, void* stream, int device) {
-  const ScopedDevice on(device);
-  const auto s = static_cast<cudaStream_t>(stream);
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(host, dsinks, static_cast<std::size_t>(heads) * sizeof(float),
-                                      cudaMemcpyDeviceToHost, s));
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s));
-}
-
-void write_sink_gradient(const float* host, float* dsinks, int64_t heads, void* stream,
-                         int device) {
-  const ScopedDevice on(device);
-  const auto s = static_cast<cudaStream_t>(stream);
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dsinks, host, static_cast<std::size_t>(heads) * sizeof(float),
-                                      cudaMemcpyHostToDevice, s));
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s));  // `host` may go once this returns
-}
-
 }  // namespace ringattn::kernels::cuda
