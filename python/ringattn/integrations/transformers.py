@@ -24,8 +24,8 @@ the sliding window (sequences packed through ``position_ids``, bidirectional ove
 single decoding query over a cache goes to transformers' own ``sdpa`` (one row of attention is
 not what ringattn is for), or, for a layer with sinks (which sdpa drops), to a few torch
 operations that carry them.
-``register(comm=...)`` spreads every layer over a ``ringattn.Comm``'s ranks, each passing
-its shard of the sequence (``ringattn.shard``).
+``register(comm=..., ulysses=U)`` spreads every layer over a ``ringattn.Comm``'s ranks, each
+passing its shard of the sequence (``ringattn.shard``) and its positions.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from ..functional import attention as _attention
 
 NAME = "ringattn"
 _COMM = None
+_ULYSSES = 1
 
 # Keywords transformers passes every attention implementation that carry no attention
 # semantics: positions are already in q and k (RoPE), the cache has already been updated,
@@ -181,7 +182,7 @@ def ringattn_attention_forward(module, query, key, value, attention_mask, dropou
     if sinks is not None:
         sinks = sinks.to(q.device)
     out = _attention(q, k, v, causal=bool(causal), scale=scaling, window=window, sinks=sinks,
-                     comm=_COMM)
+                     ulysses=_ULYSSES, comm=_COMM)
     return out.to(dtype), None
 
 
@@ -203,10 +204,14 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
     return attention_mask
 
 
-def register(comm=None) -> None:
-    """Registers "ringattn" (again), on `comm`'s ranks (default: this process alone)."""
-    global _COMM
-    _COMM = comm
+def register(comm=None, ulysses=1) -> None:
+    """Registers "ringattn" (again), on `comm`'s ranks (default: this process alone), each
+    passing its shard of the sequence (``ringattn.shard``, with ``ulysses`` too) and its
+    positions (``position_ids``); ``ulysses``: Ulysses x ring groups (``ringattn.attention``'s
+    keyword). Gradients of the model's parameters (the sinks' included) are each rank's part:
+    sum them over the ranks."""
+    global _COMM, _ULYSSES
+    _COMM, _ULYSSES = comm, ulysses
     AttentionInterface.register(NAME, ringattn_attention_forward)
     AttentionMaskInterface.register(NAME, _mask)
 
