@@ -14,11 +14,13 @@
 
 #include "job/agree.hpp"
 #include "job/backends.hpp"
+#include "job/comm_access.hpp"
 #include "job/engine_impl.hpp"
 #include "job/resolve.hpp"
 #include "job/ulysses.hpp"
+#include "kernels/cpu_blas.hpp"
 #include "kernels/cuda/stream_order.hpp"
-#include "ring/comm_choice.hpp"
+#include "ring/device_transport.hpp"
 #include "ring/fault_injection.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ring/ring_schedule.hpp"
@@ -45,12 +47,12 @@ ring::RingOptions ring_options(const JobSpec& spec) {
 // GPU this rank computes on.
 // Whether each rank runs one single-GPU plan on its whole share (no ring around it): Ulysses
 // with U = P, dense or dilated (block-sparse always has its own distributed plan).
-bool single_plan_per_rank(const Engine::Impl& m) {
+bool single_plan_per_rank(const job::EngineState& m) {
   return !m.job.lists && m.job.ulysses > 1 && m.job.ulysses == m.comm.size();
 }
 
-void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
-  ring::Communicator& comm = m.comm.communicator();
+void make_device_comm(job::EngineState& m, const JobSpec& spec) {
+  ring::Communicator& comm = CommAccess::communicator(m.comm);
   const int gpus = std::max(1, probe_cuda_device().device_count);
   const ring::DeviceTransport t = ring::choose_device_transport(
       {to_string(spec.transport), comm.size(), comm.in_process(), gpus});
@@ -77,15 +79,15 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
 // The kernel choice reaches every device plan. auto on the ring or distributed block-sparse
 // is resolved by its plan: the sm_90a kernels where they run, else native; cudnn on the ring
 // runs each step's views on cuDNN where they map (else a note and the auto choice).
-CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
+CudaPlanOptions device_options(const job::EngineState& m, const JobSpec& spec) {
   return {spec.dtype.value_or(DeviceDType::bf16), spec.kernel, m.device_index,
           spec.deterministic};
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks
 // of the same place in every group), inside the all-to-alls of its group.
-void build_ulysses(Engine::Impl& m, const JobSpec& spec) {
-  ring::Communicator& comm = m.comm.communicator();
+void build_ulysses(job::EngineState& m, const JobSpec& spec) {
+  ring::Communicator& comm = CommAccess::communicator(m.comm);
   const int u = m.job.ulysses, p = comm.rank(), groups = comm.size() / u;
   const job::UlyssesSlice slice = job::ulysses_slice(m.job.cfg, m.job.lists, u, p % u);
   job::ResolvedJob inner = m.job;
@@ -116,8 +118,8 @@ void build_ulysses(Engine::Impl& m, const JobSpec& spec) {
                                         spec.timeout_s);
 }
 
-void build(Engine::Impl& m, const JobSpec& spec) {
-  ring::Communicator& comm = m.comm.communicator();
+void build(job::EngineState& m, const JobSpec& spec) {
+  ring::Communicator& comm = CommAccess::communicator(m.comm);
   if (m.on_gpu()) make_device_comm(m, spec);
   if (m.job.ulysses > 1) return build_ulysses(m, spec);
   if (!m.on_gpu()) {
@@ -130,41 +132,9 @@ void build(Engine::Impl& m, const JobSpec& spec) {
 
 }  // namespace
 
-const char* to_string(Device d) {
-  return d == Device::cpu ? "cpu" : d == Device::cuda ? "cuda" : "auto";
-}
-
-const char* to_string(Transport t) {
-  switch (t) {
-    case Transport::nccl:
-      return "nccl";
-    case Transport::mpi:
-      return "mpi";
-    case Transport::local:
-      return "local";
-    case Transport::automatic:
-      break;
-  }
-  return "auto";
-}
-
-// --- Comm -----------------------------------------------------------------------------------
-
-Comm::Comm(std::shared_ptr<ring::Communicator> comm) : comm_(std::move(comm)) {
-  if (!comm_) throw RuntimeFailure("ringattn::Comm: no communicator");
-}
-Comm Comm::single() {
-  return Comm(std::shared_ptr<ring::Communicator>(ring::make_local_communicator()));
-}
-Comm Comm::borrow(ring::Communicator& comm) {
-  return Comm(std::shared_ptr<ring::Communicator>(&comm, [](ring::Communicator*) {}));
-}
-int Comm::rank() const { return comm_->rank(); }
-int Comm::size() const { return comm_->size(); }
-
 // --- Engine ---------------------------------------------------------------------------------
 
-Engine::Impl::~Impl() {
+job::EngineState::~EngineState() {
   // The backend's communication thread uses the device communicator: the backend goes first.
   backend.reset();
   staging.reset();
@@ -177,7 +147,7 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
 Engine make_engine(const JobSpec& spec, Comm& comm) {
-  ring::Communicator& c = comm.communicator();
+  ring::Communicator& c = CommAccess::communicator(comm);
   c.set_collective_timeout(spec.timeout_s);
   auto impl = std::make_unique<Engine::Impl>(comm);
   job::Ranks ranks{c.size(), c.in_process(), true};
@@ -211,9 +181,23 @@ Shape4 Engine::local_kv_shape() const noexcept {
 
 void Engine::synchronize() { impl_->backend->synchronize(); }
 
+int Engine::device_index() const noexcept { return impl_->on_gpu() ? impl_->device_index : -1; }
+
+std::vector<int64_t> Engine::key_blocks(int64_t head, int64_t query_block) const {
+  const sparse::BlockLists* l = impl_->job.lists.get();
+  if (!l) return {};
+  const auto row = l->of_head(head).row(query_block);
+  return std::vector<int64_t>(row.begin(), row.end());
+}
+
+std::vector<uint8_t> Engine::block_mask() const {
+  const sparse::BlockLists* l = impl_->job.lists.get();
+  return l ? sparse::mask_from_lists(*l) : std::vector<uint8_t>{};
+}
+
 // The device copies of this rank's shard for host calls, allocated on the first call that
 // needs each (the forward's five, the backward's four more).
-Engine::Impl::Staging& Engine::Impl::stage(bool backward_too) {
+job::EngineState::Staging& job::EngineState::stage(bool backward_too) {
   const Shape4 local{job.cfg.shape.batch, job.local_len(), job.cfg.shape.heads,
                      job.cfg.shape.head_dim};
   const auto n = static_cast<std::size_t>(local.numel());
@@ -245,7 +229,7 @@ void Engine::forward(const float* q, const float* k, const float* v, float* out,
   const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
   const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
   const DeviceDType t = dtype();
-  Impl::Staging& s = m.stage(false);
+  job::EngineState::Staging& s = m.stage(false);
   s.q.upload(q, n, t);
   s.k.upload(k, n_kv, t);
   s.v.upload(v, n_kv, t);
@@ -263,7 +247,7 @@ void Engine::backward(const float* q, const float* k, const float* v, const floa
   const auto n_kv = static_cast<std::size_t>(local_kv_shape().numel());
   const auto n_lse = n / static_cast<std::size_t>(config().shape.head_dim);
   const DeviceDType t = dtype();
-  Impl::Staging& s = m.stage(true);
+  job::EngineState::Staging& s = m.stage(true);
   s.q.upload(q, n, t);
   s.k.upload(k, n_kv, t);
   s.v.upload(v, n_kv, t);
@@ -364,6 +348,7 @@ EngineStats Engine::stats() const {
   m.backend->fill(s);
   s.layout = j.layout.name();
   s.attention_note = j.auto_note;
+  if (!m.on_gpu()) s.blas = kernels::blas_info();
   if (j.lists) {
     const sparse::BlockLists& l = *j.lists;
     s.attended_pairs =

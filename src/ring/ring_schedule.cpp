@@ -7,7 +7,7 @@
 #include <map>
 #include <tuple>
 
-#include "ring/schedule.hpp"
+#include "single/schedule.hpp"
 
 namespace ringattn::ring {
 

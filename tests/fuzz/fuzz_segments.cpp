@@ -12,8 +12,8 @@
 
 #include "cli/options.hpp"
 #include "fuzz_check.hpp"
-#include "ring/schedule.hpp"
 #include "ringattn/config.hpp"
+#include "single/schedule.hpp"
 
 namespace {
 
