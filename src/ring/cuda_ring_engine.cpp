@@ -26,6 +26,7 @@
 #include "kernels/cuda/cudnn_graphs.hpp"
 #include "ring/ring_cudnn_views.hpp"
 #endif
+#include "core/patterns.hpp"
 #include "ring/progress_thread.hpp"
 #include "ring/ring_protocol.hpp"
 #include "ring/stream_exchanges.hpp"

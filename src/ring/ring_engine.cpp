@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "core/patterns.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "ring/host_exchanges.hpp"
 #include "ring/ring_protocol.hpp"

@@ -7,6 +7,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/patterns.hpp"
 #include "single/schedule.hpp"
 
 namespace ringattn::ring {

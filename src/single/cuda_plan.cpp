@@ -27,6 +27,7 @@
 #include "single/device_schedule.hpp"
 #include "single/schedule.hpp"
 #if RINGATTN_HAVE_CUDNN
+#include "core/patterns.hpp"
 #include "kernels/cuda/cudnn_sdpa.hpp"
 #endif
 

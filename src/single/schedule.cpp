@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "core/patterns.hpp"
+
 namespace ringattn::ring {
 
 namespace {

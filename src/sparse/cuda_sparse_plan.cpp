@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/patterns.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"

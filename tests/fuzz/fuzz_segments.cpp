@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/options.hpp"
+#include "core/patterns.hpp"
 #include "fuzz_check.hpp"
 #include "ringattn/config.hpp"
 #include "single/schedule.hpp"

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "core/patterns.hpp"
 #include "ringattn/device.hpp"
 #include "ringattn/errors.hpp"
 
