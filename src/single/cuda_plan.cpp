@@ -14,6 +14,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/patterns.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
@@ -27,7 +28,6 @@
 #include "single/device_schedule.hpp"
 #include "single/schedule.hpp"
 #if RINGATTN_HAVE_CUDNN
-#include "core/patterns.hpp"
 #include "kernels/cuda/cudnn_sdpa.hpp"
 #endif
 
