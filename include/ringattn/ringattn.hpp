@@ -113,6 +113,7 @@ class Comm {
  private:
   friend struct CommAccess;  // the library's own access to the communicator underneath
   struct Impl;
+  Comm() = default;  // every Comm holds a communicator: made only by the factories above
   std::shared_ptr<Impl> impl_;
 };
 
