@@ -3,7 +3,26 @@
 # src/ring, src/single, src/sparse, src/kernels or src/core. Run as
 #   cmake -DSOURCE_DIR=<repo> -P tests/check_front_end_includes.cmake
 # (ctest: front_end_includes, label cli). Fails naming every include that reaches past it.
+# It also checks that the library's layers only look down: core, kernels, single, ring,
+# sparse, job (docs/ARCHITECTURE.md), each including only the ones before it.
 set(bad "")
+set(layers core kernels single ring sparse job cli)
+list(LENGTH layers count)
+math(EXPR last "${count} - 2")
+foreach(i RANGE ${last})
+  list(GET layers ${i} layer)
+  math(EXPR next "${i} + 1")
+  list(SUBLIST layers ${next} -1 higher)
+  list(JOIN higher "|" above)
+  file(GLOB_RECURSE files "${SOURCE_DIR}/src/${layer}/*.cpp" "${SOURCE_DIR}/src/${layer}/*.hpp"
+       "${SOURCE_DIR}/src/${layer}/*.cu" "${SOURCE_DIR}/src/${layer}/*.cuh")
+  foreach(f IN LISTS files)
+    file(STRINGS "${f}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"(${above})/")
+    foreach(line IN LISTS lines)
+      list(APPEND bad "${f}: ${line} (the ${layer} layer looks up)")
+    endforeach()
+  endforeach()
+endforeach()
 foreach(dir IN ITEMS src/cli python/src)
   file(GLOB files "${SOURCE_DIR}/${dir}/*.cpp" "${SOURCE_DIR}/${dir}/*.hpp"
        "${SOURCE_DIR}/${dir}/*.ipp")
@@ -21,6 +40,6 @@ foreach(dir IN ITEMS src/cli python/src)
 endforeach()
 if(bad)
   list(JOIN bad "\n  " text)
-  message(FATAL_ERROR "front ends include internal headers:\n  ${text}")
+  message(FATAL_ERROR "includes that reach past the public API or up a layer:\n  ${text}")
 endif()
-message(STATUS "front ends include <ringattn/...> and their own files only")
+message(STATUS "front ends include <ringattn/...> and their own files only; layers look down")
