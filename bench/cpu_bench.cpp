@@ -23,9 +23,9 @@
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cpu_peak.hpp"
 #include "kernels/cpu_small_gemm.hpp"
-#include "ring/schedule.hpp"
-#include "ringattn/plan.hpp"
 #include "ringattn/tensor.hpp"
+#include "single/plan.hpp"
+#include "single/schedule.hpp"
 
 namespace po = boost::program_options;
 using namespace ringattn;

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "ring/communicator.hpp"
 #include "bench_args.hpp"
 #include "bench_timing.hpp"
-#include "ringattn/plan.hpp"
+#include "ring/communicator.hpp"
 #include "ringattn/tensor.hpp"
+#include "single/plan.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/sparse_plan.hpp"
 

@@ -19,7 +19,7 @@ main_s=$((SECONDS - start))
 
 # The installed CMake package: cmake --install into a fresh prefix, then examples/cpp (a
 # project of its own, find_package(ringattn)) is configured, built and run against it: a
-# single-process Plan, and a distributed job through the library API on two MPI ranks.
+# single-process job and a distributed one (two MPI ranks) through the library API.
 start=$SECONDS
 rm -rf "$root/build/install" "$root/build/consumer"
 cmake --install "$root/build" --prefix "$root/build/install" >/dev/null

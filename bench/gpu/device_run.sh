@@ -36,6 +36,12 @@
 #   QUICK=1 HOPPER_BUDGET_S=120 FLEX_BUDGET_S=70 FLEX_TIMEOUT_S=110 \
 #     bash bench/gpu/device_run.sh profile hopper flex
 #
+# The first call on the next lent GPU (issues 46, 47, then 45): the gpu tests (attention sinks
+# on every GPU path, EngineCuda.Sinks*; the ring's cuDNN steps, CudaRing.Cudnn*), the Python
+# package on CUDA tensors (sinks with their gradient; the bf16 transformers models need
+# transformers, which the image lacks, and skip saying so), then the ring's cuDNN rows:
+#   QUICK=1 HOPPER_BUDGET_S=60 RING_BUDGET_S=140 bash bench/gpu/device_run.sh tests python hopper ring
+#
 # The GPU ring's cuDNN steps (--kernel cudnn, never run on a GPU before 5425c34): their gpu
 # tests run in the hopper stage (CudaRing.Cudnn*); ring_bench.py's cudnn rows time them at
 # P = 1, 2, 4 beside the sm_90a rows, which is what `auto` on the ring waits for:

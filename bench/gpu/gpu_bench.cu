@@ -20,8 +20,8 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "ringattn/config.hpp"
-#include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
+#include "single/cuda_plan.hpp"
 
 namespace {
 

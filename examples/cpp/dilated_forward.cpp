@@ -1,17 +1,19 @@
 // A consumer of the installed ringattn package: LongNet-style dilated attention (grouped,
-// three patterns) forward through a Plan, checked against the library's float64 reference.
+// three patterns) forward on one process through make_engine, checked against the library's
+// float64 reference.
 // Uses only the public headers (<ringattn/...>). Exit 0 when within tolerance.
 #include <cmath>
 #include <cstdio>
 #include <random>
-#include <ringattn/config.hpp>
 #include <ringattn/errors.hpp>
-#include <ringattn/plan.hpp>
 #include <ringattn/reference.hpp>
+#include <ringattn/ringattn.hpp>
 #include <vector>
 
 int main() {
-  ringattn::AttentionConfig cfg;
+  ringattn::JobSpec spec;
+  spec.device = ringattn::Device::cpu;
+  ringattn::AttentionConfig& cfg = spec.config;
   cfg.shape = {1, 512, 6, 64};  // [B, N, H, D]
   cfg.attention = ringattn::AttentionKind::dilated;
   cfg.combine = ringattn::Combine::grouped;
@@ -34,8 +36,9 @@ int main() {
   for (auto* t : {&q, &k, &v})
     for (float& x : *t) x = normal(gen);
 
-  ringattn::Plan plan(cfg);  // tiles, schedule and workspace, once
-  plan.forward(q.data(), k.data(), v.data(), out.data(), lse.data());
+  ringattn::Comm comm = ringattn::Comm::single();
+  ringattn::Engine engine = ringattn::make_engine(spec, comm);  // plan and workspace, once
+  engine.forward(q.data(), k.data(), v.data(), out.data(), lse.data());
 
   const ringattn::ReferenceForward ref =
       ringattn::reference_forward(cfg, q.data(), k.data(), v.data());

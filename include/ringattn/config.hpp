@@ -1,6 +1,5 @@
-// The attention problem a user asks for, its validation, and the pattern arithmetic that
-// every layer shares (which positions a dilated pattern selects, how many key/query pairs a
-// configuration attends). Semantics are written down in docs/SEMANTICS.md.
+// The attention problem a user asks for, its validation, and how many key/query pairs a
+// configuration attends. Semantics are written down in docs/SEMANTICS.md.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +20,8 @@ enum class Combine { grouped, mixture };
 // How q, k, v, out and their gradients are laid out in memory, all row-major (C order):
 // bnhd: [batch, seq_len, heads, head_dim], token-major (the default; what the ring shards);
 // bhnd: [batch, heads, seq_len, head_dim], each head's rows contiguous (PyTorch SDPA's
-// convention). The single-process CPU engine (Plan) reads either; the other paths refuse
-// bhnd (require_bnhd). lse is [batch, heads, seq_len] in both.
+// convention). The single-process CPU engine reads either; the other paths refuse bhnd,
+// naming --layout. lse is [batch, heads, seq_len] in both.
 enum class TensorLayout { bnhd, bhnd };
 
 const char* to_string(AttentionKind k);
@@ -97,83 +96,6 @@ struct AttentionConfig {
 
 // Throws InputError naming the option ("--segments", "--heads", ...) that is wrong.
 void validate(const AttentionConfig& cfg);
-
-// For the paths that do not compute grouped-query attention yet: throws InputError naming
-// --kv-heads, saying it is not yet supported on `path` (e.g. "--device cuda"), when
-// kv_heads != heads. Refusing is the contract there; computing with the wrong K/V layout is not.
-void require_multi_head(const AttentionConfig& cfg, const std::string& path);
-
-// For the paths that do not compute packed sequences yet: throws InputError naming --seqlens,
-// saying they are not yet supported on `path`, when the config is packed.
-void require_unpacked(const AttentionConfig& cfg, const std::string& path);
-
-// For the paths that do not compute a sliding window yet: throws InputError naming --window,
-// saying it is not yet supported on `path`, when the config has a window.
-void require_no_window(const AttentionConfig& cfg, const std::string& path);
-
-// For the paths that read only [B, N, H, D] tensors: throws InputError naming --layout,
-// saying bhnd is not supported on `path`, when the config's layout is bhnd.
-void require_bnhd(const AttentionConfig& cfg, const std::string& path);
-
-// One dilated pattern: segments of `segment` tokens, every `dilation`-th position from
-// `offset` (offset < dilation). Dense attention is the single pattern {N, 1, 0}.
-struct DilatedPattern {
-  int64_t segment = 0;
-  int64_t dilation = 1;
-};
-
-// The segments of one pattern: position ranges attended independently of each other, in
-// order. Dilated: N / w segments of w tokens each. Dense: the documents of a packed
-// sequence, or one segment of N tokens. Cheap to copy for unpacked configs; holds the
-// document starts otherwise.
-class SegmentList {
- public:
-  SegmentList(int64_t length, int64_t seq_len) : uniform_(length), seq_len_(seq_len) {}
-  explicit SegmentList(std::vector<int64_t> starts) : starts_(std::move(starts)) {}
-  int64_t count() const;
-  int64_t begin(int64_t s) const;
-  int64_t length(int64_t s) const { return begin(s + 1) - begin(s); }
-  // The segment that holds position p (0 <= p < N).
-  int64_t at(int64_t p) const;
-
- private:
-  int64_t uniform_ = 0, seq_len_ = 0;
-  std::vector<int64_t> starts_;  // packed: every document's first position, then N
-};
-
-// Dense → one pattern covering the whole sequence; dilated → one per (segment, dilation).
-// Throws std::logic_error for block_sparse (its pattern lives in the sparse layer).
-std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg);
-
-// Grouped combine: the contiguous head range [first, first+count) of group i.
-struct HeadRange {
-  int64_t first = 0, count = 0;
-};
-HeadRange group_heads(int64_t heads, int64_t groups, int64_t group);
-// The same for a config's own heads: group `group` of the job's total_heads(), clipped to
-// this config's head slice and counted from its first head (count 0 when the slice holds
-// none of the group).
-HeadRange group_heads_of(const AttentionConfig& cfg, int64_t groups, int64_t group);
-
-// Offset of pattern i for head h (of this config's slice): grouped uses i % r_i (for heads
-// of group i only), mixture uses (head_base + h) % r_i.
-int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head);
-
-// Number of positions a pattern selects in one segment: ceil((w - o) / r), 0 if o >= w.
-int64_t selected_per_segment(const DilatedPattern& p, int64_t offset);
-// The same for a segment of `length` tokens (documents of a packed sequence vary).
-int64_t selected_in(int64_t length, const DilatedPattern& p, int64_t offset);
-
-// The segments pattern `p` of `cfg` attends within (see SegmentList).
-SegmentList segments_of(const AttentionConfig& cfg, const DilatedPattern& p);
-
-// Keys that the query at position p attends under a dense configuration: the half-open
-// position range allowed by its document, causality and the window (empty when begin >=
-// end). Block-sparse attention applies the same rule inside its listed blocks.
-struct PositionRange {
-  int64_t begin = 0, end = 0;
-};
-PositionRange dense_keys_of(const AttentionConfig& cfg, int64_t p);
 
 // Sum over batch, heads and query rows of the number of keys each query attends
 // (causal counted as attended; a sliding window counts only the keys inside it). Forward FLOPs are

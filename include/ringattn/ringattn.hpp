@@ -14,28 +14,12 @@
 #include <vector>
 
 #include "ringattn/config.hpp"
-#include "ringattn/cuda_plan.hpp"  // DeviceDType, KernelChoice, probe_cuda_device
 #include "ringattn/errors.hpp"
+#include "ringattn/stats.hpp"
+#include "ringattn/transport.hpp"
+#include "ringattn/types.hpp"
 
 namespace ringattn {
-
-namespace ring {
-class Communicator;
-}
-
-// Where the kernels run. automatic: the GPU when this build has CUDA kernels, a device is
-// usable, the tensors are [B, N, H, D] and the job is dense or dilated on one rank; the CPU
-// otherwise (block-sparse and head-major jobs stay on the CPU unless cuda is asked for).
-enum class Device { automatic, cpu, cuda };
-const char* to_string(Device d);
-
-// How the ranks of a GPU job exchange device memory. automatic: NCCL with one process per
-// GPU, device-to-device copies for virtual ranks sharing a GPU; nccl: NCCL only; local: the
-// in-process transport of virtual ranks (device copies on GPUs); mpi: host memory over MPI,
-// which the GPU engines do not take (refused, naming --comm). CPU jobs exchange over the
-// Comm they are given.
-enum class Transport { automatic, nccl, mpi, local };
-const char* to_string(Transport t);
 
 // Where a block-sparse job's (query block, key block) lists come from: the --pattern
 // language (docs/SEMANTICS.md), or an explicit bool mask [H, nb, nb] or [nb, nb] (nb = N /
@@ -94,76 +78,85 @@ struct JobSpec {
 };
 
 // Who takes part in a job. Comm::single() is one process; mpi_comm() (ringattn/mpi.hpp)
-// wraps an MPI communicator. A Comm is a handle: copies share the communicator, which must
-// outlive every Engine made on it.
+// wraps an MPI communicator, mpi_world() starts MPI itself; from_transport() runs over a
+// transport the caller brings (ringattn/transport.hpp); run_virtual_ranks() makes the ranks
+// threads of this process. A Comm is a handle: copies share the communicator, which lives
+// while any copy or Engine made on it does.
 class Comm {
  public:
   static Comm single();
-  // Wraps a communicator the caller keeps alive (front ends: virtual ranks, tests).
-  static Comm borrow(ring::Communicator& comm);
-  explicit Comm(std::shared_ptr<ring::Communicator> comm);
+  static Comm from_transport(std::shared_ptr<HostTransport> transport);
 
   int rank() const;
   int size() const;
-  ring::Communicator& communicator() const { return *comm_; }
+  int local_rank() const;           // rank among the ranks of this node
+  std::string description() const;  // the library underneath, e.g. "Open MPI v4.1.4"
+
+  // Host collectives for a front end's own steps around the engine (reports, checks): every
+  // rank calls them together, in the same order. (Const: a Comm is a handle.) They give up after
+  // set_timeout() seconds (default 300), throwing RuntimeFailure, where the transport can wait for
+  // a dead peer.
+  void set_timeout(double seconds) const;
+  void barrier() const;
+  int64_t max(int64_t v) const;
+  double max(double v) const;
+  // `bytes` from every rank to rank 0, rank-major into `out` (which only rank 0 needs).
+  void gather(const void* data, std::size_t bytes, void* out) const;
+  // Every rank's `mine` on rank 0, in rank order (empty elsewhere).
+  std::vector<std::string> gather(const std::string& mine) const;
+  // `bytes` at `data` on rank `root` to `data` on every rank.
+  void broadcast(void* data, std::size_t bytes, int root) const;
+  // Runs `f` on every rank; if it throws on any, throws on every rank the lowest failing
+  // rank's error (InputError or RuntimeFailure, with rank() naming that rank), so that no
+  // rank is left waiting in a later collective. make_engine agrees on its errors this way.
+  void agree(const std::function<void()>& f) const;
+  // Ends every rank of the job now with `exit_code` (a failing rank must not leave the others
+  // waiting): MPI_Abort under MPI, every virtual rank of the process, this process otherwise.
+  [[noreturn]] void abort(int exit_code) const;
+  // Virtual ranks: returns quietly unless another rank of the job has aborted, and ends this
+  // one if it has (call it before reporting an error that may be the abort's echo).
+  void check_aborted() const;
 
  private:
-  std::shared_ptr<ring::Communicator> comm_;
+  friend struct CommAccess;  // the library's own access to the communicator underneath
+  struct Impl;
+  Comm() = default;  // every Comm holds a communicator: made only by the factories above
+  std::shared_ptr<Impl> impl_;
 };
+
+// Runs `body` on `ranks` virtual ranks: the ranks of one job as threads of this process, each
+// with its own Comm (rank r of `ranks`), exchanging through shared memory (device copies on
+// GPUs they share). Returns the job's exit code: the first abort's if any rank called
+// Comm::abort, else the largest code a rank returned. A std::exception escaping `body` is
+// printed naming the rank and aborts the job with exit 3. OpenMP settings are per thread:
+// `body` chooses its own thread count.
+int run_virtual_ranks(int ranks, const std::function<int(Comm&)>& body);
+
+// True when an MPI launcher (mpirun, mpiexec, srun with PMI) started this process.
+bool launched_by_mpi();
+
+// MPI_COMM_WORLD as a Comm, with MPI initialised here (thread level MULTIPLE, argc/argv may
+// be null) and finalised when the last copy of the Comm is gone. Throws RuntimeFailure in a
+// build without MPI.
+Comm mpi_world(int* argc = nullptr, char*** argv = nullptr);
+
+// What this build of the library has.
+struct BuildFeatures {
+  bool cuda = false;  // CUDA kernels (--device cuda); cuda_built() in ringattn/device.hpp
+  bool nccl = false;  // the NCCL transport
+  bool mpi = false;   // MPI (mpi_comm, mpi_world)
+};
+BuildFeatures build_features() noexcept;
 
 // A tensor the caller owns. q, k, v and dout are read in the engine's dtype(); out, lse and
 // the gradients are fp32. Device tensors must be on the engine's GPU; work on them is
 // ordered after everything already queued on `stream` (a cudaStream_t; null: the legacy
 // default stream) and the results are ready for later work on that stream.
-enum class Memory { host, device };
 struct TensorRef {
   void* data = nullptr;
   DeviceDType dtype = DeviceDType::fp32;
   Memory memory = Memory::host;
   void* stream = nullptr;
-};
-
-// One pass's figures on this rank, from the last call.
-struct PassStats {
-  double compute_ms = 0;       // kernels, packing and unpacking
-  double comm_ms = 0;          // from posting each exchange to its completion, summed
-  double comm_exposed_ms = 0;  // time compute stood waiting for a transfer
-  int64_t bytes_sent = 0;      // payload this rank sent
-};
-
-// What an engine is and what it did, on this rank (no collective: reduce across ranks
-// yourself where you need a job-wide figure).
-struct EngineStats {
-  std::string engine;         // Plan, RingPlan, SparsePlan, CudaPlan, CudaRingPlan, CudaSparsePlan
-  std::string device;         // "cpu" or "cuda"
-  std::string device_detail;  // the GPU's name and kernel; empty on the CPU
-  bool emulated_device = false;
-  std::string kernel;           // cpu | native | cudnn | hopper: the forward's
-  std::string kernel_backward;  // the backward's (cuDNN's may differ, or be refused)
-  DeviceDType dtype = DeviceDType::fp32;
-  int threads = 1;  // CPU threads per rank
-  int world_size = 1;
-  std::string layout;    // contiguous | zigzag | balanced
-  double imbalance = 1;  // max / mean attended pairs over ranks
-  double attended_pairs = 0;
-  std::size_t workspace_bytes = 0;
-  std::size_t workspace_bytes_per_thread = 0;  // single-process CPU plan
-  std::size_t device_workspace_bytes = 0;
-  std::size_t device_peak_bytes = 0;  // ringattn's device memory high-water mark
-  int64_t bytes_sent = 0;             // last forward's payload (the ring's, and the a2a's)
-  int64_t bytes_sent_min = 0;         // the computed minimum for this rank, in the same dtype
-  int ulysses = 1;                    // U of a Ulysses x ring job
-  bool deterministic = false;         // JobSpec::deterministic
-  int64_t bytes_sent_a2a = 0;         // of bytes_sent: the Ulysses all-to-alls
-  int64_t bytes_sent_a2a_min = 0;     // and their computed minimum
-  PassStats forward, backward;
-  double comm_exposed_ms = 0;  // forward's, for convenience
-  // Block-sparse jobs.
-  std::string pattern;  // canonical pattern, or the mask's name
-  double sparsity = -1;
-  int peers = 0;
-  std::string attention_note;      // what attention = auto decided
-  std::vector<std::string> notes;  // fallbacks and choices worth printing once
 };
 
 class Engine {
@@ -209,11 +202,18 @@ class Engine {
 
   EngineStats stats() const;
 
-  struct Impl;
-  // Front ends of this repository only (the CLI's float64 check needs the block lists).
-  const Impl& impl() const noexcept { return *impl_; }
+  // The GPU a cuda engine computes on (-1 on the CPU).
+  int device_index() const noexcept;
+
+  // Block-sparse jobs (config().attention == block_sparse): the key blocks that query block
+  // `query_block` of head `head` attends, ascending (blocks of config().block_size positions,
+  // over the whole sequence); and the same lists as a dense bool mask [heads, nb, nb], nb =
+  // seq_len / block_size (for small N). Empty for other jobs.
+  std::vector<int64_t> key_blocks(int64_t head, int64_t query_block) const;
+  std::vector<uint8_t> block_mask() const;
 
  private:
+  struct Impl;
   friend Engine make_engine(const JobSpec& spec, Comm& comm);
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -6,7 +6,6 @@
 
 #include <utility>
 
-#include "job/agree.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::python {
@@ -152,9 +151,8 @@ AttentionOp::AttentionOp(const AttentionOptions& o, const Shape4& local_q, int64
     // A keyword error on one rank reaches every rank (the lowest failing rank's), as
     // make_engine's own errors do, so no rank is left waiting in the engine's setup.
     JobSpec spec;
-    job::agree_on_errors(comm.comm(),
-                         [&] { spec = spec_of(o, full, kv_heads, mask, comm.timeout_s()); });
-    Comm c = Comm::borrow(comm.comm());
+    Comm c = comm.comm();
+    c.agree([&] { spec = spec_of(o, full, kv_heads, mask, comm.timeout_s()); });
     engine_.emplace(make_engine(spec, c));
   } catch (const InputError& e) {
     const InputError k(keyword_of(e.subject()), e.problem());

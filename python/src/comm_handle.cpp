@@ -21,10 +21,10 @@ namespace ringattn::python {
 namespace {
 
 std::mutex g_mpi_mutex;
-// Null until from_mpi(). Never deleted: its destructor would call MPI_Finalize whenever the
-// last plan holding it went away (perhaps never, if Python keeps an autograd graph alive), so
-// shutdown() ends MPI itself at a known point instead.
-std::shared_ptr<ring::Communicator> g_mpi;
+// Null until from_mpi(). Never deleted: the last copy of an MPI Comm calls MPI_Finalize when it
+// goes (perhaps never, if Python keeps an autograd graph alive), so shutdown() ends MPI itself
+// at a known point instead.
+Comm* g_mpi = nullptr;
 bool g_mpi_ended = false;
 std::atomic<bool> g_failed{false};
 std::atomic<double> g_failed_timeout_s{0};
@@ -41,10 +41,9 @@ void check_timeout(double timeout_s) {
   }
 }
 
-CommHandle::CommHandle(double timeout_s)
-    : CommHandle(ring::make_local_communicator(), timeout_s, false) {}
+CommHandle::CommHandle(double timeout_s) : CommHandle(Comm::single(), timeout_s, false) {}
 
-CommHandle::CommHandle(std::shared_ptr<ring::Communicator> comm, double timeout_s, bool is_mpi)
+CommHandle::CommHandle(Comm comm, double timeout_s, bool is_mpi)
     : comm_(std::move(comm)), timeout_s_(timeout_s), is_mpi_(is_mpi) {
   check_timeout(timeout_s);
 }
@@ -54,15 +53,13 @@ CommHandle CommHandle::from_mpi(double timeout_s) {
   std::lock_guard lock(g_mpi_mutex);
   if (g_mpi_ended)
     throw RuntimeFailure("MPI was already finalised in this process; it cannot start again");
-  if (!g_mpi)
-    g_mpi = std::shared_ptr<ring::Communicator>(
-        ring::make_mpi_communicator(nullptr, nullptr).release(), [](ring::Communicator*) {});
-  return CommHandle(g_mpi, timeout_s, true);
+  if (!g_mpi) g_mpi = new Comm(mpi_world());
+  return CommHandle(*g_mpi, timeout_s, true);
 }
 
 void CommHandle::allgather(const void* data, std::size_t bytes, void* out) const {
-  comm_->gather(data, bytes, out);
-  comm_->broadcast(out, bytes * static_cast<std::size_t>(comm_->size()), 0);
+  comm_.gather(data, bytes, out);
+  comm_.broadcast(out, bytes * static_cast<std::size_t>(comm_.size()), 0);
 }
 
 void CommHandle::mark_failed() const {
@@ -77,7 +74,7 @@ bool mpi_ended() {
 }
 
 void shutdown() {
-  std::shared_ptr<ring::Communicator> mpi;
+  Comm* mpi = nullptr;
   {
     std::lock_guard lock(g_mpi_mutex);
     if (!g_mpi || g_mpi_ended) return;

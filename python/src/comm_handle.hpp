@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "ring/communicator.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace ringattn::python {
 
@@ -18,25 +18,26 @@ class CommHandle {
   explicit CommHandle(double timeout_s);
   // MPI_COMM_WORLD (MPI initialised on the first call). `timeout_s` is checked as --timeout.
   static CommHandle from_mpi(double timeout_s);
-  // Any communicator (Comm.from_torch: a torch.distributed group's).
-  CommHandle(std::shared_ptr<ring::Communicator> comm, double timeout_s, bool is_mpi);
+  // Any Comm (Comm.from_torch: over a torch.distributed group's transport).
+  CommHandle(Comm comm, double timeout_s, bool is_mpi);
 
-  int rank() const { return comm_->rank(); }
-  int size() const { return comm_->size(); }
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
   double timeout_s() const { return timeout_s_; }
   bool is_mpi() const { return is_mpi_; }
-  ring::Communicator& comm() const { return *comm_; }
+  // A handle on the same communicator (engines are made on it).
+  Comm comm() const { return comm_; }
 
   // `bytes` from every rank into `out` (rank-major, size() * bytes) on every rank.
   void allgather(const void* data, std::size_t bytes, void* out) const;
-  void barrier() const { comm_->barrier(); }
+  void barrier() const { comm_.barrier(); }
 
   // An engine on this communicator failed after setup (watchdog, peer error): the ring may
   // hold abandoned transfers, so shutdown() aborts the job instead of finalising.
   void mark_failed() const;
 
  private:
-  std::shared_ptr<ring::Communicator> comm_;
+  Comm comm_;
   double timeout_s_;
   bool is_mpi_;
 };

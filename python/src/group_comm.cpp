@@ -1,9 +1,10 @@
-// A communicator over a torch.distributed process group (ringattn.Comm.from_torch): every
-// collective and point-to-point exchange calls back into Python (ringattn._comm._TorchGroup,
-// which drives torch.distributed on the group), taking the GIL for it. So a gloo group carries
-// a CPU job's ring (isend/irecv with tags) and any group carries a GPU job's setup: the
-// collectives, and the NCCL unique id the engine's NCCL communicator is bootstrapped with (its
-// K/V then travel over NCCL, not through Python). The engines call it with the GIL released.
+// A transport (ringattn/transport.hpp) over a torch.distributed process group
+// (ringattn.Comm.from_torch): every collective and point-to-point exchange calls back into Python
+// (ringattn._comm._TorchGroup, which drives torch.distributed on the group), taking the GIL for it.
+// So a gloo group carries a CPU job's ring (isend/irecv with tags) and any group carries a GPU
+// job's setup: the collectives, and the NCCL unique id the engine's NCCL communicator is
+// bootstrapped with (its K/V then travel over NCCL, not through Python). The engines call it with
+// the GIL released.
 #include "group_comm.hpp"
 
 #include <nanobind/nanobind.h>
@@ -35,7 +36,7 @@ auto with_gil(const char* what, F&& f) {
   }
 }
 
-class GroupExchange final : public ring::PendingExchange {
+class GroupExchange final : public PendingTransfers {
  public:
   explicit GroupExchange(std::vector<nb::object> works) : works_(std::move(works)) {}
   ~GroupExchange() override {
@@ -59,15 +60,15 @@ class GroupExchange final : public ring::PendingExchange {
   bool done_ = false;
 };
 
-class GroupCommunicator final : public ring::Communicator {
+class GroupTransport final : public HostTransport {
  public:
-  explicit GroupCommunicator(nb::object group) : group_(std::move(group)) {
+  explicit GroupTransport(nb::object group) : group_(std::move(group)) {
     rank_ = nb::cast<int>(group_.attr("rank"));
     size_ = nb::cast<int>(group_.attr("size"));
     local_rank_ = nb::cast<int>(group_.attr("local_rank"));
     version_ = nb::cast<std::string>(group_.attr("describe")());
   }
-  ~GroupCommunicator() override {
+  ~GroupTransport() override {
     nb::gil_scoped_acquire gil;
     group_ = nb::object();
   }
@@ -75,18 +76,17 @@ class GroupCommunicator final : public ring::Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
-  std::string library_version() const override { return version_; }
+  std::string description() const override { return version_; }
 
-  std::unique_ptr<ring::PendingExchange> start(std::span<const ring::Transfer> sends,
-                                               std::span<const ring::Transfer> recvs,
-                                               int tag) override {
+  std::unique_ptr<PendingTransfers> start(std::span<const Transfer> sends,
+                                          std::span<const Transfer> recvs, int tag) override {
     return with_gil("isend/irecv", [&] {
       std::vector<nb::object> works;
-      for (const ring::Transfer& t : recvs)
+      for (const Transfer& t : recvs)
         if (t.bytes)
           works.push_back(
               group_.attr("irecv")(t.peer, reinterpret_cast<uintptr_t>(t.data), t.bytes, tag));
-      for (const ring::Transfer& t : sends)
+      for (const Transfer& t : sends)
         if (t.bytes)
           works.push_back(
               group_.attr("isend")(t.peer, reinterpret_cast<uintptr_t>(t.data), t.bytes, tag));
@@ -104,26 +104,6 @@ class GroupCommunicator final : public ring::Communicator {
     if (rank_ != 0) return;
     for (std::size_t r = 0; r < all.size(); ++r)
       std::memcpy(static_cast<char*>(out) + r * bytes, all[r].data(), bytes);
-  }
-  std::vector<ring::RankInfo> gather_info(const ring::RankInfo& mine) override {
-    const std::string text = mine.host + '\n' + std::to_string(mine.pid) + '\n' +
-                             std::to_string(mine.local_rank) + '\n' + mine.device;
-    std::vector<ring::RankInfo> infos;
-    for (const std::string& t : allgather(text.data(), text.size())) {
-      ring::RankInfo info;
-      std::vector<std::string> f;
-      for (std::size_t b = 0, e; b <= t.size(); b = e + 1) {
-        e = std::min(t.find('\n', b), t.size());
-        f.push_back(t.substr(b, e - b));
-      }
-      f.resize(4);
-      info.host = f[0];
-      info.pid = std::atoi(f[1].c_str());
-      info.local_rank = std::atoi(f[2].c_str());
-      info.device = f[3];
-      infos.push_back(info);
-    }
-    return infos;
   }
   void broadcast(void* data, std::size_t bytes, int root) override {
     with_gil("broadcast", [&] {
@@ -171,8 +151,8 @@ class GroupCommunicator final : public ring::Communicator {
 
 }  // namespace
 
-std::shared_ptr<ring::Communicator> make_group_communicator(nb::object group) {
-  return std::make_shared<GroupCommunicator>(std::move(group));
+std::shared_ptr<HostTransport> make_group_transport(nb::object group) {
+  return std::make_shared<GroupTransport>(std::move(group));
 }
 
 }  // namespace ringattn::python

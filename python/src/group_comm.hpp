@@ -1,16 +1,16 @@
-// A ring::Communicator over a torch.distributed process group (see group_comm.cpp).
+// A HostTransport over a torch.distributed process group (see group_comm.cpp).
 #pragma once
 
 #include <nanobind/nanobind.h>
 
 #include <memory>
 
-#include "ring/communicator.hpp"
+#include "ringattn/transport.hpp"
 
 namespace ringattn::python {
 
 // `group`: a ringattn._comm._TorchGroup (rank, size, local_rank, describe(), isend, irecv,
 // barrier, allgather, broadcast).
-std::shared_ptr<ring::Communicator> make_group_communicator(nanobind::object group);
+std::shared_ptr<HostTransport> make_group_transport(nanobind::object group);
 
 }  // namespace ringattn::python

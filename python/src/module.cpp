@@ -15,7 +15,7 @@
 #include "attention_op.hpp"
 #include "comm_handle.hpp"
 #include "group_comm.hpp"
-#include "ringattn/cuda_plan.hpp"
+#include "ringattn/device.hpp"
 #include "ringattn/errors.hpp"
 #include "testing_device.hpp"
 
@@ -227,7 +227,8 @@ NB_MODULE(_core, m) {
           "from_torch_group",
           [](nb::object group, double timeout_s) {
             check_timeout(timeout_s);
-            return CommHandle(make_group_communicator(std::move(group)), timeout_s, false);
+            return CommHandle(Comm::from_transport(make_group_transport(std::move(group))),
+                              timeout_s, false);
           },
           "group"_a, "timeout"_a,
           "A torch.distributed group's communicator (ringattn._comm._TorchGroup).")

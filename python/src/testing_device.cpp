@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "ringattn/cuda_plan.hpp"
+#include "ringattn/device.hpp"
 #include "ringattn/errors.hpp"
 
 namespace nb = nanobind;

@@ -1,21 +1,21 @@
 // Implementation of agree_on_errors (a template, so it lives beside its header): the
-// library's agreement (job/agree.hpp) and the CLI's way of saying it: the rank the error
+// library's agreement (Comm::agree) and the CLI's way of saying it: the rank the error
 // came from prints it once, every rank returns its exit code.
 #include <iostream>
 #include <string>
 
-#include "core/quote.hpp"
-#include "job/agree.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace ringattn::cli {
 
 template <typename F>
-int agree_on_errors(ring::Communicator& comm, F&& f) {
+int agree_on_errors(Comm& comm, F&& f) {
   int code = 0, rank = -1;
   std::string message;
   try {
-    job::agree_on_errors(comm, f);
+    comm.agree(f);
     return 0;
   } catch (const InputError& e) {
     code = static_cast<int>(ExitCode::bad_input), rank = e.rank(), message = e.what();

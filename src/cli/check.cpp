@@ -8,9 +8,7 @@
 
 #include "cli/inputs.hpp"
 #include "cli/npy.hpp"
-#include "job/engine_impl.hpp"
 #include "ringattn/reference.hpp"
-#include "sparse/token_rule.hpp"
 
 namespace ringattn::cli {
 
@@ -28,23 +26,22 @@ constexpr double kCheckMaxWork = 4e9;
 // Past these sizes a block-sparse --check samples rows instead of gathering everything.
 constexpr int64_t kFullCheckMaxElements = int64_t{1} << 24;
 
-const sparse::BlockLists* lists_of(const Engine& e) { return e.impl().job.lists.get(); }
+bool block_sparse(const Engine& e) { return e.config().attention == AttentionKind::block_sparse; }
 
 double reference_work(const AttentionConfig& cfg) {
   const Shape4& s = cfg.shape;
   const double n = static_cast<double>(s.seq_len);
-  const double visits =
-      static_cast<double>(s.batch * s.heads) * n * n * static_cast<double>(patterns_of(cfg).size());
+  // One pass over every (query, key) pair per pattern: one dense pattern, or one per segment.
+  const double patterns =
+      cfg.attention == AttentionKind::dilated ? static_cast<double>(cfg.segments.size()) : 1.0;
+  const double visits = static_cast<double>(s.batch * s.heads) * n * n * patterns;
   return visits + attended_pairs(cfg) * static_cast<double>(s.head_dim);
 }
 
 // The float64 reference's view of a block-sparse run: the run's own lists.
 BlockReferenceProblem block_problem(const Engine& e) {
   BlockReferenceProblem pb = block_problem_of(e.config());
-  pb.key_blocks = [lists = e.impl().job.lists](int64_t h, int64_t i) {
-    const auto row = lists->of_head(h).row(i);
-    return std::vector<int64_t>(row.begin(), row.end());
-  };
+  pb.key_blocks = [&e](int64_t h, int64_t i) { return e.key_blocks(h, i); };
   return pb;
 }
 
@@ -56,7 +53,7 @@ double check_tolerance(const Engine& engine) {
 }
 
 void check_reference_fits(const Engine& engine) {
-  if (lists_of(engine)) return;
+  if (block_sparse(engine)) return;
   const double work = reference_work(engine.config());
   if (work > kCheckMaxWork)
     throw InputError("--check", "problem too large for the float64 reference (" +
@@ -67,20 +64,17 @@ void check_reference_fits(const Engine& engine) {
 }
 
 bool samples_rows(const Engine& engine) {
-  const sparse::BlockLists* lists = lists_of(engine);
-  if (!lists) return false;
+  if (!block_sparse(engine)) return false;
   const AttentionConfig& cfg = engine.config();
-  const double work = sparse::attended_token_pairs(*lists, cfg) *
-                      static_cast<double>(cfg.shape.batch * cfg.shape.head_dim);
+  // Attended pairs (over the batch) times the reference's O(D) work per pair.
+  const double work = engine.stats().attended_pairs * static_cast<double>(cfg.shape.head_dim);
   return work > kCheckMaxWork || cfg.shape.numel() > kFullCheckMaxElements;
 }
 
-std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicator& comm,
-                                        const Engine& engine, const HostTensor& q,
-                                        const HostTensor& out, const HostTensor& lse,
-                                        const std::vector<float>& sinks) {
+std::pair<double, double> sampled_check(const RunOptions& opts, Comm& comm, const Engine& engine,
+                                        const HostTensor& q, const HostTensor& out,
+                                        const HostTensor& lse, const std::vector<float>& sinks) {
   const AttentionConfig& cfg = engine.config();
-  const sparse::BlockLists& lists = *lists_of(engine);
   const Shape4& s = cfg.shape;
   const int64_t D = s.head_dim, H = s.heads, NL = engine.local_len(), bs = cfg.block_size;
   const std::vector<int64_t> positions = engine.local_rows();
@@ -97,7 +91,7 @@ std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicat
         const int64_t p = positions[static_cast<std::size_t>(r)];
         // Positions of every listed key block (the reference applies causality itself).
         std::vector<int64_t> keys;
-        for (int32_t j : lists.of_head(h).row(p / bs))
+        for (int64_t j : engine.key_blocks(h, p / bs))
           for (int64_t t = j * bs; t < (j + 1) * bs; ++t) keys.push_back(t);
         const int64_t kv_heads = cfg.effective_kv_heads(), kvh = cfg.kv_head_of(h);
         auto element = [&](int64_t t) { return ((b * s.seq_len + t) * kv_heads + kvh) * D; };
@@ -156,7 +150,7 @@ std::vector<CheckResult> full_check(const Engine& engine, const WholeTensors& t,
   const auto n_lse =
       static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
   std::vector<CheckResult> r;
-  const bool blocks = lists_of(engine) != nullptr;
+  const bool blocks = block_sparse(engine);
   BlockReferenceProblem pb = blocks ? block_problem(engine) : BlockReferenceProblem{};
   if (t.sinks) pb.sinks.assign(t.sinks, t.sinks + cfg.shape.heads);
   const ReferenceForward ref = blocks ? reference_forward_blocks(pb, t.q, t.k, t.v)

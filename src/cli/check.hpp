@@ -8,7 +8,6 @@
 
 #include "cli/options.hpp"
 #include "cli/report.hpp"
-#include "ring/communicator.hpp"
 #include "ringattn/ringattn.hpp"
 #include "ringattn/tensor.hpp"
 
@@ -24,10 +23,9 @@ void check_reference_fits(const Engine& engine);
 bool samples_rows(const Engine& engine);
 
 // The sampled check on this rank's shard (forward only); {out, lse} errors, max over ranks.
-std::pair<double, double> sampled_check(const RunOptions& opts, ring::Communicator& comm,
-                                        const Engine& engine, const HostTensor& q,
-                                        const HostTensor& out, const HostTensor& lse,
-                                        const std::vector<float>& sinks);
+std::pair<double, double> sampled_check(const RunOptions& opts, Comm& comm, const Engine& engine,
+                                        const HostTensor& q, const HostTensor& out,
+                                        const HostTensor& lse, const std::vector<float>& sinks);
 
 // Whole tensors (rank 0): the results against the float64 reference of the inputs.
 struct WholeTensors {

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "ring/communicator.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/ringattn.hpp"
 #include "ringattn/tensor.hpp"
 
 namespace ringattn::cli {
@@ -59,14 +59,14 @@ float synthetic_value(uint64_t seed, uint64_t stream, uint64_t index);
 // `rows_of(r)` gives rank r's positions; `inner` is heads * D for [B, N, heads, D] tensors,
 // or, with `is_lse`, the heads of a [B, heads, N] tensor.
 template <typename RowsOf>
-std::vector<float> gather_full(ring::Communicator& comm, const HostTensor& t, int64_t batch,
-                               int64_t seq_len, int64_t inner, bool is_lse, RowsOf&& rows_of);
+std::vector<float> gather_full(Comm& comm, const HostTensor& t, int64_t batch, int64_t seq_len,
+                               int64_t inner, bool is_lse, RowsOf&& rows_of);
 void insert_local(const std::vector<int64_t>& rows, int64_t batch, int64_t seq_len, int64_t inner,
                   bool is_lse, const float* local, float* full);
 
 template <typename RowsOf>
-std::vector<float> gather_full(ring::Communicator& comm, const HostTensor& t, int64_t batch,
-                               int64_t seq_len, int64_t inner, bool is_lse, RowsOf&& rows_of) {
+std::vector<float> gather_full(Comm& comm, const HostTensor& t, int64_t batch, int64_t seq_len,
+                               int64_t inner, bool is_lse, RowsOf&& rows_of) {
   const auto world = static_cast<std::size_t>(comm.size());
   std::vector<float> all(comm.rank() == 0 ? t.size() * world : 0);
   comm.gather(t.data(), t.size() * sizeof(float), all.data());

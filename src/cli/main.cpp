@@ -5,16 +5,17 @@
 #include <iostream>
 #include <memory>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli/comm_choice.hpp"
 #include "cli/options.hpp"
 #include "cli/run_command.hpp"
-#include "core/quote.hpp"
-#include "ring/comm_choice.hpp"
-#include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace {
 
@@ -38,7 +39,7 @@ int fail(ringattn::ExitCode code, const std::string& msg) {
 
 // A job that was clearly meant to be parallel but sees one rank is a launch mistake
 // (ringattn run straight from an sbatch script, or srun without --mpi=pmix).
-void check_launch(const ringattn::ring::Communicator& comm) {
+void check_launch(const ringattn::Comm& comm) {
   const char* ntasks = std::getenv("SLURM_NTASKS");
   if (ntasks && std::atoi(ntasks) > 1 && comm.size() == 1)
     throw ringattn::InputError(
@@ -48,9 +49,8 @@ void check_launch(const ringattn::ring::Communicator& comm) {
 }
 
 // Under a launcher the ring is the job's ranks; --ring-size may only confirm it.
-void check_ring_size(const ringattn::ring::Communicator& comm,
-                     const ringattn::cli::RunOptions& opts) {
-  if (ringattn::ring::launched_by_mpi() && opts.ring_size != 0 && opts.ring_size != comm.size())
+void check_ring_size(const ringattn::Comm& comm, const ringattn::cli::RunOptions& opts) {
+  if (ringattn::launched_by_mpi() && opts.ring_size != 0 && opts.ring_size != comm.size())
     throw ringattn::InputError(
         "--ring-size", std::to_string(opts.ring_size) + " differs from the " +
                            std::to_string(comm.size()) +
@@ -62,10 +62,10 @@ void check_ring_size(const ringattn::ring::Communicator& comm,
 
 int main(int argc, char** argv) {
   using ringattn::ExitCode;
-  std::unique_ptr<ringattn::ring::Communicator> comm;
+  std::optional<ringattn::Comm> comm;
   try {
-    comm = ringattn::ring::launched_by_mpi() ? ringattn::ring::make_mpi_communicator(&argc, &argv)
-                                             : ringattn::ring::make_local_communicator();
+    comm =
+        ringattn::launched_by_mpi() ? ringattn::mpi_world(&argc, &argv) : ringattn::Comm::single();
   } catch (const std::exception& e) {
     return fail(ExitCode::runtime_failure, e.what());
   }
@@ -93,21 +93,21 @@ int main(int argc, char** argv) {
   ringattn::cli::RunOptions opts;
   bool help = false;
   std::ostringstream help_text;
-  ringattn::ring::CommKind kind = ringattn::ring::CommKind::local;
+  ringattn::cli::CommKind kind = ringattn::cli::CommKind::local;
   const int parse_code = ringattn::cli::agree_on_errors(*comm, [&] {
     check_launch(*comm);
     help = !ringattn::cli::parse_run_options(args, opts, help_text);
     if (help) return;
     check_ring_size(*comm, opts);
-    ringattn::ring::CommContext c = ringattn::ring::this_build();
+    ringattn::cli::CommContext c = ringattn::cli::this_build();
     c.requested = opts.comm;
     // --device auto resolves to the GPU only on one rank, so the control communicator is
     // chosen as for the CPU; a GPU job's device transport is chosen by make_engine.
     c.device = opts.device == "cuda" ? "cuda" : "cpu";
-    c.launched_by_mpi = ringattn::ring::launched_by_mpi();
+    c.launched_by_mpi = ringattn::launched_by_mpi();
     c.world_size = comm->size();
     c.ring_size = opts.ring_size;
-    kind = ringattn::ring::choose_comm(c);
+    kind = ringattn::cli::choose_comm(c);
   });
   if (parse_code) return parse_code;
   if (help) {
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   }
   // The control communicator is MPI under a launcher, else this process (virtual ranks
   // with --ring-size P); the engine bootstraps NCCL (or device copies) over it for GPU jobs.
-  if (kind == ringattn::ring::CommKind::local && opts.ring_size > 1)
+  if (kind == ringattn::cli::CommKind::local && opts.ring_size > 1)
     return ringattn::cli::run_command_virtual_ranks(opts, std::cout);
   return ringattn::cli::run_command(opts, *comm, std::cout);
 }

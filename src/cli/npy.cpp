@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/quote.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
 
 namespace ringattn {
 

@@ -9,8 +9,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "core/quote.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/quote.hpp"
 
 namespace po = boost::program_options;
 

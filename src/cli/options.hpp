@@ -35,7 +35,7 @@ struct RunOptions {
   int threads = 0;
   int warmup = 1;
   int iters = 3;
-  std::string comm = "auto";   // --comm: auto | nccl | mpi | local (see ring/comm_choice.hpp)
+  std::string comm = "auto";   // --comm: auto | nccl | mpi | local (see cli/comm_choice.hpp)
   int ring_size = 0;           // --ring-size: 0 = the launcher's world size (1 without one)
   int ulysses = 1;             // --ulysses: U (0: auto)
   bool deterministic = false;  // --deterministic

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu_blas.hpp"
 #include "ringattn/config.hpp"
+#include "ringattn/stats.hpp"
 
 namespace ringattn::cli {
 
@@ -65,7 +65,7 @@ struct RunReport {
   std::size_t device_peak_bytes = 0;       // cuda: device memory held at most
   std::size_t device_workspace_bytes = 0;  // cuda: the plan's part of it
   std::vector<std::string> notes;          // e.g. a kernel fallback
-  std::optional<kernels::BlasInfo> blas;   // cpu: the BLAS and its threading in our regions
+  std::optional<BlasInfo> blas;            // cpu: the BLAS and its threading in our regions
 
   double fwd_gflops() const;
   std::optional<double> bwd_gflops() const;

@@ -21,11 +21,9 @@
 #include "cli/npy.hpp"
 #include "cli/progress.hpp"
 #include "cli/report.hpp"
-#include "core/quote.hpp"
-#include "job/engine_impl.hpp"
-#include "kernels/cpu_blas.hpp"
-#include "ring/inproc_communicator.hpp"
-#include "sparse/block_lists.hpp"
+#include "ringattn/device.hpp"
+#include "ringattn/quote.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace ringattn::cli {
 
@@ -49,7 +47,7 @@ struct Tensors {
 
 struct Run {
   const RunOptions& opts;
-  ring::Communicator& comm;
+  Comm& comm;
   JobSpec spec;
   std::optional<Engine> engine;
   Tensors t;
@@ -110,20 +108,19 @@ void read_job(Run& run) {
 
 // What the options ask of the engine's resolved job.
 void check_resolved(const RunOptions& opts, const Engine& e) {
-  const sparse::BlockLists* lists = e.impl().job.lists.get();
-  if (!lists && !opts.pattern_out_path.empty())
-    throw InputError("--pattern-out", "this run is " +
-                                          std::string(to_string(e.config().attention)) +
+  const AttentionConfig& cfg = e.config();
+  const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
+  const int64_t heads = cfg.shape.heads, blocks = cfg.shape.seq_len / cfg.block_size;
+  if (!block_sparse && !opts.pattern_out_path.empty())
+    throw InputError("--pattern-out", "this run is " + std::string(to_string(cfg.attention)) +
                                           ", not block-sparse: there is no block mask to write");
-  if (lists && !opts.pattern_out_path.empty() &&
-      static_cast<double>(lists->heads) * static_cast<double>(lists->blocks) *
-              static_cast<double>(lists->blocks) >
+  if (block_sparse && !opts.pattern_out_path.empty() &&
+      static_cast<double>(heads) * static_cast<double>(blocks) * static_cast<double>(blocks) >
           static_cast<double>(int64_t{1} << 28))
-    throw InputError(
-        "--pattern-out",
-        "the dense mask would take " +
-            std::to_string(static_cast<long long>(lists->heads * lists->blocks * lists->blocks)) +
-            " bytes (H x nb x nb); it is for small N only");
+    throw InputError("--pattern-out",
+                     "the dense mask would take " +
+                         std::to_string(static_cast<long long>(heads * blocks * blocks)) +
+                         " bytes (H x nb x nb); it is for small N only");
   if (opts.check) check_reference_fits(e);
 }
 
@@ -143,7 +140,7 @@ void make_engine_copies(Run& run) {
   const bool backward = run.opts.backward;
   if (e.device() == Device::cuda) {
     const DeviceDType dt = e.dtype();
-    const int dev = e.impl().device_index;
+    const int dev = e.device_index();
     Tensors::Device& d = t.device.emplace();
     auto upload = [&](DeviceBuffer& b, HostTensor& h, const char* what) {
       b = DeviceBuffer(h.size() * (dt == DeviceDType::fp32 ? 4 : 2), what, dev);
@@ -283,22 +280,20 @@ CallTensors call_tensors(Run& run) {
 
 // Where each rank runs (several ranks only), printed once by rank 0.
 void print_ranks(Run& run, std::ostream& out) {
-  ring::Communicator& comm = run.comm;
+  Comm& comm = run.comm;
   if (comm.size() == 1) return;
   const EngineStats s = run.engine->stats();
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const std::string device = s.device == "cuda"
-                                 ? "cuda:" + std::to_string(run.engine->impl().device_index)
+                                 ? "cuda:" + std::to_string(run.engine->device_index())
                                  : "cpu (" + std::to_string(s.threads) + " threads)";
-  const auto infos =
-      comm.gather_info({host, static_cast<int>(getpid()), comm.local_rank(), device});
+  const std::vector<std::string> lines =
+      comm.gather(std::string("host ") + host + ", pid " + std::to_string(getpid()) +
+                  ", local rank " + std::to_string(comm.local_rank()) + ", device " + device);
   if (comm.rank() != 0) return;
-  out << "ringattn: world size " << comm.size() << ", communicator: " << comm.library_version()
-      << "\n";
-  for (std::size_t r = 0; r < infos.size(); ++r)
-    out << "  rank " << r << ": host " << infos[r].host << ", pid " << infos[r].pid
-        << ", local rank " << infos[r].local_rank << ", device " << infos[r].device << "\n";
+  out << "ringattn: world size " << comm.size() << ", communicator: " << comm.description() << "\n";
+  for (std::size_t r = 0; r < lines.size(); ++r) out << "  rank " << r << ": " << lines[r] << "\n";
 }
 
 struct Timings {
@@ -363,7 +358,7 @@ void results_to_host(Run& run) {
     }
   }
   // The job's sinks gradient, on rank 0: every rank's part, summed in rank order.
-  ring::Communicator& comm = run.comm;
+  Comm& comm = run.comm;
   if (backward && !t.dsinks.empty() && comm.size() > 1) {
     const std::size_t heads = t.dsinks.size();
     std::vector<float> all(comm.rank() == 0 ? heads * static_cast<std::size_t>(comm.size()) : 0);
@@ -381,7 +376,7 @@ void results_to_host(Run& run) {
 // The report's figures from the engine's stats, reduced over ranks where the report shows
 // a job-wide figure (every rank makes the same collectives).
 RunReport make_report(Run& run, const Timings& tm) {
-  ring::Communicator& comm = run.comm;
+  Comm& comm = run.comm;
   const EngineStats s = run.engine->stats();
   const int world = comm.size();
   RunReport rep;
@@ -399,7 +394,7 @@ RunReport make_report(Run& run, const Timings& tm) {
     rep.device_peak_bytes = s.device_peak_bytes;
   } else {
     rep.device_detail = cpu_model() + ", " + std::to_string(s.threads) + " threads per rank";
-    rep.blas = kernels::blas_info();
+    rep.blas = s.blas;
   }
   rep.world_size = world;
   rep.iters = run.opts.iters;
@@ -498,9 +493,9 @@ void write_outputs(const RunOptions& opts, const Engine& e, const WholeTensors& 
   if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, kv_dims4, w.dv);
   if (!opts.dsinks_out_path.empty()) files.stage(opts.dsinks_out_path, {s.heads}, w.dsinks);
   if (!opts.pattern_out_path.empty()) {
-    const sparse::BlockLists& l = *e.impl().job.lists;
-    const std::vector<uint8_t> mask = sparse::mask_from_lists(l);
-    files.stage_bool(opts.pattern_out_path, {l.heads, l.blocks, l.blocks}, mask.data());
+    const int64_t nb = s.seq_len / e.config().block_size;
+    const std::vector<uint8_t> mask = e.block_mask();
+    files.stage_bool(opts.pattern_out_path, {s.heads, nb, nb}, mask.data());
   }
   files.commit();
   for (const auto& [name, path] : kOutputs)
@@ -509,7 +504,7 @@ void write_outputs(const RunOptions& opts, const Engine& e, const WholeTensors& 
 
 int run_and_report(Run& run, ProgressReporter& progress, std::ostream& out) {
   const RunOptions& opts = run.opts;
-  ring::Communicator& comm = run.comm;
+  Comm& comm = run.comm;
   const Engine& e = *run.engine;
   const std::string note = e.stats().attention_note;
   if (comm.rank() == 0 && !note.empty()) out << "ringattn: " << note << "\n";
@@ -559,8 +554,8 @@ int run_and_report(Run& run, ProgressReporter& progress, std::ostream& out) {
 
 }  // namespace
 
-int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& out) {
-  comm.set_collective_timeout(opts.timeout_s);
+int run_command(const RunOptions& opts, Comm& comm, std::ostream& out) {
+  comm.set_timeout(opts.timeout_s);
   // Rank 0 alone reports progress; the others' reporter is off and gives the engines no hook.
   ProgressReporter progress(
       comm.rank() == 0 ? progress_mode(opts.progress, opts.quiet, isatty(STDERR_FILENO) == 1)
@@ -581,10 +576,7 @@ int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& 
   if (const int code = phase([&] { read_job(run); })) return code;
   run.spec.on_step = progress.step_hook();
   if (const int code = phase([&] {
-        blaming_input_files(opts, [&] {
-          Comm c = Comm::borrow(comm);
-          run.engine.emplace(make_engine(run.spec, c));
-        });
+        blaming_input_files(opts, [&] { run.engine.emplace(make_engine(run.spec, comm)); });
       }))
     return code;
   if (const int code = phase([&] { load_tensors(run); })) return code;
@@ -608,8 +600,7 @@ int run_command_virtual_ranks(const RunOptions& opts, std::ostream& out) {
   RunOptions per_rank = opts;
   const int ranks = std::max(1, opts.ring_size);
   if (per_rank.threads == 0) per_rank.threads = std::max(1, omp_get_max_threads() / ranks);
-  return ring::run_virtual_ranks(
-      ranks, [&](ring::Communicator& comm) { return run_command(per_rank, comm, out); });
+  return run_virtual_ranks(ranks, [&](Comm& comm) { return run_command(per_rank, comm, out); });
 }
 
 }  // namespace ringattn::cli

@@ -6,17 +6,17 @@
 #include <iosfwd>
 
 #include "cli/options.hpp"
-#include "ring/communicator.hpp"
+#include "ringattn/ringattn.hpp"
 
 namespace ringattn::cli {
 
 // Returns the process exit code. Setup errors (bad input, on any rank) are agreed on by all
 // ranks, printed once, and returned as 2 (or 3) everywhere. An error after setup ends the
-// whole job through Communicator::abort, naming the rank.
-int run_command(const RunOptions& opts, ring::Communicator& comm, std::ostream& out);
+// whole job through Comm::abort, naming the rank.
+int run_command(const RunOptions& opts, Comm& comm, std::ostream& out);
 
 // run_command on opts.ring_size virtual ranks in this process (threads; see
-// ring/inproc_communicator.hpp). --threads is per rank, as under MPI; 0 shares this
+// ringattn::run_virtual_ranks). --threads is per rank, as under MPI; 0 shares this
 // process's OpenMP threads out (at least one per rank). Same output and exit codes as
 // `mpiexec -n P ringattn run`.
 int run_command_virtual_ranks(const RunOptions& opts, std::ostream& out);
@@ -24,7 +24,7 @@ int run_command_virtual_ranks(const RunOptions& opts, std::ostream& out);
 // Runs `f`; if it throws on any rank, every rank learns it (no rank is left waiting) and the
 // lowest failing rank prints its message. Returns the exit code all ranks agree on.
 template <typename F>
-int agree_on_errors(ring::Communicator& comm, F&& f);
+int agree_on_errors(Comm& comm, F&& f);
 
 }  // namespace ringattn::cli
 

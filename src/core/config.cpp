@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/patterns.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn {

@@ -1,5 +1,5 @@
 // Escaping and capping of untrusted text for error messages (see core/quote.hpp).
-#include "core/quote.hpp"
+#include "ringattn/quote.hpp"
 
 #include <string>
 #include <string_view>

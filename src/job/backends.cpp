@@ -7,7 +7,7 @@
 
 #include "ring/cuda_ring_engine.hpp"
 #include "ring/ring_engine.hpp"
-#include "ringattn/plan.hpp"
+#include "single/plan.hpp"
 #include "sparse/cuda_sparse_plan.hpp"
 #include "sparse/sparse_plan.hpp"
 

@@ -7,8 +7,8 @@
 
 #include "job/engine_impl.hpp"
 #include "ring/ring_engine.hpp"
-#include "ringattn/cuda_plan.hpp"
-#include "ringattn/plan.hpp"
+#include "single/cuda_plan.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn::job {
 

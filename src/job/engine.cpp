@@ -14,12 +14,14 @@
 
 #include "job/agree.hpp"
 #include "job/backends.hpp"
+#include "job/comm_access.hpp"
 #include "job/engine_impl.hpp"
 #include "job/resolve.hpp"
 #include "job/ulysses.hpp"
 #include "kernels/attention_sinks.hpp"
+#include "kernels/cpu_blas.hpp"
 #include "kernels/cuda/stream_order.hpp"
-#include "ring/comm_choice.hpp"
+#include "ring/device_transport.hpp"
 #include "ring/fault_injection.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ring/ring_schedule.hpp"
@@ -46,12 +48,12 @@ ring::RingOptions ring_options(const JobSpec& spec) {
 // GPU this rank computes on.
 // Whether each rank runs one single-GPU plan on its whole share (no ring around it): Ulysses
 // with U = P, dense or dilated (block-sparse always has its own distributed plan).
-bool single_plan_per_rank(const Engine::Impl& m) {
+bool single_plan_per_rank(const job::EngineState& m) {
   return !m.job.lists && m.job.ulysses > 1 && m.job.ulysses == m.comm.size();
 }
 
-void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
-  ring::Communicator& comm = m.comm.communicator();
+void make_device_comm(job::EngineState& m, const JobSpec& spec) {
+  ring::Communicator& comm = CommAccess::communicator(m.comm);
   const int gpus = std::max(1, probe_cuda_device().device_count);
   const ring::DeviceTransport t = ring::choose_device_transport(
       {to_string(spec.transport), comm.size(), comm.in_process(), gpus});
@@ -79,14 +81,14 @@ void make_device_comm(Engine::Impl& m, const JobSpec& spec) {
 // The kernel choice reaches every device plan. auto on the ring or distributed block-sparse
 // is resolved by its plan: the sm_90a kernels where they run, else native; cudnn on the ring
 // runs each step's views on cuDNN where they map (else a note and the auto choice).
-CudaPlanOptions device_options(const Engine::Impl& m, const JobSpec& spec) {
+CudaPlanOptions device_options(const job::EngineState& m, const JobSpec& spec) {
   return {spec.dtype.value_or(DeviceDType::bf16), spec.kernel, m.device_index, spec.deterministic};
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks
 // of the same place in every group), inside the all-to-alls of its group.
-void build_ulysses(Engine::Impl& m, const JobSpec& spec) {
-  ring::Communicator& comm = m.comm.communicator();
+void build_ulysses(job::EngineState& m, const JobSpec& spec) {
+  ring::Communicator& comm = CommAccess::communicator(m.comm);
   const int u = m.job.ulysses, p = comm.rank(), groups = comm.size() / u;
   const job::UlyssesSlice slice = job::ulysses_slice(m.job.cfg, m.job.lists, u, p % u);
   job::ResolvedJob inner = m.job;
@@ -117,8 +119,8 @@ void build_ulysses(Engine::Impl& m, const JobSpec& spec) {
                                         spec.timeout_s);
 }
 
-void build(Engine::Impl& m, const JobSpec& spec) {
-  ring::Communicator& comm = m.comm.communicator();
+void build(job::EngineState& m, const JobSpec& spec) {
+  ring::Communicator& comm = CommAccess::communicator(m.comm);
   if (m.on_gpu()) make_device_comm(m, spec);
   if (m.job.ulysses > 1) return build_ulysses(m, spec);
   if (!m.on_gpu()) {
@@ -130,7 +132,7 @@ void build(Engine::Impl& m, const JobSpec& spec) {
 }
 
 // This rank's out and lse as the sinks' epilogue and gradient read them.
-kernels::SinkRows sink_rows(const Engine::Impl& m) {
+kernels::SinkRows sink_rows(const job::EngineState& m) {
   const AttentionConfig& c = m.job.cfg;
   return {c.shape.batch, m.job.local_len(), c.shape.heads, c.shape.head_dim, c.layout};
 }
@@ -141,7 +143,7 @@ struct StagedSizes {
 };
 
 // A host call's q, k, v uploaded into the staging buffers in the engine's dtype.
-StagedSizes stage_inputs(const Engine::Impl& m, Engine::Impl::Staging& s, const float* q,
+StagedSizes stage_inputs(const job::EngineState& m, job::EngineState::Staging& s, const float* q,
                          const float* k, const float* v) {
   const Shape4& c = m.job.cfg.shape;
   const auto rows = static_cast<std::size_t>(c.batch * m.job.local_len());
@@ -157,7 +159,7 @@ StagedSizes stage_inputs(const Engine::Impl& m, Engine::Impl::Staging& s, const 
 }
 
 // Sinks are given to a call exactly when the job has them.
-void check_sinks_given(const Engine::Impl& m, bool sinks, bool dsinks, bool backward) {
+void check_sinks_given(const job::EngineState& m, bool sinks, bool dsinks, bool backward) {
   if (m.sinks && !sinks)
     throw InputError("sinks", "the job has attention sinks (JobSpec::sinks): pass their logits");
   if (!m.sinks && sinks)
@@ -168,41 +170,9 @@ void check_sinks_given(const Engine::Impl& m, bool sinks, bool dsinks, bool back
 
 }  // namespace
 
-const char* to_string(Device d) {
-  return d == Device::cpu ? "cpu" : d == Device::cuda ? "cuda" : "auto";
-}
-
-const char* to_string(Transport t) {
-  switch (t) {
-    case Transport::nccl:
-      return "nccl";
-    case Transport::mpi:
-      return "mpi";
-    case Transport::local:
-      return "local";
-    case Transport::automatic:
-      break;
-  }
-  return "auto";
-}
-
-// --- Comm -----------------------------------------------------------------------------------
-
-Comm::Comm(std::shared_ptr<ring::Communicator> comm) : comm_(std::move(comm)) {
-  if (!comm_) throw RuntimeFailure("ringattn::Comm: no communicator");
-}
-Comm Comm::single() {
-  return Comm(std::shared_ptr<ring::Communicator>(ring::make_local_communicator()));
-}
-Comm Comm::borrow(ring::Communicator& comm) {
-  return Comm(std::shared_ptr<ring::Communicator>(&comm, [](ring::Communicator*) {}));
-}
-int Comm::rank() const { return comm_->rank(); }
-int Comm::size() const { return comm_->size(); }
-
 // --- Engine ---------------------------------------------------------------------------------
 
-Engine::Impl::~Impl() {
+job::EngineState::~EngineState() {
   // The backend's communication thread uses the device communicator: the backend goes first.
   backend.reset();
   staging.reset();
@@ -215,7 +185,7 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
 Engine make_engine(const JobSpec& spec, Comm& comm) {
-  ring::Communicator& c = comm.communicator();
+  ring::Communicator& c = CommAccess::communicator(comm);
   c.set_collective_timeout(spec.timeout_s);
   auto impl = std::make_unique<Engine::Impl>(comm);
   job::Ranks ranks{c.size(), c.in_process(), true};
@@ -250,9 +220,23 @@ Shape4 Engine::local_kv_shape() const noexcept {
 
 void Engine::synchronize() { impl_->backend->synchronize(); }
 
+int Engine::device_index() const noexcept { return impl_->on_gpu() ? impl_->device_index : -1; }
+
+std::vector<int64_t> Engine::key_blocks(int64_t head, int64_t query_block) const {
+  const sparse::BlockLists* l = impl_->job.lists.get();
+  if (!l) return {};
+  const auto row = l->of_head(head).row(query_block);
+  return std::vector<int64_t>(row.begin(), row.end());
+}
+
+std::vector<uint8_t> Engine::block_mask() const {
+  const sparse::BlockLists* l = impl_->job.lists.get();
+  return l ? sparse::mask_from_lists(*l) : std::vector<uint8_t>{};
+}
+
 // The device copies of this rank's shard for host calls, allocated on the first call that
 // needs each (the forward's five, the backward's four more).
-Engine::Impl::Staging& Engine::Impl::stage(bool backward_too) {
+job::EngineState::Staging& job::EngineState::stage(bool backward_too) {
   const Shape4 local{job.cfg.shape.batch, job.local_len(), job.cfg.shape.heads,
                      job.cfg.shape.head_dim};
   const auto n = static_cast<std::size_t>(local.numel());
@@ -284,7 +268,7 @@ void Engine::forward(const float* q, const float* k, const float* v, float* out,
   if (!m.on_gpu()) {
     m.backend->forward(q, k, v, out, lse);
   } else {
-    Impl::Staging& s = m.stage(false);
+    job::EngineState::Staging& s = m.stage(false);
     const StagedSizes z = stage_inputs(m, s, q, k, v);
     m.backend->forward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>());
     m.backend->synchronize();
@@ -302,7 +286,7 @@ void Engine::backward(const float* q, const float* k, const float* v, const floa
   if (!m.on_gpu()) {
     m.backend->backward(q, k, v, out, lse, dout, dq, dk, dv);
   } else {
-    Impl::Staging& s = m.stage(true);
+    job::EngineState::Staging& s = m.stage(true);
     const StagedSizes z = stage_inputs(m, s, q, k, v);
     s.out.upload(out, z.n, DeviceDType::fp32);
     s.lse.upload(lse, z.n_lse, DeviceDType::fp32);
@@ -431,6 +415,7 @@ EngineStats Engine::stats() const {
   m.backend->fill(s);
   s.layout = j.layout.name();
   s.attention_note = j.auto_note;
+  if (!m.on_gpu()) s.blas = kernels::blas_info();
   if (j.lists) {
     const sparse::BlockLists& l = *j.lists;
     s.attended_pairs =

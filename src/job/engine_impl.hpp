@@ -1,7 +1,7 @@
 // What an Engine holds: the resolved job, its shard layout, the communicators it runs on and
 // one backend (a plan of the layers below behind one interface, so that nothing above this
-// file chooses between six engines). Internal: the CLI reads the block lists from here for
-// its float64 check; library users see only ringattn/ringattn.hpp.
+// file chooses between six engines). Internal: front ends see only ringattn/ringattn.hpp
+// (whose Engine accessors read from here).
 #pragma once
 
 #include <memory>
@@ -11,6 +11,7 @@
 
 #include "ring/communicator.hpp"
 #include "ring/sharding.hpp"
+#include "ringattn/device.hpp"
 #include "ringattn/ringattn.hpp"
 #include "sparse/block_lists.hpp"
 
@@ -46,11 +47,8 @@ struct ResolvedJob {
   int64_t local_len() const { return layout.local_len / ulysses; }
 };
 
-}  // namespace ringattn::job
-
-namespace ringattn {
-
-struct Engine::Impl {
+// Engine::Impl, by a name the functions that build it can take.
+struct EngineState {
   job::ResolvedJob job;
   Comm comm;
   int device_index = 0;  // the GPU of a cuda engine
@@ -67,9 +65,17 @@ struct Engine::Impl {
   std::unique_ptr<Staging> staging;
   Staging& stage(bool backward_too);
 
-  explicit Impl(Comm c) : comm(std::move(c)) {}
-  ~Impl();
+  explicit EngineState(Comm c) : comm(std::move(c)) {}
+  ~EngineState();
   bool on_gpu() const { return job.device == Device::cuda; }
+};
+
+}  // namespace ringattn::job
+
+namespace ringattn {
+
+struct Engine::Impl : job::EngineState {
+  using job::EngineState::EngineState;
 };
 
 }  // namespace ringattn

@@ -8,11 +8,11 @@
 #include <sstream>
 #include <string>
 
-#include "core/quote.hpp"
 #include "job/ulysses.hpp"
 #include "kernels/cpu_blas.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ring/ulysses_model.hpp"
+#include "ringattn/quote.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/pattern_cache.hpp"
 #include "sparse/sparse_plan.hpp"

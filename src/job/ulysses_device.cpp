@@ -9,7 +9,7 @@
 #include "job/ulysses.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_ops.hpp"
-#include "ringattn/cuda_plan.hpp"
+#include "single/cuda_plan.hpp"
 
 namespace ringattn::job {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "ringattn/config.hpp"
-#include "ringattn/cuda_plan.hpp"  // DeviceDType
+#include "ringattn/types.hpp"  // DeviceDType
 
 namespace ringattn::kernels {
 

@@ -168,12 +168,20 @@ BlasInfo blas_info() {
   return info;
 }
 
+}  // namespace ringattn::kernels
+
+namespace ringattn {
+
 std::string BlasInfo::summary() const {
   return config + "; kernels " + core + " (chosen by " + core_from + "); " + threading +
          " build, " + std::to_string(threads_per_call) +
          " thread(s) per call inside ringattn's regions; " + file +
          "; tile products: " + small_gemm + "; softmax steps: " + vector_kernels;
 }
+
+}  // namespace ringattn
+
+namespace ringattn::kernels {
 
 void sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int m, int n, int k, float alpha,
            const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {

@@ -13,19 +13,12 @@
 
 #include <string>
 
+#include "ringattn/stats.hpp"
+
 namespace ringattn::kernels {
 
-struct BlasInfo {
-  std::string config;        // openblas_get_config(): version and build options
-  std::string core;          // openblas_get_corename(): the kernels in use on this CPU
-  std::string core_from;     // who chose them: OPENBLAS_CORETYPE, ringattn (CPUID), OpenBLAS
-  std::string file;          // the shared object opened
-  std::string threading;     // openblas_get_parallel(): "openmp", "pthreads" or "sequential"
-  int threads_per_call = 1;  // threads one sgemm uses inside ringattn's parallel regions
-  std::string small_gemm;    // what the kernels' tile products run on (cpu_small_gemm.hpp)
-  std::string vector_kernels;  // the softmax steps' variant and who chose it (cpu_isa.hpp)
-  std::string summary() const;
-};
+// BlasInfo: ringattn/stats.hpp (it reaches callers through EngineStats).
+using ringattn::BlasInfo;
 
 // Opens OpenBLAS on first use (thread-safe) and says what it is. Which file: the one named by
 // RINGATTN_BLAS_LIBRARY if set, else the OpenMP build found at configure time, else

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/patterns.hpp"
 #include "ringattn/reference.hpp"
 
 namespace ringattn {

@@ -18,15 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "ringattn/transport.hpp"
+
 namespace ringattn::ring {
 
 enum class MemorySpace { host, device };
 
-struct Transfer {
-  int peer = -1;
-  void* data = nullptr;
-  std::size_t bytes = 0;
-};
+// One message of an exchange (the public transport's type: a caller's transport takes the
+// ring's exchanges as they are).
+using Transfer = ringattn::Transfer;
 
 // A posted group of sends and receives.
 class PendingExchange {

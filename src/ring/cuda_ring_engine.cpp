@@ -21,16 +21,17 @@
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
-#include "ring/device_schedule.hpp"
+#include "single/device_schedule.hpp"
 #if RINGATTN_RING_CUDNN
 #include "kernels/cuda/cudnn_graphs.hpp"
 #include "ring/ring_cudnn_views.hpp"
 #endif
+#include "core/patterns.hpp"
 #include "ring/progress_thread.hpp"
 #include "ring/ring_protocol.hpp"
-#include "ring/schedule.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
+#include "single/schedule.hpp"
 
 namespace ringattn::ring {
 
@@ -39,18 +40,6 @@ namespace kc = kernels::cuda;
 namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-kc::Elem elem_of(DeviceDType t) {
-  switch (t) {
-    case DeviceDType::fp16:
-      return kc::Elem::fp16;
-    case DeviceDType::fp32:
-      return kc::Elem::fp32;
-    case DeviceDType::bf16:
-      break;
-  }
-  return kc::Elem::bf16;
-}
 
 template <typename T>
 kc::DeviceAllocation upload(const std::vector<T>& v, const char* what, int device,
@@ -559,7 +548,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
-  m.elem = elem_of(opts.dtype);
+  m.elem = kc::elem_of(opts.dtype);
   if (comm.size() > 1 && comm.memory_space() != MemorySpace::device)
     throw InputError("--device", "'cuda' with several ranks needs a device communicator (NCCL)");
   const CudaDeviceStatus dev = probe_cuda_device(opts.device);

@@ -18,7 +18,7 @@
 #include "ring/ring_engine.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
-#include "ringattn/cuda_plan.hpp"
+#include "single/cuda_plan.hpp"
 
 namespace ringattn::ring {
 

@@ -1,6 +1,8 @@
 // The MPI backend of the communicator: nonblocking point-to-point over host memory, split
 // into pieces below MPI's int count limit, and the collectives the CLI needs. Every MPI call
 // is checked and a failure throws with file:line, the rank and MPI's own message.
+#include "ring/mpi_communicator.hpp"
+
 #include <mpi.h>
 #include <unistd.h>
 
@@ -17,7 +19,6 @@
 
 #include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
-#include "ringattn/mpi.hpp"
 
 #define RINGATTN_MPI_CHECK(call)                                                        \
   do {                                                                                  \
@@ -255,12 +256,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv) {
   return std::make_unique<MpiCommunicator>(argc, argv);
 }
 
-}  // namespace ringattn::ring
-
-namespace ringattn {
-
-Comm mpi_comm(MPI_Comm comm) {
-  return Comm(std::shared_ptr<ring::Communicator>(std::make_unique<ring::MpiCommunicator>(comm)));
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  return std::make_unique<MpiCommunicator>(comm);
 }
 
-}  // namespace ringattn
+}  // namespace ringattn::ring

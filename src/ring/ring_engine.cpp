@@ -12,12 +12,13 @@
 #include <string>
 #include <utility>
 
+#include "core/patterns.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "ring/host_exchanges.hpp"
 #include "ring/ring_protocol.hpp"
-#include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
+#include "single/schedule.hpp"
 
 namespace ringattn::ring {
 

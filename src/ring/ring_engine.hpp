@@ -14,7 +14,7 @@
 #include "ring/progress_thread.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
-#include "ringattn/plan.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn::ring {
 

@@ -7,7 +7,8 @@
 #include <map>
 #include <tuple>
 
-#include "ring/schedule.hpp"
+#include "core/patterns.hpp"
+#include "single/schedule.hpp"
 
 namespace ringattn::ring {
 

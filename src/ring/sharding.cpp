@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/patterns.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::ring {

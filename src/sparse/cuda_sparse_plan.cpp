@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/patterns.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
@@ -30,29 +31,7 @@ namespace kc = kernels::cuda;
 
 namespace {
 
-kc::Elem elem_of(DeviceDType t) {
-  switch (t) {
-    case DeviceDType::bf16:
-      return kc::Elem::bf16;
-    case DeviceDType::fp16:
-      return kc::Elem::fp16;
-    case DeviceDType::fp32:
-      return kc::Elem::fp32;
-  }
-  return kc::Elem::bf16;
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-template <typename T>
-kc::DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, int device,
-                                   cudaStream_t stream) {
-  kc::DeviceAllocation a(v.size() * sizeof(T), what, device, stream);
-  if (!v.empty())
-    RINGATTN_CUDA_CHECK(
-        cudaMemcpyAsync(a.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
-  return a;
-}
 
 // One set of work lists on the device: query tiles with key spans (forward, dQ) and key tiles
 // with query spans (dK/dV), with their work items.
@@ -72,12 +51,12 @@ struct DeviceLists {
     const std::vector<kernels::ForwardItem> ki = sparse_key_items(kt, qs, causal, kc::kKeyTile);
     n_q_items = static_cast<int64_t>(qi.size());
     n_k_items = static_cast<int64_t>(ki.size());
-    q_tiles = upload_vector(qt, "the block-sparse query tiles", device, stream);
-    key_spans = upload_vector(ks, "the block-sparse key spans", device, stream);
-    q_items = upload_vector(qi, "the block-sparse query work items", device, stream);
-    k_tiles = upload_vector(kt, "the block-sparse key tiles", device, stream);
-    query_spans = upload_vector(qs, "the block-sparse query spans", device, stream);
-    k_items = upload_vector(ki, "the block-sparse key work items", device, stream);
+    q_tiles = kc::upload_vector(qt, "the block-sparse query tiles", device, stream);
+    key_spans = kc::upload_vector(ks, "the block-sparse key spans", device, stream);
+    q_items = kc::upload_vector(qi, "the block-sparse query work items", device, stream);
+    k_tiles = kc::upload_vector(kt, "the block-sparse key tiles", device, stream);
+    query_spans = kc::upload_vector(qs, "the block-sparse query spans", device, stream);
+    k_items = kc::upload_vector(ki, "the block-sparse key work items", device, stream);
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before qi, ki go
     auto ok = [](int64_t x) { return x % 8 == 0; };
     for (const auto& t : qt) rows_aligned = rows_aligned && ok(t.q_row0);
@@ -198,8 +177,8 @@ struct CudaSparsePlan::Impl {
       ret_slots.emplace_back(first, static_cast<int64_t>(ret.size()) - first);
       ret_slot_rows.push_back(rows);
     }
-    send_runs = upload_vector(runs, "the block-sparse send lists", dev, stream);
-    ret_runs = upload_vector(ret, "the block-sparse return lists", dev, stream);
+    send_runs = kc::upload_vector(runs, "the block-sparse send lists", dev, stream);
+    ret_runs = kc::upload_vector(ret, "the block-sparse return lists", dev, stream);
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before runs, ret go
     const auto kv = [&](int64_t rows, std::size_t bytes) {
       return static_cast<std::size_t>(2 * rows * D) * bytes;
@@ -226,7 +205,7 @@ struct CudaSparsePlan::Impl {
     cfg = c;
     lists = std::move(l);
     opts = o;
-    elem = elem_of(o.dtype);
+    elem = kc::elem_of(o.dtype);
     device = probe_cuda_device(o.device);
     if (!device.usable) throw InputError("--device", "'cuda' cannot be used: " + device.reason);
   }

@@ -21,7 +21,7 @@
 #include "ring/ring_engine.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"
-#include "ringattn/cuda_plan.hpp"
+#include "single/cuda_plan.hpp"
 #include "sparse/block_lists.hpp"
 
 namespace ringattn::sparse {

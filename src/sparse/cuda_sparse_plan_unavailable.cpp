@@ -1,6 +1,6 @@
 // CudaSparsePlan in a build without CUDA: the interface exists so that the CLI compiles
 // unchanged, and constructing it says, naming --device, that this build has no CUDA kernels.
-#include "ringattn/errors.hpp"
+#include "kernels/cuda/unavailable.hpp"
 #include "sparse/cuda_sparse_plan.hpp"
 
 namespace ringattn::sparse {
@@ -9,9 +9,7 @@ struct CudaSparsePlan::Impl {};
 
 CudaSparsePlan::CudaSparsePlan(const AttentionConfig&, std::shared_ptr<const BlockLists>,
                                CudaPlanOptions) {
-  throw InputError("--device",
-                   "this build of ringattn has no CUDA kernels (the CUDA toolkit was not found "
-                   "at configure time, or RINGATTN_WITH_CUDA=OFF)");
+  kernels::cuda::no_cuda();
 }
 CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
                                ring::Communicator&, CudaPlanOptions opts, ring::RingOptions)

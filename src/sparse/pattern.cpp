@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "ringattn/errors.hpp"
-#include "core/quote.hpp"
+#include "ringattn/quote.hpp"
 
 namespace ringattn::sparse {
 

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <tuple>
 
-#include "ring/schedule.hpp"
+#include "single/schedule.hpp"
 #include "sparse/token_rule.hpp"
 
 namespace ringattn::sparse {

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "ring/schedule.hpp"
+#include "single/schedule.hpp"
 #include "sparse/rank_work.hpp"
 
 namespace ringattn::sparse {

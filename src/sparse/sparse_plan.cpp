@@ -13,9 +13,9 @@
 
 #include "kernels/cpu_block_sparse.hpp"
 #include "ring/host_exchanges.hpp"
-#include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
+#include "single/schedule.hpp"
 #include "sparse/rank_work.hpp"
 #include "sparse/sparse_protocol.hpp"
 #include "sparse/token_rule.hpp"

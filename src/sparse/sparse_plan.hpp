@@ -15,7 +15,7 @@
 #include "ring/ring_engine.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"
-#include "ringattn/plan.hpp"
+#include "single/plan.hpp"
 #include "sparse/block_lists.hpp"
 
 namespace ringattn::sparse {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/patterns.hpp"
 #include "kernels/cpu_flash.hpp"
 
 namespace ringattn::sparse {

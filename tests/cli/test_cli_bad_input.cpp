@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "cli/npy.hpp"
 #include "cli_runner.hpp"
 #include "random.hpp"
-#include "ringattn/cuda_plan.hpp"
-#include "cli/npy.hpp"
+#include "single/cuda_plan.hpp"
 
 using ringattn::testing::CliResult;
 using ringattn::testing::run_cli;

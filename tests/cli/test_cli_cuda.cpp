@@ -16,8 +16,8 @@
 #include "cli_runner.hpp"
 #include "golden.hpp"
 #include "gpu_skip.hpp"
-#include "ringattn/cuda_plan.hpp"
 #include "ringattn/reference.hpp"
+#include "single/cuda_plan.hpp"
 
 namespace ringattn {
 namespace {

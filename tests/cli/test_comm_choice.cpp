@@ -3,8 +3,9 @@
 // choose_comm(); the CLI-reachable refusals are also run end to end (exit 2, naming the option).
 #include <gtest/gtest.h>
 
+#include "cli/comm_choice.hpp"
 #include "cli_runner.hpp"
-#include "ring/comm_choice.hpp"
+#include "ring/device_transport.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::cli {

@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "ringattn/cuda_plan.hpp"
+#include "single/cuda_plan.hpp"
 
 #define REQUIRE_GPU()                                                          \
   do {                                                                         \

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ringattn/config.hpp"
-#include "ringattn/plan.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn::testing {
 

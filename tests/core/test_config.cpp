@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/patterns.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/errors.hpp"
 

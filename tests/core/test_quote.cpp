@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "core/quote.hpp"
+#include "ringattn/quote.hpp"
 
 namespace ringattn {
 namespace {

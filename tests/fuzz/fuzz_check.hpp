@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "ringattn/errors.hpp"
-#include "core/quote.hpp"
+#include "ringattn/quote.hpp"
 
 namespace ringattn::fuzz {
 

@@ -11,11 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "cli/npy.hpp"
+#include "core/patterns.hpp"
 #include "fuzz_check.hpp"
 #include "memory_file.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"
-#include "cli/npy.hpp"
 
 namespace {
 

@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "cli/options.hpp"
+#include "core/patterns.hpp"
 #include "fuzz_check.hpp"
-#include "ring/schedule.hpp"
 #include "ringattn/config.hpp"
+#include "single/schedule.hpp"
 
 namespace {
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "job/comm_access.hpp"
 #include "job_cases.hpp"
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
@@ -83,7 +84,7 @@ TEST_P(EngineOnVirtualRanks, EveryRanksShardMatchesTheFloat64Reference) {
   std::vector<std::vector<int64_t>> rows(static_cast<std::size_t>(ranks));
   std::atomic<int64_t> bytes{0}, minimum{0};
   const int code = ring::run_virtual_ranks(ranks, [&](ring::Communicator& rc) {
-    Comm comm = Comm::borrow(rc);
+    Comm comm = CommAccess::borrow(rc);
     Engine e = make_engine(spec, comm);
     const auto r = static_cast<std::size_t>(comm.rank());
     rows[r] = e.local_rows();
@@ -164,7 +165,7 @@ TEST(EngineBlockSparse, EveryRankCountGivesTheOneRankResult) {
     ASSERT_EQ(ring::run_virtual_ranks(
                   ranks,
                   [&](ring::Communicator& rc) {
-                    Comm comm = Comm::borrow(rc);
+                    Comm comm = CommAccess::borrow(rc);
                     Engine e = make_engine(spec, comm);
                     const auto rows = e.local_rows();
                     const int64_t inner = s.heads * s.head_dim;
@@ -222,7 +223,7 @@ TEST_P(EngineMixedLayouts, QAndKvInTheirOwnLayoutsMatchTheFloat64Reference) {
         ring::run_virtual_ranks(
             ranks,
             [&](ring::Communicator& rc) {
-              Comm comm = Comm::borrow(rc);
+              Comm comm = CommAccess::borrow(rc);
               Engine e = make_engine(spec, comm);
               const auto rows = e.local_rows();
               const Shape4 ls = e.local_shape(), lkv = e.local_kv_shape();
@@ -306,7 +307,7 @@ TEST(EngineErrors, ABadFieldOnOneRankIsRaisedOnEveryRankNamingIt) {
                                       // N.
                                       spec.config.segments = {rc.rank() == ranks - 1 ? 40 : 96};
                                       spec.device = Device::cpu;
-                                      Comm comm = Comm::borrow(rc);
+                                      Comm comm = CommAccess::borrow(rc);
                                       try {
                                         (void)make_engine(spec, comm);
                                       } catch (const InputError& e) {

@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "gpu_skip.hpp"
+#include "job/comm_access.hpp"
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
-#include "ringattn/cuda_plan.hpp"
 #include "ringattn/reference.hpp"
 #include "ringattn/ringattn.hpp"
+#include "single/cuda_plan.hpp"
 
 namespace ringattn {
 namespace {
@@ -113,7 +114,7 @@ TEST(EngineCuda, VirtualRanksSharingAGpuMatchTheFloat64Reference) {
       ring::run_virtual_ranks(
           ranks,
           [&](ring::Communicator& rc) {
-            Comm comm = Comm::borrow(rc);
+            Comm comm = CommAccess::borrow(rc);
             Engine e = make_engine(spec, comm);
             const auto rows = e.local_rows();
             const int64_t inner = s.heads * s.head_dim;
@@ -189,7 +190,7 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
         ring::run_virtual_ranks(
             4,
             [&](ring::Communicator& rc) {
-              Comm comm = Comm::borrow(rc);
+              Comm comm = CommAccess::borrow(rc);
               Engine e = make_engine(spec, comm);
               const auto rows = e.local_rows();
               const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
@@ -291,7 +292,7 @@ TEST(EngineCuda, SinksOnEveryGpuPathMatchTheFloat64Reference) {
     ASSERT_EQ(ring::run_virtual_ranks(
                   run.ranks,
                   [&](ring::Communicator& rc) {
-                    Comm comm = Comm::borrow(rc);
+                    Comm comm = CommAccess::borrow(rc);
                     Engine e = make_engine(js, comm);
                     const auto r = static_cast<std::size_t>(comm.rank());
                     rows[r] = e.local_rows();
@@ -400,7 +401,7 @@ TEST(EngineCuda, MpiTransportIsRefusedNamingComm) {
   std::atomic<int> refused{0};
   ASSERT_EQ(ring::run_virtual_ranks(2,
                                     [&](ring::Communicator& rc) {
-                                      Comm comm = Comm::borrow(rc);
+                                      Comm comm = CommAccess::borrow(rc);
                                       try {
                                         (void)make_engine(spec, comm);
                                       } catch (const InputError& e) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "job/comm_access.hpp"
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ringattn/reference.hpp"
@@ -156,7 +157,7 @@ TEST_P(Sinks, EveryRanksShardAndTheSinksGradientMatchTheFloat64Reference) {
   std::vector<std::vector<float>> outs(rows.size()), lses(rows.size()), dqs(rows.size()),
       dks(rows.size()), dvs(rows.size()), dsinks(rows.size());
   const int code = ring::run_virtual_ranks(c.ranks, [&](ring::Communicator& rc) {
-    Comm comm = Comm::borrow(rc);
+    Comm comm = CommAccess::borrow(rc);
     Engine e = make_engine(spec, comm);
     const auto r = static_cast<std::size_t>(comm.rank());
     rows[r] = e.local_rows();

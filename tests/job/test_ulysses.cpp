@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "job/comm_access.hpp"
 #include "job_cases.hpp"
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
@@ -110,7 +111,7 @@ Whole run_job(const Case& c, int ranks, int u) {
                     whole.data() + (b * s.seq_len + rows[static_cast<std::size_t>(i)]) * width);
   };
   const int code = ring::run_virtual_ranks(ranks, [&](ring::Communicator& rc) {
-    Comm comm = Comm::borrow(rc);
+    Comm comm = CommAccess::borrow(rc);
     Engine e = make_engine(spec, comm);
     const std::vector<int64_t> rows = e.local_rows();
     if (rows != shard_rows(spec, ranks, comm.rank()))
@@ -189,7 +190,7 @@ std::string setup_error(const JobSpec& spec, int ranks) {
   std::mutex m;
   std::string error;
   ring::run_virtual_ranks(ranks, [&](ring::Communicator& rc) {
-    Comm comm = Comm::borrow(rc);
+    Comm comm = CommAccess::borrow(rc);
     try {
       (void)make_engine(spec, comm);
     } catch (const InputError& e) {
@@ -235,7 +236,7 @@ TEST(UlyssesSetup, AutoPicksASplitTheJobCanRun) {
   spec.ulysses = 0;
   std::atomic<int> seen{-1};
   ring::run_virtual_ranks(4, [&](ring::Communicator& rc) {
-    Comm comm = Comm::borrow(rc);
+    Comm comm = CommAccess::borrow(rc);
     Engine e = make_engine(spec, comm);
     seen = e.stats().ulysses;
     return 0;

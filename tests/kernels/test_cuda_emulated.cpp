@@ -30,7 +30,7 @@
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "random.hpp"
-#include "ringattn/cuda_plan.hpp"
+#include "single/cuda_plan.hpp"
 #include "sparse/block_lists.hpp"
 #include "sparse/cuda_sparse_plan.hpp"
 #include "sparse/pattern.hpp"

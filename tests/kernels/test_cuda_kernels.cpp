@@ -22,9 +22,9 @@
 #include "golden.hpp"
 #include "gpu_skip.hpp"
 #include "random.hpp"
-#include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/reference.hpp"
+#include "single/cuda_plan.hpp"
 #if RINGATTN_TEST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 

@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "golden.hpp"
-#include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn {
 namespace {

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "random.hpp"
-#include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn {
 namespace {

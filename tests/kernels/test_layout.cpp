@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "plan_runner.hpp"
-#include "ringattn/plan.hpp"
 #include "ringattn/tensor.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn {
 namespace {

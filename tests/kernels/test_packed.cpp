@@ -11,8 +11,8 @@
 
 #include "plan_runner.hpp"
 #include "ringattn/errors.hpp"
-#include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn {
 namespace {

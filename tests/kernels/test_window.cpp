@@ -14,8 +14,8 @@
 
 #include "plan_runner.hpp"
 #include "random.hpp"
-#include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn {
 namespace {

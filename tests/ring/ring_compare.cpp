@@ -12,8 +12,8 @@
 #include "random.hpp"
 #include "ring/ring_engine.hpp"
 #include "ring/sharding.hpp"
-#include "ringattn/plan.hpp"
 #include "ringattn/reference.hpp"
+#include "single/plan.hpp"
 
 namespace ringattn::testing {
 

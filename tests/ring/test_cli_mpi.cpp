@@ -11,8 +11,8 @@
 #include "cli/npy.hpp"
 #include "cli_runner.hpp"
 #include "golden.hpp"
-#include "ringattn/cuda_plan.hpp"
 #include "ringattn/reference.hpp"
+#include "single/cuda_plan.hpp"
 
 namespace ringattn {
 namespace {

@@ -30,9 +30,9 @@
 #include "ring/nccl_communicator.hpp"
 #include "ring/sharding.hpp"
 #include "ring_compare.hpp"
-#include "ringattn/cuda_plan.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/reference.hpp"
+#include "single/cuda_plan.hpp"
 
 namespace ringattn {
 namespace {

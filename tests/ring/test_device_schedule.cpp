@@ -1,4 +1,4 @@
-// The schedule as the CUDA kernels read it (ring/device_schedule.hpp), checked on the host:
+// The schedule as the CUDA kernels read it (single/device_schedule.hpp), checked on the host:
 // per pass, the query items cover every (task, query row) exactly once and the key items
 // every (task, key row) exactly once, with task indices into the flat array; pass ranges
 // are contiguous; row alignment for 16-byte copies is reported as the shapes imply.
@@ -7,8 +7,8 @@
 #include <map>
 
 #include "kernels/cuda/tiles.hpp"
-#include "ring/device_schedule.hpp"
-#include "ring/schedule.hpp"
+#include "single/device_schedule.hpp"
+#include "single/schedule.hpp"
 
 namespace ringattn::ring {
 namespace {

@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/patterns.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/errors.hpp"

@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "core/patterns.hpp"
+#include "ringattn/device.hpp"
 #include "ringattn/errors.hpp"
 
 // The handle the frontend's dynamic-loading mode resolves every cuDNN call through.

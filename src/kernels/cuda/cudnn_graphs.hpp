@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ringattn/config.hpp"
-#include "ringattn/cuda_plan.hpp"
+#include "ringattn/types.hpp"
 
 namespace ringattn::kernels::cuda {
 

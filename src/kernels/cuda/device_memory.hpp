@@ -11,7 +11,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <vector>
 
+#include "kernels/cuda/cuda_check.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -84,5 +86,16 @@ class DeviceAllocation {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
 };
+
+// A device copy of `v` (allocated and copied in order on `stream`).
+template <typename T>
+DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, int device,
+                               cudaStream_t stream) {
+  DeviceAllocation a(v.size() * sizeof(T), what, device, stream);
+  if (!v.empty())
+    RINGATTN_CUDA_CHECK(
+        cudaMemcpyAsync(a.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+  return a;
+}
 
 }  // namespace ringattn::kernels::cuda

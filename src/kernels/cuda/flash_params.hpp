@@ -13,6 +13,7 @@
 
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cuda/tiles.hpp"
+#include "ringattn/types.hpp"
 
 namespace ringattn::kernels::cuda {
 
@@ -20,6 +21,18 @@ enum class Elem { bf16, fp16, fp32 };
 
 const char* to_string(Elem e);
 inline int elem_bytes(Elem e) { return e == Elem::fp32 ? 4 : 2; }
+// The kernels' element type for a caller's DeviceDType.
+inline Elem elem_of(DeviceDType t) {
+  switch (t) {
+    case DeviceDType::fp16:
+      return Elem::fp16;
+    case DeviceDType::fp32:
+      return Elem::fp32;
+    case DeviceDType::bf16:
+      break;
+  }
+  return Elem::bf16;
+}
 
 struct FlashForwardParams {
   const void* q = nullptr;

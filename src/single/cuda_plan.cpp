@@ -1,7 +1,7 @@
-// CudaPlan (see include/ringattn/cuda_plan.hpp): the CPU Plan's schedule, flattened and
+// CudaPlan (see include/single/cuda_plan.hpp): the CPU Plan's schedule, flattened and
 // uploaded once, run by the CUDA kernels on one device and one stream. The kernel choice
 // (native, sm_90a or cuDNN) is made here; the kernels know nothing of patterns or ranks.
-#include "ringattn/cuda_plan.hpp"
+#include "single/cuda_plan.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -14,18 +14,19 @@
 #include <sstream>
 #include <utility>
 
+#include "core/patterns.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/host_convert.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
-#include "ring/device_schedule.hpp"
-#include "ring/schedule.hpp"
+#include "kernels/cuda/host_convert.hpp"
 #include "ringattn/errors.hpp"
+#include "single/device_schedule.hpp"
+#include "single/schedule.hpp"
 #if RINGATTN_HAVE_CUDNN
 #include "kernels/cuda/cudnn_sdpa.hpp"
 #endif
@@ -42,166 +43,10 @@ constexpr bool kCudnnBuilt = true;
 constexpr bool kCudnnBuilt = false;
 #endif
 
-kc::Elem elem_of(DeviceDType t) {
-  switch (t) {
-    case DeviceDType::bf16:
-      return kc::Elem::bf16;
-    case DeviceDType::fp16:
-      return kc::Elem::fp16;
-    case DeviceDType::fp32:
-      return kc::Elem::fp32;
-  }
-  return kc::Elem::bf16;
-}
-
 // 16-byte copies also need 16-byte aligned base pointers (a caller may pass offset views).
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <typename T>
-kc::DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, int device,
-                                   cudaStream_t stream) {
-  kc::DeviceAllocation a(v.size() * sizeof(T), what, device, stream);
-  if (!v.empty())
-    RINGATTN_CUDA_CHECK(
-        cudaMemcpyAsync(a.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
-  return a;
-}
-
 }  // namespace
-
-const char* to_string(DeviceDType t) { return kc::to_string(elem_of(t)); }
-
-const char* to_string(KernelChoice k) {
-  switch (k) {
-    case KernelChoice::automatic:
-      return "auto";
-    case KernelChoice::native:
-      return "native";
-    case KernelChoice::cudnn:
-      return "cudnn";
-    case KernelChoice::hopper:
-      return "hopper";
-  }
-  return "?";
-}
-
-bool cuda_built() noexcept { return true; }
-
-CudaDeviceStatus probe_cuda_device(int device) noexcept {
-  CudaDeviceStatus s;
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    s.reason = std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(err) + ": " +
-               cudaGetErrorString(err) + ")";
-    return s;
-  }
-  s.device_count = count;
-  if (count == 0) {
-    s.reason = "no CUDA device (cudaGetDeviceCount: 0 devices)";
-    return s;
-  }
-  if (device < 0 || device >= count) {
-    s.reason = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
-               " visible)";
-    return s;
-  }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s.reason = "cannot read the properties of device " + std::to_string(device);
-    return s;
-  }
-  s.name = prop.name;
-  s.cc_major = prop.major;
-  s.cc_minor = prop.minor;
-  s.total_bytes = prop.totalGlobalMem;
-#if RINGATTN_CUDA_EMULATION
-  s.emulated = true;
-#endif
-  if (prop.major < 8) {
-    s.reason = s.name + " has compute capability " + std::to_string(prop.major) + "." +
-               std::to_string(prop.minor) + "; the kernels need 8.0 or newer (mma.sync bf16)";
-    return s;
-  }
-  s.usable = true;
-  return s;
-}
-
-// ---- DeviceBuffer -------------------------------------------------------------------------
-// Every entry point makes the buffer's device current (and puts the caller's back): the
-// legacy default stream these use is per device.
-DeviceBuffer::DeviceBuffer(std::size_t bytes, const char* what, int device) : device_(device) {
-  const kc::ScopedDevice on(device);
-  ptr_ = kc::device_allocate(bytes, what, device, nullptr);
-  bytes_ = bytes;
-  // Allocated on the legacy default stream: usable by any stream once that is done.
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-}
-DeviceBuffer::~DeviceBuffer() {
-  if (!ptr_) return;
-  const kc::ScopedDevice on(device_, std::nothrow);
-  kc::device_free(ptr_, bytes_, device_, nullptr);
-  kc::release_unused_device_memory(device_);
-}
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) {
-  o.ptr_ = nullptr;
-  o.bytes_ = 0;
-}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    if (ptr_) {
-      const kc::ScopedDevice on(device_, std::nothrow);
-      kc::device_free(ptr_, bytes_, device_, nullptr);
-    }
-    ptr_ = o.ptr_;
-    bytes_ = o.bytes_;
-    device_ = o.device_;
-    o.ptr_ = nullptr;
-    o.bytes_ = 0;
-  }
-  return *this;
-}
-
-void DeviceBuffer::upload(const float* host, std::size_t count, DeviceDType t) {
-  const kc::ScopedDevice on(device_);
-  const kc::Elem e = elem_of(t);
-  const std::size_t bytes = count * static_cast<std::size_t>(kc::elem_bytes(e));
-  if (bytes > bytes_) throw RuntimeFailure("DeviceBuffer::upload: buffer too small");
-  if (e == kc::Elem::fp32) {
-    RINGATTN_CUDA_CHECK(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice));
-    return;
-  }
-  // Converted in pieces so the host copy stays small.
-  constexpr std::size_t kChunk = std::size_t{1} << 24;
-  std::vector<uint16_t> staging(std::min(count, kChunk));
-  for (std::size_t i = 0; i < count; i += kChunk) {
-    const std::size_t n = std::min(kChunk, count - i);
-    kc::convert_from_float(host + i, staging.data(), n, e);
-    RINGATTN_CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(ptr_) + i, staging.data(),
-                                   n * sizeof(uint16_t), cudaMemcpyHostToDevice));
-  }
-}
-
-void DeviceBuffer::download(float* host, std::size_t count) const {
-  if (count * sizeof(float) > bytes_) throw RuntimeFailure("DeviceBuffer::download: too many");
-  const kc::ScopedDevice on(device_);
-  RINGATTN_CUDA_CHECK(cudaMemcpy(host, ptr_, count * sizeof(float), cudaMemcpyDeviceToHost));
-}
-
-void DeviceBuffer::zero() {
-  const kc::ScopedDevice on(device_);
-  RINGATTN_CUDA_CHECK(cudaMemset(ptr_, 0, bytes_));
-}
-
-std::size_t device_bytes_now() noexcept { return kc::device_bytes_now(); }
-std::size_t device_bytes_peak() noexcept { return kc::device_bytes_peak(); }
-
-void round_to_device_dtype(float* data, std::size_t count, DeviceDType t) {
-  kc::round_through(data, count, elem_of(t));
-}
 
 // ---- CudaPlan -----------------------------------------------------------------------------
 struct CudaPlan::Impl {
@@ -222,13 +67,13 @@ struct CudaPlan::Impl {
   // tasks, each pass's items ordered into groups of one (query view, key view) each.
   bool use_hopper_tasks = false;
   kc::DeviceAllocation hopper_items;
-  std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source (as cu_host)
-  std::vector<int64_t> hopper_item0;                         // per pass, into hopper_items
+  std::vector<kernels::ForwardItem> hopper_items_host;          // the upload's source (as cu_host)
+  std::vector<int64_t> hopper_item0;                            // per pass, into hopper_items
   std::vector<std::vector<kc::HopperTaskGroup>> hopper_groups;  // per pass
   // Its backward's dK/dV items: each pass's k_ranges, each range's items grouped as above.
   kc::DeviceAllocation hopper_k_items;
   std::vector<kernels::ForwardItem> hopper_k_items_host;
-  std::vector<std::vector<int64_t>> hopper_k_item0;                       // per pass, range
+  std::vector<std::vector<int64_t>> hopper_k_item0;                            // per pass, range
   std::vector<std::vector<std::vector<kc::HopperTaskGroup>>> hopper_k_groups;  // per pass, range
   bool use_hopper_backward = false;
   bool decide_on_first_forward = false;
@@ -326,8 +171,8 @@ struct CudaPlan::Impl {
     std::vector<kernels::ForwardItem> ordered;
     for (const ring::DevicePass& pass : sched.passes) {
       std::vector<kc::HopperTaskGroup> groups;
-      const std::span<const kernels::ForwardItem> items(
-          sched.q_items.data() + pass.q_item0, static_cast<std::size_t>(pass.n_q_items));
+      const std::span<const kernels::ForwardItem> items(sched.q_items.data() + pass.q_item0,
+                                                        static_cast<std::size_t>(pass.n_q_items));
       if (std::string why = kc::hopper_task_groups(sched.tasks, items, shape, ordered, groups);
           !why.empty())
         return why;
@@ -335,7 +180,7 @@ struct CudaPlan::Impl {
       all.insert(all.end(), ordered.begin(), ordered.end());
       hopper_groups.push_back(std::move(groups));
     }
-    hopper_items = upload_vector(all, "the Hopper forward's work items", opts.device, stream);
+    hopper_items = kc::upload_vector(all, "the Hopper forward's work items", opts.device, stream);
     return "";
   }
 
@@ -364,7 +209,7 @@ struct CudaPlan::Impl {
       }
     }
     hopper_k_items =
-        upload_vector(all, "the Hopper backward's key work items", opts.device, stream);
+        kc::upload_vector(all, "the Hopper backward's key work items", opts.device, stream);
     return "";
   }
 
@@ -412,8 +257,8 @@ struct CudaPlan::Impl {
     } else if (cfg.attention != AttentionKind::dense) {
       why = "it takes dense and dilated attention only";
     } else {
-      why = kc::hopper_forward_unsupported(hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr),
-                                           opts.device);
+      why = kc::hopper_forward_unsupported(
+          hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr), opts.device);
       use_hopper = why.empty();
     }
     std::string why_backward = why;
@@ -429,7 +274,7 @@ struct CudaPlan::Impl {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
       cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
-      cu_seqlens = upload_vector(cu_host, "the packed documents' offsets", opts.device, stream);
+      cu_seqlens = kc::upload_vector(cu_host, "the packed documents' offsets", opts.device, stream);
     }
     return {why, why_backward};
   }
@@ -473,7 +318,8 @@ struct CudaPlan::Impl {
   // dq, dk, dv zeroed and the row sums D, as every backward here starts.
   void start_backward(const float* out, const void* dout, float* dq, float* dk, float* dv) {
     const Shape4& s = cfg.shape;
-    kc::start_backward(elem, {out, dout, delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
+    kc::start_backward(elem,
+                       {out, dout, delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
                        cfg.effective_kv_heads(), dq, dk, dv, stream);
   }
 
@@ -530,7 +376,8 @@ struct CudaPlan::Impl {
     p.head_dim = static_cast<int>(s.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
-    p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
+    p.vector_loads =
+        vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
     for (const ring::DevicePass& pass : sched.passes) {
       p.q_items = q_items.as<kernels::ForwardItem>() + pass.q_item0;
       p.n_q_items = pass.n_q_items;
@@ -547,9 +394,8 @@ struct CudaPlan::Impl {
     }
   }
 
-  void run_backward(bool cudnn_path, const void* q, const void* k, const void* v,
-                    const float* out, const float* lse, const void* dout, float* dq, float* dk,
-                    float* dv) {
+  void run_backward(bool cudnn_path, const void* q, const void* k, const void* v, const float* out,
+                    const float* lse, const void* dout, float* dq, float* dk, float* dv) {
 #if RINGATTN_HAVE_CUDNN
     if (cudnn_path) {
       cudnn->backward(q, k, v, out, lse, dout, dq, dk, dv, false, stream);
@@ -599,7 +445,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
-  m.elem = elem_of(opts.dtype);
+  m.elem = kc::elem_of(opts.dtype);
   m.device = probe_cuda_device(opts.device);
   if (!m.device.usable) throw InputError("--device", "'cuda' cannot be used: " + m.device.reason);
   const kc::ScopedDevice on(opts.device);
@@ -620,9 +466,9 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
   m.sched =
       ring::flatten_schedule(ring::build_local_schedule(cfg, tiles), cfg.causal, kc::kKeyTile);
-  m.tasks = upload_vector(m.sched.tasks, "the task list", opts.device, m.stream);
-  m.q_items = upload_vector(m.sched.q_items, "the query work items", opts.device, m.stream);
-  m.k_items = upload_vector(m.sched.k_items, "the key work items", opts.device, m.stream);
+  m.tasks = kc::upload_vector(m.sched.tasks, "the task list", opts.device, m.stream);
+  m.q_items = kc::upload_vector(m.sched.q_items, "the query work items", opts.device, m.stream);
+  m.k_items = kc::upload_vector(m.sched.k_items, "the key work items", opts.device, m.stream);
   const Shape4& s = cfg.shape;
   m.delta =
       kc::DeviceAllocation(static_cast<std::size_t>(s.batch * s.heads * s.seq_len) * sizeof(float),
@@ -832,9 +678,9 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
     }
     m.use_cudnn_backward = cudnn_ms < other_ms;
     std::ostringstream os;
-    os << std::fixed << std::setprecision(3) << "--kernel auto: backward "
-       << m.backward_fallback() << " " << other_ms << " ms, cudnn " << cudnn_ms
-       << " ms (median of 5); using " << (m.use_cudnn_backward ? "cudnn" : m.backward_fallback());
+    os << std::fixed << std::setprecision(3) << "--kernel auto: backward " << m.backward_fallback()
+       << " " << other_ms << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
+       << (m.use_cudnn_backward ? "cudnn" : m.backward_fallback());
     m.notes.push_back(os.str());
     if (!m.use_cudnn && !m.use_cudnn_backward) m.cudnn.reset();
 #endif

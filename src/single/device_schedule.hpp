@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu_flash.hpp"
-#include "ring/schedule.hpp"
+#include "single/schedule.hpp"
 
 namespace ringattn::ring {
 

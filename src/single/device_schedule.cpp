@@ -1,5 +1,5 @@
 // Flattens a LocalSchedule for the device (see device_schedule.hpp).
-#include "ring/device_schedule.hpp"
+#include "single/device_schedule.hpp"
 
 #include <algorithm>
 

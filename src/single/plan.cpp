@@ -1,7 +1,7 @@
 // The single-process engine behind Plan: validates the config, builds the schedule and the
 // per-thread workspace once, then runs kernel passes for forward and backward without
 // allocating.
-#include "ringattn/plan.hpp"
+#include "single/plan.hpp"
 
 #include <omp.h>
 
@@ -11,9 +11,9 @@
 #include <span>
 
 #include "kernels/cpu_flash.hpp"
-#include "ring/schedule.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
+#include "single/schedule.hpp"
 
 namespace ringattn {
 

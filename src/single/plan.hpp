@@ -1,7 +1,7 @@
 // A Plan is built once from a validated AttentionConfig: it decides tiling, builds the
 // schedule of subsequence tasks, and allocates every workspace the kernels need. forward()
 // and backward() then allocate nothing: the schedule *is* the cached pattern, and the
-// workspace is the memory pool. Most callers reach it through make_engine (ringattn.hpp).
+// workspace is the memory pool. Internal: callers reach it through make_engine (ringattn.hpp).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,8 @@
 // Printing text that came from outside the program (a .npy header field, a --config line, an
 // option value that may have come from a file) in an error message: escapes for every byte a
-// terminal could act on, and a cap on how much of it is shown.
+// terminal could act on, and a cap on how much of it is shown. ringattn's own messages quote
+// what they were given this way; a front end passes a whole message through printable()
+// before it reaches a terminal.
 #pragma once
 
 #include <cstddef>

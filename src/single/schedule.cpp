@@ -3,9 +3,11 @@
 // segments), as a strided view with stride dilation·H·D for queries and
 // dilation·HKV·D for keys (query head h reads K/V head h / (H / HKV) in place); with
 // [B, H, N, D] tensors (TensorLayout::bhnd) the strides are dilation·D.
-#include "ring/schedule.hpp"
+#include "single/schedule.hpp"
 
 #include <algorithm>
+
+#include "core/patterns.hpp"
 
 namespace ringattn::ring {
 
