@@ -122,22 +122,8 @@ def test_sequences_packed_through_position_ids_are_refused_not_attended_across()
 def test_a_model_with_sinks_over_ranks_and_ulysses_matches_eager():
     """Two processes over a gloo group (python/tests/transformers_ranks_job.py)."""
     import os
-    import socket
-    import subprocess
-    import sys
     import torch.distributed as dist
+    from gloo_jobs import run_two_ranks
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    job = os.path.join(os.path.dirname(__file__), "transformers_ranks_job.py")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-               OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, job], env=dict(env, RANK=str(r), LOCAL_RANK="0"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {r}:\n{out}"
-        assert f"rank {r}: OK" in out
+    run_two_ranks(os.path.join(os.path.dirname(__file__), "transformers_ranks_job.py"), 300)
