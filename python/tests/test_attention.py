@@ -6,6 +6,7 @@ import math
 import pathlib
 
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -474,9 +475,19 @@ def make_sinks(heads, seed):
     return sinks
 
 
+def sink_gradient_error(got, want_dsinks, want_out, want_lse, dout, sinks):
+    """The sinks' gradient error per head, relative to the size of the terms it sums
+    (sum_rows |e^{sink - lse} D|, D = rowsum(dout * out)): the sum cancels, so its own norm
+    says little about the accuracy a float32 engine can reach."""
+    d = (dout.double() * want_out).sum(-1).transpose(1, 2)  # [B, H, N]
+    terms = torch.exp(sinks.detach().double().view(1, -1, 1) - want_lse) * d
+    scale = terms.abs().sum((0, 2)).clamp_min(1e-30)
+    return ((got.detach().double() - want_dsinks).abs() / scale).max().item()
+
+
 @pytest.mark.parametrize("name,shape,kv_heads,kw", SINK_CASES, ids=[c[0] for c in SINK_CASES])
 def test_sinks_match_float64_reference_with_their_gradient(name, shape, kv_heads, kw):
-    q, k, v, dout = make_inputs(shape, kv_heads, seed=hash(name) % 1000 + 7)
+    q, k, v, dout = make_inputs(shape, kv_heads, seed=zlib.crc32(name.encode()) % 1000 + 7)
     sinks = make_sinks(shape[2], seed=3)
     for x in (q, k, v, sinks):
         x.requires_grad_()
@@ -484,10 +495,12 @@ def test_sinks_match_float64_reference_with_their_gradient(name, shape, kv_heads
     out.backward(dout)
     want = reference.forward_backward(q, k, v, dout, scale=kw.get("scale"), sinks=sinks,
                                       **reference_pattern(kw, shape))
-    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv", "dsinks"),
-                               (out, lse, q.grad, k.grad, v.grad, sinks.grad), want):
+    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv"),
+                               (out, lse, q.grad, k.grad, v.grad), want):
         err = reference.relative_error(got, ref)
         assert err <= TOLERANCE, f"{name}: {label} relative error {err:.2e}"
+    err = sink_gradient_error(sinks.grad, want[5], want[0], want[1], dout, sinks)
+    assert err <= TOLERANCE, f"{name}: dsinks error {err:.2e} of its terms' size"
     assert sinks.grad[shape[2] // 2] == 0, "a head without a sink has no sink gradient"
 
 
