@@ -18,6 +18,7 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_chosen
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
@@ -501,6 +502,7 @@ struct CudaRingPlan::Impl::Device {
       m.noted_unaligned_backward = true;
     }
     const auto& waves = m.steps[static_cast<std::size_t>(t)].waves;
+    const bool fused = kc::hopper_fused_backward_chosen(m.opts.deterministic, p.head_dim);
     for (std::size_t i = 0; hopper && i < waves.size(); ++i) {  // as CudaPlan's task backward
       const HopperWave& hw = m.hopper_waves[static_cast<std::size_t>(t)][i];
       p.tasks = m.tasks.as<kernels::SubseqTask>() + waves[i].task0;
@@ -509,7 +511,7 @@ struct CudaRingPlan::Impl::Device {
       for (std::size_t r = 0; r < hw.k_groups.size(); ++r) {
         p.k_items = m.hopper_k_items.as<kernels::ForwardItem>() + hw.k_item0[r];
         kc::hopper_task_backward(m.elem, p, m.hopper_shape(t), q_groups, hw.k_groups[r],
-                                 m.stream);
+                                 m.stream, fused);
         q_groups = {};
       }
       if (hw.k_groups.empty())

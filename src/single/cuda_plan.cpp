@@ -243,6 +243,7 @@ struct CudaPlan::Impl {
     static_cast<kc::HopperAttention&>(p) = hopper_attention();
     p.q = q, p.k = k, p.v = v, p.dout = dout, p.lse = lse, p.delta = delta.as<float>();
     p.dq = dq, p.dk = dk, p.dv = dv;
+    p.fused = kc::hopper_fused_backward_chosen(opts.deterministic, p.head_dim);
     return p;
   }
 
@@ -341,6 +342,7 @@ struct CudaPlan::Impl {
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
+    const bool fused = kc::hopper_fused_backward_chosen(opts.deterministic, p.head_dim);
     for (std::size_t i = 0; i < sched.passes.size(); ++i) {
       p.q_items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
       p.out_scale = sched.passes[i].out_scale;
@@ -349,7 +351,7 @@ struct CudaPlan::Impl {
       for (std::size_t r = 0; r < hopper_k_groups[i].size(); ++r) {
         p.k_items = hopper_k_items.as<kernels::ForwardItem>() + hopper_k_item0[i][r];
         kc::hopper_task_backward(elem, p, hopper_task_shape(), q_groups, hopper_k_groups[i][r],
-                                 stream);
+                                 stream, fused);
         q_groups = {};
       }
       if (hopper_k_groups[i].empty())

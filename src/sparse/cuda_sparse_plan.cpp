@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_chosen
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
@@ -410,7 +411,8 @@ struct CudaSparsePlan::Impl::Device {
       const kc::SparseBackwardParams p = m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv);
       if (m.use_hopper_backward && aligned16(q) && aligned16(k) && aligned16(v) &&
           aligned16(dout)) {
-        kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(), m.stream);
+        kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(), m.stream,
+                                   kc::hopper_fused_backward_chosen(m.opts.deterministic, static_cast<int>(m.D)));
         return;
       }
       if (m.use_hopper_backward && !m.noted_unaligned_backward) {
@@ -428,7 +430,8 @@ struct CudaSparsePlan::Impl::Device {
                           static_cast<float*>(g.v));
     if (m.use_hopper_backward && aligned16(q) && aligned16(dout) && aligned16(r.k) &&
         aligned16(r.v)) {
-      kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(true), m.stream);
+      kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(true), m.stream,
+                                 kc::hopper_fused_backward_chosen(m.opts.deterministic, static_cast<int>(m.D)));
       return;
     }
     kc::sparse_backward(m.elem, p, m.stream);

@@ -732,6 +732,7 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
         bp.q = q.data(), bp.k = k.data(), bp.v = v.data(), bp.dout = dout.data();
         bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
         bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
+        bp.fused = kernels::cuda::hopper_fused_backward_chosen(false, d);
         kernels::cuda::hopper_backward(bp, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         DeviceResult got;

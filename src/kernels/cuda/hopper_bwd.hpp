@@ -1,7 +1,8 @@
 // The Hopper (sm_90a) dense backward: the gradients of hopper_forward's attention (causal,
 // sliding windows, packed documents, grouped-query heads; D = 64 or 128, bf16/fp16) from the
 // forward's lse, with the same pipeline (TMA loads under mbarriers, a producer and a consumer
-// warpgroup, wgmma) in two passes, each element written by one block (deterministic):
+// warpgroup, wgmma) in two passes, each element written by one block (deterministic), or
+// (`fused`, D <= 128) in one launch per key tile that also adds dQ's part by bulk reductions:
 //   dK/dV, a block per (64-key tile, K/V head, batch): K and V loaded once, the (Q, dO) tiles
 //     of every query tile and query head that sees the keys streamed through the ring, the
 //     products taken transposed (Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dK += dSᵀ·Q);
@@ -31,7 +32,15 @@ struct HopperBackwardParams : HopperAttention {
   float* dq = nullptr;           // [B, N, H, D], added into
   float* dk = nullptr;           // [B, N, HKV, D], added into
   float* dv = nullptr;           // [B, N, HKV, D], added into
+  // One fused launch instead of the two passes (hopper_bwd_fused_kernel: dQ added by bulk
+  // reductions in whatever order blocks finish, so not deterministic); D <= 128, else ignored.
+  bool fused = false;
 };
+
+// Whether a backward that need not be deterministic runs the fused kernel at `head_dim`: only
+// with RINGATTN_HOPPER_BWD=fused (read once), until an sm_90 has timed it against the two
+// passes (hopper_ab.py's "fused" column); never at D = 256.
+bool hopper_fused_backward_chosen(bool deterministic, int head_dim);
 
 // "" when hopper_backward can run `p` on `device`, else why not (the head dim, the dtype,
 // the device's compute capability, a build without sm_90a code).

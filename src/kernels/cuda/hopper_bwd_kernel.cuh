@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "kernels/cuda/hopper_tiles.cuh"
 
@@ -243,6 +245,236 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 #else
   (void)p;
 #endif
+}
+
+// The fused backward: one launch, a block per 64-key tile as hopper_bwd_dkdv_kernel's (K and V
+// resident, the (Q, dO) tiles of every query tile that sees the keys streamed through the
+// ring), which also takes dQ's part from its keys, dQ += dS·K, and adds it into dq with the
+// bulk reduce-add (cp.reduce.async.bulk .add.f32) instead of a second pass that recomputes S
+// and dP (five products a tile pair instead of seven). Blocks add into a dq row in whatever
+// order they reach it, so dq's fp32 sums are not deterministic: `--deterministic` runs the two
+// passes. D <= 128 (at D = 256 dK and dV alone fill the consumer's registers).
+//
+// Per query tile, the consumer warpgroup takes dSᵀ as hopper_bwd_dkdv_kernel does, then stores
+// it as dS (queries × keys, K-major, the 128-byte swizzle: a tile wgmma reads as register A)
+// to shared memory, meets at named barrier kDsReady, loads its rows of dS back as register A,
+// and takes dQ's part 64 columns at a time against the resident K (read N-major). Each part,
+// times the scale, goes to the staging rows (64 × kD fp32, row-major), fenced to the async
+// proxy; the consumers then arrive at kDqFull. The drain warp (the producer warpgroup's second)
+// waits there, issues one bulk reduce-add per staged row into dq (lanes take rows lane,
+// lane + 32), waits until the reductions have read the staging rows and arrives at kDqFree,
+// which the consumers wait at before they write the next tile's part. At exit the drain warp
+// waits for its reductions to complete.
+enum FusedBarrier : unsigned { kDsReady = 2, kDqFull = 3, kDqFree = 4 };
+constexpr unsigned kConsumerThreads = 128, kDrainThreads = 32;
+
+template <int kD>
+inline constexpr int kFusedBlocksPerSm = kD <= 64 ? 2 : 1;
+
+// `x`, its value hidden from the optimiser: the addresses and wgmma descriptors built from it
+// are then built where they are used, each tile, instead of being hoisted out of the walk
+// into registers (dS's 32 store addresses a lane, which made the fused kernel spill at D = 128).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+#if !RINGATTN_CUDA_EMULATION
+  asm volatile("" : "+r"(x));
+#endif
+  return x;
+}
+
+// The fused kernel's shared memory: Stages<kD, 2>'s (two resident tiles, a two-stage ring of
+// two), then the dS tile (one 64 × 64 box) and the staging rows (64 × kD fp32).
+__host__ __device__ constexpr uint32_t fused_stage_end(int head_dim) {
+  return 1024 + 6 * tile_bytes(head_dim);  // from Stages::base
+}
+__host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim) {
+  return smem_bytes(head_dim, 2) + kBoxBytes + 4u * kRows * static_cast<uint32_t>(head_dim);
+}
+
+// Stores this lane's part of dSᵀ (accumulator layout: rows keys local0, local0 + 8; columns
+// queries) as dS in `tile` (row = query, 64 keys of 2 bytes, K-major, 128-byte swizzle: the
+// 16-byte chunk index of a row XORed with row % 8), rounded to the element type.
+template <bool kBf16>
+__device__ __forceinline__ void store_ds(uint32_t tile, const float (&dst)[32], int local0,
+                                         int lane) {
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  const auto base = dynamic_smem<uint16_t>();
+  const uint32_t base_addr = u32(smem_addr(base));
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int key = local0 + 8 * acc_row(i), query = acc_col(i, lane);
+    const int byte = 2 * key;
+    const uint32_t at_byte = tile + static_cast<uint32_t>(query) * 128u +
+                             static_cast<uint32_t>(((byte / 16) ^ (query % 8)) * 16 + byte % 16);
+    base[(at_byte - base_addr) / 2] = static_cast<uint16_t>(pack2<T>(dst[i], 0.0f) & 0xffffu);
+  }
+}
+
+// The drain warp: for every query tile the block walks (the same walk as the producer's and
+// the consumers'), waits for its staged dQ part and adds each row into dq with one bulk
+// reduce-add; see hopper_bwd_fused_kernel.
+template <int kD, class Work>
+__device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p, const QueryRows& kr,
+                                         uint32_t staging, int lane) {
+  constexpr uint32_t kRowBytes = 4u * kD;
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;
+  bool more = p.work.next(cursor, t);
+  if (more) ptx::named_barrier_arrive(kDqFree, kConsumerThreads + kDrainThreads);
+  while (more) {
+    int count = 0;
+    const Strided rows = p.work.column_grads(cursor, t, kD, count);
+    ptx::named_barrier_sync(kDqFull, kConsumerThreads + kDrainThreads);
+    for (int r = lane; r < count; r += 32)
+      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride,
+                               at(staging + static_cast<uint32_t>(r) * kRowBytes), kRowBytes);
+    ptx::bulk_commit_group();
+    ptx::bulk_wait_group_read<0>();
+    more = p.work.next(cursor, t);
+    __syncwarp();
+    if (more) ptx::named_barrier_arrive(kDqFree, kConsumerThreads + kDrainThreads);
+  }
+  ptx::bulk_wait_group<0>();
+}
+
+template <int kD, bool kBf16, class Work>
+__global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
+    hopper_bwd_fused_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(kD <= 128, "dK, dV and dQ's part fit the consumer's registers at D <= 128");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  // Registers a thread: the producer warpgroup keeps 40 (its drain warp walks the work too: at
+  // 32 the block-sparse walk spilled 96 bytes). Two blocks an SM (D = 64) split the rest,
+  // 216 a consumer thread; one block (D = 128) lets the consumer take 248 (at 232 it spilled:
+  // dK, dV, dQ's part and dS beside the walk's state).
+  constexpr unsigned kProducer = 40u;
+  constexpr unsigned kConsumer = kFusedBlocksPerSm<kD> == 2 ? 216u : 248u;
+  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
+  const uint32_t ds_tile = st.base + fused_stage_end(kD), staging = ds_tile + kBoxBytes;
+  const QueryRows kr = p.work.query_rows(kD);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  st.init_barriers();
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ
+    ptx::setmaxnreg<false, kProducer>();
+    if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
+    if (warp == 1) drain_dq<kD>(p, kr, staging, lane);
+    return;
+  }
+
+  ptx::setmaxnreg<true, kConsumer>();
+  const int local0 = 16 * (warp - 4) + lane / 4;  // this lane's keys, then its dS/dQ queries
+  // A key row past the block's (the resident box's next rows: another task's or view's keys,
+  // or zero fill) sees nothing: its dK and dV are never written, but its dS would reach dQ.
+  Reach reach[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    reach[r] = local0 + 8 * r < kr.rows ? p.work.reach(kr, local0 + 8 * r) : Reach{0, 0};
+  float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  [[maybe_unused]] uint32_t no_regs[1][4];
+  const auto sbase = dynamic_smem<float>();
+  const uint32_t sbase_addr = u32(smem_addr(sbase));
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
+    const Strided stats = p.work.column_stats(cursor, t);
+    Reach cols[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
+    const uint32_t k_tile = opaque(st.resident(0)), v_tile = opaque(st.resident(1));
+    float pt[32];  // Sᵀ, then Pᵀ, then dSᵀ (as hopper_bwd_dkdv_kernel)
+    issue_a_bt<kD, kBf16, false>(pt, no_regs, k_tile, st.ring(0, s));
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int col = 8 * c + 2 * (lane % 4) + u;
+        const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
+        const float lse2 =
+            seen0 || seen1 ? lse_log2(p.lse, stats.at + col * stats.stride) : INFINITY;
+        float& p0 = pt[4 * c + u];
+        float& p1 = pt[4 * c + 2 + u];
+        p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
+        p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
+      }
+    product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO
+    float dpt[32];
+    issue_a_bt<kD, kBf16, false>(dpt, no_regs, v_tile, st.ring(1, s));
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int col = 8 * c + 2 * (lane % 4) + u;
+        const bool any = seen(cols[0], col) || seen(cols[1], col);
+        const float dlt = any ? p.delta[stats.at + col * stats.stride] * p.delta_factor : 0.0f;
+        pt[4 * c + u] *= dpt[4 * c + u] * p.dout_scale - dlt;
+        pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * p.dout_scale - dlt;
+      }
+    product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
+    ptx::mbarrier_arrive(at(st.empty(s)));          // Q and dO are no longer read
+    store_ds<kBf16>(ds_tile, pt, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                    static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    __syncwarp();
+    ptx::named_barrier_sync(kDsReady, kConsumerThreads);
+    uint32_t ds[4][4];
+    load_a_fragments<64>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                         static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    ptx::named_barrier_sync(kDqFree, kConsumerThreads + kDrainThreads);
+#pragma unroll
+    for (int chunk = 0; chunk < kD / 64; ++chunk) {
+      float dq[32];  // dQ's part, columns [64·chunk, 64·chunk + 64): dS·K
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        ptx::wgmma_rs_tb<64, kBf16>(
+            dq, ds[kk],
+            sw128_desc(opaque(st.resident(0)) + static_cast<uint32_t>(chunk) * kBoxBytes +
+                           2048u * static_cast<uint32_t>(kk),
+                       kBoxBytes, 1024),
+            kk > 0 ? 1 : 0);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const int row = row0 + 8 * acc_row(i), col = 64 * chunk + acc_col(i, lane);
+        const uint32_t at_byte = staging + static_cast<uint32_t>(row * kD + col) * 4u;
+        const auto dst = sbase + static_cast<std::ptrdiff_t>((at_byte - sbase_addr) / 4);
+        dst[0] = dq[i] * p.scale;
+        dst[1] = dq[i + 1] * p.scale;
+      }
+    }
+    ptx::fence_proxy_async_shared();
+    __syncwarp();
+    ptx::named_barrier_arrive(kDqFull, kConsumerThreads + kDrainThreads);
+  }
+  const Strided out = p.work.grad_rows(kr, kD);
+  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
+  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, local0, lane);
+#else
+  (void)p;
+#endif
+}
+
+// The fused backward over work whose rows are keys (one launch; D <= 128).
+template <class Work>
+void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                           cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    if constexpr (kD <= 128)
+      launch("hopper_bwd_fused_kernel", &hopper_bwd_fused_kernel<kD, kBf16, Work>, a, grid,
+             static_cast<int>(fused_smem_bytes(kD)), stream);
+    else
+      throw RuntimeFailure("the fused Hopper backward runs D <= 128, not " +
+                           std::to_string(kD));
+  });
 }
 
 // One pass: hopper_bwd_dkdv_kernel where the work's rows are keys (kKeyRows; at D = 256 as

@@ -108,6 +108,14 @@ struct DenseWork {
   __device__ __forceinline__ Strided column_stats(const Cursor&, const KeyTile& t) const {
     return {(static_cast<int64_t>(t.b) * heads + t.h) * seq_len + t.n, 1};
   }
+  // A walked query tile's rows in dq (the fused backward's) and how many there are (the last
+  // tile's stop at N).
+  __device__ __forceinline__ Strided column_grads(const Cursor&, const KeyTile& t, int head_dim,
+                                                  int& count) const {
+    count = seq_len - t.n < kRows ? seq_len - t.n : kRows;
+    return {((static_cast<int64_t>(t.b) * seq_len + t.n) * heads + t.h) * head_dim,
+            static_cast<int64_t>(heads) * head_dim};
+  }
 
   // Column positions: the window's, within the row's document.
   __device__ __forceinline__ Reach reach(const QueryRows& q, int local) const {

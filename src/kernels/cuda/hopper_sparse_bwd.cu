@@ -24,7 +24,7 @@ std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParam
 }
 
 void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperSparseShape& s,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool fused) {
   int device = 0;
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
   if (const std::string why = hopper_sparse_backward_unsupported(e, p, s, device); !why.empty())
@@ -37,7 +37,8 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
       hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
       hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim)};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
-  if (p.n_q_items > 0) {
+  fused = fused && p.head_dim <= 128 && p.n_k_items > 0;
+  if (p.n_q_items > 0 && !fused) {
     const auto a = hopper::backward_args(
         maps, p, 1.0f, 1.0f,
         hopper::SparseWork{p.q_tiles, p.key_spans, p.q_items, nullptr, nullptr, p.q_stride,
@@ -52,8 +53,12 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
         hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.lse_stride,
                               s.seq_len, s.heads, kv.heads, p.head_dim, kv.seq_len, p.causal,
                               p.window_left, p.window_right, reach.left, reach.right});
-    hopper::launch_backward_pass<true>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
-                                       stream);
+    if (fused)
+      hopper::launch_fused_backward(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
+                                    stream);
+    else
+      hopper::launch_backward_pass<true>(p.head_dim, e, a,
+                                         dim3(static_cast<unsigned>(p.n_k_items)), stream);
   }
 }
 

@@ -26,8 +26,9 @@ std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParam
                                                const HopperSparseShape& shape, int device);
 
 // Throws RuntimeFailure where hopper_sparse_backward_unsupported says why, or a tensor map is
-// refused.
+// refused. `fused` (D <= 128, else ignored): no dQ launch; the key tiles' launch is the fused
+// kernel, which adds dQ's part from its keys (not deterministic).
 void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperSparseShape& shape,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool fused = false);
 
 }  // namespace ringattn::kernels::cuda

@@ -182,6 +182,13 @@ struct SparseKeyWork {
   __device__ __forceinline__ Strided column_stats(const Cursor& c, const KeyTile& t) const {
     return {c.lse0 + static_cast<int64_t>(t.base - c.off) * lse_stride, lse_stride};
   }
+  // A walked query tile's rows in dq ([B, N, H, D]: the fused backward's) and how many.
+  __device__ __forceinline__ Strided column_grads(const Cursor&, const KeyTile& t, int,
+                                                  int& count) const {
+    count = t.limit < kRows ? t.limit : kRows;
+    return {((static_cast<int64_t>(t.b) * seq_len + t.n) * heads + t.h) * head_dim,
+            static_cast<int64_t>(heads) * head_dim};
+  }
 };
 
 // The K/V tensors' extents as the tensor maps and position_of take them: [B, N, HKV, D], or

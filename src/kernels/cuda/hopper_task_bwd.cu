@@ -17,7 +17,8 @@ std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, i
 
 void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTaskShape& s,
                           std::span<const HopperTaskGroup> q_groups,
-                          std::span<const HopperTaskGroup> k_groups, cudaStream_t stream) {
+                          std::span<const HopperTaskGroup> k_groups, cudaStream_t stream,
+                          bool fused) {
   int device = 0;
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
   if (const std::string why = hopper_task_backward_unsupported(e, s, device); !why.empty())
@@ -35,7 +36,9 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
         hopper::tensor_map(p.dout, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step)};
     return hopper::backward_args(m, p, dout_scale, delta_factor, work);
   };
+  fused = fused && s.head_dim <= 128 && !k_groups.empty();
   for (const HopperTaskGroup& g : q_groups) {
+    if (fused) break;  // the k groups' launches add dQ
     if (g.n_items == 0) continue;
     const hopper::TaskWork work{
         p.tasks,  p.q_items + g.item0, nullptr,    nullptr,  rows,     kv_rows,  s.heads,
@@ -48,8 +51,12 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
     const hopper::TaskKeyWork work{p.tasks,   p.k_items + g.item0, rows,     kv_rows,
                                    s.heads,   s.kv_heads,          s.head_dim, g.q_step,
                                    g.k_step,  p.causal};
-    hopper::launch_backward_pass<true>(s.head_dim, e, maps(g, work),
-                                       dim3(static_cast<unsigned>(g.n_items)), stream);
+    if (fused)
+      hopper::launch_fused_backward(s.head_dim, e, maps(g, work),
+                                    dim3(static_cast<unsigned>(g.n_items)), stream);
+    else
+      hopper::launch_backward_pass<true>(s.head_dim, e, maps(g, work),
+                                         dim3(static_cast<unsigned>(g.n_items)), stream);
   }
 }
 

@@ -26,10 +26,13 @@ std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, i
 // The dQ launches (one per q_groups entry, items from p.q_items) and then the dK/dV ones
 // (one per k_groups entry, items from p.k_items), on `stream`; p.n_q_items and p.n_k_items
 // are ignored. Each k group's items must write disjoint dK/dV rows (as a k_range's do).
+// `fused` (D <= 128 with k groups, else ignored): q_groups are not launched; each k group's
+// launch is the fused kernel, which adds dQ's part from its keys (not deterministic).
 // Throws RuntimeFailure where hopper_task_backward_unsupported says why, or a tensor map is
 // refused.
 void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTaskShape& s,
                           std::span<const HopperTaskGroup> q_groups,
-                          std::span<const HopperTaskGroup> k_groups, cudaStream_t stream);
+                          std::span<const HopperTaskGroup> k_groups, cudaStream_t stream,
+                          bool fused = false);
 
 }  // namespace ringattn::kernels::cuda

@@ -125,6 +125,7 @@ struct TaskKeyWork {
     int n0, h, b;              // the task's query 0 in the query view
     int off, n_q;              // the task's causal offset and queries
     int64_t lse0, lse_stride;  // the task's query 0 in lse/delta and its rows' stride there
+    int64_t q_row0, q_stride;  // the task's query 0 in q (and dq) and its rows' stride there
   };
 
   __device__ __forceinline__ const SubseqTask& task() const {
@@ -148,6 +149,7 @@ struct TaskKeyWork {
     c.i = static_cast<int>(queries.begin), c.i_end = static_cast<int>(queries.end);
     c.off = static_cast<int>(t.causal_offset), c.n_q = static_cast<int>(t.n_q);
     c.lse0 = t.lse0, c.lse_stride = t.lse_stride;
+    c.q_row0 = t.q_row0, c.q_stride = t.q_stride;
     hopper::position_of(t.q_row0, head_dim, heads, rows, c.n0, c.h, c.b);
     c.n0 /= q_step;
     return c;
@@ -176,6 +178,12 @@ struct TaskKeyWork {
   }
   __device__ __forceinline__ Strided column_stats(const Cursor& c, const KeyTile& tile) const {
     return {c.lse0 + static_cast<int64_t>(tile.base - c.off) * c.lse_stride, c.lse_stride};
+  }
+  // A walked query tile's rows in dq (the fused backward's) and how many there are.
+  __device__ __forceinline__ Strided column_grads(const Cursor& c, const KeyTile& tile, int,
+                                                  int& count) const {
+    count = tile.limit < kRows ? tile.limit : kRows;
+    return {c.q_row0 + static_cast<int64_t>(tile.base - c.off) * c.q_stride, c.q_stride};
   }
 };
 

@@ -22,6 +22,8 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
   throw RuntimeFailure("the Hopper forward kernel cannot run: " + hopper_forward_unsupported(p, 0));
 }
 
+bool hopper_fused_backward_chosen(bool, int) { return false; }
+
 std::string hopper_backward_unsupported(const HopperBackwardParams&, int) {
   return hopper_forward_unsupported(HopperForwardParams{}, 0);
 }
@@ -48,7 +50,7 @@ std::string hopper_sparse_backward_unsupported(Elem, const SparseBackwardParams&
 }
 
 void hopper_sparse_backward(Elem, const SparseBackwardParams&, const HopperSparseShape&,
-                            cudaStream_t) {
+                            cudaStream_t, bool) {
   throw RuntimeFailure("the Hopper block-sparse backward cannot run: " +
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
@@ -77,7 +79,7 @@ std::string hopper_task_backward_unsupported(Elem, const HopperTaskShape&, int) 
 
 void hopper_task_backward(Elem, const FlashBackwardParams&, const HopperTaskShape&,
                           std::span<const HopperTaskGroup>, std::span<const HopperTaskGroup>,
-                          cudaStream_t) {
+                          cudaStream_t, bool) {
   throw RuntimeFailure("the Hopper task backward cannot run: " +
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
