@@ -39,7 +39,8 @@
 # The first call on the next lent GPU (issues 46, 47, then 45): the gpu tests (attention sinks
 # on every GPU path, EngineCuda.Sinks*; the ring's cuDNN steps, CudaRing.Cudnn*), the Python
 # package on CUDA tensors (sinks with their gradient; the bf16 transformers models need
-# transformers, which the image lacks, and skip saying so), then the ring's cuDNN rows:
+# transformers, which the image lacks, and skip saying so), then the Hopper tests with the
+# fused backward and its A/B (hopper_ab.py's fused column), then the ring's cuDNN rows:
 #   QUICK=1 HOPPER_BUDGET_S=60 RING_BUDGET_S=140 bash bench/gpu/device_run.sh tests python hopper ring
 #
 # The GPU ring's cuDNN steps (--kernel cudnn, never run on a GPU before 5425c34): their gpu
@@ -181,9 +182,15 @@ run_hopper() {
   # steps on cuDNN (--kernel cudnn), never run on a GPU before it landed.
   pp="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG"
   local qr="@RINGATTN_HOPPER_QREGS=1"
+  # The fused backward (RINGATTN_HOPPER_BWD=fused), never run on a GPU before 0f505f3: dense,
+  # dilated, block-sparse and the ring's steps.
+  local fu="@RINGATTN_HOPPER_BWD=fused"
   for spec in "test_cuda_kernels:CudaHopper.*:CudaKernels.AutoRunsTheSm90a*" \
     "test_cuda_sparse:*Hopper*" \
-    "test_cuda_ring:*Hopper*:CudaRing.Cudnn*" "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" \
+    "test_cuda_ring:*Hopper*:CudaRing.Cudnn*" \
+    "test_cuda_kernels:CudaHopper.Backward*:CudaHopper.PlanRunsDilated*$fu" \
+    "test_cuda_sparse:*Hopper*$fu" "test_cuda_ring:*Hopper*$fu" \
+    "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" \
     "test_cuda_kernels:CudaHopper.*$qr" "test_cuda_sparse:*Hopper*$qr"; do
     t=${spec%%:*}
     filter=${spec#*:}
