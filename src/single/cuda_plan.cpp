@@ -76,6 +76,10 @@ struct CudaPlan::Impl {
   std::vector<std::vector<int64_t>> hopper_k_item0;                            // per pass, range
   std::vector<std::vector<std::vector<kc::HopperTaskGroup>>> hopper_k_groups;  // per pass, range
   bool use_hopper_backward = false;
+  // The sm_90a backward as the fused kernel (not deterministic), and whether the first
+  // backward times it against the two passes (hopper_fused_backward_rule).
+  bool fused_backward = false;
+  bool time_fused_backward = false;
   bool decide_on_first_forward = false;
   bool decide_on_first_backward = false;
   bool noted_unaligned = false;
@@ -243,7 +247,7 @@ struct CudaPlan::Impl {
     static_cast<kc::HopperAttention&>(p) = hopper_attention();
     p.q = q, p.k = k, p.v = v, p.dout = dout, p.lse = lse, p.delta = delta.as<float>();
     p.dq = dq, p.dk = dk, p.dv = dv;
-    p.fused = kc::hopper_fused_backward_chosen(opts.deterministic, p.head_dim);
+    p.fused = fused_backward;
     return p;
   }
 
@@ -271,6 +275,13 @@ struct CudaPlan::Impl {
     else if (use_hopper_tasks)
       why_backward = prepare_hopper_task_backward();
     use_hopper_backward = hopper_forward() && why_backward.empty();
+    if (use_hopper_backward) {
+      const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
+          opts.deterministic, static_cast<int>(cfg.shape.head_dim),
+          opts.kernel == KernelChoice::automatic);
+      fused_backward = rule == kc::FusedBackwardRule::fused;
+      time_fused_backward = rule == kc::FusedBackwardRule::timed;
+    }
     if (use_hopper && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
@@ -342,7 +353,7 @@ struct CudaPlan::Impl {
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
-    const bool fused = kc::hopper_fused_backward_chosen(opts.deterministic, p.head_dim);
+    const bool fused = fused_backward;
     for (std::size_t i = 0; i < sched.passes.size(); ++i) {
       p.q_items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
       p.out_scale = sched.passes[i].out_scale;
@@ -664,6 +675,26 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
       m.noted_unaligned_hopper_backward = true;
     }
     return m.native_backward(q, k, v, out, lse, dout, dq, dk, dv);
+  }
+  if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
+    m.time_fused_backward = false;
+    const double two_ms =
+        m.median_ms([&] { m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv); });
+    double fused_ms = std::numeric_limits<double>::infinity();
+    m.fused_backward = true;
+    try {
+      fused_ms = m.median_ms([&] { m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv); });
+    } catch (const RuntimeFailure& e) {
+      m.notes.push_back(std::string("--kernel auto: the fused sm_90a backward failed when run (") +
+                        e.what() + "); using its two passes");
+      (void)cudaGetLastError();
+    }
+    m.fused_backward = fused_ms < two_ms;
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(3) << "--kernel auto: the sm_90a backward in two passes "
+       << two_ms << " ms, fused " << fused_ms << " ms (median of 5); using "
+       << (m.fused_backward ? "the fused kernel" : "the two passes");
+    m.notes.push_back(os.str());
   }
   if (m.decide_on_first_backward) {
     m.decide_on_first_backward = false;

@@ -10,12 +10,29 @@
 
 namespace ringattn::kernels::cuda {
 
-bool hopper_fused_backward_chosen(bool deterministic, int head_dim) {
-  static const bool fused = [] {
-    const char* v = std::getenv("RINGATTN_HOPPER_BWD");
-    return v && std::string(v) == "fused";
+namespace {
+const std::string& hopper_bwd_env() {
+  static const std::string v = [] {
+    const char* e = std::getenv("RINGATTN_HOPPER_BWD");
+    return std::string(e ? e : "");
   }();
-  return fused && !deterministic && head_dim <= 128;
+  return v;
+}
+}  // namespace
+
+bool hopper_fused_backward_chosen(bool deterministic, int head_dim) {
+  return hopper_bwd_env() == "fused" && !deterministic && head_dim <= 128;
+}
+
+FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, bool automatic) {
+  if (deterministic || head_dim > 128) return FusedBackwardRule::two_pass;
+  const std::string& env = hopper_bwd_env();
+  if (env == "fused") return FusedBackwardRule::fused;
+  if (env == "two_pass" || !automatic) return FusedBackwardRule::two_pass;
+#if RINGATTN_CUDA_EMULATION
+  if (env != "auto") return FusedBackwardRule::two_pass;
+#endif
+  return FusedBackwardRule::timed;
 }
 
 std::string hopper_backward_unsupported(const HopperBackwardParams& p, int device) {

@@ -42,6 +42,14 @@ struct HopperBackwardParams : HopperAttention {
 // passes (hopper_ab.py's "fused" column); never at D = 256.
 bool hopper_fused_backward_chosen(bool deterministic, int head_dim);
 
+// How a plan picks between the two passes and the fused kernel: `two_pass`, `fused`, or
+// `timed` (both timed on the first backward, the faster kept). Deterministic runs and
+// D = 256 take the two passes; RINGATTN_HOPPER_BWD=fused or two_pass forces one; otherwise
+// `--kernel auto` (`automatic`) times them on a GPU, and on the emulated GPU only with
+// RINGATTN_HOPPER_BWD=auto (its timings say nothing of a GPU's, and cost CI's time).
+enum class FusedBackwardRule { two_pass, fused, timed };
+FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, bool automatic);
+
 // "" when hopper_backward can run `p` on `device`, else why not (the head dim, the dtype,
 // the device's compute capability, a build without sm_90a code).
 std::string hopper_backward_unsupported(const HopperBackwardParams& p, int device);

@@ -24,6 +24,10 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
 
 bool hopper_fused_backward_chosen(bool, int) { return false; }
 
+FusedBackwardRule hopper_fused_backward_rule(bool, int, bool) {
+  return FusedBackwardRule::two_pass;
+}
+
 std::string hopper_backward_unsupported(const HopperBackwardParams&, int) {
   return hopper_forward_unsupported(HopperForwardParams{}, 0);
 }
