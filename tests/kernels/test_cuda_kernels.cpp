@@ -28,6 +28,7 @@
 #if RINGATTN_TEST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/cudnn_sdpa.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"
@@ -1320,6 +1321,74 @@ TEST(CudaKernels, CudnnBackwardHelpersGatherStatsAndConvert) {
   d_y.download(y.data(), y.size());
   for (std::size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], 2 * rounded[i]) << i;
 }
+
+#if RINGATTN_CUDA_EMULATION || RINGATTN_TEST_HAVE_CUDNN
+// cuDNN's dilated backward (CudnnSdpa): a mixture's views merged by lse, each view's backward
+// from the job's out and lse, its gradients added in turn; grouped head groups, whose outputs
+// carry 1/G. Forward and backward against float64, causal and not, on cuDNN (a GPU) or its
+// stand-in (the emulated GPU).
+TEST(CudaKernels, CudnnDilatedBackwardMatchesTheFloat64Reference) {
+  REQUIRE_GPU();
+  const testing::CudnnStandinScope standin;  // the emulated GPU's; unused where cuDNN runs
+  for (const Combine combine : {Combine::mixture, Combine::grouped})
+    for (const bool causal : {false, true}) {
+      AttentionConfig cfg;
+      cfg.shape = {1, 256, 4, 64};
+      cfg.attention = AttentionKind::dilated;
+      cfg.combine = combine;
+      cfg.segments = {128, 256};
+      cfg.dilations = {1, 2};
+      cfg.causal = causal;
+      const std::string name =
+          std::string(to_string(combine)) + (causal ? " causal" : "") + " (cuDNN's backward)";
+      const Shape4& s = cfg.shape;
+      const auto n = static_cast<std::size_t>(s.numel());
+      const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
+      Inputs in{testing::random_normal(n, 151), testing::random_normal(n, 152),
+                testing::random_normal(n, 153), testing::random_normal(n, 154)};
+      for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
+        round_to_device_dtype(x->data(), x->size(), DeviceDType::bf16);
+      std::unique_ptr<kernels::cuda::CudnnSdpa> sdpa;
+      try {
+        sdpa = kernels::cuda::CudnnSdpa::create(cfg, kernels::cuda::Elem::bf16, 0, nullptr, true);
+      } catch (const kernels::cuda::CudnnUnavailable& e) {
+        GTEST_SKIP() << "SKIPPED: cuDNN cannot run " << name << ": " << e.what();
+      }
+      ASSERT_TRUE(sdpa->has_backward()) << name << ": " << sdpa->backward_refusal();
+      DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), dout(n * 2, "dout"),
+          out(n * 4, "out"), lse(nl * 4, "lse"), dq(n * 4, "dq"), dk(n * 4, "dk"), dv(n * 4, "dv");
+      q.upload(in.q.data(), n, DeviceDType::bf16);
+      k.upload(in.k.data(), n, DeviceDType::bf16);
+      v.upload(in.v.data(), n, DeviceDType::bf16);
+      dout.upload(in.dout.data(), n, DeviceDType::bf16);
+      for (DeviceBuffer* g : {&dq, &dk, &dv}) g->upload(nan_filled(n).data(), n, DeviceDType::fp32);
+      // Merged views add into out and lse (as a plan clears them): rows no view writes stay so.
+      const std::vector<float> zeros(n, 0.0f), no_key(nl, -std::numeric_limits<float>::infinity());
+      out.upload(zeros.data(), n, DeviceDType::fp32);
+      lse.upload(no_key.data(), nl, DeviceDType::fp32);
+      sdpa->forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), nullptr);
+      sdpa->backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
+                     dq.as<float>(), dk.as<float>(), dv.as<float>(), false, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> got_out(n), got_dq(n), got_dk(n), got_dv(n);
+      out.download(got_out.data(), n);
+      dq.download(got_dq.data(), n);
+      dk.download(got_dk.data(), n);
+      dv.download(got_dv.data(), n);
+      const ReferenceForward f = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+      const ReferenceGradients g =
+          reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+      std::printf("  %s:", name.c_str());
+      for (auto [got, want, what] : {std::tuple{&got_out, &f.out, "out"}, {&got_dq, &g.dq, "dq"},
+                                     {&got_dk, &g.dk, "dk"}, {&got_dv, &g.dv, "dv"}}) {
+        const double e = relative_error(got->data(), want->data(), got->size());
+        std::printf(" %s %.2e", what, e);
+        EXPECT_LE(e, tolerance(DeviceDType::bf16)) << name << " " << what;
+      }
+      std::printf("\n");
+    }
+}
+#endif
 #endif
 
 // ---- review fixes: each fails on the code before its fix ---------------------------------

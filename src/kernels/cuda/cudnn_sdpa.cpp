@@ -3,6 +3,7 @@
 #include "kernels/cuda/cudnn_sdpa.hpp"
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -17,11 +18,24 @@ namespace {
 
 DeviceDType dtype_of(Elem e) { return e == Elem::fp16 ? DeviceDType::fp16 : DeviceDType::bf16; }
 
-// The backward takes views that each write their rows once with the whole output: merged
-// (mixture) or scaled (several head groups) views need the native backward.
-bool backward_fits(const std::vector<SdpaView>& views) {
-  return std::all_of(views.begin(), views.end(),
-                     [](const SdpaView& v) { return !v.accumulate && v.out_scale == 1.0f; });
+// Which backward the views take: each view writing its own rows once (dense, packed, grouped
+// head groups: `disjoint`, their outputs sharing one out_scale), or views merged by lse
+// (mixture: `merged`, each view's gradients added in turn), else none.
+enum class BackwardViews { none, disjoint, merged };
+BackwardViews backward_views(const std::vector<SdpaView>& views) {
+  const SdpaView& v0 = views.front();
+  const bool same = std::all_of(views.begin(), views.end(), [&](const SdpaView& v) {
+    return v.accumulate == v0.accumulate && v.out_scale == v0.out_scale;
+  });
+  if (!same || (v0.accumulate && v0.out_scale != 1.0f)) return BackwardViews::none;
+  return v0.accumulate ? BackwardViews::merged : BackwardViews::disjoint;
+}
+
+StridedView strided(int64_t offset, int64_t batch, int64_t heads, int64_t rows, int64_t dim,
+                    const std::array<int64_t, 4>& strides) {
+  StridedView v{offset, {batch, heads, rows, dim}, {}};
+  for (std::size_t a = 0; a < 4; ++a) v.strides[a] = strides[a];
+  return v;
 }
 
 }  // namespace
@@ -30,7 +44,13 @@ struct CudnnSdpa::Impl {
   AttentionConfig cfg;
   Elem elem = Elem::bf16;
   std::unique_ptr<CudnnGraphPlan> plan;
+  std::vector<SdpaView> views;
   std::vector<ViewResultParams> places;
+  // The backward's views merge by lse (mixture: added view by view), and the factor every
+  // view's output carries (grouped: 1/G; the backward reads O as out / out_scale and scales
+  // the gradients by out_scale, dO's factor).
+  bool merged = false;
+  float out_scale = 1.0f;
   // Whether one view is all of lse in its own order ([B, H, N]): the stats are lse itself.
   bool stats_are_lse = false;
   // Whether the views leave rows or heads out (dilated): the gradient scratch is zeroed.
@@ -51,9 +71,13 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e,
   auto m = std::make_unique<Impl>();
   m->cfg = cfg;
   m->elem = e;
-  bool backward = with_backward && backward_fits(views);
+  const BackwardViews kind = backward_views(views);
+  bool backward = with_backward && kind != BackwardViews::none;
   if (with_backward && !backward)
-    m->backward_refusal = "merged or scaled views (dilated mixture, head groups)";
+    m->backward_refusal = "views that neither merge by lse nor share one output scale";
+  m->views = views;
+  m->merged = kind == BackwardViews::merged;
+  m->out_scale = views.front().out_scale;
   auto build = [&](bool with_bwd) {
     m->plan = std::make_unique<CudnnGraphPlan>(cfg, dtype_of(e), device, stream, with_bwd);
   };
@@ -122,7 +146,10 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
   if (!has_backward()) throw std::logic_error("CudnnSdpa: built without the backward");
   const Shape4& s = m.cfg.shape;
   const int64_t n_q = s.numel(), n_kv = m.cfg.kv_shape().numel();
-  launch_floats_to_elem(m.elem, out, m.o_scratch.get(), n_q, stream);
+  // Each view's backward from the job's out and lse: a merged view's softmax is the merged
+  // one restricted to its pairs, so its P = exp(s - lse) and D = rowsum(dO ∘ out) are the
+  // merged softmax's, and its gradients are its pairs' part of the job's.
+  launch_floats_to_elem(m.elem, out, m.o_scratch.get(), n_q, stream, 1.0f / m.out_scale);
   const float* stats = lse;
   if (!m.stats_are_lse) {
     for (std::size_t i = 0; i < m.places.size(); ++i) {
@@ -132,6 +159,26 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
     }
     stats = m.stats.as<float>();
   }
+  if (m.merged) {  // views share rows: each view's gradients added into the job's in turn
+    if (!add) {
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, static_cast<std::size_t>(n_q) * 4, stream));
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<std::size_t>(n_kv) * 4, stream));
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<std::size_t>(n_kv) * 4, stream));
+    }
+    for (std::size_t i = 0; i < m.views.size(); ++i) {
+      const SdpaView& w = m.views[i];
+      m.plan->backward_view(i, q, k, v, m.o_scratch.get(), dout, stats, m.dq_scratch.get(),
+                            m.dk_scratch.get(), m.dv_scratch.get());
+      const int64_t kv_rows = w.kv_rows > 0 ? w.kv_rows : w.rows;
+      launch_add_view(m.elem, m.dq_scratch.get(), dq,
+                      strided(w.q_offset, w.batch, w.heads, w.rows, w.head_dim, w.q_stride), stream);
+      const StridedView kv =
+          strided(w.kv_offset, w.batch, w.kv_heads, kv_rows, w.head_dim, w.kv_stride);
+      launch_add_view(m.elem, m.dk_scratch.get(), dk, kv, stream);
+      launch_add_view(m.elem, m.dv_scratch.get(), dv, kv, stream);
+    }
+    return;
+  }
   if (m.partial_cover) {
     const auto eb = static_cast<std::size_t>(elem_bytes(m.elem));
     RINGATTN_CUDA_CHECK(cudaMemsetAsync(m.dq_scratch.get(), 0, static_cast<std::size_t>(n_q) * eb, stream));
@@ -140,9 +187,9 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
   }
   m.plan->backward(q, k, v, m.o_scratch.get(), dout, stats, m.dq_scratch.get(),
                    m.dk_scratch.get(), m.dv_scratch.get());
-  launch_elem_to_floats(m.elem, m.dq_scratch.get(), dq, n_q, add, stream);
-  launch_elem_to_floats(m.elem, m.dk_scratch.get(), dk, n_kv, add, stream);
-  launch_elem_to_floats(m.elem, m.dv_scratch.get(), dv, n_kv, add, stream);
+  launch_elem_to_floats(m.elem, m.dq_scratch.get(), dq, n_q, add, stream, m.out_scale);
+  launch_elem_to_floats(m.elem, m.dk_scratch.get(), dk, n_kv, add, stream, m.out_scale);
+  launch_elem_to_floats(m.elem, m.dv_scratch.get(), dv, n_kv, add, stream, m.out_scale);
 }
 
 std::size_t CudnnSdpa::workspace_bytes() const {

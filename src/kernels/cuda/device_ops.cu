@@ -239,25 +239,26 @@ __global__ void gather_view_stats_kernel(const ViewResultParams p, float* stats)
 }
 
 template <typename T>
-__global__ void floats_to_elem_kernel(const float* src, T* dst, int64_t n) {
+__global__ void floats_to_elem_kernel(const float* src, T* dst, int64_t n, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      dst[i] = __float2bfloat16_rn(src[i]);
+      dst[i] = __float2bfloat16_rn(src[i] * scale);
     else
-      dst[i] = __float2half_rn(src[i]);
+      dst[i] = __float2half_rn(src[i] * scale);
   }
 }
 
 template <typename T>
-__global__ void elem_to_floats_kernel(const T* src, float* dst, int64_t n, bool add) {
+__global__ void elem_to_floats_kernel(const T* src, float* dst, int64_t n, bool add,
+                                      float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = add ? dst[i] + to_float(src[i]) : to_float(src[i]);
+    dst[i] = add ? dst[i] + to_float(src[i]) * scale : to_float(src[i]) * scale;
 }
 
 template <typename T>
-__global__ void add_view_kernel(const T* src, float* dst, const StridedView v) {
+__global__ void add_view_kernel(const T* src, float* dst, const StridedView v, float scale) {
   const int64_t n = v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3];
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -266,7 +267,7 @@ __global__ void add_view_kernel(const T* src, float* dst, const StridedView v) {
       at += rest % v.dims[a] * v.strides[a];
       rest /= v.dims[a];
     }
-    dst[at] += to_float(src[at]);
+    dst[at] += to_float(src[at]) * scale;
   }
 }
 
@@ -458,19 +459,22 @@ void launch_gather_view_stats(const ViewResultParams& p, float* stats, cudaStrea
   RINGATTN_CUDA_CHECK_LAUNCH("gather_view_stats_kernel");
 }
 
-void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaStream_t stream) {
+void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaStream_t stream,
+                           float scale) {
   if (n <= 0) return;
   const dim3 grid(blocks_for(n, kThreads * 4)), block(kThreads);
   switch (e) {
     case Elem::bf16:
       launch_kernel("floats_to_elem_kernel", &floats_to_elem_kernel<__nv_bfloat16>, grid, block, 0,
-                    stream, src, static_cast<__nv_bfloat16*>(dst), n);
+                    stream, src, static_cast<__nv_bfloat16*>(dst), n, scale);
       break;
     case Elem::fp16:
       launch_kernel("floats_to_elem_kernel", &floats_to_elem_kernel<__half>, grid, block, 0, stream,
-                    src, static_cast<__half*>(dst), n);
+                    src, static_cast<__half*>(dst), n, scale);
       break;
     case Elem::fp32:
+      if (scale != 1.0f)
+        throw RuntimeFailure("launch_floats_to_elem: a scaled fp32 copy is not implemented");
       RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, stream));
       return;
@@ -479,21 +483,21 @@ void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaS
 }
 
 void launch_elem_to_floats(Elem e, const void* src, float* dst, int64_t n, bool add,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, float scale) {
   if (n <= 0) return;
   const dim3 grid(blocks_for(n, kThreads * 4)), block(kThreads);
   switch (e) {
     case Elem::bf16:
       launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<__nv_bfloat16>, grid, block, 0,
-                    stream, static_cast<const __nv_bfloat16*>(src), dst, n, add);
+                    stream, static_cast<const __nv_bfloat16*>(src), dst, n, add, scale);
       break;
     case Elem::fp16:
       launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<__half>, grid, block, 0, stream,
-                    static_cast<const __half*>(src), dst, n, add);
+                    static_cast<const __half*>(src), dst, n, add, scale);
       break;
     case Elem::fp32:
       launch_kernel("elem_to_floats_kernel", &elem_to_floats_kernel<float>, grid, block, 0, stream,
-                    static_cast<const float*>(src), dst, n, add);
+                    static_cast<const float*>(src), dst, n, add, scale);
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("elem_to_floats_kernel");
@@ -521,22 +525,22 @@ void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t st
 }
 
 void launch_add_view(Elem e, const void* src, float* dst, const StridedView& v,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, float scale) {
   const int64_t n = v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3];
   if (n <= 0) return;
   const dim3 grid(blocks_for(n, kThreads * 4)), block(kThreads);
   switch (e) {
     case Elem::bf16:
       launch_kernel("add_view_kernel", &add_view_kernel<__nv_bfloat16>, grid, block, 0, stream,
-                    static_cast<const __nv_bfloat16*>(src), dst, v);
+                    static_cast<const __nv_bfloat16*>(src), dst, v, scale);
       break;
     case Elem::fp16:
       launch_kernel("add_view_kernel", &add_view_kernel<__half>, grid, block, 0, stream,
-                    static_cast<const __half*>(src), dst, v);
+                    static_cast<const __half*>(src), dst, v, scale);
       break;
     case Elem::fp32:
       launch_kernel("add_view_kernel", &add_view_kernel<float>, grid, block, 0, stream,
-                    static_cast<const float*>(src), dst, v);
+                    static_cast<const float*>(src), dst, v, scale);
       break;
   }
   RINGATTN_CUDA_CHECK_LAUNCH("add_view_kernel");

@@ -68,16 +68,17 @@ inline ViewResultParams view_place(const SdpaView& v, const Shape4& s) {
 // stats and out are unused; lse is read.
 void launch_gather_view_stats(const ViewResultParams& p, float* stats, cudaStream_t stream);
 
-// dst[i] = src[i] rounded to element type `e` (bf16 or fp16), for i < n: the fp32 out the
-// engines keep, as the O that cuDNN's backward reads.
-void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaStream_t stream);
+// dst[i] = src[i]·scale rounded to element type `e` (bf16 or fp16), for i < n: the fp32 out
+// the engines keep, as the O that cuDNN's backward reads.
+void launch_floats_to_elem(Elem e, const float* src, void* dst, int64_t n, cudaStream_t stream,
+                           float scale = 1.0f);
 
-// dst[i] = src[i] (or dst[i] += src[i] with `add`) for i < n, src of element type `e`: cuDNN's
-// dQ, dK, dV into the engines' fp32 gradients.
+// dst[i] = src[i]·scale (or dst[i] += src[i]·scale with `add`) for i < n, src of element type
+// `e`: cuDNN's dQ, dK, dV into the engines' fp32 gradients.
 void launch_elem_to_floats(Elem e, const void* src, float* dst, int64_t n, bool add,
-                           cudaStream_t stream);
+                           cudaStream_t stream, float scale = 1.0f);
 
-// dst[at] += src[at] (src of element type `e`) for every element of the strided 4-D view
+// dst[at] += src[at]·scale (src of element type `e`) for every element of the strided 4-D view
 // at = offset + i0·strides[0] + i1·strides[1] + i2·strides[2] + i3·strides[3], i < dims: one
 // cuDNN view's dQ (or dK, dV) of a ring step into the fp32 gradients. A view names each element
 // once, so the adds do not race.
@@ -86,7 +87,7 @@ struct StridedView {
   int64_t dims[4] = {}, strides[4] = {};
 };
 void launch_add_view(Elem e, const void* src, float* dst, const StridedView& view,
-                     cudaStream_t stream);
+                     cudaStream_t stream, float scale = 1.0f);
 
 // dst[r * dpitch + c] += src[r * spitch + c] for r < height, c < width; pitches and width in
 // floats (the Ulysses all-to-all summing the dK/dV of members that share a K/V head).
