@@ -74,15 +74,30 @@ mkdir -p "$work/artifacts"
 total_execs=0
 findings=0
 summary=()
-while read -r fuzzer; do
-  [ -n "$fuzzer" ] || continue
+# The fuzzers run side by side, as many at a time as there are cores (each is one process of
+# one thread): the same time each, in a fraction of the wall time. Each writes its exit status
+# beside its log.
+mapfile -t fuzzers < <(grep -v '^$' "$root/build-asan/fuzzers.txt")
+running=0
+for fuzzer in "${fuzzers[@]}"; do
   mkdir -p "$work/corpus/$fuzzer"
-  log="$work/$fuzzer.log"
-  status=0
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
   # The new inputs go to a scratch corpus; the committed seeds are only read.
-  "$root/build-asan/tests/fuzz/$fuzzer" -max_total_time="$fuzz_seconds" -timeout=10 \
-    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/artifacts/$fuzzer-" \
-    "$work/corpus/$fuzzer" "$root/tests/fuzz/corpus/$fuzzer" >"$log" 2>&1 || status=$?
+  ( status=0
+    "$root/build-asan/tests/fuzz/$fuzzer" -max_total_time="$fuzz_seconds" -timeout=10 \
+      -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/artifacts/$fuzzer-" \
+      "$work/corpus/$fuzzer" "$root/tests/fuzz/corpus/$fuzzer" >"$work/$fuzzer.log" 2>&1 ||
+      status=$?
+    echo "$status" >"$work/$fuzzer.status" ) &
+  running=$((running + 1))
+done
+wait
+for fuzzer in "${fuzzers[@]}"; do
+  log="$work/$fuzzer.log"
+  status=$(cat "$work/$fuzzer.status" 2>/dev/null || echo 1)
   execs=$(grep -m1 'stat::number_of_executed_units' "$log" | awk '{print $2}')
   execs=${execs:-0}
   crashes=$(find "$work/artifacts" -name "$fuzzer-*" | wc -l)
@@ -93,7 +108,7 @@ while read -r fuzzer; do
     tail -n 60 "$log" >&2
   fi
   summary+=("$fuzzer: ${fuzz_seconds} s, $execs executions, corpus $(find "$work/corpus/$fuzzer" -type f | wc -l) new inputs, exit $status")
-done <"$root/build-asan/fuzzers.txt"
+done
 fuzz_s=$((SECONDS - start))
 
 echo "sanitize_and_fuzz.sh: fuzzers (${fuzz_seconds} s each):"
