@@ -255,25 +255,33 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // order they reach it, so dq's fp32 sums are not deterministic: `--deterministic` runs the two
 // passes. D <= 128 (at D = 256 dK and dV alone fill the consumer's registers).
 //
-// Per query tile, the consumer warpgroup takes dSᵀ as hopper_bwd_dkdv_kernel does, then stores
-// it as dS (queries × keys, K-major, the 128-byte swizzle: a tile wgmma reads as register A)
-// to shared memory, meets at named barrier kDsReady, loads its rows of dS back as register A,
-// and takes dQ's part 64 columns at a time against the resident K (read N-major). Each part,
-// times the scale, goes to the staging rows (64 × kD fp32, row-major), fenced to the async
-// proxy; the consumers then arrive at kDqFull. The drain warp (the producer warpgroup's second)
-// waits there, issues one bulk reduce-add per staged row into dq (lanes take rows lane,
-// lane + 32), waits until the reductions have read the staging rows and arrives at kDqFree,
-// which the consumers wait at before they write the next tile's part. At exit the drain warp
-// waits for its reductions to complete.
-enum FusedBarrier : unsigned { kDsReady = 2, kDqFull = 3, kDqFree = 4 };
+// Per query tile (ring stage s), the consumer warpgroup takes dSᵀ as hopper_bwd_dkdv_kernel
+// does, then stores it as dS (queries × keys, K-major, the 128-byte swizzle: a tile wgmma
+// reads as register A) to shared memory and meets at named barrier kDsReady: dS is whole, and
+// no consumer reads the stage's Q and dO any more. It loads its rows of dS back as register A
+// (then meets at kDsFree, so that the next tile's dS waits for every load of this one) and
+// takes dQ's part 64 columns at a time against the resident K (read N-major). Each part,
+// times the scale, is staged in fp32 over the stage's own two tiles (rows 0-31 over Q's,
+// 32-63 over dO's: 64 × kD × 4 bytes is two tiles), fenced to the async proxy, and the
+// consumers arrive at kDqFull + (tile parity). The drain warp (the producer warpgroup's
+// second) waits there, issues one bulk reduce-add per staged row into dq (lanes take rows
+// lane, lane + 32), waits until the reductions have read the stage and frees it for the
+// producer: the stage's `empty` barrier counts the drain's arrival alone. The parity keeps
+// the consumers' arrivals for tile j + 2 apart from tile j's: they need stage s refilled,
+// which waits for the drain to have taken tile j. At exit the drain waits for its
+// reductions to complete.
+//
+// Shared memory is Stages<kD, 2>'s and one dS box: 106 KiB at D = 128, so two blocks share
+// an SM (two consumer warpgroups, one block's softmax under the other's products).
+enum FusedBarrier : unsigned { kDsReady = 2, kDqFull = 3 /* and 4 */, kDsFree = 5 };
 constexpr unsigned kConsumerThreads = 128, kDrainThreads = 32;
 
 template <int kD>
-inline constexpr int kFusedBlocksPerSm = kD <= 64 ? 2 : 1;
+inline constexpr int kFusedBlocksPerSm = 2;
 
-// `x`, its value hidden from the optimiser: the addresses and wgmma descriptors built from it
-// are then built where they are used, each tile, instead of being hoisted out of the walk
-// into registers (dS's 32 store addresses a lane, which made the fused kernel spill at D = 128).
+// `x`, its value hidden from the optimiser: the addresses built from it are then built where
+// they are used, each tile, instead of being hoisted out of the walk into registers (dS's 32
+// store addresses a lane spilled at D = 128).
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 #if !RINGATTN_CUDA_EMULATION
   asm volatile("" : "+r"(x));
@@ -282,12 +290,20 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 }
 
 // The fused kernel's shared memory: Stages<kD, 2>'s (two resident tiles, a two-stage ring of
-// two), then the dS tile (one 64 × 64 box) and the staging rows (64 × kD fp32).
+// two), then the dS tile (one 64 × 64 box).
 __host__ __device__ constexpr uint32_t fused_stage_end(int head_dim) {
   return 1024 + 6 * tile_bytes(head_dim);  // from Stages::base
 }
 __host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim) {
-  return smem_bytes(head_dim, 2) + kBoxBytes + 4u * kRows * static_cast<uint32_t>(head_dim);
+  return smem_bytes(head_dim, 2) + kBoxBytes;
+}
+
+// Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
+// for rows 0-31, its second for 32-63.
+template <int kD>
+__device__ __forceinline__ uint32_t staged_row(const Stages<kD, 2>& st, int s, int row) {
+  return row < 32 ? st.ring(0, s) + static_cast<uint32_t>(row) * 4u * kD
+                  : st.ring(1, s) + static_cast<uint32_t>(row - 32) * 4u * kD;
 }
 
 // Stores this lane's part of dSᵀ (accumulator layout: rows keys local0, local0 + 8; columns
@@ -310,28 +326,27 @@ __device__ __forceinline__ void store_ds(uint32_t tile, const float (&dst)[32], 
 }
 
 // The drain warp: for every query tile the block walks (the same walk as the producer's and
-// the consumers'), waits for its staged dQ part and adds each row into dq with one bulk
-// reduce-add; see hopper_bwd_fused_kernel.
+// the consumers'), waits for its staged dQ part, adds each row into dq with one bulk
+// reduce-add, and frees the stage; see hopper_bwd_fused_kernel.
 template <int kD, class Work>
-__device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p, const QueryRows& kr,
-                                         uint32_t staging, int lane) {
+__device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p, const Stages<kD, 2>& st,
+                                         const QueryRows& kr, int lane) {
   constexpr uint32_t kRowBytes = 4u * kD;
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
-  bool more = p.work.next(cursor, t);
-  if (more) ptx::named_barrier_arrive(kDqFree, kConsumerThreads + kDrainThreads);
-  while (more) {
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1;
     int count = 0;
     const Strided rows = p.work.column_grads(cursor, t, kD, count);
-    ptx::named_barrier_sync(kDqFull, kConsumerThreads + kDrainThreads);
+    ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1),
+                            kConsumerThreads + kDrainThreads);
     for (int r = lane; r < count; r += 32)
-      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride,
-                               at(staging + static_cast<uint32_t>(r) * kRowBytes), kRowBytes);
+      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, s, r)),
+                               kRowBytes);
     ptx::bulk_commit_group();
     ptx::bulk_wait_group_read<0>();
-    more = p.work.next(cursor, t);
     __syncwarp();
-    if (more) ptx::named_barrier_arrive(kDqFree, kConsumerThreads + kDrainThreads);
+    if (lane == 0) ptx::mbarrier_arrive(at(st.empty(s)));  // the producer may refill it
   }
   ptx::bulk_wait_group<0>();
 }
@@ -341,23 +356,20 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     hopper_bwd_fused_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
   static_assert(kD <= 128, "dK, dV and dQ's part fit the consumer's registers at D <= 128");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  // Registers a thread: the producer warpgroup keeps 40 (its drain warp walks the work too: at
-  // 32 the block-sparse walk spilled 96 bytes). Two blocks an SM (D = 64) split the rest,
-  // 216 a consumer thread; one block (D = 128) lets the consumer take 248 (at 232 it spilled:
-  // dK, dV, dQ's part and dS beside the walk's state).
-  constexpr unsigned kProducer = 40u;
-  constexpr unsigned kConsumer = kFusedBlocksPerSm<kD> == 2 ? 216u : 248u;
+  // Two blocks an SM split its registers: the producer warpgroup 32 a thread (its drain warp
+  // walks the work too), the consumer 224.
+  constexpr unsigned kProducer = 32u, kConsumer = 224u;
   const Stages<kD, 2> st = Stages<kD, 2>::of_block();
-  const uint32_t ds_tile = st.base + fused_stage_end(kD), staging = ds_tile + kBoxBytes;
+  const uint32_t ds_tile = st.base + fused_stage_end(kD);
   const QueryRows kr = p.work.query_rows(kD);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  st.init_barriers();
+  st.init_barriers(1);  // a stage is freed by the drain warp, once its reductions read it
   __syncthreads();
 
   if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ
     ptx::setmaxnreg<false, kProducer>();
     if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
-    if (warp == 1) drain_dq<kD>(p, kr, staging, lane);
+    if (warp == 1) drain_dq<kD>(p, st, kr, lane);
     return;
   }
 
@@ -386,9 +398,8 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
-    const uint32_t k_tile = opaque(st.resident(0)), v_tile = opaque(st.resident(1));
     float pt[32];  // Sᵀ, then Pᵀ, then dSᵀ (as hopper_bwd_dkdv_kernel)
-    issue_a_bt<kD, kBf16, false>(pt, no_regs, k_tile, st.ring(0, s));
+    issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(st.resident(0)), st.ring(0, s));
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int c = 0; c < 8; ++c)
@@ -405,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
       }
     product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO
     float dpt[32];
-    issue_a_bt<kD, kBf16, false>(dpt, no_regs, v_tile, st.ring(1, s));
+    issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(st.resident(1)), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int c = 0; c < 8; ++c)
@@ -418,15 +429,16 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
         pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * p.dout_scale - dlt;
       }
     product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
-    ptx::mbarrier_arrive(at(st.empty(s)));          // Q and dO are no longer read
+    // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
+    // overwrites it.
+    ptx::named_barrier_sync(kDsFree, kConsumerThreads);
     store_ds<kBf16>(ds_tile, pt, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                     static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     __syncwarp();
-    ptx::named_barrier_sync(kDsReady, kConsumerThreads);
+    ptx::named_barrier_sync(kDsReady, kConsumerThreads);  // dS whole; Q and dO read
     uint32_t ds[4][4];
     load_a_fragments<64>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                          static_cast<int>(opaque(static_cast<uint32_t>(lane))));
-    ptx::named_barrier_sync(kDqFree, kConsumerThreads + kDrainThreads);
 #pragma unroll
     for (int chunk = 0; chunk < kD / 64; ++chunk) {
       float dq[32];  // dQ's part, columns [64·chunk, 64·chunk + 64): dS·K
@@ -443,17 +455,23 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
       ptx::wgmma_wait_group<0>();
       const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
 #pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const int row = row0 + 8 * acc_row(i), col = 64 * chunk + acc_col(i, lane);
-        const uint32_t at_byte = staging + static_cast<uint32_t>(row * kD + col) * 4u;
-        const auto dst = sbase + static_cast<std::ptrdiff_t>((at_byte - sbase_addr) / 4);
-        dst[0] = dq[i] * p.scale;
-        dst[1] = dq[i + 1] * p.scale;
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        const uint32_t row_at = staged_row(st, s, row) + 256u * static_cast<uint32_t>(chunk);
+        const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+          if (acc_row(i) != r) continue;
+          const int col = acc_col(i, lane);
+          dst[col] = dq[i] * p.scale;
+          dst[col + 1] = dq[i + 1] * p.scale;
+        }
       }
     }
     ptx::fence_proxy_async_shared();
     __syncwarp();
-    ptx::named_barrier_arrive(kDqFull, kConsumerThreads + kDrainThreads);
+    ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1),
+                              kConsumerThreads + kDrainThreads);
   }
   const Strided out = p.work.grad_rows(kr, kD);
   add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
