@@ -6,7 +6,8 @@
 // dK, dV from O, dO and the stats, dK/dV summed over a K/V head's query heads), so the code
 // around it (the GPU ring's per-step views, epilogues and gradient adds) runs in CI; cuDNN
 // itself runs on a GPU only. Without the variable every constructor throws, as where cuDNN
-// cannot be loaded.
+// cannot be loaded. Test hook: RINGATTN_EMU_CUDNN_REFUSE=band (banded views refused, as by
+// a cuDNN that cannot build them).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -86,6 +87,13 @@ CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, i
         "in its place, for tests)");
   if (dtype == DeviceDType::fp32)
     throw std::runtime_error("cuDNN's fused attention takes bf16 or fp16 inputs, not fp32");
+  // Tests: RINGATTN_EMU_CUDNN_REFUSE=band refuses every view with a diagonal band, as a
+  // cuDNN that cannot build such a graph (its version, a bound it does not take) would.
+  if (const char* r = std::getenv("RINGATTN_EMU_CUDNN_REFUSE"); r && std::string(r) == "band")
+    for (const SdpaView& v : views)
+      if (v.left_bound || v.right_bound)
+        throw std::runtime_error(
+            "the cuDNN stand-in refuses views with a diagonal band (RINGATTN_EMU_CUDNN_REFUSE)");
   Impl& m = *impl_;
   m.views = std::move(views);
   m.io.fp16 = dtype == DeviceDType::fp16;
