@@ -556,6 +556,43 @@ TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
     }
   }
 }
+
+// Sliding windows and packed documents on the ring through cuDNN's views (a band per
+// document, rows that see no key of a step trimmed off), against float64 at P = 1..4: a
+// causal window narrower than a chunk, a wider one with GQA, a two-sided window, packed
+// documents with a one-token one and documents straddling shards, and a window inside
+// documents.
+TEST(CudaRing, CudnnRunsWindowsAndPackedDocumentsAgainstTheReference) {
+#if RINGATTN_CUDA_EMULATION
+  const testing::CudnnStandinScope standin;
+#endif
+  // [batch, 96, 4, 64], K/V heads, causal, window (left, right; -1: none), documents.
+  auto config = [](int64_t batch, int64_t kv_heads, bool causal, int64_t left, int64_t right,
+                   std::vector<int64_t> cu) {
+    AttentionConfig c;
+    c.shape = {batch, 96, 4, 64};
+    c.kv_heads = kv_heads;
+    c.causal = causal;
+    if (left >= 0) c.window_left = left;
+    if (right >= 0) c.window_right = right;
+    c.cu_seqlens = std::move(cu);
+    return c;
+  };
+  const std::pair<AttentionConfig, std::string> cases[] = {
+      {config(1, 4, true, 5, -1, {}), "causal window 5"},
+      {config(2, 2, true, 40, -1, {}), "causal window 40, GQA 4:2"},
+      {config(1, 4, false, 7, 3, {}), "window 7,3"},
+      {config(2, 4, true, -1, -1, {0, 1, 30, 31, 70, 96}), "packed, one-token documents"},
+      {config(1, 2, true, 9, -1, {0, 40, 41, 96}), "packed with window 9, GQA 4:2"}};
+  for (const auto& [cfg, name] : cases) {
+    const RingInputs in = testing::random_inputs(cfg);
+    for (int p = 1; p <= 4; ++p) {
+      if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+      expect_matches_reference(name + " (cudnn)", cfg, in, p, DeviceDType::bf16, {},
+                               KernelChoice::cudnn);
+    }
+  }
+}
 #endif
 
 #if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
