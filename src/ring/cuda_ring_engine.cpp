@@ -437,6 +437,10 @@ struct CudaRingPlan::Impl {
         qv.strides[a] = w.q_stride[static_cast<std::size_t>(a)];
         kv.strides[a] = w.kv_stride[static_cast<std::size_t>(a)];
       }
+      // dQ of the rows that see a key only: cuDNN's values for the others are its own.
+      const auto [keyed_begin, keyed_end] = kc::rows_with_keys(w);
+      qv.offset += keyed_begin * w.q_stride[2];
+      qv.dims[2] = keyed_end - keyed_begin;
       kc::launch_add_view(elem, c_dq.get(), dq, qv, stream);
       kc::launch_add_view(elem, c_dk.get(), dk, kv, stream);
       kc::launch_add_view(elem, c_dv.get(), dv, kv, stream);
