@@ -111,11 +111,14 @@ struct CudaRingPlan::Impl {
   // out/lse by lse; the backward from the global out (rounded to the io type) and lse, each
   // view's dQ, dK, dV added into the fp32 gradients. One graph per distinct view shape, shared
   // by the steps. A step cuDNN refuses runs on ringattn's kernels (cudnn_step[t] false), the
-  // reason in cudnn_refused; auto decides on the first forward and backward.
+  // reason in cudnn_refused; a step whose backward graphs alone are refused keeps its forward
+  // on cuDNN (cudnn_step_backward[t] false, cudnn_refused_backward); auto decides on the
+  // first forward and backward.
   bool use_cudnn = false, use_cudnn_backward = false;
   bool decide_forward = false, decide_backward = false;
-  std::vector<char> cudnn_step;                          // [step]
+  std::vector<char> cudnn_step, cudnn_step_backward;     // [step]
   std::map<std::string, std::vector<int>> cudnn_refused;  // reason -> steps
+  std::map<std::string, std::vector<int>> cudnn_refused_backward;
   Communicator* comm = nullptr;
 #if RINGATTN_RING_CUDNN
   std::vector<std::vector<kc::SdpaView>> cudnn_views;       // [step][view]
@@ -270,13 +273,17 @@ struct CudaRingPlan::Impl {
   // Every step's views with their graphs built (with the backward's when asked) and, where
   // any step runs, the scratch allocated. A step cuDNN cannot run (no views for its tasks, a
   // graph this cuDNN refuses for a head dim, band or version, view rows not 16-byte aligned)
-  // runs on ringattn's kernels, the reason recorded in cudnn_refused. Returns the number of
-  // steps with views on cuDNN.
+  // runs on ringattn's kernels, the reason recorded in cudnn_refused; where only a view's
+  // backward graph is refused (cuDNN 9.19's one-token document), the step's forward stays on
+  // cuDNN and its backward is ours (cudnn_refused_backward). Returns the number of steps with
+  // views on cuDNN.
   int prepare_cudnn(bool with_backward) {
     const auto t0 = std::chrono::steady_clock::now();
     const int n_steps = static_cast<int>(sched.steps.size());
     cudnn_step.assign(sched.steps.size(), 0);
+    cudnn_step_backward.assign(sched.steps.size(), 0);
     cudnn_refused.clear();
+    cudnn_refused_backward.clear();
     auto refuse_all = [&](const std::string& why) {
       for (int t = 0; t < n_steps; ++t) cudnn_refused[why].push_back(t);
       return 0;
@@ -285,12 +292,14 @@ struct CudaRingPlan::Impl {
       return refuse_all("cuDNN's fused attention takes bf16 or fp16, not fp32");
     std::map<std::string, std::size_t> by_shape;
     std::map<std::string, std::string> refused_shape;  // a graph cuDNN would not build
+    std::map<std::string, std::string> refused_backward;  // built forward only
     int on_cudnn = 0;
     for (int t = 0; t < n_steps; ++t) {
       std::string why;
       std::vector<kc::SdpaView> views =
           ring_step_views(cfg, layout, sched.steps[static_cast<std::size_t>(t)], &why);
       std::vector<std::size_t> graph_of;
+      std::string why_backward = with_backward ? "" : "not asked";
       for (const kc::SdpaView& v : views) {
         if (!why.empty()) break;
         // The views' pointers are the tensors' plus their offsets: cuDNN reads 16-byte
@@ -315,16 +324,30 @@ struct CudaRingPlan::Impl {
         }
         auto it = by_shape.find(key.str());
         if (it == by_shape.end()) {
-          try {
+          auto build = [&](bool backward) {
             cudnn_graphs.push_back(std::make_unique<kc::CudnnGraphPlan>(
-                std::vector<kc::SdpaView>{shape}, opts.dtype, opts.device, stream,
-                with_backward));
+                std::vector<kc::SdpaView>{shape}, opts.dtype, opts.device, stream, backward));
+          };
+          try {
+            build(with_backward);
           } catch (const std::runtime_error& e) {
-            why = refused_shape[key.str()] = e.what();
-            break;
+            if (!with_backward) {
+              why = refused_shape[key.str()] = e.what();
+              break;
+            }
+            try {  // the forward alone, as one GPU keeps it where the backward is refused
+              build(false);
+              refused_backward[key.str()] = e.what();
+            } catch (const std::runtime_error& e_forward) {
+              why = refused_shape[key.str()] = e_forward.what();
+              break;
+            }
           }
           it = by_shape.emplace(key.str(), cudnn_graphs.size() - 1).first;
         }
+        if (auto r = refused_backward.find(key.str());
+            r != refused_backward.end() && why_backward.empty())
+          why_backward = r->second;
         graph_of.push_back(it->second);
       }
       if (!why.empty()) {
@@ -333,6 +356,10 @@ struct CudaRingPlan::Impl {
       } else {
         cudnn_step[static_cast<std::size_t>(t)] = 1;
         on_cudnn += views.empty() ? 0 : 1;
+        if (why_backward.empty())
+          cudnn_step_backward[static_cast<std::size_t>(t)] = 1;
+        else if (with_backward)
+          cudnn_refused_backward[why_backward].push_back(t);
       }
       cudnn_views.push_back(std::move(views));
       cudnn_graph_of.push_back(std::move(graph_of));
@@ -370,6 +397,7 @@ struct CudaRingPlan::Impl {
     cudnn_views.clear();
     cudnn_graph_of.clear();
     cudnn_step.assign(sched.steps.size(), 0);
+    cudnn_step_backward.assign(sched.steps.size(), 0);
     c_o.reset();
     c_stats.reset();
     c_dq.reset();
@@ -378,6 +406,9 @@ struct CudaRingPlan::Impl {
   }
 
   bool cudnn_runs(int t) const { return cudnn_step[static_cast<std::size_t>(t)] != 0; }
+  bool cudnn_runs_backward(int t) const {
+    return cudnn_step_backward[static_cast<std::size_t>(t)] != 0;
+  }
 
   std::size_t cudnn_view_count() const {
     std::size_t n = 0;
@@ -580,7 +611,7 @@ struct CudaRingPlan::Impl::Device {
     p.dk = dk;
     p.dv = dv;
 #if RINGATTN_RING_CUDNN
-    const bool cudnn = m.use_cudnn_backward && m.cudnn_runs(t);
+    const bool cudnn = m.use_cudnn_backward && m.cudnn_runs_backward(t);
     if (cudnn && aligned16(p.q) && aligned16(p.dout) && aligned16(k) && aligned16(v)) {
       m.cudnn_backward(t, p.q, k, v, p.dout, p.lse, p.dq, dk, dv);
       return;
@@ -750,13 +781,17 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   auto_tries_cudnn = auto_tries_cudnn && kc::cudnn_standin_enabled();
 #endif
   m.cudnn_step.assign(m.sched.steps.size(), 0);
+  m.cudnn_step_backward.assign(m.sched.steps.size(), 0);
   int cudnn_steps = 0;
 #if RINGATTN_RING_CUDNN
   if (cudnn_asked || auto_tries_cudnn) {
     cudnn_steps = m.prepare_cudnn(cudnn_asked ? !opts.deterministic : true);
     m.use_cudnn = cudnn_asked && cudnn_steps > 0;
-    m.use_cudnn_backward = m.use_cudnn && !opts.deterministic;
-    m.decide_forward = m.decide_backward = !cudnn_asked && cudnn_steps > 0;
+    const bool any_backward = std::any_of(m.cudnn_step_backward.begin(),
+                                          m.cudnn_step_backward.end(), [](char c) { return c; });
+    m.use_cudnn_backward = m.use_cudnn && !opts.deterministic && any_backward;
+    m.decide_forward = !cudnn_asked && cudnn_steps > 0;
+    m.decide_backward = m.decide_forward && any_backward;
   }
 #endif
   const int n_steps = static_cast<int>(m.sched.steps.size());
@@ -791,7 +826,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   // not (refused steps, the --deterministic backward).
   const bool ours_needed = opts.kernel == KernelChoice::hopper ||
                            opts.kernel == KernelChoice::automatic || !m.use_cudnn_backward ||
-                           !m.cudnn_refused.empty();
+                           !m.cudnn_refused.empty() || !m.cudnn_refused_backward.empty();
   if (ours_needed && opts.kernel != KernelChoice::native) {
     const bool automatic = opts.kernel != KernelChoice::hopper;
     const std::string why = m.prepare_hopper();
@@ -820,6 +855,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
                   why_backward + "); " + status);
   }
   // What cuDNN refused, step by step (auto: only where cuDNN could have been chosen).
+  const bool backward_on_cudnn = m.use_cudnn_backward || m.decide_backward;
   if (cudnn_asked || cudnn_steps > 0)
     for (const auto& [reason, which] : m.cudnn_refused) {
       std::ostringstream os;
@@ -834,6 +870,17 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
       os << " (" << reason << "); "
          << (static_cast<int>(which.size()) == n_steps ? "using" : "those run on") << " the "
          << (m.use_hopper ? "sm_90a" : "native") << " kernels";
+      m.notes.push_back(os.str());
+    }
+  if (cudnn_steps > 0 && (cudnn_asked ? !opts.deterministic : true))
+    for (const auto& [reason, which] : m.cudnn_refused_backward) {
+      std::ostringstream os;
+      os << flag << "cuDNN cannot run the backward of ring " << (which.size() == 1 ? "step " : "steps ");
+      for (std::size_t i = 0; i < which.size(); ++i) os << (i ? ", " : "") << which[i];
+      os << " of " << n_steps << " (" << reason << "); "
+         << (backward_on_cudnn ? "their forward runs on cuDNN, their backward on the "
+                               : "their forward runs on cuDNN; the backward is all on the ")
+         << (m.use_hopper_backward ? "sm_90a" : "native") << " kernels";
       m.notes.push_back(os.str());
     }
   m.ex =

@@ -691,6 +691,31 @@ TEST(CudaRing, CudnnRefusalsFallBackStepByStepWithANote) {
     }
   }
 }
+
+// A refused backward alone (cuDNN 9.19 will not build the backward of a one-token document's
+// 1 x 1 view; the stand-in refuses it with RINGATTN_EMU_CUDNN_REFUSE=one_token_backward)
+// keeps that step's forward on cuDNN and runs its backward on ringattn's kernels, the other
+// steps' backward on cuDNN; a note names the steps; float64 at P = 1..4.
+TEST(CudaRing, CudnnRefusedBackwardKeepsTheStepsForwardOnCudnn) {
+  const testing::CudnnStandinScope standin;
+  const EnvScope refuse("RINGATTN_EMU_CUDNN_REFUSE", "one_token_backward");
+  AttentionConfig cfg;
+  cfg.shape = {1, 96, 4, 64};
+  cfg.causal = true;
+  cfg.cu_seqlens = {0, 1, 30, 31, 70, 96};
+  const RingInputs in = testing::random_inputs(cfg);
+  for (int p = 1; p <= 4; ++p) {
+    const Full got = expect_matches_reference("cudnn, one-token backward refused", cfg, in, p,
+                                              DeviceDType::bf16, {}, KernelChoice::cudnn, false,
+                                              false);
+    const std::string all = ::testing::PrintToString(got.notes);
+    EXPECT_EQ(got.kernel, "cudnn") << all;
+    EXPECT_EQ(got.kernel_backward, p == 1 ? "hopper" : "cudnn") << all;
+    EXPECT_TRUE(has_note(got, "--kernel cudnn: cuDNN cannot run the backward of ring step 0 of"))
+        << all;
+    EXPECT_TRUE(has_note(got, "s_q = s_kv = 1")) << all;
+  }
+}
 #endif
 
 // docs/COMMUNICATION.md's per-rank bound: per-step partials (the path a library kernel that

@@ -6,9 +6,9 @@
 // dK, dV from O, dO and the stats, dK/dV summed over a K/V head's query heads), so the code
 // around it (the GPU ring's per-step views, epilogues and gradient adds) runs in CI; cuDNN
 // itself runs on a GPU only. Without the variable every constructor throws, as where cuDNN
-// cannot be loaded. Test hooks: RINGATTN_EMU_CUDNN_REFUSE=band (banded views refused, as by
-// a cuDNN that cannot build them) and RINGATTN_EMU_CUDNN_EMPTY_ROWS (what rows without keys
-// return).
+// cannot be loaded. Test hooks: RINGATTN_EMU_CUDNN_REFUSE=band|one_token_backward (graphs
+// refused, as by a cuDNN that cannot build them) and RINGATTN_EMU_CUDNN_EMPTY_ROWS (what rows
+// without keys return).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -106,12 +106,19 @@ CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, i
   if (dtype == DeviceDType::fp32)
     throw std::runtime_error("cuDNN's fused attention takes bf16 or fp16 inputs, not fp32");
   // Tests: RINGATTN_EMU_CUDNN_REFUSE=band refuses every view with a diagonal band, as a
-  // cuDNN that cannot build such a graph (its version, a bound it does not take) would.
-  if (const char* r = std::getenv("RINGATTN_EMU_CUDNN_REFUSE"); r && std::string(r) == "band")
-    for (const SdpaView& v : views)
-      if (v.left_bound || v.right_bound)
-        throw std::runtime_error(
-            "the cuDNN stand-in refuses views with a diagonal band (RINGATTN_EMU_CUDNN_REFUSE)");
+  // cuDNN that cannot build such a graph (its version, a bound it does not take) would;
+  // =one_token_backward refuses the backward of a 1 x 1 view, as cuDNN 9.19 does.
+  const char* refuse = std::getenv("RINGATTN_EMU_CUDNN_REFUSE");
+  const std::string refusal = refuse ? refuse : "";
+  for (const SdpaView& v : views) {
+    if (refusal == "band" && (v.left_bound || v.right_bound))
+      throw std::runtime_error(
+          "the cuDNN stand-in refuses views with a diagonal band (RINGATTN_EMU_CUDNN_REFUSE)");
+    if (refusal == "one_token_backward" && with_backward && v.rows == 1 &&
+        (v.kv_rows == 0 || v.kv_rows == 1))
+      throw std::runtime_error(
+          "the cuDNN stand-in refuses the backward of s_q = s_kv = 1 (RINGATTN_EMU_CUDNN_REFUSE)");
+  }
   Impl& m = *impl_;
   m.views = std::move(views);
   m.io.fp16 = dtype == DeviceDType::fp16;
