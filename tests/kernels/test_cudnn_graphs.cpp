@@ -183,7 +183,14 @@ TEST(CudnnViews, EveryRingStepsGraphsValidate) {
             for (const DeviceDType dtype : {DeviceDType::bf16, DeviceDType::fp16})
               for (const int sm : {90, 80})
                 for (const SdpaGraphKind kind : {SdpaGraphKind::forward, SdpaGraphKind::backward})
-                  EXPECT_EQ(validate_sdpa_view(v, kind, dtype, sm), "")
+                  // A one-token document's 1 x 1 backward is refused by cuDNN 9.19 ("s_q =
+                  // s_kv = 1"); the ring then keeps that step's forward on cuDNN and runs its
+                  // backward on ours (CudaRing.CudnnRefusedBackwardKeepsTheStepsForwardOnCudnn).
+                  if (kind == SdpaGraphKind::backward && v.rows == 1 && v.kv_rows == 1)
+                    std::printf("  1 x 1 backward: %s\n",
+                                validate_sdpa_view(v, kind, dtype, sm).c_str());
+                  else
+                    EXPECT_EQ(validate_sdpa_view(v, kind, dtype, sm), "")
                       << library << ", P " << world << " rank " << r << " step " << t << ", sm_"
                       << sm << ", " << to_string(dtype)
                       << (kind == SdpaGraphKind::forward ? " forward" : " backward");
