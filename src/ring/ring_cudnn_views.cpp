@@ -72,27 +72,31 @@ std::optional<kc::SdpaView> joined(const kc::SdpaView& a, const kc::SdpaView& b)
   kc::SdpaView m = a;
   std::vector<std::optional<int64_t>> rights{std::nullopt, a.right_bound},
       lefts{std::nullopt, a.left_bound};
-  std::function<Span(int64_t)> want;
+  // What row i of the joined view must see; nullopt where the two views' keys are not one
+  // interval (no band can join them).
+  std::function<std::optional<Span>(int64_t)> want;
   const int64_t na = key_rows(a), ma = a.rows;
   if (a.q_offset == b.q_offset && a.rows == b.rows &&
       b.kv_offset == a.kv_offset + na * a.kv_stride[2]) {
     m.kv_rows = na + key_rows(b);
     if (b.right_bound) rights.push_back(*b.right_bound + na);
     if (b.left_bound) lefts.push_back(*b.left_bound - na);
-    want = [&](int64_t i) -> Span {
+    want = [&](int64_t i) -> std::optional<Span> {
       const Span x = visible(a, i), y = visible(b, i);
       if (y.empty()) return x;
       const Span ys{y.lo + na, y.hi + na};
       if (x.empty()) return ys;
-      if (x.hi + 1 != ys.lo) return {1, -2};  // not one interval: marks a mismatch
-      return {x.lo, ys.hi};
+      if (x.hi + 1 != ys.lo) return std::nullopt;
+      return Span{x.lo, ys.hi};
     };
   } else if (a.kv_offset == b.kv_offset && key_rows(a) == key_rows(b) &&
              b.q_offset == a.q_offset + ma * a.q_stride[2] && b.row_offset == a.row_offset + ma) {
     m.rows = ma + b.rows;
     if (b.right_bound) rights.push_back(*b.right_bound - ma);
     if (b.left_bound) lefts.push_back(*b.left_bound + ma);
-    want = [&](int64_t i) { return i < ma ? visible(a, i) : visible(b, i - ma); };
+    want = [&](int64_t i) -> std::optional<Span> {
+      return i < ma ? visible(a, i) : visible(b, i - ma);
+    };
   } else {
     return std::nullopt;
   }
@@ -101,8 +105,8 @@ std::optional<kc::SdpaView> joined(const kc::SdpaView& a, const kc::SdpaView& b)
       m.right_bound = r, m.left_bound = l;
       bool same = true;
       for (int64_t i = 0; same && i < m.rows; ++i) {
-        const Span w = want(i);
-        same = !(w.lo == 1 && w.hi == -2) && visible(m, i) == w;
+        const std::optional<Span> w = want(i);
+        same = w && visible(m, i) == *w;
       }
       if (same) return m;
     }
