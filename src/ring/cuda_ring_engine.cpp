@@ -374,17 +374,26 @@ struct CudaRingPlan::Impl {
     const auto kv_elems = static_cast<std::size_t>(
         std::max(s.batch * layout.local_len * cfg.effective_kv_heads(), sched.max_recv_rows) *
         d());
-    c_o = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN output scratch", opts.device,
-                               stream);
-    c_stats = kc::DeviceAllocation(static_cast<std::size_t>(shard_rows()) * sizeof(float),
-                                   "the ring's cuDNN stats", opts.device, stream);
-    if (with_backward) {
-      c_dq = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN dQ scratch", opts.device,
-                                  stream);
-      c_dk = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dK scratch", opts.device,
-                                  stream);
-      c_dv = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dV scratch", opts.device,
-                                  stream);
+    try {
+      c_o = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN output scratch",
+                                 opts.device, stream);
+      c_stats = kc::DeviceAllocation(static_cast<std::size_t>(shard_rows()) * sizeof(float),
+                                     "the ring's cuDNN stats", opts.device, stream);
+      if (with_backward) {
+        c_dq = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN dQ scratch", opts.device,
+                                    stream);
+        c_dk = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dK scratch",
+                                    opts.device, stream);
+        c_dv = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dV scratch",
+                                    opts.device, stream);
+      }
+    } catch (const kc::DeviceOutOfMemory& e) {
+      // cuDNN's scratch comes on top of what ours need: a ring ours can run must not fail
+      // for it.
+      release_cudnn();
+      cudnn_refused.clear();
+      cudnn_refused_backward.clear();
+      return refuse_all(std::string("no device memory for cuDNN's scratch: ") + e.what());
     }
     cudnn_build_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
