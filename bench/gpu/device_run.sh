@@ -179,15 +179,18 @@ run_hopper() {
   # (64- and 128-key steps), the last two the kernels with their resident tiles in registers.
   # AutoRunsTheSm90a…: one GPU's --kernel auto with cuDNN beside the sm_90a kernels (its
   # notes give both timings), never run on a GPU before b9b5f3a. CudaRing.Cudnn…: the ring's
-  # steps on cuDNN (--kernel cudnn), never run on a GPU before it landed.
+  # steps on cuDNN (--kernel cudnn; windows and packed documents among them), never run on a
+  # GPU before it landed; CudaRing.AutoTakesCudnn…: the ring's auto with cuDNN's steps and
+  # stubbed timings; CudaKernels.ViewEpilogue…: prints what cuDNN returns for a view row
+  # without keys, and checks the epilogue ignores it.
   pp="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG"
   local qr="@RINGATTN_HOPPER_QREGS=1"
   # The fused backward (RINGATTN_HOPPER_BWD=fused), never run on a GPU before 0f505f3: dense,
   # dilated, block-sparse and the ring's steps.
   local fu="@RINGATTN_HOPPER_BWD=fused"
-  for spec in "test_cuda_kernels:CudaHopper.*:CudaKernels.AutoRunsTheSm90a*" \
+  for spec in "test_cuda_kernels:CudaHopper.*:CudaKernels.AutoRunsTheSm90a*:CudaKernels.ViewEpilogue*" \
     "test_cuda_sparse:*Hopper*" \
-    "test_cuda_ring:*Hopper*:CudaRing.Cudnn*" \
+    "test_cuda_ring:*Hopper*:CudaRing.Cudnn*:CudaRing.AutoTakesCudnn*" \
     "test_cuda_kernels:CudaHopper.Backward*:CudaHopper.PlanRunsDilated*$fu" \
     "test_cuda_sparse:*Hopper*$fu" "test_cuda_ring:*Hopper*$fu" \
     "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" \

@@ -10,6 +10,9 @@ Through the CLI (`ringattn run --device cuda --json`), bf16, B=1, H=16, D=128:
   events, lse merges, smaller kernels — not multi-GPU scaling. `comm_exposed_ms` is the most
   any rank's compute waited for an exchange. bytes_sent (the forward's K/V per rank, the
   most over ranks) must equal bytes_sent_min; dilated against dense shows the traffic saving.
+- The ring's cuDNN steps (--kernel cudnn) beside the sm_90a ones: dense, causal, a causal
+  sliding window and packed documents (8 equal ones), and causal under --kernel auto (the
+  row's kernel/kernel_backward name what auto chose, its first-call timing).
 - Distributed block-sparse (causal local window, ~90 % sparse) on P = 1, 2, 4 ranks, read as
   the ring rows are.
 - Block-sparse on one rank (local window pattern at ~90 % and ~95 % sparsity) against the
@@ -86,6 +89,19 @@ def main():
                 ("sparse 90% causal (hopper)", ["--kernel", "hopper", "--attention",
                                                 "block-sparse", "--pattern",
                                                 f"local:window={window90}", "--causal"])]
+    # Windows and packed documents on the ring: cuDNN's bands per document beside ours
+    # (--kernel auto's choice, timed on the first call; its notes give both times).
+    window = max(256, n // 16)
+    docs = ",".join(str(n // 8) for _ in range(7)) + "," + str(n - 7 * (n // 8))
+    configs += [(f"causal window {window} (cudnn)", ["--kernel", "cudnn", "--causal",
+                                                     "--window", str(window)]),
+                (f"causal window {window} (hopper)", ["--kernel", "hopper", "--causal",
+                                                      "--window", str(window)]),
+                ("packed 8 docs causal (cudnn)", ["--kernel", "cudnn", "--causal",
+                                                  "--seqlens", docs]),
+                ("packed 8 docs causal (hopper)", ["--kernel", "hopper", "--causal",
+                                                   "--seqlens", docs]),
+                ("causal (auto)", ["--kernel", "auto", "--causal"])]
     for name, extra in configs:
         base = None
         for p in (1, 2, 4):
@@ -94,7 +110,7 @@ def main():
                 continue
             j, err = run_cli(a.cli, ["--seq-len", str(n), "--ring-size", str(p), "--warmup", "1",
                                      "--iters", str(a.iters)]
-                             + ([] if "cudnn" in name or "hopper" in name
+                             + ([] if "cudnn" in name or "hopper" in name or "auto" in name
                                 else ["--kernel", "native"]) + extra,
                              timeout=240)
             if err:
@@ -107,6 +123,7 @@ def main():
                    "comm_exposed_ms": j.get("comm_exposed_ms"),
                    "bytes_sent": j["bytes_sent"], "bytes_sent_min": j["bytes_sent_min"],
                    "device_peak_bytes": j["device_peak_bytes"], "kernel": j["kernel"],
+                   "kernel_backward": j.get("kernel_backward"),
                    "emulated_device": j.get("emulated_device", False)}
             if p == 1:
                 base = row

@@ -10,6 +10,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
+#include "kernels/cuda/median_time.hpp"
 #include "single/device_schedule.hpp"
 #if RINGATTN_RING_CUDNN
 #include "kernels/cuda/cudnn_graphs.hpp"
@@ -29,6 +31,7 @@
 #endif
 #include "core/patterns.hpp"
 #include "ring/progress_thread.hpp"
+#include "ring/ring_kernel_choice.hpp"
 #include "ring/ring_protocol.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
@@ -104,11 +107,20 @@ struct CudaRingPlan::Impl {
   kc::DeviceAllocation hopper_items;
   std::vector<kernels::ForwardItem> hopper_k_items_host;
   kc::DeviceAllocation hopper_k_items;
-  // --kernel cudnn: each step's tasks as cuDNN views (ring_cudnn_views.hpp), every view's
-  // forward into a scratch O and its stats, merged into out/lse by lse; the backward from the
-  // global out (rounded to the io type) and lse, each view's dQ, dK, dV added into the fp32
-  // gradients. One graph per distinct view shape, shared by the steps.
+  // --kernel cudnn (and auto where it times faster): each step's tasks as cuDNN views
+  // (ring_cudnn_views.hpp), every view's forward into a scratch O and its stats, merged into
+  // out/lse by lse; the backward from the global out (rounded to the io type) and lse, each
+  // view's dQ, dK, dV added into the fp32 gradients. One graph per distinct view shape, shared
+  // by the steps. A step cuDNN refuses runs on ringattn's kernels (cudnn_step[t] false), the
+  // reason in cudnn_refused; a step whose backward graphs alone are refused keeps its forward
+  // on cuDNN (cudnn_step_backward[t] false, cudnn_refused_backward); auto decides on the
+  // first forward and backward.
   bool use_cudnn = false, use_cudnn_backward = false;
+  bool decide_forward = false, decide_backward = false;
+  std::vector<char> cudnn_step, cudnn_step_backward;     // [step]
+  std::map<std::string, std::vector<int>> cudnn_refused;  // reason -> steps
+  std::map<std::string, std::vector<int>> cudnn_refused_backward;
+  Communicator* comm = nullptr;
 #if RINGATTN_RING_CUDNN
   std::vector<std::vector<kc::SdpaView>> cudnn_views;       // [step][view]
   std::vector<std::vector<std::size_t>> cudnn_graph_of;     // [step][view] into cudnn_graphs
@@ -259,60 +271,153 @@ struct CudaRingPlan::Impl {
   }
 
 #if RINGATTN_RING_CUDNN
-  // "" and every step's views with their graphs built (with the backward's when asked) and the
-  // scratch allocated, or why cuDNN cannot run this ring's steps.
-  std::string prepare_cudnn(bool with_backward) {
-    if (elem == kc::Elem::fp32) return "cuDNN's fused attention takes bf16 or fp16, not fp32";
+  // Every step's views with their graphs built (with the backward's when asked) and, where
+  // any step runs, the scratch allocated. A step cuDNN cannot run (no views for its tasks, a
+  // graph this cuDNN refuses for a head dim, band or version, view rows not 16-byte aligned)
+  // runs on ringattn's kernels, the reason recorded in cudnn_refused; where only a view's
+  // backward graph is refused (cuDNN 9.19's one-token document), the step's forward stays on
+  // cuDNN and its backward is ours (cudnn_refused_backward). Returns the number of steps with
+  // views on cuDNN.
+  int prepare_cudnn(bool with_backward) {
     const auto t0 = std::chrono::steady_clock::now();
+    const int n_steps = static_cast<int>(sched.steps.size());
+    cudnn_step.assign(sched.steps.size(), 0);
+    cudnn_step_backward.assign(sched.steps.size(), 0);
+    cudnn_refused.clear();
+    cudnn_refused_backward.clear();
+    auto refuse_all = [&](const std::string& why) {
+      for (int t = 0; t < n_steps; ++t) cudnn_refused[why].push_back(t);
+      return 0;
+    };
+    if (elem == kc::Elem::fp32)
+      return refuse_all("cuDNN's fused attention takes bf16 or fp16, not fp32");
     std::map<std::string, std::size_t> by_shape;
-    for (const RingStep& st : sched.steps) {
+    std::map<std::string, std::string> refused_shape;  // a graph cuDNN would not build
+    std::map<std::string, std::string> refused_backward;  // built forward only
+    int on_cudnn = 0;
+    for (int t = 0; t < n_steps; ++t) {
       std::string why;
-      std::vector<kc::SdpaView> views = ring_step_views(cfg, layout, st, &why);
-      if (views.empty() && !why.empty()) return why;
+      std::vector<kc::SdpaView> views =
+          ring_step_views(cfg, layout, sched.steps[static_cast<std::size_t>(t)], &why);
       std::vector<std::size_t> graph_of;
+      std::string why_backward = with_backward ? "" : "not asked";
       for (const kc::SdpaView& v : views) {
+        if (!why.empty()) break;
+        // The views' pointers are the tensors' plus their offsets: cuDNN reads 16-byte
+        // aligned tensors only.
+        if ((v.q_offset * static_cast<int64_t>(eb())) % 16 != 0 ||
+            (v.kv_offset * static_cast<int64_t>(eb())) % 16 != 0) {
+          why = "a view's rows start off the 16-byte alignment cuDNN reads (head dim " +
+                std::to_string(d()) + ")";
+          break;
+        }
         kc::SdpaView shape = v;  // the graph's view: offsets are applied to the pointers
         shape.q_offset = shape.kv_offset = shape.row_offset = 0;
         std::ostringstream key;
         key << shape.batch << ' ' << shape.heads << ' ' << shape.kv_heads << ' ' << shape.rows
-            << ' ' << shape.kv_rows << ' ' << shape.head_dim << ' ' << shape.right_bound.value_or(-1)
-            << ' ' << (shape.right_bound ? 1 : 0);
+            << ' ' << shape.kv_rows << ' ' << shape.head_dim << ' '
+            << (shape.right_bound ? std::to_string(*shape.right_bound) : "-") << ' '
+            << (shape.left_bound ? std::to_string(*shape.left_bound) : "-");
         for (int i = 0; i < 4; ++i) key << ' ' << shape.q_stride[i] << ' ' << shape.kv_stride[i];
-        auto [it, fresh] = by_shape.try_emplace(key.str(), cudnn_graphs.size());
-        if (fresh) {
-          try {
-            cudnn_graphs.push_back(std::make_unique<kc::CudnnGraphPlan>(
-                std::vector<kc::SdpaView>{shape}, opts.dtype, opts.device, stream,
-                with_backward));
-          } catch (const std::runtime_error& e) {
-            return e.what();
-          }
+        if (auto r = refused_shape.find(key.str()); r != refused_shape.end()) {
+          why = r->second;
+          break;
         }
+        auto it = by_shape.find(key.str());
+        if (it == by_shape.end()) {
+          auto build = [&](bool backward) {
+            cudnn_graphs.push_back(std::make_unique<kc::CudnnGraphPlan>(
+                std::vector<kc::SdpaView>{shape}, opts.dtype, opts.device, stream, backward));
+          };
+          try {
+            build(with_backward);
+          } catch (const std::runtime_error& e) {
+            if (!with_backward) {
+              why = refused_shape[key.str()] = e.what();
+              break;
+            }
+            try {  // the forward alone, as one GPU keeps it where the backward is refused
+              build(false);
+              refused_backward[key.str()] = e.what();
+            } catch (const std::runtime_error& e_forward) {
+              why = refused_shape[key.str()] = e_forward.what();
+              break;
+            }
+          }
+          it = by_shape.emplace(key.str(), cudnn_graphs.size() - 1).first;
+        }
+        if (auto r = refused_backward.find(key.str());
+            r != refused_backward.end() && why_backward.empty())
+          why_backward = r->second;
         graph_of.push_back(it->second);
+      }
+      if (!why.empty()) {
+        cudnn_refused[why].push_back(t);
+        views.clear(), graph_of.clear();
+      } else {
+        cudnn_step[static_cast<std::size_t>(t)] = 1;
+        on_cudnn += views.empty() ? 0 : 1;
+        if (why_backward.empty())
+          cudnn_step_backward[static_cast<std::size_t>(t)] = 1;
+        else if (with_backward)
+          cudnn_refused_backward[why_backward].push_back(t);
       }
       cudnn_views.push_back(std::move(views));
       cudnn_graph_of.push_back(std::move(graph_of));
+    }
+    if (on_cudnn == 0) {
+      release_cudnn();
+      if (cudnn_refused.empty()) cudnn_refused["no ring step has attention to run"] = {};
+      return 0;
     }
     const Shape4& s = cfg.shape;
     const auto q_elems = static_cast<std::size_t>(s.batch * layout.local_len * s.heads * d());
     const auto kv_elems = static_cast<std::size_t>(
         std::max(s.batch * layout.local_len * cfg.effective_kv_heads(), sched.max_recv_rows) *
         d());
-    c_o = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN output scratch", opts.device,
-                               stream);
-    c_stats = kc::DeviceAllocation(static_cast<std::size_t>(shard_rows()) * sizeof(float),
-                                   "the ring's cuDNN stats", opts.device, stream);
-    if (with_backward) {
-      c_dq = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN dQ scratch", opts.device,
-                                  stream);
-      c_dk = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dK scratch", opts.device,
-                                  stream);
-      c_dv = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dV scratch", opts.device,
-                                  stream);
+    try {
+      c_o = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN output scratch",
+                                 opts.device, stream);
+      c_stats = kc::DeviceAllocation(static_cast<std::size_t>(shard_rows()) * sizeof(float),
+                                     "the ring's cuDNN stats", opts.device, stream);
+      if (with_backward) {
+        c_dq = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN dQ scratch", opts.device,
+                                    stream);
+        c_dk = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dK scratch",
+                                    opts.device, stream);
+        c_dv = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dV scratch",
+                                    opts.device, stream);
+      }
+    } catch (const kc::DeviceOutOfMemory& e) {
+      // cuDNN's scratch comes on top of what ours need: a ring ours can run must not fail
+      // for it.
+      release_cudnn();
+      cudnn_refused.clear();
+      cudnn_refused_backward.clear();
+      return refuse_all(std::string("no device memory for cuDNN's scratch: ") + e.what());
     }
     cudnn_build_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return "";
+    return on_cudnn;
+  }
+
+  // cuDNN's graphs and scratch given back (auto chose ringattn's kernels for both passes).
+  void release_cudnn() {
+    cudnn_graphs.clear();
+    cudnn_views.clear();
+    cudnn_graph_of.clear();
+    cudnn_step.assign(sched.steps.size(), 0);
+    cudnn_step_backward.assign(sched.steps.size(), 0);
+    c_o.reset();
+    c_stats.reset();
+    c_dq.reset();
+    c_dk.reset();
+    c_dv.reset();
+  }
+
+  bool cudnn_runs(int t) const { return cudnn_step[static_cast<std::size_t>(t)] != 0; }
+  bool cudnn_runs_backward(int t) const {
+    return cudnn_step_backward[static_cast<std::size_t>(t)] != 0;
   }
 
   std::size_t cudnn_view_count() const {
@@ -373,6 +478,10 @@ struct CudaRingPlan::Impl {
         qv.strides[a] = w.q_stride[static_cast<std::size_t>(a)];
         kv.strides[a] = w.kv_stride[static_cast<std::size_t>(a)];
       }
+      // dQ of the rows that see a key only: cuDNN's values for the others are its own.
+      const auto [keyed_begin, keyed_end] = kc::rows_with_keys(w);
+      qv.offset += keyed_begin * w.q_stride[2];
+      qv.dims[2] = keyed_end - keyed_begin;
       kc::launch_add_view(elem, c_dq.get(), dq, qv, stream);
       kc::launch_add_view(elem, c_dk.get(), dk, kv, stream);
       kc::launch_add_view(elem, c_dv.get(), dv, kv, stream);
@@ -402,6 +511,35 @@ struct CudaRingPlan::Impl {
   }
 
   struct Device;
+  void run_forward(const void* q, const void* k, const void* v, float* out, float* lse);
+  void run_backward(const void* q, const void* k, const void* v, const float* out,
+                    const float* lse, const void* dout, float* dq, float* dk, float* dv);
+
+  // --kernel auto: whether a pass takes cuDNN's steps, by ring_kernel_choice.hpp's rule on the
+  // slowest rank's median times of `run(false)` (ringattn's kernels) and `run(true)` (cuDNN's
+  // steps), or on RINGATTN_TEST_RING_AUTO_MS's; the choice and the times become a note.
+  template <class Run>
+  bool auto_takes_cudnn(bool backward, Run&& run) {
+    const std::string ours = (backward ? use_hopper_backward : use_hopper) ? "hopper" : "native";
+    const std::optional<RingPassTiming> stub = ring_auto_stubbed_timing(backward);
+    RingPassTiming t;
+    if (stub) {
+      t = *stub;
+    } else {
+      t.ours_ms = comm->max(kc::median_ms(stream, [&] { run(false); }));
+      t.cudnn_ms = comm->max(kc::median_ms(stream, [&] { run(true); }));
+    }
+    const bool take = ring_auto_takes_cudnn(t, opts.deterministic);
+    notes.push_back(ring_auto_note(backward ? "backward" : "forward", ours, t, take, stub.has_value()));
+    return take;
+  }
+
+  // Once neither pass can still take cuDNN, its graphs and scratch are given back.
+  void release_unchosen_cudnn() {
+#if RINGATTN_RING_CUDNN
+    if (!use_cudnn && !use_cudnn_backward && !decide_forward && !decide_backward) release_cudnn();
+#endif
+  }
 };
 
 // The protocol's backend for one call: the plan's device buffers and lists, the call's
@@ -440,12 +578,13 @@ struct CudaRingPlan::Impl::Device {
       m.clear_partial();
     }
 #if RINGATTN_RING_CUDNN
-    if (m.use_cudnn && aligned16(p.q) && aligned16(k) && aligned16(v)) {
+    const bool cudnn = m.use_cudnn && m.cudnn_runs(t);
+    if (cudnn && aligned16(p.q) && aligned16(k) && aligned16(v)) {
       m.cudnn_forward(t, p.q, k, v, p.out, p.lse);
       if (m.partials) m.merge_partial(fwd.out, fwd.lse);
       return;
     }
-    if (m.use_cudnn && !m.noted_unaligned) {
+    if (cudnn && !m.noted_unaligned) {
       m.notes.push_back("cuDNN needs 16-byte aligned q/k/v; these are not, so the native kernels "
                         "ran");
       m.noted_unaligned = true;
@@ -482,12 +621,12 @@ struct CudaRingPlan::Impl::Device {
     p.dk = dk;
     p.dv = dv;
 #if RINGATTN_RING_CUDNN
-    if (m.use_cudnn_backward && aligned16(p.q) && aligned16(p.dout) && aligned16(k) &&
-        aligned16(v)) {
+    const bool cudnn = m.use_cudnn_backward && m.cudnn_runs_backward(t);
+    if (cudnn && aligned16(p.q) && aligned16(p.dout) && aligned16(k) && aligned16(v)) {
       m.cudnn_backward(t, p.q, k, v, p.dout, p.lse, p.dq, dk, dv);
       return;
     }
-    if (m.use_cudnn_backward && !m.noted_unaligned_backward) {
+    if (cudnn && !m.noted_unaligned_backward) {
       m.notes.push_back("cuDNN needs 16-byte aligned q/k/v/dout; these are not, so the native "
                         "kernels ran");
       m.noted_unaligned_backward = true;
@@ -629,55 +768,77 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.buf.returned[i] = kc::DeviceAllocation(kv_send * sizeof(float), "a ring dK/dV return buffer",
                                              opts.device, m.stream);
   }
-  // --kernel cudnn: every step's views on cuDNN (dense attention; the backward too unless
-  // --deterministic, as cuDNN's backward adds dQ with atomics). Where it cannot run, a note
-  // says why and the choice falls to auto's.
-  bool hopper_or_auto =
-      opts.kernel == KernelChoice::hopper || opts.kernel == KernelChoice::automatic;
-  if (opts.kernel == KernelChoice::cudnn) {
+  // --kernel cudnn: every step's views on cuDNN (the backward too unless --deterministic, as
+  // cuDNN's backward adds dQ with atomics); a step cuDNN refuses runs on ringattn's kernels,
+  // with a note naming why. --kernel auto (not --deterministic): the same steps are a
+  // candidate, timed against ringattn's kernels on the first forward and the first backward
+  // (ring_kernel_choice.hpp).
+  m.comm = &comm;
+  const bool cudnn_asked = opts.kernel == KernelChoice::cudnn;
+  bool auto_tries_cudnn = opts.kernel == KernelChoice::automatic && !opts.deterministic;
+  if (cudnn_asked) {
 #if RINGATTN_CUDA_EMULATION  // cuDNN's stand-in runs for tests only (cudnn_graphs_emulated.cpp)
     if (!kc::cudnn_standin_enabled())
       throw InputError("--kernel", "'cudnn' is not available in this build (the emulated GPU has "
                                    "no cuDNN)");
 #endif
-#if RINGATTN_RING_CUDNN
-    const std::string why = m.prepare_cudnn(!opts.deterministic);
-    m.use_cudnn = why.empty();
-    if (!m.use_cudnn) {  // what was built before the refusal
-      m.cudnn_graphs.clear();
-      m.cudnn_views.clear();
-      m.cudnn_graph_of.clear();
-    }
-    m.use_cudnn_backward = m.use_cudnn && !opts.deterministic;
-    if (m.use_cudnn) {
-      const std::string library = m.cudnn_graphs.empty()
-                                      ? std::string("cuDNN")
-                                      : m.cudnn_graphs.front()->description().substr(
-                                            0, m.cudnn_graphs.front()->description().find(':'));
-      std::ostringstream os;
-      os << std::fixed << std::setprecision(0) << "--kernel cudnn: every ring step's forward"
-         << (m.use_cudnn_backward ? " and backward" : "") << " on cuDNN (" << library << "; " << m.cudnn_view_count() << " views over " << m.sched.steps.size() << " steps, "
-         << m.cudnn_graphs.size() << (m.cudnn_graphs.size() == 1 ? " graph" : " graphs")
-         << " built in " << m.cudnn_build_ms << " ms)";
-      if (!m.use_cudnn_backward)
-        os << "; the backward is ringattn's (--deterministic: cuDNN's backward adds dQ with "
-              "atomics)";
-      m.notes.push_back(os.str());
-    } else {
-      m.notes.push_back("--kernel cudnn: cuDNN cannot run this ring's steps (" + why +
-                        "); using what --kernel auto picks");
-    }
-#else
+#if !RINGATTN_RING_CUDNN
     throw InputError("--kernel",
                      "'cudnn' is not available in this build (no cuDNN headers or cudnn-frontend "
                      "at configure time)");
 #endif
-    hopper_or_auto = !m.use_cudnn_backward;
   }
-  // --kernel hopper, and auto: the sm_90a task kernels, where they run, are the faster ring
-  // kernels of ringattn's own (docs/PERFORMANCE.md). auto does not take cuDNN on the ring
-  // until a GPU has measured it there.
-  if (hopper_or_auto) {
+#if RINGATTN_CUDA_EMULATION
+  auto_tries_cudnn = auto_tries_cudnn && kc::cudnn_standin_enabled();
+#endif
+  m.cudnn_step.assign(m.sched.steps.size(), 0);
+  m.cudnn_step_backward.assign(m.sched.steps.size(), 0);
+  int cudnn_steps = 0;
+#if RINGATTN_RING_CUDNN
+  if (cudnn_asked || auto_tries_cudnn) {
+    cudnn_steps = m.prepare_cudnn(cudnn_asked ? !opts.deterministic : true);
+    m.use_cudnn = cudnn_asked && cudnn_steps > 0;
+    const bool any_backward = std::any_of(m.cudnn_step_backward.begin(),
+                                          m.cudnn_step_backward.end(), [](char c) { return c; });
+    m.use_cudnn_backward = m.use_cudnn && !opts.deterministic && any_backward;
+    m.decide_forward = !cudnn_asked && cudnn_steps > 0;
+    m.decide_backward = m.decide_forward && any_backward;
+  }
+#endif
+  const int n_steps = static_cast<int>(m.sched.steps.size());
+  const std::string flag = cudnn_asked                                 ? "--kernel cudnn: "
+                           : opts.kernel == KernelChoice::automatic ? "--kernel auto: "
+                                                                       : "--kernel hopper: ";
+#if RINGATTN_RING_CUDNN
+  if (cudnn_steps > 0) {
+    const std::string description = m.cudnn_graphs.front()->description();
+    const std::string library = description.substr(0, description.find(':'));
+    const bool every = cudnn_steps == n_steps || m.cudnn_refused.empty();
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(0) << flag;
+    if (cudnn_asked)
+      os << (every ? "every ring step's forward" : "the ring steps' forward")
+         << (m.use_cudnn_backward ? " and backward" : "") << " on cuDNN";
+    else
+      os << "cuDNN's ring steps are a candidate, timed against ringattn's kernels on the first "
+            "forward and backward";
+    os << " (" << library << "; " << m.cudnn_view_count() << " views over " << cudnn_steps
+       << (every ? "" : " of " + std::to_string(n_steps)) << " steps, " << m.cudnn_graphs.size()
+       << (m.cudnn_graphs.size() == 1 ? " graph" : " graphs") << " built in " << m.cudnn_build_ms
+       << " ms)";
+    if (cudnn_asked && !m.use_cudnn_backward)
+      os << "; the backward is ringattn's (--deterministic: cuDNN's backward adds dQ with "
+            "atomics)";
+    m.notes.push_back(os.str());
+  }
+#endif
+  // ringattn's own kernels: the sm_90a task kernels where they run (the faster ones,
+  // docs/PERFORMANCE.md), else the native ones; for --kernel cudnn they run what cuDNN does
+  // not (refused steps, the --deterministic backward).
+  const bool ours_needed = opts.kernel == KernelChoice::hopper ||
+                           opts.kernel == KernelChoice::automatic || !m.use_cudnn_backward ||
+                           !m.cudnn_refused.empty() || !m.cudnn_refused_backward.empty();
+  if (ours_needed && opts.kernel != KernelChoice::native) {
     const bool automatic = opts.kernel != KernelChoice::hopper;
     const std::string why = m.prepare_hopper();
     m.use_hopper = why.empty();
@@ -685,10 +846,11 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.use_hopper_backward = m.use_hopper && why_backward.empty();
     const std::string status =
         automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
-    const std::string flag = opts.kernel == KernelChoice::cudnn ? "--kernel cudnn: "
-                             : automatic                         ? "--kernel auto: "
-                                                                 : "--kernel hopper: ";
-    const char* steps = m.use_cudnn ? "backward" : "forward and backward";
+    const bool refusals = m.use_cudnn && !m.cudnn_refused.empty();
+    const std::string steps = !m.use_cudnn           ? "forward and backward"
+                              : m.use_cudnn_backward ? "forward and backward that cuDNN refuses"
+                              : refusals             ? "backward, and forward that cuDNN refuses,"
+                                                     : "backward";
     m.notes.push_back(
         !m.use_hopper
             ? (automatic ? flag + "the native kernels (the sm_90a ones cannot run: " + why + ")"
@@ -703,6 +865,35 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
                   "then each received block), the native backward (the Hopper one cannot run: " +
                   why_backward + "); " + status);
   }
+  // What cuDNN refused, step by step (auto: only where cuDNN could have been chosen).
+  const bool backward_on_cudnn = m.use_cudnn_backward || m.decide_backward;
+  if (cudnn_asked || cudnn_steps > 0)
+    for (const auto& [reason, which] : m.cudnn_refused) {
+      std::ostringstream os;
+      os << flag << "cuDNN cannot run ";
+      if (static_cast<int>(which.size()) == n_steps) {
+        os << "this ring's steps";
+      } else {
+        os << (which.size() == 1 ? "ring step " : "ring steps ");
+        for (std::size_t i = 0; i < which.size(); ++i) os << (i ? ", " : "") << which[i];
+        os << " of " << n_steps;
+      }
+      os << " (" << reason << "); "
+         << (static_cast<int>(which.size()) == n_steps ? "using" : "those run on") << " the "
+         << (m.use_hopper ? "sm_90a" : "native") << " kernels";
+      m.notes.push_back(os.str());
+    }
+  if (cudnn_steps > 0 && (cudnn_asked ? !opts.deterministic : true))
+    for (const auto& [reason, which] : m.cudnn_refused_backward) {
+      std::ostringstream os;
+      os << flag << "cuDNN cannot run the backward of ring " << (which.size() == 1 ? "step " : "steps ");
+      for (std::size_t i = 0; i < which.size(); ++i) os << (i ? ", " : "") << which[i];
+      os << " of " << n_steps << " (" << reason << "); "
+         << (backward_on_cudnn ? "their forward runs on cuDNN, their backward on the "
+                               : "their forward runs on cuDNN; the backward is all on the ")
+         << (m.use_hopper_backward ? "sm_90a" : "native") << " kernels";
+      m.notes.push_back(os.str());
+    }
   m.ex =
       std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s, m.skip_ordering);
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -749,6 +940,20 @@ void CudaRingPlan::synchronize() {
 void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
+  if (m.decide_forward) {
+    m.decide_forward = false;
+    m.use_cudnn = m.auto_takes_cudnn(false, [&](bool cudnn) {
+      m.use_cudnn = cudnn;
+      m.run_forward(q, k, v, out, lse);
+    });
+    m.release_unchosen_cudnn();
+  }
+  m.run_forward(q, k, v, out, lse);
+}
+
+void CudaRingPlan::Impl::run_forward(const void* q, const void* k, const void* v, float* out,
+                                     float* lse) {
+  Impl& m = *this;
   m.fwd = {};
   const Shape4& s = m.cfg.shape;
   const int64_t n_out = s.batch * m.layout.local_len * s.heads * s.head_dim;
@@ -768,6 +973,21 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
                             const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
+  if (m.decide_backward) {
+    m.decide_backward = false;
+    m.use_cudnn_backward = m.auto_takes_cudnn(true, [&](bool cudnn) {
+      m.use_cudnn_backward = cudnn;
+      m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
+    });
+    m.release_unchosen_cudnn();
+  }
+  m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
+}
+
+void CudaRingPlan::Impl::run_backward(const void* q, const void* k, const void* v,
+                                      const float* out, const float* lse, const void* dout,
+                                      float* dq, float* dk, float* dv) {
+  Impl& m = *this;
   m.bwd = {};
   const Shape4& s = m.cfg.shape;
   const int64_t dd = m.d();

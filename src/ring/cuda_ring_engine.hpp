@@ -32,9 +32,10 @@ class CudaRingPlan {
   const ShardLayout& layout() const noexcept;
   const RingSchedule& schedule() const noexcept;
   DeviceDType dtype() const noexcept;  // fp32 where the tensor-core kernels do not fit
-  // The forward's kernel: "hopper" where opts.kernel hopper runs every step's forward on the
-  // sm_90a task kernel (bf16/fp16, D 64/128/256, an sm_90 device), else "native"; the
-  // backward is native.
+  // The forward's kernel: "cudnn" where cuDNN runs the ring's steps (--kernel cudnn, or auto
+  // once its first forward has timed them faster; steps cuDNN refuses run on ours), "hopper"
+  // where the sm_90a task kernels run every step (bf16/fp16, D 64/128/256, an sm_90
+  // device), else "native"; backward_kernel_name() the same for the backward.
   std::string kernel_name() const;
   std::string backward_kernel_name() const;
   const std::vector<std::string>& notes() const noexcept;

@@ -17,13 +17,16 @@
 
 namespace ringattn::ring {
 
-// The views of step `step` (every wave's tasks, each (query chunk, key chunk) pair one view
-// over all batches and heads). Each view's q_offset indexes q, out and dout (elements of the
-// [B, N/P, H, D] shard), its kv_offset the step's K and V; row_offset is its first query
-// position in the shard (the epilogues' place, segment = N/P; the ring merges every view into
-// out/lse by lse). Empty, with `why`, where a step's tasks are not such
-// grids: dilated, windowed or packed attention, or a causal diagonal cuDNN's band cannot
-// express; a step with no tasks gives no views and no reason.
+// The views of step `step` (every wave's tasks, each (query chunk, key chunk, document) one
+// view over all batches and heads, causality and a sliding window as cuDNN's band). Each
+// view's q_offset indexes q, out and dout (elements of the [B, N/P, H, D] shard), its
+// kv_offset the step's K and V; row_offset is its first query position in the shard (the
+// epilogues' place, segment = N/P; the ring merges every view into out/lse by lse). Every
+// view row sees at least one key (rows and keys outside the band are trimmed off, so bounds
+// are right >= 0, left >= 1), and views adjacent in their query or key rows are joined
+// where one band sees exactly what both did. Empty, with `why`, where a step's tasks are
+// not such grids (dilated attention, [B,H,N,D] tensors); a step with no tasks gives no views
+// and no reason.
 std::vector<kernels::cuda::SdpaView> ring_step_views(const AttentionConfig& cfg,
                                                      const ShardLayout& layout,
                                                      const RingStep& step, std::string* why);

@@ -24,6 +24,7 @@
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "kernels/cuda/host_convert.hpp"
+#include "kernels/cuda/median_time.hpp"
 #include "ringattn/errors.hpp"
 #include "single/device_schedule.hpp"
 #include "single/schedule.hpp"
@@ -421,33 +422,10 @@ struct CudaPlan::Impl {
     native_backward(q, k, v, out, lse, dout, dq, dk, dv);
   }
 
-  // Median of 5 timed runs of `run`, after one warm-up run.
+  // Median of 5 timed runs of `run`, after one warm-up run, on the plan's stream.
   template <class Run>
   double median_ms(Run&& run) {
-    cudaEvent_t a, b;
-    RINGATTN_CUDA_CHECK(cudaEventCreate(&a));
-    RINGATTN_CUDA_CHECK(cudaEventCreate(&b));
-    std::vector<float> ms;
-    try {
-      run();
-      for (int i = 0; i < 5; ++i) {
-        RINGATTN_CUDA_CHECK(cudaEventRecord(a, stream));
-        run();
-        RINGATTN_CUDA_CHECK(cudaEventRecord(b, stream));
-        RINGATTN_CUDA_CHECK(cudaEventSynchronize(b));
-        float t = 0;
-        RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-      }
-    } catch (...) {
-      (void)cudaEventDestroy(a);
-      (void)cudaEventDestroy(b);
-      throw;
-    }
-    (void)cudaEventDestroy(a);
-    (void)cudaEventDestroy(b);
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return kc::median_ms(stream, std::forward<Run>(run));
   }
 };
 

@@ -278,6 +278,25 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
   EXPECT_NE(r.out.find("every ring step's forward and backward on cuDNN (emulated cuDNN stand-in"),
             std::string::npos)
       << describe(r);
+  // --kernel auto with the stand-in and stubbed timings (cuDNN faster forward, slower
+  // backward): --json reports each pass's choice, the notes their times; --deterministic
+  // keeps cuDNN out whatever the timings.
+  for (const bool deterministic : {false, true}) {
+    const testing::CudnnStandinScope standin;
+    std::vector<std::string> args = {"run", "--device", "cuda", "--ring-size", "2", "--seq-len",
+                                     "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+                                     "--causal", "--kernel", "auto", "--check", "--backward",
+                                     "--json"};
+    if (deterministic) args.push_back("--deterministic");
+    r = testing::run_cli(args, {"RINGATTN_TEST_RING_AUTO_MS=2,1,1,2"});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const nlohmann::json ja = last_line_json(r.out);
+    EXPECT_EQ(ja.value("kernel", ""), deterministic ? "hopper" : "cudnn") << describe(r);
+    EXPECT_EQ(ja.value("kernel_backward", ""), "hopper") << describe(r);
+    EXPECT_EQ(r.out.find("ring forward hopper 2.000 ms, cudnn 1.000 ms") == std::string::npos,
+              deterministic)
+        << describe(r);
+  }
 #endif
 }
 

@@ -1389,6 +1389,143 @@ TEST(CudaKernels, CudnnDilatedBackwardMatchesTheFloat64Reference) {
     }
 }
 #endif
+
+// The view epilogue (launch_store_view_result) over a view whose first two rows see no key
+// (band right bound -2): whatever cuDNN returns for them (on the emulated GPU the stand-in
+// returns zero O with stats -inf, NaN, and finite garbage in turn; on a GPU, cuDNN's own
+// values, printed), merging leaves those rows of out/lse as they were and storing writes them
+// as 0 and -inf, while the rows with keys match float64.
+TEST(CudaKernels, ViewEpilogueIgnoresRowsWithoutKeysWhateverCudnnReturns) {
+  REQUIRE_GPU();
+#if !RINGATTN_CUDA_EMULATION && !RINGATTN_TEST_HAVE_CUDNN
+  GTEST_SKIP() << "SKIPPED: no cuDNN in this build";
+#else
+  namespace kc = kernels::cuda;
+  const int64_t N = 8, H = 2, D = 8, R = -2;
+  kc::SdpaView view;
+  view.heads = view.kv_heads = H;
+  view.rows = view.kv_rows = N;
+  view.head_dim = D;
+  view.q_stride = view.kv_stride = {N * H * D, D, H * D, 1};
+  view.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  view.right_bound = R;
+  view.segment = N;
+  const auto [keyed_begin, keyed_end] = kc::rows_with_keys(view);
+  EXPECT_EQ(keyed_begin, 2);
+  EXPECT_EQ(keyed_end, N);
+  const auto n = static_cast<std::size_t>(N * H * D), rows = static_cast<std::size_t>(N * H);
+  std::vector<float> q = testing::random_normal(n, 11), k = testing::random_normal(n, 12),
+                     v = testing::random_normal(n, 13);
+  const std::vector<float> prior_out = testing::random_normal(n, 14),
+                           prior_lse = testing::random_normal(rows, 15);
+  for (std::vector<float>* x : {&q, &k, &v}) round_to_device_dtype(x->data(), n, DeviceDType::bf16);
+  // float64: the view's own (o, lse) per (row, head), and its merge into the prior.
+  std::vector<double> o_ref(n), lse_ref(rows, -INFINITY);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = keyed_begin; i < N; ++i) {
+      std::vector<double> s;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j <= i + R; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += double(q[(i * H + h) * D + d]) * k[(j * H + h) * D + d];
+        s.push_back(dot * view.scale);
+        mx = std::max(mx, s.back());
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t d = 0; d < D; ++d) {
+        double o = 0;
+        for (std::size_t j = 0; j < s.size(); ++j) o += s[j] * v[(static_cast<int64_t>(j) * H + h) * D + d];
+        o_ref[static_cast<std::size_t>((i * H + h) * D + d)] = o / sum;
+      }
+      lse_ref[static_cast<std::size_t>(h * N + i)] = mx + std::log(sum);
+    }
+  DeviceBuffer dq(n * 2, "q"), dk(n * 2, "k"), dv(n * 2, "v"), o_scratch(n * 2, "O"),
+      stats(rows * 4, "stats"), out(n * 4, "out"), lse(rows * 4, "lse");
+  dq.upload(q.data(), n, DeviceDType::bf16);
+  dk.upload(k.data(), n, DeviceDType::bf16);
+  dv.upload(v.data(), n, DeviceDType::bf16);
+#if RINGATTN_CUDA_EMULATION
+  const testing::CudnnStandinScope standin;
+  const std::vector<std::string> behaviours = {"zero", "nan", "garbage"};
+#else
+  const std::vector<std::string> behaviours = {"cudnn"};
+#endif
+  for (const std::string& behaviour : behaviours) {
+    setenv("RINGATTN_EMU_CUDNN_EMPTY_ROWS", behaviour.c_str(), 1);
+    std::unique_ptr<kc::CudnnGraphPlan> plan;
+    try {
+      plan = std::make_unique<kc::CudnnGraphPlan>(std::vector<kc::SdpaView>{view},
+                                                  DeviceDType::bf16, 0, nullptr, false);
+    } catch (const std::runtime_error& e) {
+      unsetenv("RINGATTN_EMU_CUDNN_EMPTY_ROWS");
+      GTEST_SKIP() << "SKIPPED: cuDNN does not build a view with rows without keys: " << e.what();
+    }
+    plan->forward_view(0, dq.data(), dk.data(), dv.data(), o_scratch.data(), stats.as<float>());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got_stats(rows);
+    stats.download(got_stats.data(), rows);
+    std::printf("  %s: stats of the rows without keys: %g %g\n", behaviour.c_str(),
+                static_cast<double>(got_stats[0]), static_cast<double>(got_stats[1]));
+    for (const bool accumulate : {true, false}) {
+      out.upload(prior_out.data(), n, DeviceDType::fp32);
+      lse.upload(prior_lse.data(), rows, DeviceDType::fp32);
+      kc::ViewResultParams p = kc::view_place(view, {1, N, H, D});
+      p.o_scratch = o_scratch.data();
+      p.stats = stats.as<float>();
+      p.out = out.as<float>();
+      p.lse = lse.as<float>();
+      p.accumulate = accumulate;
+      kc::launch_store_view_result(kc::Elem::bf16, p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> got_out(n), got_lse(rows);
+      out.download(got_out.data(), n);
+      lse.download(got_lse.data(), rows);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < N; ++i) {
+          const auto r = static_cast<std::size_t>(h * N + i);
+          double want_lse = lse_ref[r];
+          double ca = 0, cb = 1;
+          if (accumulate) {
+            const double la = prior_lse[r], lb = lse_ref[r];
+            want_lse = i < keyed_begin ? la : std::log(std::exp(la) + std::exp(lb));
+            ca = std::exp(la - want_lse);
+            cb = i < keyed_begin ? 0 : std::exp(lb - want_lse);
+          }
+          const std::string where = behaviour + (accumulate ? " merge" : " store") + " head " +
+                                    std::to_string(h) + " row " + std::to_string(i);
+          if (i < keyed_begin && !accumulate)
+            EXPECT_EQ(got_lse[r], -INFINITY) << where;
+          else
+            EXPECT_NEAR(got_lse[r], want_lse, 1e-4) << where;
+          for (int64_t d = 0; d < D; ++d) {
+            const auto at = static_cast<std::size_t>((i * H + h) * D + d);
+            const double want = ca * prior_out[at] + (i < keyed_begin ? 0.0 : cb * o_ref[at]);
+            ASSERT_NEAR(got_out[at], want, 2e-2) << where << " d " << d;
+          }
+        }
+    }
+#if RINGATTN_CUDA_EMULATION
+    // The test has teeth: merging the stand-in's garbage rows as if they had keys changes them.
+    if (behaviour == "garbage") {
+      out.upload(prior_out.data(), n, DeviceDType::fp32);
+      lse.upload(prior_lse.data(), rows, DeviceDType::fp32);
+      kc::ViewResultParams p = kc::view_place(view, {1, N, H, D});
+      p.o_scratch = o_scratch.data(), p.stats = stats.as<float>();
+      p.out = out.as<float>(), p.lse = lse.as<float>();
+      p.accumulate = true;
+      p.keyed_begin = 0;
+      kc::launch_store_view_result(kc::Elem::bf16, p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> got_lse(rows);
+      lse.download(got_lse.data(), rows);
+      EXPECT_GT(std::fabs(got_lse[0] - prior_lse[0]), 1e-3);
+    }
+#endif
+  }
+  unsetenv("RINGATTN_EMU_CUDNN_EMPTY_ROWS");
+#endif
+}
 #endif
 
 // ---- review fixes: each fails on the code before its fix ---------------------------------

@@ -158,7 +158,16 @@ TEST(CudnnViews, EveryRingStepsGraphsValidate) {
   mqa.kv_heads = 1;
   AttentionConfig balanced = dense(252, 2, 64);  // causal, 252 % 2P != 0 at P = 4: balanced
   balanced.causal = true;
-  for (const AttentionConfig& cfg : {causal_gqa, mqa, balanced})
+  // Bands with both bounds, rows trimmed where a step's rows see no key.
+  AttentionConfig window = dense(256, 4, 64);
+  window.causal = true;
+  window.window_left = 20;
+  AttentionConfig two_sided = dense(256, 4, 128);
+  two_sided.window_left = 7, two_sided.window_right = 3;
+  AttentionConfig packed = dense(256, 4, 64);  // a one-token document, one straddling shards
+  packed.causal = true;
+  packed.cu_seqlens = {0, 1, 100, 256};
+  for (const AttentionConfig& cfg : {causal_gqa, mqa, balanced, window, two_sided, packed})
     for (const int world : {2, 4}) {
       const ring::ShardLayout layout = ring::make_layout(cfg, world);
       if (cfg.shape.seq_len == 252 && world == 4) {
@@ -174,7 +183,14 @@ TEST(CudnnViews, EveryRingStepsGraphsValidate) {
             for (const DeviceDType dtype : {DeviceDType::bf16, DeviceDType::fp16})
               for (const int sm : {90, 80})
                 for (const SdpaGraphKind kind : {SdpaGraphKind::forward, SdpaGraphKind::backward})
-                  EXPECT_EQ(validate_sdpa_view(v, kind, dtype, sm), "")
+                  // A one-token document's 1 x 1 backward is refused by cuDNN 9.19 ("s_q =
+                  // s_kv = 1"); the ring then keeps that step's forward on cuDNN and runs its
+                  // backward on ours (CudaRing.CudnnRefusedBackwardKeepsTheStepsForwardOnCudnn).
+                  if (kind == SdpaGraphKind::backward && v.rows == 1 && v.kv_rows == 1)
+                    std::printf("  1 x 1 backward: %s\n",
+                                validate_sdpa_view(v, kind, dtype, sm).c_str());
+                  else
+                    EXPECT_EQ(validate_sdpa_view(v, kind, dtype, sm), "")
                       << library << ", P " << world << " rank " << r << " step " << t << ", sm_"
                       << sm << ", " << to_string(dtype)
                       << (kind == SdpaGraphKind::forward ? " forward" : " backward");

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <ostream>
@@ -44,13 +45,14 @@ struct Full : testing::FullResult {
   std::vector<std::size_t> workspace;  // device bytes each rank's plan holds
   std::string kernel;                  // rank 0's forward kernel
   std::string kernel_backward;         // and its backward kernel
+  std::vector<std::string> notes;      // rank 0's, after the calls
 };
 
 // Runs the GPU ring on P virtual ranks (rank r on device r) and gathers the full tensors.
 // With `one_device`, every rank uses device 0 and the in-process device communicator.
 Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, DeviceDType t,
                   ring::RingOptions ring_opts = {}, bool one_device = false,
-                  KernelChoice kernel = KernelChoice::native) {
+                  KernelChoice kernel = KernelChoice::native, bool deterministic = false) {
   const Shape4 s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
@@ -61,13 +63,14 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<std::size_t>(static_cast<std::size_t>(p)),
          {},
+         {},
          {}};
   std::mutex mu;
   const int rc = ring::run_virtual_ranks(p, [&](ring::Communicator& control) {
     const int r = one_device ? 0 : control.rank();
     auto comm = one_device ? ring::make_device_inproc_communicator(control, 0)
                            : ring::make_nccl_communicator(control, {60});
-    ring::CudaRingPlan plan(cfg, *comm, {t, kernel, r}, ring_opts);
+    ring::CudaRingPlan plan(cfg, *comm, {t, kernel, r, deterministic}, ring_opts);
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim;
     const int64_t kv_inner = cfg.effective_kv_heads() * s.head_dim;
@@ -108,6 +111,7 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
     if (me == 0) {
       f.kernel = plan.kernel_name();
       f.kernel_backward = plan.backward_kernel_name();
+      f.notes = plan.notes();
     }
     // The minimum is counted in fp32 K/V; the ring moves them in the device dtype.
     f.bytes_min[me] =
@@ -131,12 +135,16 @@ std::string skip_reason(int p, bool needs_one_gpu_per_rank = false) {
 
 bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; }
 
-void expect_matches_reference(const std::string& what, const AttentionConfig& cfg, RingInputs in,
+// Returns the run (its kernels and notes). `kernels_by_rule`: the kernel names follow from the
+// choice alone (not from auto's timing or per-step refusals), so they are checked here.
+Full expect_matches_reference(const std::string& what, const AttentionConfig& cfg, RingInputs in,
                               int p, DeviceDType t, ring::RingOptions ring_opts = {},
-                              KernelChoice kernel = KernelChoice::native) {
+                              KernelChoice kernel = KernelChoice::native,
+                              bool deterministic = false, bool kernels_by_rule = true) {
   const bool shared = ranks_share_a_device(p);
   const bool partials = ring_opts.step_results == ring::RingOptions::StepResults::partials;
-  const Full got = run_gpu_ring(cfg, in, p, t, ring_opts, shared, kernel);
+  const Full got = run_gpu_ring(cfg, in, p, t, ring_opts, shared, kernel, deterministic);
+  if (kernels_by_rule) {
 #if RINGATTN_CUDA_EMULATION
   const int64_t d = cfg.shape.head_dim;
   const bool hopper_asked = kernel == KernelChoice::hopper ||
@@ -149,6 +157,7 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
   if (kernel == KernelChoice::cudnn) {  // every view is a cuDNN grid in these cases
     EXPECT_EQ(got.kernel, "cudnn") << what << " P=" << p;
     EXPECT_EQ(got.kernel_backward, "cudnn") << what << " P=" << p;
+  }
   }
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     round_to_device_dtype(x->data(), x->size(), t);
@@ -200,6 +209,7 @@ void expect_matches_reference(const std::string& what, const AttentionConfig& cf
       "  %s P=%d%s %s %s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e, rank 0 sent %lld bytes\n",
       what.c_str(), p, shared ? " (one GPU)" : "", got.kernel.c_str(), to_string(t), e[0], e[1],
       e[2], e[3], e[4], static_cast<long long>(got.bytes_sent[0]));
+  return got;
 }
 
 class CudaRingGolden : public ::testing::TestWithParam<std::string> {};
@@ -544,6 +554,171 @@ TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
                                  KernelChoice::cudnn);
       }
     }
+  }
+}
+
+// Sliding windows and packed documents on the ring through cuDNN's views (a band per
+// document, rows that see no key of a step trimmed off), against float64 at P = 1..4: a
+// causal window narrower than a chunk, a wider one with GQA, a two-sided window, packed
+// documents with a one-token one and documents straddling shards, and a window inside
+// documents.
+TEST(CudaRing, CudnnRunsWindowsAndPackedDocumentsAgainstTheReference) {
+#if RINGATTN_CUDA_EMULATION
+  const testing::CudnnStandinScope standin;
+#endif
+  // [batch, 96, 4, 64], K/V heads, causal, window (left, right; -1: none), documents.
+  auto config = [](int64_t batch, int64_t kv_heads, bool causal, int64_t left, int64_t right,
+                   std::vector<int64_t> cu) {
+    AttentionConfig c;
+    c.shape = {batch, 96, 4, 64};
+    c.kv_heads = kv_heads;
+    c.causal = causal;
+    if (left >= 0) c.window_left = left;
+    if (right >= 0) c.window_right = right;
+    c.cu_seqlens = std::move(cu);
+    return c;
+  };
+  const std::pair<AttentionConfig, std::string> cases[] = {
+      {config(1, 4, true, 5, -1, {}), "causal window 5"},
+      {config(2, 2, true, 40, -1, {}), "causal window 40, GQA 4:2"},
+      {config(1, 4, false, 7, 3, {}), "window 7,3"},
+      {config(2, 4, true, -1, -1, {0, 1, 30, 31, 70, 96}), "packed, one-token documents"},
+      {config(1, 2, true, 9, -1, {0, 40, 41, 96}), "packed with window 9, GQA 4:2"}};
+  for (const auto& [cfg, name] : cases) {
+    const RingInputs in = testing::random_inputs(cfg);
+    for (int p = 1; p <= 4; ++p) {
+      if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+      const Full got = expect_matches_reference(name + " (cudnn)", cfg, in, p, DeviceDType::bf16,
+                                                {}, KernelChoice::cudnn, false, false);
+      EXPECT_EQ(got.kernel, "cudnn") << name << " P=" << p;
+#if RINGATTN_CUDA_EMULATION  // cuDNN 9.19 refuses a one-token document's backward (its step's
+                             // backward then runs on ours): only the stand-in runs every one
+      EXPECT_EQ(got.kernel_backward, "cudnn") << name << " P=" << p;
+#endif
+    }
+  }
+}
+#endif
+
+#if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
+// An environment variable set for one scope (the stand-in's test hooks).
+struct EnvScope {
+  std::string name;
+  EnvScope(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~EnvScope() { unsetenv(name.c_str()); }
+};
+
+bool has_note(const Full& f, const std::string& text) {
+  return std::any_of(f.notes.begin(), f.notes.end(),
+                     [&](const std::string& n) { return n.find(text) != std::string::npos; });
+}
+
+// --kernel auto on the ring takes cuDNN's steps for a pass exactly where they time faster
+// than ringattn's kernels (timings stubbed: RINGATTN_TEST_RING_AUTO_MS), and never under
+// --deterministic; each choice is a note with the times, and the results match float64
+// whichever kernels run.
+TEST(CudaRing, AutoTakesCudnnStepsWhereTheyTimeFasterAndNeverWhenDeterministic) {
+  if (const std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+#if RINGATTN_CUDA_EMULATION
+  const testing::CudnnStandinScope standin;
+#endif
+  AttentionConfig cfg;
+  for (const auto& c : testing::random_ring_cases())
+    if (std::string(c.name) == "dense_D64") cfg = testing::config_of(c, true);
+  const RingInputs in = testing::random_inputs(cfg);
+  struct Case {
+    const char* ms;
+    bool deterministic;
+    const char *forward, *backward;
+  };
+  for (const Case& c : {Case{"2,1,1,2", false, "cudnn", "hopper"},
+                        Case{"1,2,2,1", false, "hopper", "cudnn"},
+                        Case{"1,1,1,1", false, "hopper", "hopper"},  // a tie keeps ours
+                        Case{"2,1", true, "hopper", "hopper"}}) {
+    const EnvScope timing("RINGATTN_TEST_RING_AUTO_MS", c.ms);
+    for (int p : {1, 2}) {
+      const std::string what = std::string("auto ") + c.ms + (c.deterministic ? " det" : "");
+      const Full got = expect_matches_reference(what, cfg, in, p, DeviceDType::bf16, {},
+                                                KernelChoice::automatic, c.deterministic, false);
+      // Ours: the sm_90a kernels on the emulated sm_90; on a GPU whichever of ours runs there.
+      auto ours_as_one = [](const std::string& k) {
+#if RINGATTN_CUDA_EMULATION
+        return k;
+#else
+        return k == "cudnn" ? k : std::string("ours");
+#endif
+      };
+      EXPECT_EQ(ours_as_one(got.kernel), ours_as_one(c.forward)) << what << " P=" << p;
+      EXPECT_EQ(ours_as_one(got.kernel_backward), ours_as_one(c.backward)) << what << " P=" << p;
+      const std::string all = ::testing::PrintToString(got.notes);
+      if (c.deterministic) {
+        EXPECT_EQ(all.find("cudnn"), std::string::npos) << all;
+      } else {
+        EXPECT_TRUE(has_note(got, std::string(" ") + (c.ms[0] == '2' ? "2.000" : "1.000") +
+                                      " ms, cudnn "))
+            << all;
+        EXPECT_TRUE(has_note(got, "using " + got.kernel)) << all;
+        EXPECT_TRUE(has_note(got, "--kernel auto: ring backward ")) << all;
+      }
+    }
+  }
+}
+
+#endif
+
+#if RINGATTN_CUDA_EMULATION
+// What cuDNN refuses on the ring falls back step by step: with the stand-in refusing every
+// banded view (RINGATTN_EMU_CUDNN_REFUSE=band, as a cuDNN that cannot build them), a causal
+// ring's diagonal steps run on ringattn's kernels and the rest on cuDNN, the results match
+// float64 at P = 1..4, and a note names the steps and the reason. The whole job never fails.
+TEST(CudaRing, CudnnRefusalsFallBackStepByStepWithANote) {
+  const testing::CudnnStandinScope standin;
+  const EnvScope refuse("RINGATTN_EMU_CUDNN_REFUSE", "band");
+  AttentionConfig cfg;
+  for (const auto& c : testing::random_ring_cases())
+    if (std::string(c.name) == "dense_D64") cfg = testing::config_of(c, true);
+  const RingInputs in = testing::random_inputs(cfg);
+  for (int p = 1; p <= 4; ++p) {
+    if (cfg.shape.seq_len % p != 0) continue;
+    const Full got = expect_matches_reference("cudnn, bands refused", cfg, in, p,
+                                              DeviceDType::bf16, {}, KernelChoice::cudnn, false,
+                                              false);
+    const std::string all = ::testing::PrintToString(got.notes);
+    EXPECT_TRUE(has_note(got, "stand-in refuses views with a diagonal band")) << all;
+    if (p == 1) {  // the one step is a diagonal: the whole ring is ours, with the reason
+      EXPECT_EQ(got.kernel, "hopper") << all;
+      EXPECT_TRUE(has_note(got, "--kernel cudnn: cuDNN cannot run this ring's steps")) << all;
+    } else {
+      EXPECT_EQ(got.kernel, "cudnn") << all;
+      EXPECT_EQ(got.kernel_backward, "cudnn") << all;
+      EXPECT_TRUE(has_note(got, "--kernel cudnn: cuDNN cannot run ring step 0 of ")) << all;
+      EXPECT_TRUE(has_note(got, "those run on the sm_90a kernels")) << all;
+    }
+  }
+}
+
+// A refused backward alone (cuDNN 9.19 will not build the backward of a one-token document's
+// 1 x 1 view; the stand-in refuses it with RINGATTN_EMU_CUDNN_REFUSE=one_token_backward)
+// keeps that step's forward on cuDNN and runs its backward on ringattn's kernels, the other
+// steps' backward on cuDNN; a note names the steps; float64 at P = 1..4.
+TEST(CudaRing, CudnnRefusedBackwardKeepsTheStepsForwardOnCudnn) {
+  const testing::CudnnStandinScope standin;
+  const EnvScope refuse("RINGATTN_EMU_CUDNN_REFUSE", "one_token_backward");
+  AttentionConfig cfg;
+  cfg.shape = {1, 96, 4, 64};
+  cfg.causal = true;
+  cfg.cu_seqlens = {0, 1, 30, 31, 70, 96};
+  const RingInputs in = testing::random_inputs(cfg);
+  for (int p = 1; p <= 4; ++p) {
+    const Full got = expect_matches_reference("cudnn, one-token backward refused", cfg, in, p,
+                                              DeviceDType::bf16, {}, KernelChoice::cudnn, false,
+                                              false);
+    const std::string all = ::testing::PrintToString(got.notes);
+    EXPECT_EQ(got.kernel, "cudnn") << all;
+    EXPECT_EQ(got.kernel_backward, p == 1 ? "hopper" : "cudnn") << all;
+    EXPECT_TRUE(has_note(got, "--kernel cudnn: cuDNN cannot run the backward of ring step 0 of"))
+        << all;
+    EXPECT_TRUE(has_note(got, "s_q = s_kv = 1")) << all;
   }
 }
 #endif

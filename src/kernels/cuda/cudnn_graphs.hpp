@@ -7,11 +7,13 @@
 // capability instead of the device's).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringattn/config.hpp"
@@ -38,6 +40,18 @@ struct SdpaView {
   // `rows` of each selected at row_offset + i·dilation; heads first_head + j·head_step.
   int64_t segment = 0, dilation = 1, row_offset = 0, first_head = 0, head_step = 1;
 };
+
+// The view rows that see at least one key under the view's band: [begin, end) within
+// [0, rows) (rows of a band wholly left or right of the keys see none).
+inline std::pair<int64_t, int64_t> rows_with_keys(const SdpaView& v) {
+  const int64_t keys = v.kv_rows > 0 ? v.kv_rows : v.rows;
+  // Row i sees key j when i - left < j <= i + right and 0 <= j < keys: some j exists when
+  // i >= -right and i - left + 1 <= keys - 1.
+  int64_t begin = v.right_bound ? std::max<int64_t>(0, -*v.right_bound) : 0;
+  int64_t end = v.left_bound ? std::min(v.rows, keys + *v.left_bound - 1) : v.rows;
+  if (keys <= 0) begin = end = 0;
+  return {std::min(begin, v.rows), std::max(std::min(begin, v.rows), end)};
+}
 
 // The views of a configuration (docs/SEMANTICS.md): dense is one (GQA through kv_heads; a
 // packed sequence one per document); grouped dilated one per head group; mixture one per

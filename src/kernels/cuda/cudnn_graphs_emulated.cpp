@@ -6,7 +6,9 @@
 // dK, dV from O, dO and the stats, dK/dV summed over a K/V head's query heads), so the code
 // around it (the GPU ring's per-step views, epilogues and gradient adds) runs in CI; cuDNN
 // itself runs on a GPU only. Without the variable every constructor throws, as where cuDNN
-// cannot be loaded.
+// cannot be loaded. Test hooks: RINGATTN_EMU_CUDNN_REFUSE=band|one_token_backward (graphs
+// refused, as by a cuDNN that cannot build them) and RINGATTN_EMU_CUDNN_EMPTY_ROWS (what rows
+// without keys return).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -57,6 +59,23 @@ struct Geometry {
   }
 };
 
+// What the stand-in returns for a view row that sees no key (RINGATTN_EMU_CUDNN_EMPTY_ROWS):
+// cuDNN's answer there is not part of its contract, so tests make the epilogues meet each of
+// zero (O and dQ 0, stats -inf: the default), nan (NaN everywhere) and garbage (finite
+// values that look like a result: O and dQ 1000, stats 3).
+enum class EmptyRows { zero, nan, garbage };
+EmptyRows empty_rows() {
+  const char* v = std::getenv("RINGATTN_EMU_CUDNN_EMPTY_ROWS");
+  const std::string s = v ? v : "";
+  return s == "nan" ? EmptyRows::nan : s == "garbage" ? EmptyRows::garbage : EmptyRows::zero;
+}
+double empty_value(EmptyRows e) {
+  return e == EmptyRows::nan ? std::nan("") : e == EmptyRows::garbage ? 1000.0 : 0.0;
+}
+float empty_stat(EmptyRows e) {
+  return e == EmptyRows::nan ? std::nanf("") : e == EmptyRows::garbage ? 3.0f : -INFINITY;
+}
+
 void run_on(void* stream, std::function<void()> task) {
   const cudaError_t e = emu::runtime::enqueue(static_cast<cudaStream_t>(stream), std::move(task));
   if (e != cudaSuccess) throw RuntimeFailure("the emulated cuDNN stand-in could not be enqueued");
@@ -96,6 +115,20 @@ CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, i
         "in its place, for tests)");
   if (dtype == DeviceDType::fp32)
     throw std::runtime_error("cuDNN's fused attention takes bf16 or fp16 inputs, not fp32");
+  // Tests: RINGATTN_EMU_CUDNN_REFUSE=band refuses every view with a diagonal band, as a
+  // cuDNN that cannot build such a graph (its version, a bound it does not take) would;
+  // =one_token_backward refuses the backward of a 1 x 1 view, as cuDNN 9.19 does.
+  const char* refuse = std::getenv("RINGATTN_EMU_CUDNN_REFUSE");
+  const std::string refusal = refuse ? refuse : "";
+  for (const SdpaView& v : views) {
+    if (refusal == "band" && (v.left_bound || v.right_bound))
+      throw std::runtime_error(
+          "the cuDNN stand-in refuses views with a diagonal band (RINGATTN_EMU_CUDNN_REFUSE)");
+    if (refusal == "one_token_backward" && with_backward && v.rows == 1 &&
+        (v.kv_rows == 0 || v.kv_rows == 1))
+      throw std::runtime_error(
+          "the cuDNN stand-in refuses the backward of s_q = s_kv = 1 (RINGATTN_EMU_CUDNN_REFUSE)");
+  }
   Impl& m = *impl_;
   m.views = std::move(views);
   m.io.fp16 = dtype == DeviceDType::fp16;
@@ -133,6 +166,7 @@ void CudnnGraphPlan::forward_view(std::size_t view, const void* q, const void* k
   const void* vb = at(v, g.v.kv_offset);
   void* ob = static_cast<char*>(out) + g.v.q_offset * 2;
   float* st = stats + m.stats_offsets[view];
+  const EmptyRows empty = empty_rows();
   run_on(m.stream, [=] {
     const SdpaView& w = g.v;
     std::vector<double> s(static_cast<std::size_t>(g.kv_rows()));
@@ -156,10 +190,10 @@ void CudnnGraphPlan::forward_view(std::size_t view, const void* q, const void* k
             double o = 0;
             for (int64_t j = 0; j < g.kv_rows(); ++j)
               o += s[static_cast<std::size_t>(j)] * io.get(vb, g.kv_at(b, h, j) + d);
-            io.put(ob, g.q_at(b, h, i) + d, sum > 0 ? o / sum : 0.0);
+            io.put(ob, g.q_at(b, h, i) + d, sum > 0 ? o / sum : empty_value(empty));
           }
           st[(b * w.heads + h) * w.rows + i] =
-              static_cast<float>(sum > 0 ? mx + std::log(sum) : -INFINITY);
+              sum > 0 ? static_cast<float>(mx + std::log(sum)) : empty_stat(empty);
         }
   });
 }
@@ -183,6 +217,7 @@ void CudnnGraphPlan::backward_view(std::size_t view, const void* q, const void* 
   const void *qb = c(q, qo), *kb = c(k, ko), *vb = c(v, ko), *ob = c(out, qo), *gb = c(dout, qo);
   void *dqb = w_(dq, qo), *dkb = w_(dk, ko), *dvb = w_(dv, ko);
   const float* st = stats + m.stats_offsets[view];
+  const EmptyRows empty = empty_rows();
   run_on(m.stream, [=] {
     const SdpaView& w = g.v;
     const int64_t nk = g.kv_rows(), group = w.heads / w.kv_heads, D = w.head_dim;
@@ -196,6 +231,9 @@ void CudnnGraphPlan::backward_view(std::size_t view, const void* q, const void* 
             for (int64_t d = 0; d < D; ++d)
               delta += io.get(gb, g.q_at(b, h, i) + d) * io.get(ob, g.q_at(b, h, i) + d);
             std::vector<double> gq(static_cast<std::size_t>(D));
+            bool keyed = false;
+            for (int64_t j = 0; j < nk; ++j) keyed = keyed || g.sees(i, j);
+            if (!keyed) std::fill(gq.begin(), gq.end(), empty_value(empty));
             for (int64_t j = 0; j < nk; ++j) {
               if (!g.sees(i, j) || lse == -INFINITY) continue;
               double dot = 0, dp = 0;

@@ -284,15 +284,19 @@ __global__ void store_view_result_kernel(const ViewResultParams p) {
     const T* src = static_cast<const T*>(p.o_scratch) + at;
     float* dst = p.out + at;
     float* lse = p.lse + (b * p.heads + h) * p.seq_len + n;
-    const float lb = p.stats[r];
+    // A row without keys: neither its O nor its stat is read (cuDNN's values there are its own).
+    const int64_t i = r % p.rows;
+    const bool keyed = i >= p.keyed_begin && i < p.keyed_end;
+    const float lb = keyed ? p.stats[r] : -INFINITY;
     if (!p.accumulate) {
-      for (int64_t d = lane; d < p.head_dim; d += 32) dst[d] = to_float(src[d]) * p.out_scale;
+      for (int64_t d = lane; d < p.head_dim; d += 32)
+        dst[d] = keyed ? to_float(src[d]) * p.out_scale : 0.0f;
       if (lane == 0) *lse = lb;
       continue;
     }
     const float la = *lse;
     __syncwarp();
-    if (lb == -INFINITY) continue;
+    if (!(lb > -INFINITY && lb < INFINITY)) continue;  // -inf (no key), NaN, inf: nothing
     float ca = 0.0f, cb = 1.0f, new_lse = lb;
     if (la != -INFINITY) {
       const float mx = fmaxf(la, lb);

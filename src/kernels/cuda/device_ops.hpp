@@ -38,7 +38,10 @@ void launch_merge_lse(const MergeRows& m, cudaStream_t stream);
 // segments, Hg heads from first_head with head step head_step, m rows per segment at
 // positions offset + i·dilation), moved into out (fp32, [B, N, H, D]) and lse ([B, H, N]).
 // o_view is the cuDNN output in the same view of a [B, N, H, D] scratch tensor of type `e`;
-// stats is contiguous [B·S, Hg, m] fp32.
+// stats is contiguous [B·S, Hg, m] fp32. Only rows keyed_begin <= i < keyed_end of the view
+// see a key (the view's band, view_place): what cuDNN returns for the others (zero, NaN, a
+// stats value of -inf or anything else) is never read; they are stored as out 0, lse -inf,
+// and left as they are when merging. A merged row whose stat is not finite adds nothing.
 struct ViewResultParams {
   const void* o_scratch = nullptr;
   const float* stats = nullptr;
@@ -47,6 +50,7 @@ struct ViewResultParams {
   int64_t batch = 0, seq_len = 0, heads = 0, head_dim = 0;
   int64_t segment = 0, dilation = 1, offset = 0, rows = 0;  // rows = m
   int64_t first_head = 0, head_count = 0, head_step = 1;
+  int64_t keyed_begin = 0, keyed_end = INT64_MAX;
   bool accumulate = false;
   float out_scale = 1.0f;
 };
@@ -60,6 +64,8 @@ inline ViewResultParams view_place(const SdpaView& v, const Shape4& s) {
   r.segment = v.segment, r.dilation = v.dilation, r.offset = v.row_offset, r.rows = v.rows;
   r.first_head = v.first_head, r.head_count = v.heads, r.head_step = v.head_step;
   r.accumulate = v.accumulate, r.out_scale = v.out_scale;
+  const auto [begin, end] = rows_with_keys(v);
+  r.keyed_begin = begin, r.keyed_end = end;
   return r;
 }
 

@@ -1,0 +1,43 @@
+// How `--kernel auto` times a candidate on a GPU (one device and the ring alike): the median
+// of 5 runs measured with events on the candidate's stream, after one warm-up run.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace ringattn::kernels::cuda {
+
+// Milliseconds; `run` enqueues the work on `stream`. Throws what `run` or CUDA throws.
+template <class Run>
+double median_ms(cudaStream_t stream, Run&& run) {
+  cudaEvent_t a, b;
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&a));
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  try {
+    run();
+    for (int i = 0; i < 5; ++i) {
+      RINGATTN_CUDA_CHECK(cudaEventRecord(a, stream));
+      run();
+      RINGATTN_CUDA_CHECK(cudaEventRecord(b, stream));
+      RINGATTN_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      ms.push_back(t);
+    }
+  } catch (...) {
+    (void)cudaEventDestroy(a);
+    (void)cudaEventDestroy(b);
+    throw;
+  }
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace ringattn::kernels::cuda
