@@ -159,7 +159,7 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   Impl& m = *impl_;
   m.cfg = cfg;
   m.threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
-  m.tiles = choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
+  m.tiles = single::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
   m.layout = make_layout(cfg, comm.size());
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles);
   m.protocol = RingProtocol(m.sched, comm, ring_opts);

@@ -53,7 +53,7 @@ std::vector<Run> runs_in(const AttentionConfig& cfg, TensorLayout tensor, const 
     r.k_begin = k_lo;
     r.k_end = k_hi;
     const int64_t local_row = ch.local_begin + (first + k_lo * pat.dilation - ch.begin);
-    const RowStrides rs = row_strides(tensor, layout.local_len, heads, s.head_dim);
+    const single::RowStrides rs = single::row_strides(tensor, layout.local_len, heads, s.head_dim);
     r.row0 = rs.at(batch, local_row, head);
     r.stride = pat.dilation * rs.position;
     r.lse0 = (batch * heads + head) * layout.local_len + local_row;
@@ -254,8 +254,8 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
     }
     for (std::size_t w = 0; w < step.waves.size(); ++w) {
       Wave& wave = step.waves[w];
-      append_by_kv_place(by_place[w], wave.tasks, wave.backward_ends);
-      wave.items = forward_items(wave.tasks, cfg.causal, tiles);
+      single::append_by_kv_place(by_place[w], wave.tasks, wave.backward_ends);
+      wave.items = single::forward_items(wave.tasks, cfg.causal, tiles);
     }
     sched.max_send_rows = std::max(sched.max_send_rows, step.send_rows);
     sched.max_recv_rows = std::max(sched.max_recv_rows, step.recv_rows);

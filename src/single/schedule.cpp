@@ -9,7 +9,7 @@
 
 #include "core/patterns.hpp"
 
-namespace ringattn::ring {
+namespace ringattn::single {
 
 namespace {
 
@@ -124,4 +124,4 @@ std::size_t schedule_bytes(const LocalSchedule& s) {
   return bytes;
 }
 
-}  // namespace ringattn::ring
+}  // namespace ringattn::single

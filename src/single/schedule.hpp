@@ -9,7 +9,7 @@
 #include "kernels/cpu_flash.hpp"
 #include "ringattn/config.hpp"
 
-namespace ringattn::ring {
+namespace ringattn::single {
 
 // Floats between consecutive batches, positions and heads of a tensor of `n` positions,
 // `heads` heads and head dim `d` laid out as `layout` ([B, n, heads, d] for bnhd,
@@ -76,4 +76,4 @@ inline kernels::TileConfig choose_tiles(int64_t head_dim, int64_t q_tile, int64_
 // Bytes the schedule occupies (reported as part of the plan's workspace).
 std::size_t schedule_bytes(const LocalSchedule& s);
 
-}  // namespace ringattn::ring
+}  // namespace ringattn::single

@@ -45,8 +45,8 @@ bool parse(const std::vector<std::string>& args, ringattn::cli::RunOptions& o) {
 void check_schedule(const AttentionConfig& cfg) {
   const ringattn::Shape4& s = cfg.shape;
   const int64_t q_floats = s.numel(), k_floats = cfg.kv_shape().numel();
-  const auto tiles = ringattn::ring::choose_tiles(s.head_dim, 0, 0);
-  const ringattn::ring::LocalSchedule sched = ringattn::ring::build_local_schedule(cfg, tiles);
+  const auto tiles = ringattn::single::choose_tiles(s.head_dim, 0, 0);
+  const ringattn::single::LocalSchedule sched = ringattn::single::build_local_schedule(cfg, tiles);
   double pairs = 0;
   for (const auto& pass : sched.passes) {
     for (const auto& t : pass.tasks) {
