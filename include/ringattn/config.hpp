@@ -21,7 +21,7 @@ enum class Combine { grouped, mixture };
 // bnhd: [batch, seq_len, heads, head_dim], token-major (the default; what the ring shards);
 // bhnd: [batch, heads, seq_len, head_dim], each head's rows contiguous (PyTorch SDPA's
 // convention). The single-process CPU engine reads either; the other paths refuse bhnd,
-// naming --layout. lse is [batch, heads, seq_len] in both.
+// naming `config.layout`. lse is [batch, heads, seq_len] in both.
 enum class TensorLayout { bnhd, bhnd };
 
 const char* to_string(AttentionKind k);
@@ -94,7 +94,8 @@ struct AttentionConfig {
   }
 };
 
-// Throws InputError naming the option ("--segments", "--heads", ...) that is wrong.
+// Throws InputError naming the field that is wrong ("config.segments", "config.shape.heads",
+// ... as errors.hpp spells them).
 void validate(const AttentionConfig& cfg);
 
 // Sum over batch, heads and query rows of the number of keys each query attends

@@ -14,20 +14,20 @@
 namespace ringattn {
 
 // For the paths that do not compute grouped-query attention yet: throws InputError naming
-// --kv-heads, saying it is not yet supported on `path` (e.g. "--device cuda"), when
+// `config.kv_heads`, saying it is not yet supported on `path` (e.g. "--device cuda"), when
 // kv_heads != heads. Refusing is the contract there; computing with the wrong K/V layout is not.
 void require_multi_head(const AttentionConfig& cfg, const std::string& path);
 
-// For the paths that do not compute packed sequences yet: throws InputError naming --seqlens,
-// saying they are not yet supported on `path`, when the config is packed.
+// For the paths that do not compute packed sequences yet: throws InputError naming
+// `config.cu_seqlens`, saying they are not yet supported on `path`, when the config is packed.
 void require_unpacked(const AttentionConfig& cfg, const std::string& path);
 
-// For the paths that do not compute a sliding window yet: throws InputError naming --window,
-// saying it is not yet supported on `path`, when the config has a window.
+// For the paths that do not compute a sliding window yet: throws InputError naming
+// `config.window_left`, saying it is not yet supported on `path`, when the config has a window.
 void require_no_window(const AttentionConfig& cfg, const std::string& path);
 
-// For the paths that read only [B, N, H, D] tensors: throws InputError naming --layout,
-// saying bhnd is not supported on `path`, when the config's layout is bhnd.
+// For the paths that read only [B, N, H, D] tensors: throws InputError naming `config.layout`
+// (or `config.kv_layout`), saying bhnd is not supported on `path`, when either is bhnd.
 void require_bnhd(const AttentionConfig& cfg, const std::string& path);
 
 // One dilated pattern: segments of `segment` tokens, every `dilation`-th position from

@@ -60,9 +60,9 @@ void make_device_comm(job::EngineState& m, const JobSpec& spec) {
   m.device_index = ring::device_of_rank(t, comm.rank(), comm.local_rank(), gpus);
   if (spec.device_index >= 0) {
     if (spec.device_index >= gpus)
-      throw InputError("--device", "GPU " + std::to_string(spec.device_index) +
-                                       " does not exist (this machine has " + std::to_string(gpus) +
-                                       ")");
+      throw InputError("device", "GPU " + std::to_string(spec.device_index) +
+                                     " does not exist (this machine has " + std::to_string(gpus) +
+                                     ")");
     m.device_index = spec.device_index;
   }
   if (t == ring::DeviceTransport::device_copies)
@@ -73,7 +73,7 @@ void make_device_comm(job::EngineState& m, const JobSpec& spec) {
   // tasks as cuDNN views); block-sparse's local and received blocks have no cuDNN kernels.
   if (m.device_comm && m.job.lists && spec.kernel == KernelChoice::cudnn &&
       !single_plan_per_rank(m))
-    throw InputError("--kernel",
+    throw InputError("kernel",
                      "'cudnn' has no block-sparse kernels: the GPU block-sparse "
                      "mode runs --kernel native, hopper or auto");
 }
@@ -457,38 +457,6 @@ EngineStats Engine::stats() const {
     if (m.device_comm) s.device_detail += ", " + m.device_comm->library_version();
   }
   return s;
-}
-
-std::string field_of(const std::string& subject) {
-  static const std::pair<const char*, const char*> kFields[] = {
-      {"--batch", "config.shape.batch"},
-      {"--seq-len", "config.shape.seq_len"},
-      {"--heads", "config.shape.heads"},
-      {"--head-dim", "config.shape.head_dim"},
-      {"--kv-heads", "config.kv_heads"},
-      {"--attention", "config.attention"},
-      {"--combine", "config.combine"},
-      {"--segments", "config.segments"},
-      {"--dilations", "config.dilations"},
-      {"--causal", "config.causal"},
-      {"--scale", "config.scale"},
-      {"--window", "config.window_left"},
-      {"--seqlens", "config.cu_seqlens"},
-      {"--block-size", "config.block_size"},
-      {"--layout", "config.layout"},
-      {"--kv-layout", "config.kv_layout"},
-      {"--pattern", "block_sparse.pattern"},
-      {"--sparse-threshold", "sparse_threshold"},
-      {"--device", "device"},
-      {"--dtype", "dtype"},
-      {"--kernel", "kernel"},
-      {"--comm", "transport"},
-      {"--threads", "threads"},
-      {"--timeout", "timeout_s"},
-  };
-  for (const auto& [option, field] : kFields)
-    if (subject == option) return field;
-  return subject;
 }
 
 }  // namespace ringattn

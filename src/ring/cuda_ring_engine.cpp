@@ -550,9 +550,9 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.opts = opts;
   m.elem = kc::elem_of(opts.dtype);
   if (comm.size() > 1 && comm.memory_space() != MemorySpace::device)
-    throw InputError("--device", "'cuda' with several ranks needs a device communicator (NCCL)");
+    throw InputError("device", "'cuda' with several ranks needs a device communicator (NCCL)");
   const CudaDeviceStatus dev = probe_cuda_device(opts.device);
-  if (!dev.usable) throw InputError("--device", "'cuda' cannot be used: " + dev.reason);
+  if (!dev.usable) throw InputError("device", "'cuda' cannot be used: " + dev.reason);
   const kc::ScopedDevice on(opts.device);
   if (m.elem != kc::Elem::fp32 &&
       !kc::native_kernels_fit(cfg.shape.head_dim, m.elem, opts.device).empty()) {
@@ -635,8 +635,9 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   if (opts.kernel == KernelChoice::cudnn) {
 #if RINGATTN_CUDA_EMULATION  // cuDNN's stand-in runs for tests only (cudnn_graphs_emulated.cpp)
     if (!kc::cudnn_standin_enabled())
-      throw InputError("--kernel", "'cudnn' is not available in this build (the emulated GPU has "
-                                   "no cuDNN)");
+      throw InputError("kernel",
+                       "'cudnn' is not available in this build (the emulated GPU has "
+                       "no cuDNN)");
 #endif
 #if RINGATTN_RING_CUDNN
     const std::string why = m.prepare_cudnn(!opts.deterministic);
@@ -666,7 +667,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
                         "); using what --kernel auto picks");
     }
 #else
-    throw InputError("--kernel",
+    throw InputError("kernel",
                      "'cudnn' is not available in this build (no cuDNN headers or cudnn-frontend "
                      "at configure time)");
 #endif

@@ -175,10 +175,10 @@ ShardLayout make_layout(const AttentionConfig& cfg, int world) {
   l.world = world;
   l.seq_len = cfg.shape.seq_len;
   if (l.seq_len % world != 0)
-    throw InputError("--seq-len", std::to_string(l.seq_len) +
-                                      " tokens cannot be split evenly over " +
-                                      std::to_string(world) +
-                                      " ranks (N must be divisible by the number of ranks)");
+    throw InputError("config.shape.seq_len",
+                     std::to_string(l.seq_len) + " tokens cannot be split evenly over " +
+                         std::to_string(world) +
+                         " ranks (N must be divisible by the number of ranks)");
   l.local_len = l.seq_len / world;
   if (world == 1) return l;
   const bool zigzag_fits = l.seq_len % (2 * static_cast<int64_t>(world)) == 0;

@@ -35,7 +35,7 @@ struct ShardLayout {
   int64_t global_position(int rank, int64_t row) const;
 };
 
-// Throws InputError("--seq-len", ...) when P ranks cannot split N evenly (N % P).
+// Throws InputError("config.shape.seq_len", ...) when P ranks cannot split N evenly (N % P).
 // Contiguous for non-causal runs, zigzag for causal ones when N % 2P == 0, else balanced;
 // packed runs take the balanced layout unless the usual one is within 5 % of the mean work.
 ShardLayout make_layout(const AttentionConfig& cfg, int world);

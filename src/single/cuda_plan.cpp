@@ -447,7 +447,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   m.opts = opts;
   m.elem = kc::elem_of(opts.dtype);
   m.device = probe_cuda_device(opts.device);
-  if (!m.device.usable) throw InputError("--device", "'cuda' cannot be used: " + m.device.reason);
+  if (!m.device.usable) throw InputError("device", "'cuda' cannot be used: " + m.device.reason);
   const kc::ScopedDevice on(opts.device);
   // The tensor-core kernels' shared memory against this device's opt-in limit; where they do
   // not fit, the fp32 kernels (little shared memory) run instead.
@@ -552,8 +552,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     const char* why = "cudnn.h was not found at configure time";
 #endif
     if (opts.kernel == KernelChoice::cudnn)
-      throw InputError("--kernel", std::string("'cudnn' is not available in this build (") + why +
-                                       "); use --kernel native or auto");
+      throw InputError("kernel", std::string("'cudnn' is not available in this build (") + why +
+                                     "); use --kernel native or auto");
     m.notes.push_back("--kernel auto: " + m.fallback_kernels() + " (no cuDNN: " + why + ")" +
                       (m.use_hopper_backward || !m.hopper_forward()
                            ? ""

@@ -35,7 +35,7 @@ Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_uniqu
   validate(cfg);
   impl_->cfg = cfg;
   impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
-  if (opts.threads < 0) throw InputError("--threads", "must be >= 0");
+  if (opts.threads < 0) throw InputError("threads", "must be >= 0");
   if (opts.q_tile < 0 || opts.k_tile < 0) throw InputError("tiles", "must be >= 0 (0: automatic)");
   impl_->tiles = single::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
   impl_->schedule = single::build_local_schedule(cfg, impl_->tiles);

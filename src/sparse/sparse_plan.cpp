@@ -39,7 +39,7 @@ ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world) {
   if (world < 1) throw InputError("ranks", "world size must be at least 1");
   const int64_t per_rank = n / world;
   if (n % world != 0 || per_rank % bs != 0)
-    throw InputError(n % world != 0 ? "--seq-len" : "--block-size",
+    throw InputError(n % world != 0 ? "config.shape.seq_len" : "config.block_size",
                      std::to_string(n) + " tokens in blocks of " + std::to_string(bs) +
                          " cannot be split over " + std::to_string(world) +
                          " ranks in whole blocks (N/P must be a multiple of the block size)");

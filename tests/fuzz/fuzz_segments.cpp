@@ -105,8 +105,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     ringattn::validate(cfg);
   } catch (const InputError& e) {
     ringattn::fuzz::check_input_error(e);
-    check(e.subject() == "--segments" || e.subject() == "--dilations" || e.subject() == "--heads",
-          "a list error names another option", e.what());
+    check(e.subject() == "config.segments" || e.subject() == "config.dilations" ||
+              e.subject() == "config.shape.heads",
+          "a list error names another field", e.what());
     return 0;
   }
   const auto patterns = ringattn::patterns_of(cfg);

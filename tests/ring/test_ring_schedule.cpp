@@ -325,7 +325,7 @@ TEST(Sharding, UnevenSplitIsAnInputErrorNamingSeqLen) {
     make_layout(cfg, 3);
     FAIL();
   } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--seq-len");
+    EXPECT_EQ(e.subject(), "config.shape.seq_len");
   }
   // Causal runs need only N % P == 0: where 2P does not divide N the layout is balanced.
   cfg.causal = true;
