@@ -93,19 +93,22 @@ void validate_packing(const AttentionConfig& cfg) {
 
 }  // namespace
 
-void validate(const AttentionConfig& cfg) {
+void validate(const AttentionConfig& cfg) { validate(cfg, HeadSlice{}); }
+
+void validate(const AttentionConfig& cfg, const HeadSlice& heads) {
   const Shape4& s = cfg.shape;
+  const int64_t total_heads = heads.total_of(cfg);
   if (s.batch <= 0)
     throw InputError("config.shape.batch", "must be positive, got " + std::to_string(s.batch));
   if (s.seq_len <= 0)
     throw InputError("config.shape.seq_len", "must be positive, got " + std::to_string(s.seq_len));
   if (s.heads <= 0)
     throw InputError("config.shape.heads", "must be positive, got " + std::to_string(s.heads));
-  if (cfg.head_base < 0 || cfg.head_base + s.heads > cfg.total_heads())
-    throw InputError("config.shape.heads", "head slice [" + std::to_string(cfg.head_base) + ", " +
-                                               std::to_string(cfg.head_base + s.heads) +
-                                               ") lies outside " +
-                                               std::to_string(cfg.total_heads()) + " heads");
+  if (heads.base < 0 || heads.base + s.heads > total_heads)
+    throw InputError("config.shape.heads", "head slice [" + std::to_string(heads.base) + ", " +
+                                               std::to_string(heads.base + s.heads) +
+                                               ") lies outside " + std::to_string(total_heads) +
+                                               " heads");
   if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim)
     throw InputError("config.shape.head_dim", "must be in 1.." + std::to_string(kMaxHeadDim) +
                                                   ", got " + std::to_string(s.head_dim));
@@ -167,9 +170,9 @@ void validate(const AttentionConfig& cfg) {
                                               std::to_string(s.seq_len));
   }
   const auto groups = static_cast<int64_t>(cfg.segments.size());
-  if (cfg.combine == Combine::grouped && cfg.total_heads() < groups)
+  if (cfg.combine == Combine::grouped && total_heads < groups)
     throw InputError("config.shape.heads",
-                     std::to_string(cfg.total_heads()) + " heads cannot be split into " +
+                     std::to_string(total_heads) + " heads cannot be split into " +
                          std::to_string(groups) +
                          " groups (one per segment); use at least as many heads as "
                          "segments, or --combine mixture");
@@ -222,17 +225,19 @@ HeadRange group_heads(int64_t heads, int64_t groups, int64_t group) {
   return {first, base + (group < extra ? 1 : 0)};
 }
 
-HeadRange group_heads_of(const AttentionConfig& cfg, int64_t groups, int64_t group) {
-  const HeadRange g = group_heads(cfg.total_heads(), groups, group);
-  const int64_t first = std::max(g.first, cfg.head_base);
-  const int64_t end = std::min(g.first + g.count, cfg.head_base + cfg.shape.heads);
-  return {first - cfg.head_base, std::max<int64_t>(0, end - first)};
+HeadRange group_heads_of(const AttentionConfig& cfg, const HeadSlice& heads, int64_t groups,
+                         int64_t group) {
+  const HeadRange g = group_heads(heads.total_of(cfg), groups, group);
+  const int64_t first = std::max(g.first, heads.base);
+  const int64_t end = std::min(g.first + g.count, heads.base + cfg.shape.heads);
+  return {first - heads.base, std::max<int64_t>(0, end - first)};
 }
 
-int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head) {
+int64_t pattern_offset(const AttentionConfig& cfg, const HeadSlice& heads, int64_t pattern,
+                       int64_t head) {
   if (cfg.attention == AttentionKind::dense) return 0;
   const int64_t r = cfg.dilations[static_cast<std::size_t>(pattern)];
-  return (cfg.combine == Combine::grouped ? pattern : cfg.head_base + head) % r;
+  return (cfg.combine == Combine::grouped ? pattern : heads.base + head) % r;
 }
 
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset) {
@@ -296,7 +301,8 @@ double attended_pairs(const AttentionConfig& cfg) {
   const Shape4& s = cfg.shape;
   auto pairs_in_pattern = [&](int64_t i, int64_t head) {
     const auto& p = pats[static_cast<std::size_t>(i)];
-    const double m = static_cast<double>(selected_per_segment(p, pattern_offset(cfg, i, head)));
+    const double m =
+        static_cast<double>(selected_per_segment(p, pattern_offset(cfg, HeadSlice{}, i, head)));
     const double per_segment = cfg.causal ? m * (m + 1) / 2 : m * m;
     return per_segment * static_cast<double>(s.seq_len / p.segment);
   };
@@ -304,7 +310,7 @@ double attended_pairs(const AttentionConfig& cfg) {
   for (int64_t h = 0; h < s.heads; ++h) {
     if (cfg.combine == Combine::grouped || cfg.attention == AttentionKind::dense) {
       for (int64_t i = 0; i < groups; ++i) {
-        const HeadRange r = group_heads_of(cfg, groups, i);
+        const HeadRange r = group_heads_of(cfg, HeadSlice{}, groups, i);
         if (h >= r.first && h < r.first + r.count) total += pairs_in_pattern(i, h);
       }
     } else {

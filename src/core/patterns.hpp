@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/head_slice.hpp"
 #include "ringattn/config.hpp"
 
 namespace ringattn {
@@ -65,14 +66,16 @@ struct HeadRange {
   int64_t first = 0, count = 0;
 };
 HeadRange group_heads(int64_t heads, int64_t groups, int64_t group);
-// The same for a config's own heads: group `group` of the job's total_heads(), clipped to
-// this config's head slice and counted from its first head (count 0 when the slice holds
+// The same for a config's own heads, `heads` of the job's: group `group` of the job's
+// heads, clipped to the slice and counted from its first head (count 0 when the slice holds
 // none of the group).
-HeadRange group_heads_of(const AttentionConfig& cfg, int64_t groups, int64_t group);
+HeadRange group_heads_of(const AttentionConfig& cfg, const HeadSlice& heads, int64_t groups,
+                         int64_t group);
 
-// Offset of pattern i for head h (of this config's slice): grouped uses i % r_i (for heads
-// of group i only), mixture uses (head_base + h) % r_i.
-int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head);
+// Offset of pattern i for head h (of the slice `heads`): grouped uses i % r_i (for heads of
+// group i only), mixture uses (heads.base + h) % r_i.
+int64_t pattern_offset(const AttentionConfig& cfg, const HeadSlice& heads, int64_t pattern,
+                       int64_t head);
 
 // Number of positions a pattern selects in one segment: ceil((w - o) / r), 0 if o >= w.
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset);

@@ -107,11 +107,15 @@ void build_ulysses(job::EngineState& m, const JobSpec& spec) {
   std::unique_ptr<job::Backend> backend;
   std::unique_ptr<job::Moves> moves;
   if (m.on_gpu()) {
-    backend = job::make_device_backend(inner, groups > 1 ? ring_comm.get() : nullptr,
-                                       device_options(m, spec), ring_opts);
+    CudaPlanOptions opts = device_options(m, spec);
+    opts.heads = slice.heads;
+    backend =
+        job::make_device_backend(inner, groups > 1 ? ring_comm.get() : nullptr, opts, ring_opts);
     moves = job::make_device_moves(backend->stream(), m.device_index);
   } else {
-    backend = job::make_host_backend(inner, *ring_comm, {spec.threads}, ring_opts);
+    PlanOptions opts{spec.threads};
+    opts.heads = slice.heads;
+    backend = job::make_host_backend(inner, *ring_comm, opts, ring_opts);
     moves = job::make_host_moves();
   }
   m.backend = job::make_ulysses_backend(slice, m.job.local_len(), comm, std::move(group),
@@ -438,7 +442,8 @@ EngineStats Engine::stats() const {
   int64_t ring_min = 0;
   if (j.layout.world > 1)
     ring_min = ring_lists ? sparse::minimum_bytes_sent(ring_cfg, *ring_lists, j.layout, rank / u)
-                          : ring::minimum_bytes_sent(ring_cfg, j.layout, rank / u);
+                          : ring::minimum_bytes_sent(ring_cfg, j.layout, rank / u,
+                                                     slice ? slice->heads : HeadSlice{});
   const int elem = m.on_gpu() ? static_cast<int>(elem_bytes(s.dtype)) : 4;
   if (u > 1) s.bytes_sent_a2a_min = job::ulysses_forward_a2a_bytes(j.cfg, u, j.local_len(), elem);
   s.bytes_sent_min = ring_min * elem / 4 + s.bytes_sent_a2a_min;

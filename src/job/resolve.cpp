@@ -5,6 +5,7 @@
 // JobSpec field at fault (errors.hpp).
 #include "job/resolve.hpp"
 
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -198,11 +199,13 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
   // The ring runs over the groups, on a slice's heads.
-  const AttentionConfig ring_cfg =
-      r.ulysses > 1 ? ulysses_slice(cfg, nullptr, r.ulysses, 0).cfg : cfg;
+  std::optional<UlyssesSlice> slice;
+  if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);
+  const AttentionConfig& ring_cfg = slice ? slice->cfg : cfg;
   const int ring_world = ranks.world / r.ulysses;
-  r.layout = block_sparse ? sparse::sparse_layout(ring_cfg, ring_world)
-                          : ring::make_layout(ring_cfg, ring_world);
+  r.layout = block_sparse
+                 ? sparse::sparse_layout(ring_cfg, ring_world)
+                 : ring::make_layout(ring_cfg, ring_world, slice ? slice->heads : HeadSlice{});
   if (r.layout.local_len % r.ulysses != 0)
     throw InputError("ulysses", "each of the " + std::to_string(ring_world) + " groups holds " +
                                     std::to_string(r.layout.local_len) + " rows, which its " +

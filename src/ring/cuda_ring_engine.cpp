@@ -543,7 +543,7 @@ struct CudaRingPlan::Impl::Device {
 CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaPlanOptions opts,
                            RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
+  validate(cfg, opts.heads);
   require_bnhd(cfg, "the GPU ring");
   Impl& m = *impl_;
   m.cfg = cfg;
@@ -560,9 +560,9 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.elem = kc::Elem::fp32;
   }
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
-  m.layout = make_layout(cfg, comm.size());
+  m.layout = make_layout(cfg, comm.size(), opts.heads);
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
-  m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles);
+  m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles, opts.heads);
   m.protocol = RingProtocol(m.sched, comm, ring_opts);
   m.timeout_s = ring_opts.timeout_s;
   m.skip_ordering = ring_opts.skip_buffer_ordering_for_tests;

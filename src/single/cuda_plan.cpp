@@ -440,7 +440,7 @@ struct CudaPlan::Impl {
 
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
+  validate(cfg, opts.heads);
   require_bnhd(cfg, "--device cuda (use --device cpu)");
   Impl& m = *impl_;
   m.cfg = cfg;
@@ -464,8 +464,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
 
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
-  m.sched =
-      single::flatten_schedule(single::build_local_schedule(cfg, tiles), cfg.causal, kc::kKeyTile);
+  m.sched = single::flatten_schedule(single::build_local_schedule(cfg, tiles, opts.heads),
+                                     cfg.causal, kc::kKeyTile);
   m.tasks = kc::upload_vector(m.sched.tasks, "the task list", opts.device, m.stream);
   m.q_items = kc::upload_vector(m.sched.q_items, "the query work items", opts.device, m.stream);
   m.k_items = kc::upload_vector(m.sched.k_items, "the key work items", opts.device, m.stream);
@@ -512,6 +512,12 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   if (opts.kernel == KernelChoice::cudnn || automatic) {
 #if RINGATTN_HAVE_CUDNN
     try {
+      // cuDNN's views number heads from 0 of this config's; a slice's dilated heads keep
+      // the job's groups and offsets, which the views do not carry.
+      if (m.elem != kc::Elem::fp32 && cfg.attention == AttentionKind::dilated &&
+          !opts.heads.whole())
+        throw kc::CudnnUnavailable(
+            "a head slice of a dilated job (Ulysses) runs on the native kernels");
       // cuDNN's backward adds dQ with atomics (run-to-run differences within the dtype's
       // tolerance): a deterministic plan keeps the native (or sm_90a) backward, whose
       // every element has one writer.

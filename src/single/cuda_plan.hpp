@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/head_slice.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/device.hpp"  // DeviceDType, KernelChoice, CudaDeviceStatus
 
@@ -32,6 +33,7 @@ struct CudaPlanOptions {
   // applies) instead of by timing the first forward, and no kernel that accumulates with
   // atomics (cuDNN's backward dQ) is chosen.
   bool deterministic = false;
+  HeadSlice heads = {};  // the job's heads the config computes (Ulysses); default: all
 };
 
 class CudaPlan {

@@ -32,13 +32,13 @@ struct Plan::Impl {
 };
 
 Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
+  validate(cfg, opts.heads);
   impl_->cfg = cfg;
   impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
   if (opts.threads < 0) throw InputError("threads", "must be >= 0");
   if (opts.q_tile < 0 || opts.k_tile < 0) throw InputError("tiles", "must be >= 0 (0: automatic)");
   impl_->tiles = single::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
-  impl_->schedule = single::build_local_schedule(cfg, impl_->tiles);
+  impl_->schedule = single::build_local_schedule(cfg, impl_->tiles, opts.heads);
   impl_->per_thread_floats =
       std::max(kernels::forward_workspace_floats(impl_->tiles, cfg.shape.head_dim),
                kernels::backward_workspace_floats(impl_->tiles, cfg.shape.head_dim));

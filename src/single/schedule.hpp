@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "core/head_slice.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "ringattn/config.hpp"
 
@@ -49,7 +50,9 @@ struct LocalSchedule {
   bool clear_outputs_first = false;
 };
 
-LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t);
+// `slice`: the job's heads this config computes (default: all of them).
+LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t,
+                                   const HeadSlice& slice = {});
 
 // Concatenates tasks grouped by the query head's place in its K/V group (the buckets of
 // `by_place`, in order) into `tasks`, appending each bucket's end to `ends`; empty buckets

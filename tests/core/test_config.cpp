@@ -149,7 +149,7 @@ TEST(PatternArithmetic, AttendedPairsMatchesBruteForce) {
           }
           const int64_t w = pats[static_cast<std::size_t>(i)].segment;
           const int64_t r = pats[static_cast<std::size_t>(i)].dilation;
-          const int64_t o = pattern_offset(cfg, i, h);
+          const int64_t o = pattern_offset(cfg, HeadSlice{}, i, h);
           for (int64_t p = 0; p < s.seq_len; ++p)
             for (int64_t t = 0; t < s.seq_len; ++t) {
               const bool sel = (p % w) % r == o && (t % w) % r == o && p / w == t / w;

@@ -113,7 +113,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const auto patterns = ringattn::patterns_of(cfg);
   for (std::size_t i = 0; i < patterns.size(); ++i) {
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t offset = ringattn::pattern_offset(cfg, static_cast<int64_t>(i), h);
+      const int64_t offset =
+          ringattn::pattern_offset(cfg, ringattn::HeadSlice{}, static_cast<int64_t>(i), h);
       check(offset >= 0 && offset < cfg.dilations[i], "offset outside [0, dilation)");
       check(patterns[i].dilation >= 1 && patterns[i].dilation <= patterns[i].segment,
             "pattern dilation outside [1, segment]");
