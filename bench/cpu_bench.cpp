@@ -68,7 +68,7 @@ double sgemm_gflops(int n, int threads) {
 // in cache: S = Qᵀ-tile · Kᵀ, then acc += P · V, as the forward calls them (cpu_small_gemm),
 // every thread on its own tiles. What the forward could reach with a free softmax.
 double tile_products_gflops(int64_t d, int threads) {
-  const kernels::TileConfig tiles = ring::choose_tiles(d, 0, 0);
+  const kernels::TileConfig tiles = single::choose_tiles(d, 0, 0);
   const int ld = static_cast<int>(kernels::tile_ld(tiles.q_tile));  // as the kernels pad it
   const int m = static_cast<int>(kernels::round_up16(static_cast<std::size_t>(tiles.q_tile)));
   const int bk = static_cast<int>(tiles.k_tile);
@@ -119,9 +119,10 @@ nlohmann::json layout_ab(int64_t n, int64_t heads, int64_t d, int threads, int r
     t.q_stride = t.k_stride = d;
     layouts[1].push_back(t);
   }
-  const kernels::TileConfig tiles = ring::choose_tiles(d, 0, 0);
+  const kernels::TileConfig tiles = single::choose_tiles(d, 0, 0);
   const std::vector<kernels::ForwardItem> items[2] = {
-      ring::forward_items(layouts[0], false, tiles), ring::forward_items(layouts[1], false, tiles)};
+      single::forward_items(layouts[0], false, tiles),
+      single::forward_items(layouts[1], false, tiles)};
   const std::size_t per_thread = std::max(kernels::forward_workspace_floats(tiles, d),
                                           kernels::backward_workspace_floats(tiles, d));
   std::vector<float> workspace(per_thread * static_cast<std::size_t>(threads) + 16);

@@ -21,7 +21,7 @@ enum class Combine { grouped, mixture };
 // bnhd: [batch, seq_len, heads, head_dim], token-major (the default; what the ring shards);
 // bhnd: [batch, heads, seq_len, head_dim], each head's rows contiguous (PyTorch SDPA's
 // convention). The single-process CPU engine reads either; the other paths refuse bhnd,
-// naming --layout. lse is [batch, heads, seq_len] in both.
+// naming `config.layout`. lse is [batch, heads, seq_len] in both.
 enum class TensorLayout { bnhd, bhnd };
 
 const char* to_string(AttentionKind k);
@@ -64,15 +64,8 @@ struct AttentionConfig {
   // k, v, dk, dv when they are laid out unlike q (a KV cache kept head-major beside
   // token-major queries); unset: as `layout`. The CPU engines read any pairing.
   std::optional<TensorLayout> kv_layout;
-  // A head slice (Ulysses: each rank of a group computes some of the heads): this config
-  // computes the job's query heads [head_base, head_base + shape.heads) of `global_heads`
-  // (unset: shape.heads, head_base 0), so that a dilated head keeps its global head's group
-  // and offset (group_heads_of, pattern_offset) on whichever rank computes it.
-  int64_t head_base = 0;
-  std::optional<int64_t> global_heads;
 
   double effective_scale() const;
-  int64_t total_heads() const { return global_heads.value_or(shape.heads); }
   int64_t effective_kv_heads() const { return kv_heads ? *kv_heads : shape.heads; }
   // Query heads that share one K/V head: heads / kv_heads.
   int64_t queries_per_kv_head() const { return shape.heads / effective_kv_heads(); }
@@ -94,7 +87,8 @@ struct AttentionConfig {
   }
 };
 
-// Throws InputError naming the option ("--segments", "--heads", ...) that is wrong.
+// Throws InputError naming the field that is wrong ("config.segments", "config.shape.heads",
+// ... as errors.hpp spells them).
 void validate(const AttentionConfig& cfg);
 
 // Sum over batch, heads and query rows of the number of keys each query attends

@@ -1,7 +1,7 @@
 // GPUs as a caller sees them: whether this build has CUDA kernels and a device is usable, and
 // device memory from ringattn's pool for the caller's own tensors (what a TensorRef with
 // Memory::device points at). In a build without CUDA every call that needs a device throws
-// an InputError naming --device.
+// an InputError naming `device`.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // Typed errors that carry the process exit code the CLI must use.
-// InputError (exit 2) always names the option or file at fault; RuntimeFailure (exit 3)
-// covers everything that goes wrong after the input was accepted.
+// InputError (exit 2) always names what is at fault; RuntimeFailure (exit 3) covers
+// everything that goes wrong after the input was accepted.
 #pragma once
 
 #include <stdexcept>
@@ -10,8 +10,13 @@ namespace ringattn {
 
 enum class ExitCode : int { ok = 0, bad_input = 2, runtime_failure = 3 };
 
-// Bad options, bad files, bad shapes: the user can fix it. `subject` is the option
-// (e.g. "--segments") or the file path the message is about.
+// Bad options, bad files, bad shapes: the user can fix it. `subject` is what the message is
+// about. The library names a JobSpec field by its member path from the JobSpec, as C++ code
+// writes it: "config.shape.seq_len", "config.segments", "config.window_left",
+// "block_sparse.pattern", "block_sparse.mask", "device", "transport", "timeout_s",
+// "ulysses". Otherwise: a call's argument ("q", "dsinks", "ranks") or an environment
+// variable ("RINGATTN_BLAS_LIBRARY"). Front ends say it in their own words (the CLI
+// "--segments", Python "segments") and may add subjects of their own (a file: "--q (q.npy)").
 class InputError : public std::runtime_error {
  public:
   InputError(std::string subject, std::string problem)

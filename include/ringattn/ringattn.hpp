@@ -23,8 +23,8 @@ namespace ringattn {
 
 // Where a block-sparse job's (query block, key block) lists come from: the --pattern
 // language (docs/SEMANTICS.md), or an explicit bool mask [H, nb, nb] or [nb, nb] (nb = N /
-// block size, C order). `mask_name` is how messages name the mask ("--block-mask (m.npy)",
-// "block_mask").
+// block size, C order). `mask_name` is how reports name the mask ("--block-mask (m.npy)",
+// "block_mask"); errors about it name the field `block_sparse.mask`.
 struct BlockSparseSource {
   std::string pattern;
   std::shared_ptr<const std::vector<uint8_t>> mask;
@@ -44,7 +44,7 @@ struct JobSpec {
   BlockSparseSource block_sparse;  // config.attention == block_sparse
   Device device = Device::automatic;
   // What the device kernels read q, k, v and dout in: bf16 by default on GPUs. The CPU
-  // computes in fp32 (anything else is refused, naming --dtype).
+  // computes in fp32 (anything else is refused, naming `dtype`).
   std::optional<DeviceDType> dtype;
   KernelChoice kernel = KernelChoice::automatic;  // the GPU's forward kernel
   Transport transport = Transport::automatic;
@@ -222,17 +222,13 @@ class Engine {
 // Resolves, validates, lays out, plans and allocates. Every rank of `comm` calls it
 // together; a setup error on any rank is thrown on every rank (the lowest failing rank's
 // error, with its rank() naming that rank), so no rank is left waiting. InputError::subject()
-// names the field at fault in the CLI's spelling ("--segments", "--seq-len"); front ends
-// translate it (field_of below).
+// names the JobSpec field at fault as C++ code reaches it from the JobSpec ("config.segments",
+// "config.shape.seq_len"; errors.hpp); a front end says it in its own words.
 Engine make_engine(const JobSpec& spec, Comm& comm);
 
 // The global sequence positions `rank` holds, in local order, when `spec` runs on `world`
 // ranks: what each rank passes to Engine::forward (zigzag for causal jobs, whole blocks for
 // block-sparse), known before any engine exists. Equal to Engine::local_rows().
 std::vector<int64_t> shard_rows(const JobSpec& spec, int world, int rank);
-
-// The JobSpec field an InputError subject names: "--seq-len" -> "config.shape.seq_len",
-// "--segments" -> "config.segments"; the subject itself when it names no field (a file).
-std::string field_of(const std::string& subject);
 
 }  // namespace ringattn

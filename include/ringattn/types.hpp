@@ -11,7 +11,7 @@ enum class Device { automatic, cpu, cuda };
 // How the ranks of a GPU job exchange device memory. automatic: NCCL with one process per
 // GPU, device-to-device copies for virtual ranks sharing a GPU; nccl: NCCL only; local: the
 // in-process transport of virtual ranks (device copies on GPUs); mpi: host memory over MPI,
-// which the GPU engines do not take (refused, naming --comm). CPU jobs exchange over the
+// which the GPU engines do not take (refused, naming `transport`). CPU jobs exchange over the
 // Comm they are given.
 enum class Transport { automatic, nccl, mpi, local };
 

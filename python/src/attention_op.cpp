@@ -1,26 +1,51 @@
 // Keywords -> JobSpec -> Engine, for the Python package (attention_op.hpp). Keyword
 // combinations are checked here, naming the keyword; everything else (validation, layout,
-// block lists, agreement across ranks) is make_engine's, whose errors name the field in the
-// CLI's spelling and are re-aimed at the keyword here.
+// block lists, agreement across ranks) is make_engine's, whose errors name the JobSpec field
+// and are said here with the keyword that sets it (keyword_of).
 #include "attention_op.hpp"
 
+#include <string_view>
 #include <utility>
 
 #include "ringattn/errors.hpp"
 
 namespace ringattn::python {
 
-namespace {
-
-// "--seq-len" -> "seq_len", "--block-mask" -> "block_mask": the keyword (or argument) a
-// library error is about.
 std::string keyword_of(const std::string& subject) {
-  if (subject.rfind("--", 0) != 0) return subject;
-  std::string k = subject.substr(2);
-  for (char& c : k)
-    if (c == '-') c = '_';
-  return k;
+  static constexpr std::pair<std::string_view, std::string_view> kKeywords[] = {
+      {"config.shape.batch", "batch"},
+      {"config.shape.seq_len", "seq_len"},
+      {"config.shape.heads", "heads"},
+      {"config.shape.head_dim", "head_dim"},
+      {"config.kv_heads", "kv_heads"},
+      {"config.attention", "attention"},
+      {"config.combine", "combine"},
+      {"config.segments", "segments"},
+      {"config.dilations", "dilations"},
+      {"config.causal", "causal"},
+      {"config.scale", "scale"},
+      {"config.window_left", "window"},
+      {"config.window_right", "window"},
+      {"config.cu_seqlens", "seqlens"},
+      {"config.block_size", "block_size"},
+      {"config.layout", "layout"},
+      {"config.kv_layout", "kv_layout"},
+      {"block_sparse.pattern", "pattern"},
+      {"block_sparse.mask", "block_mask"},
+      {"sparse_threshold", "sparse_threshold"},
+      {"transport", "comm"},
+      {"timeout_s", "timeout"},
+  };
+  for (const auto& [field, keyword] : kKeywords)
+    if (subject == field) return std::string(keyword);
+  return subject;  // the same word here ("device", "ulysses", "sinks"), or no field ("q")
 }
+
+std::string keyword_message(const InputError& e) {
+  return keyword_of(e.subject()) + ": " + e.problem();
+}
+
+namespace {
 
 template <typename F>
 auto naming_keywords(F&& f) {

@@ -16,6 +16,13 @@
 
 namespace ringattn::python {
 
+// The keyword that sets JobSpec field `subject` ("config.shape.seq_len" -> "seq_len",
+// "transport" -> "comm"); any other subject unchanged. The one place the package translates
+// the library's field names.
+std::string keyword_of(const std::string& subject);
+// An InputError's message with its subject said as keyword_of says it.
+std::string keyword_message(const InputError& e);
+
 // The keywords of ringattn.attention(), as Python hands them over.
 struct AttentionOptions {
   std::string attention = "dense";

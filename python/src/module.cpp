@@ -208,7 +208,7 @@ NB_MODULE(_core, m) {
     try {
       std::rethrow_exception(p);
     } catch (const InputError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      PyErr_SetString(PyExc_ValueError, keyword_message(e).c_str());
     }
   });
   m.attr("__version__") = RINGATTN_VERSION;

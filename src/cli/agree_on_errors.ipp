@@ -1,9 +1,11 @@
 // Implementation of agree_on_errors (a template, so it lives beside its header): the
 // library's agreement (Comm::agree) and the CLI's way of saying it: the rank the error
-// came from prints it once, every rank returns its exit code.
+// came from prints it once, in the CLI's words (option_names.hpp), every rank returns its
+// exit code.
 #include <iostream>
 #include <string>
 
+#include "cli/option_names.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/quote.hpp"
 #include "ringattn/ringattn.hpp"
@@ -18,9 +20,9 @@ int agree_on_errors(Comm& comm, F&& f) {
     comm.agree(f);
     return 0;
   } catch (const InputError& e) {
-    code = static_cast<int>(ExitCode::bad_input), rank = e.rank(), message = e.what();
+    code = static_cast<int>(ExitCode::bad_input), rank = e.rank(), message = cli_message(e);
   } catch (const RuntimeFailure& e) {
-    code = static_cast<int>(ExitCode::runtime_failure), rank = e.rank(), message = e.what();
+    code = static_cast<int>(ExitCode::runtime_failure), rank = e.rank(), message = cli_message(e);
   }
   if (comm.size() == 1 || comm.rank() == rank) {
     std::cerr << "ringattn: ";

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "cli/inputs.hpp"
+#include "cli/option_names.hpp"
 
 namespace ringattn::cli {
 
@@ -116,18 +117,22 @@ void blaming_input_files(const RunOptions& opts, const std::function<void()>& f)
   try {
     f();
   } catch (const InputError& e) {
-    if (e.subject() == "--seqlens" && !opts.cu_seqlens_path.empty())
+    const std::string option = option_of(e.subject());
+    if (option == "--seqlens" && !opts.cu_seqlens_path.empty())
       throw InputError(file_subject("--cu-seqlens", opts.cu_seqlens_path), e.problem())
           .from_rank(e.rank());
-    if (opts.q_path.empty()) throw;
+    if (option == "--block-mask" && !opts.block_mask_path.empty())
+      throw InputError(file_subject("--block-mask", opts.block_mask_path), e.problem())
+          .from_rank(e.rank());
     const Shape4& given = opts.cfg.shape;  // with input files: 0 where the option was not given
     const int64_t given_dims[] = {given.batch, given.seq_len, given.heads, given.head_dim};
-    for (std::size_t i = 0; i < 4; ++i)
-      if (e.subject() == kShapeOptions[i].option && given_dims[i] == 0)
-        throw InputError(file_subject("--q", opts.q_path),
-                         std::string(kShapeOptions[i].name) + ": " + e.problem())
-            .from_rank(e.rank());
-    throw;
+    if (!opts.q_path.empty())
+      for (std::size_t i = 0; i < 4; ++i)
+        if (option == kShapeOptions[i].option && given_dims[i] == 0)
+          throw InputError(file_subject("--q", opts.q_path),
+                           std::string(kShapeOptions[i].name) + ": " + e.problem())
+              .from_rank(e.rank());
+    throw InputError(option, e.problem()).from_rank(e.rank());
   }
 }
 

@@ -11,10 +11,11 @@ namespace ringattn::cli {
 
 JobSpec job_spec(const RunOptions& opts);
 
-// Runs `f`; when the shape came from the input files, an InputError that blames a shape
-// option the user did not give (the layout's "--seq-len: N tokens cannot be split ...",
-// validate()'s "--heads") is re-aimed at --q's file, where that dimension came from, and
-// --seqlens problems found in a --cu-seqlens file name the file.
+// Runs `f`; an InputError it raises is said in the CLI's words (option_names.hpp) and, when
+// the input came from files, aimed at the file: a shape option the user did not give (the
+// layout's "--seq-len: N tokens cannot be split ...", validate()'s "--heads") becomes --q's
+// file, where that dimension came from, and problems with the documents or the block mask
+// name their --cu-seqlens or --block-mask file.
 void blaming_input_files(const RunOptions& opts, const std::function<void()>& f);
 
 }  // namespace ringattn::cli

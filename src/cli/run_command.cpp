@@ -19,6 +19,7 @@
 #include "cli/inputs.hpp"
 #include "cli/job_options.hpp"
 #include "cli/npy.hpp"
+#include "cli/option_names.hpp"
 #include "cli/progress.hpp"
 #include "cli/report.hpp"
 #include "ringattn/device.hpp"
@@ -589,7 +590,7 @@ int run_command(const RunOptions& opts, Comm& comm, std::ostream& out) {
     // One write, so that ranks sharing a stderr (threads) do not interleave.
     std::cerr << ("ringattn: " +
                   (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : "") +
-                  "error: " + printable(e.what()) + "\n")
+                  "error: " + printable(cli_message(e)) + "\n")
               << std::flush;
     if (comm.size() > 1) comm.abort(static_cast<int>(ExitCode::runtime_failure));
     return static_cast<int>(ExitCode::runtime_failure);

@@ -50,20 +50,20 @@ namespace {
 void validate_window(const AttentionConfig& cfg) {
   if (!cfg.window_left && !cfg.window_right) return;
   if (!cfg.window_left)
-    throw InputError("--window", "a right reach needs a left one (--window L,R)");
+    throw InputError("config.window_left", "a right reach needs a left one (--window L,R)");
   if (*cfg.window_left < 0)
-    throw InputError("--window",
+    throw InputError("config.window_left",
                      "the left reach must be >= 0, got " + std::to_string(*cfg.window_left));
   if (cfg.window_right && *cfg.window_right < 0)
-    throw InputError("--window",
+    throw InputError("config.window_right",
                      "the right reach must be >= 0, got " + std::to_string(*cfg.window_right));
   if (cfg.causal && cfg.window_right && *cfg.window_right > 0)
-    throw InputError("--window",
+    throw InputError("config.window_right",
                      "with --causal a query sees no later key: the right reach must "
                      "be 0 or omitted, got " +
                          std::to_string(*cfg.window_right));
   if (cfg.attention == AttentionKind::dilated)
-    throw InputError("--window",
+    throw InputError("config.window_left",
                      "a sliding window does not combine with --attention dilated "
                      "(use dense attention)");
 }
@@ -73,119 +73,133 @@ void validate_packing(const AttentionConfig& cfg) {
   const auto& cu = cfg.cu_seqlens;
   const int64_t n = cfg.shape.seq_len;
   if (cu.size() < 2 || cu.front() != 0)
-    throw InputError("--seqlens",
+    throw InputError("config.cu_seqlens",
                      "document offsets must start at 0 and hold at least one "
                      "document");
   for (std::size_t d = 0; d + 1 < cu.size(); ++d)
     if (cu[d + 1] <= cu[d])
-      throw InputError("--seqlens", "document " + std::to_string(d) + " has length " +
-                                        std::to_string(cu[d + 1] - cu[d]) +
-                                        "; every document needs at least one token");
+      throw InputError("config.cu_seqlens", "document " + std::to_string(d) + " has length " +
+                                                std::to_string(cu[d + 1] - cu[d]) +
+                                                "; every document needs at least one token");
   if (cu.back() != n)
-    throw InputError("--seqlens", "the document lengths sum to " + std::to_string(cu.back()) +
-                                      ", not to the sequence length " + std::to_string(n) +
-                                      " (--seq-len)");
+    throw InputError("config.cu_seqlens",
+                     "the document lengths sum to " + std::to_string(cu.back()) +
+                         ", not to the sequence length " + std::to_string(n) + " (--seq-len)");
   if (cfg.attention == AttentionKind::dilated)
-    throw InputError("--seqlens",
+    throw InputError("config.cu_seqlens",
                      "packed sequences do not combine with --attention dilated yet (use dense "
                      "attention)");
 }
 
 }  // namespace
 
-void validate(const AttentionConfig& cfg) {
+void validate(const AttentionConfig& cfg) { validate(cfg, HeadSlice{}); }
+
+void validate(const AttentionConfig& cfg, const HeadSlice& heads) {
   const Shape4& s = cfg.shape;
-  if (s.batch <= 0) throw InputError("--batch", "must be positive, got " + std::to_string(s.batch));
+  const int64_t total_heads = heads.total_of(cfg);
+  if (s.batch <= 0)
+    throw InputError("config.shape.batch", "must be positive, got " + std::to_string(s.batch));
   if (s.seq_len <= 0)
-    throw InputError("--seq-len", "must be positive, got " + std::to_string(s.seq_len));
-  if (s.heads <= 0) throw InputError("--heads", "must be positive, got " + std::to_string(s.heads));
-  if (cfg.head_base < 0 || cfg.head_base + s.heads > cfg.total_heads())
-    throw InputError("--heads", "head slice [" + std::to_string(cfg.head_base) + ", " +
-                                    std::to_string(cfg.head_base + s.heads) + ") lies outside " +
-                                    std::to_string(cfg.total_heads()) + " heads");
+    throw InputError("config.shape.seq_len", "must be positive, got " + std::to_string(s.seq_len));
+  if (s.heads <= 0)
+    throw InputError("config.shape.heads", "must be positive, got " + std::to_string(s.heads));
+  if (heads.base < 0 || heads.base + s.heads > total_heads)
+    throw InputError("config.shape.heads", "head slice [" + std::to_string(heads.base) + ", " +
+                                               std::to_string(heads.base + s.heads) +
+                                               ") lies outside " + std::to_string(total_heads) +
+                                               " heads");
   if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim)
-    throw InputError("--head-dim", "must be in 1.." + std::to_string(kMaxHeadDim) + ", got " +
-                                       std::to_string(s.head_dim));
+    throw InputError("config.shape.head_dim", "must be in 1.." + std::to_string(kMaxHeadDim) +
+                                                  ", got " + std::to_string(s.head_dim));
   // Index arithmetic is int64 throughout; refuse shapes whose element count overflows it.
   if (s.batch > INT64_MAX / s.seq_len || s.batch * s.seq_len > INT64_MAX / s.heads ||
       s.batch * s.seq_len * s.heads > INT64_MAX / s.head_dim)
-    throw InputError("--seq-len", "shape " + to_string(s) + " has too many elements");
+    throw InputError("config.shape.seq_len", "shape " + to_string(s) + " has too many elements");
   if (cfg.scale && !(std::isfinite(*cfg.scale) && *cfg.scale > 0.0))
-    throw InputError("--scale", "must be a positive finite number");
+    throw InputError("config.scale", "must be a positive finite number");
   const int64_t kv_heads = cfg.effective_kv_heads();
   if (kv_heads <= 0)
-    throw InputError("--kv-heads", "must be positive, got " + std::to_string(kv_heads));
+    throw InputError("config.kv_heads", "must be positive, got " + std::to_string(kv_heads));
   if (s.heads % kv_heads != 0)
-    throw InputError("--kv-heads", std::to_string(kv_heads) + " K/V heads cannot be shared by " +
-                                       std::to_string(s.heads) +
-                                       " query heads (--heads): --kv-heads must divide --heads");
+    throw InputError("config.kv_heads",
+                     std::to_string(kv_heads) + " K/V heads cannot be shared by " +
+                         std::to_string(s.heads) +
+                         " query heads (--heads): --kv-heads must divide --heads");
   validate_window(cfg);
   validate_packing(cfg);
 
   if (cfg.attention == AttentionKind::dense) return;
   if (cfg.attention == AttentionKind::block_sparse) {
     if (cfg.block_size <= 0)
-      throw InputError("--block-size", "must be positive, got " + std::to_string(cfg.block_size));
+      throw InputError("config.block_size",
+                       "must be positive, got " + std::to_string(cfg.block_size));
     if (s.seq_len % cfg.block_size != 0)
-      throw InputError("--block-size", "block size " + std::to_string(cfg.block_size) +
-                                           " does not divide the sequence length " +
-                                           std::to_string(s.seq_len));
+      throw InputError("config.block_size", "block size " + std::to_string(cfg.block_size) +
+                                                " does not divide the sequence length " +
+                                                std::to_string(s.seq_len));
     if (s.seq_len / cfg.block_size > INT32_MAX)
-      throw InputError("--block-size", "too many blocks (" +
-                                           std::to_string(s.seq_len / cfg.block_size) +
-                                           "); use a larger block size");
+      throw InputError("config.block_size", "too many blocks (" +
+                                                std::to_string(s.seq_len / cfg.block_size) +
+                                                "); use a larger block size");
     return;
   }
 
   if (cfg.segments.empty())
-    throw InputError("--segments", "empty: dilated attention needs at least one segment length");
+    throw InputError("config.segments",
+                     "empty: dilated attention needs at least one segment length");
   if (cfg.dilations.empty())
-    throw InputError("--dilations", "empty: dilated attention needs one dilation per segment");
+    throw InputError("config.dilations", "empty: dilated attention needs one dilation per segment");
   if (cfg.segments.size() != cfg.dilations.size())
-    throw InputError("--segments", std::to_string(cfg.segments.size()) + " segment lengths but " +
-                                       std::to_string(cfg.dilations.size()) +
-                                       " dilations (--dilations); they must pair up");
+    throw InputError("config.segments", std::to_string(cfg.segments.size()) +
+                                            " segment lengths but " +
+                                            std::to_string(cfg.dilations.size()) +
+                                            " dilations (--dilations); they must pair up");
   for (std::size_t i = 0; i < cfg.segments.size(); ++i) {
     if (cfg.segments[i] <= 0)
-      throw InputError("--segments", "segment " + std::to_string(i) + " is " +
-                                         std::to_string(cfg.segments[i]) + "; must be positive");
+      throw InputError("config.segments", "segment " + std::to_string(i) + " is " +
+                                              std::to_string(cfg.segments[i]) +
+                                              "; must be positive");
     if (cfg.dilations[i] <= 0)
-      throw InputError("--dilations", "dilation " + std::to_string(i) + " is " +
-                                          std::to_string(cfg.dilations[i]) + "; must be positive");
+      throw InputError("config.dilations", "dilation " + std::to_string(i) + " is " +
+                                               std::to_string(cfg.dilations[i]) +
+                                               "; must be positive");
     if (s.seq_len % cfg.segments[i] != 0)
-      throw InputError("--segments", "segment length " + std::to_string(cfg.segments[i]) +
-                                         " does not divide the sequence length " +
-                                         std::to_string(s.seq_len));
+      throw InputError("config.segments", "segment length " + std::to_string(cfg.segments[i]) +
+                                              " does not divide the sequence length " +
+                                              std::to_string(s.seq_len));
   }
   const auto groups = static_cast<int64_t>(cfg.segments.size());
-  if (cfg.combine == Combine::grouped && cfg.total_heads() < groups)
-    throw InputError("--heads", std::to_string(cfg.total_heads()) + " heads cannot be split into " +
-                                    std::to_string(groups) +
-                                    " groups (one per segment); use at least as many heads as "
-                                    "segments, or --combine mixture");
+  if (cfg.combine == Combine::grouped && total_heads < groups)
+    throw InputError("config.shape.heads",
+                     std::to_string(total_heads) + " heads cannot be split into " +
+                         std::to_string(groups) +
+                         " groups (one per segment); use at least as many heads as "
+                         "segments, or --combine mixture");
 }
 
 void require_multi_head(const AttentionConfig& cfg, const std::string& path) {
   const int64_t kv_heads = cfg.effective_kv_heads();
   if (kv_heads == cfg.shape.heads) return;
-  throw InputError("--kv-heads", "grouped-query attention (--kv-heads " + std::to_string(kv_heads) +
-                                     " != --heads " + std::to_string(cfg.shape.heads) +
-                                     ") is not yet supported on " + path);
+  throw InputError("config.kv_heads", "grouped-query attention (--kv-heads " +
+                                          std::to_string(kv_heads) + " != --heads " +
+                                          std::to_string(cfg.shape.heads) +
+                                          ") is not yet supported on " + path);
 }
 
 void require_unpacked(const AttentionConfig& cfg, const std::string& path) {
   if (!cfg.packed()) return;
-  throw InputError("--seqlens", "packed sequences are not yet supported on " + path);
+  throw InputError("config.cu_seqlens", "packed sequences are not yet supported on " + path);
 }
 
 void require_no_window(const AttentionConfig& cfg, const std::string& path) {
   if (!cfg.window_left && !cfg.window_right) return;
-  throw InputError("--window", "a sliding window is not yet supported on " + path);
+  throw InputError("config.window_left", "a sliding window is not yet supported on " + path);
 }
 
 void require_bnhd(const AttentionConfig& cfg, const std::string& path) {
   if (cfg.layout == TensorLayout::bnhd && cfg.effective_kv_layout() == TensorLayout::bnhd) return;
-  throw InputError(cfg.layout == TensorLayout::bnhd ? "--kv-layout" : "--layout",
+  throw InputError(cfg.layout == TensorLayout::bnhd ? "config.kv_layout" : "config.layout",
                    "bhnd ([B, H, N, D] tensors) is supported by the CPU engines, "
                    "not on " +
                        path + "; use bnhd there");
@@ -211,17 +225,19 @@ HeadRange group_heads(int64_t heads, int64_t groups, int64_t group) {
   return {first, base + (group < extra ? 1 : 0)};
 }
 
-HeadRange group_heads_of(const AttentionConfig& cfg, int64_t groups, int64_t group) {
-  const HeadRange g = group_heads(cfg.total_heads(), groups, group);
-  const int64_t first = std::max(g.first, cfg.head_base);
-  const int64_t end = std::min(g.first + g.count, cfg.head_base + cfg.shape.heads);
-  return {first - cfg.head_base, std::max<int64_t>(0, end - first)};
+HeadRange group_heads_of(const AttentionConfig& cfg, const HeadSlice& heads, int64_t groups,
+                         int64_t group) {
+  const HeadRange g = group_heads(heads.total_of(cfg), groups, group);
+  const int64_t first = std::max(g.first, heads.base);
+  const int64_t end = std::min(g.first + g.count, heads.base + cfg.shape.heads);
+  return {first - heads.base, std::max<int64_t>(0, end - first)};
 }
 
-int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head) {
+int64_t pattern_offset(const AttentionConfig& cfg, const HeadSlice& heads, int64_t pattern,
+                       int64_t head) {
   if (cfg.attention == AttentionKind::dense) return 0;
   const int64_t r = cfg.dilations[static_cast<std::size_t>(pattern)];
-  return (cfg.combine == Combine::grouped ? pattern : cfg.head_base + head) % r;
+  return (cfg.combine == Combine::grouped ? pattern : heads.base + head) % r;
 }
 
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset) {
@@ -285,7 +301,8 @@ double attended_pairs(const AttentionConfig& cfg) {
   const Shape4& s = cfg.shape;
   auto pairs_in_pattern = [&](int64_t i, int64_t head) {
     const auto& p = pats[static_cast<std::size_t>(i)];
-    const double m = static_cast<double>(selected_per_segment(p, pattern_offset(cfg, i, head)));
+    const double m =
+        static_cast<double>(selected_per_segment(p, pattern_offset(cfg, HeadSlice{}, i, head)));
     const double per_segment = cfg.causal ? m * (m + 1) / 2 : m * m;
     return per_segment * static_cast<double>(s.seq_len / p.segment);
   };
@@ -293,7 +310,7 @@ double attended_pairs(const AttentionConfig& cfg) {
   for (int64_t h = 0; h < s.heads; ++h) {
     if (cfg.combine == Combine::grouped || cfg.attention == AttentionKind::dense) {
       for (int64_t i = 0; i < groups; ++i) {
-        const HeadRange r = group_heads_of(cfg, groups, i);
+        const HeadRange r = group_heads_of(cfg, HeadSlice{}, groups, i);
         if (h >= r.first && h < r.first + r.count) total += pairs_in_pattern(i, h);
       }
     } else {

@@ -9,25 +9,26 @@
 #include <utility>
 #include <vector>
 
+#include "core/head_slice.hpp"
 #include "ringattn/config.hpp"
 
 namespace ringattn {
 
 // For the paths that do not compute grouped-query attention yet: throws InputError naming
-// --kv-heads, saying it is not yet supported on `path` (e.g. "--device cuda"), when
+// `config.kv_heads`, saying it is not yet supported on `path` (e.g. "--device cuda"), when
 // kv_heads != heads. Refusing is the contract there; computing with the wrong K/V layout is not.
 void require_multi_head(const AttentionConfig& cfg, const std::string& path);
 
-// For the paths that do not compute packed sequences yet: throws InputError naming --seqlens,
-// saying they are not yet supported on `path`, when the config is packed.
+// For the paths that do not compute packed sequences yet: throws InputError naming
+// `config.cu_seqlens`, saying they are not yet supported on `path`, when the config is packed.
 void require_unpacked(const AttentionConfig& cfg, const std::string& path);
 
-// For the paths that do not compute a sliding window yet: throws InputError naming --window,
-// saying it is not yet supported on `path`, when the config has a window.
+// For the paths that do not compute a sliding window yet: throws InputError naming
+// `config.window_left`, saying it is not yet supported on `path`, when the config has a window.
 void require_no_window(const AttentionConfig& cfg, const std::string& path);
 
-// For the paths that read only [B, N, H, D] tensors: throws InputError naming --layout,
-// saying bhnd is not supported on `path`, when the config's layout is bhnd.
+// For the paths that read only [B, N, H, D] tensors: throws InputError naming `config.layout`
+// (or `config.kv_layout`), saying bhnd is not supported on `path`, when either is bhnd.
 void require_bnhd(const AttentionConfig& cfg, const std::string& path);
 
 // One dilated pattern: segments of `segment` tokens, every `dilation`-th position from
@@ -65,14 +66,16 @@ struct HeadRange {
   int64_t first = 0, count = 0;
 };
 HeadRange group_heads(int64_t heads, int64_t groups, int64_t group);
-// The same for a config's own heads: group `group` of the job's total_heads(), clipped to
-// this config's head slice and counted from its first head (count 0 when the slice holds
+// The same for a config's own heads, `heads` of the job's: group `group` of the job's
+// heads, clipped to the slice and counted from its first head (count 0 when the slice holds
 // none of the group).
-HeadRange group_heads_of(const AttentionConfig& cfg, int64_t groups, int64_t group);
+HeadRange group_heads_of(const AttentionConfig& cfg, const HeadSlice& heads, int64_t groups,
+                         int64_t group);
 
-// Offset of pattern i for head h (of this config's slice): grouped uses i % r_i (for heads
-// of group i only), mixture uses (head_base + h) % r_i.
-int64_t pattern_offset(const AttentionConfig& cfg, int64_t pattern, int64_t head);
+// Offset of pattern i for head h (of the slice `heads`): grouped uses i % r_i (for heads of
+// group i only), mixture uses (heads.base + h) % r_i.
+int64_t pattern_offset(const AttentionConfig& cfg, const HeadSlice& heads, int64_t pattern,
+                       int64_t head);
 
 // Number of positions a pattern selects in one segment: ceil((w - o) / r), 0 if o >= w.
 int64_t selected_per_segment(const DilatedPattern& p, int64_t offset);

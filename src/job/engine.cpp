@@ -60,9 +60,9 @@ void make_device_comm(job::EngineState& m, const JobSpec& spec) {
   m.device_index = ring::device_of_rank(t, comm.rank(), comm.local_rank(), gpus);
   if (spec.device_index >= 0) {
     if (spec.device_index >= gpus)
-      throw InputError("--device", "GPU " + std::to_string(spec.device_index) +
-                                       " does not exist (this machine has " + std::to_string(gpus) +
-                                       ")");
+      throw InputError("device", "GPU " + std::to_string(spec.device_index) +
+                                     " does not exist (this machine has " + std::to_string(gpus) +
+                                     ")");
     m.device_index = spec.device_index;
   }
   if (t == ring::DeviceTransport::device_copies)
@@ -73,7 +73,7 @@ void make_device_comm(job::EngineState& m, const JobSpec& spec) {
   // tasks as cuDNN views); block-sparse's local and received blocks have no cuDNN kernels.
   if (m.device_comm && m.job.lists && spec.kernel == KernelChoice::cudnn &&
       !single_plan_per_rank(m))
-    throw InputError("--kernel",
+    throw InputError("kernel",
                      "'cudnn' has no block-sparse kernels: the GPU block-sparse "
                      "mode runs --kernel native, hopper or auto");
 }
@@ -107,11 +107,15 @@ void build_ulysses(job::EngineState& m, const JobSpec& spec) {
   std::unique_ptr<job::Backend> backend;
   std::unique_ptr<job::Moves> moves;
   if (m.on_gpu()) {
-    backend = job::make_device_backend(inner, groups > 1 ? ring_comm.get() : nullptr,
-                                       device_options(m, spec), ring_opts);
+    CudaPlanOptions opts = device_options(m, spec);
+    opts.heads = slice.heads;
+    backend =
+        job::make_device_backend(inner, groups > 1 ? ring_comm.get() : nullptr, opts, ring_opts);
     moves = job::make_device_moves(backend->stream(), m.device_index);
   } else {
-    backend = job::make_host_backend(inner, *ring_comm, {spec.threads}, ring_opts);
+    PlanOptions opts{spec.threads};
+    opts.heads = slice.heads;
+    backend = job::make_host_backend(inner, *ring_comm, opts, ring_opts);
     moves = job::make_host_moves();
   }
   m.backend = job::make_ulysses_backend(slice, m.job.local_len(), comm, std::move(group),
@@ -438,7 +442,8 @@ EngineStats Engine::stats() const {
   int64_t ring_min = 0;
   if (j.layout.world > 1)
     ring_min = ring_lists ? sparse::minimum_bytes_sent(ring_cfg, *ring_lists, j.layout, rank / u)
-                          : ring::minimum_bytes_sent(ring_cfg, j.layout, rank / u);
+                          : ring::minimum_bytes_sent(ring_cfg, j.layout, rank / u,
+                                                     slice ? slice->heads : HeadSlice{});
   const int elem = m.on_gpu() ? static_cast<int>(elem_bytes(s.dtype)) : 4;
   if (u > 1) s.bytes_sent_a2a_min = job::ulysses_forward_a2a_bytes(j.cfg, u, j.local_len(), elem);
   s.bytes_sent_min = ring_min * elem / 4 + s.bytes_sent_a2a_min;
@@ -457,38 +462,6 @@ EngineStats Engine::stats() const {
     if (m.device_comm) s.device_detail += ", " + m.device_comm->library_version();
   }
   return s;
-}
-
-std::string field_of(const std::string& subject) {
-  static const std::pair<const char*, const char*> kFields[] = {
-      {"--batch", "config.shape.batch"},
-      {"--seq-len", "config.shape.seq_len"},
-      {"--heads", "config.shape.heads"},
-      {"--head-dim", "config.shape.head_dim"},
-      {"--kv-heads", "config.kv_heads"},
-      {"--attention", "config.attention"},
-      {"--combine", "config.combine"},
-      {"--segments", "config.segments"},
-      {"--dilations", "config.dilations"},
-      {"--causal", "config.causal"},
-      {"--scale", "config.scale"},
-      {"--window", "config.window_left"},
-      {"--seqlens", "config.cu_seqlens"},
-      {"--block-size", "config.block_size"},
-      {"--layout", "config.layout"},
-      {"--kv-layout", "config.kv_layout"},
-      {"--pattern", "block_sparse.pattern"},
-      {"--sparse-threshold", "sparse_threshold"},
-      {"--device", "device"},
-      {"--dtype", "dtype"},
-      {"--kernel", "kernel"},
-      {"--comm", "transport"},
-      {"--threads", "threads"},
-      {"--timeout", "timeout_s"},
-  };
-  for (const auto& [option, field] : kFields)
-    if (subject == option) return field;
-  return subject;
 }
 
 }  // namespace ringattn

@@ -2,9 +2,10 @@
 // auto past the threshold), whether the pieces fit together (dtype and kernel against the
 // device, cuDNN against the features), validation, the block lists (pattern through the
 // process-wide cache, or the caller's mask) and the shard layout. Every error names the
-// field in the CLI's spelling (ringattn.hpp: field_of).
+// JobSpec field at fault (errors.hpp).
 #include "job/resolve.hpp"
 
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -30,17 +31,17 @@ bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
     return cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
            spec.config.effective_kv_layout() == TensorLayout::bnhd && probe_cuda_device().usable;
   if (!cuda_built())
-    throw InputError("--device",
+    throw InputError("device",
                      "'cuda' is not available: this build of ringattn has CPU kernels only (use "
                      "--device cpu or auto)");
   const CudaDeviceStatus s = probe_cuda_device();
   const bool shares_gpus = ranks.in_process && std::max(1, s.device_count) < ranks.world;
   if (ranks.world > 1 && !shares_gpus && ring::nccl_version_string().find("none") == 0)
-    throw InputError("--device", "'cuda' on " + std::to_string(ranks.world) +
-                                     " ranks needs NCCL, and this build has none (build with "
-                                     "NCCL, run one rank, or use --device cpu)");
+    throw InputError("device", "'cuda' on " + std::to_string(ranks.world) +
+                                   " ranks needs NCCL, and this build has none (build with "
+                                   "NCCL, run one rank, or use --device cpu)");
   if (!s.usable)
-    throw InputError("--device",
+    throw InputError("device",
                      "'cuda' cannot be used: " + s.reason + " (use --device cpu or auto)");
   return true;
 }
@@ -52,11 +53,11 @@ struct CpuReason {
 };
 void check_cpu_fields(const JobSpec& spec, const CpuReason& where) {
   if (spec.kernel == KernelChoice::cudnn || spec.kernel == KernelChoice::hopper)
-    throw InputError("--kernel", std::string("'") + to_string(spec.kernel) +
-                                     "' is a CUDA kernel, but " + where.kernel);
+    throw InputError("kernel", std::string("'") + to_string(spec.kernel) +
+                                   "' is a CUDA kernel, but " + where.kernel);
   if (spec.dtype && *spec.dtype != DeviceDType::fp32)
-    throw InputError("--dtype", "'" + std::string(to_string(*spec.dtype)) +
-                                    "' needs the GPU, but " + where.dtype);
+    throw InputError(
+        "dtype", "'" + std::string(to_string(*spec.dtype)) + "' needs the GPU, but " + where.dtype);
 }
 
 std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg,
@@ -72,7 +73,7 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
     if (!shared && !per_head) {
       std::string got;
       for (int64_t x : d) got += (got.empty() ? "" : ", ") + std::to_string(x);
-      throw InputError(src.mask_name,
+      throw InputError("block_sparse.mask",
                        "block mask shape [" + got + "] does not match " + std::to_string(s.heads) +
                            " heads and N / block size = " + std::to_string(s.seq_len) + " / " +
                            std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
@@ -81,8 +82,8 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
                            std::to_string(nb) + ", " + std::to_string(nb) + "] (see --block-size)");
     }
     if (src.mask->size() != static_cast<std::size_t>((shared ? 1 : s.heads) * nb * nb))
-      throw InputError(src.mask_name, "holds " + std::to_string(src.mask->size()) +
-                                          " elements, not the product of its dimensions");
+      throw InputError("block_sparse.mask", "holds " + std::to_string(src.mask->size()) +
+                                                " elements, not the product of its dimensions");
     description = "mask " + src.mask_name;
     return std::make_shared<const sparse::BlockLists>(sparse::lists_from_mask(
         src.mask->data(), shared ? 1 : s.heads, s.heads, nb, cfg.block_size));
@@ -91,8 +92,8 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
   const sparse::Pattern p =
       sparse::parse_pattern(pattern, g, cfg.segments, cfg.dilations, src.seed);
   if (!cfg.segments.empty() && p.canonical.find("dilated-blocks") == std::string::npos)
-    throw InputError("--segments", "only used by the dilated-blocks pattern (--pattern " +
-                                       quote(pattern) + " has none)");
+    throw InputError("config.segments", "only used by the dilated-blocks pattern (--pattern " +
+                                            quote(pattern) + " has none)");
   description = p.canonical;
   return sparse::PatternCache::global().get(
       sparse::cache_key(s.seq_len, cfg.block_size, s.heads, p.canonical),
@@ -122,16 +123,16 @@ int ulysses_degree(const JobSpec& spec, const AttentionConfig& cfg, const Ranks&
                    bool on_gpu) {
   int u = spec.ulysses;
   if (u < 0)
-    throw InputError("--ulysses", "must be a positive integer or auto, got " + std::to_string(u));
+    throw InputError("ulysses", "must be a positive integer or auto, got " + std::to_string(u));
   if (u == 0) u = auto_ulysses(cfg, ranks, on_gpu, spec);
   if (u == 1) return 1;
   if (ranks.world % u != 0)
-    throw InputError("--ulysses", std::to_string(u) + " does not divide the " +
-                                      std::to_string(ranks.world) +
-                                      " ranks: the ranks form groups of U");
+    throw InputError("ulysses", std::to_string(u) + " does not divide the " +
+                                    std::to_string(ranks.world) +
+                                    " ranks: the ranks form groups of U");
   if (std::string why = ulysses_head_split_problem(cfg.shape.heads, cfg.effective_kv_heads(), u);
       !why.empty())
-    throw InputError("--ulysses", why);
+    throw InputError("ulysses", why);
   return u;
 }
 
@@ -149,19 +150,20 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (!(spec.timeout_s > 0) || spec.timeout_s > 1e6) {
     std::ostringstream got;
     got << spec.timeout_s;
-    throw InputError("--timeout", "must be a number of seconds in (0, 1e6], got " + got.str());
+    throw InputError("timeout_s", "must be a number of seconds in (0, 1e6], got " + got.str());
   }
-  if (spec.threads < 0) throw InputError("--threads", "must be >= 0 (0 means all cores)");
+  if (spec.threads < 0) throw InputError("threads", "must be >= 0 (0 means all cores)");
   std::string pattern = spec.block_sparse.pattern;
   if (spec.attention_auto) {
     const int64_t n = cfg.shape.seq_len;
     const std::string threshold = std::to_string(spec.sparse_threshold);
     if (n > spec.sparse_threshold) {
       if (cfg.segments.empty())
-        throw InputError("--attention", "auto: N = " + std::to_string(n) +
-                                            " is above --sparse-threshold " + threshold +
-                                            ", where block-sparse runs the dilated-blocks pattern; "
-                                            "give --segments and --dilations for it");
+        throw InputError("config.attention",
+                         "auto: N = " + std::to_string(n) + " is above --sparse-threshold " +
+                             threshold +
+                             ", where block-sparse runs the dilated-blocks pattern; "
+                             "give --segments and --dilations for it");
       cfg.attention = AttentionKind::block_sparse;
       pattern = "dilated-blocks";
       r.auto_note = "--attention auto: N = " + std::to_string(n) + " > --sparse-threshold " +
@@ -173,10 +175,10 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   }
   const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
   if (block_sparse && pattern.empty() && !spec.block_sparse.mask && ranks.with_lists)
-    throw InputError("--pattern",
+    throw InputError("block_sparse.pattern",
                      "block-sparse attention needs a pattern: --pattern TEXT or --block-mask FILE");
   if (!block_sparse && spec.block_sparse.mask)
-    throw InputError(spec.block_sparse.mask_name, "only applies to --attention block-sparse");
+    throw InputError("block_sparse.mask", "only applies to --attention block-sparse");
   // Block-sparse runs on the GPU when asked for (one rank or several); device = auto keeps
   // it on the CPU.
   if (block_sparse && use_cuda && spec.device != Device::cuda) {
@@ -188,26 +190,28 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   // A sink joins one softmax per row; dilated attention has one per pattern (grouped heads,
   // mixtures), where a sink has no single meaning.
   if (spec.sinks && cfg.attention == AttentionKind::dilated)
-    throw InputError("--sinks", std::string("attention sinks join one softmax per row, and ") +
-                                    "--attention " +
-                                    (spec.attention_auto ? "auto (dilated at this N)" : "dilated") +
-                                    " has one per pattern: use dense or block-sparse attention "
-                                    "(--attention), or no --sinks");
+    throw InputError("sinks", std::string("attention sinks join one softmax per row, and ") +
+                                  "--attention " +
+                                  (spec.attention_auto ? "auto (dilated at this N)" : "dilated") +
+                                  " has one per pattern: use dense or block-sparse attention "
+                                  "(--attention), or no --sinks");
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
   // The ring runs over the groups, on a slice's heads.
-  const AttentionConfig ring_cfg =
-      r.ulysses > 1 ? ulysses_slice(cfg, nullptr, r.ulysses, 0).cfg : cfg;
+  std::optional<UlyssesSlice> slice;
+  if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);
+  const AttentionConfig& ring_cfg = slice ? slice->cfg : cfg;
   const int ring_world = ranks.world / r.ulysses;
-  r.layout = block_sparse ? sparse::sparse_layout(ring_cfg, ring_world)
-                          : ring::make_layout(ring_cfg, ring_world);
+  r.layout = block_sparse
+                 ? sparse::sparse_layout(ring_cfg, ring_world)
+                 : ring::make_layout(ring_cfg, ring_world, slice ? slice->heads : HeadSlice{});
   if (r.layout.local_len % r.ulysses != 0)
-    throw InputError("--ulysses", "each of the " + std::to_string(ring_world) + " groups holds " +
-                                      std::to_string(r.layout.local_len) + " rows, which its " +
-                                      std::to_string(r.ulysses) +
-                                      " ranks cannot split evenly; choose --seq-len or --ulysses "
-                                      "so that they do");
+    throw InputError("ulysses", "each of the " + std::to_string(ring_world) + " groups holds " +
+                                    std::to_string(r.layout.local_len) + " rows, which its " +
+                                    std::to_string(r.ulysses) +
+                                    " ranks cannot split evenly; choose --seq-len or --ulysses "
+                                    "so that they do");
   // Opens OpenBLAS now, so that a bad RINGATTN_BLAS_LIBRARY is reported before any work.
   if (!use_cuda && ranks.with_lists) (void)kernels::blas_info();
   r.cfg = std::move(cfg);

@@ -230,7 +230,7 @@ class UlyssesBackend final : public Backend {
     m.inner.rows = lu_ * s_.u;
     m.outer = g;
     m.outer.rows = lu_;
-    m.outer.heads = kv ? s_.job_kv_heads : s_.cfg.total_heads();
+    m.outer.heads = kv ? s_.job_kv_heads : s_.heads.total;
     return m;
   }
   Move scatter(const char* name, const void* outer, void* inner, Geom g, bool kv) const {
@@ -398,7 +398,7 @@ std::string ulysses_head_split_problem(int64_t heads, int64_t kv_heads, int u) {
 
 int64_t UlyssesSlice::kv_first_of(int m) const {
   if (!kv_shared) return m * cfg.effective_kv_heads();
-  return m * cfg.shape.heads / (cfg.total_heads() / job_kv_heads);
+  return m * cfg.shape.heads / (heads.total / job_kv_heads);
 }
 
 UlyssesSlice ulysses_slice(const AttentionConfig& cfg,
@@ -411,8 +411,7 @@ UlyssesSlice ulysses_slice(const AttentionConfig& cfg,
   s.kv_shared = s.job_kv_heads % u != 0;
   s.cfg = cfg;
   s.cfg.shape.heads = h;
-  s.cfg.head_base = cfg.head_base + member * h;
-  s.cfg.global_heads = cfg.total_heads();
+  s.heads = {member * h, cfg.shape.heads};
   s.cfg.kv_heads = s.kv_shared ? 1 : s.job_kv_heads / u;
   if (lists) {
     auto l = std::make_shared<sparse::BlockLists>(*lists);

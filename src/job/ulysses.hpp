@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "core/head_slice.hpp"
 #include "job/engine_impl.hpp"
 
 namespace ringattn::job {
@@ -26,7 +27,8 @@ std::string ulysses_head_split_problem(int64_t heads, int64_t kv_heads, int u);
 // This rank's slice of the job: its query heads, its K/V heads, the block lists of its heads.
 struct UlyssesSlice {
   int u = 1, member = 0;
-  AttentionConfig cfg;  // head_base and global_heads set; shape.heads = H / U
+  AttentionConfig cfg;  // shape.heads = H / U
+  HeadSlice heads;      // which of the job's H heads cfg computes
   std::shared_ptr<const sparse::BlockLists> lists;
   int64_t job_kv_heads = 0;
   bool kv_shared = false;  // several members read one K/V head (their dK/dV are summed)

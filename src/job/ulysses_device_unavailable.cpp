@@ -1,5 +1,5 @@
 // The Ulysses all-to-all on device memory in a build without the CUDA toolkit: asking for it
-// says, naming --device, that this build has no CUDA kernels.
+// says, naming `device`, that this build has no CUDA kernels.
 #include "job/ulysses.hpp"
 #include "kernels/cuda/unavailable.hpp"
 

@@ -39,7 +39,7 @@ namespace ringattn::kernels::cuda {
 // The device forms on a [B, N, H, D] shard (rows layout) in device memory on GPU `device`,
 // enqueued on `stream` (a cudaStream_t): the epilogue as apply_sinks above, and dsinks[h] =
 // minus this shard's terms (fp32), from dout of element type `dout_type`. Throws InputError
-// naming --device in a build without CUDA kernels.
+// naming `device` in a build without CUDA kernels.
 void apply_sinks(const SinkRows& s, const float* sinks, float* out, float* lse, void* stream,
                  int device);
 void sink_gradient(const SinkRows& s, DeviceDType dout_type, const float* sinks, const float* out,

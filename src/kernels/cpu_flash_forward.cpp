@@ -139,7 +139,7 @@ void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
   // item streams its keys from memory. When tasks are many and small, a thread takes a
   // whole task instead and runs its query tiles back to back over the same K/V rows. Each
   // item writes only its own rows, so the order changes no bit of the result. (The items
-  // cover every query tile of every task, as ring::forward_items builds them.)
+  // cover every query tile of every task, as single::forward_items builds them.)
   const bool task_major = tasks_are_fine_units(p, tasks, tiles, threads);
 #pragma omp parallel num_threads(threads)
   {

@@ -58,11 +58,10 @@ HeadPlan plan_heads(const AttentionConfig& cfg) {
   const auto num_patterns = static_cast<int64_t>(cfg.segments.size());
 
   if (cfg.combine == Combine::grouped) {
-    // Contiguous head groups: group i gets H / G heads, one more while i < H % G (of the
-    // job's heads, when this config is a head slice).
+    // Contiguous head groups: group i gets H / G heads, one more while i < H % G.
     for (int64_t i = 0; i < num_patterns; ++i) {
       const int64_t w = cfg.segments[i], r = cfg.dilations[i];
-      const HeadRange g = group_heads_of(cfg, num_patterns, i);
+      const HeadRange g = group_heads(s.heads, num_patterns, i);
       for (int64_t h = g.first; h < g.first + g.count; ++h)
         plan.patterns_of_head[h].push_back({w, r, i % r});
     }
@@ -72,7 +71,7 @@ HeadPlan plan_heads(const AttentionConfig& cfg) {
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < num_patterns; ++i) {
         const int64_t w = cfg.segments[i], r = cfg.dilations[i];
-        plan.patterns_of_head[h].push_back({w, r, (cfg.head_base + h) % r});
+        plan.patterns_of_head[h].push_back({w, r, h % r});
       }
   }
   return plan;

@@ -58,7 +58,7 @@ kc::DeviceAllocation upload(const std::vector<T>& v, const char* what, int devic
 // One wave's slices of the plan's device lists.
 struct DeviceWave {
   int64_t task0 = 0, q_item0 = 0, n_q_items = 0;
-  std::vector<ItemRange> k_ranges;  // key items of each backward range (one for MHA)
+  std::vector<single::ItemRange> k_ranges;  // key items of each backward range (one for MHA)
 };
 struct DeviceStep {
   std::vector<DeviceWave> waves;
@@ -250,7 +250,7 @@ struct CudaRingPlan::Impl {
       const std::vector<Wave>& waves = sched.steps[t].waves;
       for (std::size_t i = 0; i < waves.size(); ++i) {
         HopperWave& hw = hopper_waves[t][i];
-        for (const ItemRange& r : steps[t].waves[i].k_ranges) {
+        for (const single::ItemRange& r : steps[t].waves[i].k_ranges) {
           std::vector<kc::HopperTaskGroup> groups;
           const std::span<const kernels::ForwardItem> items(
               key_items.data() + r.first, static_cast<std::size_t>(r.count));
@@ -661,7 +661,7 @@ struct CudaRingPlan::Impl::Device {
       p.tasks = m.tasks.as<kernels::SubseqTask>() + w.task0;
       p.q_items = m.q_items.as<kernels::ForwardItem>() + w.q_item0;
       p.n_q_items = w.n_q_items;
-      for (const ItemRange& r : w.k_ranges) {  // see CudaPlan::backward
+      for (const single::ItemRange& r : w.k_ranges) {  // see CudaPlan::backward
         p.k_items = m.k_items.as<kernels::ForwardItem>() + r.first;
         p.n_k_items = r.count;
         kc::flash_backward(m.elem, p, m.stream);
@@ -684,16 +684,16 @@ struct CudaRingPlan::Impl::Device {
 CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaPlanOptions opts,
                            RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
+  validate(cfg, opts.heads);
   require_bnhd(cfg, "the GPU ring");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
   m.elem = kc::elem_of(opts.dtype);
   if (comm.size() > 1 && comm.memory_space() != MemorySpace::device)
-    throw InputError("--device", "'cuda' with several ranks needs a device communicator (NCCL)");
+    throw InputError("device", "'cuda' with several ranks needs a device communicator (NCCL)");
   const CudaDeviceStatus dev = probe_cuda_device(opts.device);
-  if (!dev.usable) throw InputError("--device", "'cuda' cannot be used: " + dev.reason);
+  if (!dev.usable) throw InputError("device", "'cuda' cannot be used: " + dev.reason);
   const kc::ScopedDevice on(opts.device);
   if (m.elem != kc::Elem::fp32 &&
       !kc::native_kernels_fit(cfg.shape.head_dim, m.elem, opts.device).empty()) {
@@ -701,9 +701,9 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.elem = kc::Elem::fp32;
   }
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
-  m.layout = make_layout(cfg, comm.size());
+  m.layout = make_layout(cfg, comm.size(), opts.heads);
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
-  m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles);
+  m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles, opts.heads);
   m.protocol = RingProtocol(m.sched, comm, ring_opts);
   m.timeout_s = ring_opts.timeout_s;
   m.skip_ordering = ring_opts.skip_buffer_ordering_for_tests;
@@ -711,7 +711,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.grouped_scale = m.mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
 
   // Every step's waves and runs in one set of device lists, uploaded once.
-  FlatSchedule all;
+  single::FlatSchedule all;
   std::vector<kc::PackedRun> runs;
   for (const RingStep& st : m.sched.steps) {
     DeviceStep ds;
@@ -721,8 +721,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
       dw.q_item0 = static_cast<int64_t>(all.q_items.size());
       dw.n_q_items = static_cast<int64_t>(w.items.size());
       // Task indices are relative to the wave's task0 (the launch's task pointer).
-      dw.k_ranges = append_key_items_by_range(w.tasks, w.backward_ends, cfg.causal, kc::kKeyTile, 0,
-                                              all.k_items);
+      dw.k_ranges = single::append_key_items_by_range(w.tasks, w.backward_ends, cfg.causal,
+                                                      kc::kKeyTile, 0, all.k_items);
       all.tasks.insert(all.tasks.end(), w.tasks.begin(), w.tasks.end());
       all.q_items.insert(all.q_items.end(), w.items.begin(), w.items.end());
       ds.waves.push_back(dw);
@@ -738,7 +738,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.steps.push_back(std::move(ds));
   }
   m.vector_loads = m.elem != kc::Elem::fp32 && cfg.shape.head_dim == kc::padded_head_dim(m.d()) &&
-                   rows_aligned(all, 8);
+                   single::rows_aligned(all, 8);
   m.tasks = upload(all.tasks, "the ring's task lists", opts.device, m.stream);
   m.q_items = upload(all.q_items, "the ring's query work items", opts.device, m.stream);
   m.k_items = upload(all.k_items, "the ring's key work items", opts.device, m.stream);
@@ -779,11 +779,12 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   if (cudnn_asked) {
 #if RINGATTN_CUDA_EMULATION  // cuDNN's stand-in runs for tests only (cudnn_graphs_emulated.cpp)
     if (!kc::cudnn_standin_enabled())
-      throw InputError("--kernel", "'cudnn' is not available in this build (the emulated GPU has "
-                                   "no cuDNN)");
+      throw InputError("kernel",
+                       "'cudnn' is not available in this build (the emulated GPU has "
+                       "no cuDNN)");
 #endif
 #if !RINGATTN_RING_CUDNN
-    throw InputError("--kernel",
+    throw InputError("kernel",
                      "'cudnn' is not available in this build (no cuDNN headers or cudnn-frontend "
                      "at configure time)");
 #endif

@@ -8,23 +8,23 @@ DeviceTransport choose_device_transport(const DeviceTransportContext& c) {
   if (c.world_size <= 1) return DeviceTransport::none;
   const bool sharing = c.in_process && c.gpus < c.world_size;
   if (c.requested == "mpi")
-    throw InputError("--comm",
+    throw InputError("transport",
                      "'mpi' moves host memory, and the GPU engines exchange device memory (NCCL, "
                      "or device copies between virtual ranks); use --comm nccl or auto, or "
                      "--device cpu");
   if (c.requested == "local") {
     if (!c.in_process)
-      throw InputError("--comm",
+      throw InputError("transport",
                        "'local' moves device memory only between virtual ranks of one "
                        "process (--ring-size P); use --comm nccl or auto");
     return DeviceTransport::device_copies;
   }
   if (c.requested == "nccl") {
     if (sharing)
-      throw InputError("--comm", "'nccl' needs one GPU per rank, and " +
-                                     std::to_string(c.world_size) + " ranks share " +
-                                     std::to_string(c.gpus) +
-                                     " GPU(s); use --comm local or auto (device copies)");
+      throw InputError("transport", "'nccl' needs one GPU per rank, and " +
+                                        std::to_string(c.world_size) + " ranks share " +
+                                        std::to_string(c.gpus) +
+                                        " GPU(s); use --comm local or auto (device copies)");
     return DeviceTransport::nccl;
   }
   return sharing ? DeviceTransport::device_copies : DeviceTransport::nccl;

@@ -22,7 +22,7 @@ struct DeviceTransportContext {
 };
 
 // auto: device copies for virtual ranks on fewer GPUs than ranks, else NCCL; local: device
-// copies (virtual ranks only); nccl: NCCL (one GPU per rank); mpi: refused, naming --comm
+// copies (virtual ranks only); nccl: NCCL (one GPU per rank); mpi: refused, naming `transport`
 // (the GPU engines do not stage device memory through the host).
 DeviceTransport choose_device_transport(const DeviceTransportContext& c);
 

@@ -155,13 +155,13 @@ struct RingPlan::Impl::Host {
 RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions opts,
                    RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
+  validate(cfg, opts.heads);
   Impl& m = *impl_;
   m.cfg = cfg;
   m.threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
-  m.tiles = choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
-  m.layout = make_layout(cfg, comm.size());
-  m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles);
+  m.tiles = single::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
+  m.layout = make_layout(cfg, comm.size(), opts.heads);
+  m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles, opts.heads);
   m.protocol = RingProtocol(m.sched, comm, ring_opts);
   m.timeout_s = ring_opts.timeout_s;
   const bool mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;

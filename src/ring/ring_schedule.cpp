@@ -16,12 +16,13 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
 
-std::vector<int64_t> heads_of(const AttentionConfig& cfg, int64_t pattern, int64_t n_patterns) {
+std::vector<int64_t> heads_of(const AttentionConfig& cfg, const HeadSlice& slice, int64_t pattern,
+                              int64_t n_patterns) {
   std::vector<int64_t> heads;
   if (cfg.combine == Combine::mixture && cfg.attention == AttentionKind::dilated) {
     for (int64_t h = 0; h < cfg.shape.heads; ++h) heads.push_back(h);
   } else {
-    const HeadRange r = group_heads_of(cfg, n_patterns, pattern);
+    const HeadRange r = group_heads_of(cfg, slice, n_patterns, pattern);
     for (int64_t h = r.first; h < r.first + r.count; ++h) heads.push_back(h);
   }
   return heads;
@@ -53,7 +54,7 @@ std::vector<Run> runs_in(const AttentionConfig& cfg, TensorLayout tensor, const 
     r.k_begin = k_lo;
     r.k_end = k_hi;
     const int64_t local_row = ch.local_begin + (first + k_lo * pat.dilation - ch.begin);
-    const RowStrides rs = row_strides(tensor, layout.local_len, heads, s.head_dim);
+    const single::RowStrides rs = single::row_strides(tensor, layout.local_len, heads, s.head_dim);
     r.row0 = rs.at(batch, local_row, head);
     r.stride = pat.dilation * rs.position;
     r.lse0 = (batch * heads + head) * layout.local_len + local_row;
@@ -88,13 +89,14 @@ struct PairWork {
 // The query heads of pattern `pattern` that read K/V head `kv_head`, grouped by their
 // offset (in the order offsets first appear): heads with one offset select the same rows.
 std::vector<std::pair<int64_t, std::vector<int64_t>>> heads_by_offset(const AttentionConfig& cfg,
+                                                                      const HeadSlice& slice,
                                                                       int pattern,
                                                                       int64_t n_patterns,
                                                                       int64_t kv_head) {
   std::vector<std::pair<int64_t, std::vector<int64_t>>> groups;
-  for (int64_t h : heads_of(cfg, pattern, n_patterns)) {
+  for (int64_t h : heads_of(cfg, slice, pattern, n_patterns)) {
     if (cfg.kv_head_of(h) != kv_head) continue;
-    const int64_t o = pattern_offset(cfg, pattern, h);
+    const int64_t o = pattern_offset(cfg, slice, pattern, h);
     auto it =
         std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == o; });
     if (it == groups.end()) it = groups.insert(groups.end(), {o, {}});
@@ -140,7 +142,8 @@ void add_window_pieces(const AttentionConfig& cfg, const Run& kr,
 // What rank `dest`'s queries need from rank `src`'s keys and values. Under grouped-query
 // attention the query heads sharing a K/V head and an offset need the same K/V rows: one key
 // run serves all of them, so only K/V heads travel.
-PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int dest, int src) {
+PairWork pair_work(const AttentionConfig& cfg, const HeadSlice& slice, const ShardLayout& layout,
+                   int dest, int src) {
   PairWork work;
   const auto pats = patterns_of(cfg);
   const auto n_patterns = static_cast<int64_t>(pats.size());
@@ -154,7 +157,7 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
     std::set_intersection(dest_segs.begin(), dest_segs.end(), src_segs.begin(), src_segs.end(),
                           std::back_inserter(segs));
     for (int64_t kh = 0; kh < kv_heads; ++kh)
-      for (const auto& [offset, q_heads] : heads_by_offset(cfg, i, n_patterns, kh))
+      for (const auto& [offset, q_heads] : heads_by_offset(cfg, slice, i, n_patterns, kh))
         for (int64_t b = 0; b < cfg.shape.batch; ++b)
           for (int64_t seg : segs) {
             // The query heads of this group select the same positions: same runs, same max.
@@ -188,7 +191,7 @@ PairWork pair_work(const AttentionConfig& cfg, const ShardLayout& layout, int de
 }  // namespace
 
 RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
-                                 const kernels::TileConfig& tiles) {
+                                 const kernels::TileConfig& tiles, const HeadSlice& slice) {
   RingSchedule sched;
   const int world = layout.world;
   const int64_t d = cfg.shape.head_dim;
@@ -199,11 +202,11 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
     RingStep step;
     const int dest = (rank + t) % world, src = (rank - t + world) % world;
     if (t > 0) {
-      step.send_runs = pair_work(cfg, layout, dest, rank).key_runs;
+      step.send_runs = pair_work(cfg, slice, layout, dest, rank).key_runs;
       for (const Run& r : step.send_runs) step.send_rows += r.rows();
       if (step.send_rows > 0) step.send_to = dest;
     }
-    PairWork work = pair_work(cfg, layout, rank, src);
+    PairWork work = pair_work(cfg, slice, layout, rank, src);
     std::vector<int64_t> packed_base;  // first packed row of each key run
     for (const Run& r : work.key_runs) {
       packed_base.push_back(step.recv_rows);
@@ -254,8 +257,8 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
     }
     for (std::size_t w = 0; w < step.waves.size(); ++w) {
       Wave& wave = step.waves[w];
-      append_by_kv_place(by_place[w], wave.tasks, wave.backward_ends);
-      wave.items = forward_items(wave.tasks, cfg.causal, tiles);
+      single::append_by_kv_place(by_place[w], wave.tasks, wave.backward_ends);
+      wave.items = single::forward_items(wave.tasks, cfg.causal, tiles);
     }
     sched.max_send_rows = std::max(sched.max_send_rows, step.send_rows);
     sched.max_recv_rows = std::max(sched.max_recv_rows, step.recv_rows);
@@ -304,7 +307,8 @@ int64_t minimum_dense_rows(const AttentionConfig& cfg, const ShardLayout& layout
 
 }  // namespace
 
-int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank) {
+int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
+                           const HeadSlice& slice) {
   const Shape4& s = cfg.shape;
   if (cfg.attention == AttentionKind::dense && (cfg.windowed() || cfg.packed()))
     return minimum_dense_rows(cfg, layout, rank) * s.batch * 2 * s.head_dim *
@@ -325,9 +329,9 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout
   for (int i = 0; i < static_cast<int>(pats.size()); ++i) {
     auto& of_kv = offsets[static_cast<std::size_t>(i)];
     of_kv.resize(static_cast<std::size_t>(cfg.effective_kv_heads()));
-    for (int64_t h : heads_of(cfg, i, n_patterns)) {
+    for (int64_t h : heads_of(cfg, slice, i, n_patterns)) {
       auto& o = of_kv[static_cast<std::size_t>(h / cfg.queries_per_kv_head())];
-      o.push_back(pattern_offset(cfg, i, h));
+      o.push_back(pattern_offset(cfg, slice, i, h));
     }
     for (auto& o : of_kv) {
       std::sort(o.begin(), o.end());

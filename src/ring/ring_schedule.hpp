@@ -58,8 +58,9 @@ struct RingSchedule {
                            // dK/dV bytes back, fp32, and receives K/V again)
 };
 
+// `slice`: the job's heads the config computes (default: all of them).
 RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
-                                 const kernels::TileConfig& tiles);
+                                 const kernels::TileConfig& tiles, const HeadSlice& slice = {});
 
 // Whether runs name one row twice: a dilated mixture (two patterns select a position), or a
 // K/V head shared by head groups of two patterns (grouped GQA). The dK/dV returned for such
@@ -71,6 +72,7 @@ bool runs_repeat_a_row(const std::vector<Run>& runs);
 // fp32, counted once per pattern that needs it (however many query heads share the K/V
 // head). Computed from position ranges, independently of the schedule, so the engine's
 // counted traffic can be checked against it.
-int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank);
+int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout, int rank,
+                           const HeadSlice& slice = {});
 
 }  // namespace ringattn::ring

@@ -30,7 +30,7 @@ int64_t ShardLayout::global_position(int rank, int64_t row) const {
 namespace {
 
 // Attended pairs of each query position, summed over heads (one batch row).
-std::vector<double> position_work(const AttentionConfig& cfg) {
+std::vector<double> position_work(const AttentionConfig& cfg, const HeadSlice& slice) {
   const int64_t n = cfg.shape.seq_len;
   std::vector<double> work(static_cast<std::size_t>(n), 0.0);
   if (cfg.attention == AttentionKind::dense) {
@@ -46,10 +46,10 @@ std::vector<double> position_work(const AttentionConfig& cfg) {
   const bool mixture = cfg.combine == Combine::mixture;
   for (int64_t h = 0; h < cfg.shape.heads; ++h)
     for (int64_t i = 0; i < n_patterns; ++i) {
-      const HeadRange g = group_heads_of(cfg, n_patterns, i);
+      const HeadRange g = group_heads_of(cfg, slice, n_patterns, i);
       if (!mixture && (h < g.first || h >= g.first + g.count)) continue;
       const DilatedPattern& pat = pats[static_cast<std::size_t>(i)];
-      const int64_t o = pattern_offset(cfg, i, h);
+      const int64_t o = pattern_offset(cfg, slice, i, h);
       const SegmentList segs = segments_of(cfg, pat);
       for (int64_t seg = 0; seg < segs.count(); ++seg) {
         const int64_t m = selected_in(segs.length(seg), pat, o);
@@ -164,28 +164,28 @@ double imbalance(const std::vector<double>& pairs_by_rank) {
 }
 
 std::vector<double> attended_pairs_by_rank(const AttentionConfig& cfg, const ShardLayout& l) {
-  auto by_rank = work_by_rank(l, position_work(cfg));
+  auto by_rank = work_by_rank(l, position_work(cfg, HeadSlice{}));
   for (double& x : by_rank) x *= static_cast<double>(cfg.shape.batch);
   return by_rank;
 }
 
-ShardLayout make_layout(const AttentionConfig& cfg, int world) {
+ShardLayout make_layout(const AttentionConfig& cfg, int world, const HeadSlice& slice) {
   if (world < 1) throw InputError("ranks", "world size must be at least 1");
   ShardLayout l;
   l.world = world;
   l.seq_len = cfg.shape.seq_len;
   if (l.seq_len % world != 0)
-    throw InputError("--seq-len", std::to_string(l.seq_len) +
-                                      " tokens cannot be split evenly over " +
-                                      std::to_string(world) +
-                                      " ranks (N must be divisible by the number of ranks)");
+    throw InputError("config.shape.seq_len",
+                     std::to_string(l.seq_len) + " tokens cannot be split evenly over " +
+                         std::to_string(world) +
+                         " ranks (N must be divisible by the number of ranks)");
   l.local_len = l.seq_len / world;
   if (world == 1) return l;
   const bool zigzag_fits = l.seq_len % (2 * static_cast<int64_t>(world)) == 0;
   l.zigzag = cfg.causal && zigzag_fits;
   const bool usual_fits = !cfg.causal || zigzag_fits;
   if (usual_fits && !cfg.packed()) return l;
-  const auto work = position_work(cfg);
+  const auto work = position_work(cfg, slice);
   const double usual = usual_fits ? imbalance(work_by_rank(l, work)) : 0.0;
   if (usual_fits && usual <= kUsualLayoutTolerance) return l;
   ShardLayout best = l;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/head_slice.hpp"
 #include "ringattn/config.hpp"
 
 namespace ringattn::ring {
@@ -35,10 +36,11 @@ struct ShardLayout {
   int64_t global_position(int rank, int64_t row) const;
 };
 
-// Throws InputError("--seq-len", ...) when P ranks cannot split N evenly (N % P).
+// Throws InputError("config.shape.seq_len", ...) when P ranks cannot split N evenly (N % P).
 // Contiguous for non-causal runs, zigzag for causal ones when N % 2P == 0, else balanced;
 // packed runs take the balanced layout unless the usual one is within 5 % of the mean work.
-ShardLayout make_layout(const AttentionConfig& cfg, int world);
+// `slice`: the job's heads the config computes (default: all of them).
+ShardLayout make_layout(const AttentionConfig& cfg, int world, const HeadSlice& slice = {});
 
 // Attended (query, key) pairs of each rank's queries under `l`, summed over batch and heads
 // (dense and dilated configs). imbalance() is max / mean (1 for a perfect split).

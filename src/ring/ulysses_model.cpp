@@ -36,9 +36,9 @@ Link a2a_link(const ModelShape& s, const Links& l, int u) {
 void check_shape(const ModelShape& s) {
   if (s.world < 1 || s.ranks_per_node < 1 || s.seq_len < 1 || s.heads < 1 || s.kv_heads < 1 ||
       s.head_dim < 1 || s.elem_bytes < 1 || s.partial_bytes < 1)
-    throw InputError("--ulysses", "the split model needs positive ranks and sizes");
+    throw InputError("ulysses", "the split model needs positive ranks and sizes");
   if (s.heads % s.kv_heads != 0)
-    throw InputError("--ulysses", "the split model needs K/V heads dividing the heads");
+    throw InputError("ulysses", "the split model needs K/V heads dividing the heads");
 }
 
 // One phase (forward or backward) of a call at split u.

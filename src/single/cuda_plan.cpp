@@ -56,7 +56,7 @@ struct CudaPlan::Impl {
   kc::Elem elem = kc::Elem::bf16;
   cudaStream_t stream = nullptr;
   CudaDeviceStatus device;
-  ring::FlatSchedule sched;
+  single::FlatSchedule sched;
   kc::DeviceAllocation tasks, q_items, k_items, delta;
   kc::DeviceAllocation cu_seqlens;  // the Hopper forward's packed documents (int32)
   std::vector<int> cu_host;
@@ -126,7 +126,7 @@ struct CudaPlan::Impl {
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
     p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v);
-    for (const ring::DevicePass& pass : sched.passes) {
+    for (const single::DevicePass& pass : sched.passes) {
       p.items = q_items.as<kernels::ForwardItem>() + pass.q_item0;
       p.n_items = pass.n_q_items;
       p.accumulate = pass.accumulate;
@@ -174,7 +174,7 @@ struct CudaPlan::Impl {
       return why;
     std::vector<kernels::ForwardItem>& all = hopper_items_host;
     std::vector<kernels::ForwardItem> ordered;
-    for (const ring::DevicePass& pass : sched.passes) {
+    for (const single::DevicePass& pass : sched.passes) {
       std::vector<kc::HopperTaskGroup> groups;
       const std::span<const kernels::ForwardItem> items(sched.q_items.data() + pass.q_item0,
                                                         static_cast<std::size_t>(pass.n_q_items));
@@ -198,10 +198,10 @@ struct CudaPlan::Impl {
       return why;
     std::vector<kernels::ForwardItem>& all = hopper_k_items_host;
     std::vector<kernels::ForwardItem> ordered;
-    for (const ring::DevicePass& pass : sched.passes) {
+    for (const single::DevicePass& pass : sched.passes) {
       std::vector<int64_t>& item0 = hopper_k_item0.emplace_back();
       std::vector<std::vector<kc::HopperTaskGroup>>& ranges = hopper_k_groups.emplace_back();
-      for (const ring::ItemRange& r : pass.k_ranges) {
+      for (const single::ItemRange& r : pass.k_ranges) {
         std::vector<kc::HopperTaskGroup> groups;
         const std::span<const kernels::ForwardItem> items(sched.k_items.data() + r.first,
                                                           static_cast<std::size_t>(r.count));
@@ -392,14 +392,14 @@ struct CudaPlan::Impl {
     p.causal = cfg.causal;
     p.vector_loads =
         vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-    for (const ring::DevicePass& pass : sched.passes) {
+    for (const single::DevicePass& pass : sched.passes) {
       p.q_items = q_items.as<kernels::ForwardItem>() + pass.q_item0;
       p.n_q_items = pass.n_q_items;
       p.out_scale = pass.out_scale;
       p.dout_scale = pass.out_scale;
       // dQ with the first range's dK/dV, then one launch per further range (query heads that
       // share a K/V head add into its dK/dV in turn).
-      for (const ring::ItemRange& r : pass.k_ranges) {
+      for (const single::ItemRange& r : pass.k_ranges) {
         p.k_items = k_items.as<kernels::ForwardItem>() + r.first;
         p.n_k_items = r.count;
         kc::flash_backward(elem, p, stream);
@@ -431,14 +431,14 @@ struct CudaPlan::Impl {
 
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
+  validate(cfg, opts.heads);
   require_bnhd(cfg, "--device cuda (use --device cpu)");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
   m.elem = kc::elem_of(opts.dtype);
   m.device = probe_cuda_device(opts.device);
-  if (!m.device.usable) throw InputError("--device", "'cuda' cannot be used: " + m.device.reason);
+  if (!m.device.usable) throw InputError("device", "'cuda' cannot be used: " + m.device.reason);
   const kc::ScopedDevice on(opts.device);
   // The tensor-core kernels' shared memory against this device's opt-in limit; where they do
   // not fit, the fp32 kernels (little shared memory) run instead.
@@ -455,8 +455,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
 
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
-  m.sched =
-      ring::flatten_schedule(ring::build_local_schedule(cfg, tiles), cfg.causal, kc::kKeyTile);
+  m.sched = single::flatten_schedule(single::build_local_schedule(cfg, tiles, opts.heads),
+                                     cfg.causal, kc::kKeyTile);
   m.tasks = kc::upload_vector(m.sched.tasks, "the task list", opts.device, m.stream);
   m.q_items = kc::upload_vector(m.sched.q_items, "the query work items", opts.device, m.stream);
   m.k_items = kc::upload_vector(m.sched.k_items, "the key work items", opts.device, m.stream);
@@ -466,7 +466,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
                            "the backward's row sums D = rowsum(out * dout)", opts.device, m.stream);
   // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim.
   m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
-                   ring::rows_aligned(m.sched, 8);
+                   single::rows_aligned(m.sched, 8);
 
   const bool automatic = opts.kernel == KernelChoice::automatic;
   std::string hopper_why_backward;
@@ -503,6 +503,12 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   if (opts.kernel == KernelChoice::cudnn || automatic) {
 #if RINGATTN_HAVE_CUDNN
     try {
+      // cuDNN's views number heads from 0 of this config's; a slice's dilated heads keep
+      // the job's groups and offsets, which the views do not carry.
+      if (m.elem != kc::Elem::fp32 && cfg.attention == AttentionKind::dilated &&
+          !opts.heads.whole())
+        throw kc::CudnnUnavailable(
+            "a head slice of a dilated job (Ulysses) runs on the native kernels");
       // cuDNN's backward adds dQ with atomics (run-to-run differences within the dtype's
       // tolerance): a deterministic plan keeps the native (or sm_90a) backward, whose
       // every element has one writer.
@@ -543,8 +549,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     const char* why = "cudnn.h was not found at configure time";
 #endif
     if (opts.kernel == KernelChoice::cudnn)
-      throw InputError("--kernel", std::string("'cudnn' is not available in this build (") + why +
-                                       "); use --kernel native or auto");
+      throw InputError("kernel", std::string("'cudnn' is not available in this build (") + why +
+                                     "); use --kernel native or auto");
     m.notes.push_back("--kernel auto: " + m.fallback_kernels() + " (no cuDNN: " + why + ")" +
                       (m.use_hopper_backward || !m.hopper_forward()
                            ? ""

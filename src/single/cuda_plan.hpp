@@ -3,7 +3,7 @@
 // Plan; it uploads the task list once, takes its workspace once from a stream-ordered device
 // pool, and then runs forward/backward on device pointers without allocating. Inputs (q, k, v,
 // dout) are bf16, fp16 or fp32 on the device; outputs (out, lse, dq, dk, dv) are fp32. In a build
-// without the CUDA toolkit the same interface exists and reports, as an InputError naming --device,
+// without the CUDA toolkit the same interface exists and reports, as an InputError naming `device`,
 // that CUDA is not built in.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/head_slice.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/device.hpp"  // DeviceDType, KernelChoice, CudaDeviceStatus
 
@@ -32,6 +33,7 @@ struct CudaPlanOptions {
   // applies) instead of by timing the first forward, and no kernel that accumulates with
   // atomics (cuDNN's backward dQ) is chosen.
   bool deterministic = false;
+  HeadSlice heads = {};  // the job's heads the config computes (Ulysses); default: all
 };
 
 class CudaPlan {

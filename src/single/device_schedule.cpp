@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-namespace ringattn::ring {
+namespace ringattn::single {
 
 std::vector<kernels::ForwardItem> key_items(std::span<const kernels::SubseqTask> tasks, bool causal,
                                             int64_t k_tile, int64_t task0) {
@@ -77,4 +77,4 @@ std::size_t flat_schedule_bytes(const FlatSchedule& f) {
          (f.q_items.size() + f.k_items.size()) * sizeof(kernels::ForwardItem);
 }
 
-}  // namespace ringattn::ring
+}  // namespace ringattn::single

@@ -12,7 +12,7 @@
 #include "kernels/cpu_flash.hpp"
 #include "single/schedule.hpp"
 
-namespace ringattn::ring {
+namespace ringattn::single {
 
 // A slice {first, count} of an item list.
 struct ItemRange {
@@ -60,4 +60,4 @@ bool rows_aligned(const FlatSchedule& f, int64_t multiple);
 // Bytes the flat schedule occupies on the device.
 std::size_t flat_schedule_bytes(const FlatSchedule& f);
 
-}  // namespace ringattn::ring
+}  // namespace ringattn::single

@@ -26,19 +26,19 @@ struct Plan::Impl {
   AttentionConfig cfg;
   int threads = 1;
   kernels::TileConfig tiles;
-  ring::LocalSchedule schedule;
+  single::LocalSchedule schedule;
   std::size_t per_thread_floats = 0;
   std::unique_ptr<float[], AlignedFree> workspace;
 };
 
 Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_unique<Impl>()) {
-  validate(cfg);
+  validate(cfg, opts.heads);
   impl_->cfg = cfg;
   impl_->threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
-  if (opts.threads < 0) throw InputError("--threads", "must be >= 0");
+  if (opts.threads < 0) throw InputError("threads", "must be >= 0");
   if (opts.q_tile < 0 || opts.k_tile < 0) throw InputError("tiles", "must be >= 0 (0: automatic)");
-  impl_->tiles = ring::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
-  impl_->schedule = ring::build_local_schedule(cfg, impl_->tiles);
+  impl_->tiles = single::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
+  impl_->schedule = single::build_local_schedule(cfg, impl_->tiles, opts.heads);
   impl_->per_thread_floats =
       std::max(kernels::forward_workspace_floats(impl_->tiles, cfg.shape.head_dim),
                kernels::backward_workspace_floats(impl_->tiles, cfg.shape.head_dim));
@@ -59,7 +59,7 @@ std::size_t Plan::workspace_bytes_per_thread() const noexcept {
 
 std::size_t Plan::workspace_bytes() const noexcept {
   return workspace_bytes_per_thread() * static_cast<std::size_t>(impl_->threads) +
-         ring::schedule_bytes(impl_->schedule);
+         single::schedule_bytes(impl_->schedule);
 }
 
 void Plan::forward(const float* q, const float* k, const float* v, float* out, float* lse) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/head_slice.hpp"
 #include "ringattn/config.hpp"
 
 namespace ringattn {
@@ -18,6 +19,7 @@ struct PlanOptions {
   // tile boundaries; benchmarks to tune.
   int64_t q_tile = 0;
   int64_t k_tile = 0;
+  HeadSlice heads = {};  // the job's heads the config computes (Ulysses); default: all
 };
 
 class Plan {

@@ -9,7 +9,7 @@
 
 #include "core/patterns.hpp"
 
-namespace ringattn::ring {
+namespace ringattn::single {
 
 namespace {
 
@@ -17,11 +17,11 @@ RowStrides strides_of(TensorLayout layout, const Shape4& shape) {
   return row_strides(layout, shape.seq_len, shape.heads, shape.head_dim);
 }
 
-void add_pattern_tasks(const AttentionConfig& cfg, int64_t pattern, int64_t head,
-                       std::vector<kernels::SubseqTask>& tasks) {
+void add_pattern_tasks(const AttentionConfig& cfg, const HeadSlice& slice, int64_t pattern,
+                       int64_t head, std::vector<kernels::SubseqTask>& tasks) {
   const Shape4& s = cfg.shape;
   const DilatedPattern pat = patterns_of(cfg)[static_cast<std::size_t>(pattern)];
-  const int64_t offset = pattern_offset(cfg, pattern, head);
+  const int64_t offset = pattern_offset(cfg, slice, pattern, head);
   const SegmentList segs = segments_of(cfg, pat);
   const RowStrides q = strides_of(cfg.layout, s);
   const RowStrides kv = strides_of(cfg.effective_kv_layout(), cfg.kv_shape());
@@ -61,7 +61,8 @@ void append_by_kv_place(std::vector<std::vector<kernels::SubseqTask>>& by_place,
   }
 }
 
-LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t) {
+LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t,
+                                   const HeadSlice& slice) {
   LocalSchedule sched;
   const auto n_patterns = static_cast<int64_t>(patterns_of(cfg).size());
   const int64_t heads = cfg.shape.heads;
@@ -76,9 +77,9 @@ LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::Ti
     pass.out_scale = 1.0f / static_cast<float>(n_patterns);
     std::vector<std::vector<kernels::SubseqTask>> by_place(places);
     for (int64_t g = 0; g < n_patterns; ++g) {
-      const HeadRange r = group_heads_of(cfg, n_patterns, g);
+      const HeadRange r = group_heads_of(cfg, slice, n_patterns, g);
       for (int64_t h = r.first; h < r.first + r.count; ++h)
-        add_pattern_tasks(cfg, g, h, by_place[static_cast<std::size_t>(h) % places]);
+        add_pattern_tasks(cfg, slice, g, h, by_place[static_cast<std::size_t>(h) % places]);
     }
     finish(pass, by_place);
     sched.clear_outputs_first = cfg.attention == AttentionKind::dilated;
@@ -88,7 +89,7 @@ LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::Ti
       pass.accumulate = true;
       std::vector<std::vector<kernels::SubseqTask>> by_place(places);
       for (int64_t h = 0; h < heads; ++h)
-        add_pattern_tasks(cfg, i, h, by_place[static_cast<std::size_t>(h) % places]);
+        add_pattern_tasks(cfg, slice, i, h, by_place[static_cast<std::size_t>(h) % places]);
       finish(pass, by_place);
     }
     sched.clear_outputs_first = true;
@@ -124,4 +125,4 @@ std::size_t schedule_bytes(const LocalSchedule& s) {
   return bytes;
 }
 
-}  // namespace ringattn::ring
+}  // namespace ringattn::single

@@ -6,10 +6,11 @@
 #include <span>
 #include <vector>
 
+#include "core/head_slice.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "ringattn/config.hpp"
 
-namespace ringattn::ring {
+namespace ringattn::single {
 
 // Floats between consecutive batches, positions and heads of a tensor of `n` positions,
 // `heads` heads and head dim `d` laid out as `layout` ([B, n, heads, d] for bnhd,
@@ -49,7 +50,9 @@ struct LocalSchedule {
   bool clear_outputs_first = false;
 };
 
-LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t);
+// `slice`: the job's heads this config computes (default: all of them).
+LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::TileConfig& t,
+                                   const HeadSlice& slice = {});
 
 // Concatenates tasks grouped by the query head's place in its K/V group (the buckets of
 // `by_place`, in order) into `tasks`, appending each bucket's end to `ends`; empty buckets
@@ -76,4 +79,4 @@ inline kernels::TileConfig choose_tiles(int64_t head_dim, int64_t q_tile, int64_
 // Bytes the schedule occupies (reported as part of the plan's workspace).
 std::size_t schedule_bytes(const LocalSchedule& s);
 
-}  // namespace ringattn::ring
+}  // namespace ringattn::single

@@ -201,14 +201,13 @@ struct CudaSparsePlan::Impl {
     if (c.attention != AttentionKind::block_sparse)
       throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
     if (o.kernel == KernelChoice::cudnn)
-      throw InputError("--kernel",
-                       "'cudnn' has no block-sparse kernel; use --kernel native or auto");
+      throw InputError("kernel", "'cudnn' has no block-sparse kernel; use --kernel native or auto");
     cfg = c;
     lists = std::move(l);
     opts = o;
     elem = kc::elem_of(o.dtype);
     device = probe_cuda_device(o.device);
-    if (!device.usable) throw InputError("--device", "'cuda' cannot be used: " + device.reason);
+    if (!device.usable) throw InputError("device", "'cuda' cannot be used: " + device.reason);
   }
 
   kc::SparseForwardParams forward_params(const DeviceLists& l, const void* q, const void* k,
@@ -468,7 +467,7 @@ CudaSparsePlan::CudaSparsePlan(const AttentionConfig& cfg, std::shared_ptr<const
                                ring::RingOptions ring_opts)
     : impl_(std::make_unique<Impl>()) {
   if (comm.size() > 1 && comm.memory_space() != ring::MemorySpace::device)
-    throw InputError("--device", "'cuda' with several ranks needs a device communicator (NCCL)");
+    throw InputError("device", "'cuda' with several ranks needs a device communicator (NCCL)");
   impl_->init(cfg, std::move(lists), opts);
   Impl& m = *impl_;
   m.comm = &comm;

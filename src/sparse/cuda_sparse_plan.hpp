@@ -9,7 +9,7 @@
 // added in a fixed order (bitwise reproducible for a given P). No host synchronisation
 // inside a call until its end (ring/stream_exchanges.hpp).
 // Inputs (q, k, v, dout) are bf16, fp16 or fp32 on the device; outputs fp32. In a build
-// without CUDA the same interface exists and refuses, as an InputError naming --device.
+// without CUDA the same interface exists and refuses, as an InputError naming `device`.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +29,7 @@ namespace ringattn::sparse {
 class CudaSparsePlan {
  public:
   // `cfg.attention` must be block_sparse and `lists` match its heads, N and block size.
-  // `opts.kernel` cudnn is refused (InputError naming --kernel): cuDNN has no block-sparse
+  // `opts.kernel` cudnn is refused (InputError naming `kernel`): cuDNN has no block-sparse
   // kernel; automatic and native run the native kernels; hopper runs the local blocks'
   // forward and backward on the sm_90a kernels where they apply (bf16/fp16, D 64 or 128, a
   // compute capability 9.0 device, a build with sm_90a code) and says why not in notes()

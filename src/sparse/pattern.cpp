@@ -31,7 +31,7 @@ int64_t parse_int(const std::string& term, const std::string& key, const std::st
     used = 0;
   }
   if (value.empty() || used != value.size())
-    throw InputError("--pattern",
+    throw InputError("block_sparse.pattern",
                      quote(term) + ": " + escaped(key) + "=" + quote(value) + " is not an integer");
   return v;
 }
@@ -51,11 +51,12 @@ class Params {
     for (const std::string& kv : split(text, ',')) {
       const auto eq = kv.find('=');
       if (eq == std::string::npos || eq == 0)
-        throw InputError("--pattern",
+        throw InputError("block_sparse.pattern",
                          quote(term) + ": parameter " + quote(kv) + " is not key=value");
       const std::string key = kv.substr(0, eq);
       if (!values_.emplace(key, kv.substr(eq + 1)).second)
-        throw InputError("--pattern", quote(term) + ": parameter " + quote(key) + " given twice");
+        throw InputError("block_sparse.pattern",
+                         quote(term) + ": parameter " + quote(key) + " given twice");
     }
   }
   int64_t get(const std::string& key, int64_t fallback, int64_t lo, int64_t hi,
@@ -65,9 +66,10 @@ class Params {
     const int64_t v = parse_int(term_, key, it->second);
     values_.erase(it);
     if (v < lo || v > hi)
-      throw InputError("--pattern", quote(term_) + ": " + escaped(key) + "=" + std::to_string(v) +
-                                        " is out of range " + std::to_string(lo) + ".." +
-                                        std::to_string(hi) + " (" + why + ")");
+      throw InputError("block_sparse.pattern", quote(term_) + ": " + escaped(key) + "=" +
+                                                   std::to_string(v) + " is out of range " +
+                                                   std::to_string(lo) + ".." + std::to_string(hi) +
+                                                   " (" + why + ")");
     return v;
   }
   std::vector<int64_t> list(const std::string& key, const std::vector<int64_t>& fallback) {
@@ -79,9 +81,9 @@ class Params {
   }
   void finish(const std::string& allowed) const {
     if (!values_.empty())
-      throw InputError("--pattern", quote(term_) + ": unknown parameter " +
-                                        quote(values_.begin()->first) + " (allowed: " + allowed +
-                                        ")");
+      throw InputError("block_sparse.pattern", quote(term_) + ": unknown parameter " +
+                                                   quote(values_.begin()->first) +
+                                                   " (allowed: " + allowed + ")");
   }
 
  private:
@@ -92,24 +94,25 @@ class Params {
 void check_dilated(const std::string& term, const Geometry& g, const std::vector<int64_t>& w,
                    const std::vector<int64_t>& r) {
   if (w.empty() || r.empty())
-    throw InputError("--pattern", quote(term) +
-                                      " needs segments and dilations (--segments and "
-                                      "--dilations, or segments=a/b,dilations=x/y)");
+    throw InputError("block_sparse.pattern", quote(term) +
+                                                 " needs segments and dilations (--segments and "
+                                                 "--dilations, or segments=a/b,dilations=x/y)");
   if (w.size() != r.size())
-    throw InputError("--pattern", quote(term) + ": " + std::to_string(w.size()) + " segments but " +
-                                      std::to_string(r.size()) + " dilations; they must pair up");
+    throw InputError("block_sparse.pattern", quote(term) + ": " + std::to_string(w.size()) +
+                                                 " segments but " + std::to_string(r.size()) +
+                                                 " dilations; they must pair up");
   for (std::size_t k = 0; k < w.size(); ++k) {
     if (w[k] <= 0 || w[k] % g.block_size != 0 || g.seq_len % w[k] != 0)
-      throw InputError("--pattern", quote(term) + ": segment " + std::to_string(w[k]) +
-                                        " must be a positive multiple of the block size " +
-                                        std::to_string(g.block_size) +
-                                        " that divides the sequence length " +
-                                        std::to_string(g.seq_len));
+      throw InputError("block_sparse.pattern",
+                       quote(term) + ": segment " + std::to_string(w[k]) +
+                           " must be a positive multiple of the block size " +
+                           std::to_string(g.block_size) + " that divides the sequence length " +
+                           std::to_string(g.seq_len));
     if (r[k] <= 0 || r[k] > w[k] / g.block_size)
-      throw InputError("--pattern", quote(term) + ": dilation " + std::to_string(r[k]) +
-                                        " must be in 1.." + std::to_string(w[k] / g.block_size) +
-                                        " (the blocks in its segment of " + std::to_string(w[k]) +
-                                        " tokens)");
+      throw InputError("block_sparse.pattern",
+                       quote(term) + ": dilation " + std::to_string(r[k]) + " must be in 1.." +
+                           std::to_string(w[k] / g.block_size) + " (the blocks in its segment of " +
+                           std::to_string(w[k]) + " tokens)");
   }
 }
 
@@ -120,10 +123,11 @@ Pattern parse_pattern(const std::string& text, const Geometry& g,
                       uint64_t default_seed) {
   Pattern p;
   const int64_t nb = g.blocks(), bs = g.block_size;
-  if (text.empty()) throw InputError("--pattern", "empty; name at least one pattern");
+  if (text.empty()) throw InputError("block_sparse.pattern", "empty; name at least one pattern");
   for (const std::string& term : split(text, '+')) {
     if (term.empty())
-      throw InputError("--pattern", "empty term in " + quote(text) + " (terms are joined by '+')");
+      throw InputError("block_sparse.pattern",
+                       "empty term in " + quote(text) + " (terms are joined by '+')");
     const auto colon = term.find(':');
     const std::string name = term.substr(0, colon);
     Params prm(term, colon == std::string::npos ? "" : term.substr(colon + 1));
@@ -165,9 +169,9 @@ Pattern parse_pattern(const std::string& text, const Geometry& g,
       p.terms.push_back(make_local(g, window));
       p.terms.push_back(make_random(g, random, seed));
     } else {
-      throw InputError("--pattern", "unknown pattern " + quote(name) +
-                                        " (known: local, global, random, strided, "
-                                        "dilated-blocks, bigbird)");
+      throw InputError("block_sparse.pattern", "unknown pattern " + quote(name) +
+                                                   " (known: local, global, random, strided, "
+                                                   "dilated-blocks, bigbird)");
     }
   }
   std::vector<std::string> names;

@@ -54,7 +54,7 @@ struct Pattern {
 // Parses `--pattern` text: terms joined by '+', each `name` or `name:key=value,...`.
 // Names: local, global, random, strided, dilated-blocks, bigbird (global + local + random).
 // dilated-blocks takes its segments and dilations from --segments/--dilations. Throws
-// InputError("--pattern", ...) for unknown names or keys and bad values.
+// InputError("block_sparse.pattern", ...) for unknown names or keys and bad values.
 Pattern parse_pattern(const std::string& text, const Geometry& g,
                       const std::vector<int64_t>& segments, const std::vector<int64_t>& dilations,
                       uint64_t default_seed);

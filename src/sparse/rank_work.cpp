@@ -124,8 +124,8 @@ RankSparseWork build_rank_sparse_work(const AttentionConfig& cfg, const BlockLis
   const BlockLists& l = has_token_rule(cfg) ? reached : lists;
   // Rows of the local shard in the config's layout (a head's consecutive rows heads·D or D
   // floats apart); slabs are [rows, D] either way.
-  const ring::RowStrides q_rows = ring::row_strides(cfg.layout, NL, H, D);
-  const ring::RowStrides kv_rows = ring::row_strides(cfg.effective_kv_layout(), NL, G, D);
+  const single::RowStrides q_rows = single::row_strides(cfg.layout, NL, H, D);
+  const single::RowStrides kv_rows = single::row_strides(cfg.effective_kv_layout(), NL, G, D);
   auto row = [&](int64_t b, int64_t local_row, int64_t h) { return q_rows.at(b, local_row, h); };
   auto kv_row = [&](int64_t b, int64_t local_row, int64_t g) {
     return kv_rows.at(b, local_row, g);

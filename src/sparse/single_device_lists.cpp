@@ -29,7 +29,7 @@ SingleDeviceWork build_single_device_work(const AttentionConfig& cfg, const Bloc
   layout.local_len = N;
   RankSparseWork r = build_rank_sparse_work(cfg, l, layout, 0);
   SingleDeviceWork w;
-  w.q_stride = ring::row_strides(cfg.layout, N, H, D).position;
+  w.q_stride = single::row_strides(cfg.layout, N, H, D).position;
   w.lse_stride = 1;
   w.q_tiles = std::move(r.local_tiles);
   w.key_spans = std::move(r.local_spans);

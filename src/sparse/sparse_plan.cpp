@@ -39,7 +39,7 @@ ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world) {
   if (world < 1) throw InputError("ranks", "world size must be at least 1");
   const int64_t per_rank = n / world;
   if (n % world != 0 || per_rank % bs != 0)
-    throw InputError(n % world != 0 ? "--seq-len" : "--block-size",
+    throw InputError(n % world != 0 ? "config.shape.seq_len" : "config.block_size",
                      std::to_string(n) + " tokens in blocks of " + std::to_string(bs) +
                          " cannot be split over " + std::to_string(world) +
                          " ranks in whole blocks (N/P must be a multiple of the block size)");
@@ -111,7 +111,7 @@ struct SparsePlan::Impl {
   SparseProtocol protocol;
   ring::RingTimings fwd, bwd;
 
-  ring::RowStrides q_rows, kv_rows;  // the local shard's rows in the config's layout
+  single::RowStrides q_rows, kv_rows;  // the local shard's rows in the config's layout
   int64_t q_row(int64_t b, int64_t local_row, int64_t h) const {
     return q_rows.at(b, local_row, h);
   }
@@ -350,12 +350,12 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.G = cfg.effective_kv_heads();
   m.D = s.head_dim;
   // A query tile is one block (or a q_tile slice of one); key spans run k_tile at a time.
-  m.tiles = ring::choose_tiles(
+  m.tiles = single::choose_tiles(
       s.head_dim, opts.q_tile > 0 ? opts.q_tile : std::min<int64_t>(128, m.bs), opts.k_tile);
   m.layout = sparse_layout(cfg, m.world);
   m.NL = m.layout.local_len;
-  m.q_rows = ring::row_strides(cfg.layout, m.NL, m.H, m.D);
-  m.kv_rows = ring::row_strides(cfg.effective_kv_layout(), m.NL, m.G, m.D);
+  m.q_rows = single::row_strides(cfg.layout, m.NL, m.H, m.D);
+  m.kv_rows = single::row_strides(cfg.effective_kv_layout(), m.NL, m.G, m.D);
   m.w = build_rank_sparse_work(cfg, *m.lists, m.layout, m.me);
   m.sort_by_cost();
 

@@ -22,7 +22,7 @@ namespace ringattn::sparse {
 
 // The shard layout for block-sparse runs: zigzag (2P chunks) for causal runs when each half
 // shard is whole blocks, else one contiguous chunk per rank. Throws InputError naming
-// --seq-len or --block-size when N/P tokens are not whole blocks.
+// config.shape.seq_len or config.block_size when N/P tokens are not whole blocks.
 ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world);
 
 // The fewest K/V bytes `rank` must send in the forward: for each of its (K/V head, key block)

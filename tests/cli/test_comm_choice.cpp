@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/comm_choice.hpp"
+#include "cli/option_names.hpp"
 #include "cli_runner.hpp"
 #include "ring/device_transport.hpp"
 #include "ringattn/errors.hpp"
@@ -120,7 +121,8 @@ TEST(DeviceTransport, RequestsThatCannotMoveDeviceMemoryAreRefusedNamingComm) {
       (void)choose_device_transport(c);
       ADD_FAILURE() << "--comm " << c.requested << " was accepted";
     } catch (const InputError& e) {
-      EXPECT_EQ(e.subject(), "--comm") << e.what();
+      EXPECT_EQ(e.subject(), "transport") << e.what();  // the JobSpec field; the CLI's --comm
+      EXPECT_EQ(option_of(e.subject()), "--comm") << e.what();
       EXPECT_NE(std::string(e.what()).find("'" + c.requested + "'"), std::string::npos) << e.what();
     }
   }

@@ -34,23 +34,24 @@ std::string subject_of(const AttentionConfig& cfg) {
 
 TEST(ConfigValidation, EachBadFieldNamesItsOption) {
   const Shape4 s{1, 64, 4, 16};
-  EXPECT_EQ(subject_of(dilated(s, {16, 32}, {1}, Combine::grouped)), "--segments");
-  EXPECT_EQ(subject_of(dilated(s, {}, {}, Combine::grouped)), "--segments");
-  EXPECT_EQ(subject_of(dilated(s, {16}, {}, Combine::grouped)), "--dilations");
-  EXPECT_EQ(subject_of(dilated(s, {0}, {1}, Combine::grouped)), "--segments");
-  EXPECT_EQ(subject_of(dilated(s, {16}, {-1}, Combine::grouped)), "--dilations");
-  EXPECT_EQ(subject_of(dilated(s, {24}, {1}, Combine::grouped)), "--segments");
+  EXPECT_EQ(subject_of(dilated(s, {16, 32}, {1}, Combine::grouped)), "config.segments");
+  EXPECT_EQ(subject_of(dilated(s, {}, {}, Combine::grouped)), "config.segments");
+  EXPECT_EQ(subject_of(dilated(s, {16}, {}, Combine::grouped)), "config.dilations");
+  EXPECT_EQ(subject_of(dilated(s, {0}, {1}, Combine::grouped)), "config.segments");
+  EXPECT_EQ(subject_of(dilated(s, {16}, {-1}, Combine::grouped)), "config.dilations");
+  EXPECT_EQ(subject_of(dilated(s, {24}, {1}, Combine::grouped)), "config.segments");
   EXPECT_EQ(subject_of(dilated({1, 64, 2, 16}, {16, 32, 64}, {1, 2, 4}, Combine::grouped)),
-            "--heads");
+            "config.shape.heads");
   EXPECT_EQ(subject_of(dilated({1, 64, 2, 16}, {16, 32, 64}, {1, 2, 4}, Combine::mixture)), "");
-  EXPECT_EQ(subject_of(dilated({1, 64, 4, 0}, {64}, {1}, Combine::grouped)), "--head-dim");
+  EXPECT_EQ(subject_of(dilated({1, 64, 4, 0}, {64}, {1}, Combine::grouped)),
+            "config.shape.head_dim");
   EXPECT_EQ(subject_of(dilated({1, 64, 4, kMaxHeadDim + 1}, {64}, {1}, Combine::grouped)),
-            "--head-dim");
-  EXPECT_EQ(subject_of(dilated({0, 64, 4, 8}, {64}, {1}, Combine::grouped)), "--batch");
+            "config.shape.head_dim");
+  EXPECT_EQ(subject_of(dilated({0, 64, 4, 8}, {64}, {1}, Combine::grouped)), "config.shape.batch");
   EXPECT_EQ(subject_of(dilated(s, {16}, {17}, Combine::grouped)), "");  // dilation > segment: legal
   AttentionConfig bad_scale = dilated(s, {16}, {1}, Combine::grouped);
   bad_scale.scale = -1.0;
-  EXPECT_EQ(subject_of(bad_scale), "--scale");
+  EXPECT_EQ(subject_of(bad_scale), "config.scale");
 }
 
 TEST(ConfigValidation, KvHeadsMustBePositiveAndDivideTheQueryHeads) {
@@ -67,7 +68,7 @@ TEST(ConfigValidation, KvHeadsMustBePositiveAndDivideTheQueryHeads) {
   }
   for (int64_t bad : {0, -2, 3, 5, 16}) {
     cfg.kv_heads = bad;
-    EXPECT_EQ(subject_of(cfg), "--kv-heads") << bad;
+    EXPECT_EQ(subject_of(cfg), "config.kv_heads") << bad;
   }
   cfg.kv_heads = 3;
   try {
@@ -91,7 +92,7 @@ TEST(ConfigValidation, BlockSparseTakesGqaWindowsAndPackedSequences) {
   cfg.cu_seqlens = {0, 100, 256};
   EXPECT_EQ(subject_of(cfg), "");
   cfg.kv_heads = 3;
-  EXPECT_EQ(subject_of(cfg), "--kv-heads");
+  EXPECT_EQ(subject_of(cfg), "config.kv_heads");
 }
 
 TEST(ConfigValidation, RequireMultiHeadRefusesGqaNamingKvHeads) {
@@ -148,7 +149,7 @@ TEST(PatternArithmetic, AttendedPairsMatchesBruteForce) {
           }
           const int64_t w = pats[static_cast<std::size_t>(i)].segment;
           const int64_t r = pats[static_cast<std::size_t>(i)].dilation;
-          const int64_t o = pattern_offset(cfg, i, h);
+          const int64_t o = pattern_offset(cfg, HeadSlice{}, i, h);
           for (int64_t p = 0; p < s.seq_len; ++p)
             for (int64_t t = 0; t < s.seq_len; ++t) {
               const bool sel = (p % w) % r == o && (t % w) % r == o && p / w == t / w;
@@ -199,10 +200,10 @@ TEST(ConfigValidation, SlidingWindowReachesAndCombinations) {
   EXPECT_EQ(cfg.window_reach().left, 64);
   EXPECT_EQ(cfg.window_reach().right, 0);
   cfg.window_left = -1;
-  EXPECT_EQ(subject_of(cfg), "--window");
+  EXPECT_EQ(subject_of(cfg), "config.window_left");
   cfg.window_left = 3;
   cfg.window_right = -2;
-  EXPECT_EQ(subject_of(cfg), "--window");
+  EXPECT_EQ(subject_of(cfg), "config.window_right");
   cfg.window_right.reset();
   EXPECT_EQ(cfg.window_reach().right, 3);  // R defaults to L
   cfg.causal = true;
@@ -211,15 +212,15 @@ TEST(ConfigValidation, SlidingWindowReachesAndCombinations) {
   cfg.window_right = 0;
   EXPECT_EQ(subject_of(cfg), "");
   cfg.window_right = 1;
-  EXPECT_EQ(subject_of(cfg), "--window");
+  EXPECT_EQ(subject_of(cfg), "config.window_right");
   cfg.causal = false;
   cfg.window_left.reset();
-  EXPECT_EQ(subject_of(cfg), "--window");  // a right reach alone
+  EXPECT_EQ(subject_of(cfg), "config.window_left");  // a right reach alone
   cfg.window_left = 2;
   cfg.attention = AttentionKind::dilated;
   cfg.segments = {32};
   cfg.dilations = {2};
-  EXPECT_EQ(subject_of(cfg), "--window");
+  EXPECT_EQ(subject_of(cfg), "config.window_left");
   cfg.attention = AttentionKind::block_sparse;  // block-sparse takes a window
   cfg.block_size = 16;
   EXPECT_EQ(subject_of(cfg), "");

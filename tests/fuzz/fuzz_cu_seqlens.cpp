@@ -47,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     ringattn::validate(cfg);
   } catch (const ringattn::InputError& e) {
     // The offsets themselves, or the sequence length they imply (too many elements).
-    check(e.subject() == "--seqlens" || e.subject() == "--seq-len",
+    check(e.subject() == "config.cu_seqlens" || e.subject() == "config.shape.seq_len",
           "offsets refused naming something else", e.what());
     ringattn::fuzz::check_message(e.what());
     return 0;

@@ -75,7 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   try {
     p = sparse::parse_pattern(text, g, segments, dilations, seed);
   } catch (const InputError& e) {
-    ringattn::fuzz::check_input_error(e, "--pattern");
+    ringattn::fuzz::check_input_error(e, "block_sparse.pattern");
     return 0;
   }
   check(!p.terms.empty() && !p.canonical.empty(), "a pattern without terms was accepted");

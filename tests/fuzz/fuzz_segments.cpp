@@ -45,8 +45,8 @@ bool parse(const std::vector<std::string>& args, ringattn::cli::RunOptions& o) {
 void check_schedule(const AttentionConfig& cfg) {
   const ringattn::Shape4& s = cfg.shape;
   const int64_t q_floats = s.numel(), k_floats = cfg.kv_shape().numel();
-  const auto tiles = ringattn::ring::choose_tiles(s.head_dim, 0, 0);
-  const ringattn::ring::LocalSchedule sched = ringattn::ring::build_local_schedule(cfg, tiles);
+  const auto tiles = ringattn::single::choose_tiles(s.head_dim, 0, 0);
+  const ringattn::single::LocalSchedule sched = ringattn::single::build_local_schedule(cfg, tiles);
   double pairs = 0;
   for (const auto& pass : sched.passes) {
     for (const auto& t : pass.tasks) {
@@ -105,14 +105,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     ringattn::validate(cfg);
   } catch (const InputError& e) {
     ringattn::fuzz::check_input_error(e);
-    check(e.subject() == "--segments" || e.subject() == "--dilations" || e.subject() == "--heads",
-          "a list error names another option", e.what());
+    check(e.subject() == "config.segments" || e.subject() == "config.dilations" ||
+              e.subject() == "config.shape.heads",
+          "a list error names another field", e.what());
     return 0;
   }
   const auto patterns = ringattn::patterns_of(cfg);
   for (std::size_t i = 0; i < patterns.size(); ++i) {
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t offset = ringattn::pattern_offset(cfg, static_cast<int64_t>(i), h);
+      const int64_t offset =
+          ringattn::pattern_offset(cfg, ringattn::HeadSlice{}, static_cast<int64_t>(i), h);
       check(offset >= 0 && offset < cfg.dilations[i], "offset outside [0, dilation)");
       check(patterns[i].dilation >= 1 && patterns[i].dilation <= patterns[i].segment,
             "pattern dilation outside [1, segment]");

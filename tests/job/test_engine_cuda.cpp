@@ -405,7 +405,7 @@ TEST(EngineCuda, MpiTransportIsRefusedNamingComm) {
                                       try {
                                         (void)make_engine(spec, comm);
                                       } catch (const InputError& e) {
-                                        if (e.subject() == "--comm") ++refused;
+                                        if (e.subject() == "transport") ++refused;
                                       }
                                       return 0;
                                     }),

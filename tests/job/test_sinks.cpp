@@ -245,7 +245,7 @@ TEST(SinksSetup, DilatedAttentionRefusesSinksNamingBothOptions) {
     (void)make_engine(spec, comm);
     ADD_FAILURE() << "dilated attention took sinks";
   } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--sinks");
+    EXPECT_EQ(e.subject(), "sinks");
     EXPECT_NE(std::string(e.what()).find("--attention"), std::string::npos) << e.what();
   }
 }

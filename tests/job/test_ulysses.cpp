@@ -208,23 +208,21 @@ TEST(UlyssesSetup, RefusesSplitsThatCannotWorkNamingUlysses) {
   spec.device = Device::cpu;
   spec.threads = 1;
   spec.ulysses = 3;  // does not divide 4 ranks
-  EXPECT_NE(setup_error(spec, 4).find("--ulysses: 3 does not divide the 4 ranks"),
-            std::string::npos);
+  EXPECT_NE(setup_error(spec, 4).find("ulysses: 3 does not divide the 4 ranks"), std::string::npos);
   spec.config.shape.heads = 6;  // 4 does not divide 6 heads
   spec.ulysses = 4;
-  EXPECT_NE(setup_error(spec, 4).find("--ulysses: 4 does not divide the 6 heads"),
-            std::string::npos);
+  EXPECT_NE(setup_error(spec, 4).find("ulysses: 4 does not divide the 6 heads"), std::string::npos);
   spec.config.shape.heads = 12;  // 3 ranks would split 4 K/V heads of 12 unevenly
   spec.config.kv_heads = 4;
   spec.ulysses = 3;
-  EXPECT_NE(setup_error(spec, 6).find("--ulysses: 3 ranks would split the 4 K/V heads"),
+  EXPECT_NE(setup_error(spec, 6).find("ulysses: 3 ranks would split the 4 K/V heads"),
             std::string::npos);
   spec.config.kv_heads.reset();
   spec.config.shape = {1, 8, 4, 16};  // 2 groups of 4 rows: a row per rank works
   spec.ulysses = 4;
   EXPECT_EQ(setup_error(spec, 8), "");
   spec.config.shape = {1, 12, 4, 16};  // 2 groups of 6 rows cannot split over 4 ranks
-  EXPECT_NE(setup_error(spec, 8).find("--ulysses: each of the 2 groups holds 6 rows"),
+  EXPECT_NE(setup_error(spec, 8).find("ulysses: each of the 2 groups holds 6 rows"),
             std::string::npos);
 }
 

@@ -65,7 +65,7 @@ void expect_cudnn_refused(const AttentionConfig& cfg) {
     CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::cudnn, 0});
     ADD_FAILURE() << "--kernel cudnn accepted by a build without cuDNN";
   } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--kernel") << e.what();
+    EXPECT_EQ(e.subject(), "kernel") << e.what();
     std::printf("  refused: %s\n", e.what());
   }
 }
@@ -307,7 +307,7 @@ TEST(CudaKernels, HeadMajorTensorsAreRefusedNamingLayout) {
     CudaPlan plan(cfg, {DeviceDType::bf16, KernelChoice::native, 0});
     ADD_FAILURE() << "--layout bhnd accepted by the GPU plan";
   } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--layout") << e.what();
+    EXPECT_EQ(e.subject(), "config.layout") << e.what();
   }
 }
 

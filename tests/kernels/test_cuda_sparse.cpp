@@ -488,7 +488,7 @@ TEST(CudaSparseKernels, CudnnIsRefusedNamingKernel) {
     CudaSparsePlan plan(config_of(c), lists_of(c), {DeviceDType::bf16, KernelChoice::cudnn, 0});
     ADD_FAILURE() << "--kernel cudnn accepted for block-sparse";
   } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--kernel") << e.what();
+    EXPECT_EQ(e.subject(), "kernel") << e.what();
   }
 }
 
@@ -503,7 +503,7 @@ TEST(CudaSparseKernels, HeadMajorTensorsAreRefusedNamingLayout) {
     CudaSparsePlan plan(cfg, lists_of(c), {DeviceDType::bf16, KernelChoice::native, 0});
     ADD_FAILURE() << "--layout bhnd accepted by the GPU block-sparse plan";
   } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--layout") << e.what();
+    EXPECT_EQ(e.subject(), "config.layout") << e.what();
   }
 }
 

@@ -198,17 +198,19 @@ TEST(PackedConfig, BadOffsetsAndCombinationsNameSeqlens) {
     return std::string("accepted");
   };
   cfg.cu_seqlens = {0, 4, 9};
-  EXPECT_NE(subject().find("--seqlens: the document lengths sum to 9"), std::string::npos)
+  EXPECT_NE(subject().find("config.cu_seqlens: the document lengths sum to 9"), std::string::npos)
       << subject();
   cfg.cu_seqlens = {0, 4, 4, 10};
-  EXPECT_NE(subject().find("--seqlens: document 1 has length 0"), std::string::npos) << subject();
+  EXPECT_NE(subject().find("config.cu_seqlens: document 1 has length 0"), std::string::npos)
+      << subject();
   cfg.cu_seqlens = {0, 5, 10};
   EXPECT_EQ(subject(), "accepted");
   cfg.attention = AttentionKind::dilated;
   cfg.segments = {5};
   cfg.dilations = {1};
-  EXPECT_NE(subject().find("--seqlens: packed sequences do not combine with --attention dilated"),
-            std::string::npos)
+  EXPECT_NE(
+      subject().find("config.cu_seqlens: packed sequences do not combine with --attention dilated"),
+      std::string::npos)
       << subject();
   cfg.attention = AttentionKind::block_sparse;
   cfg.block_size = 5;

@@ -10,7 +10,7 @@
 #include "single/device_schedule.hpp"
 #include "single/schedule.hpp"
 
-namespace ringattn::ring {
+namespace ringattn::single {
 namespace {
 
 constexpr int64_t kTile = 64;
@@ -181,4 +181,4 @@ TEST(DeviceSchedule, HeadDimsPadToTheInstantiatedOnes) {
 }
 
 }  // namespace
-}  // namespace ringattn::ring
+}  // namespace ringattn::single

@@ -119,7 +119,7 @@ int64_t brute_rows(const AttentionConfig& cfg, const ShardLayout& l, int dest, i
           }
           const int64_t w = pats[static_cast<std::size_t>(i)].segment;
           const int64_t r = pats[static_cast<std::size_t>(i)].dilation;
-          const int64_t o = pattern_offset(cfg, i, h);
+          const int64_t o = pattern_offset(cfg, HeadSlice{}, i, h);
           if ((t % w) % r != o) continue;
           for (int64_t p = 0; p < cfg.shape.seq_len && !needed; ++p)
             needed = owner(p) == dest && (p % w) % r == o && p / w == t / w &&
@@ -325,7 +325,7 @@ TEST(Sharding, UnevenSplitIsAnInputErrorNamingSeqLen) {
     make_layout(cfg, 3);
     FAIL();
   } catch (const InputError& e) {
-    EXPECT_EQ(e.subject(), "--seq-len");
+    EXPECT_EQ(e.subject(), "config.shape.seq_len");
   }
   // Causal runs need only N % P == 0: where 2P does not divide N the layout is balanced.
   cfg.causal = true;

@@ -184,7 +184,7 @@ TEST(Patterns, BadTextIsAnInputErrorNamingPattern) {
       parse_pattern(text, g, {}, {}, 0);
       ADD_FAILURE() << "'" << text << "' was accepted";
     } catch (const InputError& e) {
-      EXPECT_EQ(e.subject(), "--pattern") << text;
+      EXPECT_EQ(e.subject(), "block_sparse.pattern") << text;
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }

@@ -13,7 +13,7 @@ const char* const kNoCudaReason =
     "this build of ringattn has no CUDA kernels (the CUDA toolkit was not found at configure "
     "time, or RINGATTN_WITH_CUDA=OFF)";
 
-void no_cuda() { throw InputError("--device", kNoCudaReason); }
+void no_cuda() { throw InputError("device", kNoCudaReason); }
 
 void order_after(void*, void*, int) { no_cuda(); }
 void apply_sinks(const SinkRows&, const float*, float*, float*, void*, int) { no_cuda(); }

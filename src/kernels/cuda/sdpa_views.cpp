@@ -19,8 +19,6 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
     return refuse("cuDNN reads [B,N,H,D] tensors here");
   if (cfg.attention == AttentionKind::block_sparse)
     return refuse("block-sparse runs on the native kernels");
-  if (cfg.attention == AttentionKind::dilated && (cfg.head_base != 0 || cfg.global_heads))
-    return refuse("a head slice of a dilated job (Ulysses) runs on the native kernels");
   const Shape4& s = cfg.shape;
   const int64_t H = s.heads, D = s.head_dim, HKV = cfg.effective_kv_heads();
   const int64_t qpk = cfg.queries_per_kv_head();
@@ -88,8 +86,8 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
   if (cfg.attention == AttentionKind::dense || cfg.combine == Combine::grouped) {
     for (int64_t g = 0; g < G; ++g) {
       const HeadRange hr = group_heads(H, G, g);
-      if (!add(pats[static_cast<std::size_t>(g)], pattern_offset(cfg, g, hr.first), hr.first,
-               hr.count, 1, false, 1.0f / static_cast<float>(G)))
+      if (!add(pats[static_cast<std::size_t>(g)], pattern_offset(cfg, HeadSlice{}, g, hr.first),
+               hr.first, hr.count, 1, false, 1.0f / static_cast<float>(G)))
         return refuse("head group " + std::to_string(g) + " splits a K/V head (GQA)");
     }
     return views;

@@ -7,7 +7,7 @@ namespace ringattn::kernels::cuda {
 
 // Work queued on `then` after this call starts only once the work queued on `first` before
 // it is done. Streams are cudaStream_t (null: the legacy default stream) on `device`.
-// Throws RuntimeFailure (in a build without CUDA: InputError naming --device).
+// Throws RuntimeFailure (in a build without CUDA: InputError naming `device`).
 void order_after(void* first, void* then, int device);
 
 }  // namespace ringattn::kernels::cuda

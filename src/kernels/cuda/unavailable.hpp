@@ -4,7 +4,7 @@
 
 namespace ringattn::kernels::cuda {
 
-// Throws InputError naming --device: this build has no CUDA kernels.
+// Throws InputError naming `device`: this build has no CUDA kernels.
 [[noreturn]] void no_cuda();
 // Its message, for reports that say why no device is usable.
 extern const char* const kNoCudaReason;
