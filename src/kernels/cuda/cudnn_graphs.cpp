@@ -211,18 +211,9 @@ struct CudnnGraphPlan::Impl {
   }
 };
 
-namespace {
-std::vector<SdpaView> views_or_throw(const AttentionConfig& cfg) {
-  std::string why;
-  std::vector<SdpaView> views = sdpa_views(cfg, &why);
-  if (views.empty()) throw std::runtime_error(why);
-  return views;
-}
-}  // namespace
-
 CudnnGraphPlan::CudnnGraphPlan(const AttentionConfig& cfg, DeviceDType dtype, int device,
                                void* stream, bool with_backward)
-    : CudnnGraphPlan(views_or_throw(cfg), dtype, device, stream, with_backward) {}
+    : CudnnGraphPlan(sdpa_views_or_throw(cfg), dtype, device, stream, with_backward) {}
 
 CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, int device,
                                void* stream, bool with_backward)

@@ -58,6 +58,8 @@ inline std::pair<int64_t, int64_t> rows_with_keys(const SdpaView& v) {
 // (pattern, offset class of heads). Empty, with `why` set, where cuDNN cannot read the
 // problem in place (head-major tensors, dilated GQA whose head groups split K/V heads).
 std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why);
+// sdpa_views, or std::runtime_error with `why` where there are none (CudnnGraphPlan's).
+std::vector<SdpaView> sdpa_views_or_throw(const AttentionConfig& cfg);
 
 enum class SdpaGraphKind { forward, backward };
 

@@ -92,19 +92,10 @@ struct CudnnGraphPlan::Impl {
   bool with_backward = false;
 };
 
-namespace {
-std::vector<SdpaView> views_of(const AttentionConfig& cfg) {
-  std::string why;
-  std::vector<SdpaView> views = sdpa_views(cfg, &why);
-  if (views.empty()) throw std::runtime_error(why);
-  return views;
-}
-}  // namespace
-
 // A configuration's views (sdpa_views), as cuDNN's plan takes them (CudnnSdpa's tests).
 CudnnGraphPlan::CudnnGraphPlan(const AttentionConfig& cfg, DeviceDType dtype, int device,
                                void* stream, bool with_backward)
-    : CudnnGraphPlan(views_of(cfg), dtype, device, stream, with_backward) {}
+    : CudnnGraphPlan(sdpa_views_or_throw(cfg), dtype, device, stream, with_backward) {}
 
 CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, int, void* stream,
                                bool with_backward)

@@ -69,6 +69,45 @@ __device__ __forceinline__ void add_rows(float* g, const float (&acc)[kD / 2], f
   }
 }
 
+// Pᵀ from Sᵀ, in place, in the dK/dV walk's accumulator (rows keys, columns queries): Pᵀ =
+// exp2(Sᵀ·scale·log2e − lse·log2e) per query column, 0 where the query does not see the key.
+// Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. lse is loaded at its use:
+// loaded ahead of Sᵀ's product (so that the loads would run under the wgmma), the 16 guarded
+// loads become branches and the whole backward slows down (docs/PERFORMANCE.md).
+template <class Work>
+__device__ __forceinline__ void probs_t(float (&pt)[32], const BackwardArgs<Work>& p,
+                                        const Reach (&cols)[2], const Strided& stats, int lane) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int col = 8 * c + 2 * (lane % 4) + u;
+      const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
+      const float lse2 = seen0 || seen1 ? lse_log2(p.lse, stats.at + col * stats.stride) : INFINITY;
+      float& p0 = pt[4 * c + u];
+      float& p1 = pt[4 * c + 2 + u];
+      p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
+      p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is).
+template <class Work>
+__device__ __forceinline__ void grads_t(float (&pt)[32], const float (&dpt)[32],
+                                        const BackwardArgs<Work>& p, const Reach (&cols)[2],
+                                        const Strided& stats, int lane) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int col = 8 * c + 2 * (lane % 4) + u;
+      const bool any = seen(cols[0], col) || seen(cols[1], col);
+      const float dlt = any ? p.delta[stats.at + col * stats.stride] * p.delta_factor : 0.0f;
+      pt[4 * c + u] *= dpt[4 * c + u] * p.dout_scale - dlt;
+      pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * p.dout_scale - dlt;
+    }
+}
+
 // Which key-side gradients a dK/dV launch accumulates: both (D <= 128), or at D = 256 one per
 // launch, since dK and dV of 64 × 256 in fp32 would take 256 registers a thread together. The
 // dV launch then skips dPᵀ and dK's products (two of four); the dK launch, dV's (one).
@@ -125,26 +164,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
-    // Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) per query column; 0 where the query does not see
-    // the key. Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. lse is loaded at
-    // its use: loaded ahead of Sᵀ's product (so that the loads would run under the wgmma), the
-    // 16 guarded loads become branches and the whole backward slows down (docs/PERFORMANCE.md).
-    float pt[32];
+    float pt[32];  // Sᵀ, then Pᵀ (probs_t), then dSᵀ (grads_t)
     issue_a_bt<kD, kBf16, kRegA>(pt, ka, st.resident(0), st.ring(0, s));
     ptx::wgmma_wait_group<0>();
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int col = 8 * c + 2 * (lane % 4) + u;
-        const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
-        const float lse2 =
-            seen0 || seen1 ? lse_log2(p.lse, stats.at + col * stats.stride) : INFINITY;
-        float& p0 = pt[4 * c + u];
-        float& p1 = pt[4 * c + 2 + u];
-        p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
-        p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
-      }
+    probs_t(pt, p, cols, stats, lane);
     // dV += Pᵀ·dO, then dPᵀ = V·dOᵀ, each waited for: under one wait, the packed Pᵀ would
     // be live beside dPᵀ's accumulator, and ptxas spills 72-80 bytes at D = 128.
     if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dO as stored
@@ -155,16 +178,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     float dpt[32];
     issue_a_bt<kD, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int col = 8 * c + 2 * (lane % 4) + u;
-        const bool any = seen(cols[0], col) || seen(cols[1], col);
-        const float dlt = any ? p.delta[stats.at + col * stats.stride] * p.delta_factor : 0.0f;
-        pt[4 * c + u] *= dpt[4 * c + u] * p.dout_scale - dlt;  // dSᵀ (0 where Pᵀ is)
-        pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * p.dout_scale - dlt;
-      }
+    grads_t(pt, dpt, p, cols, stats, lane);  // dSᵀ (0 where Pᵀ is)
     if constexpr (kDk) product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     ptx::mbarrier_arrive(at(st.empty(s)));
   }
@@ -401,33 +415,12 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     float pt[32];  // Sᵀ, then Pᵀ, then dSᵀ (as hopper_bwd_dkdv_kernel)
     issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(st.resident(0)), st.ring(0, s));
     ptx::wgmma_wait_group<0>();
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int col = 8 * c + 2 * (lane % 4) + u;
-        const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
-        const float lse2 =
-            seen0 || seen1 ? lse_log2(p.lse, stats.at + col * stats.stride) : INFINITY;
-        float& p0 = pt[4 * c + u];
-        float& p1 = pt[4 * c + 2 + u];
-        p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
-        p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
-      }
+    probs_t(pt, p, cols, stats, lane);
     product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO
     float dpt[32];
     issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(st.resident(1)), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int col = 8 * c + 2 * (lane % 4) + u;
-        const bool any = seen(cols[0], col) || seen(cols[1], col);
-        const float dlt = any ? p.delta[stats.at + col * stats.stride] * p.delta_factor : 0.0f;
-        pt[4 * c + u] *= dpt[4 * c + u] * p.dout_scale - dlt;
-        pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * p.dout_scale - dlt;
-      }
+    grads_t(pt, dpt, p, cols, stats, lane);
     product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
     // overwrites it.

@@ -1,6 +1,7 @@
 // sdpa_views (cudnn_graphs.hpp): a configuration read as cuDNN's strided views. Host code
 // without cudnn-frontend, so that the emulated GPU's stand-in for cuDNN takes the same views.
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,13 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
         return refuse("mixture heads at stride " + std::to_string(p.dilation) +
                       " do not cover whole K/V heads (GQA)");
   }
+  return views;
+}
+
+std::vector<SdpaView> sdpa_views_or_throw(const AttentionConfig& cfg) {
+  std::string why;
+  std::vector<SdpaView> views = sdpa_views(cfg, &why);
+  if (views.empty()) throw std::runtime_error(why);
   return views;
 }
 
