@@ -6,7 +6,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"
-cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERROR=ON "$@"
+# The Python extension is off here (test.sh's `pip install` turns it on in this tree).
+cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_WERROR=ON \
+  -DRINGATTN_BUILD_PYTHON=OFF "$@"
 targets=()
 if [ -n "${RINGATTN_BUILD_TARGETS:-}" ]; then
   read -r -a names <<<"$RINGATTN_BUILD_TARGETS"
