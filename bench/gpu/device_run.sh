@@ -186,11 +186,12 @@ run_hopper() {
   pp="test_cuda_kernels:CudaHopper.Forward*:CudaHopper.PlanWithKernelHopper*@RINGATTN_HOPPER_PINGPONG"
   local qr="@RINGATTN_HOPPER_QREGS=1"
   # The fused backward (RINGATTN_HOPPER_BWD=fused), never run on a GPU before 0f505f3: dense,
-  # dilated, block-sparse and the ring's steps.
+  # dilated, block-sparse and the ring's steps; …AutoTimesTheFused…: --kernel auto timing it
+  # against the two passes on block-sparse and the ring (their notes give both times).
   local fu="@RINGATTN_HOPPER_BWD=fused"
   for spec in "test_cuda_kernels:CudaHopper.*:CudaKernels.AutoRunsTheSm90a*:CudaKernels.ViewEpilogue*" \
-    "test_cuda_sparse:*Hopper*" \
-    "test_cuda_ring:*Hopper*:CudaRing.Cudnn*:CudaRing.AutoTakesCudnn*" \
+    "test_cuda_sparse:*Hopper*:CudaSparseKernels.AutoTimesTheFused*" \
+    "test_cuda_ring:*Hopper*:CudaRing.Cudnn*:CudaRing.AutoTakesCudnn*:CudaRing.AutoTimesTheFused*" \
     "test_cuda_kernels:CudaHopper.Backward*:CudaHopper.PlanRunsDilated*$fu" \
     "test_cuda_sparse:*Hopper*$fu" "test_cuda_ring:*Hopper*$fu" \
     "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" \

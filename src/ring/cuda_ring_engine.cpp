@@ -19,7 +19,8 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_chosen
+#include "kernels/cuda/fused_backward_choice.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_rule
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
@@ -102,6 +103,9 @@ struct CudaRingPlan::Impl {
   // laid out as that buffer, for the backward).
   bool use_hopper = false, noted_unaligned = false;
   bool use_hopper_backward = false, noted_unaligned_backward = false;
+  // The sm_90a backward's form (hopper_fused_backward_rule): the fused kernel, and whether the
+  // first backward times it against the two passes (fused_backward_choice.hpp).
+  bool fused_backward = false, time_fused_backward = false;
   std::vector<std::vector<HopperWave>> hopper_waves;  // [step][wave]
   std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source
   kc::DeviceAllocation hopper_items;
@@ -641,7 +645,7 @@ struct CudaRingPlan::Impl::Device {
       m.noted_unaligned_backward = true;
     }
     const auto& waves = m.steps[static_cast<std::size_t>(t)].waves;
-    const bool fused = kc::hopper_fused_backward_chosen(m.opts.deterministic, p.head_dim);
+    const bool fused = m.fused_backward;
     for (std::size_t i = 0; hopper && i < waves.size(); ++i) {  // as CudaPlan's task backward
       const HopperWave& hw = m.hopper_waves[static_cast<std::size_t>(t)][i];
       p.tasks = m.tasks.as<kernels::SubseqTask>() + waves[i].task0;
@@ -845,6 +849,12 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.use_hopper = why.empty();
     const std::string why_backward = m.use_hopper ? m.prepare_hopper_backward(all.k_items) : why;
     m.use_hopper_backward = m.use_hopper && why_backward.empty();
+    if (m.use_hopper_backward) {
+      const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
+          opts.deterministic, static_cast<int>(m.d()), opts.kernel == KernelChoice::automatic);
+      m.fused_backward = rule == kc::FusedBackwardRule::fused;
+      m.time_fused_backward = rule == kc::FusedBackwardRule::timed;
+    }
     const std::string status =
         automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
     const bool refusals = m.use_cudnn && !m.cudnn_refused.empty();
@@ -904,7 +914,11 @@ std::string CudaRingPlan::kernel_name() const {
   return impl_->use_cudnn ? "cudnn" : impl_->use_hopper ? "hopper" : "native";
 }
 std::string CudaRingPlan::backward_kernel_name() const {
-  return impl_->use_cudnn_backward ? "cudnn" : impl_->use_hopper_backward ? "hopper" : "native";
+  const Impl& m = *impl_;
+  return m.use_cudnn_backward    ? "cudnn"
+         : !m.use_hopper_backward ? "native"
+         : m.fused_backward       ? "hopper-fused"
+                                  : "hopper";
 }
 const std::vector<std::string>& CudaRingPlan::notes() const noexcept { return impl_->notes; }
 
@@ -974,6 +988,19 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
                             const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
+  if (m.time_fused_backward) {  // ours first: cuDNN (below) is timed against the faster form
+    m.time_fused_backward = false;
+    m.fused_backward = kc::fused_backward_is_faster(
+        m.stream, "the ring's sm_90a backward", true,
+        [&](bool fused) {
+          const bool cudnn = m.use_cudnn_backward;
+          m.fused_backward = fused;
+          m.use_cudnn_backward = false;
+          m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
+          m.use_cudnn_backward = cudnn;
+        },
+        [&](double ms) { return m.comm->max(ms); }, m.notes);
+  }
   if (m.decide_backward) {
     m.decide_backward = false;
     m.use_cudnn_backward = m.auto_takes_cudnn(true, [&](bool cudnn) {

@@ -19,6 +19,7 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/fused_backward_choice.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_task_bwd.hpp"
@@ -571,7 +572,9 @@ std::string CudaPlan::kernel_name() const {
   return impl_->use_cudnn ? "cudnn" : impl_->forward_fallback();
 }
 std::string CudaPlan::backward_kernel_name() const {
-  return impl_->use_cudnn_backward ? "cudnn" : impl_->backward_fallback();
+  const Impl& m = *impl_;
+  if (m.use_cudnn_backward) return "cudnn";
+  return m.use_hopper_backward && m.fused_backward ? "hopper-fused" : m.backward_fallback();
 }
 
 std::size_t CudaPlan::workspace_bytes() const noexcept {
@@ -662,23 +665,13 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   }
   if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
     m.time_fused_backward = false;
-    const double two_ms =
-        m.median_ms([&] { m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv); });
-    double fused_ms = std::numeric_limits<double>::infinity();
-    m.fused_backward = true;
-    try {
-      fused_ms = m.median_ms([&] { m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv); });
-    } catch (const RuntimeFailure& e) {
-      m.notes.push_back(std::string("--kernel auto: the fused sm_90a backward failed when run (") +
-                        e.what() + "); using its two passes");
-      (void)cudaGetLastError();
-    }
-    m.fused_backward = fused_ms < two_ms;
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(3) << "--kernel auto: the sm_90a backward in two passes "
-       << two_ms << " ms, fused " << fused_ms << " ms (median of 5); using "
-       << (m.fused_backward ? "the fused kernel" : "the two passes");
-    m.notes.push_back(os.str());
+    m.fused_backward = kc::fused_backward_is_faster(
+        m.stream, "the sm_90a backward", false,
+        [&](bool fused) {
+          m.fused_backward = fused;
+          m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv);
+        },
+        [](double ms) { return ms; }, m.notes);
   }
   if (m.decide_on_first_backward) {
     m.decide_on_first_backward = false;

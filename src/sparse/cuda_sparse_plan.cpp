@@ -14,7 +14,8 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_chosen
+#include "kernels/cuda/fused_backward_choice.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_rule
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
@@ -101,6 +102,9 @@ struct CudaSparsePlan::Impl {
   // sm_90a kernels, the local blocks' over the shard's [B, N/P, HKV, D] tensors and the
   // received ones' over the receive slab's rows (HopperSparseShape::kv_rows).
   bool use_hopper = false, use_hopper_backward = false;
+  // The sm_90a backward's form (hopper_fused_backward_rule): the fused kernel, and whether the
+  // first backward times it against the two passes (fused_backward_choice.hpp).
+  bool fused_backward = false, time_fused_backward = false;
   bool noted_unaligned = false, noted_unaligned_backward = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
@@ -300,6 +304,12 @@ struct CudaSparsePlan::Impl {
           hopper_shape(), opts.device);
       use_hopper_backward = why_backward.empty();
     }
+    if (use_hopper_backward) {
+      const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
+          opts.deterministic, static_cast<int>(D), opts.kernel == KernelChoice::automatic);
+      fused_backward = rule == kc::FusedBackwardRule::fused;
+      time_fused_backward = rule == kc::FusedBackwardRule::timed;
+    }
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
     if (automatic) {
       notes.push_back(
@@ -324,6 +334,8 @@ struct CudaSparsePlan::Impl {
   }
 
   struct Device;
+  void run_backward(const void* q, const void* k, const void* v, const float* out,
+                    const float* lse, const void* dout, float* dq, float* dk, float* dv);
 };
 
 // The protocol's backend for one call: the plan's slabs and lists, the call's tensors.
@@ -411,7 +423,7 @@ struct CudaSparsePlan::Impl::Device {
       if (m.use_hopper_backward && aligned16(q) && aligned16(k) && aligned16(v) &&
           aligned16(dout)) {
         kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(), m.stream,
-                                   kc::hopper_fused_backward_chosen(m.opts.deterministic, static_cast<int>(m.D)));
+                                   m.fused_backward);
         return;
       }
       if (m.use_hopper_backward && !m.noted_unaligned_backward) {
@@ -430,7 +442,7 @@ struct CudaSparsePlan::Impl::Device {
     if (m.use_hopper_backward && aligned16(q) && aligned16(dout) && aligned16(r.k) &&
         aligned16(r.v)) {
       kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(true), m.stream,
-                                 kc::hopper_fused_backward_chosen(m.opts.deterministic, static_cast<int>(m.D)));
+                                 m.fused_backward);
       return;
     }
     kc::sparse_backward(m.elem, p, m.stream);
@@ -513,7 +525,9 @@ DeviceDType CudaSparsePlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaSparsePlan::notes() const noexcept { return impl_->notes; }
 std::string CudaSparsePlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
 std::string CudaSparsePlan::backward_kernel_name() const {
-  return impl_->use_hopper_backward ? "hopper" : "native";
+  return !impl_->use_hopper_backward ? "native"
+         : impl_->fused_backward      ? "hopper-fused"
+                                      : "hopper";
 }
 const ring::ShardLayout& CudaSparsePlan::layout() const noexcept { return impl_->layout; }
 const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept { return impl_->fwd; }
@@ -547,13 +561,13 @@ void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float*
   const kc::ScopedDevice on(m.opts.device);
   m.fwd = {};
   if (m.ex) m.ex->start_call();
-  Impl::Device device{m};
-  device.q = q;
-  device.k = k;
-  device.v = v;
-  device.out = out;
-  device.lse = lse;
-  m.protocol.forward(device, m.fwd);
+  Impl::Device dev{m};
+  dev.q = q;
+  dev.k = k;
+  dev.v = v;
+  dev.out = out;
+  dev.lse = lse;
+  m.protocol.forward(dev, m.fwd);
   if (m.ex) m.ex->finish_call(m.fwd);
 }
 
@@ -561,19 +575,36 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
                               const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
+  if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
+    m.time_fused_backward = false;
+    m.fused_backward = kc::fused_backward_is_faster(
+        m.stream, "the block-sparse sm_90a backward", m.comm != nullptr,
+        [&](bool fused) {
+          m.fused_backward = fused;
+          m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
+        },
+        [&](double ms) { return m.comm ? m.comm->max(ms) : ms; }, m.notes);
+  }
+  m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
+}
+
+void CudaSparsePlan::Impl::run_backward(const void* q, const void* k, const void* v,
+                                        const float* out, const float* lse, const void* dout,
+                                        float* dq, float* dk, float* dv) {
+  Impl& m = *this;
   m.bwd = {};
   if (m.ex) m.ex->start_call();
-  Impl::Device device{m};
-  device.q = q;
-  device.k = k;
-  device.v = v;
-  device.out = const_cast<float*>(out);  // read only in the backward
-  device.lse = const_cast<float*>(lse);
-  device.dout = dout;
-  device.dq = dq;
-  device.dk = dk;
-  device.dv = dv;
-  m.protocol.backward(device, m.bwd);
+  Impl::Device dev{m};
+  dev.q = q;
+  dev.k = k;
+  dev.v = v;
+  dev.out = const_cast<float*>(out);  // read only in the backward
+  dev.lse = const_cast<float*>(lse);
+  dev.dout = dout;
+  dev.dq = dq;
+  dev.dk = dk;
+  dev.dv = dv;
+  m.protocol.backward(dev, m.bwd);
   if (m.ex) m.ex->finish_call(m.bwd);
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "single/cuda_plan.hpp"
 
@@ -24,5 +25,12 @@ struct CudnnStandinScope {
   CudnnStandinScope(const CudnnStandinScope&) = delete;
   CudnnStandinScope& operator=(const CudnnStandinScope&) = delete;
 };
+
+// The kernel family a plan's backward_kernel_name() names: "hopper-fused" (the sm_90a backward
+// as its fused kernel: RINGATTN_HOPPER_BWD=fused, or --kernel auto timing it faster) is one of
+// the sm_90a kernels, "hopper".
+inline std::string kernel_family(const std::string& name) {
+  return name == "hopper-fused" ? "hopper" : name;
+}
 
 }  // namespace ringattn::testing

@@ -389,7 +389,8 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
     for (bool deterministic : {false, true}) {
       // What runs where cuDNN does not: what --kernel hopper runs (sm_90a or native).
       const CudaPlan hopper(cfg, {DeviceDType::bf16, KernelChoice::hopper, 0, deterministic});
-      const std::string ours = hopper.kernel_name(), ours_backward = hopper.backward_kernel_name();
+      const std::string ours = hopper.kernel_name(),
+                        ours_backward = testing::kernel_family(hopper.backward_kernel_name());
       if (kEmulated) {
         EXPECT_EQ(ours_backward, "hopper");
       }
@@ -408,7 +409,7 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
           << label;
       if (!kCudnnBuilt) {
         EXPECT_EQ(r.kernel, ours) << label;
-        EXPECT_EQ(r.kernel_backward, ours_backward) << label;
+        EXPECT_EQ(testing::kernel_family(r.kernel_backward), ours_backward) << label;
         EXPECT_TRUE(has_note(r.notes, "--kernel auto: the " +
                                           std::string(ours == "hopper" ? "sm_90a" : "native") +
                                           " kernels (no cuDNN"))
@@ -428,11 +429,12 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
         EXPECT_TRUE(r.kernel == "cudnn" || r.kernel == ours) << label << ": " << r.kernel;
       }
       if (cudnn_backward) {
-        EXPECT_TRUE(r.kernel_backward == "cudnn" || r.kernel_backward == ours_backward)
+        EXPECT_TRUE(r.kernel_backward == "cudnn" ||
+                    testing::kernel_family(r.kernel_backward) == ours_backward)
             << label << ": " << r.kernel_backward;
         continue;
       }
-      EXPECT_EQ(r.kernel_backward, ours_backward) << label;
+      EXPECT_EQ(testing::kernel_family(r.kernel_backward), ours_backward) << label;
       if (cudnn_forward) {  // cuDNN's note says where its backward went
         EXPECT_TRUE(has_note(r.notes, ours_backward == "hopper"
                                           ? "the backward runs on the sm_90a kernels"
@@ -796,7 +798,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
     EXPECT_EQ(r.kernel, "hopper");
   }
   if (r.kernel == "hopper") {
-    EXPECT_EQ(r.kernel_backward, "hopper");
+    EXPECT_EQ(testing::kernel_family(r.kernel_backward), "hopper");
     EXPECT_TRUE(has_note(r.notes, "the sm_90a forward and backward"));
   } else {
     EXPECT_TRUE(has_note(r.notes, "--kernel hopper: "));
@@ -818,7 +820,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_window", window, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(w.kernel, "hopper");
-    EXPECT_EQ(w.kernel_backward, "hopper");
+    EXPECT_EQ(testing::kernel_family(w.kernel_backward), "hopper");
   }
   // Packed documents (one of a single token, one across a tile boundary), causal.
   AttentionConfig packed = cfg;
@@ -827,7 +829,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
       expect_matches_reference("hopper_packed", packed, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(pk.kernel, "hopper");
-    EXPECT_EQ(pk.kernel_backward, "hopper");
+    EXPECT_EQ(testing::kernel_family(pk.kernel_backward), "hopper");
   }
   // Views one element into their buffers: TMA cannot read them, so both passes run native
   // (still right), each saying why once.
@@ -909,7 +911,7 @@ TEST(CudaHopper, PlanRunsDilatedPatternsOnTheSm90aForward) {
       EXPECT_TRUE(has_note(r.notes, "head dim 32")) << label.str();
     } else if (kEmulated) {
       EXPECT_EQ(r.kernel, "hopper") << label.str();
-      EXPECT_EQ(r.kernel_backward, "hopper") << label.str();
+      EXPECT_EQ(testing::kernel_family(r.kernel_backward), "hopper") << label.str();
       EXPECT_TRUE(has_note(r.notes, "strided views")) << label.str();
     }
     if (&c - cases < 2) {
@@ -1182,7 +1184,7 @@ TEST(CudaHopper, NonFiniteRowsPastAViewNeverReachItsResults) {
   const DeviceResult got = run_on_device(cfg, DeviceDType::bf16, KernelChoice::hopper, in, true);
   if (kEmulated) {
     EXPECT_EQ(got.kernel, "hopper");
-    EXPECT_EQ(got.kernel_backward, "hopper");
+    EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper");
   }
   Inputs first;
   for (auto [from, to] : {std::pair{&in.q, &first.q}, {&in.k, &first.k}, {&in.v, &first.v},

@@ -78,8 +78,8 @@ std::vector<float> nan_filled(std::size_t n) {
 // One forward and (optionally) backward through CudaSparsePlan on `device`.
 Result run_on_device(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
                      DeviceDType t, const Inputs& in, bool backward, int device = 0,
-                     KernelChoice kernel = KernelChoice::native) {
-  CudaSparsePlan plan(cfg, std::move(lists), {t, kernel, device});
+                     KernelChoice kernel = KernelChoice::native, bool deterministic = false) {
+  CudaSparsePlan plan(cfg, std::move(lists), {t, kernel, device, deterministic});
   EXPECT_EQ(plan.dtype(), t) << "the plan fell back to fp32";
   const Shape4& s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
@@ -433,9 +433,9 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
     const Result got = run_on_device(cfg, lists, c.dtype, in, true, 0, KernelChoice::hopper);
 #if RINGATTN_CUDA_EMULATION
     EXPECT_EQ(got.kernel, "hopper") << c.name;  // device 0 is an emulated sm_90
-    EXPECT_EQ(got.kernel_backward, "hopper") << c.name;
+    EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << c.name;
 #endif
-    if (got.kernel != "hopper" || got.kernel_backward != "hopper") {
+    if (got.kernel != "hopper" || testing::kernel_family(got.kernel_backward) != "hopper") {
       EXPECT_TRUE(has_note(got.notes, "--kernel hopper: ")) << c.name;
     }
     expect_matches_reference(std::string(c.name) + " (" + got.kernel + ", " +
@@ -468,7 +468,7 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
   // with the note saying which and why.
   CudaSparsePlan auto90(config_of(c64), lists_of(c64), {T::bf16, KernelChoice::automatic, 0});
   EXPECT_EQ(auto90.kernel_name(), "hopper");
-  EXPECT_EQ(auto90.backward_kernel_name(), "hopper");
+  EXPECT_EQ(testing::kernel_family(auto90.backward_kernel_name()), "hopper");
   EXPECT_TRUE(has_note(auto90.notes(), "--kernel auto: the sm_90a block-sparse forward and "
                                        "backward"))
       << ::testing::PrintToString(auto90.notes());
@@ -479,6 +479,47 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
   CudaSparsePlan auto_fp32(config_of(c64), lists_of(c64), {T::fp32, KernelChoice::automatic, 0});
   EXPECT_EQ(auto_fp32.kernel_name(), "native");
 #endif
+}
+
+// --kernel auto times the block-sparse sm_90a backward in two passes against its fused kernel
+// on the first backward and keeps the faster (on a GPU; on the emulated one only with
+// RINGATTN_HOPPER_BWD=auto: ctest hopper_sparse_auto_times_fused_backward), never when
+// deterministic; the backward's kernel name says which ran, and the gradients match float64
+// whichever was kept.
+TEST(CudaSparseKernels, AutoTimesTheFusedSm90aBackward) {
+  REQUIRE_GPU();
+  const SparseCase c{"auto_fused", {1, 128, 2, 64}, 32, true, DeviceDType::bf16,
+                     "local:window=64", 0};
+  const AttentionConfig cfg = config_of(c);
+  const auto lists = lists_of(c);
+  const Inputs in = random_inputs(c.shape, 130);
+  const char* rule = std::getenv("RINGATTN_HOPPER_BWD");
+  const std::string env = rule ? rule : "";
+#if RINGATTN_CUDA_EMULATION
+  const bool timing = env == "auto";
+#else
+  const bool timing = env.empty() || env == "auto";
+#endif
+  for (const bool deterministic : {false, true}) {
+    const Result got = run_on_device(cfg, lists, c.dtype, in, true, 0, KernelChoice::automatic,
+                                     deterministic);
+    const std::string what = std::string(c.name) + (deterministic ? " deterministic" : "") +
+                             " (" + got.kernel_backward + " backward)";
+    expect_matches_reference(what, cfg, mask_from_lists(*lists), c.dtype, in, got);
+    if (testing::kernel_family(got.kernel_backward) != "hopper") continue;  // not an sm_90
+    const bool timed = timing && !deterministic;
+    const std::string all = ::testing::PrintToString(got.notes);
+    EXPECT_EQ(has_note(got.notes, "--kernel auto: the block-sparse sm_90a backward in two passes "),
+              timed)
+        << what << ": " << all;
+    if (timed) {
+      EXPECT_TRUE(has_note(got.notes, " ms (median of 5); using the ")) << all;
+      EXPECT_EQ(got.kernel_backward == "hopper-fused", has_note(got.notes, "using the fused kernel"))
+          << all;
+    } else if (env != "fused" || deterministic) {
+      EXPECT_EQ(got.kernel_backward, "hopper") << what;
+    }
+  }
 }
 
 TEST(CudaSparseKernels, CudnnIsRefusedNamingKernel) {

@@ -151,7 +151,7 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
                             (kernel == KernelChoice::automatic && t != DeviceDType::fp32);
   if (hopper_asked && (d == 64 || d == 128 || d == 256)) {
     EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
-    EXPECT_EQ(got.kernel_backward, "hopper") << what << " P=" << p;
+    EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
   }
 #endif
   if (kernel == KernelChoice::cudnn) {  // every view is a cuDNN grid in these cases
@@ -659,6 +659,46 @@ TEST(CudaRing, AutoTakesCudnnStepsWhereTheyTimeFasterAndNeverWhenDeterministic) 
             << all;
         EXPECT_TRUE(has_note(got, "using " + got.kernel)) << all;
         EXPECT_TRUE(has_note(got, "--kernel auto: ring backward ")) << all;
+      }
+    }
+  }
+}
+
+// --kernel auto times the ring's sm_90a backward in two passes against its fused kernel on the
+// first backward, on the slowest rank's times, and keeps the faster (on a GPU; on the emulated
+// one only with RINGATTN_HOPPER_BWD=auto: ctest hopper_ring_auto_times_fused_backward), never
+// when deterministic; the backward's kernel name says which ran ("hopper-fused"), and the
+// gradients match float64 whichever form was kept.
+TEST(CudaRing, AutoTimesTheFusedSm90aBackwardOnTheSlowestRank) {
+  if (const std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+  AttentionConfig cfg;
+  for (const auto& c : testing::random_ring_cases())
+    if (std::string(c.name) == "dense_D64") cfg = testing::config_of(c, true);
+  cfg.shape.batch = 1;
+  const RingInputs in = testing::random_inputs(cfg);
+  const char* rule = std::getenv("RINGATTN_HOPPER_BWD");
+  const std::string env = rule ? rule : "";
+#if RINGATTN_CUDA_EMULATION
+  const bool timing = env == "auto";
+#else
+  const bool timing = env.empty() || env == "auto";
+#endif
+  for (const bool deterministic : {false, true}) {
+    for (int p : {1, 2}) {
+      const std::string what = std::string("auto fused timing") + (deterministic ? " det" : "");
+      const Full got = expect_matches_reference(what, cfg, in, p, DeviceDType::bf16, {},
+                                                KernelChoice::automatic, deterministic, false);
+      if (got.kernel_backward.rfind("hopper", 0) != 0) continue;  // a GPU without sm_90a
+      const bool timed = timing && !deterministic;
+      const std::string all = ::testing::PrintToString(got.notes);
+      EXPECT_EQ(has_note(got, "--kernel auto: the ring's sm_90a backward in two passes "), timed)
+          << what << " P=" << p << ": " << all;
+      if (timed) {
+        EXPECT_TRUE(has_note(got, "(median of 5, slowest rank); using the ")) << all;
+        EXPECT_EQ(got.kernel_backward == "hopper-fused", has_note(got, "using the fused kernel"))
+            << all;
+      } else if (env != "fused" || deterministic) {
+        EXPECT_EQ(got.kernel_backward, "hopper") << what << " P=" << p;
       }
     }
   }
