@@ -162,6 +162,15 @@ run_sanitize() {
     "$CARRY/bin/test_cuda_kernels" --gtest_color=no \
     --gtest_filter='Golden/CudaGolden.Native*' >>"$OUT/sanitizer.log" 2>&1
   rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
+  # The fused sm_90a backward (issue 45): its stats and drain warps, named barriers and bulk
+  # reductions, under memcheck and racecheck (the dense, dilated-plan and block-sparse tests).
+  for tool in memcheck racecheck; do
+    echo "== $tool (fused sm_90a backward)" | tee -a "$OUT/sanitizer.log"
+    RINGATTN_HOPPER_BWD=fused timeout -k 5 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+      --print-limit 20 "$CARRY/bin/test_cuda_kernels" --gtest_color=no \
+      --gtest_filter='CudaHopper.Backward*' >>"$OUT/sanitizer.log" 2>&1
+    rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
+  done
 }
 
 run_bench() {

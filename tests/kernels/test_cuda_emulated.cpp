@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -126,7 +127,10 @@ INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases
 // heads 2 on one K/V head), as bytes: out and lse of the forward, and with `backward` dq, dk
 // and dv of the backward after it (start_backward's zeroed gradients and row sums, as a plan
 // runs it). Modes: dense, causal, a window of 70 left and 10 right, causal packed documents.
-std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp16 = false) {
+// With `fused_dq`, the backward is the fused kernel: its dq (summed by bulk reductions in the
+// order blocks run, which the modes change) goes there, and the bytes are out, lse, dk, dv.
+std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp16 = false,
+                                  std::vector<float>* fused_dq = nullptr) {
   const DeviceDType t = fp16 ? DeviceDType::fp16 : DeviceDType::bf16;
   kernels::cuda::HopperAttention a;
   a.elem = fp16 ? kernels::cuda::Elem::fp16 : kernels::cuda::Elem::bf16;
@@ -164,10 +168,16 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp
     b.q = q.data(), b.k = k.data(), b.v = v.data(), b.dout = dout.data();
     b.lse = lse.as<float>(), b.delta = delta.as<float>();
     b.dq = dq.as<float>(), b.dk = dk.as<float>(), b.dv = dv.as<float>();
+    b.fused = fused_dq != nullptr;
     kernels::cuda::hopper_backward(b, nullptr);
-    results.insert(results.end(), {{&dq, n}, {&dk, n_kv}, {&dv, n_kv}});
+    if (!b.fused) results.push_back({&dq, n});
+    results.insert(results.end(), {{&dk, n_kv}, {&dv, n_kv}});
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (backward && fused_dq) {
+    fused_dq->resize(n);
+    dq.download(fused_dq->data(), n);
+  }
   std::vector<std::byte> bytes;
   for (auto [buf, count] : results) {
     std::vector<float> host(count);
@@ -241,6 +251,37 @@ TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
   sm86.heads = 2, sm86.kv_heads = 1, sm86.head_dim = 64;
   const std::string why = kernels::cuda::hopper_backward_unsupported(sm86, 1);
   EXPECT_NE(why.find("compute capability 8.6"), std::string::npos) << why;
+}
+
+// The fused Hopper backward (a producer thread's TMA, the stats warp's lse and delta, the
+// drain warp's bulk reductions, named barriers between them and the consumers): dK and dV, one
+// writer each, the same bytes under every execution mode, and dQ, added by blocks in the order
+// they run, within fp32 summation order of the first mode's. A stage refilled before its last
+// read, or stats or staged dQ rows read before they were written, would show here.
+TEST(EmulatedModes, HopperFusedBackwardIsIndependentOfWarpOrderAndLanding) {
+  for (const auto& [d, mode, fp16] :
+       {HopperCase{64, 1, false}, HopperCase{128, 2, false}, HopperCase{64, 3, true}}) {
+    std::vector<std::vector<float>> dqs;
+    const auto differs = emu::find_mode_dependence(
+        [&] {
+          dqs.emplace_back();
+          return hopper_run(d, mode, true, fp16, &dqs.back());
+        },
+        emu::standard_modes());
+    EXPECT_FALSE(differs.has_value())
+        << "D " << d << " mode " << mode << (fp16 ? " fp16" : "") << ": " << *differs;
+    double worst = 0;
+    for (const std::vector<float>& dq : dqs) {
+      ASSERT_EQ(dq.size(), dqs.front().size());
+      for (std::size_t i = 0; i < dq.size(); ++i)
+        worst = std::max(worst, std::abs(static_cast<double>(dq[i]) - dqs.front()[i]) /
+                                    (std::abs(static_cast<double>(dqs.front()[i])) + 1e-3));
+    }
+    EXPECT_LE(worst, 1e-5) << "D " << d << " mode " << mode << ": dq across modes";
+    std::printf("  fused backward D%d mode %d%s: dk, dv the same bytes and dq within %.1e "
+                "under %zu modes\n",
+                d, mode, fp16 ? " fp16" : "", worst, emu::standard_modes().size());
+  }
 }
 
 // The Hopper block-sparse forward (the same pipeline walking key spans): the same bytes under

@@ -69,42 +69,63 @@ __device__ __forceinline__ void add_rows(float* g, const float (&acc)[kD / 2], f
   }
 }
 
+// Where a walked query tile's per-column lse (log2 domain) and delta (times delta_factor) come
+// from. GlobalColumnStats: global memory at the work's stats rows, each lane loading its own
+// columns where one of its rows sees them (hopper_bwd_dkdv_kernel). StagedColumnStats: the
+// stage's copy that the fused kernel's stats warp wrote (stage_stats), read unguarded.
+template <class Work>
+struct GlobalColumnStats {
+  const BackwardArgs<Work>& p;
+  Strided rows;
+  __device__ __forceinline__ float lse2(int col, bool seen) const {
+    return seen ? lse_log2(p.lse, rows.at + col * rows.stride) : INFINITY;
+  }
+  __device__ __forceinline__ float delta(int col, bool seen) const {
+    return seen ? p.delta[rows.at + col * rows.stride] * p.delta_factor : 0.0f;
+  }
+};
+struct StagedColumnStats {
+  SmemPtr<float> lse2s;   // 64 columns
+  SmemPtr<float> deltas;  // 64 columns
+  __device__ __forceinline__ float lse2(int col, bool) const { return lse2s[col]; }
+  __device__ __forceinline__ float delta(int col, bool) const { return deltas[col]; }
+};
+
 // Pᵀ from Sᵀ, in place, in the dK/dV walk's accumulator (rows keys, columns queries): Pᵀ =
 // exp2(Sᵀ·scale·log2e − lse·log2e) per query column, 0 where the query does not see the key.
-// Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. lse is loaded at its use:
-// loaded ahead of Sᵀ's product (so that the loads would run under the wgmma), the 16 guarded
-// loads become branches and the whole backward slows down (docs/PERFORMANCE.md).
-template <class Work>
-__device__ __forceinline__ void probs_t(float (&pt)[32], const BackwardArgs<Work>& p,
-                                        const Reach (&cols)[2], const Strided& stats, int lane) {
+// Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. From global memory, lse is
+// loaded at its use: loaded ahead of Sᵀ's product (so that the loads would run under the
+// wgmma), the 16 guarded loads become branches and the whole backward slows down
+// (docs/PERFORMANCE.md).
+template <class Stats>
+__device__ __forceinline__ void probs_t(float (&pt)[32], float scale_log2, const Reach (&cols)[2],
+                                        const Stats& stats, int lane) {
 #pragma unroll
   for (int c = 0; c < 8; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int col = 8 * c + 2 * (lane % 4) + u;
       const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
-      const float lse2 = seen0 || seen1 ? lse_log2(p.lse, stats.at + col * stats.stride) : INFINITY;
+      const float lse2 = stats.lse2(col, seen0 || seen1);
       float& p0 = pt[4 * c + u];
       float& p1 = pt[4 * c + 2 + u];
-      p0 = seen0 ? exp2f(p0 * p.scale_log2 - lse2) : 0.0f;
-      p1 = seen1 ? exp2f(p1 * p.scale_log2 - lse2) : 0.0f;
+      p0 = seen0 ? exp2f(p0 * scale_log2 - lse2) : 0.0f;
+      p1 = seen1 ? exp2f(p1 * scale_log2 - lse2) : 0.0f;
     }
 }
 
 // dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is).
-template <class Work>
-__device__ __forceinline__ void grads_t(float (&pt)[32], const float (&dpt)[32],
-                                        const BackwardArgs<Work>& p, const Reach (&cols)[2],
-                                        const Strided& stats, int lane) {
+template <class Stats>
+__device__ __forceinline__ void grads_t(float (&pt)[32], const float (&dpt)[32], float dout_scale,
+                                        const Reach (&cols)[2], const Stats& stats, int lane) {
 #pragma unroll
   for (int c = 0; c < 8; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int col = 8 * c + 2 * (lane % 4) + u;
-      const bool any = seen(cols[0], col) || seen(cols[1], col);
-      const float dlt = any ? p.delta[stats.at + col * stats.stride] * p.delta_factor : 0.0f;
-      pt[4 * c + u] *= dpt[4 * c + u] * p.dout_scale - dlt;
-      pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * p.dout_scale - dlt;
+      const float dlt = stats.delta(col, seen(cols[0], col) || seen(cols[1], col));
+      pt[4 * c + u] *= dpt[4 * c + u] * dout_scale - dlt;
+      pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * dout_scale - dlt;
     }
 }
 
@@ -160,14 +181,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     const int s = j & 1, use = j >> 1;
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
     if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
-    const Strided stats = p.work.column_stats(cursor, t);
+    const GlobalColumnStats<Work> stats{p, p.work.column_stats(cursor, t)};
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
     float pt[32];  // Sᵀ, then Pᵀ (probs_t), then dSᵀ (grads_t)
     issue_a_bt<kD, kBf16, kRegA>(pt, ka, st.resident(0), st.ring(0, s));
     ptx::wgmma_wait_group<0>();
-    probs_t(pt, p, cols, stats, lane);
+    probs_t(pt, p.scale_log2, cols, stats, lane);
     // dV += Pᵀ·dO, then dPᵀ = V·dOᵀ, each waited for: under one wait, the packed Pᵀ would
     // be live beside dPᵀ's accumulator, and ptxas spills 72-80 bytes at D = 128.
     if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dO as stored
@@ -178,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     float dpt[32];
     issue_a_bt<kD, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
-    grads_t(pt, dpt, p, cols, stats, lane);  // dSᵀ (0 where Pᵀ is)
+    grads_t(pt, dpt, p.dout_scale, cols, stats, lane);  // dSᵀ (0 where Pᵀ is)
     if constexpr (kDk) product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     ptx::mbarrier_arrive(at(st.empty(s)));
   }
@@ -285,8 +306,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // which waits for the drain to have taken tile j. At exit the drain waits for its
 // reductions to complete.
 //
-// Shared memory is Stages<kD, 2>'s and one dS box: 106 KiB at D = 128, so two blocks share
-// an SM (two consumer warpgroups, one block's softmax under the other's products).
+// The stats warp (the producer warpgroup's third) stages each query tile's lse and delta in
+// shared memory beside its Q and dO (stage_stats), so the consumers' softmax makes no global
+// loads: FlashAttention-3's producer loads them with TMA; ringattn's rows of a dilated
+// pattern's lse are strided, so a warp of plain loads serves every Work alike.
+//
+// Shared memory is Stages<kD, 2>'s, one dS box and 1 KiB of stats: 107 KiB at D = 128, so two
+// blocks share an SM (two consumer warpgroups, one block's softmax under the other's products).
 enum FusedBarrier : unsigned { kDsReady = 2, kDqFull = 3 /* and 4 */, kDsFree = 5 };
 constexpr unsigned kConsumerThreads = 128, kDrainThreads = 32;
 
@@ -304,12 +330,13 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 }
 
 // The fused kernel's shared memory: Stages<kD, 2>'s (two resident tiles, a two-stage ring of
-// two), then the dS tile (one 64 × 64 box).
+// two), then the dS tile (one 64 × 64 box), then each stage's column stats (64 lse, 64 delta).
 __host__ __device__ constexpr uint32_t fused_stage_end(int head_dim) {
   return 1024 + 6 * tile_bytes(head_dim);  // from Stages::base
 }
+constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
 __host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim) {
-  return smem_bytes(head_dim, 2) + kBoxBytes;
+  return smem_bytes(head_dim, 2) + kBoxBytes + 2 * kStatsStageBytes;
 }
 
 // Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
@@ -365,6 +392,39 @@ __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p, const Stag
   ptx::bulk_wait_group<0>();
 }
 
+// The stats warp (the producer warpgroup's third): for every query tile the block walks, once
+// the stage is free (the producer's wait), its columns' lse in the log2 domain (+inf where a
+// query saw nothing) and delta · delta_factor into the stage's stats slot, +inf and 0 past the
+// tile's rows; every lane then arrives at the stage's `full` barrier, which completes with the
+// TMA bytes and these 32 arrivals. The consumers read the slot unguarded: no global loads, and
+// none of their branches, in the walk's softmax.
+constexpr unsigned kStatsArrivals = 32;
+
+template <int kD, class Work>
+__device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p, const Stages<kD, 2>& st,
+                                            uint32_t stats_at, const QueryRows& kr, int lane) {
+  const auto sbase = dynamic_smem<float>();
+  const uint32_t sbase_addr = u32(smem_addr(sbase));
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.empty(s)), static_cast<unsigned>((use + 1) & 1));
+    const Strided rows = p.work.column_stats(cursor, t);
+    int count = 0;  // the tile's query rows (those dQ's part is added to)
+    (void)p.work.column_grads(cursor, t, kD, count);
+    const auto slot =
+        sbase + static_cast<std::ptrdiff_t>(
+                    (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) - sbase_addr) / 4);
+    for (int c = lane; c < kRows; c += 32) {
+      const bool row = c < count;
+      slot[c] = row ? lse_log2(p.lse, rows.at + c * rows.stride) : INFINITY;
+      slot[kRows + c] = row ? p.delta[rows.at + c * rows.stride] * p.delta_factor : 0.0f;
+    }
+    ptx::mbarrier_arrive(at(st.full(s)));
+  }
+}
+
 template <int kD, bool kBf16, class Work>
 __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     hopper_bwd_fused_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
@@ -375,15 +435,19 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
   constexpr unsigned kProducer = 32u, kConsumer = 224u;
   const Stages<kD, 2> st = Stages<kD, 2>::of_block();
   const uint32_t ds_tile = st.base + fused_stage_end(kD);
+  const uint32_t stats_at = ds_tile + kBoxBytes;
   const QueryRows kr = p.work.query_rows(kD);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  st.init_barriers(1);  // a stage is freed by the drain warp, once its reductions read it
+  // A stage is freed by the drain warp, once its reductions read it, and filled by the
+  // producer's TMA and the stats warp's 32 lanes.
+  st.init_barriers(1, 1 + kStatsArrivals);
   __syncthreads();
 
-  if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ
+  if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ, warp 2 stats
     ptx::setmaxnreg<false, kProducer>();
     if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
     if (warp == 1) drain_dq<kD>(p, st, kr, lane);
+    if (warp == 2) stage_stats<kD>(p, st, stats_at, kr, lane);
     return;
   }
 
@@ -408,19 +472,22 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     const int s = j & 1, use = j >> 1;
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
     if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
-    const Strided stats = p.work.column_stats(cursor, t);
+    const auto slot =
+        sbase + static_cast<std::ptrdiff_t>(
+                    (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) - sbase_addr) / 4);
+    const StagedColumnStats stats{slot, slot + kRows};
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
     float pt[32];  // Sᵀ, then Pᵀ, then dSᵀ (as hopper_bwd_dkdv_kernel)
     issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(st.resident(0)), st.ring(0, s));
     ptx::wgmma_wait_group<0>();
-    probs_t(pt, p, cols, stats, lane);
+    probs_t(pt, p.scale_log2, cols, stats, lane);
     product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO
     float dpt[32];
     issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(st.resident(1)), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
-    grads_t(pt, dpt, p, cols, stats, lane);
+    grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
     product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
     // overwrites it.

@@ -145,12 +145,15 @@ struct Stages {
   }
 
   // Thread 0 initialises the barriers; the caller then synchronises the block. Every one of
-  // the `consumers` threads (one warpgroup's, or the ping-pong forward's two) frees a stage.
-  __device__ __forceinline__ void init_barriers(unsigned consumers = 128) const {
+  // the `consumers` threads (one warpgroup's, or the ping-pong forward's two) frees a stage;
+  // `fillers` arrivals fill one (the producer's arrive.expect_tx, and the fused backward's
+  // stats warp's lanes).
+  __device__ __forceinline__ void init_barriers(unsigned consumers = 128,
+                                                unsigned fillers = 1) const {
     if (threadIdx.x != 0) return;
     ptx::mbarrier_init(at(resident_full()), 1);
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(at(full(s)), 1);
+      ptx::mbarrier_init(at(full(s)), fillers);
       ptx::mbarrier_init(at(empty(s)), consumers);
     }
     ptx::fence_barrier_init();
