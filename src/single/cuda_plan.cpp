@@ -82,6 +82,10 @@ struct CudaPlan::Impl {
   // backward times it against the two passes (hopper_fused_backward_rule).
   bool fused_backward = false;
   bool time_fused_backward = false;
+  // The sm_90a forward's form (plain, overlap, Q in registers, ping-pong), and whether the
+  // first forward times the forms and keeps the fastest (hopper_forward_forms_timed).
+  kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
+  bool time_forward_forms = false;
   bool decide_on_first_forward = false;
   bool decide_on_first_backward = false;
   bool noted_unaligned = false;
@@ -230,7 +234,9 @@ struct CudaPlan::Impl {
       p.items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
       p.accumulate = sched.passes[i].accumulate;
       p.out_scale = sched.passes[i].out_scale;
-      kc::hopper_task_forward(elem, p, hopper_task_shape(), hopper_groups[i], stream);
+      kc::HopperTaskShape shape = hopper_task_shape();
+      shape.form = forward_form;
+      kc::hopper_task_forward(elem, p, shape, hopper_groups[i], stream);
     }
   }
 
@@ -239,6 +245,7 @@ struct CudaPlan::Impl {
     kc::HopperForwardParams p;
     static_cast<kc::HopperAttention&>(p) = hopper_attention();
     p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+    p.form = forward_form;
     return p;
   }
 
@@ -276,6 +283,11 @@ struct CudaPlan::Impl {
           opts.device);
     else if (use_hopper_tasks)
       why_backward = prepare_hopper_task_backward();
+    time_forward_forms =
+        hopper_forward() &&
+        kc::hopper_forward_forms_timed(opts.deterministic,
+                                       opts.kernel == KernelChoice::automatic) &&
+        !kc::hopper_forward_forms(static_cast<int>(cfg.shape.head_dim), use_hopper).empty();
     use_hopper_backward = hopper_forward() && why_backward.empty();
     if (use_hopper_backward) {
       const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
@@ -421,6 +433,33 @@ struct CudaPlan::Impl {
 #endif
     if (use_hopper_backward) return hopper_backward(q, k, v, out, lse, dout, dq, dk, dv);
     native_backward(q, k, v, out, lse, dout, dq, dk, dv);
+  }
+
+  // --kernel auto on the first forward: each of the sm_90a forward's forms at this head dim
+  // (the dense kernel's, or the task kernels'), the median of 5 runs each; the fastest is
+  // kept, and a note gives every time. A form that fails to run counts as infinitely slow.
+  void choose_forward_form(const void* q, const void* k, const void* v, float* out, float* lse) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(3) << "--kernel auto: the sm_90a forward";
+    double best = std::numeric_limits<double>::infinity();
+    kc::HopperForwardForm chosen = kc::HopperForwardForm::rule;
+    const char* sep = " ";
+    for (const kc::HopperForwardForm f :
+         kc::hopper_forward_forms(static_cast<int>(cfg.shape.head_dim), use_hopper)) {
+      forward_form = f;
+      double ms = std::numeric_limits<double>::infinity();
+      try {
+        ms = median_ms([&] { run_forward(false, q, k, v, out, lse); });
+      } catch (const RuntimeFailure&) {
+        (void)cudaGetLastError();
+      }
+      os << sep << kc::to_string(f) << " " << ms << " ms";
+      sep = ", ";
+      if (ms < best) best = ms, chosen = f;
+    }
+    forward_form = chosen;
+    os << " (median of 5); using " << kc::to_string(forward_form);
+    notes.push_back(os.str());
   }
 
   // Median of 5 timed runs of `run`, after one warm-up run, on the plan's stream.
@@ -617,6 +656,10 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
     m.run_forward(false, q, k, v, out, lse);
     m.use_hopper = dense, m.use_hopper_tasks = tasks;
     return;
+  }
+  if (m.time_forward_forms) {  // ours first: cuDNN (below) is timed against the fastest form
+    m.time_forward_forms = false;
+    m.choose_forward_form(q, k, v, out, lse);
   }
   if (m.decide_on_first_forward) {
     m.decide_on_first_forward = false;

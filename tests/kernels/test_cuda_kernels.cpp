@@ -407,6 +407,25 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
                          (!kEmulated || (rule && std::string(rule) == "auto"));
       EXPECT_EQ(has_note(r.notes, "--kernel auto: the sm_90a backward in two passes"), timed)
           << label;
+      // The sm_90a forward's forms (plain, overlap, Q in registers; for dense also the
+      // ping-pong kernel in 64- and 128-key steps) timed on the first forward and the fastest
+      // kept (on a GPU unless the environment chose a form; on the emulated one with
+      // RINGATTN_HOPPER_FWD=auto), never when deterministic; the output above is the kept
+      // form's.
+      const char* fwd_rule = std::getenv("RINGATTN_HOPPER_FWD");
+      const bool env_chose = std::getenv("RINGATTN_HOPPER_OVERLAP") ||
+                             std::getenv("RINGATTN_HOPPER_QREGS") ||
+                             std::getenv("RINGATTN_HOPPER_PINGPONG");
+      const bool forms_timed =
+          ours == "hopper" && !deterministic && !env_chose &&
+          (!kEmulated || (fwd_rule && std::string(fwd_rule) == "auto"));
+      EXPECT_EQ(has_note(r.notes, "--kernel auto: the sm_90a forward plain "), forms_timed)
+          << label << ": " << ::testing::PrintToString(r.notes);
+      if (forms_timed) {
+        EXPECT_EQ(has_note(r.notes, ", ping-pong 128 "), cfg.attention == AttentionKind::dense)
+            << label;
+        EXPECT_TRUE(has_note(r.notes, " ms (median of 5); using ")) << label;
+      }
       if (!kCudnnBuilt) {
         EXPECT_EQ(r.kernel, ours) << label;
         EXPECT_EQ(testing::kernel_family(r.kernel_backward), ours_backward) << label;

@@ -1,7 +1,9 @@
 // The Hopper dense forward (see hopper_fwd.hpp): hopper_fwd_kernel.cuh's body over
 // hopper_dense_work.cuh's DenseWork, a block per (64-row query tile, head, batch), or (at
 // D = 256, or as RINGATTN_HOPPER_PINGPONG says) its ping-pong kernel, a block per 128 rows.
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/hopper_dense_work.cuh"
 #include "kernels/cuda/hopper_fwd.hpp"
@@ -27,14 +29,52 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t stream) {
       false,
       hopper::dense_work(p, p.out, p.lse, false)};
   // The ping-pong kernel: 128-row blocks, two consumer warpgroups.
-  if (const int step = hopper::pingpong_chosen(p.head_dim); step > 0) {
+  using F = HopperForwardForm;
+  const int step = p.form == F::rule          ? hopper::pingpong_chosen(p.head_dim)
+                   : p.form == F::pingpong64  ? 1
+                   : p.form == F::pingpong128 ? (p.head_dim <= 128 ? 2 : 1)
+                                              : 0;
+  if (step > 0) {
     a.work.block_rows = 2 * hopper::kRows;
     hopper::launch_pingpong(p.head_dim, p.elem, step, "hopper_fwd_pingpong_kernel", a,
                             hopper::dense_grid(p, p.heads, a.work.block_rows), stream);
     return;
   }
   hopper::launch_for(p.head_dim, p.elem, "hopper_fwd_kernel", a, hopper::dense_grid(p, p.heads),
-                     stream);
+                     stream, p.form);
+}
+
+const char* to_string(HopperForwardForm f) {
+  switch (f) {
+    case HopperForwardForm::plain: return "plain";
+    case HopperForwardForm::overlap: return "overlap";
+    case HopperForwardForm::qregs: return "Q in registers";
+    case HopperForwardForm::pingpong64: return "ping-pong 64";
+    case HopperForwardForm::pingpong128: return "ping-pong 128";
+    case HopperForwardForm::rule: break;
+  }
+  return "by rule";
+}
+
+std::vector<HopperForwardForm> hopper_forward_forms(int head_dim, bool dense) {
+  using F = HopperForwardForm;
+  if (head_dim > 128) return dense ? std::vector<F>{F::plain, F::pingpong64} : std::vector<F>{};
+  std::vector<F> forms{F::plain, F::overlap, F::qregs};
+  if (dense) forms.insert(forms.end(), {F::pingpong64, F::pingpong128});
+  return forms;
+}
+
+bool hopper_forward_forms_timed(bool deterministic, bool automatic) {
+  if (deterministic || !automatic) return false;
+  for (const char* name : {"RINGATTN_HOPPER_OVERLAP", "RINGATTN_HOPPER_QREGS",
+                           "RINGATTN_HOPPER_PINGPONG"})
+    if (const char* v = std::getenv(name); v && *v) return false;  // the user chose
+#if RINGATTN_CUDA_EMULATION
+  const char* v = std::getenv("RINGATTN_HOPPER_FWD");
+  return v && std::string(v) == "auto";
+#else
+  return true;
+#endif
 }
 
 }  // namespace ringattn::kernels::cuda

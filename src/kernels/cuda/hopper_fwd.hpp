@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/flash_params.hpp"
 
@@ -46,7 +47,29 @@ struct HopperAttention {
   Elem elem = Elem::bf16;
 };
 
+// Which form of the sm_90a forward runs (hopper_fwd_kernel.cuh). `rule`: as the environment
+// says (RINGATTN_HOPPER_OVERLAP, _QREGS, _PINGPONG), else the measured defaults (the plain
+// loop at D <= 128, ping-pong in 64-key steps at D = 256). The others name one, as `--kernel
+// auto`'s timing picks it (CudaPlan): the plain loop, the next S = Q·Kᵀ overlapped with the
+// softmax, Q in registers (those three D <= 128 but the plain loop; the task kernels take
+// them too), or the dense ping-pong kernel in 64- or 128-key steps (128: D <= 128).
+enum class HopperForwardForm : int { rule = -1, plain, overlap, qregs, pingpong64, pingpong128 };
+
+// The form's name in notes: "plain", "overlap", "Q in registers", "ping-pong 64",
+// "ping-pong 128", "by rule".
+const char* to_string(HopperForwardForm f);
+
+// The forms `--kernel auto` times for a forward at `head_dim`: the dense kernel's (`dense`)
+// or the task kernels'; empty where there is nothing to choose.
+std::vector<HopperForwardForm> hopper_forward_forms(int head_dim, bool dense);
+
+// Whether a plan times the forms on its first forward: `--kernel auto` (`automatic`), not
+// --deterministic (the forms' roundings differ), and none of the environment's overrides set;
+// on the emulated GPU only with RINGATTN_HOPPER_FWD=auto (its timings say nothing of a GPU's).
+bool hopper_forward_forms_timed(bool deterministic, bool automatic);
+
 struct HopperForwardParams : HopperAttention {
+  HopperForwardForm form = HopperForwardForm::rule;
   const void* q = nullptr;  // [B, N, H, D]
   const void* k = nullptr;  // [B, N, HKV, D]
   const void* v = nullptr;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/cuda/hopper_fwd.hpp"  // HopperForwardForm
 #include "kernels/cuda/hopper_tiles.cuh"
 
 namespace ringattn::kernels::cuda::hopper {
@@ -340,11 +341,14 @@ inline bool overlap_chosen() {
   return on;
 }
 
-// The forward's (head dim, dtype, overlap, Q in registers) switch.
+// The forward's (head dim, dtype, overlap, Q in registers) switch: as `form` names it (plain,
+// overlap or qregs), or by rule (the environment's choice).
 template <class Work>
 void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
-                cudaStream_t stream) {
-  const bool overlap = overlap_chosen(), qregs = qregs_chosen();
+                cudaStream_t stream, HopperForwardForm form = HopperForwardForm::rule) {
+  const bool by_rule = form == HopperForwardForm::rule;
+  const bool overlap = by_rule ? overlap_chosen() : form == HopperForwardForm::overlap;
+  const bool qregs = by_rule ? qregs_chosen() : form == HopperForwardForm::qregs;
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     const int smem = static_cast<int>(smem_bytes(kD, 1));
     if constexpr (kD <= 128) {  // at D = 256 the second score tile would spill (ptxas)

@@ -114,7 +114,7 @@ void hopper_task_forward(Elem e, const FlashForwardParams& p, const HopperTaskSh
         {p.tasks, p.items + g.item0, p.out, p.lse, rows, kv_rows, s.heads, s.kv_heads, s.head_dim,
          g.q_step, g.k_step, p.causal, p.out_scale}};
     hopper::launch_for(s.head_dim, e, "hopper_task_fwd_kernel", a,
-                       dim3(static_cast<unsigned>(g.n_items)), stream);
+                       dim3(static_cast<unsigned>(g.n_items)), stream, s.form);
   }
 }
 

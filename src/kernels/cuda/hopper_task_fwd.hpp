@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/hopper_fwd.hpp"  // HopperForwardForm
 
 namespace ringattn::kernels::cuda {
 
@@ -25,6 +26,8 @@ struct HopperTaskShape {
   // K and V as kv_rows positions of kv_heads heads end to end, when they are not [B, N,
   // HKV, D] (a ring's packed receive buffer: [kv_rows, D], kv_heads 1); 0: B·N positions.
   int kv_rows = 0;
+  // The forward's loop (HopperForwardForm plain, overlap or qregs; rule: the environment's).
+  HopperForwardForm form = HopperForwardForm::rule;
 };
 
 // Items [item0, item0 + n_items) of an ordered list, whose tasks read query rows q_phase,

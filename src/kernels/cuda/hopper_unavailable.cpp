@@ -3,6 +3,7 @@
 // 12.5: the kernels are not built, and the plans run the native kernels with this reason as
 // their note.
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
@@ -13,6 +14,10 @@
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
+
+const char* to_string(HopperForwardForm) { return "by rule"; }
+std::vector<HopperForwardForm> hopper_forward_forms(int, bool) { return {}; }
+bool hopper_forward_forms_timed(bool, bool) { return false; }
 
 std::string hopper_forward_unsupported(const HopperForwardParams&, int) {
   return "this build's CUDA toolkit is older than 12.5, so it has no sm_90a kernels";
