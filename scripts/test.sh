@@ -57,7 +57,8 @@ venv="$root/.venv"
 # The build requirements go into the venv and the build runs there (no isolated build
 # environment), so that the build tree is reused and a second run rebuilds only what changed
 # (an isolated build's temporary paths make scikit-build-core configure afresh each time).
-"$venv/bin/python" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0"
+# pip 22.1 or newer: --config-settings below (an older distribution's venv brings an older one).
+"$venv/bin/python" -m pip install -q "pip>=22.1" "scikit-build-core>=0.10" "nanobind>=2.0"
 # The package builds in ./build, the tree the suite above built, with the same options plus
 # the extension: the library and its kernels are compiled once, not again in a tree of its own
 # (about three minutes on two cores). A user's `pip install .` keeps pyproject's build/pip.
