@@ -33,4 +33,21 @@ inline std::string kernel_family(const std::string& name) {
   return name == "hopper-fused" ? "hopper" : name;
 }
 
+// Whether --kernel auto times the sm_90a backward's fused kernel against its two passes under
+// RINGATTN_HOPPER_BWD's value `env` ("" unset): on a GPU unless the variable forces a form;
+// on the emulated GPU only with "auto" (hopper_fused_backward_rule).
+inline bool auto_times_fused_backward(const std::string& env) {
+#if RINGATTN_CUDA_EMULATION
+  return env == "auto";
+#else
+  return env.empty() || env == "auto";
+#endif
+}
+
+// RINGATTN_HOPPER_BWD's value, "" when unset.
+inline std::string hopper_bwd_env() {
+  const char* v = std::getenv("RINGATTN_HOPPER_BWD");
+  return v ? v : "";
+}
+
 }  // namespace ringattn::testing

@@ -493,13 +493,8 @@ TEST(CudaSparseKernels, AutoTimesTheFusedSm90aBackward) {
   const AttentionConfig cfg = config_of(c);
   const auto lists = lists_of(c);
   const Inputs in = random_inputs(c.shape, 130);
-  const char* rule = std::getenv("RINGATTN_HOPPER_BWD");
-  const std::string env = rule ? rule : "";
-#if RINGATTN_CUDA_EMULATION
-  const bool timing = env == "auto";
-#else
-  const bool timing = env.empty() || env == "auto";
-#endif
+  const std::string env = testing::hopper_bwd_env();
+  const bool timing = testing::auto_times_fused_backward(env);
   for (const bool deterministic : {false, true}) {
     const Result got = run_on_device(cfg, lists, c.dtype, in, true, 0, KernelChoice::automatic,
                                      deterministic);

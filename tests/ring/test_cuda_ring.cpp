@@ -676,13 +676,8 @@ TEST(CudaRing, AutoTimesTheFusedSm90aBackwardOnTheSlowestRank) {
     if (std::string(c.name) == "dense_D64") cfg = testing::config_of(c, true);
   cfg.shape.batch = 1;
   const RingInputs in = testing::random_inputs(cfg);
-  const char* rule = std::getenv("RINGATTN_HOPPER_BWD");
-  const std::string env = rule ? rule : "";
-#if RINGATTN_CUDA_EMULATION
-  const bool timing = env == "auto";
-#else
-  const bool timing = env.empty() || env == "auto";
-#endif
+  const std::string env = testing::hopper_bwd_env();
+  const bool timing = testing::auto_times_fused_backward(env);
   for (const bool deterministic : {false, true}) {
     for (int p : {1, 2}) {
       const std::string what = std::string("auto fused timing") + (deterministic ? " det" : "");

@@ -400,11 +400,17 @@ __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p, const Stag
 // none of their branches, in the walk's softmax.
 constexpr unsigned kStatsArrivals = 32;
 
+// Stage s's stats slot (64 lse, then 64 delta), `stats_at` the first slot's shared address.
+__device__ __forceinline__ SmemPtr<float> stats_slot(uint32_t stats_at, int s) {
+  const auto sbase = dynamic_smem<float>();
+  return sbase + static_cast<std::ptrdiff_t>(
+                     (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) -
+                      u32(smem_addr(sbase))) / 4);
+}
+
 template <int kD, class Work>
 __device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p, const Stages<kD, 2>& st,
                                             uint32_t stats_at, const QueryRows& kr, int lane) {
-  const auto sbase = dynamic_smem<float>();
-  const uint32_t sbase_addr = u32(smem_addr(sbase));
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
   for (int j = 0; p.work.next(cursor, t); ++j) {
@@ -413,9 +419,7 @@ __device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p, const S
     const Strided rows = p.work.column_stats(cursor, t);
     int count = 0;  // the tile's query rows (those dQ's part is added to)
     (void)p.work.column_grads(cursor, t, kD, count);
-    const auto slot =
-        sbase + static_cast<std::ptrdiff_t>(
-                    (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) - sbase_addr) / 4);
+    const auto slot = stats_slot(stats_at, s);
     for (int c = lane; c < kRows; c += 32) {
       const bool row = c < count;
       slot[c] = row ? lse_log2(p.lse, rows.at + c * rows.stride) : INFINITY;
@@ -472,9 +476,7 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     const int s = j & 1, use = j >> 1;
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
     if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
-    const auto slot =
-        sbase + static_cast<std::ptrdiff_t>(
-                    (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) - sbase_addr) / 4);
+    const auto slot = stats_slot(stats_at, s);
     const StagedColumnStats stats{slot, slot + kRows};
     Reach cols[2];
 #pragma unroll
