@@ -127,10 +127,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases
 // heads 2 on one K/V head), as bytes: out and lse of the forward, and with `backward` dq, dk
 // and dv of the backward after it (start_backward's zeroed gradients and row sums, as a plan
 // runs it). Modes: dense, causal, a window of 70 left and 10 right, causal packed documents.
-// With `fused_dq`, the backward is the fused kernel: its dq (summed by bulk reductions in the
-// order blocks run, which the modes change) goes there, and the bytes are out, lse, dk, dv.
+// With `fused_dq`, the backward is the fused kernel (the wide one with `wide`, D = 128): its
+// dq (summed by bulk reductions in the order blocks run, which the modes change) goes there,
+// and the bytes are out, lse, dk, dv.
 std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp16 = false,
-                                  std::vector<float>* fused_dq = nullptr) {
+                                  std::vector<float>* fused_dq = nullptr, bool wide = false) {
   const DeviceDType t = fp16 ? DeviceDType::fp16 : DeviceDType::bf16;
   kernels::cuda::HopperAttention a;
   a.elem = fp16 ? kernels::cuda::Elem::fp16 : kernels::cuda::Elem::bf16;
@@ -169,6 +170,7 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp
     b.lse = lse.as<float>(), b.delta = delta.as<float>();
     b.dq = dq.as<float>(), b.dk = dk.as<float>(), b.dv = dv.as<float>();
     b.fused = fused_dq != nullptr;
+    b.wide = wide;
     kernels::cuda::hopper_backward(b, nullptr);
     if (!b.fused) results.push_back({&dq, n});
     results.insert(results.end(), {{&dk, n_kv}, {&dv, n_kv}});
@@ -257,15 +259,23 @@ TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
 // drain warp's bulk reductions, named barriers between them and the consumers): dK and dV, one
 // writer each, the same bytes under every execution mode, and dQ, added by blocks in the order
 // they run, within fp32 summation order of the first mode's. A stage refilled before its last
-// read, or stats or staged dQ rows read before they were written, would show here.
+// read, or stats or staged dQ rows read before they were written, would show here. The wide
+// kernel (two consumer warpgroups over 128 keys, D = 128) too: one warpgroup's dS box read
+// before the other wrote it, or its dQ columns staged over a Q the other still reads.
 TEST(EmulatedModes, HopperFusedBackwardIsIndependentOfWarpOrderAndLanding) {
-  for (const auto& [d, mode, fp16] :
-       {HopperCase{64, 1, false}, HopperCase{128, 2, false}, HopperCase{64, 3, true}}) {
+  struct Case {
+    HopperCase c;
+    bool wide;
+  };
+  for (const auto& [hc, wide] :
+       {Case{{64, 1, false}, false}, Case{{128, 2, false}, false}, Case{{64, 3, true}, false},
+        Case{{128, 1, false}, true}, Case{{128, 3, true}, true}}) {
+    const auto [d, mode, fp16] = hc;
     std::vector<std::vector<float>> dqs;
     const auto differs = emu::find_mode_dependence(
         [&] {
           dqs.emplace_back();
-          return hopper_run(d, mode, true, fp16, &dqs.back());
+          return hopper_run(d, mode, true, fp16, &dqs.back(), wide);
         },
         emu::standard_modes());
     EXPECT_FALSE(differs.has_value())
@@ -278,9 +288,10 @@ TEST(EmulatedModes, HopperFusedBackwardIsIndependentOfWarpOrderAndLanding) {
                                     (std::abs(static_cast<double>(dqs.front()[i])) + 1e-3));
     }
     EXPECT_LE(worst, 1e-5) << "D " << d << " mode " << mode << ": dq across modes";
-    std::printf("  fused backward D%d mode %d%s: dk, dv the same bytes and dq within %.1e "
+    std::printf("  %s backward D%d mode %d%s: dk, dv the same bytes and dq within %.1e "
                 "under %zu modes\n",
-                d, mode, fp16 ? " fp16" : "", worst, emu::standard_modes().size());
+                wide ? "wide fused" : "fused", d, mode, fp16 ? " fp16" : "", worst,
+                emu::standard_modes().size());
   }
 }
 

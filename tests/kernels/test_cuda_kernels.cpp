@@ -717,10 +717,12 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
       for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
         if (mode >= 5 && (d >= 128 || t == DeviceDType::fp16)) continue;
         // CI time: under the emulator, D = 64 fp16 causal and packed only; D = 128 bf16 dense
-        // and causal; D = 256 bf16 causal and fp16 window.
+        // and causal (every mode for the wide fused kernel, D = 128's own); D = 256 bf16
+        // causal and fp16 window.
         const bool fp16 = t == DeviceDType::fp16;
+        const bool wide = kernels::cuda::hopper_wide_backward_chosen(false, d);
         const bool in_ci = d == 256   ? (fp16 ? mode == 3 : mode == 1)
-                           : d == 128 ? !fp16 && mode <= 1
+                           : d == 128 ? !fp16 && (mode <= 1 || (wide && mode <= 4))
                                       : !fp16 || mode == 1 || mode == 4;
         if (kEmulated && !in_ci) continue;
         AttentionConfig cfg = hopper_config(d, mode >= 5 ? 1 : mode);
@@ -763,6 +765,7 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
         bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
         bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
         bp.fused = kernels::cuda::hopper_fused_backward_chosen(false, d);
+        bp.wide = wide;
         kernels::cuda::hopper_backward(bp, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         DeviceResult got;

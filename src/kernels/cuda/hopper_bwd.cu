@@ -21,13 +21,18 @@ const std::string& hopper_bwd_env() {
 }  // namespace
 
 bool hopper_fused_backward_chosen(bool deterministic, int head_dim) {
-  return hopper_bwd_env() == "fused" && !deterministic && head_dim <= 128;
+  return (hopper_bwd_env() == "fused" || hopper_wide_backward_chosen(deterministic, head_dim)) &&
+         !deterministic && head_dim <= 128;
+}
+
+bool hopper_wide_backward_chosen(bool deterministic, int head_dim) {
+  return hopper_bwd_env() == "fused_wide" && !deterministic && head_dim == 128;
 }
 
 FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, bool automatic) {
   if (deterministic || head_dim > 128) return FusedBackwardRule::two_pass;
   const std::string& env = hopper_bwd_env();
-  if (env == "fused") return FusedBackwardRule::fused;
+  if (env == "fused" || env == "fused_wide") return FusedBackwardRule::fused;
   if (env == "two_pass" || !automatic) return FusedBackwardRule::two_pass;
 #if RINGATTN_CUDA_EMULATION
   if (env != "auto") return FusedBackwardRule::two_pass;
@@ -52,6 +57,13 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
       hopper::tensor_map(p.dout, p.elem, p.batch, p.seq_len, p.heads, p.head_dim)};
   auto a =
       hopper::backward_args(maps, p, 1.0f, 1.0f, hopper::dense_work(p, nullptr, nullptr, true));
+  if (p.fused && p.wide && p.head_dim == 128) {
+    a.work.block_rows = 2 * hopper::kRows;
+    hopper::launch_fused_wide_backward(p.head_dim, p.elem, a,
+                                       hopper::dense_grid(p, p.kv_heads, 2 * hopper::kRows),
+                                       stream);
+    return;
+  }
   if (p.fused && p.head_dim <= 128) {
     hopper::launch_fused_backward(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads),
                                   stream);

@@ -35,12 +35,20 @@ struct HopperBackwardParams : HopperAttention {
   // One fused launch instead of the two passes (hopper_bwd_fused_kernel: dQ added by bulk
   // reductions in whatever order blocks finish, so not deterministic); D <= 128, else ignored.
   bool fused = false;
+  // With `fused` at D = 128: the wide fused kernel (hopper_bwd_fused_wide_kernel: 128-key
+  // blocks of two consumer warpgroups, FlashAttention-3's shape) instead of 64-key blocks.
+  bool wide = false;
 };
 
 // Whether a backward that need not be deterministic runs the fused kernel at `head_dim`: only
 // with RINGATTN_HOPPER_BWD=fused (read once), until an sm_90 has timed it against the two
 // passes (hopper_ab.py's "fused" column); never at D = 256.
 bool hopper_fused_backward_chosen(bool deterministic, int head_dim);
+
+// Whether a fused backward runs the wide kernel (HopperBackwardParams::wide): only with
+// RINGATTN_HOPPER_BWD=fused_wide (which also makes hopper_fused_backward_chosen true), at
+// D = 128, not deterministic. `--kernel auto` times it as a third form where a path has it.
+bool hopper_wide_backward_chosen(bool deterministic, int head_dim);
 
 // How a plan picks between the two passes and the fused kernel: `two_pass`, `fused`, or
 // `timed` (both timed on the first backward, the faster kept). Deterministic runs and

@@ -341,8 +341,8 @@ __host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim) {
 
 // Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
 // for rows 0-31, its second for 32-63.
-template <int kD>
-__device__ __forceinline__ uint32_t staged_row(const Stages<kD, 2>& st, int s, int row) {
+template <int kD, int kResident>
+__device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, int s, int row) {
   return row < 32 ? st.ring(0, s) + static_cast<uint32_t>(row) * 4u * kD
                   : st.ring(1, s) + static_cast<uint32_t>(row - 32) * 4u * kD;
 }
@@ -366,12 +366,52 @@ __device__ __forceinline__ void store_ds(uint32_t tile, const float (&dst)[32], 
   }
 }
 
+// dQ's part of a walked query tile, head-dim columns [64·chunk, 64·chunk + 64): dS (this
+// lane's register A fragments `ds`, kKeys / 16 steps of 16 keys: the block's keys) times the
+// resident K (step kk's 16 keys are rows 16(kk % 4).. of resident tile kk / 4, read N-major),
+// waited for, times `scale`, stored in fp32 at stage s's staged rows (staged_row) for the
+// drain warp.
+template <int kKeys, int kD, bool kBf16, int kResident>
+__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, int s,
+                                              const uint32_t (&ds)[kKeys / 16][4], int chunk,
+                                              float scale, int local0, int lane) {
+  const auto sbase = dynamic_smem<float>();
+  const uint32_t sbase_addr = u32(smem_addr(sbase));
+  float dq[32];
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk)
+    ptx::wgmma_rs_tb<64, kBf16>(
+        dq, ds[kk],
+        sw128_desc(opaque(st.resident(kk / 4)) + static_cast<uint32_t>(chunk) * kBoxBytes +
+                       2048u * static_cast<uint32_t>(kk % 4),
+                   kBoxBytes, 1024),
+        kk > 0 ? 1 : 0);
+  ptx::wgmma_commit_group();
+  ptx::wgmma_wait_group<0>();
+  const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    const uint32_t row_at = staged_row(st, s, row) + 256u * static_cast<uint32_t>(chunk);
+    const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      if (acc_row(i) != r) continue;
+      const int col = acc_col(i, lane);
+      dst[col] = dq[i] * scale;
+      dst[col + 1] = dq[i + 1] * scale;
+    }
+  }
+}
+
 // The drain warp: for every query tile the block walks (the same walk as the producer's and
-// the consumers'), waits for its staged dQ part, adds each row into dq with one bulk
-// reduce-add, and frees the stage; see hopper_bwd_fused_kernel.
-template <int kD, class Work>
-__device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p, const Stages<kD, 2>& st,
-                                         const QueryRows& kr, int lane) {
+// the consumers'), waits for its staged dQ part (the `consumers` threads' arrivals), adds
+// each row into dq with one bulk reduce-add, and frees the stage; see hopper_bwd_fused_kernel.
+template <int kD, int kResident, class Work>
+__device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
+                                         const Stages<kD, kResident>& st, const QueryRows& kr,
+                                         int lane, unsigned consumers) {
   constexpr uint32_t kRowBytes = 4u * kD;
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
@@ -379,8 +419,7 @@ __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p, const Stag
     const int s = j & 1;
     int count = 0;
     const Strided rows = p.work.column_grads(cursor, t, kD, count);
-    ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1),
-                            kConsumerThreads + kDrainThreads);
+    ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1), consumers + kDrainThreads);
     for (int r = lane; r < count; r += 32)
       ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, s, r)),
                                kRowBytes);
@@ -408,9 +447,10 @@ __device__ __forceinline__ SmemPtr<float> stats_slot(uint32_t stats_at, int s) {
                       u32(smem_addr(sbase))) / 4);
 }
 
-template <int kD, class Work>
-__device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p, const Stages<kD, 2>& st,
-                                            uint32_t stats_at, const QueryRows& kr, int lane) {
+template <int kD, int kResident, class Work>
+__device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p,
+                                            const Stages<kD, kResident>& st, uint32_t stats_at,
+                                            const QueryRows& kr, int lane) {
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
   for (int j = 0; p.work.next(cursor, t); ++j) {
@@ -427,6 +467,28 @@ __device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p, const S
     }
     ptx::mbarrier_arrive(at(st.full(s)));
   }
+}
+
+// One walked query tile of a fused kernel's consumer warpgroup, its keys' K and V in
+// `k_tile` and `v_tile`, the tile's Q and dO in `q_tile` and `do_tile`: Sᵀ = K·Qᵀ, Pᵀ
+// (probs_t), dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dSᵀ in `pt` (grads_t), dK += dSᵀ·Q, as
+// hopper_bwd_dkdv_kernel takes them.
+template <int kD, bool kBf16, class Work, class Stats>
+__device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD / 2],
+                                               float (&dv)[kD / 2], uint32_t k_tile,
+                                               uint32_t v_tile, uint32_t q_tile, uint32_t do_tile,
+                                               const BackwardArgs<Work>& p, const Reach (&cols)[2],
+                                               const Stats& stats, int lane) {
+  [[maybe_unused]] uint32_t no_regs[1][4];
+  issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
+  ptx::wgmma_wait_group<0>();
+  probs_t(pt, p.scale_log2, cols, stats, lane);
+  product_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
+  float dpt[32];
+  issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
+  ptx::wgmma_wait_group<0>();
+  grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
+  product_rs<kD, kBf16>(dk, pt, q_tile);  // dK += dSᵀ·Q
 }
 
 template <int kD, bool kBf16, class Work>
@@ -450,8 +512,8 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
   if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ, warp 2 stats
     ptx::setmaxnreg<false, kProducer>();
     if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
-    if (warp == 1) drain_dq<kD>(p, st, kr, lane);
-    if (warp == 2) stage_stats<kD>(p, st, stats_at, kr, lane);
+    if (warp == 1) drain_dq(p, st, kr, lane, kConsumerThreads);
+    if (warp == 2) stage_stats(p, st, stats_at, kr, lane);
     return;
   }
 
@@ -467,9 +529,6 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
   ptx::mbarrier_wait(at(st.resident_full()), 0);
-  [[maybe_unused]] uint32_t no_regs[1][4];
-  const auto sbase = dynamic_smem<float>();
-  const uint32_t sbase_addr = u32(smem_addr(sbase));
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
   for (int j = 0; p.work.next(cursor, t); ++j) {
@@ -481,16 +540,9 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
-    float pt[32];  // Sᵀ, then Pᵀ, then dSᵀ (as hopper_bwd_dkdv_kernel)
-    issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(st.resident(0)), st.ring(0, s));
-    ptx::wgmma_wait_group<0>();
-    probs_t(pt, p.scale_log2, cols, stats, lane);
-    product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dV += Pᵀ·dO
-    float dpt[32];
-    issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(st.resident(1)), st.ring(1, s));
-    ptx::wgmma_wait_group<0>();
-    grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
-    product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
+    float pt[32];  // dSᵀ
+    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(0), st.resident(1), st.ring(0, s),
+                              st.ring(1, s), p, cols, stats, lane);
     // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
     // overwrites it.
     ptx::named_barrier_sync(kDsFree, kConsumerThreads);
@@ -502,34 +554,8 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     load_a_fragments<64>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                          static_cast<int>(opaque(static_cast<uint32_t>(lane))));
 #pragma unroll
-    for (int chunk = 0; chunk < kD / 64; ++chunk) {
-      float dq[32];  // dQ's part, columns [64·chunk, 64·chunk + 64): dS·K
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        ptx::wgmma_rs_tb<64, kBf16>(
-            dq, ds[kk],
-            sw128_desc(opaque(st.resident(0)) + static_cast<uint32_t>(chunk) * kBoxBytes +
-                           2048u * static_cast<uint32_t>(kk),
-                       kBoxBytes, 1024),
-            kk > 0 ? 1 : 0);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
-      const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = row0 + 8 * r;
-        const uint32_t row_at = staged_row(st, s, row) + 256u * static_cast<uint32_t>(chunk);
-        const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
-#pragma unroll
-        for (int i = 0; i < 32; i += 2) {
-          if (acc_row(i) != r) continue;
-          const int col = acc_col(i, lane);
-          dst[col] = dq[i] * p.scale;
-          dst[col + 1] = dq[i + 1] * p.scale;
-        }
-      }
-    }
+    for (int chunk = 0; chunk < kD / 64; ++chunk)
+      stage_dq_part<64, kD, kBf16>(st, s, ds, chunk, p.scale, local0, lane);
     ptx::fence_proxy_async_shared();
     __syncwarp();
     ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1),
@@ -538,6 +564,106 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
   const Strided out = p.work.grad_rows(kr, kD);
   add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
   add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, local0, lane);
+#else
+  (void)p;
+#endif
+}
+
+// The wide fused backward, FlashAttention-3's block shape: a block per 128-key tile (the
+// work's 128-row blocks: DenseWork's and TaskKeyWork's block_rows), with two consumer
+// warpgroups, warpgroup w owning keys 64w..64w + 63 (K and V as resident tiles w and 2 + w),
+// so one (Q, dO) load and one dQ reduction serve 128 keys instead of 64. Per walked query
+// tile each warpgroup takes its keys' dSᵀ as hopper_bwd_fused_kernel does and stores it as
+// box w of a 64 × 128 dS tile; then (both met at kDsReady, 256 threads) each loads the whole
+// dS as register A (8 steps of 16 keys) and takes head-dim columns [64w, 64w + 64) of dQ's
+// part against the resident K: at D = 128 the two warpgroups share the dQ product with no
+// sum between them. The drain warp waits for both (kDqFull: 256 + 32) and adds each 512-byte
+// row with one bulk reduce-add. D = 128 only: at D = 64 the single 64-column part would have
+// to be split over keys and summed.
+//
+// Shared memory: Stages<kD, 4> (K's and V's two 64-key tiles, the two-stage ring), the 64 ×
+// 128 dS tile (two boxes) and the stats: 147 KiB at D = 128, one block an SM. Registers
+// (launch bounds 384 × 1): the producer warpgroup gives back down to 32 a thread and the
+// consumers take 232 (128·32 + 256·232 = 63,488 of 65,536), as the ping-pong forward. ptxas
+// spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
+constexpr int kWideThreads = 384;
+constexpr unsigned kWideConsumerThreads = 256;
+
+__host__ __device__ constexpr uint32_t wide_stage_end(int head_dim) {
+  return 1024 + 8 * tile_bytes(head_dim);  // from Stages::base
+}
+__host__ __device__ constexpr uint32_t wide_smem_bytes(int head_dim) {
+  return smem_bytes(head_dim, 4) + 2 * kBoxBytes + 2 * kStatsStageBytes;
+}
+
+template <int kD, bool kBf16, class Work>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    hopper_bwd_fused_wide_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(kD == 128, "the two warpgroups split dQ's part by 64 head-dim columns");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  constexpr unsigned kProducer = 32u, kConsumer = 232u;
+  const Stages<kD, 4> st = Stages<kD, 4>::of_block();
+  const uint32_t ds_tile = st.base + wide_stage_end(kD);
+  const uint32_t stats_at = ds_tile + 2 * kBoxBytes;
+  const QueryRows kr = p.work.query_rows(kD);  // the block's up to 128 keys
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  st.init_barriers(1, 1 + kStatsArrivals);
+  __syncthreads();
+
+  if (warp < 4) {  // thread 0 loads, warp 1 drains dQ, warp 2 stages the stats
+    ptx::setmaxnreg<false, kProducer>();
+    if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
+    if (warp == 1) drain_dq(p, st, kr, lane, kWideConsumerThreads);
+    if (warp == 2) stage_stats(p, st, stats_at, kr, lane);
+    return;
+  }
+
+  ptx::setmaxnreg<true, kConsumer>();
+  const int w = (warp - 4) / 4;                       // this consumer warpgroup: 0 or 1
+  const int local0 = 16 * ((warp - 4) % 4) + lane / 4;  // its keys local0, local0 + 8; dS rows
+  const int key0 = kRows * w + local0;                  // those keys in the block's 128
+  Reach reach[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    reach[r] = key0 + 8 * r < kr.rows ? p.work.reach(kr, key0 + 8 * r) : Reach{0, 0};
+  float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    if (t.limit < kRows)
+      zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128,
+                     static_cast<int>(kWideConsumerThreads));
+    const auto slot = stats_slot(stats_at, s);
+    const StagedColumnStats stats{slot, slot + kRows};
+    Reach cols[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
+    float pt[32];  // dSᵀ of this warpgroup's keys
+    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(2 + w), st.ring(0, s),
+                              st.ring(1, s), p, cols, stats, lane);
+    ptx::named_barrier_sync(kDsFree, kWideConsumerThreads);
+    store_ds<kBf16>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
+                    static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                    static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    __syncwarp();
+    ptx::named_barrier_sync(kDsReady, kWideConsumerThreads);  // dS whole; Q and dO read
+    uint32_t ds[8][4];  // 64 queries × 128 keys
+    load_a_fragments<128>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                          static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    stage_dq_part<128, kD, kBf16>(st, s, ds, w, p.scale, local0, lane);
+    ptx::fence_proxy_async_shared();
+    __syncwarp();
+    ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1),
+                              kWideConsumerThreads + kDrainThreads);
+  }
+  const Strided out = p.work.grad_rows(kr, kD);
+  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, key0, lane);
+  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, key0, lane);
 #else
   (void)p;
 #endif
@@ -553,6 +679,20 @@ void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a,
              static_cast<int>(fused_smem_bytes(kD)), stream);
     else
       throw RuntimeFailure("the fused Hopper backward runs D <= 128, not " +
+                           std::to_string(kD));
+  });
+}
+
+// The wide fused backward over work whose blocks are 128 keys (one launch; D = 128).
+template <class Work>
+void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                                cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    if constexpr (kD == 128)
+      launch("hopper_bwd_fused_wide_kernel", &hopper_bwd_fused_wide_kernel<kD, kBf16, Work>, a,
+             grid, static_cast<int>(wide_smem_bytes(kD)), stream, kWideThreads);
+    else
+      throw RuntimeFailure("the wide fused Hopper backward runs D = 128, not " +
                            std::to_string(kD));
   });
 }

@@ -163,12 +163,13 @@ struct Stages {
 // Zeroes rows [from, kRows) of stage s's two ring tiles: the rows a TMA box read past the
 // end of the walked view or span (another batch's, view's or span's rows: masked, but a
 // non-finite value there would turn a product's 0 into NaN; the native kernels zero-fill
-// them too). The consumer warpgroup's 128 threads (`thread` 0..127) each store, fence the
-// stores to the async proxy, and meet at named barrier 1 before any wgmma reads the stage.
+// them too). The consumers' `threads` threads (one warpgroup's 128, or the wide fused
+// backward's 256; `thread` 0..threads - 1) each store, fence the stores to the async proxy,
+// and meet at named barrier 1 before any wgmma reads the stage.
 // A row of a box is 128 contiguous bytes whatever the swizzle, so whole rows are zeroed.
 template <int kD, int kResident>
 __device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, int s, int from,
-                                               int thread) {
+                                               int thread, int threads = 128) {
   const auto base = dynamic_smem<uint32_t>();
   const uint32_t base_addr = u32(smem_addr(base));
   constexpr int kWordsPerRow = 128 / 4;
@@ -179,17 +180,19 @@ __device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, 
       const uint32_t row0 = st.ring(tensor, s) + static_cast<uint32_t>(box) * kBoxBytes +
                             static_cast<uint32_t>(from) * 128u;
       const auto dst = base + static_cast<std::ptrdiff_t>((row0 - base_addr) / 4);
-      for (int w = thread; w < words; w += 128) dst[w] = 0u;
+      for (int w = thread; w < words; w += threads) dst[w] = 0u;
     }
   ptx::fence_proxy_async_shared();
   __syncwarp();  // bar.sync is aligned: the warp's lanes, reconverged after the loop
-  ptx::named_barrier_sync(1, 128);
+  ptx::named_barrier_sync(1, static_cast<unsigned>(threads));
 }
 
 // The producer thread's loads: the 64-row box of `rows` from each resident map (the second
 // for kResident == 2 only, `resident1_rows` rows further on: the ping-pong forward's second
-// half of a 128-row Q tile), then for every tile the work walks, that box of both ring maps
-// into the next ring stage once the consumers have freed it.
+// half of a 128-row Q tile; with kResident == 4, rows and rows + 64 of each map, the wide
+// fused backward's 128 keys of K into resident 0 and 1, of V into 2 and 3), then for every
+// tile the work walks, that box of both ring maps into the next ring stage once the consumers
+// have freed it.
 template <int kD, int kResident, int kStages, class Work>
 __device__ __forceinline__ void produce(const Stages<kD, kResident, kStages>& st, const Work& work,
                                         const QueryRows& rows, const TmaDesc& resident0,
@@ -205,6 +208,14 @@ __device__ __forceinline__ void produce(const Stages<kD, kResident, kStages>& st
     if constexpr (kResident == 2)
       ptx::tma_load_4d(at(st.resident(1) + box), resident1, at(st.resident_full()), 64 * x, rows.h,
                        rows.n + resident1_rows, rows.b);
+    if constexpr (kResident == 4) {
+      ptx::tma_load_4d(at(st.resident(1) + box), resident0, at(st.resident_full()), 64 * x, rows.h,
+                       rows.n + kRows, rows.b);
+      ptx::tma_load_4d(at(st.resident(2) + box), resident1, at(st.resident_full()), 64 * x, rows.h,
+                       rows.n, rows.b);
+      ptx::tma_load_4d(at(st.resident(3) + box), resident1, at(st.resident_full()), 64 * x, rows.h,
+                       rows.n + kRows, rows.b);
+    }
   }
   typename Work::Cursor cursor = work.begin(rows);
   KeyTile t;

@@ -29,6 +29,8 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
 
 bool hopper_fused_backward_chosen(bool, int) { return false; }
 
+bool hopper_wide_backward_chosen(bool, int) { return false; }
+
 FusedBackwardRule hopper_fused_backward_rule(bool, int, bool) {
   return FusedBackwardRule::two_pass;
 }
