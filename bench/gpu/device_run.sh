@@ -171,6 +171,14 @@ run_sanitize() {
       --gtest_filter='CudaHopper.Backward*' >>"$OUT/sanitizer.log" 2>&1
     rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
   done
+  # Its wide form (128-key blocks, two consumer warpgroups, D = 128) likewise.
+  for tool in memcheck racecheck; do
+    echo "== $tool (wide fused sm_90a backward)" | tee -a "$OUT/sanitizer.log"
+    RINGATTN_HOPPER_BWD=fused_wide timeout -k 5 240 compute-sanitizer --tool $tool \
+      --error-exitcode 9 --print-limit 20 "$CARRY/bin/test_cuda_kernels" --gtest_color=no \
+      --gtest_filter='CudaHopper.Backward*' >>"$OUT/sanitizer.log" 2>&1
+    rc=$?; tail -3 "$OUT/sanitizer.log"; [ $rc -eq 0 ] || status=1
+  done
 }
 
 run_bench() {
@@ -198,11 +206,15 @@ run_hopper() {
   # dilated, block-sparse and the ring's steps; …AutoTimesTheFused…: --kernel auto timing it
   # against the two passes on block-sparse and the ring (their notes give both times).
   local fu="@RINGATTN_HOPPER_BWD=fused"
+  # The wide fused backward (=fused_wide, D = 128), never run on a GPU before this landed.
+  local fw="@RINGATTN_HOPPER_BWD=fused_wide"
   for spec in "test_cuda_kernels:CudaHopper.*:CudaKernels.AutoRunsTheSm90a*:CudaKernels.ViewEpilogue*" \
     "test_cuda_sparse:*Hopper*:CudaSparseKernels.AutoTimesTheFused*" \
     "test_cuda_ring:*Hopper*:CudaRing.Cudnn*:CudaRing.AutoTakesCudnn*:CudaRing.AutoTimesTheFused*" \
     "test_cuda_kernels:CudaHopper.Backward*:CudaHopper.PlanRunsDilated*$fu" \
     "test_cuda_sparse:*Hopper*$fu" "test_cuda_ring:*Hopper*$fu" \
+    "test_cuda_kernels:CudaHopper.Backward*:CudaHopper.PlanRunsDilated*$fw" \
+    "test_cuda_ring:Hopper/CudaRingHopper.*$fw" \
     "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" \
     "test_cuda_kernels:CudaHopper.*$qr" "test_cuda_sparse:*Hopper*$qr"; do
     t=${spec%%:*}

@@ -6,8 +6,9 @@ the last seven times: the default, the plain kernel at every head dim
 forward's intra-warpgroup overlap (RINGATTN_HOPPER_OVERLAP=1), with one block per SM
 (RINGATTN_HOPPER_BLOCKS_PER_SM=1), with the dense forward's ping-pong kernel in 64- and
 128-key steps (RINGATTN_HOPPER_PINGPONG=1, 2) and with Q in registers for S = Q·Kᵀ
-(RINGATTN_HOPPER_QREGS=1), and the fused backward (RINGATTN_HOPPER_BWD=fused), run in turn
-and repeated so drift shows as the spread between repeats.
+(RINGATTN_HOPPER_QREGS=1), and the fused backward (RINGATTN_HOPPER_BWD=fused) and its wide
+form (=fused_wide, D = 128), run in turn and repeated so drift shows as the spread between
+repeats.
 Rows: dense full and causal at D = 64/128/256, N = 16K (and 64K at D = 128), and dilated
 (segments 2048,4096,8192, dilations 1,2,4) at D = 128. Issue 31's goals read off this table:
 dense forward >= 550 TFLOP/s at D = 128 (>= 0.85x cuDNN), backward >= 400; dilated >= 1.0x
@@ -29,10 +30,13 @@ import time
 # keys a step (64 at D = 256); "qregs": RINGATTN_HOPPER_QREGS=1, the resident tiles in
 # registers as wgmma's A (D <= 128): the plain forward's Q, the dQ pass's Q and dO, and at
 # D = 64 the dK/dV pass's K and V; "fused": RINGATTN_HOPPER_BWD=fused, the backward as one
-# launch a key tile adding dQ by bulk reduce-add (D <= 128; its forward is the default's).
+# launch a key tile adding dQ by bulk reduce-add (D <= 128; its forward is the default's);
+# "fusedwide": RINGATTN_HOPPER_BWD=fused_wide, the fused backward in 128-key blocks of two
+# consumer warpgroups, FlashAttention-3's shape (D = 128; the fused one at D = 64).
 # The backward rows run as "hopper" under all the others.
 VARIANTS = [("native", {}), ("cudnn", {}), ("hopper", {}),
             ("hopper-fused", {"RINGATTN_HOPPER_BWD": "fused"}),
+            ("hopper-fusedwide", {"RINGATTN_HOPPER_BWD": "fused_wide"}),
             ("hopper-plain", {"RINGATTN_HOPPER_PINGPONG": "0"}),
             ("hopper-overlap", {"RINGATTN_HOPPER_OVERLAP": "1"}),
             ("hopper-1blk", {"RINGATTN_HOPPER_BLOCKS_PER_SM": "1"}),
@@ -106,7 +110,8 @@ def main():
                     results.append({**row, "variant": name, "repeat": repeat, "pass": pas,
                                     "impl": r["impl"], "ms": r["ms"], "tflops": r["tflops"],
                                     "device": r.get("device"), "notes": r.get("notes", [])})
-                    if name.startswith("hopper") and r["impl"] != "hopper":
+                    # The backward's impl names its form ("hopper-fused", "hopper-fused-wide").
+                    if name.startswith("hopper") and not r["impl"].startswith("hopper"):
                         notes.append(f"{row} {name} {pas}: ran {r['impl']}: "
                                      + "; ".join(r.get("notes", [])))
                         continue

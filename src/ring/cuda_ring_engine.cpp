@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,9 @@ struct HopperWave {
   std::vector<kc::HopperTaskGroup> groups;
   std::vector<int64_t> k_item0;  // per k_range, into the plan's Hopper key item list
   std::vector<std::vector<kc::HopperTaskGroup>> k_groups;  // per k_range
+  // The same k_ranges' 128-key items for the wide fused kernel (hopper_wide_key_items).
+  std::vector<int64_t> wide_k_item0;
+  std::vector<std::vector<kc::HopperTaskGroup>> wide_k_groups;
 };
 
 }  // namespace
@@ -106,6 +110,9 @@ struct CudaRingPlan::Impl {
   // The sm_90a backward's form (hopper_fused_backward_rule): the fused kernel, and whether the
   // first backward times it against the two passes (fused_backward_choice.hpp).
   bool fused_backward = false, time_fused_backward = false;
+  // With fused_backward, the wide fused kernel: where D = 128 and the rank's key items pair
+  // up into 128 keys (wide_ok; auto times it where every rank has it).
+  bool wide_backward = false, wide_ok = false;
   std::vector<std::vector<HopperWave>> hopper_waves;  // [step][wave]
   std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source
   kc::DeviceAllocation hopper_items;
@@ -249,13 +256,14 @@ struct CudaRingPlan::Impl {
               elem, hopper_shape(static_cast<int>(t)), opts.device);
           !why.empty())
         return why;
-    std::vector<kernels::ForwardItem> ordered;
+    std::vector<kernels::ForwardItem> ordered, wide;
+    wide_ok = d() == 128;
     for (std::size_t t = 0; t < sched.steps.size(); ++t) {
       const std::vector<Wave>& waves = sched.steps[t].waves;
       for (std::size_t i = 0; i < waves.size(); ++i) {
         HopperWave& hw = hopper_waves[t][i];
         for (const single::ItemRange& r : steps[t].waves[i].k_ranges) {
-          std::vector<kc::HopperTaskGroup> groups;
+          std::vector<kc::HopperTaskGroup> groups, wide_groups;
           const std::span<const kernels::ForwardItem> items(
               key_items.data() + r.first, static_cast<std::size_t>(r.count));
           if (std::string why = kc::hopper_task_groups(waves[i].tasks, items,
@@ -265,7 +273,12 @@ struct CudaRingPlan::Impl {
             return why;
           hw.k_item0.push_back(static_cast<int64_t>(hopper_k_items_host.size()));
           hopper_k_items_host.insert(hopper_k_items_host.end(), ordered.begin(), ordered.end());
+          if (wide_ok)
+            wide_ok = kc::hopper_wide_key_items(ordered, groups, wide, wide_groups).empty();
+          hw.wide_k_item0.push_back(static_cast<int64_t>(hopper_k_items_host.size()));
+          if (wide_ok) hopper_k_items_host.insert(hopper_k_items_host.end(), wide.begin(), wide.end());
           hw.k_groups.push_back(std::move(groups));
+          hw.wide_k_groups.push_back(std::move(wide_groups));
         }
       }
     }
@@ -645,16 +658,18 @@ struct CudaRingPlan::Impl::Device {
       m.noted_unaligned_backward = true;
     }
     const auto& waves = m.steps[static_cast<std::size_t>(t)].waves;
-    const bool fused = m.fused_backward;
+    const bool fused = m.fused_backward, wide = fused && m.wide_backward;
     for (std::size_t i = 0; hopper && i < waves.size(); ++i) {  // as CudaPlan's task backward
       const HopperWave& hw = m.hopper_waves[static_cast<std::size_t>(t)][i];
       p.tasks = m.tasks.as<kernels::SubseqTask>() + waves[i].task0;
       p.q_items = m.hopper_items.as<kernels::ForwardItem>() + hw.item0;
       std::span<const kc::HopperTaskGroup> q_groups = hw.groups;
       for (std::size_t r = 0; r < hw.k_groups.size(); ++r) {
-        p.k_items = m.hopper_k_items.as<kernels::ForwardItem>() + hw.k_item0[r];
-        kc::hopper_task_backward(m.elem, p, m.hopper_shape(t), q_groups, hw.k_groups[r],
-                                 m.stream, fused);
+        p.k_items = m.hopper_k_items.as<kernels::ForwardItem>() +
+                    (wide ? hw.wide_k_item0[r] : hw.k_item0[r]);
+        kc::hopper_task_backward(m.elem, p, m.hopper_shape(t), q_groups,
+                                 wide ? hw.wide_k_groups[r] : hw.k_groups[r], m.stream, fused,
+                                 wide);
         q_groups = {};
       }
       if (hw.k_groups.empty())
@@ -854,6 +869,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
           opts.deterministic, static_cast<int>(m.d()), opts.kernel == KernelChoice::automatic);
       m.fused_backward = rule == kc::FusedBackwardRule::fused;
       m.time_fused_backward = rule == kc::FusedBackwardRule::timed;
+      m.wide_backward = m.fused_backward && m.wide_ok &&
+                        kc::hopper_wide_backward_chosen(opts.deterministic, static_cast<int>(m.d()));
     }
     const std::string status =
         automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
@@ -917,6 +934,7 @@ std::string CudaRingPlan::backward_kernel_name() const {
   const Impl& m = *impl_;
   return m.use_cudnn_backward    ? "cudnn"
          : !m.use_hopper_backward ? "native"
+         : m.wide_backward        ? "hopper-fused-wide"
          : m.fused_backward       ? "hopper-fused"
                                   : "hopper";
 }
@@ -990,16 +1008,24 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   const kc::ScopedDevice on(m.opts.device);
   if (m.time_fused_backward) {  // ours first: cuDNN (below) is timed against the faster form
     m.time_fused_backward = false;
-    m.fused_backward = kc::fused_backward_is_faster(
-        m.stream, "the ring's sm_90a backward", true,
-        [&](bool fused) {
+    using Form = kc::BackwardForm;
+    const Form all[] = {Form::two_pass, Form::fused, Form::fused_wide};
+    // The wide kernel where every rank has it, so that all time the same forms (each time is
+    // a collective max).
+    const bool wide_everywhere = m.comm->max(int64_t{m.wide_ok ? 0 : 1}) == 0;
+    const Form chosen = kc::fastest_backward_form(
+        m.stream, "the ring's sm_90a backward", true, std::span(all, wide_everywhere ? 3 : 2),
+        [&](Form f) {
           const bool cudnn = m.use_cudnn_backward;
-          m.fused_backward = fused;
+          m.fused_backward = f != Form::two_pass;
+          m.wide_backward = f == Form::fused_wide;
           m.use_cudnn_backward = false;
           m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
           m.use_cudnn_backward = cudnn;
         },
         [&](double ms) { return m.comm->max(ms); }, m.notes);
+    m.fused_backward = chosen != Form::two_pass;
+    m.wide_backward = chosen == Form::fused_wide;
   }
   if (m.decide_backward) {
     m.decide_backward = false;

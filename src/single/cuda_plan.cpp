@@ -77,11 +77,18 @@ struct CudaPlan::Impl {
   std::vector<kernels::ForwardItem> hopper_k_items_host;
   std::vector<std::vector<int64_t>> hopper_k_item0;                            // per pass, range
   std::vector<std::vector<std::vector<kc::HopperTaskGroup>>> hopper_k_groups;  // per pass, range
+  // The same ranges' 128-key items for the wide fused kernel (hopper_wide_key_items), in
+  // hopper_k_items after each range's own, where D = 128 and every range's items pair up.
+  std::vector<std::vector<int64_t>> hopper_wide_k_item0;
+  std::vector<std::vector<std::vector<kc::HopperTaskGroup>>> hopper_wide_k_groups;
+  bool wide_tasks = false;
   bool use_hopper_backward = false;
   // The sm_90a backward as the fused kernel (not deterministic), and whether the first
   // backward times it against the two passes (hopper_fused_backward_rule).
   bool fused_backward = false;
   bool time_fused_backward = false;
+  // With fused_backward, the wide fused kernel (D = 128, where the path has it: wide_ok()).
+  bool wide_backward = false;
   // The sm_90a forward's form (plain, overlap, Q in registers, ping-pong), and whether the
   // first forward times the forms and keeps the fastest (hopper_forward_forms_timed).
   kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
@@ -202,12 +209,15 @@ struct CudaPlan::Impl {
         !why.empty())
       return why;
     std::vector<kernels::ForwardItem>& all = hopper_k_items_host;
-    std::vector<kernels::ForwardItem> ordered;
+    std::vector<kernels::ForwardItem> ordered, wide;
+    wide_tasks = shape.head_dim == 128;
     for (const single::DevicePass& pass : sched.passes) {
       std::vector<int64_t>& item0 = hopper_k_item0.emplace_back();
       std::vector<std::vector<kc::HopperTaskGroup>>& ranges = hopper_k_groups.emplace_back();
+      std::vector<int64_t>& wide_item0 = hopper_wide_k_item0.emplace_back();
+      auto& wide_ranges = hopper_wide_k_groups.emplace_back();
       for (const single::ItemRange& r : pass.k_ranges) {
-        std::vector<kc::HopperTaskGroup> groups;
+        std::vector<kc::HopperTaskGroup> groups, wide_groups;
         const std::span<const kernels::ForwardItem> items(sched.k_items.data() + r.first,
                                                           static_cast<std::size_t>(r.count));
         if (std::string why = kc::hopper_task_groups(sched.tasks, items, shape, ordered, groups);
@@ -215,7 +225,12 @@ struct CudaPlan::Impl {
           return why;
         item0.push_back(static_cast<int64_t>(all.size()));
         all.insert(all.end(), ordered.begin(), ordered.end());
+        if (wide_tasks)
+          wide_tasks = kc::hopper_wide_key_items(ordered, groups, wide, wide_groups).empty();
+        wide_item0.push_back(static_cast<int64_t>(all.size()));
+        if (wide_tasks) all.insert(all.end(), wide.begin(), wide.end());
         ranges.push_back(std::move(groups));
+        wide_ranges.push_back(std::move(wide_groups));
       }
     }
     hopper_k_items =
@@ -257,6 +272,7 @@ struct CudaPlan::Impl {
     p.q = q, p.k = k, p.v = v, p.dout = dout, p.lse = lse, p.delta = delta.as<float>();
     p.dq = dq, p.dk = dk, p.dv = dv;
     p.fused = fused_backward;
+    p.wide = wide_backward;
     return p;
   }
 
@@ -295,6 +311,9 @@ struct CudaPlan::Impl {
           opts.kernel == KernelChoice::automatic);
       fused_backward = rule == kc::FusedBackwardRule::fused;
       time_fused_backward = rule == kc::FusedBackwardRule::timed;
+      wide_backward = fused_backward && wide_ok() &&
+                      kc::hopper_wide_backward_chosen(opts.deterministic,
+                                                      static_cast<int>(cfg.shape.head_dim));
     }
     if (use_hopper && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
@@ -306,6 +325,11 @@ struct CudaPlan::Impl {
   }
 
   bool hopper_forward() const { return use_hopper || use_hopper_tasks; }
+  // Whether the sm_90a backward has the wide fused kernel here: D = 128, dense or tasks whose
+  // key items pair up into 128 keys.
+  bool wide_ok() const {
+    return cfg.shape.head_dim == 128 && (use_hopper || (use_hopper_tasks && wide_tasks));
+  }
   // What runs where cuDNN does not: the sm_90a kernels where they can, else the native ones.
   const char* forward_fallback() const { return hopper_forward() ? "hopper" : "native"; }
   const char* backward_fallback() const { return use_hopper_backward ? "hopper" : "native"; }
@@ -367,16 +391,18 @@ struct CudaPlan::Impl {
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
-    const bool fused = fused_backward;
+    const bool fused = fused_backward, wide = fused && wide_backward;
     for (std::size_t i = 0; i < sched.passes.size(); ++i) {
       p.q_items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
       p.out_scale = sched.passes[i].out_scale;
       p.dout_scale = sched.passes[i].out_scale;
       std::span<const kc::HopperTaskGroup> q_groups = hopper_groups[i];
       for (std::size_t r = 0; r < hopper_k_groups[i].size(); ++r) {
-        p.k_items = hopper_k_items.as<kernels::ForwardItem>() + hopper_k_item0[i][r];
-        kc::hopper_task_backward(elem, p, hopper_task_shape(), q_groups, hopper_k_groups[i][r],
-                                 stream, fused);
+        p.k_items = hopper_k_items.as<kernels::ForwardItem>() +
+                    (wide ? hopper_wide_k_item0[i][r] : hopper_k_item0[i][r]);
+        kc::hopper_task_backward(elem, p, hopper_task_shape(), q_groups,
+                                 wide ? hopper_wide_k_groups[i][r] : hopper_k_groups[i][r],
+                                 stream, fused, wide);
         q_groups = {};
       }
       if (hopper_k_groups[i].empty())
@@ -613,7 +639,9 @@ std::string CudaPlan::kernel_name() const {
 std::string CudaPlan::backward_kernel_name() const {
   const Impl& m = *impl_;
   if (m.use_cudnn_backward) return "cudnn";
-  return m.use_hopper_backward && m.fused_backward ? "hopper-fused" : m.backward_fallback();
+  if (m.use_hopper_backward && m.fused_backward)
+    return m.wide_backward ? "hopper-fused-wide" : "hopper-fused";
+  return m.backward_fallback();
 }
 
 std::size_t CudaPlan::workspace_bytes() const noexcept {
@@ -708,13 +736,18 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
   }
   if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
     m.time_fused_backward = false;
-    m.fused_backward = kc::fused_backward_is_faster(
-        m.stream, "the sm_90a backward", false,
-        [&](bool fused) {
-          m.fused_backward = fused;
+    using Form = kc::BackwardForm;
+    const Form all[] = {Form::two_pass, Form::fused, Form::fused_wide};
+    const Form chosen = kc::fastest_backward_form(
+        m.stream, "the sm_90a backward", false, std::span(all, m.wide_ok() ? 3 : 2),
+        [&](Form f) {
+          m.fused_backward = f != Form::two_pass;
+          m.wide_backward = f == Form::fused_wide;
           m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv);
         },
         [](double ms) { return ms; }, m.notes);
+    m.fused_backward = chosen != Form::two_pass;
+    m.wide_backward = chosen == Form::fused_wide;
   }
   if (m.decide_on_first_backward) {
     m.decide_on_first_backward = false;

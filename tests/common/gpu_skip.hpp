@@ -26,11 +26,11 @@ struct CudnnStandinScope {
   CudnnStandinScope& operator=(const CudnnStandinScope&) = delete;
 };
 
-// The kernel family a plan's backward_kernel_name() names: "hopper-fused" (the sm_90a backward
-// as its fused kernel: RINGATTN_HOPPER_BWD=fused, or --kernel auto timing it faster) is one of
-// the sm_90a kernels, "hopper".
+// The kernel family a plan's backward_kernel_name() names: "hopper-fused" and
+// "hopper-fused-wide" (the sm_90a backward as a fused kernel: RINGATTN_HOPPER_BWD=fused or
+// fused_wide, or --kernel auto timing it faster) are sm_90a kernels, "hopper".
 inline std::string kernel_family(const std::string& name) {
-  return name == "hopper-fused" ? "hopper" : name;
+  return name.starts_with("hopper-fused") ? "hopper" : name;
 }
 
 // Whether --kernel auto times the sm_90a backward's fused kernel against its two passes under

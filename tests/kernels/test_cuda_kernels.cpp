@@ -378,8 +378,8 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
   dense.shape = {1, kEmulated ? 192 : 1024, 4, 64};
   dense.kv_heads = 2;
   dense.causal = true;
-  AttentionConfig dilated;
-  dilated.shape = {1, kEmulated ? 256 : 1024, 4, 64};
+  AttentionConfig dilated;  // D = 128: the wide fused backward is a third timed form
+  dilated.shape = {1, kEmulated ? 256 : 1024, 4, 128};
   dilated.attention = AttentionKind::dilated;
   dilated.segments = kEmulated ? std::vector<int64_t>{128, 256} : std::vector<int64_t>{256, 512};
   dilated.dilations = {1, 2};
@@ -407,6 +407,12 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
                          (!kEmulated || (rule && std::string(rule) == "auto"));
       EXPECT_EQ(has_note(r.notes, "--kernel auto: the sm_90a backward in two passes"), timed)
           << label;
+      if (timed) {
+        EXPECT_EQ(has_note(r.notes, " ms, fused wide "), cfg.shape.head_dim == 128) << label;
+        EXPECT_EQ(r.kernel_backward == "hopper-fused-wide",
+                  has_note(r.notes, "using the wide fused kernel"))
+            << label;
+      }
       // The sm_90a forward's forms (plain, overlap, Q in registers; for dense also the
       // ping-pong kernel in 64- and 128-key steps) timed on the first forward and the fastest
       // kept (on a GPU unless the environment chose a form; on the emulated one with

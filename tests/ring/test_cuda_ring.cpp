@@ -25,6 +25,7 @@
 #endif
 #include "golden.hpp"
 #include "gpu_skip.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_backward_chosen
 #include "random.hpp"
 #include "ring/cuda_ring_engine.hpp"
 #include "ring/inproc_communicator.hpp"
@@ -152,6 +153,10 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
   if (hopper_asked && (d == 64 || d == 128 || d == 256)) {
     EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
     EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
+    if (kernel == KernelChoice::hopper &&
+        kernels::cuda::hopper_wide_backward_chosen(deterministic, static_cast<int>(d))) {
+      EXPECT_EQ(got.kernel_backward, "hopper-fused-wide") << what << " P=" << p;
+    }
   }
 #endif
   if (kernel == KernelChoice::cudnn) {  // every view is a cuDNN grid in these cases
@@ -435,7 +440,9 @@ class CudaRingHopper : public ::testing::TestWithParam<RingCase> {};
 TEST_P(CudaRingHopper, EveryRankCountMatchesTheReference) {
   const RingCase& rc = GetParam();
   AttentionConfig cfg = testing::config_of(rc.c, rc.causal);
-  cfg.shape.head_dim = 64;  // a head dim the Hopper kernels have
+  // A head dim the Hopper kernels have: 64, or the wide fused kernel's 128 where it is asked
+  // for (RINGATTN_HOPPER_BWD=fused_wide: ctest hopper_ring_backward_fused_wide).
+  cfg.shape.head_dim = kernels::cuda::hopper_wide_backward_chosen(false, 128) ? 128 : 64;
   const RingInputs in = testing::random_inputs(cfg);
   for (int p = 1; p <= 4; ++p) {
     if (cfg.shape.seq_len % p != 0) continue;
@@ -664,10 +671,11 @@ TEST(CudaRing, AutoTakesCudnnStepsWhereTheyTimeFasterAndNeverWhenDeterministic) 
   }
 }
 
-// --kernel auto times the ring's sm_90a backward in two passes against its fused kernel on the
-// first backward, on the slowest rank's times, and keeps the faster (on a GPU; on the emulated
-// one only with RINGATTN_HOPPER_BWD=auto: ctest hopper_ring_auto_times_fused_backward), never
-// when deterministic; the backward's kernel name says which ran ("hopper-fused"), and the
+// --kernel auto times the ring's sm_90a backward in two passes against its fused kernel and
+// (D = 128) its wide fused kernel on the first backward, on the slowest rank's times, and
+// keeps the fastest (on a GPU; on the emulated one only with RINGATTN_HOPPER_BWD=auto: ctest
+// hopper_ring_auto_times_fused_backward), never when deterministic; the backward's kernel
+// name says which ran ("hopper-fused", "hopper-fused-wide"), and the
 // gradients match float64 whichever form was kept.
 TEST(CudaRing, AutoTimesTheFusedSm90aBackwardOnTheSlowestRank) {
   if (const std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
@@ -675,6 +683,7 @@ TEST(CudaRing, AutoTimesTheFusedSm90aBackwardOnTheSlowestRank) {
   for (const auto& c : testing::random_ring_cases())
     if (std::string(c.name) == "dense_D64") cfg = testing::config_of(c, true);
   cfg.shape.batch = 1;
+  cfg.shape.head_dim = 128;  // where the wide fused kernel is a third form
   const RingInputs in = testing::random_inputs(cfg);
   const std::string env = testing::hopper_bwd_env();
   const bool timing = testing::auto_times_fused_backward(env);
@@ -690,7 +699,11 @@ TEST(CudaRing, AutoTimesTheFusedSm90aBackwardOnTheSlowestRank) {
           << what << " P=" << p << ": " << all;
       if (timed) {
         EXPECT_TRUE(has_note(got, "(median of 5, slowest rank); using the ")) << all;
+        EXPECT_TRUE(has_note(got, " ms, fused wide ")) << all;
         EXPECT_EQ(got.kernel_backward == "hopper-fused", has_note(got, "using the fused kernel"))
+            << all;
+        EXPECT_EQ(got.kernel_backward == "hopper-fused-wide",
+                  has_note(got, "using the wide fused kernel"))
             << all;
       } else if (env != "fused" || deterministic) {
         EXPECT_EQ(got.kernel_backward, "hopper") << what << " P=" << p;

@@ -2,7 +2,9 @@
 // passes over hopper_task_work.cuh's TaskWork and TaskKeyWork, through tensor maps of each
 // launch's query and key views.
 #include <limits>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/hopper_bwd_kernel.cuh"
 #include "kernels/cuda/hopper_task_bwd.hpp"
@@ -15,10 +17,39 @@ std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, i
   return hopper_task_forward_unsupported(e, s, device);
 }
 
+std::string hopper_wide_key_items(std::span<const ForwardItem> ordered,
+                                  std::span<const HopperTaskGroup> groups,
+                                  std::vector<ForwardItem>& wide,
+                                  std::vector<HopperTaskGroup>& wide_groups) {
+  wide.clear();
+  wide_groups.clear();
+  constexpr int64_t kWide = 2 * hopper::kRows;
+  for (const HopperTaskGroup& g : groups) {
+    const auto items = ordered.subspan(static_cast<std::size_t>(g.item0),
+                                       static_cast<std::size_t>(g.n_items));
+    std::set<std::pair<int64_t, int64_t>> firsts;  // (task, first key) of the 128-key items
+    for (const ForwardItem& it : items) {
+      if (it.q_begin % hopper::kRows != 0) return "a key item off the 64-key grid";
+      if (it.q_begin % kWide == 0) firsts.insert({it.task, it.q_begin});
+    }
+    HopperTaskGroup w = g;
+    w.item0 = static_cast<int64_t>(wide.size());
+    for (const ForwardItem& it : items) {
+      if (it.q_begin % kWide == 0)
+        wide.push_back(it);
+      else if (!firsts.contains({it.task, it.q_begin - hopper::kRows}))
+        return "a key item whose 128-key partner is in another group";
+    }
+    w.n_items = static_cast<int64_t>(wide.size()) - w.item0;
+    wide_groups.push_back(w);
+  }
+  return "";
+}
+
 void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTaskShape& s,
                           std::span<const HopperTaskGroup> q_groups,
                           std::span<const HopperTaskGroup> k_groups, cudaStream_t stream,
-                          bool fused) {
+                          bool fused, bool wide) {
   int device = 0;
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
   if (const std::string why = hopper_task_backward_unsupported(e, s, device); !why.empty())
@@ -37,6 +68,7 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
     return hopper::backward_args(m, p, dout_scale, delta_factor, work);
   };
   fused = fused && s.head_dim <= 128 && !k_groups.empty();
+  wide = wide && fused && s.head_dim == 128;
   for (const HopperTaskGroup& g : q_groups) {
     if (fused) break;  // the k groups' launches add dQ
     if (g.n_items == 0) continue;
@@ -51,7 +83,12 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
     const hopper::TaskKeyWork work{p.tasks,   p.k_items + g.item0, rows,     kv_rows,
                                    s.heads,   s.kv_heads,          s.head_dim, g.q_step,
                                    g.k_step,  p.causal};
-    if (fused)
+    if (wide) {
+      hopper::TaskKeyWork wide_work = work;
+      wide_work.block_rows = 2 * hopper::kRows;
+      hopper::launch_fused_wide_backward(s.head_dim, e, maps(g, wide_work),
+                                         dim3(static_cast<unsigned>(g.n_items)), stream);
+    } else if (fused)
       hopper::launch_fused_backward(s.head_dim, e, maps(g, work),
                                     dim3(static_cast<unsigned>(g.n_items)), stream);
     else

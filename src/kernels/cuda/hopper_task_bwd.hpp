@@ -14,6 +14,7 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
@@ -28,11 +29,23 @@ std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, i
 // are ignored. Each k group's items must write disjoint dK/dV rows (as a k_range's do).
 // `fused` (D <= 128 with k groups, else ignored): q_groups are not launched; each k group's
 // launch is the fused kernel, which adds dQ's part from its keys (not deterministic).
+// `wide` (with `fused`, D = 128): the k groups are hopper_wide_key_items' and each launch is
+// the wide fused kernel, a block per 128 keys.
 // Throws RuntimeFailure where hopper_task_backward_unsupported says why, or a tensor map is
 // refused.
 void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTaskShape& s,
                           std::span<const HopperTaskGroup> q_groups,
                           std::span<const HopperTaskGroup> k_groups, cudaStream_t stream,
-                          bool fused = false);
+                          bool fused = false, bool wide = false);
+
+// The wide fused kernel's dK/dV items from a range's ordered kKeyTile-key items and groups
+// (hopper_task_groups'): each item whose first key is a multiple of 128 stands for itself
+// and the task's next 64 keys, so `wide` gets one item per 128 keys and `wide_groups` the
+// same groups over it (item0 from 0). Returns "" or why the items do not pair up (an item
+// off the 64 grid, or one at 64 mod 128 whose partner 64 keys before is not in its group).
+std::string hopper_wide_key_items(std::span<const ForwardItem> ordered,
+                                  std::span<const HopperTaskGroup> groups,
+                                  std::vector<ForwardItem>& wide,
+                                  std::vector<HopperTaskGroup>& wide_groups);
 
 }  // namespace ringattn::kernels::cuda

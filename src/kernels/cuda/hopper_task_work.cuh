@@ -108,9 +108,10 @@ __device__ __forceinline__ void task_reach(const SubseqTask& t, bool causal, int
   if (causal && right > 0) right = 0;
 }
 
-// The dK/dV pass's work: a block per work item (64 key rows of a task: ForwardItem's
-// q_begin is the first key) walking the task's queries that see one of them
-// (seeing_query_range, as the native backward), 64 at a time, through the query view's map.
+// The dK/dV pass's work: a block per work item (block_rows key rows of a task: 64, or the
+// wide fused backward's 128; ForwardItem's q_begin is the first key) walking the task's
+// queries that see one of them (seeing_query_range, as the native backward), 64 at a time,
+// through the query view's map.
 struct TaskKeyWork {
   const SubseqTask* tasks;
   const ForwardItem* items;  // this launch's
@@ -119,6 +120,7 @@ struct TaskKeyWork {
   int heads, kv_heads, head_dim;
   int q_step, k_step;
   bool causal;
+  int block_rows = kRows;
 
   struct Cursor {
     int i, i_end;              // the next query tile's first query and the last seeing query + 1
@@ -136,7 +138,7 @@ struct TaskKeyWork {
     const ForwardItem item = items[blockIdx.x];
     const SubseqTask& t = tasks[item.task];
     const int j0 = static_cast<int>(item.q_begin);
-    const int n_rows = t.n_k - j0 < kRows ? static_cast<int>(t.n_k - j0) : kRows;
+    const int n_rows = t.n_k - j0 < block_rows ? static_cast<int>(t.n_k - j0) : block_rows;
     int n, h, b;
     hopper::position_of(t.k_row0 + j0 * t.k_stride, d, kv_heads, kv_rows, n, h, b);
     return {n / k_step, h, b, nullptr, nullptr, 0, 0, n_rows, j0};
