@@ -2,7 +2,8 @@
 // sliding windows, packed documents, grouped-query heads; D = 64 or 128, bf16/fp16) from the
 // forward's lse, with the same pipeline (TMA loads under mbarriers, a producer and a consumer
 // warpgroup, wgmma) in two passes, each element written by one block (deterministic), or
-// (`fused`, D <= 128) in one launch per key tile that also adds dQ's part by bulk reductions:
+// (`fused`, D <= 128) in one launch per key tile that also adds dQ's part by bulk reductions
+// (`wide`, D = 128: per 128 keys, two consumer warpgroups):
 //   dK/dV, a block per (64-key tile, K/V head, batch): K and V loaded once, the (Q, dO) tiles
 //     of every query tile and query head that sees the keys streamed through the ring, the
 //     products taken transposed (Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dK += dSᵀ·Q);
