@@ -214,7 +214,7 @@ run_hopper() {
     "test_cuda_kernels:CudaHopper.Backward*:CudaHopper.PlanRunsDilated*$fu" \
     "test_cuda_sparse:*Hopper*$fu" "test_cuda_ring:*Hopper*$fu" \
     "test_cuda_kernels:CudaHopper.Backward*:CudaHopper.PlanRunsDilated*$fw" \
-    "test_cuda_ring:Hopper/CudaRingHopper.*$fw" \
+    "test_cuda_sparse:*KernelHopper*$fw" "test_cuda_ring:*Hopper*$fw" \
     "test_cli_cuda:*Hopper*" "$pp=1" "$pp=2" \
     "test_cuda_kernels:CudaHopper.*$qr" "test_cuda_sparse:*Hopper*$qr"; do
     t=${spec%%:*}

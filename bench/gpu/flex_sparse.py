@@ -85,8 +85,10 @@ def main():
     for radius in radii:
         name = "dense" if radius is None else f"local:window={2 * BS * radius}"
         row = {"pattern": name, "seq_len": n}
-        # hopper-fused: the sm_90a kernels with the fused backward (RINGATTN_HOPPER_BWD=fused).
-        for kernel in ("hopper", "hopper-fused", "native"):
+        # hopper-fused: the sm_90a kernels with the fused backward (RINGATTN_HOPPER_BWD=fused);
+        # hopper-fusedwide: with its wide form (=fused_wide: 128-key blocks of two consumer
+        # warpgroups, which take this benchmark's 128-key tiles whole at D = 128).
+        for kernel in ("hopper", "hopper-fused", "hopper-fusedwide", "native"):
             if time.time() - t0 > a.budget_s:
                 notes.append(f"{name} {kernel}: skipped for the time budget")
                 continue
@@ -94,8 +96,9 @@ def main():
             if radius is not None:
                 extra += ["--attention", "block-sparse", "--block-size", str(BS),
                           "--pattern", name]
-            if kernel == "hopper-fused":
-                os.environ["RINGATTN_HOPPER_BWD"] = "fused"  # inherited by the CLI run
+            form = {"hopper-fused": "fused", "hopper-fusedwide": "fused_wide"}.get(kernel)
+            if form:
+                os.environ["RINGATTN_HOPPER_BWD"] = form  # inherited by the CLI run
             j, err = run_cli(a.cli, ["--seq-len", str(n), "--warmup", "2", "--iters",
                                      str(a.iters)] + extra, 180, H, D)
             os.environ.pop("RINGATTN_HOPPER_BWD", None)
@@ -124,7 +127,7 @@ def main():
              f"block {BS}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
              "ms (x Flex: Flex time / ours; ideal: each side's dense time x density / its time)",
              f"{'pattern':<22}{'sparsity':>9}{'pass':>5}{'flex':>9}{'hopper':>20}"
-             f"{'hopper-fused':>20}{'native':>20}"
+             f"{'hopper-fused':>20}{'hopper-fusedwide':>20}{'native':>20}"
              f"{'flex ideal':>11}{'hopper ideal':>13}"]
     for r in rows:
         sp = r.get("hopper", r.get("native", r.get("flex", {}))).get("sparsity", 0.0)
@@ -144,7 +147,7 @@ def main():
                 return f"{base * density / x:.2f}" if x and base and r is not dense else "-"
             lines.append(f"{r['pattern']:<22}{100 * sp:>8.1f}%{pas:>5}"
                          f"{(f'{fx:.3f}' if fx else '-'):>9}{cell('hopper')}{cell('hopper-fused')}"
-                         f"{cell('native')}"
+                         f"{cell('hopper-fusedwide')}{cell('native')}"
                          f"{ideal('flex'):>11}{ideal('hopper'):>13}")
     lines += [f"note: {x[:300]}" for x in notes]
     table = "\n".join(lines)

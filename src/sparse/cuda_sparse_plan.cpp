@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "core/patterns.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -40,6 +42,11 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 struct DeviceLists {
   kc::DeviceAllocation q_tiles, key_spans, q_items, k_tiles, query_spans, k_items;
   int64_t n_q_items = 0, n_k_items = 0;
+  // The key items paired into 128 keys for the wide fused backward (hopper_wide_key_items),
+  // where they pair up (wide_pairs: always for tiles of 64-key multiples).
+  kc::DeviceAllocation wide_k_items;
+  int64_t n_wide_k_items = 0;
+  bool wide_pairs = false;
   // 16-byte copies need every row start and stride the kernels use to be a multiple of 8
   // elements (the tensors' own pointers are checked at each call).
   bool rows_aligned = true;
@@ -59,7 +66,14 @@ struct DeviceLists {
     k_tiles = kc::upload_vector(kt, "the block-sparse key tiles", device, stream);
     query_spans = kc::upload_vector(qs, "the block-sparse query spans", device, stream);
     k_items = kc::upload_vector(ki, "the block-sparse key work items", device, stream);
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before qi, ki go
+    std::vector<kernels::ForwardItem> wide;
+    wide_pairs = kc::hopper_wide_key_items(ki, wide).empty();
+    if (wide_pairs && !wide.empty()) {
+      n_wide_k_items = static_cast<int64_t>(wide.size());
+      wide_k_items =
+          kc::upload_vector(wide, "the block-sparse 128-key work items", device, stream);
+    }
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before qi, ki, wide go
     auto ok = [](int64_t x) { return x % 8 == 0; };
     for (const auto& t : qt) rows_aligned = rows_aligned && ok(t.q_row0);
     for (const auto& s : ks) rows_aligned = rows_aligned && ok(s.k_row0) && ok(s.k_stride);
@@ -68,11 +82,11 @@ struct DeviceLists {
   }
   std::size_t bytes() const {
     return q_tiles.bytes() + key_spans.bytes() + q_items.bytes() + k_tiles.bytes() +
-           query_spans.bytes() + k_items.bytes();
+           query_spans.bytes() + k_items.bytes() + wide_k_items.bytes();
   }
   void reset() {
     for (kc::DeviceAllocation* a :
-         {&q_tiles, &key_spans, &q_items, &k_tiles, &query_spans, &k_items})
+         {&q_tiles, &key_spans, &q_items, &k_tiles, &query_spans, &k_items, &wide_k_items})
       a->reset();
   }
 };
@@ -105,6 +119,8 @@ struct CudaSparsePlan::Impl {
   // The sm_90a backward's form (hopper_fused_backward_rule): the fused kernel, and whether the
   // first backward times it against the two passes (fused_backward_choice.hpp).
   bool fused_backward = false, time_fused_backward = false;
+  // With fused_backward, the wide fused kernel (D = 128, where wide_ok).
+  bool wide_backward = false;
   bool noted_unaligned = false, noted_unaligned_backward = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
@@ -274,6 +290,26 @@ struct CudaSparsePlan::Impl {
     return p;
   }
 
+  // Whether this rank's backward has the wide fused kernel: D = 128, both lists' key items
+  // pair up, and some do (key tiles of 128 keys or more).
+  bool wide_ok() const {
+    return D == 128 && local.wide_pairs && remote.wide_pairs &&
+           (local.n_wide_k_items < local.n_k_items || remote.n_wide_k_items < remote.n_k_items);
+  }
+
+  // The sm_90a backward's params over `l`: with wide_backward, its 128-key items.
+  kc::SparseBackwardParams hopper_backward_params(const DeviceLists& l, const void* q,
+                                                  const void* k, const void* v, const float* lse,
+                                                  const void* dout, float* dq, float* dk,
+                                                  float* dv) const {
+    kc::SparseBackwardParams p = backward_params(l, q, k, v, lse, dout, dq, dk, dv);
+    if (fused_backward && wide_backward) {
+      p.k_items = l.wide_k_items.as<kernels::ForwardItem>();
+      p.n_k_items = l.n_wide_k_items;
+    }
+    return p;
+  }
+
   // The local blocks' tensors ([B, N/P, HKV, D] K/V), or (received) the receive slab's rows.
   kc::HopperSparseShape hopper_shape(bool received = false) const {
     return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G),
@@ -309,6 +345,8 @@ struct CudaSparsePlan::Impl {
           opts.deterministic, static_cast<int>(D), opts.kernel == KernelChoice::automatic);
       fused_backward = rule == kc::FusedBackwardRule::fused;
       time_fused_backward = rule == kc::FusedBackwardRule::timed;
+      wide_backward = fused_backward && wide_ok() &&
+                      kc::hopper_wide_backward_chosen(opts.deterministic, static_cast<int>(D));
     }
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
     if (automatic) {
@@ -422,8 +460,9 @@ struct CudaSparsePlan::Impl::Device {
       const kc::SparseBackwardParams p = m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv);
       if (m.use_hopper_backward && aligned16(q) && aligned16(k) && aligned16(v) &&
           aligned16(dout)) {
-        kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(), m.stream,
-                                   m.fused_backward);
+        kc::hopper_sparse_backward(
+            m.elem, m.hopper_backward_params(m.local, q, k, v, lse, dout, dq, dk, dv),
+            m.hopper_shape(), m.stream, m.fused_backward, m.wide_backward);
         return;
       }
       if (m.use_hopper_backward && !m.noted_unaligned_backward) {
@@ -441,8 +480,11 @@ struct CudaSparsePlan::Impl::Device {
                           static_cast<float*>(g.v));
     if (m.use_hopper_backward && aligned16(q) && aligned16(dout) && aligned16(r.k) &&
         aligned16(r.v)) {
-      kc::hopper_sparse_backward(m.elem, p, m.hopper_shape(true), m.stream,
-                                 m.fused_backward);
+      kc::hopper_sparse_backward(
+          m.elem,
+          m.hopper_backward_params(m.remote, q, r.k, r.v, lse, dout, dq, static_cast<float*>(g.k),
+                                   static_cast<float*>(g.v)),
+          m.hopper_shape(true), m.stream, m.fused_backward, m.wide_backward);
       return;
     }
     kc::sparse_backward(m.elem, p, m.stream);
@@ -526,6 +568,7 @@ const std::vector<std::string>& CudaSparsePlan::notes() const noexcept { return 
 std::string CudaSparsePlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
 std::string CudaSparsePlan::backward_kernel_name() const {
   return !impl_->use_hopper_backward ? "native"
+         : impl_->wide_backward       ? "hopper-fused-wide"
          : impl_->fused_backward      ? "hopper-fused"
                                       : "hopper";
 }
@@ -577,13 +620,23 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
   const kc::ScopedDevice on(m.opts.device);
   if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
     m.time_fused_backward = false;
-    m.fused_backward = kc::fused_backward_is_faster(
+    using Form = kc::BackwardForm;
+    const Form all[] = {Form::two_pass, Form::fused, Form::fused_wide};
+    // The wide kernel where every rank has it, so that all time the same forms (each time is
+    // then a collective max).
+    const bool wide_everywhere =
+        m.comm ? m.comm->max(int64_t{m.wide_ok() ? 0 : 1}) == 0 : m.wide_ok();
+    const Form chosen = kc::fastest_backward_form(
         m.stream, "the block-sparse sm_90a backward", m.comm != nullptr,
-        [&](bool fused) {
-          m.fused_backward = fused;
+        std::span(all, wide_everywhere ? 3 : 2),
+        [&](Form f) {
+          m.fused_backward = f != Form::two_pass;
+          m.wide_backward = f == Form::fused_wide;
           m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
         },
         [&](double ms) { return m.comm ? m.comm->max(ms) : ms; }, m.notes);
+    m.fused_backward = chosen != Form::two_pass;
+    m.wide_backward = chosen == Form::fused_wide;
   }
   m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
 }

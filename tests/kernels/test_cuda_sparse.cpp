@@ -22,6 +22,7 @@
 
 #include "cli_runner.hpp"
 #include "gpu_skip.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_backward_chosen
 #include "kernels/cpu_block_sparse.hpp"
 #include "random.hpp"
 #include "ringattn/errors.hpp"
@@ -426,7 +427,10 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
         SparseCase{"hopper_mask_bs32_batch2", {2, 128, 1, 64}, 32, false, T::fp16, "", 0.5},
         SparseCase{"hopper_packed_causal", {1, 256, 2, 64}, 32, true, T::bf16,
                    "local:window=128+global", 0, 0, -1, {1, 70, 3, 150, 32}},
-        SparseCase{"hopper_d256", {1, 128, 1, 256}, 64, false, T::bf16, "local", 0}}) {
+        SparseCase{"hopper_d256", {1, 128, 1, 256}, 64, false, T::bf16, "local", 0},
+        // 128-key tiles: the wide fused backward's whole blocks (RINGATTN_HOPPER_BWD=fused_wide)
+        SparseCase{"hopper_bs128_causal", {1, 384, 2, 128}, 128, true, T::bf16,
+                   "local:window=256+global", 0}}) {
     const AttentionConfig cfg = config_of(c);
     const auto lists = lists_of(c);
     const Inputs in = random_inputs(c.shape, 120, c.kv_heads);
@@ -434,6 +438,10 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
 #if RINGATTN_CUDA_EMULATION
     EXPECT_EQ(got.kernel, "hopper") << c.name;  // device 0 is an emulated sm_90
     EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << c.name;
+    if (c.block_size >= 128 && kernels::cuda::hopper_wide_backward_chosen(
+                                   false, static_cast<int>(c.shape.head_dim))) {
+      EXPECT_EQ(got.kernel_backward, "hopper-fused-wide") << c.name;
+    }
 #endif
     if (got.kernel != "hopper" || testing::kernel_family(got.kernel_backward) != "hopper") {
       EXPECT_TRUE(has_note(got.notes, "--kernel hopper: ")) << c.name;
@@ -482,14 +490,14 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
 }
 
 // --kernel auto times the block-sparse sm_90a backward in two passes against its fused kernel
-// on the first backward and keeps the faster (on a GPU; on the emulated one only with
-// RINGATTN_HOPPER_BWD=auto: ctest hopper_sparse_auto_times_fused_backward), never when
-// deterministic; the backward's kernel name says which ran, and the gradients match float64
-// whichever was kept.
+// and (128-key tiles at D = 128) its wide fused kernel on the first backward and keeps the
+// fastest (on a GPU; on the emulated one only with RINGATTN_HOPPER_BWD=auto: ctest
+// hopper_sparse_auto_times_fused_backward), never when deterministic; the backward's kernel
+// name says which ran, and the gradients match float64 whichever was kept.
 TEST(CudaSparseKernels, AutoTimesTheFusedSm90aBackward) {
   REQUIRE_GPU();
-  const SparseCase c{"auto_fused", {1, 128, 2, 64}, 32, true, DeviceDType::bf16,
-                     "local:window=64", 0};
+  const SparseCase c{"auto_fused", {1, 256, 2, 128}, 128, true, DeviceDType::bf16,
+                     "local:window=128", 0};
   const AttentionConfig cfg = config_of(c);
   const auto lists = lists_of(c);
   const Inputs in = random_inputs(c.shape, 130);
@@ -511,7 +519,11 @@ TEST(CudaSparseKernels, AutoTimesTheFusedSm90aBackward) {
       EXPECT_TRUE(has_note(got.notes, " ms (median of 5); using the ")) << all;
       EXPECT_EQ(got.kernel_backward == "hopper-fused", has_note(got.notes, "using the fused kernel"))
           << all;
-    } else if (env != "fused" || deterministic) {
+      EXPECT_TRUE(has_note(got.notes, " ms, fused wide ")) << all;
+      EXPECT_EQ(got.kernel_backward == "hopper-fused-wide",
+                has_note(got.notes, "using the wide fused kernel"))
+          << all;
+    } else if ((env != "fused" && env != "fused_wide") || deterministic) {
       EXPECT_EQ(got.kernel_backward, "hopper") << what;
     }
   }

@@ -22,6 +22,7 @@
 #endif
 #include "golden.hpp"
 #include "gpu_skip.hpp"
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_backward_chosen
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ring/nccl_communicator.hpp"
@@ -170,6 +171,11 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
     if (kernel == KernelChoice::hopper) {  // every emulated device here is an sm_90
       EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;
       EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
+      // RINGATTN_HOPPER_BWD=fused_wide: the wide fused kernel where key tiles pair up.
+      if (cfg.block_size >= 128 && kernels::cuda::hopper_wide_backward_chosen(
+                                       false, static_cast<int>(cfg.shape.head_dim))) {
+        EXPECT_EQ(got.kernel_backward, "hopper-fused-wide") << what << " P=" << p;
+      }
     }
 #endif
     const double e[5] = {relative_error(got.out.data(), ref.out.data(), n),
@@ -325,7 +331,8 @@ TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
 // --kernel hopper: each rank's blocks on the sm_90a block-sparse forward and backward, the
 // local ones over the shard's own [B, N/P, H, D] tensors and the received ones over the
 // receive slab's rows: a causal GQA configuration with packed documents and a window, and
-// random blocks (most of them received from other ranks) at D = 128 in fp16.
+// random 128-row blocks (most of them received from other ranks; 128-key tiles, which the
+// wide fused backward takes whole) at D = 128 in fp16.
 TEST(CudaSparseRingFeatures, KernelHopperRunsLocalAndReceivedBlocksAndMatchesTheReference) {
   AttentionConfig cfg = config({1, 768, 4, 64}, 64, true);
   cfg.kv_heads = 2;
@@ -340,8 +347,8 @@ TEST(CudaSparseRingFeatures, KernelHopperRunsLocalAndReceivedBlocksAndMatchesThe
   in.v.resize(n_kv);
   expect_every_p_matches_reference("hopper_packed_window_gqa_causal", cfg, lists, in,
                                    DeviceDType::bf16, nullptr, KernelChoice::hopper);
-  const AttentionConfig wide = config({2, 512, 2, 128}, 64, false);
-  const Geometry gw{512, 64, 2};
+  const AttentionConfig wide = config({2, 512, 2, 128}, 128, false);
+  const Geometry gw{512, 128, 2};
   auto random = std::make_shared<const BlockLists>(
       build_lists(parse_pattern("random:blocks=3+global:blocks=1", gw, {}, {}, 0), gw));
   expect_every_p_matches_reference("hopper_random_D128_fp16", wide, random,

@@ -1,7 +1,9 @@
 // The Hopper dense backward (see hopper_bwd.hpp): hopper_bwd_kernel.cuh's two passes over
 // hopper_dense_work.cuh's DenseWork, keys as rows for dK/dV and queries as rows for dQ.
 #include <cstdlib>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_bwd_kernel.cuh"
@@ -38,6 +40,24 @@ FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, b
   if (env != "auto") return FusedBackwardRule::two_pass;
 #endif
   return FusedBackwardRule::timed;
+}
+
+std::string hopper_wide_key_items(std::span<const ForwardItem> items,
+                                  std::vector<ForwardItem>& wide) {
+  wide.clear();
+  constexpr int64_t kWide = 2 * hopper::kRows;
+  std::set<std::pair<int64_t, int64_t>> firsts;  // (task, first key) of the 128-key items
+  for (const ForwardItem& it : items) {
+    if (it.q_begin % hopper::kRows != 0) return "a key item off the 64-key grid";
+    if (it.q_begin % kWide == 0) firsts.insert({it.task, it.q_begin});
+  }
+  for (const ForwardItem& it : items) {
+    if (it.q_begin % kWide == 0)
+      wide.push_back(it);
+    else if (!firsts.contains({it.task, it.q_begin - hopper::kRows}))
+      return "a key item whose 128-key partner is not beside it";
+  }
+  return "";
 }
 
 std::string hopper_backward_unsupported(const HopperBackwardParams& p, int device) {

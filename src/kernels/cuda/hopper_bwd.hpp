@@ -17,7 +17,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/hopper_fwd.hpp"
 
@@ -58,6 +60,14 @@ bool hopper_wide_backward_chosen(bool deterministic, int head_dim);
 // RINGATTN_HOPPER_BWD=auto (its timings say nothing of a GPU's, and cost CI's time).
 enum class FusedBackwardRule { two_pass, fused, timed };
 FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, bool automatic);
+
+// The wide fused kernel's dK/dV items from kKeyTile-key ones (ForwardItem: a task or key tile
+// and its first key row): each item whose first key is a multiple of 128 stands for itself
+// and the next 64 keys of its task, so `wide` gets one item per 128 keys, in `items`' order.
+// Returns "" or why the items do not pair up (an item off the 64-key grid, or one at 64 mod
+// 128 whose partner 64 keys before is not in `items`); the caller then keeps the 64-key forms.
+std::string hopper_wide_key_items(std::span<const ForwardItem> items,
+                                  std::vector<ForwardItem>& wide);
 
 // "" when hopper_backward can run `p` on `device`, else why not (the head dim, the dtype,
 // the device's compute capability, a build without sm_90a code).

@@ -24,7 +24,7 @@ std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParam
 }
 
 void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperSparseShape& s,
-                            cudaStream_t stream, bool fused) {
+                            cudaStream_t stream, bool fused, bool wide) {
   int device = 0;
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
   if (const std::string why = hopper_sparse_backward_unsupported(e, p, s, device); !why.empty())
@@ -38,6 +38,7 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
       hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim)};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
   fused = fused && p.head_dim <= 128 && p.n_k_items > 0;
+  wide = wide && fused && p.head_dim == 128;
   if (p.n_q_items > 0 && !fused) {
     const auto a = hopper::backward_args(
         maps, p, 1.0f, 1.0f,
@@ -53,7 +54,12 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
         hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.lse_stride,
                               s.seq_len, s.heads, kv.heads, p.head_dim, kv.seq_len, p.causal,
                               p.window_left, p.window_right, reach.left, reach.right});
-    if (fused)
+    if (wide) {
+      auto w = a;
+      w.work.block_rows = 2 * hopper::kRows;
+      hopper::launch_fused_wide_backward(p.head_dim, e, w,
+                                         dim3(static_cast<unsigned>(p.n_k_items)), stream);
+    } else if (fused)
       hopper::launch_fused_backward(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
                                     stream);
     else

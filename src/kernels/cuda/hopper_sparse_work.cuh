@@ -117,6 +117,7 @@ struct SparseKeyWork {
   // Key j is seen by query i of a span iff j - reach_right <= i + causal_offset <=
   // j + reach_left: SparseWork's reach seen from the key.
   int reach_left, reach_right;
+  int block_rows = kRows;  // an item's key rows: 64, or the wide fused backward's 128
 
   struct Cursor {
     const QuerySpan* span;  // the next span
@@ -132,7 +133,7 @@ struct SparseKeyWork {
     const ForwardItem item = items[blockIdx.x];
     const SparseKeyTile tile = tiles[item.task];
     const int j0 = static_cast<int>(item.q_begin);
-    const int rows = tile.n_k - j0 < kRows ? static_cast<int>(tile.n_k - j0) : kRows;
+    const int rows = tile.n_k - j0 < block_rows ? static_cast<int>(tile.n_k - j0) : block_rows;
     int n, h, b;
     position_of(tile.k_row0 + j0 * tile.k_stride, head_dim, kv_heads, kv_seq_len, n, h, b);
     return {n, h, b, nullptr, nullptr, 0, 0, rows, j0};

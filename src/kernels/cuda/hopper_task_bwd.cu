@@ -2,10 +2,10 @@
 // passes over hopper_task_work.cuh's TaskWork and TaskKeyWork, through tensor maps of each
 // launch's query and key views.
 #include <limits>
-#include <set>
 #include <string>
-#include <utility>
+#include <vector>
 
+#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_key_items over one list
 #include "kernels/cuda/hopper_bwd_kernel.cuh"
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_work.cuh"
@@ -23,24 +23,17 @@ std::string hopper_wide_key_items(std::span<const ForwardItem> ordered,
                                   std::vector<HopperTaskGroup>& wide_groups) {
   wide.clear();
   wide_groups.clear();
-  constexpr int64_t kWide = 2 * hopper::kRows;
+  std::vector<ForwardItem> group_wide;
   for (const HopperTaskGroup& g : groups) {
-    const auto items = ordered.subspan(static_cast<std::size_t>(g.item0),
-                                       static_cast<std::size_t>(g.n_items));
-    std::set<std::pair<int64_t, int64_t>> firsts;  // (task, first key) of the 128-key items
-    for (const ForwardItem& it : items) {
-      if (it.q_begin % hopper::kRows != 0) return "a key item off the 64-key grid";
-      if (it.q_begin % kWide == 0) firsts.insert({it.task, it.q_begin});
-    }
+    if (std::string why = hopper_wide_key_items(
+            ordered.subspan(static_cast<std::size_t>(g.item0), static_cast<std::size_t>(g.n_items)),
+            group_wide);
+        !why.empty())
+      return why;
     HopperTaskGroup w = g;
     w.item0 = static_cast<int64_t>(wide.size());
-    for (const ForwardItem& it : items) {
-      if (it.q_begin % kWide == 0)
-        wide.push_back(it);
-      else if (!firsts.contains({it.task, it.q_begin - hopper::kRows}))
-        return "a key item whose 128-key partner is in another group";
-    }
-    w.n_items = static_cast<int64_t>(wide.size()) - w.item0;
+    w.n_items = static_cast<int64_t>(group_wide.size());
+    wide.insert(wide.end(), group_wide.begin(), group_wide.end());
     wide_groups.push_back(w);
   }
   return "";

@@ -31,6 +31,19 @@ bool hopper_fused_backward_chosen(bool, int) { return false; }
 
 bool hopper_wide_backward_chosen(bool, int) { return false; }
 
+std::string hopper_wide_key_items(std::span<const ForwardItem>, std::vector<ForwardItem>& wide) {
+  wide.clear();
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
+std::string hopper_wide_key_items(std::span<const ForwardItem>, std::span<const HopperTaskGroup>,
+                                  std::vector<ForwardItem>& wide,
+                                  std::vector<HopperTaskGroup>& wide_groups) {
+  wide.clear();
+  wide_groups.clear();
+  return hopper_forward_unsupported(HopperForwardParams{}, 0);
+}
+
 FusedBackwardRule hopper_fused_backward_rule(bool, int, bool) {
   return FusedBackwardRule::two_pass;
 }
@@ -61,7 +74,7 @@ std::string hopper_sparse_backward_unsupported(Elem, const SparseBackwardParams&
 }
 
 void hopper_sparse_backward(Elem, const SparseBackwardParams&, const HopperSparseShape&,
-                            cudaStream_t, bool) {
+                            cudaStream_t, bool, bool) {
   throw RuntimeFailure("the Hopper block-sparse backward cannot run: " +
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
@@ -90,7 +103,7 @@ std::string hopper_task_backward_unsupported(Elem, const HopperTaskShape&, int) 
 
 void hopper_task_backward(Elem, const FlashBackwardParams&, const HopperTaskShape&,
                           std::span<const HopperTaskGroup>, std::span<const HopperTaskGroup>,
-                          cudaStream_t, bool) {
+                          cudaStream_t, bool, bool) {
   throw RuntimeFailure("the Hopper task backward cannot run: " +
                        hopper_forward_unsupported(HopperForwardParams{}, 0));
 }
