@@ -20,7 +20,7 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/fused_backward_choice.hpp"
+#include "kernels/cuda/form_choice.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_rule
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_task_bwd.hpp"
@@ -108,11 +108,15 @@ struct CudaRingPlan::Impl {
   bool use_hopper = false, noted_unaligned = false;
   bool use_hopper_backward = false, noted_unaligned_backward = false;
   // The sm_90a backward's form (hopper_fused_backward_rule): the fused kernel, and whether the
-  // first backward times it against the two passes (fused_backward_choice.hpp).
+  // first backward times it against the two passes (form_choice.hpp).
   bool fused_backward = false, time_fused_backward = false;
   // With fused_backward, the wide fused kernel: where D = 128 and the rank's key items pair
   // up into 128 keys (wide_ok; auto times it where every rank has it).
   bool wide_backward = false, wide_ok = false;
+  // The sm_90a forward's form (plain, overlap, Q in registers), and whether the first forward
+  // times the forms on the slowest rank and keeps the fastest (hopper_forward_forms_timed).
+  kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
+  bool time_forward_forms = false;
   std::vector<std::vector<HopperWave>> hopper_waves;  // [step][wave]
   std::vector<kernels::ForwardItem> hopper_items_host;  // the upload's source
   kc::DeviceAllocation hopper_items;
@@ -214,6 +218,7 @@ struct CudaRingPlan::Impl {
       h.kv_heads = 1;
       h.kv_rows = static_cast<int>(sched.steps[static_cast<std::size_t>(t)].recv_rows);
     }
+    h.form = forward_form;
     return h;
   }
 
@@ -863,6 +868,11 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     const std::string why = m.prepare_hopper();
     m.use_hopper = why.empty();
     const std::string why_backward = m.use_hopper ? m.prepare_hopper_backward(all.k_items) : why;
+    m.time_forward_forms =
+        m.use_hopper &&
+        kc::hopper_forward_forms_timed(opts.deterministic,
+                                       opts.kernel == KernelChoice::automatic) &&
+        !kc::hopper_forward_forms(static_cast<int>(m.d()), false).empty();
     m.use_hopper_backward = m.use_hopper && why_backward.empty();
     if (m.use_hopper_backward) {
       const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
@@ -973,6 +983,21 @@ void CudaRingPlan::synchronize() {
 void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
+  if (m.time_forward_forms) {  // ours first: cuDNN (below) is timed against the fastest form
+    m.time_forward_forms = false;
+    const std::vector<kc::HopperForwardForm> forms =
+        kc::hopper_forward_forms(static_cast<int>(m.d()), false);
+    m.forward_form = kc::fastest_forward_form(
+        m.stream, "the ring's sm_90a forward", true, forms,
+        [&](kc::HopperForwardForm f) {
+          const bool cudnn = m.use_cudnn;
+          m.forward_form = f;
+          m.use_cudnn = false;
+          m.run_forward(q, k, v, out, lse);
+          m.use_cudnn = cudnn;
+        },
+        [&](double ms) { return m.comm->max(ms); }, m.notes);
+  }
   if (m.decide_forward) {
     m.decide_forward = false;
     m.use_cudnn = m.auto_takes_cudnn(false, [&](bool cudnn) {

@@ -19,7 +19,7 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/fused_backward_choice.hpp"
+#include "kernels/cuda/form_choice.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
 #include "kernels/cuda/hopper_task_bwd.hpp"
@@ -462,30 +462,17 @@ struct CudaPlan::Impl {
   }
 
   // --kernel auto on the first forward: each of the sm_90a forward's forms at this head dim
-  // (the dense kernel's, or the task kernels'), the median of 5 runs each; the fastest is
-  // kept, and a note gives every time. A form that fails to run counts as infinitely slow.
+  // (the dense kernel's, or the task kernels'), timed and the fastest kept (form_choice.hpp).
   void choose_forward_form(const void* q, const void* k, const void* v, float* out, float* lse) {
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(3) << "--kernel auto: the sm_90a forward";
-    double best = std::numeric_limits<double>::infinity();
-    kc::HopperForwardForm chosen = kc::HopperForwardForm::rule;
-    const char* sep = " ";
-    for (const kc::HopperForwardForm f :
-         kc::hopper_forward_forms(static_cast<int>(cfg.shape.head_dim), use_hopper)) {
-      forward_form = f;
-      double ms = std::numeric_limits<double>::infinity();
-      try {
-        ms = median_ms([&] { run_forward(false, q, k, v, out, lse); });
-      } catch (const RuntimeFailure&) {
-        (void)cudaGetLastError();
-      }
-      os << sep << kc::to_string(f) << " " << ms << " ms";
-      sep = ", ";
-      if (ms < best) best = ms, chosen = f;
-    }
-    forward_form = chosen;
-    os << " (median of 5); using " << kc::to_string(forward_form);
-    notes.push_back(os.str());
+    const std::vector<kc::HopperForwardForm> forms =
+        kc::hopper_forward_forms(static_cast<int>(cfg.shape.head_dim), use_hopper);
+    forward_form = kc::fastest_forward_form(
+        stream, "the sm_90a forward", false, forms,
+        [&](kc::HopperForwardForm f) {
+          forward_form = f;
+          run_forward(false, q, k, v, out, lse);
+        },
+        [](double ms) { return ms; }, notes);
   }
 
   // Median of 5 timed runs of `run`, after one warm-up run, on the plan's stream.

@@ -16,7 +16,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
-#include "kernels/cuda/fused_backward_choice.hpp"
+#include "kernels/cuda/form_choice.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_rule
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
@@ -117,10 +117,14 @@ struct CudaSparsePlan::Impl {
   // received ones' over the receive slab's rows (HopperSparseShape::kv_rows).
   bool use_hopper = false, use_hopper_backward = false;
   // The sm_90a backward's form (hopper_fused_backward_rule): the fused kernel, and whether the
-  // first backward times it against the two passes (fused_backward_choice.hpp).
+  // first backward times it against the two passes (form_choice.hpp).
   bool fused_backward = false, time_fused_backward = false;
   // With fused_backward, the wide fused kernel (D = 128, where wide_ok).
   bool wide_backward = false;
+  // The sm_90a forward's form (plain, overlap, Q in registers), and whether the first forward
+  // times the forms (on the slowest rank) and keeps the fastest (hopper_forward_forms_timed).
+  kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
+  bool time_forward_forms = false;
   bool noted_unaligned = false, noted_unaligned_backward = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
@@ -313,7 +317,7 @@ struct CudaSparsePlan::Impl {
   // The local blocks' tensors ([B, N/P, HKV, D] K/V), or (received) the receive slab's rows.
   kc::HopperSparseShape hopper_shape(bool received = false) const {
     return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G),
-            received ? static_cast<int>(recv_rows) : 0};
+            received ? static_cast<int>(recv_rows) : 0, forward_form};
   }
 
   // Chooses the Hopper forward and backward, for the local blocks and the received ones
@@ -332,6 +336,10 @@ struct CudaSparsePlan::Impl {
           elem, forward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, false),
           hopper_shape(), opts.device);
     use_hopper = why.empty();
+    time_forward_forms = use_hopper &&
+                         kc::hopper_forward_forms_timed(
+                             opts.deterministic, opts.kernel == KernelChoice::automatic) &&
+                         !kc::hopper_forward_forms(static_cast<int>(D), false).empty();
     if (use_hopper) {
       why_backward = kc::hopper_sparse_backward_unsupported(
           elem,
@@ -372,6 +380,7 @@ struct CudaSparsePlan::Impl {
   }
 
   struct Device;
+  void run_forward(const void* q, const void* k, const void* v, float* out, float* lse);
   void run_backward(const void* q, const void* k, const void* v, const float* out,
                     const float* lse, const void* dout, float* dq, float* dk, float* dv);
 };
@@ -602,6 +611,24 @@ void CudaSparsePlan::synchronize() {
 void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
+  if (m.time_forward_forms) {  // the sm_90a forward's forms, on the slowest rank's times
+    m.time_forward_forms = false;
+    const std::vector<kc::HopperForwardForm> forms =
+        kc::hopper_forward_forms(static_cast<int>(m.D), false);
+    m.forward_form = kc::fastest_forward_form(
+        m.stream, "the block-sparse sm_90a forward", m.comm != nullptr, forms,
+        [&](kc::HopperForwardForm f) {
+          m.forward_form = f;
+          m.run_forward(q, k, v, out, lse);
+        },
+        [&](double ms) { return m.comm ? m.comm->max(ms) : ms; }, m.notes);
+  }
+  m.run_forward(q, k, v, out, lse);
+}
+
+void CudaSparsePlan::Impl::run_forward(const void* q, const void* k, const void* v, float* out,
+                                       float* lse) {
+  Impl& m = *this;
   m.fwd = {};
   if (m.ex) m.ex->start_call();
   Impl::Device dev{m};

@@ -44,6 +44,21 @@ inline bool auto_times_fused_backward(const std::string& env) {
 #endif
 }
 
+// Whether --kernel auto times the sm_90a forward's forms on a non-deterministic first forward
+// (hopper_forward_forms_timed): not where RINGATTN_HOPPER_OVERLAP, _QREGS or _PINGPONG chose
+// a form; on the emulated GPU only with RINGATTN_HOPPER_FWD=auto.
+inline bool auto_times_forward_forms() {
+  for (const char* name :
+       {"RINGATTN_HOPPER_OVERLAP", "RINGATTN_HOPPER_QREGS", "RINGATTN_HOPPER_PINGPONG"})
+    if (const char* v = std::getenv(name); v && *v) return false;
+#if RINGATTN_CUDA_EMULATION
+  const char* v = std::getenv("RINGATTN_HOPPER_FWD");
+  return v && std::string(v) == "auto";
+#else
+  return true;
+#endif
+}
+
 // RINGATTN_HOPPER_BWD's value, "" when unset.
 inline std::string hopper_bwd_env() {
   const char* v = std::getenv("RINGATTN_HOPPER_BWD");

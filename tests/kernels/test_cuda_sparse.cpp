@@ -515,6 +515,10 @@ TEST(CudaSparseKernels, AutoTimesTheFusedSm90aBackward) {
     EXPECT_EQ(has_note(got.notes, "--kernel auto: the block-sparse sm_90a backward in two passes "),
               timed)
         << what << ": " << all;
+    // The forward's forms too (plain, overlap, Q in registers).
+    EXPECT_EQ(has_note(got.notes, "--kernel auto: the block-sparse sm_90a forward plain "),
+              !deterministic && testing::auto_times_forward_forms())
+        << what << ": " << all;
     if (timed) {
       EXPECT_TRUE(has_note(got.notes, " ms (median of 5); using the ")) << all;
       EXPECT_EQ(got.kernel_backward == "hopper-fused", has_note(got.notes, "using the fused kernel"))

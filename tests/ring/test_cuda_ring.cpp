@@ -697,6 +697,10 @@ TEST(CudaRing, AutoTimesTheFusedSm90aBackwardOnTheSlowestRank) {
       const std::string all = ::testing::PrintToString(got.notes);
       EXPECT_EQ(has_note(got, "--kernel auto: the ring's sm_90a backward in two passes "), timed)
           << what << " P=" << p << ": " << all;
+      // The forward's forms too (plain, overlap, Q in registers), on the slowest rank.
+      EXPECT_EQ(has_note(got, "--kernel auto: the ring's sm_90a forward plain "),
+                !deterministic && testing::auto_times_forward_forms())
+          << what << " P=" << p << ": " << all;
       if (timed) {
         EXPECT_TRUE(has_note(got, "(median of 5, slowest rank); using the ")) << all;
         EXPECT_TRUE(has_note(got, " ms, fused wide ")) << all;

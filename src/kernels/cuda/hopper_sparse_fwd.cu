@@ -40,7 +40,7 @@ void hopper_sparse_forward(Elem e, const SparseForwardParams& p, const HopperSpa
        kv.heads, p.head_dim, kv.seq_len, p.causal, p.window_left, p.window_right, reach.left,
        reach.right}};
   hopper::launch_for(p.head_dim, e, "hopper_sparse_fwd_kernel", a,
-                     dim3(static_cast<unsigned>(p.n_items)), stream);
+                     dim3(static_cast<unsigned>(p.n_items)), stream, s.form);
 }
 
 }  // namespace ringattn::kernels::cuda

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/hopper_fwd.hpp"  // HopperForwardForm
 #include "kernels/cuda/sparse_params.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -27,6 +28,8 @@ struct HopperSparseShape {
   // D]: a distributed block-sparse plan's received slab, whose spans are rows of D elements.
   // 0: the [B, N, HKV, D] tensors.
   int kv_rows = 0;
+  // The forward's loop (HopperForwardForm plain, overlap or qregs; rule: the environment's).
+  HopperForwardForm form = HopperForwardForm::rule;
 };
 
 // "" when hopper_sparse_forward can run `p` over tensors of `shape` on `device`, else why not.

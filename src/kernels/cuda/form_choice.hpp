@@ -1,10 +1,14 @@
-// How `--kernel auto` picks the sm_90a backward's form where hopper_fused_backward_rule says
-// `timed`: one GPU (CudaPlan), the GPU ring's steps (CudaRingPlan) and block-sparse
-// (CudaSparsePlan) all time the two passes against the fused kernel (and, at D = 128 where
-// the path has it, the wide fused kernel) on their first backward, as median_time.hpp times
-// any candidate, and keep the fastest; the times and the choice become a note. Several ranks decide on the slowest rank's times, so every rank runs the same
-// kernel (not needed for correctness: both forms give the same gradients; for one reading of
-// the times in every rank's notes).
+// How `--kernel auto` picks the sm_90a kernels' forms by timing them on the first call:
+// - the backward's, where hopper_fused_backward_rule says `timed`: one GPU (CudaPlan), the GPU
+//   ring's steps (CudaRingPlan) and block-sparse (CudaSparsePlan) all time the two passes
+//   against the fused kernel (and, at D = 128 where the path has it, the wide fused kernel)
+//   on their first backward (fastest_backward_form);
+// - the forward's, where hopper_forward_forms_timed says so: each HopperForwardForm the path
+//   has (hopper_forward_forms) on the first forward (fastest_forward_form).
+// Each candidate is timed as median_time.hpp times any, the fastest kept, and the times and
+// the choice become a note. Several ranks decide on the slowest rank's times, so every rank
+// runs the same kernel (not needed for correctness: the forms give the same results within
+// rounding; for one reading of the times in every rank's notes).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,8 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "ringattn/errors.hpp"
+#include "kernels/cuda/hopper_fwd.hpp"  // HopperForwardForm
 #include "kernels/cuda/median_time.hpp"
+#include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
 
@@ -89,6 +94,40 @@ bool fused_backward_is_faster(cudaStream_t stream, const std::string& what, bool
              stream, what, ring, kForms,
              [&](BackwardForm f) { run(f == BackwardForm::fused); },
              std::forward<Slowest>(slowest), notes) == BackwardForm::fused;
+}
+
+// The fastest of the forward's `forms`: `run(form)` enqueues one whole forward on `stream` in
+// that form, `slowest` as fastest_backward_form's. The note: "--kernel auto: <what> plain
+// 1.234 ms, overlap 1.100 ms, ... (median of 5<where>); using overlap". On one GPU a form that
+// fails to run counts as infinitely slow; on several ranks the failure propagates (a rank
+// cannot leave the exchanges mid-pass).
+template <class Run, class Slowest>
+HopperForwardForm fastest_forward_form(cudaStream_t stream, const std::string& what, bool ring,
+                                       std::span<const HopperForwardForm> forms, Run&& run,
+                                       Slowest&& slowest, std::vector<std::string>& notes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3) << "--kernel auto: " << what;
+  double best = std::numeric_limits<double>::infinity();
+  HopperForwardForm chosen = forms.empty() ? HopperForwardForm::rule : forms.front();
+  const char* sep = " ";
+  for (const HopperForwardForm f : forms) {
+    double ms = std::numeric_limits<double>::infinity();
+    if (ring) {
+      ms = slowest(median_ms(stream, [&] { run(f); }));
+    } else {
+      try {
+        ms = slowest(median_ms(stream, [&] { run(f); }));
+      } catch (const RuntimeFailure&) {
+        (void)cudaGetLastError();
+      }
+    }
+    os << sep << to_string(f) << " " << ms << " ms";
+    sep = ", ";
+    if (ms < best) best = ms, chosen = f;
+  }
+  os << " (median of 5" << (ring ? ", slowest rank" : "") << "); using " << to_string(chosen);
+  notes.push_back(os.str());
+  return chosen;
 }
 
 }  // namespace ringattn::kernels::cuda
