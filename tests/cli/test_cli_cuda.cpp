@@ -191,6 +191,35 @@ TEST(CliCudaRun, AutoPicksTheGpuAndCudnnIsRefusedWhereTheBuildHasNone) {
 }
 #endif
 
+// The sm_90a kernels' A/B switches take the values they name; any other value is bad input
+// (exit 2) naming the variable, the value and what it takes, not a silent default that a
+// benchmark would then report as the form it asked for. Where the device is no sm_90 the
+// sm_90a kernels never read them.
+TEST(CliCudaRun, AMistypedHopperSwitchIsBadInputNamingIt) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  struct Case {
+    const char* env;
+    const char* value;
+    const char* takes;
+  };
+  for (const Case& c : {Case{"RINGATTN_HOPPER_BWD", "fusedwide", "fused_wide"},
+                        Case{"RINGATTN_HOPPER_PINGPONG", "3", "0, 1, 2"}}) {
+    const CliResult r = testing::run_cli(
+        {"run", "--device", "cuda", "--seq-len", "128", "--heads", "2", "--head-dim", "64",
+         "--kernel", "hopper", "--backward", "--json"},
+        {std::string(c.env) + "=" + c.value});
+    if (gpu.cc_major != 9) {
+      EXPECT_EQ(r.exit_code, 0) << describe(r);
+      continue;
+    }
+    EXPECT_EQ(r.exit_code, 2) << c.env << ": " << describe(r);
+    EXPECT_NE(r.err.find(c.env), std::string::npos) << describe(r);
+    EXPECT_NE(r.err.find(std::string("'") + c.value + "'"), std::string::npos) << describe(r);
+    EXPECT_NE(r.err.find(c.takes), std::string::npos) << describe(r);
+  }
+}
+
 // --kernel hopper: the sm_90a forward and backward where the device is an sm_90 (the emulated
 // GPU's default profile is one) and the configuration dense or dilated, checked against
 // float64; elsewhere the native kernels and a note saying why. On a ring every step's forward

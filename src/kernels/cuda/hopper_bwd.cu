@@ -14,10 +14,8 @@ namespace ringattn::kernels::cuda {
 
 namespace {
 const std::string& hopper_bwd_env() {
-  static const std::string v = [] {
-    const char* e = std::getenv("RINGATTN_HOPPER_BWD");
-    return std::string(e ? e : "");
-  }();
+  static const std::string v =
+      hopper::hopper_switch("RINGATTN_HOPPER_BWD", {"two_pass", "fused", "fused_wide", "auto"});
   return v;
 }
 }  // namespace

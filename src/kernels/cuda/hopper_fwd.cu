@@ -65,13 +65,14 @@ std::vector<HopperForwardForm> hopper_forward_forms(int head_dim, bool dense) {
 }
 
 bool hopper_forward_forms_timed(bool deterministic, bool automatic) {
-  if (deterministic || !automatic) return false;
-  for (const char* name : {"RINGATTN_HOPPER_OVERLAP", "RINGATTN_HOPPER_QREGS",
-                           "RINGATTN_HOPPER_PINGPONG"})
-    if (const char* v = std::getenv(name); v && *v) return false;  // the user chose
+  // Every switch is read (and a bad value refused) before any rule applies.
+  const bool user_chose = !hopper::hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}).empty() ||
+                          !hopper::hopper_switch("RINGATTN_HOPPER_QREGS", {"0", "1"}).empty() ||
+                          !hopper::hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"}).empty();
+  [[maybe_unused]] const bool asked = hopper::hopper_switch("RINGATTN_HOPPER_FWD", {"auto"}) == "auto";
+  if (deterministic || !automatic || user_chose) return false;  // the user chose a form
 #if RINGATTN_CUDA_EMULATION
-  const char* v = std::getenv("RINGATTN_HOPPER_FWD");
-  return v && std::string(v) == "auto";
+  return asked;
 #else
   return true;
 #endif

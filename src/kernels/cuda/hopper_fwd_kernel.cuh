@@ -334,10 +334,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 // faster (docs/PERFORMANCE.md): the two blocks' own interleaving already hides the softmax,
 // and the second score tile costs registers and a wait on both products.
 inline bool overlap_chosen() {
-  static const bool on = [] {
-    const char* v = std::getenv("RINGATTN_HOPPER_OVERLAP");
-    return v && std::string(v) == "1";
-  }();
+  static const bool on = hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}) == "1";
   return on;
 }
 
@@ -372,9 +369,8 @@ void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, 
 // The variable is read once.
 inline int pingpong_chosen(int head_dim) {
   static const int forced = [] {
-    const char* v = std::getenv("RINGATTN_HOPPER_PINGPONG");
-    const std::string s = v ? v : "";
-    return s == "0" ? 0 : s == "1" ? 1 : s == "2" ? 2 : -1;
+    const std::string s = hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"});
+    return s.empty() ? -1 : s[0] - '0';
   }();
   if (forced >= 0) return forced;
   return head_dim == 256 ? 1 : 0;
