@@ -40,7 +40,8 @@
 # on every GPU path, EngineCuda.Sinks*; the ring's cuDNN steps, CudaRing.Cudnn*), the Python
 # package on CUDA tensors (sinks with their gradient; the bf16 transformers models need
 # transformers, which the image lacks, and skip saying so), then the Hopper tests with the
-# fused backward and its A/B (hopper_ab.py's fused column), then the ring's cuDNN rows:
+# fused backward and its wide form (RINGATTN_HOPPER_BWD=fused, fused_wide) and their A/B
+# (hopper_ab.py's fused and fusedwide columns), then the ring's cuDNN rows:
 #   QUICK=1 HOPPER_BUDGET_S=60 RING_BUDGET_S=140 bash bench/gpu/device_run.sh tests python hopper ring
 #
 # The GPU ring's cuDNN steps (--kernel cudnn, never run on a GPU before 5425c34): their gpu
