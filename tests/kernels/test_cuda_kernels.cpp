@@ -807,6 +807,30 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
       }
 }
 
+// The wide fused backward's 128-key items (hopper_wide_key_items): an item at a multiple of
+// 128 keys stands for itself and its task's next 64 keys, in the list's order; an item at 64
+// mod 128 whose partner is not in the list, or one off the 64-key grid, refuses the list (the
+// plans then keep the 64-key forms) instead of a block covering keys another block writes.
+TEST(CudaHopper, WideKeyItemsPairEach128KeysOrRefuseTheList) {
+  using kernels::ForwardItem;
+  std::vector<ForwardItem> wide;
+  if (const std::string why = kernels::cuda::hopper_wide_key_items({}, wide); !why.empty())
+    GTEST_SKIP() << "SKIPPED: " << why;
+  const std::vector<ForwardItem> items{{0, 0}, {0, 64}, {0, 128}, {1, 64}, {1, 0}, {2, 0}};
+  EXPECT_EQ(kernels::cuda::hopper_wide_key_items(items, wide), "");
+  const std::vector<std::pair<int64_t, int64_t>> want{{0, 0}, {0, 128}, {1, 0}, {2, 0}};
+  ASSERT_EQ(wide.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(wide[i].task, want[i].first) << i;
+    EXPECT_EQ(wide[i].q_begin, want[i].second) << i;
+  }
+  const std::vector<ForwardItem> orphan{{0, 0}, {1, 64}};
+  EXPECT_NE(kernels::cuda::hopper_wide_key_items(orphan, wide).find("partner"), std::string::npos);
+  const std::vector<ForwardItem> off_grid{{0, 0}, {0, 32}};
+  EXPECT_NE(kernels::cuda::hopper_wide_key_items(off_grid, wide).find("64-key grid"),
+            std::string::npos);
+}
+
 // CudaPlan with --kernel hopper: the sm_90a forward and backward where they apply (the
 // emulated GPU is an sm_90), against float64, gradients included; fp32 inputs run native
 // with a note naming why, and so does a backward on unaligned tensors.
