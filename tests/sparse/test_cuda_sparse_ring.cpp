@@ -347,7 +347,7 @@ TEST(CudaSparseRingFeatures, KernelHopperRunsLocalAndReceivedBlocksAndMatchesThe
   in.v.resize(n_kv);
   expect_every_p_matches_reference("hopper_packed_window_gqa_causal", cfg, lists, in,
                                    DeviceDType::bf16, nullptr, KernelChoice::hopper);
-  const AttentionConfig wide = config({2, 512, 2, 128}, 128, false);
+  const AttentionConfig wide = config({1, 512, 2, 128}, 128, false);
   const Geometry gw{512, 128, 2};
   auto random = std::make_shared<const BlockLists>(
       build_lists(parse_pattern("random:blocks=3+global:blocks=1", gw, {}, {}, 0), gw));
