@@ -331,12 +331,15 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 
 // The fused kernel's shared memory: Stages<kD, 2>'s (two resident tiles, a two-stage ring of
 // two), then the dS tile (one 64 × 64 box), then each stage's column stats (64 lse, 64 delta).
-__host__ __device__ constexpr uint32_t fused_stage_end(int head_dim) {
-  return 1024 + 6 * tile_bytes(head_dim);  // from Stages::base
+// `groups` consumer warpgroups of 64 keys each (1, or the wide kernel's 2): 2·groups resident
+// tiles (K's, then V's), the ring's four, a dS box per group.
+__host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups = 1) {
+  return 1024 + static_cast<uint32_t>(2 * groups + 4) * tile_bytes(head_dim);  // from base
 }
 constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
-__host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim) {
-  return smem_bytes(head_dim, 2) + kBoxBytes + 2 * kStatsStageBytes;
+__host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1) {
+  return smem_bytes(head_dim, 2 * groups) + static_cast<uint32_t>(groups) * kBoxBytes +
+         2 * kStatsStageBytes;
 }
 
 // Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
@@ -491,18 +494,20 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
   product_rs<kD, kBf16>(dk, pt, q_tile);  // dK += dSᵀ·Q
 }
 
-template <int kD, bool kBf16, class Work>
-__global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
-    hopper_bwd_fused_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
-  static_assert(kD <= 128, "dK, dV and dQ's part fit the consumer's registers at D <= 128");
-#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  // Two blocks an SM split its registers: the producer warpgroup 32 a thread (its drain warp
-  // walks the work too), the consumer 224.
-  constexpr unsigned kProducer = 32u, kConsumer = 224u;
-  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
-  const uint32_t ds_tile = st.base + fused_stage_end(kD);
-  const uint32_t stats_at = ds_tile + kBoxBytes;
-  const QueryRows kr = p.work.query_rows(kD);
+// One block of a fused backward with kGroups consumer warpgroups (1: hopper_bwd_fused_kernel,
+// 2: hopper_bwd_fused_wide_kernel), the producer warpgroup at kProducer registers a thread and
+// the consumers at kConsumer. Consumer warpgroup w owns keys 64w..64w + 63 of the block's
+// 64·kGroups (K and V resident as tiles w and kGroups + w) and box w of the dS tile; once
+// dS is whole each takes dQ's head-dim chunks w, w + kGroups, ... over all the block's keys.
+template <int kD, bool kBf16, class Work, int kGroups, unsigned kProducer, unsigned kConsumer>
+__device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p) {
+  static_assert(kGroups == 1 || kD / 64 == kGroups, "one dQ chunk a warpgroup when wide");
+  constexpr unsigned kConsumers = kConsumerThreads * kGroups;
+  constexpr int kKeys = kRows * kGroups;
+  const Stages<kD, 2 * kGroups> st = Stages<kD, 2 * kGroups>::of_block();
+  const uint32_t ds_tile = st.base + fused_stage_end(kD, kGroups);
+  const uint32_t stats_at = ds_tile + kGroups * kBoxBytes;
+  const QueryRows kr = p.work.query_rows(kD);  // the block's up to kKeys keys
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   // A stage is freed by the drain warp, once its reductions read it, and filled by the
   // producer's TMA and the stats warp's 32 lanes.
@@ -512,19 +517,21 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
   if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ, warp 2 stats
     ptx::setmaxnreg<false, kProducer>();
     if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
-    if (warp == 1) drain_dq(p, st, kr, lane, kConsumerThreads);
+    if (warp == 1) drain_dq(p, st, kr, lane, kConsumers);
     if (warp == 2) stage_stats(p, st, stats_at, kr, lane);
     return;
   }
 
   ptx::setmaxnreg<true, kConsumer>();
-  const int local0 = 16 * (warp - 4) + lane / 4;  // this lane's keys, then its dS/dQ queries
+  const int w = kGroups == 1 ? 0 : (warp - 4) / 4;    // this consumer warpgroup
+  const int local0 = 16 * ((warp - 4) % 4) + lane / 4;  // its keys local0, local0 + 8; dS rows
+  const int key0 = kRows * w + local0;                  // those keys in the block's
   // A key row past the block's (the resident box's next rows: another task's or view's keys,
   // or zero fill) sees nothing: its dK and dV are never written, but its dS would reach dQ.
   Reach reach[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
-    reach[r] = local0 + 8 * r < kr.rows ? p.work.reach(kr, local0 + 8 * r) : Reach{0, 0};
+    reach[r] = key0 + 8 * r < kr.rows ? p.work.reach(kr, key0 + 8 * r) : Reach{0, 0};
   float dk[kD / 2], dv[kD / 2];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
@@ -534,36 +541,52 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
   for (int j = 0; p.work.next(cursor, t); ++j) {
     const int s = j & 1, use = j >> 1;
     ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
-    if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
+    if (t.limit < kRows)
+      zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128,
+                     static_cast<int>(kConsumers));
     const auto slot = stats_slot(stats_at, s);
     const StagedColumnStats stats{slot, slot + kRows};
     Reach cols[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
-    float pt[32];  // dSᵀ
-    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(0), st.resident(1), st.ring(0, s),
-                              st.ring(1, s), p, cols, stats, lane);
+    float pt[32];  // dSᵀ of this warpgroup's keys
+    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(kGroups + w),
+                              st.ring(0, s), st.ring(1, s), p, cols, stats, lane);
     // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
     // overwrites it.
-    ptx::named_barrier_sync(kDsFree, kConsumerThreads);
-    store_ds<kBf16>(ds_tile, pt, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+    ptx::named_barrier_sync(kDsFree, kConsumers);
+    store_ds<kBf16>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
+                    static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                     static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     __syncwarp();
-    ptx::named_barrier_sync(kDsReady, kConsumerThreads);  // dS whole; Q and dO read
-    uint32_t ds[4][4];
-    load_a_fragments<64>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
-                         static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    ptx::named_barrier_sync(kDsReady, kConsumers);  // dS whole; Q and dO read
+    uint32_t ds[kKeys / 16][4];  // 64 queries × the block's keys
+    load_a_fragments<kKeys>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                            static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    if constexpr (kGroups == 1) {
 #pragma unroll
-    for (int chunk = 0; chunk < kD / 64; ++chunk)
-      stage_dq_part<64, kD, kBf16>(st, s, ds, chunk, p.scale, local0, lane);
+      for (int chunk = 0; chunk < kD / 64; ++chunk)
+        stage_dq_part<kKeys, kD, kBf16>(st, s, ds, chunk, p.scale, local0, lane);
+    } else {
+      stage_dq_part<kKeys, kD, kBf16>(st, s, ds, w, p.scale, local0, lane);
+    }
     ptx::fence_proxy_async_shared();
     __syncwarp();
-    ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1),
-                              kConsumerThreads + kDrainThreads);
+    ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1), kConsumers + kDrainThreads);
   }
   const Strided out = p.work.grad_rows(kr, kD);
-  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
-  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, local0, lane);
+  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, key0, lane);
+  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, key0, lane);
+}
+
+template <int kD, bool kBf16, class Work>
+__global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
+    hopper_bwd_fused_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(kD <= 128, "dK, dV and dQ's part fit the consumer's registers at D <= 128");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  // Two blocks an SM split its registers: the producer warpgroup 32 a thread (its drain warp
+  // walks the work too), the consumer 224.
+  fused_backward_block<kD, kBf16, Work, 1, 32u, 224u>(p);
 #else
   (void)p;
 #endif
@@ -587,83 +610,13 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 // consumers take 232 (128·32 + 256·232 = 63,488 of 65,536), as the ping-pong forward. ptxas
 // spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
 constexpr int kWideThreads = 384;
-constexpr unsigned kWideConsumerThreads = 256;
-
-__host__ __device__ constexpr uint32_t wide_stage_end(int head_dim) {
-  return 1024 + 8 * tile_bytes(head_dim);  // from Stages::base
-}
-__host__ __device__ constexpr uint32_t wide_smem_bytes(int head_dim) {
-  return smem_bytes(head_dim, 4) + 2 * kBoxBytes + 2 * kStatsStageBytes;
-}
 
 template <int kD, bool kBf16, class Work>
 __global__ void __launch_bounds__(kWideThreads, 1)
     hopper_bwd_fused_wide_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
   static_assert(kD == 128, "the two warpgroups split dQ's part by 64 head-dim columns");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  constexpr unsigned kProducer = 32u, kConsumer = 232u;
-  const Stages<kD, 4> st = Stages<kD, 4>::of_block();
-  const uint32_t ds_tile = st.base + wide_stage_end(kD);
-  const uint32_t stats_at = ds_tile + 2 * kBoxBytes;
-  const QueryRows kr = p.work.query_rows(kD);  // the block's up to 128 keys
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  st.init_barriers(1, 1 + kStatsArrivals);
-  __syncthreads();
-
-  if (warp < 4) {  // thread 0 loads, warp 1 drains dQ, warp 2 stages the stats
-    ptx::setmaxnreg<false, kProducer>();
-    if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
-    if (warp == 1) drain_dq(p, st, kr, lane, kWideConsumerThreads);
-    if (warp == 2) stage_stats(p, st, stats_at, kr, lane);
-    return;
-  }
-
-  ptx::setmaxnreg<true, kConsumer>();
-  const int w = (warp - 4) / 4;                       // this consumer warpgroup: 0 or 1
-  const int local0 = 16 * ((warp - 4) % 4) + lane / 4;  // its keys local0, local0 + 8; dS rows
-  const int key0 = kRows * w + local0;                  // those keys in the block's 128
-  Reach reach[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    reach[r] = key0 + 8 * r < kr.rows ? p.work.reach(kr, key0 + 8 * r) : Reach{0, 0};
-  float dk[kD / 2], dv[kD / 2];
-#pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
-  ptx::mbarrier_wait(at(st.resident_full()), 0);
-  typename Work::Cursor cursor = p.work.begin(kr);
-  KeyTile t;
-  for (int j = 0; p.work.next(cursor, t); ++j) {
-    const int s = j & 1, use = j >> 1;
-    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
-    if (t.limit < kRows)
-      zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128,
-                     static_cast<int>(kWideConsumerThreads));
-    const auto slot = stats_slot(stats_at, s);
-    const StagedColumnStats stats{slot, slot + kRows};
-    Reach cols[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
-    float pt[32];  // dSᵀ of this warpgroup's keys
-    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(2 + w), st.ring(0, s),
-                              st.ring(1, s), p, cols, stats, lane);
-    ptx::named_barrier_sync(kDsFree, kWideConsumerThreads);
-    store_ds<kBf16>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
-                    static_cast<int>(opaque(static_cast<uint32_t>(local0))),
-                    static_cast<int>(opaque(static_cast<uint32_t>(lane))));
-    __syncwarp();
-    ptx::named_barrier_sync(kDsReady, kWideConsumerThreads);  // dS whole; Q and dO read
-    uint32_t ds[8][4];  // 64 queries × 128 keys
-    load_a_fragments<128>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
-                          static_cast<int>(opaque(static_cast<uint32_t>(lane))));
-    stage_dq_part<128, kD, kBf16>(st, s, ds, w, p.scale, local0, lane);
-    ptx::fence_proxy_async_shared();
-    __syncwarp();
-    ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1),
-                              kWideConsumerThreads + kDrainThreads);
-  }
-  const Strided out = p.work.grad_rows(kr, kD);
-  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, key0, lane);
-  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, key0, lane);
+  fused_backward_block<kD, kBf16, Work, 2, 32u, 232u>(p);
 #else
   (void)p;
 #endif
@@ -690,7 +643,7 @@ void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     if constexpr (kD == 128)
       launch("hopper_bwd_fused_wide_kernel", &hopper_bwd_fused_wide_kernel<kD, kBf16, Work>, a,
-             grid, static_cast<int>(wide_smem_bytes(kD)), stream, kWideThreads);
+             grid, static_cast<int>(fused_smem_bytes(kD, 2)), stream, kWideThreads);
     else
       throw RuntimeFailure("the wide fused Hopper backward runs D = 128, not " +
                            std::to_string(kD));
