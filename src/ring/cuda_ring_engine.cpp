@@ -26,6 +26,7 @@
 #include "kernels/cuda/hopper_task_bwd.hpp"
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "kernels/cuda/median_time.hpp"
+#include "kernels/cuda/verified_forms.hpp"
 #include "single/device_schedule.hpp"
 #if RINGATTN_RING_CUDNN
 #include "kernels/cuda/cudnn_graphs.hpp"
@@ -43,9 +44,9 @@ namespace ringattn::ring {
 
 namespace kc = kernels::cuda;
 
-namespace {
+using kc::aligned16;  // 16-byte copies, TMA and bulk adds need 16-byte aligned base pointers
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+namespace {
 
 template <typename T>
 kc::DeviceAllocation upload(const std::vector<T>& v, const char* what, int device,
@@ -113,6 +114,7 @@ struct CudaRingPlan::Impl {
   // With fused_backward, the wide fused kernel: where D = 128 and the rank's key items pair
   // up into 128 keys (wide_ok; auto times it where every rank has it).
   bool wide_backward = false, wide_ok = false;
+  bool noted_unaligned_dq = false;
   // The sm_90a forward's form (plain, overlap, Q in registers), and whether the first forward
   // times the forms on the slowest rank and keeps the fastest (hopper_forward_forms_timed).
   kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
@@ -816,6 +818,16 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
 #if RINGATTN_CUDA_EMULATION
   auto_tries_cudnn = auto_tries_cudnn && kc::cudnn_standin_enabled();
 #endif
+  // auto takes cuDNN's steps only once a GPU has passed them (verified_forms.hpp); --kernel
+  // cudnn runs them with a note.
+  const bool cudnn_verified = kc::verified_on_gpu(kc::GpuForm::cudnn_ring_steps, kc::GpuPath::ring);
+#if RINGATTN_RING_CUDNN
+  if (auto_tries_cudnn && !cudnn_verified)
+    m.notes.push_back(kc::unverified_by_auto_note(kc::GpuForm::cudnn_ring_steps, "--kernel cudnn"));
+  if (cudnn_asked && !cudnn_verified)
+    m.notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_ring_steps, "--kernel cudnn"));
+#endif
+  auto_tries_cudnn = auto_tries_cudnn && cudnn_verified;
   m.cudnn_step.assign(m.sched.steps.size(), 0);
   m.cudnn_step_backward.assign(m.sched.steps.size(), 0);
   int cudnn_steps = 0;
@@ -868,20 +880,30 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     const std::string why = m.prepare_hopper();
     m.use_hopper = why.empty();
     const std::string why_backward = m.use_hopper ? m.prepare_hopper_backward(all.k_items) : why;
-    m.time_forward_forms =
-        m.use_hopper &&
-        kc::hopper_forward_forms_timed(opts.deterministic,
-                                       opts.kernel == KernelChoice::automatic) &&
-        !kc::hopper_forward_forms(static_cast<int>(m.d()), false).empty();
+    const int head_dim = static_cast<int>(m.d());
+    constexpr kc::GpuPath path = kc::GpuPath::ring;
+    // auto times only the forms a GPU has passed on the ring (verified_forms.hpp); the rules
+    // depend on nothing a rank alone knows, so every rank times the same forms.
+    if (m.use_hopper &&
+        kc::hopper_forward_forms_timed(opts.deterministic, opts.kernel == KernelChoice::automatic)) {
+      m.time_forward_forms = kc::auto_forward_forms(head_dim, path).size() > 1;
+      kc::note_unverified_forward_forms(head_dim, path, m.notes);
+    }
     m.use_hopper_backward = m.use_hopper && why_backward.empty();
     if (m.use_hopper_backward) {
       const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
-          opts.deterministic, static_cast<int>(m.d()), opts.kernel == KernelChoice::automatic);
+          opts.deterministic, head_dim, opts.kernel == KernelChoice::automatic);
       m.fused_backward = rule == kc::FusedBackwardRule::fused;
-      m.time_fused_backward = rule == kc::FusedBackwardRule::timed;
       m.wide_backward = m.fused_backward && m.wide_ok &&
-                        kc::hopper_wide_backward_chosen(opts.deterministic, static_cast<int>(m.d()));
+                        kc::hopper_wide_backward_chosen(opts.deterministic, head_dim);
+      if (rule == kc::FusedBackwardRule::timed) {
+        m.time_fused_backward = kc::auto_backward_forms(path, true).size() > 1;
+        kc::note_unverified_backward_forms(path, m.wide_ok, m.notes);
+      }
     }
+    if (m.use_hopper)
+      kc::note_forced_unverified(path, m.fused_backward, m.wide_backward,
+                                 kc::hopper_qregs_forced() && head_dim <= 128, m.notes);
     const std::string status =
         automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
     const bool refusals = m.use_cudnn && !m.cudnn_refused.empty();
@@ -986,7 +1008,7 @@ void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* o
   if (m.time_forward_forms) {  // ours first: cuDNN (below) is timed against the fastest form
     m.time_forward_forms = false;
     const std::vector<kc::HopperForwardForm> forms =
-        kc::hopper_forward_forms(static_cast<int>(m.d()), false);
+        kc::auto_forward_forms(static_cast<int>(m.d()), kc::GpuPath::ring);
     m.forward_form = kc::fastest_forward_form(
         m.stream, "the ring's sm_90a forward", true, forms,
         [&](kc::HopperForwardForm f) {
@@ -1031,15 +1053,27 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
                             const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  if (m.time_fused_backward) {  // ours first: cuDNN (below) is timed against the faster form
+  // The fused kernels' bulk adds need a 16-byte aligned dq. Timing them needs every rank's
+  // (the times are collectives), so an offset view anywhere leaves it for a later call; a
+  // rank that runs a fused form alone falls back alone (the form is the rank's own compute).
+  const bool dq_aligned = aligned16(dq);
+  const bool time_now =
+      m.time_fused_backward && m.comm->max(int64_t{dq_aligned ? 0 : 1}) == 0;
+  if ((m.fused_backward || (m.time_fused_backward && !time_now)) && !dq_aligned) {
+    if (!m.noted_unaligned_dq) m.notes.push_back(kc::kUnalignedDqNote);
+    m.noted_unaligned_dq = true;
+  }
+  const bool fused = m.fused_backward;
+  if (!dq_aligned) m.fused_backward = false;
+  if (time_now) {  // ours first: cuDNN (below) is timed against the faster form
     m.time_fused_backward = false;
     using Form = kc::BackwardForm;
-    const Form all[] = {Form::two_pass, Form::fused, Form::fused_wide};
     // The wide kernel where every rank has it, so that all time the same forms (each time is
     // a collective max).
     const bool wide_everywhere = m.comm->max(int64_t{m.wide_ok ? 0 : 1}) == 0;
-    const Form chosen = kc::fastest_backward_form(
-        m.stream, "the ring's sm_90a backward", true, std::span(all, wide_everywhere ? 3 : 2),
+    const std::vector<Form> forms = kc::auto_backward_forms(kc::GpuPath::ring, wide_everywhere);
+    const Form chosen = forms.size() < 2 ? Form::two_pass : kc::fastest_backward_form(
+        m.stream, "the ring's sm_90a backward", true, forms,
         [&](Form f) {
           const bool cudnn = m.use_cudnn_backward;
           m.fused_backward = f != Form::two_pass;
@@ -1052,7 +1086,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
     m.fused_backward = chosen != Form::two_pass;
     m.wide_backward = chosen == Form::fused_wide;
   }
-  if (m.decide_backward) {
+  if (m.decide_backward && !m.time_fused_backward) {  // after ours' form (the same on every rank)
     m.decide_backward = false;
     m.use_cudnn_backward = m.auto_takes_cudnn(true, [&](bool cudnn) {
       m.use_cudnn_backward = cudnn;
@@ -1061,6 +1095,7 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
     m.release_unchosen_cudnn();
   }
   m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
+  if (!dq_aligned) m.fused_backward = fused;  // this call's fallback only
 }
 
 void CudaRingPlan::Impl::run_backward(const void* q, const void* k, const void* v,

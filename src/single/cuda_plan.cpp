@@ -26,6 +26,7 @@
 #include "kernels/cuda/hopper_task_fwd.hpp"
 #include "kernels/cuda/host_convert.hpp"
 #include "kernels/cuda/median_time.hpp"
+#include "kernels/cuda/verified_forms.hpp"
 #include "ringattn/errors.hpp"
 #include "single/device_schedule.hpp"
 #include "single/schedule.hpp"
@@ -36,6 +37,7 @@
 namespace ringattn {
 
 namespace kc = kernels::cuda;
+using kc::aligned16;  // 16-byte copies, TMA and bulk adds need 16-byte aligned base pointers
 
 namespace {
 
@@ -44,9 +46,6 @@ constexpr bool kCudnnBuilt = true;
 #else
 constexpr bool kCudnnBuilt = false;
 #endif
-
-// 16-byte copies also need 16-byte aligned base pointers (a caller may pass offset views).
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -98,6 +97,7 @@ struct CudaPlan::Impl {
   bool noted_unaligned = false;
   bool noted_unaligned_backward = false;
   bool noted_unaligned_hopper_backward = false;
+  bool noted_unaligned_dq = false;
 #if RINGATTN_HAVE_CUDNN
   std::unique_ptr<kc::CudnnSdpa> cudnn;
   bool has_cudnn() const { return cudnn != nullptr; }
@@ -299,22 +299,28 @@ struct CudaPlan::Impl {
           opts.device);
     else if (use_hopper_tasks)
       why_backward = prepare_hopper_task_backward();
-    time_forward_forms =
-        hopper_forward() &&
-        kc::hopper_forward_forms_timed(opts.deterministic,
-                                       opts.kernel == KernelChoice::automatic) &&
-        !kc::hopper_forward_forms(static_cast<int>(cfg.shape.head_dim), use_hopper).empty();
+    const int head_dim = static_cast<int>(cfg.shape.head_dim);
+    // auto times only the forms a GPU has passed on this path (verified_forms.hpp).
+    if (hopper_forward() &&
+        kc::hopper_forward_forms_timed(opts.deterministic, opts.kernel == KernelChoice::automatic)) {
+      time_forward_forms = kc::auto_forward_forms(head_dim, path()).size() > 1;
+      kc::note_unverified_forward_forms(head_dim, path(), notes);
+    }
     use_hopper_backward = hopper_forward() && why_backward.empty();
     if (use_hopper_backward) {
       const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
-          opts.deterministic, static_cast<int>(cfg.shape.head_dim),
-          opts.kernel == KernelChoice::automatic);
+          opts.deterministic, head_dim, opts.kernel == KernelChoice::automatic);
       fused_backward = rule == kc::FusedBackwardRule::fused;
-      time_fused_backward = rule == kc::FusedBackwardRule::timed;
       wide_backward = fused_backward && wide_ok() &&
-                      kc::hopper_wide_backward_chosen(opts.deterministic,
-                                                      static_cast<int>(cfg.shape.head_dim));
+                      kc::hopper_wide_backward_chosen(opts.deterministic, head_dim);
+      if (rule == kc::FusedBackwardRule::timed) {
+        time_fused_backward = kc::auto_backward_forms(path(), wide_ok()).size() > 1;
+        kc::note_unverified_backward_forms(path(), wide_ok(), notes);
+      }
     }
+    if (hopper_forward())
+      kc::note_forced_unverified(path(), fused_backward, wide_backward,
+                                 kc::hopper_qregs_forced() && head_dim <= 128, notes);
     if (use_hopper && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
@@ -325,6 +331,16 @@ struct CudaPlan::Impl {
   }
 
   bool hopper_forward() const { return use_hopper || use_hopper_tasks; }
+  // The path the verified-forms table knows the sm_90a kernels by here.
+  kc::GpuPath path() const { return use_hopper ? kc::GpuPath::dense : kc::GpuPath::tasks; }
+  // cuDNN's forms here: a dilated configuration's views are the task path's.
+  kc::GpuPath cudnn_path() const {
+    return cfg.attention == AttentionKind::dilated ? kc::GpuPath::tasks : kc::GpuPath::dense;
+  }
+  kc::GpuForm cudnn_backward_form() const {
+    return cfg.attention == AttentionKind::dilated ? kc::GpuForm::cudnn_dilated_backward
+                                                   : kc::GpuForm::cudnn_backward;
+  }
   // Whether the sm_90a backward has the wide fused kernel here: D = 128, dense or tasks whose
   // key items pair up into 128 keys.
   bool wide_ok() const {
@@ -462,10 +478,11 @@ struct CudaPlan::Impl {
   }
 
   // --kernel auto on the first forward: each of the sm_90a forward's forms at this head dim
-  // (the dense kernel's, or the task kernels'), timed and the fastest kept (form_choice.hpp).
+  // (the dense kernel's, or the task kernels') that a GPU has passed, timed and the fastest
+  // kept (form_choice.hpp).
   void choose_forward_form(const void* q, const void* k, const void* v, float* out, float* lse) {
     const std::vector<kc::HopperForwardForm> forms =
-        kc::hopper_forward_forms(static_cast<int>(cfg.shape.head_dim), use_hopper);
+        kc::auto_forward_forms(static_cast<int>(cfg.shape.head_dim), path());
     forward_form = kc::fastest_forward_form(
         stream, "the sm_90a forward", false, forms,
         [&](kc::HopperForwardForm f) {
@@ -567,12 +584,23 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       // every element has one writer.
       m.cudnn = kc::CudnnSdpa::create(cfg, m.elem, opts.device, m.stream, !opts.deterministic);
       // Deterministic runs choose by rule: timing could pick either kernel on another run.
-      m.use_cudnn = opts.kernel == KernelChoice::cudnn ||
-                    (opts.kernel == KernelChoice::automatic && opts.deterministic);
-      m.decide_on_first_forward = opts.kernel == KernelChoice::automatic && !opts.deterministic;
-      m.use_cudnn_backward = m.cudnn->has_backward() && opts.kernel == KernelChoice::cudnn;
-      m.decide_on_first_backward =
-          m.cudnn->has_backward() && opts.kernel == KernelChoice::automatic;
+      // auto takes only what a GPU has passed (verified_forms.hpp); --kernel cudnn runs the
+      // rest with a note.
+      const bool forward_verified = kc::verified_on_gpu(kc::GpuForm::cudnn_forward, m.cudnn_path());
+      const bool backward_verified = kc::verified_on_gpu(m.cudnn_backward_form(), m.cudnn_path());
+      const bool cudnn_asked = opts.kernel == KernelChoice::cudnn;
+      m.use_cudnn = cudnn_asked || (automatic && opts.deterministic && forward_verified);
+      m.decide_on_first_forward = automatic && !opts.deterministic && forward_verified;
+      m.use_cudnn_backward = m.cudnn->has_backward() && cudnn_asked;
+      m.decide_on_first_backward = m.cudnn->has_backward() && automatic && backward_verified;
+      if (automatic && !forward_verified)
+        m.notes.push_back(kc::unverified_by_auto_note(kc::GpuForm::cudnn_forward, "--kernel cudnn"));
+      if (automatic && m.cudnn->has_backward() && !backward_verified)
+        m.notes.push_back(kc::unverified_by_auto_note(m.cudnn_backward_form(), "--kernel cudnn"));
+      if (cudnn_asked && !forward_verified)
+        m.notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_forward, "--kernel cudnn"));
+      if (m.use_cudnn_backward && !backward_verified)
+        m.notes.push_back(kc::forced_unverified_note(m.cudnn_backward_form(), "--kernel cudnn"));
       std::ostringstream os;
       os << std::fixed << std::setprecision(0) << m.cudnn->description() << ", graphs built in "
          << m.cudnn->build_ms() << " ms";
@@ -721,12 +749,25 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
     }
     return m.native_backward(q, k, v, out, lse, dout, dq, dk, dv);
   }
+  // The fused kernels' bulk adds need a 16-byte aligned dq: a caller's offset view runs the
+  // two passes (and leaves the timing for an aligned call).
+  if (m.use_hopper_backward && (m.fused_backward || m.time_fused_backward) && !aligned16(dq) &&
+      !m.use_cudnn_backward) {
+    if (!m.noted_unaligned_dq) m.notes.push_back(kc::kUnalignedDqNote);
+    m.noted_unaligned_dq = true;
+    const bool fused = m.fused_backward, time = m.time_fused_backward,
+               decide = m.decide_on_first_backward;
+    m.fused_backward = m.time_fused_backward = m.decide_on_first_backward = false;
+    m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv);
+    m.fused_backward = fused, m.time_fused_backward = time, m.decide_on_first_backward = decide;
+    return;
+  }
   if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
     m.time_fused_backward = false;
     using Form = kc::BackwardForm;
-    const Form all[] = {Form::two_pass, Form::fused, Form::fused_wide};
+    const std::vector<Form> forms = kc::auto_backward_forms(m.path(), m.wide_ok());
     const Form chosen = kc::fastest_backward_form(
-        m.stream, "the sm_90a backward", false, std::span(all, m.wide_ok() ? 3 : 2),
+        m.stream, "the sm_90a backward", false, forms,
         [&](Form f) {
           m.fused_backward = f != Form::two_pass;
           m.wide_backward = f == Form::fused_wide;

@@ -22,6 +22,7 @@
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/sparse_params.hpp"
+#include "kernels/cuda/verified_forms.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
 #include "sparse/rank_work.hpp"
@@ -32,10 +33,9 @@
 namespace ringattn::sparse {
 
 namespace kc = kernels::cuda;
+using kc::aligned16;  // 16-byte copies, TMA and bulk adds need 16-byte aligned base pointers
 
 namespace {
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // One set of work lists on the device: query tiles with key spans (forward, dQ) and key tiles
 // with query spans (dK/dV), with their work items.
@@ -125,7 +125,7 @@ struct CudaSparsePlan::Impl {
   // times the forms (on the slowest rank) and keeps the fastest (hopper_forward_forms_timed).
   kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
   bool time_forward_forms = false;
-  bool noted_unaligned = false, noted_unaligned_backward = false;
+  bool noted_unaligned = false, noted_unaligned_backward = false, noted_unaligned_dq = false;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
   ring::RingTimings fwd, bwd;
@@ -336,10 +336,14 @@ struct CudaSparsePlan::Impl {
           elem, forward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, false),
           hopper_shape(), opts.device);
     use_hopper = why.empty();
-    time_forward_forms = use_hopper &&
-                         kc::hopper_forward_forms_timed(
-                             opts.deterministic, opts.kernel == KernelChoice::automatic) &&
-                         !kc::hopper_forward_forms(static_cast<int>(D), false).empty();
+    constexpr kc::GpuPath path = kc::GpuPath::sparse;
+    // auto times only the forms a GPU has passed on block-sparse (verified_forms.hpp); the
+    // rules depend on nothing a rank alone knows, so every rank times the same forms.
+    if (use_hopper && kc::hopper_forward_forms_timed(opts.deterministic,
+                                                     opts.kernel == KernelChoice::automatic)) {
+      time_forward_forms = kc::auto_forward_forms(static_cast<int>(D), path).size() > 1;
+      kc::note_unverified_forward_forms(static_cast<int>(D), path, notes);
+    }
     if (use_hopper) {
       why_backward = kc::hopper_sparse_backward_unsupported(
           elem,
@@ -352,10 +356,16 @@ struct CudaSparsePlan::Impl {
       const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
           opts.deterministic, static_cast<int>(D), opts.kernel == KernelChoice::automatic);
       fused_backward = rule == kc::FusedBackwardRule::fused;
-      time_fused_backward = rule == kc::FusedBackwardRule::timed;
       wide_backward = fused_backward && wide_ok() &&
                       kc::hopper_wide_backward_chosen(opts.deterministic, static_cast<int>(D));
+      if (rule == kc::FusedBackwardRule::timed) {
+        time_fused_backward = kc::auto_backward_forms(path, true).size() > 1;
+        kc::note_unverified_backward_forms(path, wide_ok(), notes);
+      }
     }
+    if (use_hopper)
+      kc::note_forced_unverified(path, fused_backward, wide_backward,
+                                 kc::hopper_qregs_forced() && D <= 128, notes);
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
     if (automatic) {
       notes.push_back(
@@ -614,7 +624,7 @@ void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float*
   if (m.time_forward_forms) {  // the sm_90a forward's forms, on the slowest rank's times
     m.time_forward_forms = false;
     const std::vector<kc::HopperForwardForm> forms =
-        kc::hopper_forward_forms(static_cast<int>(m.D), false);
+        kc::auto_forward_forms(static_cast<int>(m.D), kc::GpuPath::sparse);
     m.forward_form = kc::fastest_forward_form(
         m.stream, "the block-sparse sm_90a forward", m.comm != nullptr, forms,
         [&](kc::HopperForwardForm f) {
@@ -645,17 +655,28 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
                               const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
+  // The fused kernels' bulk adds need a 16-byte aligned dq. Timing them needs every rank's
+  // (the times are collectives), so an offset view anywhere leaves it for a later call; a
+  // rank that runs a fused form alone falls back alone (the form is the rank's own compute).
+  const bool dq_aligned = aligned16(dq);
+  const bool time_now = m.time_fused_backward &&
+                        (m.comm ? m.comm->max(int64_t{dq_aligned ? 0 : 1}) == 0 : dq_aligned);
+  if ((m.fused_backward || (m.time_fused_backward && !time_now)) && !dq_aligned) {
+    if (!m.noted_unaligned_dq) m.notes.push_back(kc::kUnalignedDqNote);
+    m.noted_unaligned_dq = true;
+  }
+  const bool fused = m.fused_backward;
+  if (!dq_aligned) m.fused_backward = false;
+  if (time_now) {  // the sm_90a backward's two passes against its fused kernels
     m.time_fused_backward = false;
     using Form = kc::BackwardForm;
-    const Form all[] = {Form::two_pass, Form::fused, Form::fused_wide};
     // The wide kernel where every rank has it, so that all time the same forms (each time is
     // then a collective max).
     const bool wide_everywhere =
         m.comm ? m.comm->max(int64_t{m.wide_ok() ? 0 : 1}) == 0 : m.wide_ok();
-    const Form chosen = kc::fastest_backward_form(
-        m.stream, "the block-sparse sm_90a backward", m.comm != nullptr,
-        std::span(all, wide_everywhere ? 3 : 2),
+    const std::vector<Form> forms = kc::auto_backward_forms(kc::GpuPath::sparse, wide_everywhere);
+    const Form chosen = forms.size() < 2 ? Form::two_pass : kc::fastest_backward_form(
+        m.stream, "the block-sparse sm_90a backward", m.comm != nullptr, forms,
         [&](Form f) {
           m.fused_backward = f != Form::two_pass;
           m.wide_backward = f == Form::fused_wide;
@@ -666,6 +687,7 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
     m.wide_backward = chosen == Form::fused_wide;
   }
   m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
+  if (!dq_aligned) m.fused_backward = fused;  // this call's fallback only
 }
 
 void CudaSparsePlan::Impl::run_backward(const void* q, const void* k, const void* v,

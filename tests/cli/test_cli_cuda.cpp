@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -308,8 +307,9 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
             std::string::npos)
       << describe(r);
   // --kernel auto with the stand-in and stubbed timings (cuDNN faster forward, slower
-  // backward): --json reports each pass's choice, the notes their times; --deterministic
-  // keeps cuDNN out whatever the timings.
+  // backward), cuDNN's ring steps taken as verified on a GPU (RINGATTN_TEST_VERIFIED_FORMS;
+  // auto leaves them out until a GPU has passed them): --json reports each pass's choice,
+  // the notes their times; --deterministic keeps cuDNN out whatever the timings.
   for (const bool deterministic : {false, true}) {
     const testing::CudnnStandinScope standin;
     std::vector<std::string> args = {"run", "--device", "cuda", "--ring-size", "2", "--seq-len",
@@ -317,7 +317,8 @@ TEST(CliCudaRun, KernelHopperRunsTheSm90ForwardOrSaysWhyNot) {
                                      "--causal", "--kernel", "auto", "--check", "--backward",
                                      "--json"};
     if (deterministic) args.push_back("--deterministic");
-    r = testing::run_cli(args, {"RINGATTN_TEST_RING_AUTO_MS=2,1,1,2"});
+    r = testing::run_cli(args, {"RINGATTN_TEST_RING_AUTO_MS=2,1,1,2",
+                                "RINGATTN_TEST_VERIFIED_FORMS=cudnn_ring_steps"});
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     const nlohmann::json ja = last_line_json(r.out);
     EXPECT_EQ(ja.value("kernel", ""), deterministic ? "hopper" : "cudnn") << describe(r);

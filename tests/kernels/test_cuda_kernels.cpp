@@ -94,8 +94,11 @@ std::vector<float> nan_filled(std::size_t n) {
   return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
 }
 
+// `dq_offset`: the backward writes dq into a view that many floats into its buffer (a
+// caller's view at an offset).
 DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoice kernel,
-                           const Inputs& in, bool backward, bool deterministic = false) {
+                           const Inputs& in, bool backward, bool deterministic = false,
+                           std::size_t dq_offset = 0) {
   CudaPlan plan(cfg, {t, kernel, 0, deterministic});
   const Shape4& s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
@@ -117,17 +120,19 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
   out.download(r.out.data(), n);
   lse.download(r.lse.data(), nl);
   if (backward) {
-    DeviceBuffer dout(n * elem, "dout"), dq(n * 4, "dq"), dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
+    DeviceBuffer dout(n * elem, "dout"), dq((n + dq_offset) * 4, "dq"), dk(n_kv * 4, "dk"),
+        dv(n_kv * 4, "dv");
     dout.upload(in.dout.data(), n, t);
-    dq.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+    dq.upload(nan_filled(n + dq_offset).data(), n + dq_offset, DeviceDType::fp32);
     for (DeviceBuffer* g : {&dk, &dv}) g->upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
-                  dq.as<float>(), dk.as<float>(), dv.as<float>());
+                  dq.as<float>() + dq_offset, dk.as<float>(), dv.as<float>());
     plan.synchronize();
-    r.dq.resize(n);
+    std::vector<float> all_dq(n + dq_offset);
+    dq.download(all_dq.data(), n + dq_offset);
+    r.dq.assign(all_dq.begin() + static_cast<std::ptrdiff_t>(dq_offset), all_dq.end());
     r.dk.resize(n_kv);
     r.dv.resize(n_kv);
-    dq.download(r.dq.data(), n);
     dk.download(r.dk.data(), n_kv);
     dv.download(r.dv.data(), n_kv);
   }
@@ -141,8 +146,9 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
 // tensor; prints the errors so a passing run still shows how close it was.
 DeviceResult expect_matches_reference(const std::string& label, const AttentionConfig& cfg,
                                       DeviceDType t, KernelChoice kernel, Inputs in,
-                                      bool backward, bool deterministic = false) {
-  const DeviceResult got = run_on_device(cfg, t, kernel, in, backward, deterministic);
+                                      bool backward, bool deterministic = false,
+                                      std::size_t dq_offset = 0) {
+  const DeviceResult got = run_on_device(cfg, t, kernel, in, backward, deterministic, dq_offset);
   for (std::vector<float>* x : {&in.q, &in.k, &in.v, &in.dout})
     if (!x->empty()) round_to_device_dtype(x->data(), x->size(), t);
   const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
@@ -385,8 +391,9 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
   dilated.dilations = {1, 2};
   dilated.combine = Combine::mixture;
   int seed = 121;
-  for (const AttentionConfig& cfg : {dense, dilated}) {
-    for (bool deterministic : {false, true}) {
+  using kernels::cuda::GpuForm, kernels::cuda::GpuPath;
+  const auto run = [&](const AttentionConfig& cfg, bool deterministic, const std::string& tag) {
+    {
       // What runs where cuDNN does not: what --kernel hopper runs (sm_90a or native).
       const CudaPlan hopper(cfg, {DeviceDType::bf16, KernelChoice::hopper, 0, deterministic});
       const std::string ours = hopper.kernel_name(),
@@ -395,23 +402,40 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
         EXPECT_EQ(ours_backward, "hopper");
       }
       const std::string label = std::string(to_string(cfg.attention)) +
-                                (deterministic ? "_auto_deterministic" : "_auto");
+                                (deterministic ? "_auto_deterministic" : "_auto") + tag;
+      const GpuPath path = cfg.attention == AttentionKind::dense ? GpuPath::dense : GpuPath::tasks;
+      const auto verified = [&](GpuForm f) { return kernels::cuda::verified_on_gpu(f, path); };
       const DeviceResult r =
           expect_matches_reference(label, cfg, DeviceDType::bf16, KernelChoice::automatic,
                                    random_inputs(cfg.shape, seed += 4), true, deterministic);
-      // The sm_90a backward's two passes timed against its fused kernel on the first backward
+      // The sm_90a backward's two passes timed against its fused kernels on the first backward
       // (on a GPU; on the emulated one with RINGATTN_HOPPER_BWD=auto), never when
-      // deterministic; the gradients above are those of whichever was kept.
-      const char* rule = std::getenv("RINGATTN_HOPPER_BWD");
+      // deterministic, and only the forms a GPU has passed (a note for each left out); the
+      // gradients above are those of whichever was kept.
+      const std::string env = testing::hopper_bwd_env();
       const bool timed = ours_backward == "hopper" && !deterministic &&
-                         (!kEmulated || (rule && std::string(rule) == "auto"));
+                         testing::auto_times_fused_backward(env, path);
+      const std::string all = ::testing::PrintToString(r.notes);
       EXPECT_EQ(has_note(r.notes, "--kernel auto: the sm_90a backward in two passes"), timed)
-          << label;
+          << label << ": " << all;
+      const bool backward_would =
+          ours_backward == "hopper" && !deterministic && testing::auto_would_time_backward(env);
+      EXPECT_EQ(has_note(r.notes, "leaves out the sm_90a backward's fused kernel:"),
+                backward_would && !verified(GpuForm::hopper_backward_fused))
+          << label << ": " << all;
+      EXPECT_EQ(has_note(r.notes, "leaves out the sm_90a backward's wide fused kernel:"),
+                backward_would && cfg.shape.head_dim == 128 &&
+                    !verified(GpuForm::hopper_backward_fused_wide))
+          << label << ": " << all;
       if (timed) {
-        EXPECT_EQ(has_note(r.notes, " ms, fused wide "), cfg.shape.head_dim == 128) << label;
+        EXPECT_EQ(has_note(r.notes, " ms, fused wide "),
+                  cfg.shape.head_dim == 128 && verified(GpuForm::hopper_backward_fused_wide))
+            << label;
         EXPECT_EQ(r.kernel_backward == "hopper-fused-wide",
                   has_note(r.notes, "using the wide fused kernel"))
             << label;
+      } else if (ours_backward == "hopper" && (env != "fused" && env != "fused_wide")) {
+        EXPECT_FALSE(r.kernel_backward.starts_with("hopper-fused")) << label << ": " << all;
       }
       // The sm_90a forward's forms (plain, overlap, Q in registers; for dense also the
       // ping-pong kernel in 64- and 128-key steps) timed on the first forward and the fastest
@@ -427,8 +451,13 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
           (!kEmulated || (fwd_rule && std::string(fwd_rule) == "auto"));
       EXPECT_EQ(has_note(r.notes, "--kernel auto: the sm_90a forward plain "), forms_timed)
           << label << ": " << ::testing::PrintToString(r.notes);
+      EXPECT_EQ(has_note(r.notes, "leaves out the sm_90a forward with Q in registers:"),
+                forms_timed && !verified(GpuForm::hopper_forward_qregs))
+          << label << ": " << all;
       if (forms_timed) {
         EXPECT_EQ(has_note(r.notes, ", ping-pong 128 "), cfg.attention == AttentionKind::dense)
+            << label;
+        EXPECT_EQ(has_note(r.notes, ", Q in registers "), verified(GpuForm::hopper_forward_qregs))
             << label;
         EXPECT_TRUE(has_note(r.notes, " ms (median of 5); using ")) << label;
       }
@@ -439,7 +468,7 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
                                           std::string(ours == "hopper" ? "sm_90a" : "native") +
                                           " kernels (no cuDNN"))
             << label;
-        continue;
+        return;
       }
       // What --kernel cudnn runs here (cuDNN may refuse a graph: then ours, as under auto).
       const CudaPlan cudnn(cfg, {DeviceDType::bf16, KernelChoice::cudnn, 0, deterministic});
@@ -453,22 +482,43 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
       } else {
         EXPECT_TRUE(r.kernel == "cudnn" || r.kernel == ours) << label << ": " << r.kernel;
       }
-      if (cudnn_backward) {
+      // cuDNN's backward only where a GPU has passed it: not yet a dilated one's.
+      const GpuForm cudnn_backward_form = cfg.attention == AttentionKind::dilated
+                                              ? GpuForm::cudnn_dilated_backward
+                                              : GpuForm::cudnn_backward;
+      if (cudnn_backward && !deterministic) {
+        EXPECT_EQ(has_note(r.notes, "--kernel auto leaves out " +
+                                        kernels::cuda::form_description(cudnn_backward_form)),
+                  !verified(cudnn_backward_form))
+            << label << ": " << all;
+      }
+      if (cudnn_backward && verified(cudnn_backward_form)) {
         EXPECT_TRUE(r.kernel_backward == "cudnn" ||
                     testing::kernel_family(r.kernel_backward) == ours_backward)
             << label << ": " << r.kernel_backward;
-        continue;
+        return;
       }
       EXPECT_EQ(testing::kernel_family(r.kernel_backward), ours_backward) << label;
-      if (cudnn_forward) {  // cuDNN's note says where its backward went
+      if (cudnn_forward && !cudnn_backward) {  // cuDNN's note says where its backward went
         EXPECT_TRUE(has_note(r.notes, ours_backward == "hopper"
                                           ? "the backward runs on the sm_90a kernels"
                                           : "the backward runs natively"))
             << label;
       }
     }
+  };
+  for (const AttentionConfig& cfg : {dense, dilated})
+    for (bool deterministic : {false, true}) run(cfg, deterministic, "");
+#if RINGATTN_CUDA_EMULATION
+  // The ctest entry says the forms are verified (RINGATTN_TEST_VERIFIED_FORMS), so that the
+  // timing above runs; without that, none of the fused forms is, as on a GPU today.
+  if (std::getenv("RINGATTN_TEST_VERIFIED_FORMS")) {
+    const testing::EnvScope unverified("RINGATTN_TEST_VERIFIED_FORMS", nullptr);
+    run(dilated, false, " (fused forms unverified)");
   }
+#endif
 }
+
 
 // ---- grouped-query attention, sliding windows, packed sequences ---------------------------
 
@@ -808,6 +858,39 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
         }
         std::printf("\n");
       }
+}
+
+// The fused kernels add dQ with bulk reduce-adds (cp.reduce.async.bulk), whose global address
+// must be 16-byte aligned: a caller's dq view at a 4-byte offset runs the two passes, with a
+// note, and is exact, on the dense kernel and on the dilated plan's task kernels (D = 64 and
+// 128). Under RINGATTN_HOPPER_BWD=fused and fused_wide (ctest hopper_backward_fused, _wide)
+// the fused forms are the ones displaced; without a switch the two passes run anyway, and no
+// note is due. The emulator faults on a misaligned bulk destination, as the GPU does.
+TEST(CudaHopper, BackwardIntoAnOffsetDqRunsTheTwoPasses) {
+  REQUIRE_GPU();
+  for (const int d : {64, 128}) {
+    AttentionConfig dense = hopper_config(d, 1);
+    dense.shape.batch = 1;
+    AttentionConfig dilated;
+    dilated.shape = {1, 256, 2, d};
+    dilated.attention = AttentionKind::dilated;
+    dilated.segments = {128, 256};
+    dilated.dilations = {1, 2};
+    for (const AttentionConfig& cfg : {dense, dilated}) {
+      const std::string label = std::string(to_string(cfg.attention)) + " D=" +
+                                std::to_string(d) + ", dq at a 4-byte offset";
+      const DeviceResult r =
+          expect_matches_reference(label, cfg, DeviceDType::bf16, KernelChoice::hopper,
+                                   random_inputs(cfg.shape, 140 + d), true, false, 1);
+      if (testing::kernel_family(r.kernel_backward) != "hopper") continue;  // not an sm_90
+      // The plan's choice (its name); this call ran the two passes in its place.
+      const bool fused = r.kernel_backward.starts_with("hopper-fused");
+      EXPECT_EQ(has_note(r.notes, "need a 16-byte aligned dq; this one is not, so the two "
+                                  "passes ran"),
+                fused)
+          << label << ": " << ::testing::PrintToString(r.notes);
+    }
+  }
 }
 
 // The wide fused backward's 128-key items (hopper_wide_key_items): an item at a multiple of

@@ -5,6 +5,8 @@
 //   on their first backward (fastest_backward_form);
 // - the forward's, where hopper_forward_forms_timed says so: each HopperForwardForm the path
 //   has (hopper_forward_forms) on the first forward (fastest_forward_form).
+// Only forms a committed GPU log shows passing on the path are candidates (verified_forms.hpp:
+// auto_backward_forms, auto_forward_forms); the others are left out with a note.
 // Each candidate is timed as median_time.hpp times any, the fastest kept, and the times and
 // the choice become a note. Several ranks decide on the slowest rank's times, so every rank
 // runs the same kernel (not needed for correctness: the forms give the same results within
@@ -13,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <iomanip>
 #include <limits>
 #include <span>
@@ -22,6 +25,7 @@
 
 #include "kernels/cuda/hopper_fwd.hpp"  // HopperForwardForm
 #include "kernels/cuda/median_time.hpp"
+#include "kernels/cuda/verified_forms.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -35,6 +39,92 @@ inline const char* to_string(BackwardForm f) {
   return f == BackwardForm::two_pass ? "two passes" : f == BackwardForm::fused ? "fused"
                                                                                 : "fused wide";
 }
+
+inline GpuForm gpu_form(BackwardForm f) {
+  return f == BackwardForm::two_pass ? GpuForm::hopper_backward_two_pass
+         : f == BackwardForm::fused  ? GpuForm::hopper_backward_fused
+                                     : GpuForm::hopper_backward_fused_wide;
+}
+
+inline GpuForm gpu_form(HopperForwardForm f) {
+  switch (f) {
+    case HopperForwardForm::overlap: return GpuForm::hopper_forward_overlap;
+    case HopperForwardForm::qregs: return GpuForm::hopper_forward_qregs;
+    case HopperForwardForm::pingpong64: return GpuForm::hopper_forward_pingpong64;
+    case HopperForwardForm::pingpong128: return GpuForm::hopper_forward_pingpong128;
+    case HopperForwardForm::plain:
+    case HopperForwardForm::rule: break;
+  }
+  return GpuForm::hopper_forward_plain;
+}
+
+// The backward forms `--kernel auto` times on `path`: the two passes, then the fused kernel
+// and (where `wide`: D = 128 and the path's key items pair up) the wide one, each only where
+// a GPU has passed it there. A single form means nothing to time.
+inline std::vector<BackwardForm> auto_backward_forms(GpuPath path, bool wide) {
+  std::vector<BackwardForm> forms{BackwardForm::two_pass};
+  if (verified_on_gpu(GpuForm::hopper_backward_fused, path)) forms.push_back(BackwardForm::fused);
+  if (wide && verified_on_gpu(GpuForm::hopper_backward_fused_wide, path))
+    forms.push_back(BackwardForm::fused_wide);
+  return forms;
+}
+
+// The forward forms `--kernel auto` times on `path` at `head_dim`: hopper_forward_forms'
+// (the dense kernel's where `path` is dense) that a GPU has passed there.
+inline std::vector<HopperForwardForm> auto_forward_forms(int head_dim, GpuPath path) {
+  std::vector<HopperForwardForm> forms;
+  for (const HopperForwardForm f : hopper_forward_forms(head_dim, path == GpuPath::dense))
+    if (verified_on_gpu(gpu_form(f), path)) forms.push_back(f);
+  return forms;
+}
+
+// One note per form that auto would have timed on `path` but no GPU has passed there yet:
+// the backward's fused forms (the wide one where `wide`), or the forward's forms at
+// `head_dim`.
+inline void note_unverified_backward_forms(GpuPath path, bool wide,
+                                           std::vector<std::string>& notes) {
+  if (!verified_on_gpu(GpuForm::hopper_backward_fused, path))
+    notes.push_back(unverified_by_auto_note(GpuForm::hopper_backward_fused,
+                                            "RINGATTN_HOPPER_BWD=fused"));
+  if (wide && !verified_on_gpu(GpuForm::hopper_backward_fused_wide, path))
+    notes.push_back(unverified_by_auto_note(GpuForm::hopper_backward_fused_wide,
+                                            "RINGATTN_HOPPER_BWD=fused_wide"));
+}
+inline void note_unverified_forward_forms(int head_dim, GpuPath path,
+                                          std::vector<std::string>& notes) {
+  for (const HopperForwardForm f : hopper_forward_forms(head_dim, path == GpuPath::dense)) {
+    if (verified_on_gpu(gpu_form(f), path)) continue;
+    notes.push_back(unverified_by_auto_note(
+        gpu_form(f), f == HopperForwardForm::qregs         ? "RINGATTN_HOPPER_QREGS=1"
+                     : f == HopperForwardForm::overlap     ? "RINGATTN_HOPPER_OVERLAP=1"
+                     : f == HopperForwardForm::pingpong64  ? "RINGATTN_HOPPER_PINGPONG=1"
+                     : f == HopperForwardForm::pingpong128 ? "RINGATTN_HOPPER_PINGPONG=2"
+                                                           : "--kernel hopper"));
+  }
+}
+
+// What an explicit switch runs that no GPU has passed on `path`, as a note: the backward's
+// fused kernel (`fused`; its wide form with `wide`), the forward with Q in registers
+// (`qregs`). Nothing where the forms are verified there.
+inline void note_forced_unverified(GpuPath path, bool fused, bool wide, bool qregs,
+                                   std::vector<std::string>& notes) {
+  const auto note = [&](GpuForm f, const char* how) {
+    if (!verified_on_gpu(f, path)) notes.push_back(forced_unverified_note(f, how));
+  };
+  if (fused && wide) note(GpuForm::hopper_backward_fused_wide, "RINGATTN_HOPPER_BWD=fused_wide");
+  if (fused && !wide) note(GpuForm::hopper_backward_fused, "RINGATTN_HOPPER_BWD=fused");
+  if (qregs) note(GpuForm::hopper_forward_qregs, "RINGATTN_HOPPER_QREGS=1");
+}
+
+// Whether `p` is 16-byte aligned: what TMA reads and the fused backward's bulk reduce-adds
+// into dq (cp.reduce.async.bulk) need of a base pointer. A caller's view at another offset
+// runs the forms that do not need it, with a note.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The note for a backward whose dq is not 16-byte aligned, where a fused form would have run.
+inline constexpr const char* kUnalignedDqNote =
+    "the sm_90a backward's fused kernels add dQ with bulk reductions, which need a 16-byte "
+    "aligned dq; this one is not, so the two passes ran";
 
 // "--kernel auto: <what> in two passes 1.234 ms, fused 0.987 ms, fused wide 0.876 ms (median
 // of 5<where>); using the wide fused kernel".

@@ -75,6 +75,7 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
       hopper::tensor_map(p.dout, p.elem, p.batch, p.seq_len, p.heads, p.head_dim)};
   auto a =
       hopper::backward_args(maps, p, 1.0f, 1.0f, hopper::dense_work(p, nullptr, nullptr, true));
+  if (p.fused && p.head_dim <= 128) require_bulk_aligned_dq(p.dq, "the Hopper backward");
   if (p.fused && p.wide && p.head_dim == 128) {
     a.work.block_rows = 2 * hopper::kRows;
     hopper::launch_fused_wide_backward(p.head_dim, p.elem, a,

@@ -17,11 +17,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/hopper_fwd.hpp"
+#include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
 
@@ -68,6 +70,16 @@ FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, b
 // 128 whose partner 64 keys before is not in `items`); the caller then keeps the 64-key forms.
 std::string hopper_wide_key_items(std::span<const ForwardItem> items,
                                   std::vector<ForwardItem>& wide);
+
+// The fused kernels' drain adds dQ with cp.reduce.async.bulk, whose global address must be
+// 16-byte aligned (row pitches are whole multiples of 16 bytes at D = 64 and 128, so the base
+// decides). Plans check dq first and run the two passes instead, with a note
+// (form_choice.hpp's kUnalignedDqNote); the launchers throw here rather than fault.
+inline void require_bulk_aligned_dq(const float* dq, const char* what) {
+  if (reinterpret_cast<std::uintptr_t>(dq) % 16 != 0)
+    throw RuntimeFailure(std::string(what) +
+                         ": the fused kernel's bulk reduce-adds need a 16-byte aligned dq");
+}
 
 // "" when hopper_backward can run `p` on `device`, else why not (the head dim, the dtype,
 // the device's compute capability, a build without sm_90a code).

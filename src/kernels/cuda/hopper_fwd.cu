@@ -64,6 +64,8 @@ std::vector<HopperForwardForm> hopper_forward_forms(int head_dim, bool dense) {
   return forms;
 }
 
+bool hopper_qregs_forced() { return hopper::qregs_chosen(); }
+
 bool hopper_forward_forms_timed(bool deterministic, bool automatic) {
   // Every switch is read (and a bad value refused) before any rule applies.
   const bool user_chose = !hopper::hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}).empty() ||

@@ -68,6 +68,10 @@ std::vector<HopperForwardForm> hopper_forward_forms(int head_dim, bool dense);
 // on the emulated GPU only with RINGATTN_HOPPER_FWD=auto (its timings say nothing of a GPU's).
 bool hopper_forward_forms_timed(bool deterministic, bool automatic);
 
+// Whether RINGATTN_HOPPER_QREGS=1 makes every sm_90a forward (and backward pass) keep its
+// resident tiles in registers: a form no GPU has passed yet, which plans then note.
+bool hopper_qregs_forced();
+
 struct HopperForwardParams : HopperAttention {
   HopperForwardForm form = HopperForwardForm::rule;
   const void* q = nullptr;  // [B, N, H, D]

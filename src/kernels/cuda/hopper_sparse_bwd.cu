@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/cuda/hopper_bwd.hpp"  // require_bulk_aligned_dq
 #include "kernels/cuda/hopper_bwd_kernel.cuh"
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_work.cuh"
@@ -39,6 +40,7 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
   fused = fused && p.head_dim <= 128 && p.n_k_items > 0;
   wide = wide && fused && p.head_dim == 128;
+  if (fused) require_bulk_aligned_dq(p.dq, "the Hopper block-sparse backward");
   if (p.n_q_items > 0 && !fused) {
     const auto a = hopper::backward_args(
         maps, p, 1.0f, 1.0f,

@@ -62,6 +62,7 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
   };
   fused = fused && s.head_dim <= 128 && !k_groups.empty();
   wide = wide && fused && s.head_dim == 128;
+  if (fused) require_bulk_aligned_dq(p.dq, "the Hopper task backward");
   for (const HopperTaskGroup& g : q_groups) {
     if (fused) break;  // the k groups' launches add dQ
     if (g.n_items == 0) continue;

@@ -18,6 +18,7 @@ namespace ringattn::kernels::cuda {
 const char* to_string(HopperForwardForm) { return "by rule"; }
 std::vector<HopperForwardForm> hopper_forward_forms(int, bool) { return {}; }
 bool hopper_forward_forms_timed(bool, bool) { return false; }
+bool hopper_qregs_forced() { return false; }
 
 std::string hopper_forward_unsupported(const HopperForwardParams&, int) {
   return "this build's CUDA toolkit is older than 12.5, so it has no sm_90a kernels";
