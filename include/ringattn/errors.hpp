@@ -55,4 +55,12 @@ class RuntimeFailure : public std::runtime_error {
   int rank_ = -1;
 };
 
+// A GPU kernel that did not finish within the watchdog's timeout (JobSpec::timeout_s): the
+// device is left running it, so nothing more can be done on it in this process. The message
+// names the kernel; end the process (the CLI exits at once, with exit code 3).
+class DeviceHang : public RuntimeFailure {
+ public:
+  using RuntimeFailure::RuntimeFailure;
+};
+
 }  // namespace ringattn

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -593,6 +594,9 @@ int run_command(const RunOptions& opts, Comm& comm, std::ostream& out) {
                   "error: " + printable(cli_message(e)) + "\n")
               << std::flush;
     if (comm.size() > 1) comm.abort(static_cast<int>(ExitCode::runtime_failure));
+    // A kernel that never finished: the GPU still runs it, and unwinding (the engine's
+    // destructors, the CUDA runtime's at exit) must not wait for it.
+    if (dynamic_cast<const DeviceHang*>(&e)) std::_Exit(static_cast<int>(ExitCode::runtime_failure));
     return static_cast<int>(ExitCode::runtime_failure);
   }
 }

@@ -1021,6 +1021,13 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return s->completed >= s->submitted ? cudaSuccess : cudaErrorNotReady;
 }
 
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (!status) return set_last(cudaErrorInvalidValue);
+  if (!resolve(stream)) return set_last(cudaErrorInvalidResourceHandle);
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
   if (!event || flags > (cudaEventBlockingSync | cudaEventDisableTiming))
     return set_last(cudaErrorInvalidValue);

@@ -82,7 +82,10 @@ void make_device_comm(job::EngineState& m, const JobSpec& spec) {
 // is resolved by its plan: the sm_90a kernels where they run, else native; cudnn on the ring
 // runs each step's views on cuDNN where they map (else a note and the auto choice).
 CudaPlanOptions device_options(const job::EngineState& m, const JobSpec& spec) {
-  return {spec.dtype.value_or(DeviceDType::bf16), spec.kernel, m.device_index, spec.deterministic};
+  CudaPlanOptions o{spec.dtype.value_or(DeviceDType::bf16), spec.kernel, m.device_index,
+                    spec.deterministic};
+  o.timeout_s = spec.timeout_s;
+  return o;
 }
 
 // Ulysses x ring: the backend of this rank's slice on the ring of its head slice (the ranks

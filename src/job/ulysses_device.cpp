@@ -9,6 +9,7 @@
 #include "job/ulysses.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/device_wait.hpp"
 #include "single/cuda_plan.hpp"
 
 namespace ringattn::job {
@@ -25,7 +26,7 @@ class DeviceMoves final : public Moves {
   }
   ~DeviceMoves() override {
     const kc::ScopedDevice on(device_, std::nothrow);
-    (void)cudaStreamSynchronize(stream_);
+    if (!kc::device_stuck()) (void)cudaStreamSynchronize(stream_);  // not after a hang
     (void)cudaEventDestroy(packed_);
   }
 

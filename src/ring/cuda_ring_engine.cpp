@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/device_wait.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/form_choice.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_rule
@@ -177,7 +178,9 @@ struct CudaRingPlan::Impl {
       buf.returned[i].reset();
     }
     if (stream) {
-      (void)cudaStreamSynchronize(stream);
+      // Not after the watchdog fired: the device still runs the hung kernel.
+      if (!kc::device_stuck()) (void)cudaStreamSynchronize(stream);
+      kc::forget_stream(stream);
       (void)cudaStreamDestroy(stream);
     }
     kc::release_unused_device_memory(opts.device);
@@ -727,6 +730,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     m.elem = kc::Elem::fp32;
   }
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
+  kc::register_stream(m.stream, opts.timeout_s);
   m.layout = make_layout(cfg, comm.size(), opts.heads);
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles, opts.heads);
@@ -956,7 +960,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     }
   m.ex =
       std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s, m.skip_ordering);
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  kc::wait_for_stream(m.stream, "the ring plan's uploads");
 }
 
 std::string CudaRingPlan::kernel_name() const {
@@ -999,7 +1003,7 @@ void* CudaRingPlan::stream() const noexcept { return impl_->stream; }
 
 void CudaRingPlan::synchronize() {
   const kc::ScopedDevice on(impl_->opts.device);
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  kc::wait_for_stream(impl_->stream, "the ring's work");
 }
 
 void CudaRingPlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_wait.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ringattn/errors.hpp"
 
@@ -85,7 +86,8 @@ class DeviceInprocCommunicator final : public Communicator {
   ~DeviceInprocCommunicator() override {
     const kernels::cuda::ScopedDevice on(device_, std::nothrow);
     if (stream_) {
-      (void)cudaStreamSynchronize(stream_);
+      // Not after the watchdog fired: its copies may wait on the hung kernel.
+      if (!kernels::cuda::device_stuck()) (void)cudaStreamSynchronize(stream_);
       (void)cudaStreamDestroy(stream_);
     }
   }
@@ -239,7 +241,7 @@ DeviceInprocExchange::~DeviceInprocExchange() {
   // finish before the buffers they touch can go away.
   for (const auto& [dst, post] : sends)
     if (!post->matched) c_.withdraw(dst, tag_, post);
-  (void)cudaStreamSynchronize(c_.stream());
+  if (!kernels::cuda::device_stuck()) (void)cudaStreamSynchronize(c_.stream());
   if (done_) (void)cudaEventDestroy(done_);
 }
 

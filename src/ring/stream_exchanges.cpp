@@ -2,6 +2,7 @@
 #include "ring/stream_exchanges.hpp"
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_wait.hpp"
 
 namespace ringattn::ring {
 
@@ -19,7 +20,7 @@ StreamExchanges::StreamExchanges(Communicator& comm, cudaStream_t stream, int de
 StreamExchanges::~StreamExchanges() {
   const kc::ScopedDevice on(device_, std::nothrow);
   progress_.reset();
-  (void)cudaStreamSynchronize(stream_);
+  if (!kc::device_stuck()) (void)cudaStreamSynchronize(stream_);
   for (cudaEvent_t e : sync_events_) (void)cudaEventDestroy(e);
   for (auto [a, b] : waits_) (void)cudaEventDestroy(a), (void)cudaEventDestroy(b);
   if (begin_) (void)cudaEventDestroy(begin_);
@@ -79,7 +80,7 @@ void StreamExchanges::finish_call(RingTimings& tm) {
   if (!progress_) return;
   for (int ticket : open_tickets_) tm.comm_ms += progress_->wait(ticket);
   open_tickets_.clear();
-  RINGATTN_CUDA_CHECK(cudaEventSynchronize(end_));
+  kc::wait_for_event(end_, stream_, "the ring's pass");
   float ms = 0;
   RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, begin_, end_));
   double exposed = 0;

@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/device_wait.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/form_choice.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"
@@ -120,7 +121,9 @@ struct CudaPlan::Impl {
     cudnn.reset();
 #endif
     if (stream) {
-      (void)cudaStreamSynchronize(stream);
+      // Not after the watchdog fired: the device still runs the hung kernel.
+      if (!kc::device_stuck()) (void)cudaStreamSynchronize(stream);
+      kc::forget_stream(stream);
       (void)cudaStreamDestroy(stream);
     }
     kc::release_unused_device_memory(opts.device);
@@ -523,6 +526,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   // A blocking stream: work on the legacy default stream (DeviceBuffer's copies) orders
   // against it.
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
+  kc::register_stream(m.stream, opts.timeout_s);
 
   const kernels::TileConfig tiles{kc::kQueryTile, kc::kKeyTile};
   m.sched = single::flatten_schedule(single::build_local_schedule(cfg, tiles, opts.heads),
@@ -638,7 +642,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
                            : "; the native backward (" + hopper_why_backward + ")"));
 #endif
   }
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  kc::wait_for_stream(m.stream, "the plan's uploads");
 }
 
 CudaPlan::~CudaPlan() = default;
@@ -678,12 +682,13 @@ void* CudaPlan::stream() const noexcept { return impl_->stream; }
 
 void CudaPlan::synchronize() {
   const kc::ScopedDevice on(impl_->opts.device);
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  kc::wait_for_stream(impl_->stream, "the plan's work");
 }
 
 void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
+  kc::plant_hang_if_asked(m.stream);  // the watchdog's tests only (RINGATTN_TEST_PLANT_HANG)
   // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
   const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
   const bool cudnn_next = m.has_cudnn() && (m.use_cudnn || m.decide_on_first_forward);

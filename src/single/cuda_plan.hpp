@@ -34,6 +34,9 @@ struct CudaPlanOptions {
   // atomics (cuDNN's backward dQ) is chosen.
   bool deterministic = false;
   HeadSlice heads = {};  // the job's heads the config computes (Ulysses); default: all
+  // The device watchdog (JobSpec::timeout_s): the longest any wait on the plan's work may
+  // take before the job ends naming the kernel that has not finished (DeviceHang).
+  double timeout_s = 300;
 };
 
 class CudaPlan {

@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/device_wait.hpp"
 #include "kernels/cuda/form_choice.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_rule
 #include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
@@ -73,7 +74,7 @@ struct DeviceLists {
       wide_k_items =
           kc::upload_vector(wide, "the block-sparse 128-key work items", device, stream);
     }
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before qi, ki, wide go
+    kc::wait_for_stream(stream, "the block-sparse lists' upload");  // before qi, ki, wide go
     auto ok = [](int64_t x) { return x % 8 == 0; };
     for (const auto& t : qt) rows_aligned = rows_aligned && ok(t.q_row0);
     for (const auto& s : ks) rows_aligned = rows_aligned && ok(s.k_row0) && ok(s.k_stride);
@@ -139,7 +140,9 @@ struct CudaSparsePlan::Impl {
          {&delta, &send_buf, &recv_buf, &grad_buf, &ret_buf, &send_runs, &ret_runs})
       a->reset();
     if (stream) {
-      (void)cudaStreamSynchronize(stream);
+      // Not after the watchdog fired: the device still runs the hung kernel.
+      if (!kc::device_stuck()) (void)cudaStreamSynchronize(stream);
+      kc::forget_stream(stream);
       (void)cudaStreamDestroy(stream);
     }
     kc::release_unused_device_memory(opts.device);
@@ -204,7 +207,7 @@ struct CudaSparsePlan::Impl {
     }
     send_runs = kc::upload_vector(runs, "the block-sparse send lists", dev, stream);
     ret_runs = kc::upload_vector(ret, "the block-sparse return lists", dev, stream);
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));  // before runs, ret go
+    kc::wait_for_stream(stream, "the block-sparse lists' upload");  // before runs, ret go
     const auto kv = [&](int64_t rows, std::size_t bytes) {
       return static_cast<std::size_t>(2 * rows * D) * bytes;
     };
@@ -562,6 +565,7 @@ void CudaSparsePlan::finish_construction(double timeout_s) {
     }
   }
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
+  kc::register_stream(m.stream, m.opts.timeout_s);
   // Device blocks own kQueryTile query rows (kKeyTile key rows); CPU tiles are one block of
   // any size, so items cut them into such pieces. A block smaller than 64 rows leaves part
   // of its device block idle: merging several query blocks into one device tile would need a
@@ -574,7 +578,7 @@ void CudaSparsePlan::finish_construction(double timeout_s) {
   if (m.opts.kernel == KernelChoice::automatic || m.opts.kernel == KernelChoice::hopper)
     m.choose_hopper(m.opts.kernel == KernelChoice::automatic);
   // The host lists go out of scope: the copies must have landed.
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  kc::wait_for_stream(m.stream, "the block-sparse plan's uploads");
 }
 
 CudaSparsePlan::~CudaSparsePlan() = default;
@@ -615,7 +619,7 @@ void* CudaSparsePlan::stream() const noexcept { return impl_->stream; }
 
 void CudaSparsePlan::synchronize() {
   const kc::ScopedDevice on(impl_->opts.device);
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  kc::wait_for_stream(impl_->stream, "the block-sparse work");
 }
 
 void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {

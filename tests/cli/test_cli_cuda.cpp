@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -217,6 +218,29 @@ TEST(CliCudaRun, AMistypedHopperSwitchIsBadInputNamingIt) {
     EXPECT_NE(r.err.find(std::string("'") + c.value + "'"), std::string::npos) << describe(r);
     EXPECT_NE(r.err.find(c.takes), std::string::npos) << describe(r);
   }
+}
+
+// A kernel that never finishes (RINGATTN_TEST_PLANT_HANG=1 plants the watchdog's probe at
+// the first forward) ends the run after --timeout: exit 3, a message naming the kernel, no
+// output file, and the process gone although the device (or the emulated GPU's stream
+// thread) still runs the kernel.
+TEST(CliCudaRun, AKernelThatNeverFinishesEndsTheRunNamingIt) {
+  const CudaDeviceStatus gpu = probe_cuda_device();
+  if (!gpu.usable) GTEST_SKIP() << "SKIPPED: " << gpu.reason;
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const CliResult r = testing::run_cli({"run", "--device", "cuda", "--seq-len", "128", "--heads",
+                                        "2", "--head-dim", "64", "--kernel", "native",
+                                        "--timeout", "2", "--out", dir.file("out.npy")},
+                                       {"RINGATTN_TEST_PLANT_HANG=1"});
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_NE(r.err.find("did not finish ringattn_watchdog_probe_kernel within 2 s"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.npy")));
+  EXPECT_LT(took, 60.0) << describe(r);
 }
 
 // --kernel hopper: the sm_90a forward and backward where the device is an sm_90 (the emulated

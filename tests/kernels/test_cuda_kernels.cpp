@@ -9,6 +9,7 @@
 // and the cuDNN tests check that --kernel cudnn is refused naming --kernel.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,7 @@
 
 #include "kernels/cuda/cudnn_sdpa.hpp"
 #include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/device_wait.hpp"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/hopper_bwd.hpp"
 #include "kernels/cuda/hopper_fwd.hpp"
@@ -1813,6 +1815,56 @@ TEST(CudaKernels, CudnnLeavesUnalignedInputsToNative) {
   plan.synchronize();
   EXPECT_TRUE(has_note(plan.notes(), "16-byte aligned") || plan.kernel_name() == "native");
   expect_bf16_forward_matches(cfg, in, out);
+}
+
+// The device watchdog: a kernel that never finishes (the watchdog's probe, spinning on a flag
+// in device memory) planted on a plan's stream ends the plan's wait after its timeout with a
+// DeviceHang naming the kernel, instead of a hang; the device counts as stuck until the
+// kernel is released (a copy on a non-blocking stream sets the flag); then the plan's wait
+// returns, and plans compute as before. On the emulated GPU, whose streams run on threads of
+// their own, the probe spins as it would on a GPU.
+TEST(CudaDeviceWait, AKernelThatNeverFinishesEndsTheWaitNamingIt) {
+  REQUIRE_GPU();
+  AttentionConfig cfg;
+  cfg.shape = {1, 64, 1, 64};
+  CudaPlanOptions opts{DeviceDType::bf16, KernelChoice::native, 0, false};
+  opts.timeout_s = 1.5;
+  CudaPlan plan(cfg, opts);
+  DeviceBuffer flag(sizeof(int), "the probe's flag");
+  ASSERT_EQ(cudaMemset(flag.data(), 0, sizeof(int)), cudaSuccess);
+  auto* stream = static_cast<cudaStream_t>(plan.stream());
+  kernels::cuda::launch_watchdog_probe(static_cast<const int*>(flag.data()), stream);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    plan.synchronize();
+    ADD_FAILURE() << "the wait returned while the probe spins";
+  } catch (const DeviceHang& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("did not finish ringattn_watchdog_probe_kernel within 1.5 s"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("this process must end"), std::string::npos) << what;
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 1.5);
+  EXPECT_LT(waited, 30.0);  // the deadline, not a hang (a loaded CI machine's margin)
+  EXPECT_TRUE(kernels::cuda::device_stuck());
+  // Released: a copy on a stream that does not wait for the plan's sets the flag.
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  static const int one = 1;
+  ASSERT_EQ(cudaMemcpyAsync(flag.data(), &one, sizeof(int), cudaMemcpyHostToDevice, side),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
+  plan.synchronize();
+  EXPECT_FALSE(kernels::cuda::device_stuck());
+  // And the plan computes as before.
+  const DeviceResult r = expect_matches_reference("after the probe", cfg, DeviceDType::bf16,
+                                                  KernelChoice::native, random_inputs(cfg.shape, 150),
+                                                  false);
+  EXPECT_EQ(r.kernel, "native");
 }
 
 // A plan and its buffers on device 1, used from a thread whose current device is 0: every

@@ -47,6 +47,12 @@ enum cudaMemcpyKind {
 
 inline constexpr unsigned cudaStreamDefault = 0x00;
 inline constexpr unsigned cudaStreamNonBlocking = 0x01;
+// The emulator has no stream capture (CUDA graphs): every stream reports None.
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
 inline constexpr unsigned cudaEventDefault = 0x00;
 inline constexpr unsigned cudaEventBlockingSync = 0x01;
 inline constexpr unsigned cudaEventDisableTiming = 0x02;
@@ -157,6 +163,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
 
 cudaError_t cudaEventCreate(cudaEvent_t* event);

@@ -1,6 +1,8 @@
 // The per-device stream-ordered pools and their accounting (see device_memory.hpp).
 #include "kernels/cuda/device_memory.hpp"
 
+#include "kernels/cuda/device_wait.hpp"
+
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -138,7 +140,9 @@ void release_unused_device_memory(int device) noexcept {
     pool = d.pool;
   }
   // Frees are stream-ordered: they reach the pool when their streams get there. The legacy
-  // default stream waits for the device's blocking streams (ours are), not for others'.
+  // default stream waits for the device's blocking streams (ours are), not for others'; not
+  // after the watchdog fired (device_wait.hpp), when one of them never finishes.
+  if (device_stuck()) return;
   (void)cudaStreamSynchronize(nullptr);
   (void)cudaMemPoolTrimTo(pool, 0);
 }

@@ -9,13 +9,16 @@
 //   ptx::...               the PTX instructions the kernels use (inline asm on the device,
 //                          warp-collective emulations with the PTX ISA's layouts otherwise)
 //   launch_kernel(...)     kernel<<<grid, block, shared, stream>>>(args...), with a name for
-//                          messages; check cudaGetLastError after it, as after <<<>>>
+//                          messages and the device watchdog's journal (device_wait.hpp);
+//                          check cudaGetLastError after it, as after <<<>>>
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/device_wait.hpp"  // journal_launch
 
 #if RINGATTN_CUDA_EMULATION
 #include <memory>
@@ -158,6 +161,7 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
   (void)emu::runtime::launch(reinterpret_cast<const void*>(kernel), name, {grid.x, grid.y, grid.z},
                              {block.x, block.y, block.z}, shared_bytes, stream,
                              [kernel, copies] { std::apply(kernel, *copies); });
+  journal_launch(name, stream);
 }
 
 #else  // a real GPU
@@ -344,9 +348,10 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (
 #endif
 
 template <typename... Params, typename... Args>
-void launch_kernel(const char*, void (*kernel)(Params...), dim3 grid, dim3 block,
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
                    std::size_t shared_bytes, cudaStream_t stream, const Args&... args) {
   kernel<<<grid, block, shared_bytes, stream>>>(args...);
+  journal_launch(name, stream);
 }
 
 #endif

@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_wait.hpp"
 
 namespace ringattn::kernels::cuda {
 
-// Milliseconds; `run` enqueues the work on `stream`. Throws what `run` or CUDA throws.
+// Milliseconds; `run` enqueues the work on `stream`. Throws what `run` or CUDA throws, and
+// DeviceHang where a run does not finish within the stream's watchdog timeout.
 template <class Run>
 double median_ms(cudaStream_t stream, Run&& run) {
   cudaEvent_t a, b;
@@ -24,7 +26,7 @@ double median_ms(cudaStream_t stream, Run&& run) {
       RINGATTN_CUDA_CHECK(cudaEventRecord(a, stream));
       run();
       RINGATTN_CUDA_CHECK(cudaEventRecord(b, stream));
-      RINGATTN_CUDA_CHECK(cudaEventSynchronize(b));
+      wait_for_event(b, stream, "a timed kernel form");
       float t = 0;
       RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
       ms.push_back(t);
