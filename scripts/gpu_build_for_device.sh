@@ -3,8 +3,10 @@
 # CUDA kernels, then pack what the lent GPU machine needs into .gpu-carry/ringattn-gpu.tar.xz
 # at the repository root (git-ignored through .git/info/exclude): the CLI, the gpu-labelled
 # test binaries, gpu_bench, and the shared libraries they load that a bare CUDA image may lack. Then call
-# the device tool with carry [".gpu-carry"] and `bash bench/gpu/device_run.sh check` (and
-# `... bench`). Environment: BUILD (build dir, default /tmp/build-gpu-carry), ARCHS
+# the device tool with carry [".gpu-carry"], timeout_s 560 and the one command in
+# bench/gpu/device_run.sh's header (docs/GPU_PERFORMANCE.md has it too; for an H100 or H200,
+# `ARCHS=90 PY_KIT=0` here builds only what it runs). Environment: BUILD (build dir, default
+# /tmp/build-gpu-carry), ARCHS
 # (CMAKE_CUDA_ARCHITECTURES, default "80-real;90"; "90" alone builds faster for an H100),
 # JOBS (default 2), PY_KIT (default 1: also build the Python extension here and pack a kit
 # that device_run.sh's python stage links on the device against the image's own Python,
@@ -104,5 +106,5 @@ exclude=$(git -C "$ROOT" rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu-carry/' "$exclude" 2>/dev/null || echo '/.gpu-carry/' >>"$exclude"
 du -sh "$OUTDIR"
-echo "gpu_build_for_device: now run on the device (carry .gpu-carry):"
-echo "  bash bench/gpu/device_run.sh check     then     bash bench/gpu/device_run.sh bench"
+echo "gpu_build_for_device: now run on the device (carry .gpu-carry, timeout_s 560):"
+echo "  bash bench/gpu/device_run.sh verify tests sanitize ab flex ring dilated sinks"
