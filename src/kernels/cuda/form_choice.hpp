@@ -174,18 +174,6 @@ BackwardForm fastest_backward_form(cudaStream_t stream, const std::string& what,
   return forms[best];
 }
 
-// The two passes against the fused kernel (block-sparse's forms): whether the fused one is
-// the faster, `run(fused)` enqueueing a backward in that form.
-template <class Run, class Slowest>
-bool fused_backward_is_faster(cudaStream_t stream, const std::string& what, bool ring, Run&& run,
-                              Slowest&& slowest, std::vector<std::string>& notes) {
-  constexpr BackwardForm kForms[] = {BackwardForm::two_pass, BackwardForm::fused};
-  return fastest_backward_form(
-             stream, what, ring, kForms,
-             [&](BackwardForm f) { run(f == BackwardForm::fused); },
-             std::forward<Slowest>(slowest), notes) == BackwardForm::fused;
-}
-
 // The fastest of the forward's `forms`: `run(form)` enqueues one whole forward on `stream` in
 // that form, `slowest` as fastest_backward_form's. The note: "--kernel auto: <what> plain
 // 1.234 ms, overlap 1.100 ms, ... (median of 5<where>); using overlap". On one GPU a form that
