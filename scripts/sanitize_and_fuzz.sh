@@ -10,13 +10,13 @@
 #               progress ticker. OpenMP's own synchronisation is made visible to TSan by
 #               LLVM's Archer tool (libarcher, shipped with libomp), not suppressed.
 # Any sanitizer report, crash, leak or broken fuzz invariant fails the script.
-# Environment: RINGATTN_FUZZ_SECONDS (default 25) per fuzzer; RINGATTN_JOBS build and test
+# Environment: RINGATTN_FUZZ_SECONDS (default 15) per fuzzer; RINGATTN_JOBS build and test
 # jobs (default: the number of cores).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"
 jobs=${RINGATTN_JOBS:-$(nproc)}
-fuzz_seconds=${RINGATTN_FUZZ_SECONDS:-25}
+fuzz_seconds=${RINGATTN_FUZZ_SECONDS:-15}
 common=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++
   -DRINGATTN_WITH_CUDA=OFF -DRINGATTN_WITH_MPI=OFF -DRINGATTN_BUILD_BENCH=OFF)
 

@@ -204,6 +204,7 @@ TEST(EmulatedModes, HopperForwardIsBitwiseIndependentOfWarpOrderAndLanding) {
   for (const auto& [d, mode, fp16] :
        {HopperCase{64, 0, false}, HopperCase{64, 1, false}, HopperCase{64, 2, false},
         HopperCase{64, 3, false}, HopperCase{256, 1, false}, HopperCase{128, 1, true}}) {
+    if (d == 256 && kernels::cuda::hopper_qregs_forced()) continue;  // D <= 128's form only
     const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, false, fp16); },
                                                    emu::standard_modes());
     EXPECT_FALSE(differs.has_value())
@@ -242,6 +243,7 @@ TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
        {HopperCase{64, 0, false}, HopperCase{64, 1, false}, HopperCase{64, 2, false},
         HopperCase{64, 3, false}, HopperCase{128, 1, false}, HopperCase{256, 1, false},
         HopperCase{128, 2, true}}) {
+    if (d == 256 && kernels::cuda::hopper_qregs_forced()) continue;  // D <= 128's form only
     const auto differs = emu::find_mode_dependence([&] { return hopper_run(d, mode, true, fp16); },
                                                    emu::standard_modes());
     EXPECT_FALSE(differs.has_value())
