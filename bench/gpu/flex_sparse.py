@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-from ring_bench import run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
+from ring_bench import add_kernels_option, chosen_kernels, run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
 
 H, D, BS = 16, 128, 128
 KERNELS = ("hopper", "hopper-fused", "hopper-fusedwide", "native")
@@ -79,12 +79,9 @@ def main():
     ap.add_argument("--budget-s", type=float, default=180)
     # device_run.sh leaves out a form whose tests hung on this GPU (each run of it would
     # cost the CLI's 180 s timeout).
-    ap.add_argument("--kernels", default=",".join(KERNELS), help="comma list (default: all)")
+    add_kernels_option(ap, KERNELS)
     a = ap.parse_args()
-    kernels = a.kernels.split(",")
-    unknown = [k for k in kernels if k not in KERNELS]
-    if unknown:
-        ap.error(f"--kernels: unknown {', '.join(unknown)} (known: {', '.join(KERNELS)})")
+    kernels = chosen_kernels(ap, a, KERNELS)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
     n, nb = a.seq_len, a.seq_len // BS

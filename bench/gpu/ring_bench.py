@@ -63,6 +63,20 @@ def run_cli(exe, args, timeout, heads=None, head_dim=None):
     return json.loads(lines[-1]), ""
 
 
+def add_kernels_option(ap, known):
+    """--kernels: which kernels' rows run (device_run.sh leaves out a form whose tests hung)."""
+    ap.add_argument("--kernels", default=",".join(known), help="comma list (default: all)")
+
+
+def chosen_kernels(ap, a, known):
+    """The --kernels list, or the parser's error naming the unknown ones."""
+    kernels = a.kernels.split(",")
+    unknown = [k for k in kernels if k not in known]
+    if unknown:
+        ap.error(f"--kernels: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+    return kernels
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", required=True)
@@ -75,12 +89,9 @@ def main():
     # Which kernels' rows run (a config's kernel is the one in its name's brackets, native where
     # it has none): a short lease's call takes the rows it came for, and device_run.sh leaves
     # out a kernel whose tests hung on this GPU (each of its runs would cost 240 s).
-    ap.add_argument("--kernels", default=",".join(KERNELS), help="comma list (default: all)")
+    add_kernels_option(ap, KERNELS)
     a = ap.parse_args()
-    kernels = a.kernels.split(",")
-    unknown = [k for k in kernels if k not in KERNELS]
-    if unknown:
-        ap.error(f"--kernels: unknown {', '.join(unknown)} (known: {', '.join(KERNELS)})")
+    kernels = chosen_kernels(ap, a, KERNELS)
     globals().update(H=a.heads, D=a.head_dim)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()

@@ -19,7 +19,7 @@ import struct
 import tempfile
 import time
 
-from ring_bench import run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
+from ring_bench import add_kernels_option, chosen_kernels, run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
 
 H, D = 16, 128
 KERNELS = ("hopper", "cudnn", "native")
@@ -42,12 +42,9 @@ def main():
     ap.add_argument("--seq-len", type=int, default=16384)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=120)
-    ap.add_argument("--kernels", default=",".join(KERNELS), help="comma list (default: all)")
+    add_kernels_option(ap, KERNELS)
     a = ap.parse_args()
-    kernels = a.kernels.split(",")
-    unknown = [k for k in kernels if k not in KERNELS]
-    if unknown:
-        ap.error(f"--kernels: unknown {', '.join(unknown)} (known: {', '.join(KERNELS)})")
+    kernels = chosen_kernels(ap, a, KERNELS)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
     n = a.seq_len

@@ -84,6 +84,13 @@ const char* first_unfinished(int device, cudaStream_t stream) {
   throw DeviceHang(os.str());
 }
 
+// A query's answer: finished, not yet, or (thrown) the fault the work met.
+bool finished(cudaError_t e, const char* query) {
+  if (e == cudaSuccess) return true;
+  if (e != cudaErrorNotReady) throw_cuda_error(e, query, __FILE__, __LINE__);
+  return false;
+}
+
 // Polls `done()` (true: finished; throws on a fault) until `timeout_s` has passed: spins
 // briefly, then sleeps with a growing interval up to a millisecond.
 template <class Done>
@@ -166,28 +173,14 @@ void journal_launch(const char* name, cudaStream_t stream) noexcept {
 
 void wait_for_stream(cudaStream_t stream, const char* what, double timeout_s) {
   if (timeout_s < 0) timeout_s = stream_timeout(stream);
-  const int device = current_device();
-  poll(
-      [&] {
-        const cudaError_t e = cudaStreamQuery(stream);
-        if (e == cudaSuccess) return true;
-        if (e != cudaErrorNotReady) throw_cuda_error(e, "cudaStreamQuery", __FILE__, __LINE__);
-        return false;
-      },
-      device, stream, what, timeout_s);
+  poll([&] { return finished(cudaStreamQuery(stream), "cudaStreamQuery"); }, current_device(),
+       stream, what, timeout_s);
 }
 
 void wait_for_event(cudaEvent_t event, cudaStream_t stream, const char* what, double timeout_s) {
   if (timeout_s < 0) timeout_s = stream_timeout(stream);
-  const int device = current_device();
-  poll(
-      [&] {
-        const cudaError_t e = cudaEventQuery(event);
-        if (e == cudaSuccess) return true;
-        if (e != cudaErrorNotReady) throw_cuda_error(e, "cudaEventQuery", __FILE__, __LINE__);
-        return false;
-      },
-      device, stream, what, timeout_s);
+  poll([&] { return finished(cudaEventQuery(event), "cudaEventQuery"); }, current_device(),
+       stream, what, timeout_s);
 }
 
 void plant_hang_if_asked(cudaStream_t stream) {

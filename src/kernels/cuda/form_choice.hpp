@@ -40,12 +40,7 @@ inline const char* to_string(BackwardForm f) {
                                                                                 : "fused wide";
 }
 
-inline GpuForm gpu_form(BackwardForm f) {
-  return f == BackwardForm::two_pass ? GpuForm::hopper_backward_two_pass
-         : f == BackwardForm::fused  ? GpuForm::hopper_backward_fused
-                                     : GpuForm::hopper_backward_fused_wide;
-}
-
+// The verified-forms table's name for a forward form (`rule` runs the plain loop).
 inline GpuForm gpu_form(HopperForwardForm f) {
   switch (f) {
     case HopperForwardForm::overlap: return GpuForm::hopper_forward_overlap;
