@@ -59,7 +59,7 @@ struct JobSpec {
   // differences stay within the dtype's tolerance.
   bool deterministic = false;
   int threads = 0;         // CPU threads per rank (0: OpenMP's default)
-  double timeout_s = 300;  // watchdog: longest wait for one exchange or collective
+  double timeout_s = 300;  // watchdog: longest wait for one exchange, collective or GPU kernel
   // Ulysses x ring (docs/COMMUNICATION.md): the world's P ranks form P / U groups of U
   // consecutive ranks; an all-to-all inside each group trades sequence for heads and the
   // ring runs across the groups. 1: the ring alone; 0: the split the cost model picks for

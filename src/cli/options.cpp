@@ -194,8 +194,9 @@ po::options_description control_options() {
       "runs across the groups. 1: the ring alone; auto: the split the cost model picks "
       "(docs/COMMUNICATION.md)")(
       "timeout", po::value<double>()->default_value(300),
-      "seconds a ring step may wait for its exchange, or a rank for the others at a "
-      "collective (between calls, gathering results), before the job is aborted")(
+      "seconds a ring step may wait for its exchange, a rank for the others at a "
+      "collective (between calls, gathering results), or the job for a GPU kernel, before "
+      "the job is aborted")(
       "config", po::value<std::string>(), "read options from FILE (name = value lines)")(
       "help,h", "show this help");
   return control;

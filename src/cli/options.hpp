@@ -39,7 +39,7 @@ struct RunOptions {
   int ring_size = 0;           // --ring-size: 0 = the launcher's world size (1 without one)
   int ulysses = 1;             // --ulysses: U (0: auto)
   bool deterministic = false;  // --deterministic
-  double timeout_s = 300;      // watchdog: longest wait for one ring exchange (--timeout)
+  double timeout_s = 300;      // watchdog: longest wait for an exchange or a GPU kernel (--timeout)
   bool check = false;
   bool json = false;
   bool progress = false;  // --progress: progress lines on stderr even when it is no terminal
