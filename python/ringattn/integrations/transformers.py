@@ -4,51 +4,75 @@
     model = AutoModelForCausalLM.from_config(config, attn_implementation="ringattn")
 
 Importing this module registers ``"ringattn"`` with transformers' ``AttentionInterface`` (the
-attention itself) and ``AttentionMaskInterface`` (no mask tensor: causality and the model's
-sliding window are ringattn's own options). A layer's call becomes ``ringattn.attention``
-on the head-major q, k, v transformers hands over (read in place, whatever their strides),
-with the layer's causality and scaling, grouped-query attention on the model's K/V heads
-(never repeated), the model's sliding window (a query at i sees keys (i - W, i], i.e.
-``window=(W - 1, 0)``) and its attention sinks (gpt-oss's ``s_aux``, with their gradient).
-Exact and differentiable, in the model's own precision on a GPU (a bf16 or fp16 model runs
-the bf16/fp16 kernels); on the CPU, whose kernels compute in float32, other dtypes are
-computed in float32 and returned in theirs.
+attention itself) and ``AttentionMaskInterface`` (the mask). A layer's call becomes
+``ringattn.attention`` on the head-major q, k, v transformers hands over, with the layer's
+scaling, grouped-query attention on the model's K/V heads (never repeated) and its attention
+sinks (gpt-oss's ``s_aux``, with their gradient). Exact and differentiable, in the model's own
+precision on a GPU; on the CPU, whose kernels compute in float32, other dtypes are computed in
+float32 and returned in theirs.
 
-What it refuses, naming why (ValueError): padded batches (an attention mask with padding:
-pack the documents with ``seqlens`` instead), attention dropout in training, a chunk of
-several queries over a longer cache, and every model feature it does not carry: a layer
-argument or attribute it does not know (attention sinks, logit soft-capping, an attention
-bias, ALiBi slopes, sparse-attention indices, flash-attention's packed ``cu_seq_lens``, ...)
-is named in the error rather than dropped, and so is a mask that is more than causality and
-the sliding window (sequences packed through ``position_ids``, bidirectional overlays). A
-single decoding query over a cache goes to transformers' own ``sdpa`` (one row of attention is
-not what ringattn is for), or, for a layer with sinks (which sdpa drops), to a few torch
-operations that carry them.
+**The mask decides, not the layer's keywords.** transformers composes each layer's mask from
+named functions (causal, sliding window, chunked, padding, packed sequences, bidirectional,
+and/or overlays). The mask interface hands the attention that composition unevaluated; the
+attention reads from it (``_hf_masks``) which tokens are valid, the documents (packed
+sequences, Llama 4's chunks, the rows of a padded batch), causality and the window (either
+side), checks them against the mask, and runs ringattn with them:
+
+- a padded batch: each row's valid tokens are gathered into one packed batch of documents,
+  run, and scattered back (rows of padding get zeros and no gradient; left or right padding);
+- packed sequences (``position_ids`` that restart, or a block-diagonal 4D mask): documents;
+- chunked attention (Llama 4): documents of the chunk size;
+- a window that lives only in the mask (Qwen2-MoE, PhiMoE) and bidirectional local windows
+  (ModernBERT): the window;
+- a model that edits its mask gets a real tensor (transformers' own ``sdpa_mask``) and its
+  attention is carried or refused by what that tensor is.
+
+Queries over a longer cache (decoding one token, a second prompt chunk, a static cache) are
+computed exactly by torch operations over the rows transformers' mask gives (window, chunks,
+sinks, padding), as eager computes them; one decoding row is not what ringattn's kernels are
+for.
+
+What it refuses, naming why (ValueError): attention dropout in training, ``output_attentions``,
+a mask that is not causality, windows, documents and padding (e.g. bidirectional blocks of
+image tokens, a dynamic or top-k sparse mask), queries/keys and values of different head dims
+(DeepSeek's multi-head latent attention), and every model feature it does not carry: a layer
+argument or attribute it does not know (logit soft-capping, an attention bias, ALiBi slopes,
+sparse-attention indices, ...) is named in the error rather than dropped.
+
 ``register(comm=..., ulysses=U)`` spreads every layer over a ``ringattn.Comm``'s ranks, each
-passing its shard of the sequence (``ringattn.shard``) and its positions.
+passing its shard of the sequence (``ringattn.shard``) and its positions (``position_ids``);
+for a padded or packed batch, ``shard_inputs`` packs it and gives each rank its shard. A
+decoding step on the ranks attends every rank's cache shard (each rank's part merged by
+log-sum-exp, one collective per layer).
 """
 from __future__ import annotations
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ..functional import _layout
 from ..functional import attention as _attention
+from . import _hf_masks as hm
 
 NAME = "ringattn"
 _COMM = None
 _ULYSSES = 1
+# Set by shard_inputs: the packed batch every rank holds a shard of (documents, length, and
+# this rank's rows in it).
+_PACKED = None
 
 # Keywords transformers passes every attention implementation that carry no attention
 # semantics: positions are already in q and k (RoPE), the cache has already been updated,
-# and the rest steer outputs of the model, not of this layer's attention. Every other keyword
-# with a value (not None or False) is a model feature ringattn would otherwise drop: it is
-# refused by name. An allow-list, so that a feature a future model adds is refused too.
+# the mask carries the window, and the rest steer outputs of the model, not of this layer's
+# attention. Every other keyword with a value (not None or False) is a model feature ringattn
+# would otherwise drop: it is refused by name. An allow-list, so that a feature a future
+# model adds is refused too.
 _NEUTRAL_KWARGS = frozenset({
     "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache",
     "output_hidden_states", "output_router_logits", "num_items_in_batch", "return_dict",
     "layer_idx", "position_embeddings", "max_length_q", "max_length_k", "target_dtype",
+    "attention_chunk_size",
 })
 # Attention sinks: carried (ringattn's sinks option).
 _SINK_KWARGS = ("s_aux", "sinks")
@@ -73,19 +97,13 @@ _FEATURE_ATTRIBUTES = {
 }
 
 
-class _MaskNotCarried:
-    """Returned by the mask interface for a mask ringattn's options cannot express; the
-    attention refuses it, naming why."""
-
-    def __bool__(self):
-        return True
-
-
-_MASK_NOT_CARRIED = _MaskNotCarried()
-
-
 def _present(value) -> bool:
     return value is not None and value is not False
+
+
+def _refuse(what):
+    raise ValueError(f"ringattn: {what}; it refuses rather than compute another model's "
+                     "attention (use attn_implementation='eager' for this model)")
 
 
 def _refuse_features(module, kwargs) -> None:
@@ -94,19 +112,14 @@ def _refuse_features(module, kwargs) -> None:
                 not _present(value)):
             continue
         what = _FEATURE_NAMES.get(key, "a model feature ringattn does not know")
-        raise ValueError(f"ringattn: the layer passes {key!r} ({what}), which ringattn does "
-                         "not carry; it refuses rather than compute another model's attention "
-                         "(use attn_implementation='eager' for this model)")
+        _refuse(f"the layer passes {key!r} ({what}), which ringattn does not carry")
     for attr, what in _FEATURE_ATTRIBUTES.items():
         if _present(getattr(module, attr, None)):
-            raise ValueError(f"ringattn: the layer has {attr!r} ({what}), which ringattn does "
-                             "not carry; it refuses rather than compute another model's "
-                             "attention (use attn_implementation='eager' for this model)")
+            _refuse(f"the layer has {attr!r} ({what}), which ringattn does not carry")
     if not any(_present(kwargs.get(k)) for k in _SINK_KWARGS) and _present(
             getattr(module, "sinks", None)):
-        raise ValueError("ringattn: the layer has 'sinks' (attention sinks) but does not pass "
-                         "them to its attention (as s_aux), so ringattn cannot tell how the "
-                         "model uses them; it refuses rather than drop them")
+        _refuse("the layer has 'sinks' (attention sinks) but does not pass them to its "
+                "attention (as s_aux), so ringattn cannot tell how the model uses them")
 
 
 def _sinks_of(kwargs, heads):
@@ -122,96 +135,447 @@ def _sinks_of(kwargs, heads):
     return None
 
 
-def _decode_with_sinks(query, key, value, scaling, sinks, sliding_window):
-    """One decoding query per sequence [B, H, 1, D] over the cache [B, HKV, L, D], with the
-    sink in each row's softmax (and the sliding window's last W keys): [B, 1, H, D]."""
-    if sliding_window is not None and key.shape[2] > int(sliding_window):
-        key, value = key[:, :, -int(sliding_window):], value[:, :, -int(sliding_window):]
-    groups = query.shape[1] // key.shape[1]
-    key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    logits = torch.matmul(query.float(), key.float().transpose(2, 3)) * scale
-    sink = sinks.float().reshape(1, -1, 1, 1).expand(logits.shape[0], -1, logits.shape[2], 1)
-    probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    return torch.matmul(probs, value.float()).to(query.dtype).transpose(1, 2)
+class _MaskSpec:
+    """The mask transformers composed for this call, unevaluated: what the attention reads
+    its options from. Model code that treats it as a tensor (slices it, edits it, passes it
+    to a torch function) gets the real mask tensor, made by transformers' own sdpa_mask."""
+
+    def __init__(self, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                 attention_mask, use_vmap, device):
+        self.batch_size, self.q_length, self.kv_length = batch_size, q_length, kv_length
+        self.q_offset, self.kv_offset = int(q_offset), int(kv_offset)
+        self.mask_function, self.attention_mask = mask_function, attention_mask
+        self.use_vmap, self.device = use_vmap, device
+        self.padding = None
+        if attention_mask is not None:
+            pad = kv_length + self.kv_offset - attention_mask.shape[-1]
+            self.padding = (torch.nn.functional.pad(attention_mask, (0, pad)) if pad > 0
+                            else attention_mask).bool().cpu()
+        self._tensor = None
+        self._structure = None
+        self._ranks = {}
+
+    def function(self):
+        """The composition with the padding mask joined, as sdpa_mask joins it."""
+        if self.padding is None:
+            return self.mask_function
+        padding, fn = self.padding, self.mask_function
+
+        def with_padding(b, h, q, k):
+            return fn(b, h, q, k) & padding[b, k]
+        return with_padding
+
+    def tensor(self):
+        if self._tensor is None:
+            self._tensor = sdpa_mask(
+                batch_size=self.batch_size, q_length=self.q_length, kv_length=self.kv_length,
+                q_offset=self.q_offset, kv_offset=self.kv_offset,
+                mask_function=self.mask_function, attention_mask=self.attention_mask,
+                allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
+                use_vmap=self.use_vmap, device=self.device)
+        return self._tensor
+
+    def rows(self, q_len, kv_len):
+        """transformers' mask for this call as booleans [B, Q, KV]."""
+        oracle = hm.FunctionOracle(self.function(), self.q_offset, self.kv_offset)
+        try:
+            return torch.stack([oracle.rows(b, torch.arange(q_len), torch.arange(kv_len))
+                                for b in range(self.batch_size)])
+        except Exception:  # a function that only vmap evaluates: transformers' own tensor
+            return hm.tensor_mask(self.tensor().cpu())
+
+    def structure(self):
+        """The options this call's mask means (Q = KV, the same tokens), cached: every layer
+        of the call shares the mask."""
+        if self._structure is None:
+            fn = self.function()
+            what = f"the model's attention mask ({hm.describe(self.mask_function)})"
+            try:
+                oracle = hm.FunctionOracle(fn, self.q_offset, self.kv_offset)
+                oracle.pairs(0, torch.arange(1), torch.arange(1))
+            except hm.NotCarried:
+                raise
+            except Exception:
+                oracle = hm.TensorOracle(hm.tensor_mask(self.tensor().cpu()))
+            self._structure = hm.infer(oracle, self.batch_size, self.q_length,
+                                       full_check=not hm.all_known(self.mask_function),
+                                       what=what)
+        return self._structure
+
+    # Model code that uses the mask as a tensor gets transformers' tensor.
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def real(x):
+            if isinstance(x, _MaskSpec):
+                return x.tensor()
+            if isinstance(x, (list, tuple)):
+                return type(x)(real(y) for y in x)
+            return x
+        return func(*real(args), **{k: real(v) for k, v in (kwargs or {}).items()})
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.tensor(), name)
+
+    def __getitem__(self, index):
+        return self.tensor()[index]
+
+    def __invert__(self):
+        return ~self.tensor()
+
+    def __and__(self, other):
+        return self.tensor() & other
+
+    def __or__(self, other):
+        return self.tensor() | other
+
+    def __add__(self, other):
+        return self.tensor() + other
+
+    __radd__ = __add__
+
+    def __mul__(self, other):
+        return self.tensor() * other
+
+    __rmul__ = __mul__
+
+
+def _structure_of_tensor(mask):
+    """The options a 4D mask tensor the layer received means (Q = KV), cached on it."""
+    cached = getattr(mask, "_ringattn_structure", None)
+    if cached is not None and cached[0] == mask._version:
+        return cached[1]
+    allowed = hm.tensor_mask(mask.detach().cpu())
+    structure = hm.infer(hm.TensorOracle(allowed), allowed.shape[0], allowed.shape[1],
+                         full_check=True, what="the attention-mask tensor the layer receives "
+                         "(the model builds or edits it)")
+    try:
+        mask._ringattn_structure = (mask._version, structure)
+    except (AttributeError, RuntimeError):
+        pass
+    return structure
+
+
+def _in_engine_layout(x):
+    # The GPU kernels read the model's precision; the CPU's compute in float32.
+    return x.transpose(1, 2) if x.is_cuda else x.transpose(1, 2).float()
+
+
+def _whole_tokens(query, key, value, st, scale, sinks):
+    """Attention of a call's tokens over themselves with the options of `st`: padding
+    gathered out into documents and scattered back. [B, N, H, Dv]."""
+    b, h, n, _ = query.shape
+    window = st.ringattn_window()
+    if st.all_valid and st.same_documents:
+        docs = st.doc_lengths[0]
+        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
+                         causal=st.causal, scale=scale, window=window,
+                         seqlens=None if len(docs) <= 1 else docs, sinks=sinks)
+        return out.to(query.dtype)
+    flat = torch.cat([i * n + st.valid[i] for i in range(b)]).to(query.device)
+    out = query.new_zeros((b * n, h, value.shape[-1]))
+    if flat.numel():
+        def gather(x):
+            rows = x.transpose(1, 2).reshape(b * n, x.shape[1], x.shape[3])[flat][None]
+            return rows if rows.is_cuda else rows.float()
+        docs = [d for row in st.doc_lengths for d in row]
+        packed = _attention(gather(query), gather(key), gather(value), causal=st.causal,
+                            scale=scale, window=window, seqlens=None if len(docs) <= 1 else docs,
+                            sinks=sinks)
+        out = out.index_copy(0, flat, packed[0].to(out.dtype))
+    return out.reshape(b, n, h, value.shape[-1])
+
+
+def _over_cache(query, key, value, allowed, scale, sinks):
+    return hm.attend_rows(query, key, value, allowed.to(query.device), scale, sinks)
 
 
 def ringattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
                                scaling=None, is_causal=None, sliding_window=None, **kwargs):
-    """transformers' attention interface: q [B, H, N, D], k and v [B, HKV, N, D] (head-major)
-    in, the output [B, N, H, D] and no attention weights out."""
-    q_len, kv_len = query.shape[2], key.shape[2]
+    """transformers' attention interface: q [B, H, Q, D], k and v [B, HKV, KV, D]
+    (head-major) in, the output [B, Q, H, D] and no attention weights out."""
     _refuse_features(module, kwargs)
-    if attention_mask is _MASK_NOT_CARRIED:
-        raise ValueError("ringattn: the model's attention mask is more than causality and its "
-                         "sliding window (sequences packed through position_ids, or a "
-                         "bidirectional or blockwise overlay), which ringattn does not carry; "
-                         "pack documents with ringattn's seqlens option instead")
-    sinks = _sinks_of(kwargs, query.shape[1])
-    if q_len == 1 and kv_len > 1 and sinks is not None:  # sdpa would drop the sinks
-        if attention_mask is not None:
-            raise ValueError("ringattn: a decoding step of a layer with sinks over a masked "
-                             "cache (padding or a static cache) is not carried")
-        return _decode_with_sinks(query, key, value, scaling, sinks, sliding_window), None
-    if q_len == 1 and kv_len > 1:  # a decoding step over the cache
-        for k in _SINK_KWARGS:
-            kwargs.pop(k, None)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
-    if q_len != kv_len:
-        raise ValueError(f"ringattn: {q_len} queries over {kv_len} cached keys: ringattn attends "
-                         "a whole sequence (run the prompt in one call, or decode one token at "
-                         "a time)")
-    if attention_mask is not None:
-        raise ValueError("ringattn: the batch has padding (an attention mask); ringattn takes "
-                         "whole sequences, or packed documents through its seqlens option")
+    if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
+        _refuse(f"the layer's queries have head dim {query.shape[-1]}, its keys "
+                f"{key.shape[-1]} and its values {value.shape[-1]} (multi-head latent "
+                "attention, as DeepSeek's MLA): ringattn does not carry different head dims "
+                "yet")
     if dropout:
         raise ValueError("ringattn: attention dropout is not supported (set the model's "
                          "attention_dropout to 0)")
     if kwargs.get("output_attentions"):
         raise ValueError("ringattn: output_attentions=True needs the attention weights, which "
                          "ringattn never forms (use attn_implementation='eager')")
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    window = None
-    if sliding_window is not None:
-        window = (int(sliding_window) - 1, 0) if causal else int(sliding_window) - 1
-    dtype = query.dtype
-    # The GPU kernels read the model's precision; the CPU's compute in float32.
-    q, k, v = (x.transpose(1, 2) if x.is_cuda else x.transpose(1, 2).float()
-               for x in (query, key, value))
+    sinks = _sinks_of(kwargs, query.shape[1])
     if sinks is not None:
-        sinks = sinks.to(q.device)
-    out = _attention(q, k, v, causal=bool(causal), scale=scaling, window=window, sinks=sinks,
-                     ulysses=_ULYSSES, comm=_COMM)
-    return out.to(dtype), None
+        sinks = sinks.to(query.device)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if _COMM is not None and _COMM.size > 1:
+        out = _on_ranks(module, query, key, value, attention_mask, scale, sinks, causal,
+                        sliding_window, kwargs)
+        return out, None
+    mask = attention_mask
+    try:
+        if isinstance(mask, _MaskSpec):
+            if q_len == kv_len and mask.q_offset == mask.kv_offset:
+                return _whole_tokens(query, key, value, mask.structure(), scale, sinks), None
+            return _over_cache(query, key, value, mask.rows(q_len, kv_len), scale, sinks), None
+        if isinstance(mask, torch.Tensor):
+            if q_len == kv_len:
+                return _whole_tokens(query, key, value, _structure_of_tensor(mask), scale,
+                                     sinks), None
+            allowed = hm.tensor_mask(mask.detach().cpu())
+            if tuple(allowed.shape[1:]) != (q_len, kv_len):
+                _refuse(f"a mask tensor of shape {list(mask.shape)} for {q_len} queries over "
+                        f"{kv_len} keys")
+            return _over_cache(query, key, value, allowed, scale, sinks), None
+    except hm.NotCarried as e:
+        _refuse(f"{e}, which ringattn does not carry")
+    if mask is not None:
+        _refuse(f"the layer's attention mask is a {type(mask).__name__}, which ringattn does not "
+                "read")
+    # No mask: transformers found causality alone enough (sdpa's is_causal).
+    if q_len == kv_len:
+        window = None
+        if sliding_window is not None:
+            window = (int(sliding_window) - 1, 0) if causal else int(sliding_window) - 1
+        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
+                         causal=bool(causal) and q_len > 1, scale=scale, window=window,
+                         sinks=sinks)
+        return out.to(query.dtype), None
+    if q_len == 1 or not causal:
+        # One query over its cache, or cross-attention: every key.
+        allowed = torch.ones(query.shape[0], q_len, kv_len, dtype=torch.bool)
+        return _over_cache(query, key, value, allowed, scale, sinks), None
+    _refuse(f"{q_len} causal queries over {kv_len} keys with no mask to say which they attend")
 
+
+# ----- Over a communicator's ranks ---------------------------------------------------------
+
+class _PackedBatch:
+    def __init__(self, seqlens, total, rows):
+        self.seqlens, self.total, self.rows = seqlens, total, rows
+
+
+def _positions_function(mask, causal, sliding_window):
+    """The layer's mask as a function of positions alone (under a communicator, padding and
+    packing come from shard_inputs, not from this rank's inputs)."""
+    if isinstance(mask, _MaskSpec):
+        if mask.padding is not None and not bool(mask.padding.all()):
+            _refuse("a padded batch on ranks passes each rank's padding mask; pack it with "
+                    "ringattn.integrations.transformers.shard_inputs(input_ids, "
+                    "attention_mask) instead")
+        fn = hm.without_tensor_parts(mask.mask_function)
+        if fn is None:
+            _refuse(f"the model's attention mask ({hm.describe(mask.mask_function)}) under "
+                    "register(comm=...), which ringattn does not carry: on ranks it carries "
+                    "causality, windows, chunks and the documents of shard_inputs")
+        if fn is True:
+            return lambda b, h, q, k: torch.ones((), dtype=torch.bool)
+        return fn
+    if mask is not None:
+        _refuse("an attention-mask tensor under register(comm=...) (each rank's tensor covers "
+                "its shard only); ringattn carries the masks transformers composes")
+    window = None if sliding_window is None else int(sliding_window)
+
+    def fn(b, h, q, k):
+        out = (k <= q) if causal else torch.ones((), dtype=torch.bool)
+        if window is not None:
+            out = out & (k > q - window) if causal else out & ((q - k).abs() < window)
+        return out
+    return fn
+
+
+def _rank_positions(kwargs, batch, what):
+    positions = kwargs.get("position_ids")
+    if positions is None:
+        _refuse(f"{what} under register(comm=...) without position_ids (pass each rank's "
+                "positions, ringattn.shard(torch.arange(N)[None], comm, causal=True), or use "
+                "shard_inputs)")
+    positions = positions.detach().cpu().long()
+    if positions.dim() == 1:
+        positions = positions[None]
+    if positions.shape[0] > 1 and not bool((positions == positions[:1]).all()):
+        _refuse("batch rows with different positions under register(comm=...) (pack them "
+                "with shard_inputs)")
+    return positions[0]
+
+
+def _on_ranks(module, query, key, value, mask, scale, sinks, causal, sliding_window, kwargs):
+    comm, heads = _COMM, query.shape[1]
+    q_len, kv_len = query.shape[2], key.shape[2]
+    fn = _positions_function(mask, causal, sliding_window)
+    if q_len == kv_len:
+        if _PACKED is not None:
+            docs, total, rows = _PACKED.seqlens, _PACKED.total, _PACKED.rows
+            if rows.numel() != q_len:
+                _refuse(f"this rank holds {q_len} tokens but shard_inputs gave it "
+                        f"{rows.numel()} (call the model on shard_inputs' inputs)")
+        else:
+            total = q_len * comm.size
+            docs, rows = [total], _rank_positions(kwargs, query.shape[0], "a layer")
+        key_ = (id(fn), tuple(docs), total)
+        st = mask._ranks.get(key_) if isinstance(mask, _MaskSpec) else None
+        if st is None:
+            try:
+                st = hm.infer(hm.DocumentsOracle(fn, docs, total), 1, total,
+                              what="the model's attention mask over the whole sequence")
+            except hm.NotCarried as e:
+                _refuse(f"{e}, which ringattn does not carry")
+            if isinstance(mask, _MaskSpec):
+                mask._ranks[key_] = st
+        seqlens = st.doc_lengths[0]
+        window = st.ringattn_window()
+        keywords = dict(window=window, seqlens=None if len(seqlens) <= 1 else seqlens,
+                        ulysses=_ULYSSES)
+        chunks = _layout(comm, (1, total, heads), total, st.causal, None, heads,
+                         keywords)[comm.rank]
+        expected = torch.cat([torch.arange(b, b + n) for b, n in chunks])
+        if not torch.equal(expected, rows):
+            _refuse("this rank's tokens are not the ones ringattn's layout gives it for this "
+                    "layer's attention (shard the inputs with ringattn.shard(..., causal=True) "
+                    "and the same ulysses, or with shard_inputs for a padded or packed batch)")
+        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
+                         causal=st.causal, scale=scale, sinks=sinks, comm=comm, **keywords)
+        module._ringattn_cache = None if _PACKED is not None else dict(
+            positions=rows.clone(), owned=torch.ones(rows.numel(), dtype=torch.bool))
+        return out.to(query.dtype)
+    return _decode_on_ranks(module, query, key, value, fn, scale, sinks, kwargs)
+
+
+def _decode_on_ranks(module, query, key, value, fn, scale, sinks, kwargs):
+    """Queries over every rank's cache shard: each rank's part, merged by log-sum-exp (one
+    all-gather per layer). The queries' own keys are in every rank's cache; rank 0's count."""
+    comm = _COMM
+    q_len, kv_len = query.shape[2], key.shape[2]
+    record = getattr(module, "_ringattn_cache", None)
+    if record is None:
+        _refuse("a decoding step under register(comm=...) after a packed prefill or with no "
+                "prefill on the ranks")
+    if record["positions"].numel() + q_len != kv_len:
+        _refuse(f"a decoding step under register(comm=...) over a cache of {kv_len} keys where "
+                f"{record['positions'].numel()} + {q_len} were expected (a cache that drops "
+                "keys, e.g. a sliding-window cache, keeps each rank's last keys, not the "
+                "window's: use a DynamicCache() that keeps them all)")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        _refuse("gradients through a decoding step under register(comm=...)")
+    q_pos = _rank_positions(kwargs, query.shape[0], "a decoding step")
+    kv_pos = torch.cat([record["positions"], q_pos])
+    owned = torch.cat([record["owned"], torch.full((q_len,), comm.rank == 0)])
+    allowed = hm._as_bool(fn(torch.tensor(0), torch.tensor(0), q_pos[:, None], kv_pos[None, :]),
+                          (q_len, kv_len)) & owned[None, :]
+    allowed = allowed[None].expand(query.shape[0], -1, -1).to(query.device)
+    m, l, o = hm.partial_rows(query.detach(), key.detach(), value.detach(), allowed, scale)
+    local = torch.cat([m[..., None], l[..., None], o], dim=-1).cpu().contiguous()
+    gathered = torch.empty((comm.size,) + tuple(local.shape), dtype=local.dtype)
+    comm._handle.allgather(local, gathered)
+    gathered = gathered.to(query.device)
+    out = hm.merge_partials(gathered[..., 0], gathered[..., 1], gathered[..., 2:],
+                            None if sinks is None else sinks.detach())
+    record["positions"], record["owned"] = kv_pos, owned
+    return out.to(query.dtype)
+
+
+def shard_inputs(input_ids, attention_mask=None, position_ids=None, *, comm=None, ulysses=None,
+                 heads=None):
+    """A padded (``attention_mask``) or packed (restarting ``position_ids``) batch as one
+    packed row of documents, and this rank's shard of it: returns ``(inputs, unshard)``.
+    ``inputs`` (``input_ids`` and ``position_ids``, [1, T_local]) go to the model registered
+    on ``comm`` (default: register's); ``unshard(x)`` turns this rank's [1, T_local, ...]
+    output (logits) back into the batch's [B, N, ...] on every rank (a collective), zeros at
+    padding. The positions are those eager gives the padded batch (``position_ids``, else
+    0..N-1 in every row). The documents hold until the next call, or register()."""
+    global _PACKED
+    comm = _COMM if comm is None else comm
+    ulysses = _ULYSSES if ulysses is None else ulysses
+    if comm is None:
+        raise ValueError("shard_inputs: no communicator (register(comm=...) first, or pass comm)")
+    batch, n = input_ids.shape
+    valid = (torch.ones(batch, n, dtype=torch.bool) if attention_mask is None
+             else attention_mask.detach().cpu().bool())
+    if position_ids is None:
+        positions = torch.arange(n).expand(batch, n)
+    else:
+        positions = position_ids.detach().cpu().long().expand(batch, n)
+    ids, pos, seqlens = [], [], []
+    for b in range(batch):
+        keep = valid[b].nonzero().flatten()
+        if keep.numel() == 0:
+            continue
+        row_pos = positions[b, keep]
+        cuts = [0]
+        if attention_mask is None and position_ids is not None:
+            cuts += (torch.diff(row_pos) != 1).nonzero().flatten().add(1).tolist()
+        cuts.append(keep.numel())
+        seqlens += [e - s for s, e in zip(cuts[:-1], cuts[1:]) if e > s]
+        ids.append(input_ids[b, keep.to(input_ids.device)])
+        pos.append(row_pos)
+    total = sum(seqlens)
+    unit = 2 * comm.size * max(1, ulysses if isinstance(ulysses, int) else 1)
+    filler = (-total) % unit
+    if filler:  # a document of filler tokens, so that every rank holds as many rows
+        seqlens.append(filler)
+        ids.append(input_ids.new_zeros(filler))
+        pos.append(torch.arange(filler))
+    ids, pos = torch.cat(ids), torch.cat(pos)
+    total += filler
+    keywords = dict(seqlens=seqlens if len(seqlens) > 1 else None, ulysses=ulysses)
+    layouts = _layout(comm, (1, total, heads or 1), total, True, None, heads, keywords)
+    rows = torch.cat([torch.arange(b, b + k) for b, k in layouts[comm.rank]])
+    _PACKED = _PackedBatch(seqlens, total, rows)
+    valid_flat = (torch.arange(batch)[:, None] * n + torch.arange(n)[None, :])[valid]
+    real = valid_flat.numel()
+
+    def unshard(x):
+        from ..functional import unshard as _unshard
+        full = _unshard(x, comm, causal=True, heads=heads, **keywords)[0]
+        out = full.new_zeros((batch * n,) + tuple(full.shape[1:]))
+        out[valid_flat.to(full.device)] = full[:real]
+        return out.reshape((batch, n) + tuple(full.shape[1:]))
+
+    return dict(input_ids=ids[rows.to(ids.device)][None],
+                position_ids=pos[rows][None].to(input_ids.device)), unshard
+
+
+# ----- The mask interface ------------------------------------------------------------------
 
 def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-          attention_mask=None, allow_is_causal_skip=True, **kwargs):
-    """No mask tensor unless the batch has padding (which the attention then refuses), or
-    transformers composed more than causality and the window (packing found in position_ids,
-    an or/and overlay): then a marker the attention refuses. transformers clears
-    allow_is_causal_skip for exactly those compositions, for bidirectional masks (carried:
-    is_causal=False), and for one-query decoding over a compiled cache (transformers' own sdpa
-    computes those steps)."""
-    bidirectional = getattr(mask_function, "__name__", "") == "bidirectional_mask_function"
-    if not allow_is_causal_skip and q_length > 1 and not bidirectional:
-        return _MASK_NOT_CARRIED
-    if attention_mask is not None:
-        attention_mask = attention_mask[:, -kv_length:]
-        if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
+          attention_mask=None, allow_is_causal_skip=True, allow_is_bidirectional_skip=False,
+          local_size=None, use_vmap=False, device="cpu", **kwargs):
+    """No mask where sdpa would need none (causality alone, every key valid, on one process);
+    transformers' own tensor where the model asks for one to edit (it clears
+    allow_is_causal_skip for a plain causal or windowed mask); else the composition
+    unevaluated (_MaskSpec), which the attention reads."""
+    spec = _MaskSpec(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                     attention_mask, use_vmap, device)
+    one_process = _COMM is None or _COMM.size == 1
+    all_valid = spec.padding is None or bool(
+        spec.padding[:, spec.kv_offset:spec.kv_offset + kv_length].all())
+    local_ok = local_size is None or kv_length < local_size
+    kinds = {k for k, _ in hm.components(mask_function)}
+    if one_process and all_valid and local_ok:
+        if allow_is_causal_skip and (q_length == 1 or q_length == kv_length) and \
+                kinds <= {"causal", "sliding window", "chunked attention", "and"}:
             return None
-    return attention_mask
+        if allow_is_bidirectional_skip and kinds <= {"bidirectional"}:
+            return None
+    plain = kinds <= {"causal", "sliding window", "chunked attention", "and", "padding"}
+    if not allow_is_causal_skip and plain and q_length > 1 and one_process and "or" not in kinds:
+        return spec.tensor()  # the model asked for a tensor to edit
+    return spec
 
 
 def register(comm=None, ulysses=1) -> None:
     """Registers "ringattn" (again), on `comm`'s ranks (default: this process alone), each
-    passing its shard of the sequence (``ringattn.shard``, with ``ulysses`` too) and its
-    positions (``position_ids``); ``ulysses``: Ulysses x ring groups (``ringattn.attention``'s
-    keyword). Gradients of the model's parameters (the sinks' included) are each rank's part:
-    sum them over the ranks."""
-    global _COMM, _ULYSSES
-    _COMM, _ULYSSES = comm, ulysses
+    passing its shard of the sequence (``ringattn.shard``, with ``ulysses`` too, or
+    ``shard_inputs``) and its positions (``position_ids``); ``ulysses``: Ulysses x ring groups
+    (``ringattn.attention``'s keyword). Gradients of the model's parameters (the sinks'
+    included) are each rank's part: sum them over the ranks."""
+    global _COMM, _ULYSSES, _PACKED
+    _COMM, _ULYSSES, _PACKED = comm, ulysses, None
     AttentionInterface.register(NAME, ringattn_attention_forward)
     AttentionMaskInterface.register(NAME, _mask)
 
