@@ -1,39 +1,70 @@
 """ringattn as a transformers attention implementation (ringattn.integrations.transformers):
-tiny Llama (GQA, RoPE), Mistral (MQA, sliding window) and gpt-oss (attention sinks, sliding
-and full layers) models, random weights, with
-attn_implementation="ringattn" give the eager implementation's logits and gradients, with
-the model's default KV cache in use; generation (prompt through ringattn, decoding steps
-through sdpa) gives eager's tokens. Skipped, with the reason, where transformers (which
-needs a recent torch) is not installed: CI runs it in the PyPI-torch venv (scripts/test.sh).
+tiny random models with attn_implementation="ringattn" give the eager implementation's logits
+and every gradient, and its tokens and decoding steps, on the same weights:
+
+- Llama (GQA), Mistral (MQA, sliding window), gpt-oss (sinks, sliding and full layers),
+  Gemma 3 (sliding and full layers), Llama 4 (chunked attention), Qwen2-MoE (a window that
+  lives only in the mask), with the model's KV cache in use;
+- padded batches (left and right), sequences packed through position_ids, a user's
+  block-diagonal 4D mask, ModernBERT's bidirectional local window over a padded batch;
+- generate(), also left-padded, and hand-written decoding loops over a plain DynamicCache
+  past the window (window, chunks, sinks, padding);
+- features ringattn does not carry refused by name (soft-capping, MLA's head dims, a dynamic
+  mask); two processes over gloo (transformers_ranks_job.py).
+
+Skipped, with the reason, where transformers (which needs a recent torch) is not installed:
+CI runs it in the PyPI-torch venv (scripts/test.sh). The sweep over every model family is
+test_transformers_sweep.py.
 """
+import copy
+import os
+
 import pytest
 import torch
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (CI's .venv-torch has it)")
 import ringattn.integrations.transformers as ra_hf  # noqa: E402  registers "ringattn"
-from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig,  # noqa: E402
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM)
+from transformers import DynamicCache  # noqa: E402
 
 TOLERANCE = 1e-5
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, max_position_embeddings=256)
+ONE_EXPERT = dict(num_experts_per_tok=1)  # no routing decision flips on a last-bit difference
+
+
+def _spec(cls_name, config_name, **extra):
+    return getattr(transformers, cls_name), getattr(transformers, config_name)(**SMALL, **extra)
+
+
 MODELS = {
-    "llama_gqa": (LlamaForCausalLM, LlamaConfig(num_key_value_heads=2, **SMALL)),
-    "mistral_mqa_window": (MistralForCausalLM,
-                           MistralConfig(num_key_value_heads=1, sliding_window=16, **SMALL)),
-    # Attention sinks (s_aux), sliding and full layers alternating, GQA; one expert, so that
-    # no routing decision can flip on a last-bit difference.
-    "gpt_oss_sinks": (GptOssForCausalLM,
-                      GptOssConfig(num_key_value_heads=2, head_dim=16, num_local_experts=1,
-                                   num_experts_per_tok=1, sliding_window=16, **SMALL)),
+    "llama_gqa": lambda: _spec("LlamaForCausalLM", "LlamaConfig", num_key_value_heads=2),
+    "mistral_mqa_window": lambda: _spec("MistralForCausalLM", "MistralConfig",
+                                        num_key_value_heads=1, sliding_window=16),
+    # Attention sinks (s_aux), sliding and full layers alternating, GQA.
+    "gpt_oss_sinks": lambda: _spec("GptOssForCausalLM", "GptOssConfig", num_key_value_heads=2,
+                                   head_dim=16, num_local_experts=1, sliding_window=16,
+                                   **ONE_EXPERT),
+    "gemma3_sliding": lambda: _spec("Gemma3ForCausalLM", "Gemma3TextConfig",
+                                    num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"]),
+    # Llama 4's chunked attention: chunks of 16 tokens are documents.
+    "llama4_chunked": lambda: _spec("Llama4ForCausalLM", "Llama4TextConfig",
+                                    num_key_value_heads=2, attention_chunk_size=16,
+                                    num_local_experts=1, **ONE_EXPERT),
+    # The window lives only in the mask (the layer passes no sliding_window).
+    "qwen2_moe_mask_window": lambda: _spec("Qwen2MoeForCausalLM", "Qwen2MoeConfig",
+                                           num_key_value_heads=2, use_sliding_window=True,
+                                           sliding_window=8, max_window_layers=0, num_experts=1,
+                                           moe_intermediate_size=64,
+                                           shared_expert_intermediate_size=64, **ONE_EXPERT),
 }
 
 
 def build(name, impl):
-    cls, config = MODELS[name]
+    cls, config = MODELS[name]()
     torch.manual_seed(1)  # the same weights for every implementation
-    return cls._from_config(config, attn_implementation=impl)
+    return cls._from_config(copy.deepcopy(config), attn_implementation=impl)
 
 
 def relative(a, b):
@@ -41,42 +72,145 @@ def relative(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_logits_and_gradients_match_eager_with_the_kv_cache(name, monkeypatch):
-    calls = []
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the ringattn implementation's calls."""
+    seen = []
     forward = ra_hf.ringattn_attention_forward
     monkeypatch.setattr(transformers.AttentionInterface, "_global_mapping",
                         dict(transformers.AttentionInterface._global_mapping,
-                             ringattn=lambda *a, **k: calls.append(1) or forward(*a, **k)))
-    ids = torch.randint(0, 128, (2, 96), generator=torch.Generator().manual_seed(2))
+                             ringattn=lambda *a, **k: seen.append(1) or forward(*a, **k)))
+    return seen
+
+
+def logits_and_grads(name, ids, valid=None, **inputs):
+    """Each implementation's logits (zero at padding) and parameter gradients of a fixed
+    random loss over the valid positions."""
     got = {}
     for impl in ("eager", "ringattn"):
         model = build(name, impl)
-        out = model(ids, labels=ids, use_cache=True)
-        out.loss.backward()
-        got[impl] = out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}
-    assert calls, "the ringattn implementation was never called"
-    (want_logits, want_grads), (logits, grads) = got["eager"], got["ringattn"]
+        logits = model(ids, **inputs).logits
+        weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(5))
+        if valid is not None:
+            weights = weights * valid[..., None]
+            logits = logits * valid[..., None]
+        (logits * weights).sum().backward()
+        got[impl] = logits.detach(), {n: p.grad for n, p in model.named_parameters()
+                                      if p.grad is not None}
+    return got["eager"], got["ringattn"]
+
+
+def assert_same(want, got):
+    (want_logits, want_grads), (logits, grads) = want, got
     assert relative(logits, want_logits) < TOLERANCE
+    assert want_grads.keys() == grads.keys()
     for n, g in want_grads.items():
         assert relative(grads[n], g) < TOLERANCE, n
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_generation_gives_eager_tokens(name):
-    prompt = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(3))
-    tokens = {impl: build(name, impl).generate(prompt, max_new_tokens=6, do_sample=False)
+def test_logits_and_gradients_match_eager_with_the_kv_cache(name, calls):
+    ids = torch.randint(0, 128, (2, 96), generator=torch.Generator().manual_seed(2))
+    assert_same(*logits_and_grads(name, ids, use_cache=True))
+    assert calls, "the ringattn implementation was never called"
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt_oss_sinks", "llama4_chunked"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_batch_matches_eager_at_every_valid_position(name, side, calls):
+    ids = torch.randint(0, 128, (3, 48), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 48, dtype=torch.long)
+    if side == "left":
+        mask[1, :7], mask[2, :30] = 0, 0
+    else:
+        mask[1, 41:], mask[2, 18:] = 0, 0
+    assert_same(*logits_and_grads(name, ids, valid=mask, attention_mask=mask))
+    assert calls
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks"])
+def test_sequences_packed_through_position_ids_are_documents(name, calls):
+    ids = torch.randint(0, 128, (1, 64), generator=torch.Generator().manual_seed(5))
+    position_ids = torch.cat([torch.arange(20), torch.arange(30), torch.arange(14)])[None]
+    assert_same(*logits_and_grads(name, ids, position_ids=position_ids, use_cache=False))
+    assert calls
+
+
+def test_a_block_diagonal_4d_mask_is_documents(calls):
+    """A user's own 4D mask (additive, as eager reads it): two causal documents per row."""
+    allowed = torch.zeros(2, 1, 48, 48, dtype=torch.bool)
+    for begin, end in ((0, 20), (20, 48)):
+        allowed[:, 0, begin:end, begin:end] = torch.tril(torch.ones(end - begin, end - begin,
+                                                                    dtype=torch.bool))
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(2))
+    assert_same(*logits_and_grads("llama_gqa", ids, attention_mask=mask))
+    assert calls
+
+
+def test_modernbert_bidirectional_local_window_over_a_padded_batch(calls):
+    config = transformers.ModernBertConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, local_attention=8, global_attn_every_n_layers=3,
+        max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        cls_token_id=1, sep_token_id=2)
+    ids = torch.randint(3, 128, (2, 48), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 48, dtype=torch.long)
+    mask[1, 40:] = 0
+    got = {}
+    for impl in ("eager", "ringattn"):
+        torch.manual_seed(1)
+        model = transformers.ModernBertModel._from_config(copy.deepcopy(config),
+                                                          attn_implementation=impl)
+        hidden = model(ids, attention_mask=mask).last_hidden_state * mask[..., None]
+        # A random linear loss (a sum of squares after the final LayerNorm is nearly
+        # constant: its gradients would be rounding noise).
+        weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(5))
+        (hidden * weights).sum().backward()
+        got[impl] = hidden.detach(), {n: p.grad for n, p in model.named_parameters()
+                                      if p.grad is not None}
+    assert_same(got["eager"], got["ringattn"])
+    assert calls
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_generation_gives_eager_tokens(name, padded):
+    prompt = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 24, dtype=torch.long)
+    if padded:
+        mask[1, :6] = 0
+    tokens = {impl: build(name, impl).generate(prompt, attention_mask=mask, max_new_tokens=8,
+                                               do_sample=False)
               for impl in ("eager", "ringattn")}
     assert torch.equal(tokens["ringattn"], tokens["eager"])
 
 
-def test_padding_is_refused_naming_why():
-    model = build("llama_gqa", "ringattn")
-    ids = torch.randint(0, 128, (2, 16))
-    mask = torch.ones(2, 16, dtype=torch.long)
-    mask[1, :4] = 0
-    with pytest.raises(ValueError, match="the batch has padding"):
-        model(ids, attention_mask=mask)
+@pytest.mark.parametrize("name", ["mistral_mqa_window", "gemma3_sliding", "llama4_chunked",
+                                  "gpt_oss_sinks", "qwen2_moe_mask_window"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_decoding_over_a_plain_cache_past_the_window_matches_eager(name, padded):
+    """A hand-written decoding loop over DynamicCache() (it keeps every key, so each step's
+    window, chunk and padding come from the mask): a 40-token prompt (longer than the
+    windows and chunks), then 8 one-token steps, and a 4-token chunk over the cache."""
+    ids = torch.randint(0, 128, (2, 52), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(2, 52, dtype=torch.long)
+    if padded:
+        mask[0, :5] = 0
+    steps = {}
+    for impl in ("eager", "ringattn"):
+        model, cache, out = build(name, impl), DynamicCache(), []
+        with torch.no_grad():
+            out.append(model(ids[:, :40], attention_mask=mask[:, :40], cache=cache).logits)
+            for t in range(40, 48):
+                out.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                                 cache=cache).logits)
+            out.append(model(ids[:, 48:52], attention_mask=mask, cache=cache).logits)
+        steps[impl] = out
+    valid = mask[:, :40, None]
+    assert relative(steps["ringattn"][0] * valid, steps["eager"][0] * valid) < TOLERANCE
+    for t, (got, want) in enumerate(zip(steps["ringattn"][1:], steps["eager"][1:])):
+        assert relative(got, want) < TOLERANCE, f"step {t}"
 
 
 def _tiny(cls_name, config_name, **extra):
@@ -89,6 +223,14 @@ def _tiny(cls_name, config_name, **extra):
     # Gemma 2's logit soft-capping: refused by name, never dropped.
     ("Gemma2ForCausalLM", "Gemma2Config",
      dict(num_key_value_heads=2, head_dim=16, attn_logit_softcapping=1.0), "soft-capping"),
+    # DeepSeek V3's MLA: queries/keys wider than values.
+    ("DeepseekV3ForCausalLM", "DeepseekV3Config",
+     dict(num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8,
+          qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=1, first_k_dense_replace=2,
+          **ONE_EXPERT), "multi-head latent attention"),
+    # Doge edits transformers' mask tensor with a learned dynamic bias.
+    ("DogeForCausalLM", "DogeConfig", dict(num_key_value_heads=2),
+     "additive attention bias in the mask tensor"),
 ])
 def test_a_model_feature_ringattn_does_not_carry_is_refused_by_name(cls_name, config_name, extra,
                                                                   named):
@@ -109,21 +251,23 @@ def test_an_unknown_layer_keyword_is_refused_by_name():
     assert out.shape == (1, 8, 4, 16)
 
 
-# Without a cache (training), transformers reads restarting position_ids as packed sequences
-# and masks across them; ringattn's options cannot say that from a mask, so it refuses.
-def test_sequences_packed_through_position_ids_are_refused_not_attended_across():
-    model = build("llama_gqa", "ringattn")
-    ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(5))
-    position_ids = torch.cat([torch.arange(20), torch.arange(12)])[None]
-    with pytest.raises(ValueError, match="more than causality"):
-        model(ids, position_ids=position_ids, use_cache=False)
+def test_a_mask_that_is_not_documents_windows_or_padding_is_refused_naming_it():
+    """A 4D mask that attends a strided set of keys: not carried, and said so."""
+    allowed = torch.tril(torch.ones(16, 16, dtype=torch.bool))
+    allowed[:, 1::2] = False
+    allowed |= torch.eye(16, dtype=torch.bool)
+    q = torch.randn(1, 4, 16, 16)
+    k = v = torch.randn(1, 2, 16, 16)
+    with pytest.raises(ValueError, match="not causality, a window, documents and padding"):
+        ra_hf.ringattn_attention_forward(torch.nn.Module(), q, k, v, allowed[None, None])
 
 
-def test_a_model_with_sinks_over_ranks_and_ulysses_matches_eager():
-    """Two processes over a gloo group (python/tests/transformers_ranks_job.py)."""
-    import os
+def test_models_over_ranks_match_eager():
+    """Two processes over a gloo group (python/tests/transformers_ranks_job.py): a model with
+    sinks on the ring and with Ulysses, padded and packed batches through shard_inputs, and
+    decoding over every rank's cache shard."""
     import torch.distributed as dist
     from gloo_jobs import run_two_ranks
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    run_two_ranks(os.path.join(os.path.dirname(__file__), "transformers_ranks_job.py"), 300)
+    run_two_ranks(os.path.join(os.path.dirname(__file__), "transformers_ranks_job.py"), 400)

@@ -435,9 +435,15 @@ def _on_ranks(module, query, key, value, mask, scale, sinks, causal, sliding_win
                          keywords)[comm.rank]
         expected = torch.cat([torch.arange(b, b + n) for b, n in chunks])
         if not torch.equal(expected, rows):
+            how = ", ".join(f"{k}={v!r}" for k, v in keywords.items()
+                            if v is not None and k != "seqlens" and not (k == "ulysses" and v == 1))
             _refuse("this rank's tokens are not the ones ringattn's layout gives it for this "
-                    "layer's attention (shard the inputs with ringattn.shard(..., causal=True) "
-                    "and the same ulysses, or with shard_inputs for a padded or packed batch)")
+                    f"layer's attention (causal={st.causal}{', ' + how if how else ''}): shard "
+                    "the inputs with ringattn.shard(x, comm, causal=..., window=..., "
+                    "ulysses=...) as the layer attends, or with shard_inputs(..., window=...) "
+                    "for a padded or packed batch; a model whose layers lay the sequence out "
+                    "differently (a window on some layers only) runs on one layout only where "
+                    "those layouts agree")
         out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
                          causal=st.causal, scale=scale, sinks=sinks, comm=comm, **keywords)
         module._ringattn_cache = None if _PACKED is not None else dict(
@@ -479,15 +485,46 @@ def _decode_on_ranks(module, query, key, value, fn, scale, sinks, kwargs):
     return out.to(query.dtype)
 
 
+class ShardedBatch:
+    """What shard_inputs gives a rank: ``inputs`` for the model (``input_ids`` and
+    ``position_ids``, [1, T_local]); ``batch_index`` ([T_local], this rank's rows as flat
+    indices ``b * N + t`` into the batch, -1 for filler rows); ``unshard(x)``: this rank's
+    [1, T_local, ...] output (logits) back as the batch's [B, N, ...] on every rank (a
+    collective; zeros at padding); ``local(x)``: this rank's rows of a batch tensor
+    [B, N, ...] (zeros for filler rows), e.g. a loss's weights or labels."""
+
+    def __init__(self, inputs, batch_index, batch, length, comm, keywords, heads):
+        self.inputs, self.batch_index = inputs, batch_index
+        self._batch, self._length, self._comm = batch, length, comm
+        self._keywords, self._heads = keywords, heads
+
+    def local(self, x):
+        flat = x.reshape((self._batch * self._length,) + tuple(x.shape[2:]))
+        index = self.batch_index.clamp_min(0).to(x.device)
+        rows = flat[index] * (self.batch_index >= 0).to(x.device).reshape(
+            (-1,) + (1,) * (x.dim() - 2)).to(x.dtype)
+        return rows[None]
+
+    def unshard(self, x):
+        from ..functional import unshard as _unshard
+        full = _unshard(x, self._comm, causal=True, heads=self._heads, **self._keywords)[0]
+        index = _unshard(self.batch_index[None, :, None].float(), self._comm, causal=True,
+                         heads=self._heads, **self._keywords)[0, :, 0].long()
+        out = full.new_zeros((self._batch * self._length,) + tuple(full.shape[1:]))
+        keep = index >= 0
+        out[index[keep].to(full.device)] = full[keep.to(full.device)]
+        return out.reshape((self._batch, self._length) + tuple(full.shape[1:]))
+
+
 def shard_inputs(input_ids, attention_mask=None, position_ids=None, *, comm=None, ulysses=None,
-                 heads=None):
+                 heads=None, window=None) -> ShardedBatch:
     """A padded (``attention_mask``) or packed (restarting ``position_ids``) batch as one
-    packed row of documents, and this rank's shard of it: returns ``(inputs, unshard)``.
-    ``inputs`` (``input_ids`` and ``position_ids``, [1, T_local]) go to the model registered
-    on ``comm`` (default: register's); ``unshard(x)`` turns this rank's [1, T_local, ...]
-    output (logits) back into the batch's [B, N, ...] on every rank (a collective), zeros at
-    padding. The positions are those eager gives the padded batch (``position_ids``, else
-    0..N-1 in every row). The documents hold until the next call, or register()."""
+    packed row of documents, and this rank's shard of it (a ShardedBatch: its ``inputs`` go
+    to the model registered on ``comm``, default register's). The positions are those eager
+    gives the padded batch (``position_ids``, else 0..N-1 in every row); ``heads``: the
+    model's query heads (for Ulysses' layout); ``window``: the layers' window, as
+    ringattn.attention takes it (the layout follows the work). The documents hold for the model's calls until
+    the next shard_inputs or register()."""
     global _PACKED
     comm = _COMM if comm is None else comm
     ulysses = _ULYSSES if ulysses is None else ulysses
@@ -500,7 +537,7 @@ def shard_inputs(input_ids, attention_mask=None, position_ids=None, *, comm=None
         positions = torch.arange(n).expand(batch, n)
     else:
         positions = position_ids.detach().cpu().long().expand(batch, n)
-    ids, pos, seqlens = [], [], []
+    ids, pos, seqlens, where = [], [], [], []
     for b in range(batch):
         keep = valid[b].nonzero().flatten()
         if keep.numel() == 0:
@@ -513,31 +550,25 @@ def shard_inputs(input_ids, attention_mask=None, position_ids=None, *, comm=None
         seqlens += [e - s for s, e in zip(cuts[:-1], cuts[1:]) if e > s]
         ids.append(input_ids[b, keep.to(input_ids.device)])
         pos.append(row_pos)
+        where.append(b * n + keep)
     total = sum(seqlens)
-    unit = 2 * comm.size * max(1, ulysses if isinstance(ulysses, int) else 1)
+    unit = 2 * comm.size * (ulysses if isinstance(ulysses, int) else 1)
     filler = (-total) % unit
     if filler:  # a document of filler tokens, so that every rank holds as many rows
         seqlens.append(filler)
         ids.append(input_ids.new_zeros(filler))
         pos.append(torch.arange(filler))
-    ids, pos = torch.cat(ids), torch.cat(pos)
+        where.append(torch.full((filler,), -1))
+    ids, pos, where = torch.cat(ids), torch.cat(pos), torch.cat(where)
     total += filler
-    keywords = dict(seqlens=seqlens if len(seqlens) > 1 else None, ulysses=ulysses)
+    keywords = dict(seqlens=seqlens if len(seqlens) > 1 else None, ulysses=ulysses,
+                    window=window)
     layouts = _layout(comm, (1, total, heads or 1), total, True, None, heads, keywords)
     rows = torch.cat([torch.arange(b, b + k) for b, k in layouts[comm.rank]])
     _PACKED = _PackedBatch(seqlens, total, rows)
-    valid_flat = (torch.arange(batch)[:, None] * n + torch.arange(n)[None, :])[valid]
-    real = valid_flat.numel()
-
-    def unshard(x):
-        from ..functional import unshard as _unshard
-        full = _unshard(x, comm, causal=True, heads=heads, **keywords)[0]
-        out = full.new_zeros((batch * n,) + tuple(full.shape[1:]))
-        out[valid_flat.to(full.device)] = full[:real]
-        return out.reshape((batch, n) + tuple(full.shape[1:]))
-
-    return dict(input_ids=ids[rows.to(ids.device)][None],
-                position_ids=pos[rows][None].to(input_ids.device)), unshard
+    inputs = dict(input_ids=ids[rows.to(ids.device)][None],
+                  position_ids=pos[rows][None].to(input_ids.device))
+    return ShardedBatch(inputs, where[rows], batch, n, comm, keywords, heads)
 
 
 # ----- The mask interface ------------------------------------------------------------------
