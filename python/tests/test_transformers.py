@@ -175,13 +175,17 @@ def test_modernbert_bidirectional_local_window_over_a_padded_batch(calls):
 
 @pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_generation_gives_eager_tokens(name, padded):
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generation_gives_eager_tokens(name, padded, cache):
+    """generate(), greedy, with transformers' default cache and with a static one (its
+    prepared 4D masks come back into the model as the attention mask)."""
     prompt = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3))
     mask = torch.ones(2, 24, dtype=torch.long)
     if padded:
         mask[1, :6] = 0
+    extra = {} if cache == "dynamic" else dict(cache_implementation="static")
     tokens = {impl: build(name, impl).generate(prompt, attention_mask=mask, max_new_tokens=8,
-                                               do_sample=False)
+                                               do_sample=False, **extra)
               for impl in ("eager", "ringattn")}
     assert torch.equal(tokens["ringattn"], tokens["eager"])
 

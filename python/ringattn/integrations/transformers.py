@@ -202,6 +202,17 @@ class _MaskSpec:
                                        what=what)
         return self._structure
 
+    # What a 4D mask tensor would say about itself, without making it.
+    @property
+    def shape(self):
+        return torch.Size((self.batch_size, 1, self.q_length, self.kv_length))
+
+    ndim = property(lambda self: 4)
+    dtype = property(lambda self: torch.bool)
+
+    def dim(self):
+        return 4
+
     # Model code that uses the mask as a tensor gets transformers' tensor.
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -577,9 +588,14 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
           attention_mask=None, allow_is_causal_skip=True, allow_is_bidirectional_skip=False,
           local_size=None, use_vmap=False, device="cpu", **kwargs):
     """No mask where sdpa would need none (causality alone, every key valid, on one process);
-    transformers' own tensor where the model asks for one to edit (it clears
-    allow_is_causal_skip for a plain causal or windowed mask); else the composition
-    unevaluated (_MaskSpec), which the attention reads."""
+    transformers' own tensor for queries over a longer cache, and where the model asks for one
+    to edit (it clears allow_is_causal_skip for a plain causal or windowed mask); else the
+    composition unevaluated (_MaskSpec), which the attention reads."""
+    if isinstance(attention_mask, _MaskSpec) or (isinstance(attention_mask, torch.Tensor) and
+                                                 attention_mask.dim() == 4):
+        # The mask made for this step already (generation prepares it and passes it back in
+        # as the model's attention_mask).
+        return attention_mask
     spec = _MaskSpec(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                      attention_mask, use_vmap, device)
     one_process = _COMM is None or _COMM.size == 1
@@ -593,6 +609,10 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
             return None
         if allow_is_bidirectional_skip and kinds <= {"bidirectional"}:
             return None
+    if one_process and (q_length != kv_length or spec.q_offset != spec.kv_offset):
+        # Queries over a longer cache: the mask is as small as the work, and generation with
+        # a static cache passes it back into the model as its attention_mask (a tensor).
+        return spec.tensor()
     plain = kinds <= {"causal", "sliding window", "chunked attention", "and", "padding"}
     if not allow_is_causal_skip and plain and q_length > 1 and one_process and "or" not in kinds:
         return spec.tensor()  # the model asked for a tensor to edit
