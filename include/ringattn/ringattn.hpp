@@ -148,6 +148,15 @@ struct BuildFeatures {
 };
 BuildFeatures build_features() noexcept;
 
+// NCCL is not linked: the NCCL transport opens it when first made, taking the NCCL already in
+// the process if there is one (PyTorch's, say), else this file if one was set here, else
+// libnccl.so.2 by the dynamic loader's search, else the one found when ringattn was built.
+// Call before the first NCCL job; no effect after it, or in a build without NCCL.
+void set_nccl_library(const std::string& path);
+// The NCCL in use, opening it as a first NCCL job would: "NCCL 2.28.9 (<its file>)", or why
+// it cannot be opened ("NCCL (not loaded: ...)"), or "none (built without NCCL)".
+std::string nccl_version();
+
 // A tensor the caller owns. q, k, v and dout are read in the engine's dtype(); out, lse and
 // the gradients are fp32. Device tensors must be on the engine's GPU; work on them is
 // ordered after everything already queued on `stream` (a cudaStream_t; null: the legacy

@@ -8,6 +8,8 @@ process or over MPI ranks (``ringattn.Comm.from_mpi()``), with torch autograd
 (``ringattn.nn.RingAttention``). See docs/API.md.
 """
 from ._core import __version__
+from . import _nccl
+_nccl.hand_over()  # before anything can open NCCL: torch's, if the wheel is installed
 from ._comm import Comm, default_comm
 from .functional import (all_reduce_sum, attention, attention_backward, shard, unshard)
 

@@ -17,7 +17,11 @@ from ._comm import Comm, default_comm
 
 try:
     import torch
-except ImportError:  # numpy-only use
+except ImportError as e:
+    # Only torch being absent means numpy-only use. torch installed but failing to import (a
+    # missing dependency, a library clash) is an error to see, not a reason to run without it.
+    if not (isinstance(e, ModuleNotFoundError) and e.name == "torch"):
+        raise ImportError(f"ringattn: torch is installed but failed to import: {e}") from e
     torch = None
 
 if torch is not None:

@@ -17,6 +17,7 @@
 #include "group_comm.hpp"
 #include "ringattn/device.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/ringattn.hpp"
 #include "testing_device.hpp"
 
 namespace nb = nanobind;
@@ -220,6 +221,15 @@ NB_MODULE(_core, m) {
   // CUDA kernels built into this extension (CUDA tensors then run on the GPU engines).
   m.attr("has_cuda") = cuda_built();
   m.def("shutdown", &shutdown, "Ends MPI if this process started it (atexit).");
+  // The NCCL transport (GPU jobs over several processes); NCCL itself is opened only when one
+  // first runs, preferring one already loaded (torch's). ringattn/_nccl.py hands over the file.
+  m.attr("has_nccl") = build_features().nccl;
+  m.def("set_nccl_library", &set_nccl_library, "path"_a,
+        "The NCCL file to open if no NCCL is loaded when a GPU job first needs it (ringattn "
+        "passes the nvidia-nccl wheel's, the one torch loads). No effect once NCCL is open.");
+  m.def("nccl_version", &nccl_version,
+        "The NCCL in use, opening it as a first GPU job over several processes would: "
+        "'NCCL 2.28.9 (<its file>)', or why it cannot be opened.");
 
   nb::class_<CommHandle>(m, "CommHandle")
       .def(nb::init<double>(), "timeout"_a)

@@ -6,6 +6,10 @@
 #include "job/agree.hpp"
 #include "job/comm_access.hpp"
 #include "ring/inproc_communicator.hpp"
+#include "ring/nccl_communicator.hpp"
+#ifdef RINGATTN_HAVE_NCCL
+#include "ring/nccl_library.hpp"
+#endif
 #include "ring/transport_communicator.hpp"
 #include "ringattn/errors.hpp"
 
@@ -82,5 +86,15 @@ BuildFeatures build_features() noexcept {
 #endif
   return f;
 }
+
+void set_nccl_library(const std::string& path) {
+#ifdef RINGATTN_HAVE_NCCL
+  ring::set_nccl_library_path(path);
+#else
+  (void)path;
+#endif
+}
+
+std::string nccl_version() { return ring::nccl_version_string(); }
 
 }  // namespace ringattn

@@ -11,9 +11,9 @@
 
 #include "job/ulysses.hpp"
 #include "kernels/cpu_blas.hpp"
-#include "ring/nccl_communicator.hpp"
 #include "ring/ulysses_model.hpp"
 #include "ringattn/quote.hpp"
+#include "ringattn/ringattn.hpp"
 #include "sparse/pattern.hpp"
 #include "sparse/pattern_cache.hpp"
 #include "sparse/sparse_plan.hpp"
@@ -36,7 +36,8 @@ bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
                      "--device cpu or auto)");
   const CudaDeviceStatus s = probe_cuda_device();
   const bool shares_gpus = ranks.in_process && std::max(1, s.device_count) < ranks.world;
-  if (ranks.world > 1 && !shares_gpus && ring::nccl_version_string().find("none") == 0)
+  // The build's flag, not the library: NCCL is opened only when the transport is made.
+  if (ranks.world > 1 && !shares_gpus && !build_features().nccl)
     throw InputError("device", "'cuda' on " + std::to_string(ranks.world) +
                                    " ranks needs NCCL, and this build has none (build with "
                                    "NCCL, run one rank, or use --device cpu)");

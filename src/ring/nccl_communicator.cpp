@@ -2,7 +2,8 @@
 // group end and finalize return ncclInProgress and are polled (ncclCommGetAsyncError) by
 // the communication thread, so the watchdog can always act: cancel_in_flight() aborts the
 // communicator (ncclCommAbort) and reports ncclGetLastError. One step is one NCCL group, so
-// the sends and receives of a step cannot deadlock against each other's ordering.
+// the sends and receives of a step cannot deadlock against each other's ordering. Every NCCL
+// call goes through the table nccl_library.hpp opens on first use (ringattn links no NCCL).
 #include "ring/nccl_communicator.hpp"
 
 #include <cuda_runtime.h>
@@ -16,17 +17,19 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "ring/nccl_library.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::ring {
 
 namespace {
 
-[[noreturn]] void nccl_fail(ncclResult_t rc, ncclComm_t comm, int rank, const char* what,
-                            const char* file, int line) {
-  const char* last = ncclGetLastError(comm);
+[[noreturn]] void nccl_fail(const NcclLibrary& nccl, ncclResult_t rc, ncclComm_t comm, int rank,
+                            const char* what, const char* file, int line) {
+  const char* last = nccl.ncclGetLastError(comm);
   throw RuntimeFailure(std::string(file) + ":" + std::to_string(line) + ": rank " +
-                       std::to_string(rank) + ": " + what + " failed: " + ncclGetErrorString(rc) +
+                       std::to_string(rank) + ": " + what +
+                       " failed: " + nccl.ncclGetErrorString(rc) +
                        (last && *last ? std::string(" (NCCL: ") + last + ")" : std::string()));
 }
 
@@ -39,12 +42,15 @@ namespace {
 
 }  // namespace
 
-// Both need `rank_` (or a local `rank`) in scope; NCCL_CHECK also `comm_` (may be null).
-#define RINGATTN_NCCL_CHECK(call)                                                \
-  do {                                                                           \
-    const ncclResult_t rc_ = (call);                                             \
-    if (rc_ != ncclSuccess && rc_ != ncclInProgress)                             \
-      ::ringattn::ring::nccl_fail(rc_, comm_, rank_, #call, __FILE__, __LINE__); \
+// Both need `rank_` in scope; NCCL_CHECK also `comm_` (may be null) and `nccl_` (the table),
+// and is written RINGATTN_NCCL_CHECK(ncclSend, args...): the call through the table, named in
+// the message as NCCL's own (`ncclSend(args...) failed: ...`).
+#define RINGATTN_NCCL_CHECK(fn, ...)                                                            \
+  do {                                                                                          \
+    const ncclResult_t rc_ = nccl_.fn(__VA_ARGS__);                                             \
+    if (rc_ != ncclSuccess && rc_ != ncclInProgress)                                            \
+      ::ringattn::ring::nccl_fail(nccl_, rc_, comm_, rank_, #fn "(" #__VA_ARGS__ ")", __FILE__, \
+                                  __LINE__);                                                    \
   } while (0)
 #define RINGATTN_NCCL_CUDA_CHECK(call)                                                          \
   do {                                                                                          \
@@ -55,14 +61,6 @@ namespace {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string version_of(int code) {
-  // Since 2.9 the code is major*10000 + minor*100 + patch (before: major*1000 + minor*100).
-  const int major = code >= 10000 ? code / 10000 : code / 1000;
-  const int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
-  return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
-         std::to_string(code % 100);
-}
 
 class NcclCommunicator;
 
@@ -102,12 +100,12 @@ class NcclCommunicator final : public Communicator {
 
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);
-    if (rank_ == 0) RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
+    if (rank_ == 0) RINGATTN_NCCL_CHECK(ncclGetUniqueId, &id);
     control.broadcast(&id, sizeof id, 0);
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    RINGATTN_NCCL_CHECK(ncclCommInitRankConfig(&comm_, control.size(), id, rank_, &config));
+    RINGATTN_NCCL_CHECK(ncclCommInitRankConfig, &comm_, control.size(), id, rank_, &config);
     wait_until_idle("ncclCommInitRankConfig");
   }
 
@@ -118,15 +116,15 @@ class NcclCommunicator final : public Communicator {
       // Finalize flushes outstanding work; if that fails or cannot finish in time, abort.
       bool clean = true;
       try {
-        RINGATTN_NCCL_CHECK(ncclCommFinalize(comm_));
+        RINGATTN_NCCL_CHECK(ncclCommFinalize, comm_);
         wait_until_idle("ncclCommFinalize");  // aborts by itself past the timeout
       } catch (const std::exception&) {
         clean = false;
       }
       if (clean)
-        ncclCommDestroy(comm_);
+        nccl_.ncclCommDestroy(comm_);
       else if (!aborted_.exchange(true))
-        ncclCommAbort(comm_);
+        nccl_.ncclCommAbort(comm_);
     }
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -150,14 +148,14 @@ class NcclCommunicator final : public Communicator {
     const kernels::cuda::ScopedDevice on(device_);
     // Tags are not needed: NCCL matches sends and receives between a pair of ranks in
     // issue order, and both sides issue the ring's exchanges in the same order.
-    RINGATTN_NCCL_CHECK(ncclGroupStart());
+    RINGATTN_NCCL_CHECK(ncclGroupStart);
     for (const Transfer& t : recvs)
-      RINGATTN_NCCL_CHECK(ncclRecv(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_));
+      RINGATTN_NCCL_CHECK(ncclRecv, t.data, t.bytes, ncclUint8, t.peer, comm_, stream_);
     for (const Transfer& t : sends)
-      RINGATTN_NCCL_CHECK(ncclSend(t.data, t.bytes, ncclUint8, t.peer, comm_, stream_));
-    const ncclResult_t end = ncclGroupEnd();
+      RINGATTN_NCCL_CHECK(ncclSend, t.data, t.bytes, ncclUint8, t.peer, comm_, stream_);
+    const ncclResult_t end = nccl_.ncclGroupEnd();
     if (end != ncclSuccess && end != ncclInProgress)
-      nccl_fail(end, comm_, rank_, "ncclGroupEnd", __FILE__, __LINE__);
+      nccl_fail(nccl_, end, comm_, rank_, "ncclGroupEnd", __FILE__, __LINE__);
     cudaEvent_t ev = take_event();
     const bool enqueued = end == ncclSuccess;
     if (enqueued) RINGATTN_NCCL_CUDA_CHECK(cudaEventRecord(ev, stream_));
@@ -167,10 +165,10 @@ class NcclCommunicator final : public Communicator {
   // ncclInProgress while a nonblocking call is still being carried out; throws on an error.
   bool busy() {
     ncclResult_t state = ncclSuccess;
-    RINGATTN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    RINGATTN_NCCL_CHECK(ncclCommGetAsyncError, comm_, &state);
     if (state == ncclInProgress) return true;
     if (state != ncclSuccess)
-      nccl_fail(state, comm_, rank_, "asynchronous NCCL operation", __FILE__, __LINE__);
+      nccl_fail(nccl_, state, comm_, rank_, "asynchronous NCCL operation", __FILE__, __LINE__);
     return false;
   }
   void record(cudaEvent_t ev) {
@@ -205,11 +203,11 @@ class NcclCommunicator final : public Communicator {
   std::string cancel_in_flight() override {
     if (aborted_.exchange(true)) return "NCCL communicator already aborted";
     const kernels::cuda::ScopedDevice on(device_, std::nothrow);
-    ncclCommAbort(comm_);
+    nccl_.ncclCommAbort(comm_);
     // Read after the abort, when the library's account of what was in flight is complete;
     // with a null communicator, since the abort has freed this one (NCCL keeps the last
     // error per process; its manual says the argument may be NULL).
-    const char* last = ncclGetLastError(nullptr);
+    const char* last = nccl_.ncclGetLastError(nullptr);
     const std::string why = last && *last ? last : "no NCCL error recorded";
     return "NCCL communicator aborted (ncclCommAbort); ncclGetLastError: " + why;
   }
@@ -219,7 +217,7 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void abort(int exit_code) override {
     if (comm_ && !aborted_.exchange(true)) {
       const kernels::cuda::ScopedDevice on(device_, std::nothrow);
-      ncclCommAbort(comm_);
+      nccl_.ncclCommAbort(comm_);
     }
     control_.abort(exit_code);
     std::_Exit(exit_code);  // not reached: control_.abort ends the job
@@ -251,6 +249,8 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // First: NCCL is opened (or the reason it cannot be) before anything else is set up.
+  const NcclLibrary& nccl_ = nccl_library();
   Communicator& control_;
   int rank_ = 0;
   double timeout_s_;
@@ -275,9 +275,12 @@ bool NcclExchange::test() {
 }  // namespace
 
 std::string nccl_version_string() {
-  int code = 0;
-  if (ncclGetVersion(&code) != ncclSuccess) return "NCCL (unknown version)";
-  return version_of(code);
+  try {
+    const NcclLibrary& nccl = nccl_library();
+    return nccl_version_name(nccl.version_code) + " (" + nccl.file + ")";
+  } catch (const std::exception& e) {
+    return std::string("NCCL (not loaded: ") + e.what() + ")";
+  }
 }
 
 std::string describe_cuda_device(int device) {

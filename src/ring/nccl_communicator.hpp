@@ -20,7 +20,8 @@ struct NcclOptions {
 // makes the unique id on rank 0 and broadcasts it over `control`, and initialises NCCL
 // nonblocking (ncclCommInitRankConfig, config.blocking = 0), polling for at most
 // opts.timeout_s. `control` must outlive the result. Throws RuntimeFailure naming the rank
-// and NCCL's own message (ncclGetErrorString and ncclGetLastError).
+// and NCCL's own message (ncclGetErrorString and ncclGetLastError), or, when NCCL cannot be
+// opened or is too old, what was tried (nccl_library.hpp: the first call opens NCCL).
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& control,
                                                      const NcclOptions& opts = {});
 
@@ -31,8 +32,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& control,
 // Built with CUDA; without it, throws.
 std::unique_ptr<Communicator> make_device_inproc_communicator(Communicator& control, int device);
 
-// For the device report: "NCCL 2.28.9" (ncclGetVersion), and one GPU's name, PCI bus id,
-// compute capability and memory.
+// For the device report: "NCCL 2.28.9 (/path/libnccl.so.2)" (ncclGetVersion, and the file
+// in use; opens NCCL if it is not open, and says so instead of throwing if it cannot), and one
+// GPU's name, PCI bus id, compute capability and memory.
 std::string nccl_version_string();
 std::string describe_cuda_device(int device);
 
