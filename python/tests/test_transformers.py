@@ -234,7 +234,7 @@ def _tiny(cls_name, config_name, **extra):
           **ONE_EXPERT), "multi-head latent attention"),
     # Doge edits transformers' mask tensor with a learned dynamic bias.
     ("DogeForCausalLM", "DogeConfig", dict(num_key_value_heads=2),
-     "additive attention bias in the mask tensor"),
+     "attention bias in the mask tensor"),
 ])
 def test_a_model_feature_ringattn_does_not_carry_is_refused_by_name(cls_name, config_name, extra,
                                                                   named):

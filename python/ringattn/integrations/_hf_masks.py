@@ -203,11 +203,15 @@ class DocumentsOracle:
         return same & r
 
 
-def tensor_mask(mask) -> torch.Tensor:
-    """A model's 4D mask tensor as booleans [B, Q, KV], or NotCarried naming why."""
+def tensor_mask(mask, batch, q_len, kv_len) -> torch.Tensor:
+    """A model's 4D mask tensor as booleans [batch, Q, KV] (dimensions of size 1 broadcast,
+    as the eager addition broadcasts them), or NotCarried naming why."""
     if mask.dim() != 4:
         raise NotCarried(f"an attention-mask tensor of shape {list(mask.shape)} (ringattn reads "
                          "4D masks [B, 1, Q, KV])")
+    if mask.requires_grad:
+        raise NotCarried("a learned attention bias in the mask tensor (it requires a gradient, "
+                         "e.g. a relative position bias table)")
     if mask.dtype == torch.bool:
         allowed = mask
     elif mask.is_floating_point():
@@ -221,7 +225,12 @@ def tensor_mask(mask) -> torch.Tensor:
     if allowed.shape[1] != 1:
         if not bool((allowed == allowed[:, :1]).all()):
             raise NotCarried("a mask tensor that differs between heads")
-    return allowed[:, 0]
+    allowed = allowed[:, 0]
+    try:
+        return torch.broadcast_to(allowed, (batch, q_len, kv_len))
+    except RuntimeError:
+        raise NotCarried(f"a mask tensor of shape {list(mask.shape)} for a batch of {batch} "
+                         f"with {q_len} queries over {kv_len} keys") from None
 
 
 class Structure:
@@ -233,6 +242,11 @@ class Structure:
         self.causal = causal
         self.window = window          # None or (left, right); right 0 when causal
         self.batch, self.length = batch, length
+        # Per batch row: tokens that do not attend themselves but attend some key (eager
+        # defines their rows, e.g. a key-padding mask's padded queries), computed over the
+        # oracle's own rows; tokens that attend no key get zeros.
+        self.extra_rows = [torch.zeros(0, dtype=torch.long) for _ in range(batch)]
+        self.oracle = None
 
     @property
     def all_valid(self):
@@ -308,6 +322,15 @@ def infer(oracle, batch, length, *, full_check=False, what="the mask") -> Struct
     window = None if left is None and right is None else (
         left if left is not None else length, right if right is not None else length)
     structure = Structure(valid_rows, [], causal, window, batch, length)
+    structure.oracle = oracle
+    for b in range(batch):
+        invalid = torch.ones(length, dtype=torch.bool)
+        invalid[valid_rows[b]] = False
+        invalid = invalid.nonzero().flatten()
+        keep = [invalid[i:i + _ROW_BLOCK][oracle.rows(b, invalid[i:i + _ROW_BLOCK], idx).any(1)]
+                for i in range(0, invalid.numel(), _ROW_BLOCK)]
+        if keep:
+            structure.extra_rows[b] = torch.cat(keep)
     # Check the derived options against the mask, row by row.
     for b in range(batch):
         valid, starts = valid_rows[b], starts_rows[b]

@@ -182,7 +182,7 @@ class _MaskSpec:
             return torch.stack([oracle.rows(b, torch.arange(q_len), torch.arange(kv_len))
                                 for b in range(self.batch_size)])
         except Exception:  # a function that only vmap evaluates: transformers' own tensor
-            return hm.tensor_mask(self.tensor().cpu())
+            return hm.tensor_mask(self.tensor().cpu(), self.batch_size, q_len, kv_len)
 
     def structure(self):
         """The options this call's mask means (Q = KV, the same tokens), cached: every layer
@@ -196,7 +196,8 @@ class _MaskSpec:
             except hm.NotCarried:
                 raise
             except Exception:
-                oracle = hm.TensorOracle(hm.tensor_mask(self.tensor().cpu()))
+                oracle = hm.TensorOracle(hm.tensor_mask(self.tensor().cpu(), self.batch_size,
+                                                        self.q_length, self.kv_length))
             self._structure = hm.infer(oracle, self.batch_size, self.q_length,
                                        full_check=not hm.all_known(self.mask_function),
                                        what=what)
@@ -252,17 +253,18 @@ class _MaskSpec:
     __rmul__ = __mul__
 
 
-def _structure_of_tensor(mask):
-    """The options a 4D mask tensor the layer received means (Q = KV), cached on it."""
+def _structure_of_tensor(mask, batch, length):
+    """The options a 4D mask tensor the layer received means (Q = KV = length), cached on
+    it."""
     cached = getattr(mask, "_ringattn_structure", None)
-    if cached is not None and cached[0] == mask._version:
+    if cached is not None and cached[0] == (mask._version, batch, length):
         return cached[1]
-    allowed = hm.tensor_mask(mask.detach().cpu())
-    structure = hm.infer(hm.TensorOracle(allowed), allowed.shape[0], allowed.shape[1],
+    allowed = hm.tensor_mask(mask, batch, length, length).cpu()
+    structure = hm.infer(hm.TensorOracle(allowed), batch, length,
                          full_check=True, what="the attention-mask tensor the layer receives "
                          "(the model builds or edits it)")
     try:
-        mask._ringattn_structure = (mask._version, structure)
+        mask._ringattn_structure = ((mask._version, batch, length), structure)
     except (AttributeError, RuntimeError):
         pass
     return structure
@@ -277,8 +279,11 @@ def _whole_tokens(query, key, value, st, scale, sinks):
     """Attention of a call's tokens over themselves with the options of `st`: padding
     gathered out into documents and scattered back. [B, N, H, Dv]."""
     b, h, n, _ = query.shape
+    if (st.batch, st.length) != (b, n):  # never: a mask read for other tokens
+        raise AssertionError(f"ringattn: a mask read for {st.batch} x {st.length} tokens, "
+                             f"applied to {b} x {n}")
     window = st.ringattn_window()
-    if st.all_valid and st.same_documents:
+    if st.all_valid and st.same_documents:  # (then no extra rows: every token is valid)
         docs = st.doc_lengths[0]
         out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
                          causal=st.causal, scale=scale, window=window,
@@ -295,6 +300,16 @@ def _whole_tokens(query, key, value, st, scale, sinks):
                             scale=scale, window=window, seqlens=None if len(docs) <= 1 else docs,
                             sinks=sinks)
         out = out.index_copy(0, flat, packed[0].to(out.dtype))
+    # Rows of tokens that do not attend themselves but attend some key, as eager defines
+    # them (a key-padding mask's padded queries): torch operations over the mask's rows.
+    keys = torch.arange(n)
+    for i, rows in enumerate(st.extra_rows):
+        for j in range(0, rows.numel(), 256):
+            block = rows[j:j + 256]
+            allowed = st.oracle.rows(i, block, keys)[None]
+            part = hm.attend_rows(query[i:i + 1, :, block.to(query.device)], key[i:i + 1],
+                                  value[i:i + 1], allowed.to(query.device), scale, sinks)
+            out = out.index_copy(0, (i * n + block).to(query.device), part[0].to(out.dtype))
     return out.reshape(b, n, h, value.shape[-1])
 
 
@@ -322,7 +337,9 @@ def ringattn_attention_forward(module, query, key, value, attention_mask, dropou
     if sinks is not None:
         sinks = sinks.to(query.device)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # Under a communicator a layer with no mask is causal where it says so (the mask
+    # interface always gives the ranks a mask).
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
     q_len, kv_len = query.shape[2], key.shape[2]
     if _COMM is not None and _COMM.size > 1:
         out = _on_ranks(module, query, key, value, attention_mask, scale, sinks, causal,
@@ -331,37 +348,33 @@ def ringattn_attention_forward(module, query, key, value, attention_mask, dropou
     mask = attention_mask
     try:
         if isinstance(mask, _MaskSpec):
+            if (mask.q_length, mask.kv_length) != (q_len, kv_len):
+                _refuse(f"the layer attends {q_len} queries over {kv_len} keys but its mask was "
+                        f"made for {mask.q_length} over {mask.kv_length} (the layer adds keys or "
+                        "queries the mask does not describe, e.g. compressed KV entries)")
             if q_len == kv_len and mask.q_offset == mask.kv_offset:
                 return _whole_tokens(query, key, value, mask.structure(), scale, sinks), None
             return _over_cache(query, key, value, mask.rows(q_len, kv_len), scale, sinks), None
         if isinstance(mask, torch.Tensor):
             if q_len == kv_len:
-                return _whole_tokens(query, key, value, _structure_of_tensor(mask), scale,
-                                     sinks), None
-            allowed = hm.tensor_mask(mask.detach().cpu())
-            if tuple(allowed.shape[1:]) != (q_len, kv_len):
-                _refuse(f"a mask tensor of shape {list(mask.shape)} for {q_len} queries over "
-                        f"{kv_len} keys")
+                st = _structure_of_tensor(mask, query.shape[0], q_len)
+                return _whole_tokens(query, key, value, st, scale, sinks), None
+            allowed = hm.tensor_mask(mask, query.shape[0], q_len, kv_len).cpu()
             return _over_cache(query, key, value, allowed, scale, sinks), None
     except hm.NotCarried as e:
         _refuse(f"{e}, which ringattn does not carry")
     if mask is not None:
         _refuse(f"the layer's attention mask is a {type(mask).__name__}, which ringattn does not "
                 "read")
-    # No mask: transformers found causality alone enough (sdpa's is_causal).
+    # No mask: every key, as eager attends (the mask interface gives None only for one
+    # query over its whole cache, so this is also a model that passes no mask itself: eager
+    # reads neither is_causal nor sliding_window, which are sdpa's and flash-attention's).
     if q_len == kv_len:
-        window = None
-        if sliding_window is not None:
-            window = (int(sliding_window) - 1, 0) if causal else int(sliding_window) - 1
-        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
-                         causal=bool(causal) and q_len > 1, scale=scale, window=window,
-                         sinks=sinks)
+        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)), causal=False,
+                         scale=scale, sinks=sinks)
         return out.to(query.dtype), None
-    if q_len == 1 or not causal:
-        # One query over its cache, or cross-attention: every key.
-        allowed = torch.ones(query.shape[0], q_len, kv_len, dtype=torch.bool)
-        return _over_cache(query, key, value, allowed, scale, sinks), None
-    _refuse(f"{q_len} causal queries over {kv_len} keys with no mask to say which they attend")
+    allowed = torch.ones(query.shape[0], q_len, kv_len, dtype=torch.bool)
+    return _over_cache(query, key, value, allowed, scale, sinks), None
 
 
 # ----- Over a communicator's ranks ---------------------------------------------------------
@@ -587,8 +600,8 @@ def shard_inputs(input_ids, attention_mask=None, position_ids=None, *, comm=None
 def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
           attention_mask=None, allow_is_causal_skip=True, allow_is_bidirectional_skip=False,
           local_size=None, use_vmap=False, device="cpu", **kwargs):
-    """No mask where sdpa would need none (causality alone, every key valid, on one process);
-    transformers' own tensor for queries over a longer cache, and where the model asks for one
+    """No mask for one query over every key of its cache (on one process); transformers' own
+    tensor for queries over a longer cache, and where the model asks for one
     to edit (it clears allow_is_causal_skip for a plain causal or windowed mask); else the
     composition unevaluated (_MaskSpec), which the attention reads."""
     if isinstance(attention_mask, _MaskSpec) or (isinstance(attention_mask, torch.Tensor) and
@@ -603,12 +616,9 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
         spec.padding[:, spec.kv_offset:spec.kv_offset + kv_length].all())
     local_ok = local_size is None or kv_length < local_size
     kinds = {k for k, _ in hm.components(mask_function)}
-    if one_process and all_valid and local_ok:
-        if allow_is_causal_skip and (q_length == 1 or q_length == kv_length) and \
-                kinds <= {"causal", "sliding window", "chunked attention", "and"}:
-            return None
-        if allow_is_bidirectional_skip and kinds <= {"bidirectional"}:
-            return None
+    if one_process and all_valid and local_ok and q_length == 1 and kinds <= {
+            "causal", "sliding window", "chunked attention", "and", "bidirectional"}:
+        return None  # one query over every key of its cache
     if one_process and (q_length != kv_length or spec.q_offset != spec.kv_offset):
         # Queries over a longer cache: the mask is as small as the work, and generation with
         # a static cache passes it back into the model as its attention_mask (a tensor).
