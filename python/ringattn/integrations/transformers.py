@@ -600,7 +600,7 @@ def shard_inputs(input_ids, attention_mask=None, position_ids=None, *, comm=None
 def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
           attention_mask=None, allow_is_causal_skip=True, allow_is_bidirectional_skip=False,
           local_size=None, use_vmap=False, device="cpu", **kwargs):
-    """No mask for one query over every key of its cache (on one process); transformers' own
+    """No mask where every query attends every key (on one process); transformers' own
     tensor for queries over a longer cache, and where the model asks for one
     to edit (it clears allow_is_causal_skip for a plain causal or windowed mask); else the
     composition unevaluated (_MaskSpec), which the attention reads."""
@@ -616,9 +616,14 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
         spec.padding[:, spec.kv_offset:spec.kv_offset + kv_length].all())
     local_ok = local_size is None or kv_length < local_size
     kinds = {k for k, _ in hm.components(mask_function)}
-    if one_process and all_valid and local_ok and q_length == 1 and kinds <= {
-            "causal", "sliding window", "chunked attention", "and", "bidirectional"}:
-        return None  # one query over every key of its cache
+    if one_process and all_valid and local_ok and (
+            (q_length == 1 and kinds <= {"causal", "sliding window", "chunked attention", "and",
+                                         "bidirectional"}) or
+            (allow_is_bidirectional_skip and kinds <= {"bidirectional"})):
+        # Every query attends every key (one query over its whole cache, or bidirectional
+        # attention without padding): None, as transformers gives eager (some models size or
+        # skip their own masks by it), and the attention reads None as every key.
+        return None
     if one_process and (q_length != kv_length or spec.q_offset != spec.kv_offset):
         # Queries over a longer cache: the mask is as small as the work, and generation with
         # a static cache passes it back into the model as its attention_mask (a tensor).
