@@ -1,0 +1,1124 @@
+"""A sweep of every transformers model family against attn_implementation="ringattn".
+
+    .venv-torch/bin/python python/tests/transformers_sweep.py [--families REGEX] [--workers 2]
+
+Discovers every model family of the installed transformers whose attention dispatches
+through ``AttentionInterface`` (its modeling file refers to ``ALL_ATTENTION_FUNCTIONS``; read
+from the source text, nothing imported eagerly), builds a tiny random model of each (one
+class: its ``*ForCausalLM``, else its base model, else a model class its module exports) by a
+generic shrinking of the default config (recursively into the sub-configs: 2 layers, hidden
+64, 4 heads of 16, 2 KV heads, vocab 128, one expert, windows and chunks of 16 kept
+smaller than the sequence, no dropout), and compares eager against ringattn in float32: the
+output (logits, else last_hidden_state) and every parameter's gradient (of the output
+weighted by fixed random weights), relative Frobenius error < 1e-4. A representative set of
+models is also run in more modes: a padded batch (left and right padding), sequences packed
+through position_ids, generate() (greedy, with and without left padding) and a decoding loop
+over a plain DynamicCache past the sliding window.
+
+Each case is one of
+
+- ``exact``: the same as eager;
+- ``refused``: a ValueError starting "ringattn:" naming the feature ringattn does not carry;
+- ``different``: silently wrong (a failure);
+- ``crash``: any other exception in the ringattn run, eager running fine, or a hang past the
+  per-case timeout (a failure);
+- ``not built``: the tiny model or its inputs could not be made, or eager itself fails;
+- ``not applicable``: the model cannot take a custom attention implementation, ringattn was
+  never called, or the mode does not apply (generation for an encoder).
+
+Prints a table and a summary; exits nonzero if any case is ``different`` or ``crash``. Cases
+run in worker processes (spawn), by default 2. Importable: ``run_sweep()`` returns the rows
+(python/tests/test_transformers_sweep.py).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing as mp
+import os
+import queue
+import re
+import sys
+import time
+import traceback
+
+TOLERANCE = 1e-4
+TIMEOUT_S = 60
+# A gradient is compared relative to its norm or this fraction of the largest gradient's,
+# whichever is larger: a gradient that is zero in exact arithmetic (a key bias's, as softmax
+# ignores a constant per query; a one-expert router's; a q/k projection's whose only output
+# token attends itself alone) holds only rounding, which has no relative error to speak of.
+GRAD_FLOOR = 1e-3
+BATCH, SEQ = 2, 48
+VOCAB = 128
+# Token ids the random inputs use: [FIRST_ID, VOCAB); special ids are moved below FIRST_ID.
+FIRST_ID = 32
+FAILURES = ("different", "crash")
+RESULTS = ("exact", "refused", "different", "crash", "not built", "not applicable")
+
+
+@dataclasses.dataclass
+class Family:
+    name: str          # the models/ directory (plus the modeling file's suffix if several)
+    module: str        # transformers.models.<dir>.modeling_<x>
+    classes: list      # candidate class names, best first (empty: resolved from the module)
+    config: dict = dataclasses.field(default_factory=dict)  # overrides of the tiny config
+    mrope: bool = False  # the modeling file reads multimodal RoPE sections (mrope_section)
+
+
+@dataclasses.dataclass
+class Case:
+    family: Family
+    mode: str = "forward"
+
+
+@dataclasses.dataclass
+class Row:
+    family: str
+    cls: str
+    mode: str
+    result: str
+    error: float | None = None
+    message: str = ""
+    detail: str = ""   # a traceback, for crash rows
+    seconds: float = 0.0
+
+
+# ----- Discovery ---------------------------------------------------------------------------
+
+def _names(value):
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def discover(pattern: str | None = None) -> list[Family]:
+    """Every modeling file of the installed transformers that refers to
+    ALL_ATTENTION_FUNCTIONS, with the classes to test, from the source text alone."""
+    import transformers
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_MAPPING_NAMES)
+    root = os.path.join(os.path.dirname(transformers.__file__), "models")
+    families = []
+    for folder in sorted(os.listdir(root)):
+        path = os.path.join(root, folder)
+        if not os.path.isdir(path):
+            continue
+        files = []
+        for name in sorted(os.listdir(path)):
+            if not (name.startswith("modeling_") and name.endswith(".py")) or \
+                    name.startswith(("modeling_tf_", "modeling_flax_")):
+                continue
+            with open(os.path.join(path, name), encoding="utf-8") as f:
+                source = f.read()
+            if "ALL_ATTENTION_FUNCTIONS" in source:
+                files.append((name[:-3], set(re.findall(r"^class (\w+)\(", source, re.M)),
+                              "mrope_section" in source))
+        for stem, defined, mrope in files:
+            family = folder
+            if len(files) > 1 and stem != f"modeling_{folder}":
+                family = f"{folder}/{stem[len('modeling_'):]}"
+            classes = []
+            for mapping in (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES):
+                found = [(t, n) for t, v in mapping.items() for n in _names(v) if n in defined]
+                # A *ForCausalLM (a text model) before a multimodal one; the folder's own
+                # model type first.
+                found.sort(key=lambda tn: (not tn[1].endswith("ForCausalLM"), tn[0] != folder))
+                classes += [n for _, n in found if n not in classes]
+            families.append(Family(family, f"transformers.models.{folder}.{stem}", classes,
+                                   dict(FAMILY_CONFIG.get(family, {})), mrope))
+    if pattern:
+        families = [f for f in families if re.search(pattern, f.name)]
+    return families
+
+
+# Config overrides a family needs beyond the generic shrinking (its default config does not
+# build a model).
+FAMILY_CONFIG = {
+    "dbrx": dict(attn_config=dict(rope_theta=10000.0, clip_qkv=8.0)),
+}
+
+# The representative set, run in every mode: (family, class, config overrides).
+REPRESENTATIVE = [
+    ("llama", "LlamaForCausalLM", {}),
+    ("mistral", "MistralForCausalLM", dict(sliding_window=16)),
+    ("gemma3", "Gemma3ForCausalLM",
+     dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])),
+    ("qwen2_moe", "Qwen2MoeForCausalLM",
+     dict(use_sliding_window=True, sliding_window=16, max_window_layers=2)),
+    ("llama4", "Llama4ForCausalLM", dict(attention_chunk_size=16)),
+    ("gpt_oss", "GptOssForCausalLM", dict(sliding_window=16)),
+    ("modernbert", "ModernBertModel", dict(local_attention=16, global_attn_every_n_layers=2)),
+    ("bert", "BertModel", {}),
+]
+MODES = ("padded-left", "padded-right", "packed", "generate", "generate-left-padded",
+         "decode-cache")
+
+
+def representative_cases() -> list[Case]:
+    cases = []
+    for family, cls, overrides in REPRESENTATIVE:
+        fam = Family(family, "", [cls], overrides)
+        cases += [Case(fam, mode) for mode in MODES]
+    return cases
+
+
+# ----- Tiny configs ------------------------------------------------------------------------
+
+_LAYERS = {"num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
+           "decoder_layers", "num_encoder_layers", "num_decoder_layers", "decoder_num_layers",
+           "decoder_num_hidden_layers", "depth", "num_text_layers", "num_vision_layers",
+           "text_num_hidden_layers", "vision_num_hidden_layers", "encoder_num_hidden_layers"}
+_HEADS = {"num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+          "decoder_attention_heads", "attention_heads", "decoder_num_attention_heads",
+          "encoder_num_attention_heads", "swa_num_attention_heads"}
+_KV_HEADS = {"num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_head_kv",
+             "swa_num_key_value_heads", "num_key_value_groups_"}
+_HEAD_DIM = {"head_dim", "attention_head_dim", "dim_head", "kv_channels", "swa_head_dim",
+             "attention_head_size", "v_head_dim", "index_head_dim"}
+_INTERMEDIATE = {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner",
+                 "moe_intermediate_size", "shared_expert_intermediate_size", "mlp_dim",
+                 "decoder_intermediate_size", "shared_intermediate_size", "ffn_hidden_size",
+                 "expert_intermediate_size", "dense_intermediate_size"}
+_EXPERTS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
+            "num_routed_experts", "n_experts"}
+_EXPERTS_PER_TOKEN = {"num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k",
+                      "n_group", "topk_group", "moe_top_k", "num_selected_experts"}
+_POSITIONS = {"max_position_embeddings", "n_positions", "max_target_positions",
+              "max_sequence_length", "max_seq_len", "seq_length", "n_ctx"}
+_WINDOWS = {"sliding_window", "sliding_window_size", "local_attention", "attention_window",
+            "window"}
+_CHUNKS = {"attention_chunk_size"}
+# Integer fields that are widths of the model (kept consistent between sub-configs by making
+# them all the hidden size).
+_WIDTH = re.compile(r"(^|_)(hidden_size|d_model|n_embd|embed_dim|hidden_dim|emb_dim|dim|"
+                    r"embedding_size|embedding_dim|out_hidden_size|projection_dim|"
+                    r"text_hidden_size|vision_hidden_size|audio_hidden_size|output_dim|"
+                    r"projector_hidden_size|kv_lora_rank|q_lora_rank|d_kv|hidden_dim)$")
+
+
+class _Ids:
+    """Special token ids remapped below FIRST_ID, the same original id to the same new id
+    across the config tree."""
+
+    def __init__(self):
+        self.map = {}
+        self.next = 3
+
+    def __call__(self, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return value
+        if value < FIRST_ID:
+            return value
+        if value not in self.map:
+            while self.next in self.map.values() or self.next in (0, 1, 2):
+                self.next += 1
+            self.map[value] = min(self.next, FIRST_ID - 1)
+            self.next += 1
+        return self.map[value]
+
+
+def _is_token_key(key):
+    return (key.endswith("_token_id") or key.endswith("_token_index") or
+            key.endswith("_token_ids") or key in ("pad_token_id", "bos_token_id", "eos_token_id",
+                                                    "decoder_start_token_id", "sep_token_id",
+                                                    "cls_token_id", "mask_token_id",
+                                                    "image_token_id", "video_token_id"))
+
+
+def _layer_keep(layer_types, count):
+    """Indices of the layers kept: the first of each kind of layer (in order), at least 2."""
+    keep = []
+    seen = set()
+    for i, kind in enumerate(layer_types):
+        key = repr(kind)
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    for i in range(count):
+        if len(keep) >= 2:
+            break
+        if i not in keep:
+            keep.append(i)
+    return sorted(keep)
+
+
+def _shrink_value(key, value, ids):
+    """The tiny value of one scalar config field, or the value itself."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if _is_token_key(key):
+        if isinstance(value, (list, tuple)):
+            return type(value)(ids(v) for v in value)
+        return ids(value)
+    if isinstance(value, float):
+        if "dropout" in key or "pdrop" in key or key.endswith("layerdrop") or \
+                key in ("drop_path_rate", "attention_probs_dropout_prob",
+                        "hidden_dropout_prob", "router_jitter_noise", "jitter_noise",
+                        "router_z_loss_coef", "stochastic_depth_rate", "drop_rate",
+                        "mask_time_prob", "mask_feature_prob"):
+            return 0.0
+        return value
+    if not isinstance(value, int):
+        return value
+    if key in _LAYERS:
+        return min(value, 2)
+    if key in _HEADS:
+        return min(value, 4)
+    if key in _KV_HEADS:
+        return 1 if value <= 1 else 2
+    if key in _HEAD_DIM:
+        return 16 if value > 0 else value
+    if key in _INTERMEDIATE:
+        return 128 if value > 0 else value
+    if key in _EXPERTS:
+        return 1 if value > 0 else value
+    if key in _EXPERTS_PER_TOKEN:
+        return 1 if value > 0 else value
+    if key == "vocab_size" or key.endswith("_vocab_size") and value > VOCAB:
+        return VOCAB if value > 0 else value
+    if key in _POSITIONS:
+        return 256 if value > 256 else value
+    if key in _WINDOWS:
+        return 16 if value > 0 else value
+    if key in _CHUNKS:
+        return 16 if value > 0 else value
+    if key in ("qk_rope_head_dim", "qk_nope_head_dim"):
+        return 8 if value > 0 else value
+    if key == "qk_head_dim":
+        return 16
+    if key == "max_window_layers":
+        return 1
+    if key in ("first_k_dense_replace", "decoder_sparse_step", "interleave_moe_layer_step",
+               "moe_layer_freq", "global_attn_every_n_layers", "sliding_window_pattern",
+               "full_attention_interval", "attn_layer_period"):
+        return min(value, 2) if key != "first_k_dense_replace" else min(value, 1)
+    if key == "attn_layer_offset":
+        return min(value, 1)
+    if key == "image_size":
+        return 32
+    if key == "patch_size":
+        return 8 if value > 8 else value
+    if key == "max_source_positions":
+        return 32
+    if _WIDTH.search(key):
+        return 64 if value > 64 else value
+    return value
+
+
+def _fields(config):
+    """The config's own fields: its dataclass fields, else its __dict__ minus privates."""
+    try:
+        names = [f.name for f in dataclasses.fields(config)]
+    except TypeError:
+        names = list(vars(config))
+    return [n for n in names if not n.startswith("_")]
+
+
+def _get(config, key, default=None):
+    """A config field, a per-layer one of a heterogeneous config included."""
+    getter = getattr(config, "_getattr_without_heterogeneous_validation", None)
+    try:
+        return getter(key, default) if getter else getattr(config, key, default)
+    except Exception:  # noqa: BLE001
+        return default
+
+
+def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrope=False):
+    """A tiny config of `config_cls`: its default, shrunk field by field, rebuilt through the
+    class (so that derived fields follow), sub-configs shrunk recursively. Variant 0 has one
+    expert; variant 1 two, both chosen for every token (for routers that need two)."""
+    from transformers import PreTrainedConfig
+    ids = ids or _Ids()
+    base = config_cls() if base is None else base
+    overrides = dict(overrides or {})
+    kwargs = {}
+    fields = _fields(base)
+    sub_configs = getattr(base, "sub_configs", {}) or {}
+    layer_key = next((k for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+                      if isinstance(_get(base, k), int) and not isinstance(_get(base, k), bool)),
+                     None)
+    layers = _get(base, layer_key) if layer_key else None
+    keep = None
+    layer_types = _get(base, "layer_types")
+    if "layer_types" not in overrides and isinstance(layer_types, (list, tuple)) and layers and \
+            len(layer_types) == layers:
+        keep = _layer_keep(layer_types, layers)
+    elif layers:
+        keep = list(range(min(layers, 2)))
+    for key in fields:
+        if key in overrides:
+            continue
+        value = _get(base, key)
+        if isinstance(value, PreTrainedConfig):
+            kwargs[key] = tiny_config(type(value), overrides.pop(key, None) or {}, variant, ids,
+                                      value, mrope)
+            continue
+        if key in sub_configs and isinstance(value, dict):
+            continue  # a sub-config as a dict: left to the class's default
+        if isinstance(value, (list, tuple)) and keep is not None and layers and \
+                len(value) == layers and layers > 1 and not _is_token_key(key):
+            kwargs[key] = [value[i] for i in keep]
+            continue
+        if isinstance(value, dict) and key in ("rope_parameters", "rope_scaling"):
+            kwargs[key] = _shrink_rope(value, base)
+            continue
+        shrunk = _shrink_value(key, value, ids)
+        if key in _EXPERTS and variant == 1 and isinstance(value, int) and value > 1:
+            shrunk = 2
+        if key in _EXPERTS_PER_TOKEN and variant == 1 and isinstance(value, int) and value > 1 \
+                and key not in ("n_group", "topk_group"):
+            shrunk = 2
+        if shrunk is not value:
+            kwargs[key] = shrunk
+    if keep is not None and layer_key:
+        kwargs[layer_key] = len(keep)
+    if "head_dim" in fields and _get(base, "head_dim") is None:
+        kwargs["head_dim"] = 16
+    mla = (_get(base, "kv_lora_rank") or 0) > 0 or (_get(base, "qk_rope_head_dim") or 0) > 0
+    if mla:
+        # Multi-head latent attention: keys and values have as many heads as the queries,
+        # and the rotary part's dim is the head dim.
+        for key in _KV_HEADS:
+            if key in fields and _get(base, key) is not None:
+                kwargs[key] = 4
+        if "head_dim" in fields and _get(base, "head_dim") == _get(base, "qk_rope_head_dim"):
+            kwargs["head_dim"] = 8
+    if "use_sliding_window" in fields and _get(base, "use_sliding_window") is False:
+        kwargs["use_sliding_window"] = True
+        if not _get(base, "sliding_window"):
+            kwargs["sliding_window"] = 16
+    if _get(base, "mlp_only_layers"):
+        kwargs["mlp_only_layers"] = []
+    if (_get(base, "num_kv_shared_layers") or 0) > 0:
+        kwargs["num_kv_shared_layers"] = 0
+    spec = base.__dict__.get("_heterogeneity_spec")
+    if spec is not None and keep is not None and "per_layer_config" not in overrides:
+        # Per-layer fields (a heterogeneous config): those of the layers kept, shrunk.
+        kwargs["per_layer_config"] = {
+            new: {k: _shrink_value(k, v, ids) for k, v in spec.per_layer_overrides[old].items()}
+            for new, old in enumerate(keep) if spec.per_layer_overrides.get(old)}
+    if mrope and "rope_parameters" in fields and "rope_parameters" not in overrides:
+        kwargs["rope_parameters"] = _with_mrope(kwargs.get("rope_parameters") or
+                                                _get(base, "rope_parameters"), base)
+    kwargs.update(overrides)
+    for key in list(kwargs):
+        if key not in fields and key not in overrides and key != "per_layer_config":
+            kwargs.pop(key)
+    config = _construct(config_cls, kwargs, base)
+    config.dtype = "float32"
+    return config
+
+
+def _shrink_rope(rope, base):
+    """RoPE parameters for head_dim 16: multimodal sections scaled with the head dim."""
+    rope = dict(rope)
+    section = rope.get("mrope_section")
+    if isinstance(section, (list, tuple)) and section:
+        head_dim = _get(base, "head_dim") or (
+            (_get(base, "hidden_size") or 0) // max(1, _get(base, "num_attention_heads") or 1))
+        total = sum(section)
+        target = max(len(section), round(total * 16 / head_dim)) if head_dim else 8
+        new = [max(1, int(s * target / total)) for s in section]
+        new[0] += target - sum(new)
+        rope["mrope_section"] = new
+    for key in ("sliding_attention", "full_attention", "chunked_attention"):
+        if isinstance(rope.get(key), dict):
+            rope[key] = _shrink_rope(rope[key], base)
+    return rope
+
+
+def _with_mrope(rope, base):
+    """RoPE parameters with multimodal sections (mrope_section) for head_dim 16, where the
+    modeling file reads them (its default sections are for the full-size head dim)."""
+    rope = dict(rope or {"rope_type": "default", "rope_theta": 10000.0})
+    if any(isinstance(v, dict) for v in rope.values()):
+        return {k: _with_mrope(v, base) if isinstance(v, dict) else v for k, v in rope.items()}
+    if "mrope_section" not in rope:
+        factor = rope.get("partial_rotary_factor") or _get(base, "partial_rotary_factor") or 1.0
+        half = max(3, int(16 * factor) // 2)
+        rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
+    return rope
+
+
+def _construct(config_cls, kwargs, base):
+    """config_cls(**kwargs), dropping fields the class rejects one at a time."""
+    last = None
+    for _ in range(8):
+        try:
+            return config_cls(**kwargs)
+        except Exception as e:  # noqa: BLE001  a derived field out of line: drop it
+            last = e
+            text = str(e)
+            culprit = next((k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", text) and
+                            k not in ("num_hidden_layers",)), None)
+            if culprit is None:
+                raise
+            kwargs = dict(kwargs)
+            kwargs.pop(culprit)
+    raise last
+
+
+# ----- Inputs ------------------------------------------------------------------------------
+
+def _find(config, *keys, default=None):
+    """The first of `keys` set in the config or its sub-configs (breadth first)."""
+    todo = [config]
+    while todo:
+        c = todo.pop(0)
+        for key in keys:
+            value = getattr(c, key, None)
+            if value is not None:
+                return value
+        for name in getattr(c, "sub_configs", {}) or {}:
+            sub = getattr(c, name, None)
+            if sub is not None:
+                todo.append(sub)
+    return default
+
+
+def _image_config(config):
+    for name in ("vision_config", "image_config", "backbone_config"):
+        sub = getattr(config, name, None)
+        if sub is not None and not isinstance(sub, dict):
+            return sub
+    return config
+
+
+def input_recipes(model):
+    """The ways of making the model's inputs, tried in order until eager runs."""
+    import inspect
+    params = inspect.signature(model.forward).parameters
+    recipes = ["plain"]
+    if model.main_input_name != "pixel_values" and "pixel_values" in params:
+        recipes.append("pixels")  # a dual encoder (CLIP) that needs both
+    if model.main_input_name == "input_features":
+        recipes.append("features-time-major")
+    return recipes
+
+
+def make_inputs(model, config, recipe="plain", batch=BATCH, seq=SEQ, seed=2):
+    """The model's inputs by its main_input_name, plus the required ones it also takes."""
+    import inspect
+
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    name = model.main_input_name
+    inputs = {}
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = min(getattr(text, "vocab_size", None) or VOCAB, VOCAB)
+
+    def ids():
+        return torch.randint(FIRST_ID, max(vocab, FIRST_ID + 1), (batch, seq), generator=g)
+
+    def pixels():
+        vision = _image_config(config)
+        size = getattr(vision, "image_size", None) or 32
+        if isinstance(size, (list, tuple)):
+            h, w = size[0], size[-1]
+        elif isinstance(size, dict):
+            h, w = size.get("height", 32), size.get("width", 32)
+        else:
+            h = w = size
+        channels = getattr(vision, "num_channels", None) or 3
+        return torch.randn(batch, channels, h, w, generator=g)
+
+    if name == "input_ids":
+        inputs["input_ids"] = ids()
+    elif name == "pixel_values":
+        inputs["pixel_values"] = pixels()
+    elif name == "input_features":
+        mels = _find(config, "num_mel_bins", "feature_size", "input_feat_size", default=80)
+        frames = 2 * (_find(config, "max_source_positions", default=32) or 32)
+        features = torch.randn(batch, mels, frames, generator=g)
+        inputs["input_features"] = (features.transpose(1, 2).contiguous()
+                                    if recipe == "features-time-major" else features)
+    elif name == "input_values":
+        inputs["input_values"] = torch.randn(batch, 4000, generator=g)
+    else:
+        raise NotImplementedError(f"main input {name!r}")
+    params = inspect.signature(model.forward).parameters
+    required = [p for p, v in params.items() if v.default is inspect.Parameter.empty and
+                v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY) and p != "self"]
+    if recipe == "pixels":
+        required.append("pixel_values")
+    for p in required:
+        if p in inputs:
+            continue
+        if p in ("input_ids", "decoder_input_ids", "labels"):
+            inputs[p] = ids()
+        elif p == "pixel_values":
+            inputs[p] = pixels()
+        else:
+            raise NotImplementedError(f"a required input {p!r}")
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params and \
+            "decoder_input_ids" not in inputs:
+        inputs["decoder_input_ids"] = ids()
+    return inputs
+
+
+# ----- One case ----------------------------------------------------------------------------
+
+_CALLS = [0]
+_WRAPPED = [False]
+
+
+def _setup_worker():
+    import logging
+    import warnings
+
+    import torch
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    import transformers
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    import ringattn.integrations.transformers as ra_hf  # noqa: F401  registers "ringattn"
+    from transformers import AttentionInterface
+    forward = AttentionInterface._global_mapping["ringattn"]
+    if not _WRAPPED[0]:
+        def counted(*args, **kwargs):
+            _CALLS[0] += 1
+            return forward(*args, **kwargs)
+        AttentionInterface._global_mapping["ringattn"] = counted
+        _WRAPPED[0] = True
+
+
+def _resolve(family: Family):
+    """(model class, config class) of a family."""
+    import importlib
+
+    import transformers
+    from transformers import PreTrainedModel
+    if family.module:
+        module = importlib.import_module(family.module)
+    else:
+        module = transformers
+    for name in family.classes:
+        cls = getattr(module, name, None) or getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    exported = getattr(module, "__all__", None) or [n for n in dir(module) if n[:1].isupper()]
+    found = []
+    for name in exported:
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, PreTrainedModel) and \
+                cls.__module__ == module.__name__ and not name.endswith("PreTrainedModel") and \
+                getattr(cls, "config_class", None) is not None:
+            found.append(cls)
+    if not found:
+        raise LookupError(f"{family.module} exports no model class")
+    found.sort(key=lambda c: (not c._supports_attention_backend, not c.__name__.endswith("Model"),
+                              len(c.__name__)))
+    return found[0]
+
+
+def relative(a, b, floor=0.0):
+    """Relative Frobenius error ||a - b|| / max(||b||, floor) (0 when both are equal)."""
+    a, b = a.detach().double(), b.detach().double()
+    diff, norm = (a - b).norm().item(), max(b.norm().item(), floor)
+    if diff == 0.0:
+        return 0.0
+    return diff / norm if norm > 0 else float("inf")
+
+
+def _output_tensor(out):
+    import torch
+    for key in ("logits", "last_hidden_state", "prediction_logits", "pred_masks",
+                "reconstruction", "pooler_output"):
+        value = out.get(key) if hasattr(out, "get") else None
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return key, value
+    items = out.to_tuple() if hasattr(out, "to_tuple") else (out if isinstance(out, tuple)
+                                                             else (out,))
+    for i, value in enumerate(items):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return f"output[{i}]", value
+    raise TypeError("the model returns no floating-point tensor")
+
+
+def _build(cls, config, impl):
+    import copy
+
+    import torch
+    torch.manual_seed(1)
+    model = cls._from_config(copy.deepcopy(config), attn_implementation=impl,
+                             dtype=torch.float32)
+    model.train()
+    return model
+
+
+def _seed():
+    """The same random state for both runs (a model that draws in training: SpecAugment
+    masks, noise)."""
+    import random
+
+    import numpy
+    import torch
+    torch.manual_seed(0)
+    numpy.random.seed(0)
+    random.seed(0)
+
+
+def _forward_backward(model, inputs, valid=None, seed=3):
+    """(output, {name: grad}) of one forward and the backward of sum(out * w)."""
+    import torch
+    _seed()
+    out = model(**inputs)
+    key, tensor = _output_tensor(out)
+    weights = torch.randn(tensor.shape, generator=torch.Generator().manual_seed(seed))
+    if valid is not None:
+        weights = weights * valid.reshape(valid.shape + (1,) * (tensor.dim() - 2)).to(
+            weights.dtype)
+    (tensor.float() * weights).sum().backward()
+    grads = {n: (None if p.grad is None else p.grad.detach().clone())
+             for n, p in model.named_parameters()}
+    return tensor.detach(), grads
+
+
+def _compare(want, got, valid=None):
+    """(max relative error, what has it) over the output (valid positions) and gradients."""
+    (w_out, w_grads), (g_out, g_grads) = want, got
+    if valid is not None:
+        w_out, g_out = w_out[valid], g_out[valid]
+    worst, where = relative(g_out, w_out), "the output"
+    where_output = worst
+    # A gradient that is zero in exact arithmetic holds only rounding (GRAD_FLOOR).
+    floor = GRAD_FLOOR * max((g.double().norm().item() for g in w_grads.values()
+                              if g is not None), default=0.0)
+    for name, wg in w_grads.items():
+        gg = g_grads.get(name)
+        if (wg is None) != (gg is None):
+            return float("inf"), f"the gradient of {name} ({'none' if gg is None else 'some'} " \
+                                 f"with ringattn, {'none' if wg is None else 'some'} with eager)"
+        if wg is None:
+            continue
+        err = relative(gg, wg, floor)
+        if not err <= worst:
+            worst, where = err, f"the gradient of {name}"
+    if where != "the output":
+        where += f" (the output's error {where_output:.2g})"
+    return worst, where
+
+
+def _attention_report(model):
+    impls = {}
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            impls[type(m).__name__] = config._attn_implementation
+    attn = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
+    return (f"attention modules {', '.join(attn) or 'none'}; implementation per sub-model "
+            f"{impls}")
+
+
+def _is_refusal(e):
+    return isinstance(e, ValueError) and str(e).startswith("ringattn:")
+
+
+def _message(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+
+
+def run_case(case: Case) -> Row:
+    """One family in one mode; never raises."""
+    start = time.time()
+    family = case.family
+    row = Row(family.name, "?", case.mode, "not built")
+    try:
+        return _run_case(case, row)
+    except Exception as e:  # noqa: BLE001  anything the harness did not foresee
+        row.result = "not built"
+        row.message = f"harness: {_message(e)}"
+        row.detail = traceback.format_exc()
+        return row
+    finally:
+        row.seconds = time.time() - start
+
+
+def _prepare(case, row, cls):
+    """(config, inputs, valid, extra, eager's result) of the first config variant and input
+    recipe eager runs with; raises the first failure if none does."""
+    first = None
+    tried = set()
+    for variant in (0, 1):
+        stage = "config"
+        try:
+            config = tiny_config(cls.config_class, case.family.config, variant,
+                                 mrope=case.family.mrope)
+            key = config.to_json_string()
+            if key in tried:
+                continue
+            tried.add(key)
+            stage = "build"
+            eager = _build(cls, config, "eager")
+            recipes = input_recipes(eager)
+        except NotApplicable:
+            raise
+        except Exception as e:  # noqa: BLE001
+            first = first or (stage, e, traceback.format_exc())
+            continue
+        for number, recipe in enumerate(recipes):
+            stage = "inputs"
+            try:
+                if number:  # a failed run may have left gradients: a fresh model
+                    eager = _build(cls, config, "eager")
+                inputs, valid, extra = _mode_inputs(case.mode, eager, config, recipe)
+                stage = "eager fails"
+                want = _run_mode(case.mode, eager, inputs, valid, extra)
+                if _has_nan(want):
+                    raise FloatingPointError("eager gives NaN or inf")
+                return config, inputs, valid, extra, want
+            except NotApplicable:
+                raise
+            except Exception as e:  # noqa: BLE001
+                first = first or (stage, e, traceback.format_exc())
+    stage, error, detail = first
+    raise _NotBuilt(f"{stage}: {_message(error)}", detail)
+
+
+class _NotBuilt(Exception):
+    def __init__(self, message, detail):
+        super().__init__(message)
+        self.message, self.detail = message, detail
+
+
+def _run_case(case, row):
+    family = case.family
+    try:
+        cls = _resolve(family)
+        row.cls = cls.__name__
+    except Exception as e:  # noqa: BLE001
+        row.message = f"class: {_message(e)}"
+        row.detail = traceback.format_exc()
+        return row
+    if not cls._can_set_attn_implementation():
+        row.result = "not applicable"
+        row.message = (f"{cls.__name__} cannot set a custom attention implementation (its "
+                       "module has attention layers that do not use "
+                       "ALL_ATTENTION_FUNCTIONS.get_interface)")
+        return row
+    mode = case.mode
+    try:
+        config, inputs, valid, extra, want = _prepare(case, row, cls)
+    except NotApplicable as e:
+        row.result, row.message = "not applicable", str(e)
+        return row
+    except _NotBuilt as e:
+        row.message, row.detail = e.message, e.detail
+        return row
+    _CALLS[0] = 0
+    try:
+        model = _build(cls, config, "ringattn")
+        got = _run_mode(mode, model, inputs, valid, extra)
+    except Exception as e:  # noqa: BLE001
+        if _is_refusal(e):
+            row.result, row.message = "refused", str(e)
+        else:
+            row.result, row.message = "crash", _message(e)
+            row.detail = traceback.format_exc()
+        return row
+    calls = _CALLS[0]
+    error, where = _compare_mode(mode, want, got, valid)
+    row.error = error
+    if calls == 0:
+        same = "the same as eager" if error <= TOLERANCE else "differs from eager"
+        row.result = "not applicable"
+        row.message = f"ringattn was never called ({same}): {_attention_report(model)}"
+        return row
+    if error <= TOLERANCE:
+        row.result = "exact"
+        row.message = f"{calls} ringattn calls"
+    else:
+        row.result = "different"
+        row.message = f"{where}: relative error {error:.3g} ({calls} ringattn calls)"
+    return row
+
+
+class NotApplicable(Exception):
+    pass
+
+
+def _has_nan(result):
+    import torch
+    tensors = []
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+        tensors = [result[0]] + [g for g in result[1].values() if g is not None]
+    elif isinstance(result, list):
+        tensors = [t for t in result if t.is_floating_point()]
+    return any(not bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _is_decoder(model, config):
+    return getattr(config, "is_decoder", False) or model.can_generate() or \
+        type(model).__name__.endswith("ForCausalLM")
+
+
+def _mode_inputs(mode, model, config, recipe="plain"):
+    """(inputs, valid positions or None, extra) of a mode."""
+    import torch
+    inputs = make_inputs(model, config, recipe)
+    if mode == "forward":
+        return inputs, None, None
+    if model.main_input_name != "input_ids":
+        raise NotApplicable(f"mode {mode} is for text models")
+    ids = inputs["input_ids"]
+    pad = getattr(config.get_text_config(), "pad_token_id", None)
+    pad = 0 if pad is None else pad
+    if mode in ("padded-left", "padded-right"):
+        mask = torch.ones_like(ids)
+        for row, count in enumerate((5, 12)):
+            if mode == "padded-left":
+                mask[row, :count] = 0
+            else:
+                mask[row, ids.shape[1] - count:] = 0
+        ids = ids.masked_fill(mask == 0, pad)
+        return dict(inputs, input_ids=ids, attention_mask=mask), mask.bool(), None
+    if mode == "packed":
+        ids = ids[:1]
+        positions = torch.cat([torch.arange(20), torch.arange(16), torch.arange(12)])[None]
+        return dict(input_ids=ids, position_ids=positions, use_cache=False), None, None
+    if mode in ("generate", "generate-left-padded"):
+        if not model.can_generate():
+            raise NotApplicable(f"{type(model).__name__} does not generate (an encoder)")
+        ids = ids[:, :24]
+        mask = torch.ones_like(ids)
+        if mode == "generate-left-padded":
+            mask[1, :6] = 0
+            ids = ids.masked_fill(mask == 0, pad)
+        return dict(input_ids=ids, attention_mask=mask), None, pad
+    if mode == "decode-cache":
+        if not model.can_generate():
+            raise NotApplicable(f"{type(model).__name__} does not decode (an encoder)")
+        return dict(input_ids=ids), None, None
+    raise ValueError(f"unknown mode {mode}")
+
+
+def _run_mode(mode, model, inputs, valid, extra):
+    import torch
+    if mode in ("generate", "generate-left-padded"):
+        model.eval()
+        with torch.no_grad():
+            return model.generate(**inputs, max_new_tokens=6, do_sample=False,
+                                  pad_token_id=extra, min_new_tokens=6)
+    if mode == "decode-cache":
+        from transformers import DynamicCache
+        model.eval()
+        ids = inputs["input_ids"]
+        cache = DynamicCache()
+        steps = []
+        with torch.no_grad():
+            out = model(input_ids=ids[:, :40], past_key_values=cache, use_cache=True)
+            steps.append(out.logits[:, -1:])
+            for i in range(40, 48):
+                out = model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
+                steps.append(out.logits)
+        return steps
+    return _forward_backward(model, inputs, valid)
+
+
+def _compare_mode(mode, want, got, valid):
+    import torch
+    if mode in ("generate", "generate-left-padded"):
+        if want.shape == got.shape and torch.equal(want, got):
+            return 0.0, ""
+        return float("inf"), f"tokens {got.tolist()} where eager gives {want.tolist()}"
+    if mode == "decode-cache":
+        worst, where = 0.0, ""
+        for i, (w, g) in enumerate(zip(want, got)):
+            err = relative(g, w)
+            if not err <= worst:
+                worst, where = err, "the prefill's logits" if i == 0 else f"decoding step {i}'s logits"
+        return worst, where
+    return _compare(want, got, valid)
+
+
+# ----- Workers -----------------------------------------------------------------------------
+
+def _worker(tasks, results, index):
+    try:
+        _setup_worker()
+    except Exception:  # noqa: BLE001
+        results.put(("dead", index, traceback.format_exc()))
+        return
+    results.put(("ready", index, None))
+    while True:
+        item = tasks.get()
+        if item is None:
+            return
+        number, case = item
+        results.put(("start", index, number))
+        row = run_case(case)
+        results.put(("row", index, (number, row)))
+
+
+def _one_line(row):
+    return row
+
+
+def run_cases(cases, workers=2, timeout=TIMEOUT_S, log=None):
+    """Rows of `cases` (in their order), run by `workers` spawned processes; a case past
+    `timeout` seconds is a crash (its worker is killed and replaced)."""
+    if workers <= 0:
+        _setup_worker()
+        rows = []
+        for case in cases:
+            rows.append(run_case(case))
+            if log:
+                log(rows[-1])
+        return rows
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    slots = {}
+    todo = list(enumerate(cases))
+    rows = [None] * len(cases)
+    started = {}
+
+    def spawn(index):
+        tasks = ctx.Queue()
+        proc = ctx.Process(target=_worker, args=(tasks, results, index), daemon=True)
+        proc.start()
+        slots[index] = dict(proc=proc, tasks=tasks, case=None, since=None, ready=False)
+
+    def assign(index):
+        slot = slots[index]
+        if todo:
+            number, case = todo.pop(0)
+            slot["case"], slot["since"] = number, None
+            slot["tasks"].put((number, case))
+        else:
+            slot["case"] = None
+            slot["tasks"].put(None)
+
+    def finish(number, row):
+        rows[number] = row
+        if log:
+            log(row)
+
+    for i in range(min(workers, len(cases))):
+        spawn(i)
+    next_index = len(slots)
+    while any(r is None for r in rows):
+        try:
+            kind, index, payload = results.get(timeout=1.0)
+        except queue.Empty:
+            kind = None
+        if kind == "ready":
+            slots[index]["ready"] = True
+            assign(index)
+        elif kind == "start" and index in slots:
+            slots[index]["since"] = time.time()
+        elif kind == "row" and index in slots:
+            number, row = payload
+            finish(number, row)
+            assign(index)
+        elif kind == "dead":
+            raise RuntimeError(f"a sweep worker could not start:\n{payload}")
+        now = time.time()
+        for index, slot in list(slots.items()):
+            number = slot["case"]
+            proc = slot["proc"]
+            timed_out = slot["since"] is not None and now - slot["since"] > timeout
+            died = not proc.is_alive() and number is not None and rows[number] is None
+            if not (timed_out or died):
+                continue
+            if died:
+                # A row may still be in the queue: drain briefly before calling it a crash.
+                time.sleep(0.5)
+                continue_outer = False
+                try:
+                    while True:
+                        kind2, index2, payload2 = results.get_nowait()
+                        if kind2 == "row":
+                            finish(*payload2)
+                            if index2 == index:
+                                continue_outer = True
+                        elif kind2 == "start" and index2 in slots:
+                            slots[index2]["since"] = time.time()
+                        elif kind2 == "ready" and index2 in slots:
+                            slots[index2]["ready"] = True
+                            assign(index2)
+                except queue.Empty:
+                    pass
+                if continue_outer or rows[number] is not None:
+                    del slots[index]
+                    if todo:
+                        spawn(next_index)
+                        next_index += 1
+                    continue
+            proc.kill()
+            proc.join()
+            case = cases[number]
+            why = (f"timed out after {timeout} s (a hang)" if timed_out else
+                   f"the worker process died (exit code {proc.exitcode})")
+            finish(number, Row(case.family.name, "?", case.mode, "crash", message=why))
+            del slots[index]
+            if todo:
+                spawn(next_index)
+                next_index += 1
+    for slot in slots.values():
+        try:
+            slot["tasks"].put(None)
+        except Exception:  # noqa: BLE001
+            pass
+    for slot in slots.values():
+        slot["proc"].join(timeout=5)
+        if slot["proc"].is_alive():
+            slot["proc"].kill()
+    return rows
+
+
+# ----- Report ------------------------------------------------------------------------------
+
+def format_row(row):
+    error = "" if row.error is None else f"{row.error:.2e}"
+    message = row.message.replace("\n", " ")
+    return (f"{row.family:<24} {row.cls:<42} {row.mode:<20} {row.result:<14} {error:<9} "
+            f"{message}")
+
+
+def report(rows, seconds, out=sys.stdout):
+    print(f"{'family':<24} {'class':<42} {'mode':<20} {'result':<14} {'max error':<9} message",
+          file=out)
+    for row in rows:
+        print(format_row(row), file=out)
+    failures = [r for r in rows if r.result in FAILURES]
+    for row in failures:
+        if row.detail:
+            print(f"\n--- {row.family} ({row.cls}, {row.mode}): {row.result}\n{row.detail}",
+                  file=out)
+    counts = {k: sum(r.result == k for r in rows) for k in RESULTS}
+    worst = max((r.error for r in rows if r.result == "exact" and r.error is not None),
+                default=0.0)
+    print(f"\nsummary: {len(rows)} cases: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
+          f"; max error of the exact cases {worst:.2e}; wall time {seconds:.0f} s", file=out)
+    return counts
+
+
+def run_sweep(pattern=None, workers=2, timeout=TIMEOUT_S, modes=True, forward=True, log=None):
+    cases = []
+    if forward:
+        cases += [Case(f) for f in discover(pattern)]
+    if modes:
+        cases += [c for c in representative_cases()
+                  if not pattern or re.search(pattern, c.family.name)]
+    return run_cases(cases, workers=workers, timeout=timeout, log=log)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", help="a regular expression on the family names")
+    parser.add_argument("--workers", type=int, default=2, help="processes (0: this one)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per case")
+    parser.add_argument("--no-modes", action="store_true", help="only the forward sweep")
+    parser.add_argument("--modes-only", action="store_true", help="only the representative modes")
+    parser.add_argument("--progress", action="store_true", help="print each row as it comes")
+    args = parser.parse_args(argv)
+    start = time.time()
+    log = (lambda row: print(format_row(row), flush=True)) if args.progress else None
+    rows = run_sweep(args.families, args.workers, args.timeout, modes=not args.no_modes,
+                     forward=not args.modes_only, log=log)
+    counts = report(rows, time.time() - start)
+    return 1 if any(counts[k] for k in FAILURES) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
