@@ -134,6 +134,25 @@ def discover(pattern: str | None = None) -> list[Family]:
 # build a model).
 FAMILY_CONFIG = {
     "dbrx": dict(attn_config=dict(rope_theta=10000.0, clip_qkv=8.0)),
+    "chameleon": dict(vocabulary_map={"<image>": 8}),
+    "moonshine_streaming": dict(num_key_value_heads=4),
+    # Hybrids whose default (or 2-layer) layout has no attention layer.
+    "bamba": dict(attn_layer_indices=[1]),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+    "layoutlmv3": dict(coordinate_size=12, shape_size=8),  # 4 * 12 + 2 * 8 = hidden 64
+    "esm": dict(pad_token_id=1),
+    "cohere_compass": dict(
+        layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+        rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0,
+                                                   mrope_section=[2, 3, 3]),
+                         "full_attention": None}),
+    "deepseek_ocr2": dict(text_config=dict(mlp_layer_types=["dense", "sparse"])),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "granite4_vision": dict(deepstack_layer_map=[[0, 0], [1, 1]], downsample_rate="1/2",
+                            spatial_target_layers=[0, 1, 0, 1]),
+    "qwen4_exp": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16,
+                      indexer_budget=32, indexer_compress_ratio=4),
 }
 
 # The representative set, run in every mode: (family, class, config overrides).
@@ -180,7 +199,7 @@ _INTERMEDIATE = {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn
                  "expert_intermediate_size", "dense_intermediate_size"}
 _EXPERTS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
             "num_routed_experts", "n_experts"}
-_EXPERTS_PER_TOKEN = {"num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k",
+_EXPERTS_PER_TOKEN = {"num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k", "moe_k",
                       "n_group", "topk_group", "moe_top_k", "num_selected_experts"}
 _POSITIONS = {"max_position_embeddings", "n_positions", "max_target_positions",
               "max_sequence_length", "max_seq_len", "seq_length", "n_ctx"}
@@ -241,9 +260,16 @@ def _layer_keep(layer_types, count):
     return sorted(keep)
 
 
+# Fields a config may leave None that a model needs set (a default config that does not build).
+_NONE_FILLED = {"vocab_size": VOCAB, **{k: 2 for k in _KV_HEADS}, **{k: 1 for k in _EXPERTS},
+                **{k: 1 for k in _EXPERTS_PER_TOKEN if k not in ("n_group", "topk_group")}}
+
+
 def _shrink_value(key, value, ids):
     """The tiny value of one scalar config field, or the value itself."""
-    if isinstance(value, bool) or value is None:
+    if value is None:
+        return _NONE_FILLED.get(key)
+    if isinstance(value, bool):
         return value
     if _is_token_key(key):
         if isinstance(value, (list, tuple)):
@@ -285,6 +311,8 @@ def _shrink_value(key, value, ids):
         return 8 if value > 0 else value
     if key == "qk_head_dim":
         return 16
+    if key in ("rotary_dim", "rotary_emb_dim", "rope_dim"):
+        return 8 if value > 8 else value
     if key == "max_window_layers":
         return 1
     if key in ("first_k_dense_replace", "decoder_sparse_step", "interleave_moe_layer_step",
@@ -348,6 +376,9 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
         if key in overrides:
             continue
         value = _get(base, key)
+        if isinstance(value, PreTrainedConfig) and value.model_type == "timm_backbone":
+            kwargs[key] = _resnet_backbone(value)  # timm is not a dependency
+            continue
         if isinstance(value, PreTrainedConfig):
             kwargs[key] = tiny_config(type(value), overrides.pop(key, None) or {}, variant, ids,
                                       value, mrope)
@@ -362,15 +393,16 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
             kwargs[key] = _shrink_rope(value, base)
             continue
         shrunk = _shrink_value(key, value, ids)
-        if key in _EXPERTS and variant == 1 and isinstance(value, int) and value > 1:
-            shrunk = 2
-        if key in _EXPERTS_PER_TOKEN and variant == 1 and isinstance(value, int) and value > 1 \
-                and key not in ("n_group", "topk_group"):
+        if variant == 1 and (key in _EXPERTS or key in _EXPERTS_PER_TOKEN and
+                             key not in ("n_group", "topk_group")) and \
+                isinstance(shrunk, int) and not isinstance(shrunk, bool) and shrunk >= 1 and \
+                (value is None or value > 1):
             shrunk = 2
         if shrunk is not value:
             kwargs[key] = shrunk
     if keep is not None and layer_key:
-        kwargs[layer_key] = len(keep)
+        attribute_map = getattr(base, "attribute_map", {}) or {}
+        kwargs[attribute_map.get(layer_key, layer_key)] = len(keep)
     if "head_dim" in fields and _get(base, "head_dim") is None:
         kwargs["head_dim"] = 16
     mla = (_get(base, "kv_lora_rank") or 0) > 0 or (_get(base, "qk_rope_head_dim") or 0) > 0
@@ -386,6 +418,8 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
         kwargs["use_sliding_window"] = True
         if not _get(base, "sliding_window"):
             kwargs["sliding_window"] = 16
+    if _get(base, "use_timm_backbone"):
+        kwargs["use_timm_backbone"] = False  # timm is not a dependency
     if _get(base, "mlp_only_layers"):
         kwargs["mlp_only_layers"] = []
     if (_get(base, "num_kv_shared_layers") or 0) > 0:
@@ -426,6 +460,14 @@ def _shrink_rope(rope, base):
     return rope
 
 
+def _resnet_backbone(timm_config):
+    """A tiny ResNet backbone in place of a timm one, with the same stages out."""
+    from transformers import ResNetConfig
+    indices = list(getattr(timm_config, "out_indices", None) or [1, 2, 3, 4])
+    return ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1],
+                        out_indices=indices, num_channels=timm_config.num_channels)
+
+
 def _with_mrope(rope, base):
     """RoPE parameters with multimodal sections (mrope_section) for head_dim 16, where the
     modeling file reads them (its default sections are for the full-size head dim)."""
@@ -439,21 +481,31 @@ def _with_mrope(rope, base):
     return rope
 
 
+_CORE = {"hidden_size", "num_attention_heads", "num_hidden_layers", "head_dim",
+         "intermediate_size", "vocab_size"}
+
+
 def _construct(config_cls, kwargs, base):
-    """config_cls(**kwargs), dropping fields the class rejects one at a time."""
+    """config_cls(**kwargs); where the class rejects them, named fields are given up one at a
+    time (key/value heads first made equal to the heads, then fields other than the core
+    sizes dropped, then those) until it accepts them."""
     last = None
-    for _ in range(8):
+    kwargs = dict(kwargs)
+    for _ in range(10):
         try:
             return config_cls(**kwargs)
-        except Exception as e:  # noqa: BLE001  a derived field out of line: drop it
+        except Exception as e:  # noqa: BLE001  a derived field out of line
             last = e
-            text = str(e)
-            culprit = next((k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", text) and
-                            k not in ("num_hidden_layers",)), None)
-            if culprit is None:
+            text = str(e) + " " + str(getattr(e, "__cause__", "") or "")
+            named = [k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", text)]
+            kv = [k for k in named if k in _KV_HEADS and kwargs[k] != 4]
+            if kv:
+                kwargs[kv[0]] = 4  # a model without grouped-query attention
+                continue
+            named.sort(key=lambda k: k in _CORE)
+            if not named:
                 raise
-            kwargs = dict(kwargs)
-            kwargs.pop(culprit)
+            kwargs.pop(named[0])
     raise last
 
 
@@ -736,8 +788,8 @@ def run_case(case: Case) -> Row:
 
 def _prepare(case, row, cls):
     """(config, inputs, valid, extra, eager's result) of the first config variant and input
-    recipe eager runs with; raises the first failure if none does."""
-    first = None
+    recipe eager runs with; raises the last failure (the most specific try's) if none does."""
+    last = None
     tried = set()
     for variant in (0, 1):
         stage = "config"
@@ -754,7 +806,7 @@ def _prepare(case, row, cls):
         except NotApplicable:
             raise
         except Exception as e:  # noqa: BLE001
-            first = first or (stage, e, traceback.format_exc())
+            last = (stage, e, traceback.format_exc())
             continue
         for number, recipe in enumerate(recipes):
             stage = "inputs"
@@ -770,8 +822,8 @@ def _prepare(case, row, cls):
             except NotApplicable:
                 raise
             except Exception as e:  # noqa: BLE001
-                first = first or (stage, e, traceback.format_exc())
-    stage, error, detail = first
+                last = (stage, e, traceback.format_exc())
+    stage, error, detail = last
     raise _NotBuilt(f"{stage}: {_message(error)}", detail)
 
 
