@@ -211,7 +211,8 @@ _CHUNKS = {"attention_chunk_size"}
 _WIDTH = re.compile(r"(^|_)(hidden_size|d_model|n_embd|embed_dim|hidden_dim|emb_dim|dim|"
                     r"embedding_size|embedding_dim|out_hidden_size|projection_dim|"
                     r"text_hidden_size|vision_hidden_size|audio_hidden_size|output_dim|"
-                    r"projector_hidden_size|kv_lora_rank|q_lora_rank|d_kv|hidden_dim)$")
+                    r"projector_hidden_size|kv_lora_rank|q_lora_rank|d_kv|hidden_dim|codebook_dim|"
+                    r"vector_quantization_hidden_dimension)$")
 
 
 class _Ids:
@@ -259,6 +260,10 @@ def _layer_keep(layer_types, count):
             keep.append(i)
     return sorted(keep)
 
+
+# Fields variant 2 keeps (widths, heads).
+_WIDTH_LIKE = _HEADS | _KV_HEADS | _HEAD_DIM | _INTERMEDIATE | {
+    "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "rotary_dim"}
 
 # Fields a config may leave None that a model needs set (a default config that does not build).
 _NONE_FILLED = {"vocab_size": VOCAB, **{k: 2 for k in _KV_HEADS}, **{k: 1 for k in _EXPERTS},
@@ -327,6 +332,8 @@ def _shrink_value(key, value, ids):
         return 8 if value > 8 else value
     if key == "max_source_positions":
         return 32
+    if key in ("num_queries", "two_stage_num_proposals"):
+        return min(value, 8)
     if _WIDTH.search(key):
         return 64 if value > 64 else value
     return value
@@ -353,11 +360,31 @@ def _get(config, key, default=None):
 def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrope=False):
     """A tiny config of `config_cls`: its default, shrunk field by field, rebuilt through the
     class (so that derived fields follow), sub-configs shrunk recursively. Variant 0 has one
-    expert; variant 1 two, both chosen for every token (for routers that need two)."""
+    expert; variant 1 two, both chosen for every token (for routers that need two); variant 2
+    keeps the default widths and heads (a model whose widths are tied in ways the generic
+    shrinking does not see), with fewer layers still."""
     from transformers import PreTrainedConfig
     ids = ids or _Ids()
     base = config_cls() if base is None else base
     overrides = dict(overrides or {})
+    if _get(base, "stage_names") is not None and _get(base, "depths") is not None:
+        # A backbone of stages (ResNet, HGNetV2, Swin...): its stages' lists are tied to the
+        # heads that read them; kept as they are, but for fewer blocks per stage.
+        kwargs = {}
+        for key in _fields(base):
+            value = _get(base, key)
+            if isinstance(value, float) and _shrink_value(key, value, ids) != value:
+                value = 0.0
+            if key != "stage_names":
+                kwargs[key] = value
+        kwargs.pop("_out_features", None)
+        kwargs["out_indices"] = list(_get(base, "out_indices") or [])
+        kwargs.pop("_out_indices", None)
+        kwargs["depths"] = [1] * len(_get(base, "depths"))
+        kwargs.update(overrides)
+        config = _construct(config_cls, kwargs, base)
+        config.dtype = "float32"
+        return config
     kwargs = {}
     fields = _fields(base)
     sub_configs = getattr(base, "sub_configs", {}) or {}
@@ -373,9 +400,10 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
     elif layers:
         keep = list(range(min(layers, 2)))
     for key in fields:
-        if key in overrides:
-            continue
         value = _get(base, key)
+        if key in overrides and not (isinstance(value, PreTrainedConfig) and
+                                     isinstance(overrides[key], dict)):
+            continue
         if isinstance(value, PreTrainedConfig) and value.model_type == "timm_backbone":
             kwargs[key] = _resnet_backbone(value)  # timm is not a dependency
             continue
@@ -393,6 +421,8 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
             kwargs[key] = _shrink_rope(value, base)
             continue
         shrunk = _shrink_value(key, value, ids)
+        if variant == 2 and (key in _WIDTH_LIKE or _WIDTH.search(key)) and value is not None:
+            shrunk = value  # widths kept: a model whose many widths are tied together
         if variant == 1 and (key in _EXPERTS or key in _EXPERTS_PER_TOKEN and
                              key not in ("n_group", "topk_group")) and \
                 isinstance(shrunk, int) and not isinstance(shrunk, bool) and shrunk >= 1 and \
@@ -403,10 +433,20 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
     if keep is not None and layer_key:
         attribute_map = getattr(base, "attribute_map", {}) or {}
         kwargs[attribute_map.get(layer_key, layer_key)] = len(keep)
-    if "head_dim" in fields and _get(base, "head_dim") is None:
+    hidden = _get(base, "hidden_size")
+    if isinstance(hidden, int) and hidden > 64 and kwargs.get("hidden_size") == 64 and \
+            variant != 2:
+        # Fields the default ties to the hidden size (groups, widths of other parts).
+        for key in fields:
+            value = _get(base, key)
+            if key not in kwargs and key not in overrides and value == hidden and \
+                    isinstance(value, int) and not isinstance(value, bool) and \
+                    not _is_token_key(key) and key not in _POSITIONS:
+                kwargs[key] = 64
+    if "head_dim" in fields and _get(base, "head_dim") is None and variant != 2:
         kwargs["head_dim"] = 16
     mla = (_get(base, "kv_lora_rank") or 0) > 0 or (_get(base, "qk_rope_head_dim") or 0) > 0
-    if mla:
+    if mla and variant != 2:
         # Multi-head latent attention: keys and values have as many heads as the queries,
         # and the rotary part's dim is the head dim.
         for key in _KV_HEADS:
@@ -505,6 +545,8 @@ def _construct(config_cls, kwargs, base):
             named.sort(key=lambda k: k in _CORE)
             if not named:
                 raise
+            if os.environ.get("RINGATTN_SWEEP_DEBUG"):
+                print(f"{config_cls.__name__}: dropping {named[0]}: {text[:300]}")
             kwargs.pop(named[0])
     raise last
 
@@ -535,31 +577,51 @@ def _image_config(config):
     return config
 
 
-def input_recipes(model):
-    """The ways of making the model's inputs, tried in order until eager runs."""
+# Inputs the sweep knows how to make, by name.
+_KNOWN_INPUTS = ("input_ids", "pixel_values", "pixel_values_videos", "input_features",
+                 "input_values", "past_values", "decoder_input_ids", "qformer_input_ids",
+                 "mm_token_type_ids", "token_type_ids")
+
+
+def input_recipes(model, config):
+    """The ways of making the model's inputs, tried in order until eager runs: the main
+    input (and the required ones), then each of one change to that."""
     import inspect
     params = inspect.signature(model.forward).parameters
-    recipes = ["plain"]
-    if model.main_input_name != "pixel_values" and "pixel_values" in params:
-        recipes.append("pixels")  # a dual encoder (CLIP) that needs both
-    if model.main_input_name == "input_features":
-        recipes.append("features-time-major")
+    main = model.main_input_name
+    recipes = [{}]
+    if main == "input_features":
+        recipes += [dict(features="time-major"), dict(features="4d")]
+    if main in ("pixel_values", "pixel_values_videos"):
+        recipes.append(dict(pixels="5d"))
+    if main == "input_values":
+        recipes += [dict(values="spectrogram"), dict(values="channels")]
+    if main == "input_ids" and _find(config, "num_codebooks"):
+        recipes.append(dict(codebooks=True))
+    if main != "pixel_values" and "pixel_values" in params:
+        recipes.append(dict(extra=("pixel_values",)))  # a dual encoder (CLIP) needs both
+        recipes.append(dict(extra=("pixel_values",), pixels="5d"))  # a video one
+    accepted = tuple(n for n in _KNOWN_INPUTS if n in params and n != main)
+    if accepted:
+        recipes.append(dict(extra=accepted))
     return recipes
 
 
-def make_inputs(model, config, recipe="plain", batch=BATCH, seq=SEQ, seed=2):
-    """The model's inputs by its main_input_name, plus the required ones it also takes."""
+def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
+    """The model's inputs by its main_input_name, plus the required ones it also takes, made
+    as `recipe` (input_recipes) says."""
     import inspect
 
     import torch
+    recipe = recipe or {}
     g = torch.Generator().manual_seed(seed)
-    name = model.main_input_name
-    inputs = {}
+    main = model.main_input_name
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = min(getattr(text, "vocab_size", None) or VOCAB, VOCAB)
 
     def ids():
-        return torch.randint(FIRST_ID, max(vocab, FIRST_ID + 1), (batch, seq), generator=g)
+        rows = batch * (_find(config, "num_codebooks") if recipe.get("codebooks") else 1)
+        return torch.randint(FIRST_ID, max(vocab, FIRST_ID + 1), (rows, seq), generator=g)
 
     def pixels():
         vision = _image_config(config)
@@ -571,39 +633,57 @@ def make_inputs(model, config, recipe="plain", batch=BATCH, seq=SEQ, seed=2):
         else:
             h = w = size
         channels = getattr(vision, "num_channels", None) or 3
+        if recipe.get("pixels") == "5d" or main == "pixel_values_videos":
+            frames = _find(config, "num_frames", default=2) or 2
+            return torch.randn(batch, frames, channels, h, w, generator=g)
         return torch.randn(batch, channels, h, w, generator=g)
 
-    if name == "input_ids":
-        inputs["input_ids"] = ids()
-    elif name == "pixel_values":
-        inputs["pixel_values"] = pixels()
-    elif name == "input_features":
+    def features():
         mels = _find(config, "num_mel_bins", "feature_size", "input_feat_size", default=80)
         frames = 2 * (_find(config, "max_source_positions", default=32) or 32)
-        features = torch.randn(batch, mels, frames, generator=g)
-        inputs["input_features"] = (features.transpose(1, 2).contiguous()
-                                    if recipe == "features-time-major" else features)
-    elif name == "input_values":
-        inputs["input_values"] = torch.randn(batch, 4000, generator=g)
-    else:
-        raise NotImplementedError(f"main input {name!r}")
+        x = torch.randn(batch, mels, frames, generator=g)
+        if recipe.get("features") == "time-major":
+            return x.transpose(1, 2).contiguous()
+        if recipe.get("features") == "4d":
+            return x.transpose(1, 2)[:, None].contiguous()
+        return x
+
+    def values():
+        if recipe.get("values") == "spectrogram":
+            mels = _find(config, "num_mel_bins", default=128)
+            frames = _find(config, "max_length", default=64)
+            return torch.randn(batch, frames, mels, generator=g)
+        if recipe.get("values") == "channels":
+            return torch.randn(batch, _find(config, "audio_channels", default=1) or 1, 4000,
+                               generator=g)
+        return torch.randn(batch, 4000, generator=g)
+
+    def past_values():
+        length = _find(config, "context_length", default=32) or 32
+        channels = _find(config, "num_input_channels", default=1) or 1
+        shape = (batch, length, channels) if channels > 1 else (batch, length)
+        return torch.randn(*shape, generator=g)
+
+    makers = {"input_ids": ids, "decoder_input_ids": ids, "qformer_input_ids": ids,
+              "labels": ids, "pixel_values": pixels, "pixel_values_videos": pixels,
+              "input_features": features, "input_values": values, "past_values": past_values,
+              "mm_token_type_ids": lambda: torch.zeros(batch, seq, dtype=torch.long),
+              "token_type_ids": lambda: torch.zeros(batch, seq, dtype=torch.long)}
+    if main not in makers:
+        raise NotImplementedError(f"main input {main!r}")
     params = inspect.signature(model.forward).parameters
-    required = [p for p, v in params.items() if v.default is inspect.Parameter.empty and
-                v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY) and p != "self"]
-    if recipe == "pixels":
-        required.append("pixel_values")
-    for p in required:
-        if p in inputs:
+    wanted = [main] + [p for p, v in params.items() if v.default is inspect.Parameter.empty and
+                       v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY) and p != "self"]
+    wanted += list(recipe.get("extra", ()))
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        wanted.append("decoder_input_ids")
+    inputs = {}
+    for name in wanted:
+        if name in inputs:
             continue
-        if p in ("input_ids", "decoder_input_ids", "labels"):
-            inputs[p] = ids()
-        elif p == "pixel_values":
-            inputs[p] = pixels()
-        else:
-            raise NotImplementedError(f"a required input {p!r}")
-    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params and \
-            "decoder_input_ids" not in inputs:
-        inputs["decoder_input_ids"] = ids()
+        if name not in makers:
+            raise NotImplementedError(f"a required input {name!r}")
+        inputs[name] = makers[name]()
     return inputs
 
 
@@ -694,7 +774,13 @@ def _build(cls, config, impl):
     torch.manual_seed(1)
     model = cls._from_config(copy.deepcopy(config), attn_implementation=impl,
                              dtype=torch.float32)
-    model.train()
+    languages = getattr(config, "languages", None)
+    if languages and hasattr(model, "set_default_language"):  # X-MOD's adapters
+        model.set_default_language(languages[0])
+    # Eval mode: no dropout, batch norm on running statistics (a batch norm in training
+    # couples the batch and leaves gradients that are zero in exact arithmetic, rounding
+    # only), no training-only draws (SpecAugment, noise); gradients are computed all the same.
+    model.eval()
     return model
 
 
@@ -788,10 +874,11 @@ def run_case(case: Case) -> Row:
 
 def _prepare(case, row, cls):
     """(config, inputs, valid, extra, eager's result) of the first config variant and input
-    recipe eager runs with; raises the last failure (the most specific try's) if none does."""
+    recipe eager runs with; raises the last variant's failure with the plain inputs if none
+    does."""
     last = None
     tried = set()
-    for variant in (0, 1):
+    for variant in (0, 1, 2):
         stage = "config"
         try:
             config = tiny_config(cls.config_class, case.family.config, variant,
@@ -802,7 +889,7 @@ def _prepare(case, row, cls):
             tried.add(key)
             stage = "build"
             eager = _build(cls, config, "eager")
-            recipes = input_recipes(eager)
+            recipes = input_recipes(eager, config)
         except NotApplicable:
             raise
         except Exception as e:  # noqa: BLE001
@@ -822,7 +909,11 @@ def _prepare(case, row, cls):
             except NotApplicable:
                 raise
             except Exception as e:  # noqa: BLE001
-                last = (stage, e, traceback.format_exc())
+                if os.environ.get("RINGATTN_SWEEP_DEBUG"):
+                    print(f"variant {variant} inputs {recipe}: {stage}: {_message(e)}\n" +
+                          "".join(traceback.format_tb(e.__traceback__)[-2:]))
+                if number == 0:  # the plain inputs' failure says the most
+                    last = (stage, e, traceback.format_exc())
     stage, error, detail = last
     raise _NotBuilt(f"{stage}: {_message(error)}", detail)
 
@@ -860,6 +951,17 @@ def _run_case(case, row):
     _CALLS[0] = 0
     try:
         model = _build(cls, config, "ringattn")
+    except KeyError as e:
+        if e.args != ("ringattn",):
+            raise
+        # A module that picks its attention class from a fixed table of implementations.
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        row.result = "not applicable"
+        row.message = (f"the model cannot take a custom attention implementation: "
+                       f"{os.path.basename(frame.filename)}:{frame.lineno} looks "
+                       f"'ringattn' up in a fixed table ({frame.line})")
+        return row
+    try:
         got = _run_mode(mode, model, inputs, valid, extra)
     except Exception as e:  # noqa: BLE001
         if _is_refusal(e):
@@ -904,7 +1006,7 @@ def _is_decoder(model, config):
         type(model).__name__.endswith("ForCausalLM")
 
 
-def _mode_inputs(mode, model, config, recipe="plain"):
+def _mode_inputs(mode, model, config, recipe=None):
     """(inputs, valid positions or None, extra) of a mode."""
     import torch
     inputs = make_inputs(model, config, recipe)
