@@ -142,6 +142,16 @@ FAMILY_CONFIG = {
     "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
     "layoutlmv3": dict(coordinate_size=12, shape_size=8),  # 4 * 12 + 2 * 8 = hidden 64
     "esm": dict(pad_token_id=1),
+    # Two hybrid layers (they share one transformer's weights), a Mamba layer before each.
+    "zamba": dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
+                  layer_types=["linear_attention", "hybrid"] * 2,
+                  attention_head_dim=32),  # its attention is over [hidden, embeddings]: 2 x 64
+    "informer": dict(prediction_length=8, context_length=16),
+    "time_series_transformer": dict(prediction_length=8, context_length=16),
+    "pix2struct": dict(initializer_range=0.02),
+    "dots1": dict(n_shared_experts=1),
+    "step3p7": dict(text_config=dict(sliding_window=16,
+                                     layer_types=["sliding_attention", "full_attention"])),
     "cohere_compass": dict(
         layer_types=["sliding_attention", "full_attention"], sliding_window=16,
         rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0,
@@ -200,6 +210,7 @@ _INTERMEDIATE = {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn
 _EXPERTS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
             "num_routed_experts", "n_experts"}
 _EXPERTS_PER_TOKEN = {"num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k", "moe_k",
+                      "top_k_experts",
                       "n_group", "topk_group", "moe_top_k", "num_selected_experts"}
 _POSITIONS = {"max_position_embeddings", "n_positions", "max_target_positions",
               "max_sequence_length", "max_seq_len", "seq_length", "n_ctx"}
@@ -267,6 +278,7 @@ _WIDTH_LIKE = _HEADS | _KV_HEADS | _HEAD_DIM | _INTERMEDIATE | {
 
 # Fields a config may leave None that a model needs set (a default config that does not build).
 _NONE_FILLED = {"vocab_size": VOCAB, **{k: 2 for k in _KV_HEADS}, **{k: 1 for k in _EXPERTS},
+                **{k: 128 for k in _INTERMEDIATE},
                 **{k: 1 for k in _EXPERTS_PER_TOKEN if k not in ("n_group", "topk_group")}}
 
 
@@ -334,6 +346,8 @@ def _shrink_value(key, value, ids):
         return 32
     if key in ("num_queries", "two_stage_num_proposals"):
         return min(value, 8)
+    if key in ("context_length", "prediction_length") and value > 32:
+        return 32
     if _WIDTH.search(key):
         return 64 if value > 64 else value
     return value
@@ -454,6 +468,11 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
                 kwargs[key] = 4
         if "head_dim" in fields and _get(base, "head_dim") == _get(base, "qk_rope_head_dim"):
             kwargs["head_dim"] = 8
+    kept_types = kwargs.get("layer_types") or overrides.get("layer_types") or []
+    if "sliding_window" in fields and not _get(base, "sliding_window") and \
+            "sliding_window" not in overrides and \
+            any("sliding" in str(t) for t in kept_types):
+        kwargs["sliding_window"] = 16  # sliding layers with no window set
     if "use_sliding_window" in fields and _get(base, "use_sliding_window") is False:
         kwargs["use_sliding_window"] = True
         if not _get(base, "sliding_window"):
@@ -467,8 +486,12 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
     spec = base.__dict__.get("_heterogeneity_spec")
     if spec is not None and keep is not None and "per_layer_config" not in overrides:
         # Per-layer fields (a heterogeneous config): those of the layers kept, shrunk.
+        def per_layer(k, v):
+            if mla and k in _KV_HEADS and v is not None:
+                return 4  # as the global one (multi-head latent attention)
+            return _shrink_value(k, v, ids)
         kwargs["per_layer_config"] = {
-            new: {k: _shrink_value(k, v, ids) for k, v in spec.per_layer_overrides[old].items()}
+            new: {k: per_layer(k, v) for k, v in spec.per_layer_overrides[old].items()}
             for new, old in enumerate(keep) if spec.per_layer_overrides.get(old)}
     if mrope and "rope_parameters" in fields and "rope_parameters" not in overrides:
         kwargs["rope_parameters"] = _with_mrope(kwargs.get("rope_parameters") or
@@ -487,10 +510,11 @@ def _shrink_rope(rope, base):
     rope = dict(rope)
     section = rope.get("mrope_section")
     if isinstance(section, (list, tuple)) and section:
-        head_dim = _get(base, "head_dim") or (
+        head_dim = _get(base, "qk_rope_head_dim") or _get(base, "head_dim") or (
             (_get(base, "hidden_size") or 0) // max(1, _get(base, "num_attention_heads") or 1))
         total = sum(section)
-        target = max(len(section), round(total * 16 / head_dim)) if head_dim else 8
+        tiny = 8 if _get(base, "qk_rope_head_dim") else 16
+        target = max(len(section), round(total * tiny / head_dim)) if head_dim else tiny // 2
         new = [max(1, int(s * target / total)) for s in section]
         new[0] += target - sum(new)
         rope["mrope_section"] = new
@@ -516,7 +540,8 @@ def _with_mrope(rope, base):
         return {k: _with_mrope(v, base) if isinstance(v, dict) else v for k, v in rope.items()}
     if "mrope_section" not in rope:
         factor = rope.get("partial_rotary_factor") or _get(base, "partial_rotary_factor") or 1.0
-        half = max(3, int(16 * factor) // 2)
+        rotary = 8 if _get(base, "qk_rope_head_dim") else 16  # MLA: the rotary part's dim
+        half = max(3, int(rotary * factor) // 2)
         rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
     return rope
 
@@ -538,9 +563,10 @@ def _construct(config_cls, kwargs, base):
             last = e
             text = str(e) + " " + str(getattr(e, "__cause__", "") or "")
             named = [k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", text)]
-            kv = [k for k in named if k in _KV_HEADS and kwargs[k] != 4]
+            heads = kwargs.get("num_attention_heads", 4)
+            kv = [k for k in named if k in _KV_HEADS and kwargs[k] != heads]
             if kv:
-                kwargs[kv[0]] = 4  # a model without grouped-query attention
+                kwargs[kv[0]] = heads  # a model without grouped-query attention
                 continue
             named.sort(key=lambda k: k in _CORE)
             if not named:
@@ -580,31 +606,36 @@ def _image_config(config):
 # Inputs the sweep knows how to make, by name.
 _KNOWN_INPUTS = ("input_ids", "pixel_values", "pixel_values_videos", "input_features",
                  "input_values", "past_values", "decoder_input_ids", "qformer_input_ids",
-                 "mm_token_type_ids", "token_type_ids")
+                 "mm_token_type_ids", "token_type_ids", "bbox", "states", "actions", "rewards",
+                 "returns_to_go", "timesteps")
 
 
 def input_recipes(model, config):
     """The ways of making the model's inputs, tried in order until eager runs: the main
-    input (and the required ones), then each of one change to that."""
+    input (and the required ones) as they come, in other layouts, and with the other inputs
+    the model takes (a dual encoder's pixels, every input the sweep can make)."""
     import inspect
     params = inspect.signature(model.forward).parameters
     main = model.main_input_name
-    recipes = [{}]
-    if main == "input_features":
-        recipes += [dict(features="time-major"), dict(features="4d")]
-    if main in ("pixel_values", "pixel_values_videos"):
-        recipes.append(dict(pixels="5d"))
-    if main == "input_values":
-        recipes += [dict(values="spectrogram"), dict(values="channels")]
+    takes = {main} | set(params)
+    layouts = [{}]
+    if "input_features" in takes:
+        layouts += [dict(features="time-major"), dict(features="4d")]
+    if {"pixel_values", "pixel_values_videos"} & takes:
+        layouts.append(dict(pixels="5d"))
+    if "input_values" in takes:
+        layouts += [dict(values="spectrogram"), dict(values="channels")]
+    if main == "past_values":
+        layouts.append(dict(series="3d"))
     if main == "input_ids" and _find(config, "num_codebooks"):
-        recipes.append(dict(codebooks=True))
+        layouts.append(dict(codebooks=True))
+    extras = [()]
     if main != "pixel_values" and "pixel_values" in params:
-        recipes.append(dict(extra=("pixel_values",)))  # a dual encoder (CLIP) needs both
-        recipes.append(dict(extra=("pixel_values",), pixels="5d"))  # a video one
+        extras.append(("pixel_values",))  # a dual encoder (CLIP) needs both
     accepted = tuple(n for n in _KNOWN_INPUTS if n in params and n != main)
-    if accepted:
-        recipes.append(dict(extra=accepted))
-    return recipes
+    if accepted and accepted not in extras:
+        extras.append(accepted)
+    return [dict(layout, extra=extra) for extra in extras for layout in layouts]
 
 
 def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
@@ -618,6 +649,9 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
     main = model.main_input_name
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = min(getattr(text, "vocab_size", None) or VOCAB, VOCAB)
+    positions = getattr(text, "max_position_embeddings", None)
+    if isinstance(positions, int) and 0 < positions < seq:
+        seq = positions  # a text encoder of few positions (OWL-ViT's 16)
 
     def ids():
         rows = batch * (_find(config, "num_codebooks") if recipe.get("codebooks") else 1)
@@ -639,7 +673,8 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
         return torch.randn(batch, channels, h, w, generator=g)
 
     def features():
-        mels = _find(config, "num_mel_bins", "feature_size", "input_feat_size", default=80)
+        mels = _find(config, "num_mel_bins", "feature_size", "input_feat_size", "input_dim",
+                     default=80)
         frames = 2 * (_find(config, "max_source_positions", default=32) or 32)
         x = torch.randn(batch, mels, frames, generator=g)
         if recipe.get("features") == "time-major":
@@ -661,14 +696,56 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
     def past_values():
         length = _find(config, "context_length", default=32) or 32
         channels = _find(config, "num_input_channels", default=1) or 1
-        shape = (batch, length, channels) if channels > 1 else (batch, length)
+        three_d = channels > 1 or recipe.get("series") == "3d"
+        shape = (batch, length, channels) if three_d else (batch, length)
         return torch.randn(*shape, generator=g)
 
-    makers = {"input_ids": ids, "decoder_input_ids": ids, "qformer_input_ids": ids,
+    def bbox():
+        corners = torch.randint(0, 500, (batch, seq, 2, 2), generator=g)
+        return torch.cat([corners.min(2).values, corners.max(2).values], -1)
+
+    def series(name):
+        """A time-series transformer's inputs (Informer, TimeSeriesTransformer)."""
+        context = _find(config, "context_length", default=16) or 16
+        lags = max(_find(config, "lags_sequence", default=[1]) or [1])
+        past, future = context + lags, _find(config, "prediction_length", default=8) or 8
+        features = (_find(config, "num_time_features", default=0) or 0) + \
+            (_find(config, "num_dynamic_real_features", default=0) or 0)
+        size = _find(config, "input_size", default=1) or 1
+        shape = (lambda n: (batch, n)) if size == 1 else (lambda n: (batch, n, size))
+        return {"past_values": lambda: torch.randn(*shape(past), generator=g),
+                "past_observed_mask": lambda: torch.ones(*shape(past)),
+                "past_time_features": lambda: torch.randn(batch, past, features, generator=g),
+                "future_values": lambda: torch.randn(*shape(future), generator=g),
+                "future_time_features": lambda: torch.randn(batch, future, features,
+                                                            generator=g)}[name]()
+
+    def trajectory(name):
+        """A decision transformer's inputs."""
+        width = {"states": _find(config, "state_dim", default=4),
+                 "actions": _find(config, "act_dim", default=4), "rewards": 1,
+                 "returns_to_go": 1}
+        if name == "timesteps":
+            return torch.arange(seq).expand(batch, seq).contiguous()
+        return torch.randn(batch, seq, width[name], generator=g)
+
+    time_series = _find(config, "prediction_length") is not None and \
+        _find(config, "lags_sequence") is not None
+    makers = {"bbox": bbox,
+              **{n: (lambda n=n: trajectory(n)) for n in ("states", "actions", "rewards",
+                                                          "returns_to_go", "timesteps")},
+              "past_values_padding": lambda: torch.zeros(batch, _find(
+                  config, "context_length", default=32) or 32),
+              "freq": lambda: torch.zeros(batch, 1, dtype=torch.long),
+              "input_ids": ids, "decoder_input_ids": ids, "qformer_input_ids": ids,
               "labels": ids, "pixel_values": pixels, "pixel_values_videos": pixels,
               "input_features": features, "input_values": values, "past_values": past_values,
               "mm_token_type_ids": lambda: torch.zeros(batch, seq, dtype=torch.long),
               "token_type_ids": lambda: torch.zeros(batch, seq, dtype=torch.long)}
+    if time_series:
+        makers.update({n: (lambda n=n: series(n)) for n in (
+            "past_values", "past_observed_mask", "past_time_features", "future_values",
+            "future_time_features")})
     if main not in makers:
         raise NotImplementedError(f"main input {main!r}")
     params = inspect.signature(model.forward).parameters
@@ -759,6 +836,9 @@ def _output_tensor(out):
         value = out.get(key) if hasattr(out, "get") else None
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return key, value
+    maps = out.get("feature_maps") if hasattr(out, "get") else None
+    if maps:  # a backbone's
+        return "feature_maps[-1]", maps[-1]
     items = out.to_tuple() if hasattr(out, "to_tuple") else (out if isinstance(out, tuple)
                                                              else (out,))
     for i, value in enumerate(items):
@@ -878,6 +958,7 @@ def _prepare(case, row, cls):
     does."""
     last = None
     tried = set()
+    tries = []
     for variant in (0, 1, 2):
         stage = "config"
         try:
@@ -912,10 +993,12 @@ def _prepare(case, row, cls):
                 if os.environ.get("RINGATTN_SWEEP_DEBUG"):
                     print(f"variant {variant} inputs {recipe}: {stage}: {_message(e)}\n" +
                           "".join(traceback.format_tb(e.__traceback__)[-2:]))
+                tries.append(f"inputs {recipe}: {stage}: {_message(e)}")
                 if number == 0:  # the plain inputs' failure says the most
                     last = (stage, e, traceback.format_exc())
     stage, error, detail = last
-    raise _NotBuilt(f"{stage}: {_message(error)}", detail)
+    raise _NotBuilt(f"{stage}: {_message(error)}",
+                    detail + "\nevery try (variant 0 first):\n" + "\n".join(tries))
 
 
 class _NotBuilt(Exception):
