@@ -275,6 +275,9 @@ def _layer_keep(layer_types, count):
     return sorted(keep)
 
 
+# The config variants tried in turn until eager runs (tiny_config).
+VARIANTS = ("", "two experts", "default widths", "default windows")
+
 # Fields variant 2 keeps (widths, heads).
 _WIDTH_LIKE = _HEADS | _KV_HEADS | _HEAD_DIM | _INTERMEDIATE | {
     "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "rotary_dim"}
@@ -383,7 +386,8 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
     class (so that derived fields follow), sub-configs shrunk recursively. Variant 0 has one
     expert; variant 1 two, both chosen for every token (for routers that need two); variant 2
     keeps the default widths and heads (a model whose widths are tied in ways the generic
-    shrinking does not see), with fewer layers still."""
+    shrinking does not see), with fewer layers still; variant 3 the default windows and chunks
+    (a model whose eager fails with a window under the sequence)."""
     from transformers import PreTrainedConfig
     ids = ids or _Ids()
     base = config_cls() if base is None else base
@@ -444,6 +448,8 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
         shrunk = _shrink_value(key, value, ids)
         if variant == 2 and (key in _WIDTH_LIKE or _WIDTH.search(key)) and value is not None:
             shrunk = value  # widths kept: a model whose many widths are tied together
+        if variant == 3 and (key in _WINDOWS or key in _CHUNKS):
+            shrunk = value  # a model whose eager fails with a window under the sequence
         if variant == 1 and (key in _EXPERTS or key in _EXPERTS_PER_TOKEN and
                              key not in ("n_group", "topk_group")) and \
                 isinstance(shrunk, int) and not isinstance(shrunk, bool) and shrunk >= 1 and \
@@ -775,6 +781,9 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
 
 _CALLS = [0]
 _WRAPPED = [False]
+# Told when a case's ringattn run starts (a worker tells its parent: a timeout before it is
+# eager's or the harness's, not ringattn's).
+_STAGE_HOOK = [lambda stage: None]
 
 
 def _setup_worker():
@@ -976,7 +985,7 @@ def _prepare(case, row, cls):
     last = None
     tried = set()
     tries = []
-    for variant in (0, 1, 2):
+    for variant in range(len(VARIANTS)):
         stage = "config"
         try:
             config = tiny_config(cls.config_class, case.family.config, variant,
@@ -1003,7 +1012,10 @@ def _prepare(case, row, cls):
                 want = _run_mode(case.mode, eager, inputs, valid, extra)
                 if _has_nan(want):
                     raise FloatingPointError("eager gives NaN or inf")
-                return config, inputs, valid, extra, want
+                how = [VARIANTS[variant]] if variant else []
+                how += [f"{k} {v}" for k, v in recipe.items() if v and k != "extra"]
+                how += [f"with {', '.join(recipe['extra'])}"] if recipe.get("extra") else []
+                return config, inputs, valid, extra, want, "; ".join(how)
             except NotApplicable:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -1041,7 +1053,7 @@ def _run_case(case, row):
         return row
     mode = case.mode
     try:
-        config, inputs, valid, extra, want = _prepare(case, row, cls)
+        config, inputs, valid, extra, want, how = _prepare(case, row, cls)
     except NotApplicable as e:
         row.result, row.message = "not applicable", str(e)
         return row
@@ -1049,6 +1061,7 @@ def _run_case(case, row):
         row.message, row.detail = e.message, e.detail
         return row
     _CALLS[0] = 0
+    _STAGE_HOOK[0]("ringattn")
     try:
         model = _build(cls, config, "ringattn")
     except KeyError as e:
@@ -1080,10 +1093,11 @@ def _run_case(case, row):
         return row
     if error <= TOLERANCE:
         row.result = "exact"
-        row.message = f"{calls} ringattn calls"
+        row.message = f"{calls} ringattn calls" + (f" ({how})" if how else "")
     else:
         row.result = "different"
-        row.message = f"{where}: relative error {error:.3g} ({calls} ringattn calls)"
+        row.message = f"{where}: relative error {error:.3g} ({calls} ringattn calls" + (
+            f"; {how})" if how else ")")
     return row
 
 
@@ -1200,6 +1214,7 @@ def _worker(tasks, results, index):
             return
         number, case = item
         results.put(("start", index, number))
+        _STAGE_HOOK[0] = lambda stage: results.put(("stage", index, stage))
         row = run_case(case)
         results.put(("row", index, (number, row)))
 
@@ -1239,7 +1254,7 @@ def run_cases(cases, workers=2, timeout=TIMEOUT_S, log=None):
             slot["case"], slot["since"] = number, None
             slot["tasks"].put((number, case))
         else:
-            slot["case"] = None
+            slot["case"], slot["since"] = None, None
             slot["tasks"].put(None)
 
     def finish(number, row):
@@ -1259,7 +1274,9 @@ def run_cases(cases, workers=2, timeout=TIMEOUT_S, log=None):
             slots[index]["ready"] = True
             assign(index)
         elif kind == "start" and index in slots:
-            slots[index]["since"] = time.time()
+            slots[index]["since"], slots[index]["stage"] = time.time(), "eager"
+        elif kind == "stage" and index in slots:
+            slots[index]["stage"] = payload
         elif kind == "row" and index in slots:
             number, row = payload
             finish(number, row)
@@ -1270,7 +1287,8 @@ def run_cases(cases, workers=2, timeout=TIMEOUT_S, log=None):
         for index, slot in list(slots.items()):
             number = slot["case"]
             proc = slot["proc"]
-            timed_out = slot["since"] is not None and now - slot["since"] > timeout
+            running = number is not None and rows[number] is None
+            timed_out = running and slot["since"] is not None and now - slot["since"] > timeout
             died = not proc.is_alive() and number is not None and rows[number] is None
             if not (timed_out or died):
                 continue
@@ -1287,6 +1305,9 @@ def run_cases(cases, workers=2, timeout=TIMEOUT_S, log=None):
                                 continue_outer = True
                         elif kind2 == "start" and index2 in slots:
                             slots[index2]["since"] = time.time()
+                            slots[index2]["stage"] = "eager"
+                        elif kind2 == "stage" and index2 in slots:
+                            slots[index2]["stage"] = payload2
                         elif kind2 == "ready" and index2 in slots:
                             slots[index2]["ready"] = True
                             assign(index2)
@@ -1301,9 +1322,16 @@ def run_cases(cases, workers=2, timeout=TIMEOUT_S, log=None):
             proc.kill()
             proc.join()
             case = cases[number]
-            why = (f"timed out after {timeout} s (a hang)" if timed_out else
-                   f"the worker process died (exit code {proc.exitcode})")
-            finish(number, Row(case.family.name, "?", case.mode, "crash", message=why))
+            in_ringattn = slot.get("stage") == "ringattn"
+            if timed_out:
+                why = (f"timed out after {timeout:.0f} s in the ringattn run (a hang)"
+                       if in_ringattn else f"timed out after {timeout:.0f} s building the "
+                       "model or running eager")
+            else:
+                why = f"the worker process died (exit code {proc.exitcode})" + (
+                    "" if in_ringattn else " building the model or running eager")
+            finish(number, Row(case.family.name, "?", case.mode,
+                               "crash" if in_ringattn else "not built", message=why))
             del slots[index]
             if todo:
                 spawn(next_index)
@@ -1342,7 +1370,10 @@ def report(rows, seconds, out=sys.stdout):
     counts = {k: sum(r.result == k for r in rows) for k in RESULTS}
     worst = max((r.error for r in rows if r.result == "exact" and r.error is not None),
                 default=0.0)
-    print(f"\nsummary: {len(rows)} cases: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
+    slowest = sorted(rows, key=lambda r: -r.seconds)[:5]
+    print("\nslowest cases: " + ", ".join(f"{r.family} {r.mode} {r.seconds:.1f} s"
+                                          for r in slowest), file=out)
+    print(f"summary: {len(rows)} cases: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
           f"; max error of the exact cases {worst:.2e}; wall time {seconds:.0f} s", file=out)
     return counts
 
