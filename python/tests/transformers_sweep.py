@@ -153,6 +153,10 @@ FAMILY_CONFIG = {
     "time_series_transformer": dict(prediction_length=8, context_length=16),
     "pix2struct": dict(initializer_range=0.02),
     "dots1": dict(n_shared_experts=1),
+    # An image placeholder token (None by default) and 8 query tokens per image.
+    "blip_2": dict(image_token_index=5, num_query_tokens=8),
+    "instructblip": dict(image_token_index=5, num_query_tokens=8),
+    "instructblipvideo": dict(video_token_index=5, num_query_tokens=8),
     "step3p7": dict(text_config=dict(sliding_window=16,
                                      layer_types=["sliding_attention", "full_attention"])),
     "cohere_compass": dict(
@@ -608,6 +612,16 @@ def _find(config, *keys, default=None):
     return default
 
 
+def _image_tokens(config):
+    """(image token id, tokens per image) of a VLM whose input ids hold placeholders for the
+    image features, or None."""
+    token = _find(config, "image_token_id", "image_token_index", "video_token_index")
+    count = _find(config, "num_query_tokens", "image_seq_length", "mm_tokens_per_image")
+    if isinstance(token, int) and isinstance(count, int) and 0 < count < SEQ - 8:
+        return token, count
+    return None
+
+
 def _image_config(config):
     for name in ("vision_config", "image_config", "backbone_config"):
         sub = getattr(config, name, None)
@@ -645,6 +659,11 @@ def input_recipes(model, config):
     extras = [()]
     if main != "pixel_values" and "pixel_values" in params:
         extras.append(("pixel_values",))  # a dual encoder (CLIP) needs both
+    if "input_ids" in takes and {"pixel_values", "pixel_values_videos"} & takes and \
+            _image_tokens(config):
+        layouts.append(dict(image_tokens=True))  # a VLM's placeholders for the image
+        if main in ("pixel_values", "pixel_values_videos"):
+            layouts.append(dict(image_tokens=True, pixels="5d"))
     accepted = tuple(n for n in _KNOWN_INPUTS if n in params and n != main)
     if accepted and accepted not in extras:
         extras.append(accepted)
@@ -668,7 +687,11 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
 
     def ids():
         rows = batch * (_find(config, "num_codebooks") if recipe.get("codebooks") else 1)
-        return torch.randint(FIRST_ID, max(vocab, FIRST_ID + 1), (rows, seq), generator=g)
+        out = torch.randint(FIRST_ID, max(vocab, FIRST_ID + 1), (rows, seq), generator=g)
+        if recipe.get("image_tokens"):
+            token, count = _image_tokens(config)
+            out[:, 1:1 + count] = token
+        return out
 
     def pixels():
         vision = _image_config(config)
@@ -744,7 +767,7 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
 
     time_series = _find(config, "prediction_length") is not None and \
         _find(config, "lags_sequence") is not None
-    makers = {"bbox": bbox,
+    makers = {"bbox": bbox, "token_index": ids,
               **{n: (lambda n=n: trajectory(n)) for n in ("states", "actions", "rewards",
                                                           "returns_to_go", "timesteps")},
               "past_values_padding": lambda: torch.zeros(batch, _find(
@@ -845,7 +868,7 @@ def relative(a, b, floor=0.0):
     return diff / norm if norm > 0 else float("inf")
 
 
-def _output_tensor(out):
+def _output_tensor(out, depth=0):
     import torch
     for key in ("logits", "last_hidden_state", "prediction_logits", "pred_masks",
                 "reconstruction", "pooler_output"):
@@ -860,6 +883,13 @@ def _output_tensor(out):
     for i, value in enumerate(items):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return f"output[{i}]", value
+    for i, value in enumerate(items):  # a model of models (a VLM's language model's output)
+        if depth < 2 and (hasattr(value, "to_tuple") or isinstance(value, tuple)):
+            try:
+                key, tensor = _output_tensor(value, depth + 1)
+                return f"output[{i}].{key}", tensor
+            except TypeError:
+                pass
     raise TypeError("the model returns no floating-point tensor")
 
 
@@ -899,28 +929,66 @@ def _seed():
     random.seed(0)
 
 
+def _all_outputs(out, prefix="", found=None, depth=0):
+    """Every floating-point tensor of a model's output (nested outputs too: a VLM's vision,
+    Q-Former and language model outputs), by name, each once; the loss left out."""
+    import torch
+    found = {} if found is None else found
+    items = out.items() if hasattr(out, "items") else enumerate(
+        out if isinstance(out, (tuple, list)) else ())
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if key == "loss":
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and value.dim() > 0 and \
+                    all(value is not t for t in found.values()):
+                found[name] = value
+        elif depth < 3 and (hasattr(value, "items") or isinstance(value, (tuple, list))):
+            _all_outputs(value, f"{name}.", found, depth + 1)
+    return found
+
+
 def _forward_backward(model, inputs, valid=None, seed=3):
-    """(output, {name: grad}) of one forward and the backward of sum(out * w)."""
+    """({name: output}, {name: grad}) of one forward and the backward of the outputs weighted
+    by fixed random weights: every floating-point output, or with `valid` (a padded batch)
+    the main one (logits, else last_hidden_state) at its valid positions."""
     import torch
     _seed()
     out = model(**inputs)
-    key, tensor = _output_tensor(out)
-    weights = torch.randn(tensor.shape, generator=torch.Generator().manual_seed(seed))
-    if valid is not None:
-        weights = weights * valid.reshape(valid.shape + (1,) * (tensor.dim() - 2)).to(
-            weights.dtype)
-    (tensor.float() * weights).sum().backward()
+    if valid is None:
+        outputs = _all_outputs(out) or dict([_output_tensor(out)])
+    else:
+        outputs = dict([_output_tensor(out)])
+    generator = torch.Generator().manual_seed(seed)
+    loss = 0
+    for tensor in outputs.values():
+        weights = torch.randn(tensor.shape, generator=generator)
+        if valid is not None:
+            weights = weights * valid.reshape(valid.shape + (1,) * (tensor.dim() - 2)).to(
+                weights.dtype)
+        if tensor.requires_grad:
+            loss = loss + (tensor.float() * weights).sum()
+    if torch.is_tensor(loss):
+        loss.backward()
     grads = {n: (None if p.grad is None else p.grad.detach().clone())
              for n, p in model.named_parameters()}
-    return tensor.detach(), grads
+    return {k: v.detach() for k, v in outputs.items()}, grads
 
 
 def _compare(want, got, valid=None):
     """(max relative error, what has it) over the output (valid positions) and gradients."""
-    (w_out, w_grads), (g_out, g_grads) = want, got
-    if valid is not None:
-        w_out, g_out = w_out[valid], g_out[valid]
-    worst, where = relative(g_out, w_out), "the output"
+    (w_outs, w_grads), (g_outs, g_grads) = want, got
+    worst, where = 0.0, "the output"
+    for key, w_out in w_outs.items():
+        g_out = g_outs.get(key)
+        if g_out is None or g_out.shape != w_out.shape:
+            return float("inf"), f"the output {key} (missing or of another shape with ringattn)"
+        if valid is not None:
+            w_out, g_out = w_out[valid], g_out[valid]
+        err = relative(g_out, w_out)
+        if not err <= worst:
+            worst, where = err, f"the output {key}"
     where_output = worst
     # A gradient that is zero in exact arithmetic holds only rounding (GRAD_FLOOR).
     floor = GRAD_FLOOR * max((g.double().norm().item() for g in w_grads.values()
@@ -937,8 +1005,8 @@ def _compare(want, got, valid=None):
         err = relative(gg, wg, floor if bool(wg.any()) else floor * ZERO_GRAD_FLOOR / GRAD_FLOOR)
         if not err <= worst:
             worst, where = err, f"the gradient of {name}"
-    if where != "the output":
-        where += f" (the output's error {where_output:.2g})"
+    if not where.startswith("the output"):
+        where += f" (the outputs' error {where_output:.2g})"
     return worst, where
 
 
@@ -1109,7 +1177,7 @@ def _has_nan(result):
     import torch
     tensors = []
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
-        tensors = [result[0]] + [g for g in result[1].values() if g is not None]
+        tensors = list(result[0].values()) + [g for g in result[1].values() if g is not None]
     elif isinstance(result, list):
         tensors = [t for t in result if t.is_floating_point()]
     return any(not bool(torch.isfinite(t).all()) for t in tensors)
