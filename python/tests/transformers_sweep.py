@@ -148,7 +148,8 @@ FAMILY_CONFIG = {
     # Two hybrid layers (they share one transformer's weights), a Mamba layer before each.
     "zamba": dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
                   layer_types=["linear_attention", "hybrid"] * 2,
-                  attention_head_dim=32),  # its attention is over [hidden, embeddings]: 2 x 64
+                  # its attention is over [hidden, embeddings]: 2 x 64
+                  attention_hidden_size=128, attention_head_dim=32),
     "informer": dict(prediction_length=8, context_length=16),
     "time_series_transformer": dict(prediction_length=8, context_length=16),
     "pix2struct": dict(initializer_range=0.02),
@@ -226,7 +227,7 @@ _WINDOWS = {"sliding_window", "sliding_window_size", "local_attention", "attenti
 _CHUNKS = {"attention_chunk_size"}
 # Integer fields that are widths of the model (kept consistent between sub-configs by making
 # them all the hidden size).
-_WIDTH = re.compile(r"(^|_)(hidden_size|d_model|n_embd|embed_dim|hidden_dim|emb_dim|dim|"
+_WIDTH = re.compile(r"^hidden_size_global$|(^|_)(hidden_size|d_model|n_embd|embed_dim|hidden_dim|emb_dim|dim|"
                     r"embedding_size|embedding_dim|out_hidden_size|projection_dim|"
                     r"text_hidden_size|vision_hidden_size|audio_hidden_size|output_dim|"
                     r"projector_hidden_size|kv_lora_rank|q_lora_rank|d_kv|hidden_dim|codebook_dim|"
@@ -328,7 +329,8 @@ def _shrink_value(key, value, ids):
         return 1 if value > 0 else value
     if key in _EXPERTS_PER_TOKEN:
         return 1 if value > 0 else value
-    if key == "vocab_size" or key.endswith("_vocab_size") and value > VOCAB:
+    if key == "vocab_size" or (key.endswith("_vocab_size") or key.endswith("_vocab")) and \
+            value > VOCAB:
         return VOCAB if value > 0 else value
     if key in _POSITIONS:
         return 256 if value > 256 else value
@@ -667,7 +669,10 @@ def input_recipes(model, config):
     accepted = tuple(n for n in _KNOWN_INPUTS if n in params and n != main)
     if accepted and accepted not in extras:
         extras.append(accepted)
-    return [dict(layout, extra=extra) for extra in extras for layout in layouts]
+    recipes = [dict(layout, extra=extra) for extra in extras for layout in layouts]
+    if "use_cache" in params:
+        recipes.append(dict(no_cache=True, extra=()))  # a model whose cache does not build
+    return recipes
 
 
 def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
@@ -797,6 +802,8 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
         if name not in makers:
             raise NotImplementedError(f"a required input {name!r}")
         inputs[name] = makers[name]()
+    if recipe.get("no_cache"):
+        inputs["use_cache"] = False
     return inputs
 
 
@@ -938,8 +945,8 @@ def _all_outputs(out, prefix="", found=None, depth=0):
         out if isinstance(out, (tuple, list)) else ())
     for key, value in items:
         name = f"{prefix}{key}"
-        if key == "loss":
-            continue
+        if key == "loss" or "attentions" in str(key):
+            continue  # attention weights: ringattn returns none (as sdpa)
         if isinstance(value, torch.Tensor):
             if value.is_floating_point() and value.dim() > 0 and \
                     all(value is not t for t in found.values()):
@@ -1081,7 +1088,8 @@ def _prepare(case, row, cls):
                 if _has_nan(want):
                     raise FloatingPointError("eager gives NaN or inf")
                 how = [VARIANTS[variant]] if variant else []
-                how += [f"{k} {v}" for k, v in recipe.items() if v and k != "extra"]
+                how += [f"{k} {v}" for k, v in recipe.items() if v and k not in ("extra", "no_cache")]
+                how += ["use_cache=False"] if recipe.get("no_cache") else []
                 how += [f"with {', '.join(recipe['extra'])}"] if recipe.get("extra") else []
                 return config, inputs, valid, extra, want, "; ".join(how)
             except NotApplicable:
