@@ -150,6 +150,8 @@ FAMILY_CONFIG = {
                   layer_types=["linear_attention", "hybrid"] * 2,
                   # its attention is over [hidden, embeddings]: 2 x 64
                   attention_hidden_size=128, attention_head_dim=32),
+    "lw_detr": dict(backbone_config=dict(image_size=64)),  # 64 / 16 windows % 4 == 0
+    "patchtsmixer": dict(self_attn=True),  # its (optional) self-attention through the interface
     "informer": dict(prediction_length=8, context_length=16),
     "time_series_transformer": dict(prediction_length=8, context_length=16),
     "pix2struct": dict(initializer_range=0.02),
@@ -652,6 +654,8 @@ def input_recipes(model, config):
         layouts += [dict(features="time-major"), dict(features="4d")]
     if {"pixel_values", "pixel_values_videos"} & takes:
         layouts.append(dict(pixels="5d"))
+        if _find(config, "image_size") is None:
+            layouts.append(dict(pixels="text line"))  # a text recognizer (PP-OCR)
     if "input_values" in takes:
         layouts += [dict(values="spectrogram"), dict(values="channels")]
     if main == "past_values":
@@ -708,6 +712,8 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
         else:
             h = w = size
         channels = getattr(vision, "num_channels", None) or 3
+        if recipe.get("pixels") == "text line":
+            h, w = 48, 320
         if recipe.get("pixels") == "5d" or main == "pixel_values_videos":
             frames = _find(config, "num_frames", default=2) or 2
             return torch.randn(batch, frames, channels, h, w, generator=g)
@@ -837,33 +843,37 @@ def _setup_worker():
         _WRAPPED[0] = True
 
 
-def _resolve(family: Family):
-    """(model class, config class) of a family."""
+def _candidates(family: Family):
+    """The model classes of a family, best first: those the family names (its *ForCausalLM,
+    else its base model), then the other model classes its module exports (those that
+    declare _supports_attention_backend first)."""
     import importlib
 
     import transformers
     from transformers import PreTrainedModel
-    if family.module:
-        module = importlib.import_module(family.module)
-    else:
-        module = transformers
-    for name in family.classes:
-        cls = getattr(module, name, None) or getattr(transformers, name, None)
-        if cls is not None:
-            return cls
+    module = importlib.import_module(family.module) if family.module else transformers
+    named = [getattr(module, n, None) or getattr(transformers, n, None) for n in family.classes]
+    named = [c for c in named if c is not None]
+    if named and not family.module:
+        return named
     exported = getattr(module, "__all__", None) or [n for n in dir(module) if n[:1].isupper()]
     found = []
     for name in exported:
         cls = getattr(module, name, None)
         if isinstance(cls, type) and issubclass(cls, PreTrainedModel) and \
                 cls.__module__ == module.__name__ and not name.endswith("PreTrainedModel") and \
-                getattr(cls, "config_class", None) is not None:
+                getattr(cls, "config_class", None) is not None and cls not in named:
             found.append(cls)
-    if not found:
+    found.sort(key=lambda c: (not c._supports_attention_backend, "For" not in c.__name__ and
+                              not c.__name__.endswith("Model"), len(c.__name__)))
+    if not named and not found:
         raise LookupError(f"{family.module} exports no model class")
-    found.sort(key=lambda c: (not c._supports_attention_backend, not c.__name__.endswith("Model"),
-                              len(c.__name__)))
-    return found[0]
+    return named + found
+
+
+def _resolve(family: Family):
+    """The model class a family is tested with (the first candidate)."""
+    return _candidates(family)[0]
 
 
 def relative(a, b, floor=0.0):
@@ -1112,15 +1122,35 @@ class _NotBuilt(Exception):
         self.message, self.detail = message, detail
 
 
+# Further model classes of a family tried where the first never calls the attention (its
+# attention layers live in a head the base model lacks).
+MORE_CLASSES = 2
+
+
 def _run_case(case, row):
     family = case.family
     try:
-        cls = _resolve(family)
-        row.cls = cls.__name__
+        candidates = _candidates(family)
     except Exception as e:  # noqa: BLE001
         row.message = f"class: {_message(e)}"
         row.detail = traceback.format_exc()
         return row
+    first = None
+    for cls in candidates[:1 + MORE_CLASSES]:
+        attempt = Row(row.family, cls.__name__, row.mode, "not built")
+        _run_class(case, attempt, cls)
+        first = first or attempt
+        if not (attempt.result == "not applicable" and "never called" in attempt.message or
+                attempt.result == "not built" and first.result != "not built"):
+            break
+    else:
+        attempt = first
+    for field in ("cls", "result", "error", "message", "detail"):
+        setattr(row, field, getattr(attempt, field))
+    return row
+
+
+def _run_class(case, row, cls):
     if not cls._can_set_attn_implementation():
         row.result = "not applicable"
         row.message = (f"{cls.__name__} cannot set a custom attention implementation (its "
