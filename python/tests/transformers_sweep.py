@@ -152,6 +152,8 @@ FAMILY_CONFIG = {
                   attention_hidden_size=128, attention_head_dim=32),
     "lw_detr": dict(backbone_config=dict(image_size=64)),  # 64 / 16 windows % 4 == 0
     "patchtsmixer": dict(self_attn=True),  # its (optional) self-attention through the interface
+    "fun_asr_nano": dict(adaptor_config=dict(intermediate_size=16)),  # text hidden // 4
+    "molmo2": dict(adapter_config=dict(vision_feature_layer=[-1, -2])),  # of 2 vision layers
     "informer": dict(prediction_length=8, context_length=16),
     "time_series_transformer": dict(prediction_length=8, context_length=16),
     "pix2struct": dict(initializer_range=0.02),
@@ -284,6 +286,9 @@ def _layer_keep(layer_types, count):
 
 # The config variants tried in turn until eager runs (tiny_config).
 VARIANTS = ("", "two experts", "default widths", "default windows")
+
+# Variant 2 (default widths) is not tried for a model larger than this (seconds, memory).
+MAX_PARAMETERS = 60_000_000
 
 # Fields variant 2 keeps (widths, heads).
 _WIDTH_LIKE = _HEADS | _KV_HEADS | _HEAD_DIM | _INTERMEDIATE | {
@@ -445,10 +450,18 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
                                       value, mrope)
             continue
         if key in sub_configs and isinstance(value, dict):
-            continue  # a sub-config as a dict: left to the class's default
+            sub = _config_from_dict(sub_configs[key], value)  # a sub-config kept as a dict
+            if sub is not None:
+                kwargs[key] = tiny_config(type(sub), overrides.pop(key, None) or {}, variant,
+                                          ids, sub, mrope)
+            continue
         if isinstance(value, (list, tuple)) and keep is not None and layers and \
                 len(value) == layers and layers > 1 and not _is_token_key(key):
             kwargs[key] = [value[i] for i in keep]
+            continue
+        if key == "image_size" and isinstance(value, (list, tuple)) and len(value) == 2 and \
+                all(isinstance(v, int) for v in value):
+            kwargs[key] = type(value)((32, 32))
             continue
         if isinstance(value, dict) and key in ("rope_parameters", "rope_scaling"):
             kwargs[key] = _shrink_rope(value, base)
@@ -524,6 +537,21 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
     config = _construct(config_cls, kwargs, base)
     config.dtype = "float32"
     return config
+
+
+def _config_from_dict(config_cls, value):
+    """A sub-config a config keeps as a dict, as a config (None where it cannot say which)."""
+    from transformers import PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    try:
+        if "model_type" in value and value["model_type"] in CONFIG_MAPPING:
+            config_cls = CONFIG_MAPPING[value["model_type"]]
+        if not (isinstance(config_cls, type) and issubclass(config_cls, PreTrainedConfig)) or \
+                config_cls is PreTrainedConfig:
+            return None
+        return config_cls(**{k: v for k, v in value.items() if k != "model_type"})
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _shrink_rope(rope, base):
@@ -934,6 +962,16 @@ def _build(cls, config, impl):
     return model
 
 
+def _parameters(cls, config):
+    """How many parameters the model of `config` has (built on the meta device)."""
+    import copy
+
+    import torch
+    with torch.device("meta"):
+        model = cls._from_config(copy.deepcopy(config), attn_implementation="eager")
+    return sum(p.numel() for p in model.parameters())
+
+
 def _seed():
     """The same random state for both runs (a model that draws in training: SpecAugment
     masks, noise)."""
@@ -1080,6 +1118,9 @@ def _prepare(case, row, cls):
                 continue
             tried.add(key)
             stage = "build"
+            if variant == 2 and _parameters(cls, config) > MAX_PARAMETERS:
+                tries.append(f"{VARIANTS[variant]}: over {MAX_PARAMETERS:,} parameters, not tried")
+                continue
             eager = _build(cls, config, "eager")
             recipes = input_recipes(eager, config)
         except NotApplicable:
