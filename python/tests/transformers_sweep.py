@@ -285,12 +285,12 @@ def _layer_keep(layer_types, count):
 
 
 # The config variants tried in turn until eager runs (tiny_config).
-VARIANTS = ("", "two experts", "default widths", "default windows")
+VARIANTS = ("", "two experts", "no grouped-query attention", "default windows", "default widths")
 
 # Variant 2 (default widths) is not tried for a model larger than this (seconds, memory).
 MAX_PARAMETERS = 60_000_000
 
-# Fields variant 2 keeps (widths, heads).
+# Fields the "default widths" variant keeps (widths, heads).
 _WIDTH_LIKE = _HEADS | _KV_HEADS | _HEAD_DIM | _INTERMEDIATE | {
     "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "rotary_dim"}
 
@@ -394,13 +394,15 @@ def _get(config, key, default=None):
         return default
 
 
-def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrope=False):
+def tiny_config(config_cls, overrides=None, variant="", ids=None, base=None, mrope=False):
     """A tiny config of `config_cls`: its default, shrunk field by field, rebuilt through the
-    class (so that derived fields follow), sub-configs shrunk recursively. Variant 0 has one
-    expert; variant 1 two, both chosen for every token (for routers that need two); variant 2
-    keeps the default widths and heads (a model whose widths are tied in ways the generic
-    shrinking does not see), with fewer layers still; variant 3 the default windows and chunks
-    (a model whose eager fails with a window under the sequence)."""
+    class (so that derived fields follow), sub-configs shrunk recursively. `variant` (one of
+    VARIANTS): "" has one expert; "two experts" two, both chosen for every token (for routers
+    that need two); "no grouped-query attention" as many key/value heads as heads (a model
+    that does not repeat them); "default windows" the default windows and chunks (a model whose
+    eager fails with a window under the sequence); "default widths" the default widths and
+    heads (a model whose widths are tied in ways the generic shrinking does not see), with
+    fewer layers still."""
     from transformers import PreTrainedConfig
     ids = ids or _Ids()
     base = config_cls() if base is None else base
@@ -467,11 +469,11 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
             kwargs[key] = _shrink_rope(value, base)
             continue
         shrunk = _shrink_value(key, value, ids)
-        if variant == 2 and (key in _WIDTH_LIKE or _WIDTH.search(key)) and value is not None:
+        if variant == "default widths" and (key in _WIDTH_LIKE or _WIDTH.search(key)) and value is not None:
             shrunk = value  # widths kept: a model whose many widths are tied together
-        if variant == 3 and (key in _WINDOWS or key in _CHUNKS):
+        if variant == "default windows" and (key in _WINDOWS or key in _CHUNKS):
             shrunk = value  # a model whose eager fails with a window under the sequence
-        if variant == 1 and (key in _EXPERTS or key in _EXPERTS_PER_TOKEN and
+        if variant == "two experts" and (key in _EXPERTS or key in _EXPERTS_PER_TOKEN and
                              key not in ("n_group", "topk_group")) and \
                 isinstance(shrunk, int) and not isinstance(shrunk, bool) and shrunk >= 1 and \
                 (value is None or value > 1):
@@ -483,7 +485,7 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
         kwargs[attribute_map.get(layer_key, layer_key)] = len(keep)
     hidden = _get(base, "hidden_size")
     if isinstance(hidden, int) and hidden > 64 and kwargs.get("hidden_size") == 64 and \
-            variant != 2:
+            variant != "default widths":
         # Fields the default ties to the hidden size (groups, widths of other parts).
         for key in fields:
             value = _get(base, key)
@@ -491,17 +493,18 @@ def tiny_config(config_cls, overrides=None, variant=0, ids=None, base=None, mrop
                     isinstance(value, int) and not isinstance(value, bool) and \
                     not _is_token_key(key) and key not in _POSITIONS:
                 kwargs[key] = 64
-    if "head_dim" in fields and _get(base, "head_dim") is None and variant != 2:
+    if "head_dim" in fields and _get(base, "head_dim") is None and variant != "default widths":
         kwargs["head_dim"] = 16
     mla = (_get(base, "kv_lora_rank") or 0) > 0 or (_get(base, "qk_rope_head_dim") or 0) > 0
-    if mla and variant != 2:
-        # Multi-head latent attention: keys and values have as many heads as the queries,
-        # and the rotary part's dim is the head dim.
+    if (mla or variant == "no grouped-query attention") and variant != "default widths":
+        # Multi-head latent attention (or a model without grouped-query attention): keys and
+        # values have as many heads as the queries.
         for key in _KV_HEADS:
-            if key in fields and _get(base, key) is not None:
+            if key in kwargs or key in fields and _get(base, key) is not None:
                 kwargs[key] = 4
-        if "head_dim" in fields and _get(base, "head_dim") == _get(base, "qk_rope_head_dim"):
-            kwargs["head_dim"] = 8
+    if mla and variant != "default widths" and "head_dim" in fields and \
+            _get(base, "head_dim") == _get(base, "qk_rope_head_dim"):
+        kwargs["head_dim"] = 8  # MLA: the rotary part's dim is the head dim
     kept_types = kwargs.get("layer_types") or overrides.get("layer_types") or []
     if "sliding_window" in fields and not _get(base, "sliding_window") and \
             "sliding_window" not in overrides and \
@@ -1111,14 +1114,15 @@ def _prepare(case, row, cls):
     for variant in range(len(VARIANTS)):
         stage = "config"
         try:
-            config = tiny_config(cls.config_class, case.family.config, variant,
+            config = tiny_config(cls.config_class, case.family.config, VARIANTS[variant],
                                  mrope=case.family.mrope)
             key = config.to_json_string()
             if key in tried:
                 continue
             tried.add(key)
             stage = "build"
-            if variant == 2 and _parameters(cls, config) > MAX_PARAMETERS:
+            if VARIANTS[variant] == "default widths" and \
+                    _parameters(cls, config) > MAX_PARAMETERS:
                 tries.append(f"{VARIANTS[variant]}: over {MAX_PARAMETERS:,} parameters, not tried")
                 continue
             eager = _build(cls, config, "eager")
