@@ -686,7 +686,7 @@ def input_recipes(model, config):
     if {"pixel_values", "pixel_values_videos"} & takes:
         layouts.append(dict(pixels="5d"))
         if _find(config, "image_size") is None:
-            layouts.append(dict(pixels="text line"))  # a text recognizer (PP-OCR)
+            layouts += [dict(pixels="text line"), dict(pixels="tall text line")]  # PP-OCR
     if "input_values" in takes:
         layouts += [dict(values="spectrogram"), dict(values="channels")]
     if main == "past_values":
@@ -743,8 +743,8 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
         else:
             h = w = size
         channels = getattr(vision, "num_channels", None) or 3
-        if recipe.get("pixels") == "text line":
-            h, w = 48, 320
+        if recipe.get("pixels") in ("text line", "tall text line"):
+            h, w = (48 if recipe["pixels"] == "text line" else 96), 320
         if recipe.get("pixels") == "5d" or main == "pixel_values_videos":
             frames = _find(config, "num_frames", default=2) or 2
             return torch.randn(batch, frames, channels, h, w, generator=g)
