@@ -4,31 +4,42 @@
 
 Discovers every model family of the installed transformers whose attention dispatches
 through ``AttentionInterface`` (its modeling file refers to ``ALL_ATTENTION_FUNCTIONS``; read
-from the source text, nothing imported eagerly), builds a tiny random model of each (one
-class: its ``*ForCausalLM``, else its base model, else a model class its module exports) by a
-generic shrinking of the default config (recursively into the sub-configs: 2 layers, hidden
-64, 4 heads of 16, 2 KV heads, vocab 128, one expert, windows and chunks of 16 kept
-smaller than the sequence, no dropout), and compares eager against ringattn in float32: the
-output (logits, else last_hidden_state) and every parameter's gradient (of the output
-weighted by fixed random weights), relative Frobenius error < 1e-4. A representative set of
-models is also run in more modes: a padded batch (left and right padding), sequences packed
-through position_ids, generate() (greedy, with and without left padding) and a decoding loop
-over a plain DynamicCache past the sliding window.
+from the source text, nothing imported eagerly), builds a tiny random model of each (its
+``*ForCausalLM``, else its base model, else a model class its module exports; the next class
+where the first never calls the attention) by a generic shrinking of the default config
+(recursively into the sub-configs: 2 layers, hidden 64, 4 heads of 16, 2 KV heads, vocab 128,
+one expert, windows and chunks of 16 kept under the sequence, no dropout; FAMILY_CONFIG for
+defaults that do not build), makes its inputs by name (input_recipes), and compares eager
+against ringattn in float32, in eval mode, with the same weights: every floating-point output
+(logits, last_hidden_state, a VLM's nested outputs) and every parameter's gradient (of the
+outputs weighted by fixed random weights), relative Frobenius error < 1e-4 (a gradient
+relative to at least GRAD_FLOOR of the largest one). Where eager fails on the tiny config,
+config variants are tried in turn (VARIANTS: two experts, no grouped-query attention, the
+default windows, the default widths), and the row says which one ran.
+
+A representative set of models (REPRESENTATIVE) is also run in more modes (MODES): a padded
+batch (left and right padding; valid positions compared, padding weighted zero), sequences
+packed through position_ids (use_cache=False), generate() (greedy, 6 tokens, with and without
+left padding; tokens equal) and a decoding loop over a plain DynamicCache past the sliding
+window (prefill 40, then 8 one-token steps; each step's logits).
 
 Each case is one of
 
-- ``exact``: the same as eager;
+- ``exact``: the same as eager (and ringattn was called);
 - ``refused``: a ValueError starting "ringattn:" naming the feature ringattn does not carry;
 - ``different``: silently wrong (a failure);
 - ``crash``: any other exception in the ringattn run, eager running fine, or a hang past the
-  per-case timeout (a failure);
-- ``not built``: the tiny model or its inputs could not be made, or eager itself fails;
-- ``not applicable``: the model cannot take a custom attention implementation, ringattn was
-  never called, or the mode does not apply (generation for an encoder).
+  per-case timeout in the ringattn run (a failure);
+- ``not built``: the tiny model or its inputs could not be made, or eager itself fails (the
+  reason printed; every try in the row's detail);
+- ``not applicable``: the model cannot take a custom attention implementation (it looks the
+  implementation up in a fixed table of its own), ringattn was never called, or the mode does
+  not apply (generation for an encoder).
 
-Prints a table and a summary; exits nonzero if any case is ``different`` or ``crash``. Cases
-run in worker processes (spawn), by default 2. Importable: ``run_sweep()`` returns the rows
-(python/tests/test_transformers_sweep.py).
+Prints a table, the slowest cases and a summary; exits nonzero if any case is ``different``
+or ``crash``. Cases run in worker processes (spawn), by default 2, one torch thread each.
+Importable: ``run_sweep()`` returns the rows (python/tests/test_transformers_sweep.py).
+RINGATTN_SWEEP_DEBUG=1 prints every failed try of the config variants and input recipes.
 """
 from __future__ import annotations
 
@@ -231,7 +242,8 @@ _WINDOWS = {"sliding_window", "sliding_window_size", "local_attention", "attenti
 _CHUNKS = {"attention_chunk_size"}
 # Integer fields that are widths of the model (kept consistent between sub-configs by making
 # them all the hidden size).
-_WIDTH = re.compile(r"^hidden_size_global$|(^|_)(hidden_size|d_model|n_embd|embed_dim|hidden_dim|emb_dim|dim|"
+_WIDTH = re.compile(r"^hidden_size_global$|"
+                    r"(^|_)(hidden_size|d_model|n_embd|embed_dim|hidden_dim|emb_dim|dim|"
                     r"embedding_size|embedding_dim|out_hidden_size|projection_dim|"
                     r"text_hidden_size|vision_hidden_size|audio_hidden_size|output_dim|"
                     r"projector_hidden_size|kv_lora_rank|q_lora_rank|d_kv|hidden_dim|codebook_dim|"
@@ -469,7 +481,8 @@ def tiny_config(config_cls, overrides=None, variant="", ids=None, base=None, mro
             kwargs[key] = _shrink_rope(value, base)
             continue
         shrunk = _shrink_value(key, value, ids)
-        if variant == "default widths" and (key in _WIDTH_LIKE or _WIDTH.search(key)) and value is not None:
+        if variant == "default widths" and (key in _WIDTH_LIKE or _WIDTH.search(key)) and \
+                value is not None:
             shrunk = value  # widths kept: a model whose many widths are tied together
         if variant == "default windows" and (key in _WINDOWS or key in _CHUNKS):
             shrunk = value  # a model whose eager fails with a window under the sequence
@@ -1143,7 +1156,8 @@ def _prepare(case, row, cls):
                 if _has_nan(want):
                     raise FloatingPointError("eager gives NaN or inf")
                 how = [VARIANTS[variant]] if variant else []
-                how += [f"{k} {v}" for k, v in recipe.items() if v and k not in ("extra", "no_cache")]
+                how += [f"{k} {v}" for k, v in recipe.items()
+                        if v and k not in ("extra", "no_cache")]
                 how += ["use_cache=False"] if recipe.get("no_cache") else []
                 how += [f"with {', '.join(recipe['extra'])}"] if recipe.get("extra") else []
                 return config, inputs, valid, extra, want, "; ".join(how)
@@ -1345,7 +1359,8 @@ def _compare_mode(mode, want, got, valid):
         for i, (w, g) in enumerate(zip(want, got)):
             err = relative(g, w)
             if not err <= worst:
-                worst, where = err, "the prefill's logits" if i == 0 else f"decoding step {i}'s logits"
+                worst, where = err, ("the prefill's logits" if i == 0 else
+                                     f"decoding step {i}'s logits")
         return worst, where
     return _compare(want, got, valid)
 
@@ -1368,10 +1383,6 @@ def _worker(tasks, results, index):
         _STAGE_HOOK[0] = lambda stage: results.put(("stage", index, stage))
         row = run_case(case)
         results.put(("row", index, (number, row)))
-
-
-def _one_line(row):
-    return row
 
 
 def run_cases(cases, workers=2, timeout=TIMEOUT_S, log=None):
