@@ -262,7 +262,7 @@ def test_a_mask_that_is_not_documents_windows_or_padding_is_refused_naming_it():
     allowed |= torch.eye(16, dtype=torch.bool)
     q = torch.randn(1, 4, 16, 16)
     k = v = torch.randn(1, 2, 16, 16)
-    with pytest.raises(ValueError, match="not causality, a window, documents and padding"):
+    with pytest.raises(ValueError, match="more than causality, a window, documents and padding"):
         ra_hf.ringattn_attention_forward(torch.nn.Module(), q, k, v, allowed[None, None])
 
 

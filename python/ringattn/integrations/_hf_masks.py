@@ -354,8 +354,8 @@ def infer(oracle, batch, length, *, full_check=False, what="the mask") -> Struct
             got = oracle.rows(b, valid[block], valid)
             want = _derived_rows(block, n, doc, causal, left, None if causal else right)
             if not torch.equal(got, want):
-                raise NotCarried(f"{what} is not causality, a window, documents and padding "
-                                 "(which are all ringattn carries)")
+                raise NotCarried(f"{what} is more than causality, a window, documents and "
+                                 "padding")
             if invalid_cols.numel() and bool(oracle.rows(b, valid[block], invalid_cols).any()):
                 raise NotCarried(f"{what} lets tokens attend keys that do not attend "
                                  "themselves (not padding ringattn can gather out)")

@@ -24,7 +24,7 @@ side), checks them against the mask, and runs ringattn with them:
 - chunked attention (Llama 4): documents of the chunk size;
 - a window that lives only in the mask (Qwen2-MoE, PhiMoE) and bidirectional local windows
   (ModernBERT): the window;
-- a model that edits its mask gets a real tensor (transformers' own ``sdpa_mask``) and its
+- a model that edits its mask gets a real tensor (transformers' own ``eager_mask``) and its
   attention is carried or refused by what that tensor is.
 
 Queries over a longer cache (decoding one token, a second prompt chunk, a static cache) are
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..functional import _layout
 from ..functional import attention as _attention
@@ -138,14 +138,14 @@ def _sinks_of(kwargs, heads):
 class _MaskSpec:
     """The mask transformers composed for this call, unevaluated: what the attention reads
     its options from. Model code that treats it as a tensor (slices it, edits it, passes it
-    to a torch function) gets the real mask tensor, made by transformers' own sdpa_mask."""
+    to a torch function) gets the real mask tensor, made by transformers' own eager_mask."""
 
     def __init__(self, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
-                 attention_mask, use_vmap, device):
+                 attention_mask, use_vmap, device, dtype=torch.float32):
         self.batch_size, self.q_length, self.kv_length = batch_size, q_length, kv_length
         self.q_offset, self.kv_offset = int(q_offset), int(kv_offset)
         self.mask_function, self.attention_mask = mask_function, attention_mask
-        self.use_vmap, self.device = use_vmap, device
+        self.use_vmap, self.device, self.mask_dtype = use_vmap, device, dtype
         self.padding = None
         if attention_mask is not None:
             pad = kv_length + self.kv_offset - attention_mask.shape[-1]
@@ -166,13 +166,15 @@ class _MaskSpec:
         return with_padding
 
     def tensor(self):
+        """The mask as eager gets it (transformers' eager_mask: 0 where a key is attended,
+        the dtype's minimum where not): every model handles eager's mask, and some read it
+        outside attention (NLLB-MoE's router takes its padding from it)."""
         if self._tensor is None:
-            self._tensor = sdpa_mask(
+            self._tensor = eager_mask(
                 batch_size=self.batch_size, q_length=self.q_length, kv_length=self.kv_length,
                 q_offset=self.q_offset, kv_offset=self.kv_offset,
                 mask_function=self.mask_function, attention_mask=self.attention_mask,
-                allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
-                use_vmap=self.use_vmap, device=self.device)
+                dtype=self.mask_dtype, use_vmap=self.use_vmap, device=self.device)
         return self._tensor
 
     def rows(self, q_len, kv_len):
@@ -209,7 +211,7 @@ class _MaskSpec:
         return torch.Size((self.batch_size, 1, self.q_length, self.kv_length))
 
     ndim = property(lambda self: 4)
-    dtype = property(lambda self: torch.bool)
+    dtype = property(lambda self: self.mask_dtype)
 
     def dim(self):
         return 4
@@ -320,13 +322,27 @@ def _over_cache(query, key, value, allowed, scale, sinks):
 def ringattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
                                scaling=None, is_causal=None, sliding_window=None, **kwargs):
     """transformers' attention interface: q [B, H, Q, D], k and v [B, HKV, KV, D]
-    (head-major) in, the output [B, Q, H, D] and no attention weights out."""
+    (head-major) in, the output [B, Q, H, D] and no attention weights out. A shape or option
+    ringattn's core refuses (a head dim past its kernels', say) is a ValueError starting
+    "ringattn:" too."""
+    try:
+        return _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                        sliding_window, kwargs)
+    except ValueError as e:
+        if str(e).startswith("ringattn:"):
+            raise
+        raise ValueError(f"ringattn: {e} (this layer's attention, which ringattn does not "
+                         "carry; use attn_implementation='eager' for this model)") from e
+
+
+def _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+             sliding_window, kwargs):
     _refuse_features(module, kwargs)
     if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
         _refuse(f"the layer's queries have head dim {query.shape[-1]}, its keys "
-                f"{key.shape[-1]} and its values {value.shape[-1]} (multi-head latent "
-                "attention, as DeepSeek's MLA): ringattn does not carry different head dims "
-                "yet")
+                f"{key.shape[-1]} and its values {value.shape[-1]}: values of another head "
+                "dim than queries and keys (as in DeepSeek's multi-head latent attention) are "
+                "not carried yet")
     if dropout:
         raise ValueError("ringattn: attention dropout is not supported (set the model's "
                          "attention_dropout to 0)")
@@ -599,7 +615,7 @@ def shard_inputs(input_ids, attention_mask=None, position_ids=None, *, comm=None
 
 def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
           attention_mask=None, allow_is_causal_skip=True, allow_is_bidirectional_skip=False,
-          local_size=None, use_vmap=False, device="cpu", **kwargs):
+          local_size=None, use_vmap=False, device="cpu", dtype=torch.float32, **kwargs):
     """No mask where every query attends every key (on one process); transformers' own
     tensor for queries over a longer cache, and where the model asks for one
     to edit (it clears allow_is_causal_skip for a plain causal or windowed mask); else the
@@ -610,7 +626,7 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
         # as the model's attention_mask).
         return attention_mask
     spec = _MaskSpec(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
-                     attention_mask, use_vmap, device)
+                     attention_mask, use_vmap, device, dtype)
     one_process = _COMM is None or _COMM.size == 1
     all_valid = spec.padding is None or bool(
         spec.padding[:, spec.kv_offset:spec.kv_offset + kv_length].all())
