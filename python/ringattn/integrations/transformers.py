@@ -353,13 +353,9 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
     if sinks is not None:
         sinks = sinks.to(query.device)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    # Under a communicator a layer with no mask is causal where it says so (the mask
-    # interface always gives the ranks a mask).
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
     q_len, kv_len = query.shape[2], key.shape[2]
     if _COMM is not None and _COMM.size > 1:
-        out = _on_ranks(module, query, key, value, attention_mask, scale, sinks, causal,
-                        sliding_window, kwargs)
+        out = _on_ranks(module, query, key, value, attention_mask, scale, sinks, kwargs)
         return out, None
     mask = attention_mask
     try:
@@ -400,7 +396,7 @@ class _PackedBatch:
         self.seqlens, self.total, self.rows = seqlens, total, rows
 
 
-def _positions_function(mask, causal, sliding_window):
+def _positions_function(mask):
     """The layer's mask as a function of positions alone (under a communicator, padding and
     packing come from shard_inputs, not from this rank's inputs)."""
     if isinstance(mask, _MaskSpec):
@@ -419,14 +415,8 @@ def _positions_function(mask, causal, sliding_window):
     if mask is not None:
         _refuse("an attention-mask tensor under register(comm=...) (each rank's tensor covers "
                 "its shard only); ringattn carries the masks transformers composes")
-    window = None if sliding_window is None else int(sliding_window)
-
-    def fn(b, h, q, k):
-        out = (k <= q) if causal else torch.ones((), dtype=torch.bool)
-        if window is not None:
-            out = out & (k > q - window) if causal else out & ((q - k).abs() < window)
-        return out
-    return fn
+    # No mask: every key, as eager attends (as on one process).
+    return lambda b, h, q, k: torch.ones((), dtype=torch.bool)
 
 
 def _rank_positions(kwargs, batch, what):
@@ -444,10 +434,10 @@ def _rank_positions(kwargs, batch, what):
     return positions[0]
 
 
-def _on_ranks(module, query, key, value, mask, scale, sinks, causal, sliding_window, kwargs):
+def _on_ranks(module, query, key, value, mask, scale, sinks, kwargs):
     comm, heads = _COMM, query.shape[1]
     q_len, kv_len = query.shape[2], key.shape[2]
-    fn = _positions_function(mask, causal, sliding_window)
+    fn = _positions_function(mask)
     if q_len == kv_len:
         if _PACKED is not None:
             docs, total, rows = _PACKED.seqlens, _PACKED.total, _PACKED.rows
