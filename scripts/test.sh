@@ -91,7 +91,7 @@ torch_skip=""
 torch_need_kib=$((7 * 1024 * 1024))
 if [ "${RINGATTN_SKIP_TORCH_VENV:-0}" = 1 ]; then
   torch_skip="RINGATTN_SKIP_TORCH_VENV=1"
-elif ! "$tvenv/bin/python" -c 'import torch, transformers' 2>/dev/null; then
+elif ! "$tvenv/bin/python" -c 'import torch, transformers, timm, scipy, PIL' 2>/dev/null; then
   for dir in "$root" "${TMPDIR:-/tmp}"; do
     free_kib=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }') || free_kib=""
     if [ -n "$free_kib" ] && [ "$free_kib" -lt "$torch_need_kib" ]; then
@@ -103,8 +103,10 @@ if [ -n "$torch_skip" ]; then
   echo "test.sh: SKIPPED: the PyPI torch tests (torch.compile, transformers): $torch_skip"
 else
   [ -x "$tvenv/bin/python" ] || /usr/bin/python3 -m venv "$tvenv"
+  # pillow, scipy and timm: the image processors and timm backbones some model families
+  # need, so that the transformers sweep builds them too.
   "$tvenv/bin/python" -m pip install -q --no-cache-dir "torch==2.11.0" "transformers==5.24.0" \
-    numpy pytest
+    numpy pytest "pillow==13.0.0" "scipy==1.17.1" "timm==1.0.31"
   rm -rf "$root/build/wheel"
   "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps "${pkg_build[@]}" \
     -w "$root/build/wheel" "$root"
