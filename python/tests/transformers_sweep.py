@@ -340,22 +340,16 @@ def _shrink_value(key, value, ids):
         return min(value, 4)
     if key in _KV_HEADS:
         return 1 if value <= 1 else 2
-    if key in _HEAD_DIM:
-        return 16 if value > 0 else value
-    if key in _INTERMEDIATE:
-        return 128 if value > 0 else value
-    if key in _EXPERTS:
-        return 1 if value > 0 else value
-    if key in _EXPERTS_PER_TOKEN:
-        return 1 if value > 0 else value
+    for keys, tiny in ((_HEAD_DIM, 16), (_INTERMEDIATE, 128), (_EXPERTS, 1),
+                       (_EXPERTS_PER_TOKEN, 1)):
+        if key in keys:
+            return tiny if value > 0 else value
     if key == "vocab_size" or (key.endswith("_vocab_size") or key.endswith("_vocab")) and \
             value > VOCAB:
         return VOCAB if value > 0 else value
     if key in _POSITIONS:
         return 256 if value > 256 else value
-    if key in _WINDOWS:
-        return 16 if value > 0 else value
-    if key in _CHUNKS:
+    if key in _WINDOWS or key in _CHUNKS:
         return 16 if value > 0 else value
     if key in ("qk_rope_head_dim", "qk_nope_head_dim"):
         return 8 if value > 0 else value

@@ -527,6 +527,7 @@ class ShardedBatch:
         self.inputs, self.batch_index = inputs, batch_index
         self._batch, self._length, self._comm = batch, length, comm
         self._keywords, self._heads = keywords, heads
+        self._batch_positions = None  # every row's batch_index, gathered on first unshard
 
     def local(self, x):
         flat = x.reshape((self._batch * self._length,) + tuple(x.shape[2:]))
@@ -538,8 +539,11 @@ class ShardedBatch:
     def unshard(self, x):
         from ..functional import unshard as _unshard
         full = _unshard(x, self._comm, causal=True, heads=self._heads, **self._keywords)[0]
-        index = _unshard(self.batch_index[None, :, None].float(), self._comm, causal=True,
-                         heads=self._heads, **self._keywords)[0, :, 0].long()
+        if self._batch_positions is None:
+            self._batch_positions = _unshard(
+                self.batch_index[None, :, None].float(), self._comm, causal=True,
+                heads=self._heads, **self._keywords)[0, :, 0].long()
+        index = self._batch_positions
         out = full.new_zeros((self._batch * self._length,) + tuple(full.shape[1:]))
         keep = index >= 0
         out[index[keep].to(full.device)] = full[keep.to(full.device)]
