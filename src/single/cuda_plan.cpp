@@ -5,9 +5,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <iomanip>
 #include <limits>
 #include <span>
@@ -20,16 +17,13 @@
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/device_wait.hpp"
 #include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/form_choice.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"
-#include "kernels/cuda/hopper_fwd.hpp"
+#include "kernels/cuda/form_chooser.hpp"
 #include "kernels/cuda/hopper_task_bwd.hpp"
-#include "kernels/cuda/hopper_task_fwd.hpp"
 #include "kernels/cuda/host_convert.hpp"
-#include "kernels/cuda/median_time.hpp"
 #include "kernels/cuda/verified_forms.hpp"
 #include "ringattn/errors.hpp"
 #include "single/device_schedule.hpp"
+#include "single/hopper_task_lists.hpp"
 #include "single/schedule.hpp"
 #if RINGATTN_HAVE_CUDNN
 #include "kernels/cuda/cudnn_sdpa.hpp"
@@ -64,41 +58,17 @@ struct CudaPlan::Impl {
   bool vector_loads = false;
   bool use_cudnn = false;
   bool use_cudnn_backward = false;
-  bool use_hopper = false;
-  // --kernel hopper on a dilated configuration: the sm_90a forward over the schedule's own
-  // tasks, each pass's items ordered into groups of one (query view, key view) each.
-  bool use_hopper_tasks = false;
-  kc::DeviceAllocation hopper_items;
-  std::vector<kernels::ForwardItem> hopper_items_host;          // the upload's source (as cu_host)
-  std::vector<int64_t> hopper_item0;                            // per pass, into hopper_items
-  std::vector<std::vector<kc::HopperTaskGroup>> hopper_groups;  // per pass
-  // Its backward's dK/dV items: each pass's k_ranges, each range's items grouped as above.
-  kc::DeviceAllocation hopper_k_items;
-  std::vector<kernels::ForwardItem> hopper_k_items_host;
-  std::vector<std::vector<int64_t>> hopper_k_item0;                            // per pass, range
-  std::vector<std::vector<std::vector<kc::HopperTaskGroup>>> hopper_k_groups;  // per pass, range
-  // The same ranges' 128-key items for the wide fused kernel (hopper_wide_key_items), in
-  // hopper_k_items after each range's own, where D = 128 and every range's items pair up.
-  std::vector<std::vector<int64_t>> hopper_wide_k_item0;
-  std::vector<std::vector<std::vector<kc::HopperTaskGroup>>> hopper_wide_k_groups;
-  bool wide_tasks = false;
-  bool use_hopper_backward = false;
-  // The sm_90a backward as the fused kernel (not deterministic), and whether the first
-  // backward times it against the two passes (hopper_fused_backward_rule).
-  bool fused_backward = false;
-  bool time_fused_backward = false;
-  // With fused_backward, the wide fused kernel (D = 128, where the path has it: wide_ok()).
-  bool wide_backward = false;
-  // The sm_90a forward's form (plain, overlap, Q in registers, ping-pong), and whether the
-  // first forward times the forms and keeps the fastest (hopper_forward_forms_timed).
-  kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
-  bool time_forward_forms = false;
+  // The sm_90a kernels' choice (form_chooser.hpp): the dense kernels, or on a dilated
+  // configuration the task kernels over the schedule's own tasks, each pass's items in groups
+  // of one (query view, key view) each (hopper_task_lists.hpp).
+  kc::FormChooser hopper;
+  bool hopper_tasks = false;
+  single::HopperTaskLists task_lists;
+  std::vector<single::HopperTaskWave> task_waves;  // per pass
   bool decide_on_first_forward = false;
   bool decide_on_first_backward = false;
   bool noted_unaligned = false;
   bool noted_unaligned_backward = false;
-  bool noted_unaligned_hopper_backward = false;
-  bool noted_unaligned_dq = false;
 #if RINGATTN_HAVE_CUDNN
   std::unique_ptr<kc::CudnnSdpa> cudnn;
   bool has_cudnn() const { return cudnn != nullptr; }
@@ -115,27 +85,16 @@ struct CudaPlan::Impl {
     k_items.reset();
     delta.reset();
     cu_seqlens.reset();
-    hopper_items.reset();
-    hopper_k_items.reset();
+    task_lists.reset();
 #if RINGATTN_HAVE_CUDNN
     cudnn.reset();
 #endif
-    if (stream) {
-      // Not after the watchdog fired: the device still runs the hung kernel.
-      if (!kc::device_stuck()) (void)cudaStreamSynchronize(stream);
-      kc::forget_stream(stream);
-      (void)cudaStreamDestroy(stream);
-    }
-    kc::release_unused_device_memory(opts.device);
+    kc::close_plan_stream(stream, opts.device);
   }
 
   void native_forward(const void* q, const void* k, const void* v, float* out, float* lse) {
     kc::FlashForwardParams p;
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.out = out;
-    p.lse = lse;
+    p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
     p.tasks = tasks.as<kernels::SubseqTask>();
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
@@ -173,71 +132,45 @@ struct CudaPlan::Impl {
 
   kc::HopperTaskShape hopper_task_shape() const {
     const Shape4& s = cfg.shape;
-    return {static_cast<int>(s.batch), static_cast<int>(s.seq_len), static_cast<int>(s.heads),
-            static_cast<int>(cfg.effective_kv_heads()), static_cast<int>(s.head_dim)};
+    kc::HopperTaskShape h{static_cast<int>(s.batch), static_cast<int>(s.seq_len),
+                          static_cast<int>(s.heads), static_cast<int>(cfg.effective_kv_heads()),
+                          static_cast<int>(s.head_dim)};
+    h.form = hopper.forward_form();
+    return h;
   }
 
-  // "" and the task path ready (items grouped and uploaded), or why it cannot run.
+  // "" and the task path's forward lists built, or why it cannot run.
   std::string prepare_hopper_tasks() {
     const Shape4& s = cfg.shape;
     if (s.seq_len > std::numeric_limits<int>::max() / 2 ||
         s.batch * s.seq_len > std::numeric_limits<int>::max() / 2)
       return "a sequence of " + std::to_string(s.seq_len) + " (tensor map coordinates are int)";
-    const kc::HopperTaskShape shape = hopper_task_shape();
-    if (std::string why = kc::hopper_task_forward_unsupported(elem, shape, opts.device);
+    if (std::string why = kc::hopper_task_forward_unsupported(elem, hopper_task_shape(), opts.device);
         !why.empty())
       return why;
-    std::vector<kernels::ForwardItem>& all = hopper_items_host;
-    std::vector<kernels::ForwardItem> ordered;
     for (const single::DevicePass& pass : sched.passes) {
-      std::vector<kc::HopperTaskGroup> groups;
       const std::span<const kernels::ForwardItem> items(sched.q_items.data() + pass.q_item0,
                                                         static_cast<std::size_t>(pass.n_q_items));
-      if (std::string why = kc::hopper_task_groups(sched.tasks, items, shape, ordered, groups);
+      if (std::string why = task_lists.add_forward(sched.tasks, items, hopper_task_shape(),
+                                                   task_waves.emplace_back());
           !why.empty())
         return why;
-      hopper_item0.push_back(static_cast<int64_t>(all.size()));
-      all.insert(all.end(), ordered.begin(), ordered.end());
-      hopper_groups.push_back(std::move(groups));
     }
-    hopper_items = kc::upload_vector(all, "the Hopper forward's work items", opts.device, stream);
     return "";
   }
 
-  // "" and the task backward's dK/dV items grouped and uploaded (range by range, so that
-  // query heads sharing a K/V head still add into it in turn), or why it cannot run.
+  // "" and the task backward's dK/dV lists built, or why it cannot run.
   std::string prepare_hopper_task_backward() {
-    const kc::HopperTaskShape shape = hopper_task_shape();
-    if (std::string why = kc::hopper_task_backward_unsupported(elem, shape, opts.device);
+    if (std::string why =
+            kc::hopper_task_backward_unsupported(elem, hopper_task_shape(), opts.device);
         !why.empty())
       return why;
-    std::vector<kernels::ForwardItem>& all = hopper_k_items_host;
-    std::vector<kernels::ForwardItem> ordered, wide;
-    wide_tasks = shape.head_dim == 128;
-    for (const single::DevicePass& pass : sched.passes) {
-      std::vector<int64_t>& item0 = hopper_k_item0.emplace_back();
-      std::vector<std::vector<kc::HopperTaskGroup>>& ranges = hopper_k_groups.emplace_back();
-      std::vector<int64_t>& wide_item0 = hopper_wide_k_item0.emplace_back();
-      auto& wide_ranges = hopper_wide_k_groups.emplace_back();
-      for (const single::ItemRange& r : pass.k_ranges) {
-        std::vector<kc::HopperTaskGroup> groups, wide_groups;
-        const std::span<const kernels::ForwardItem> items(sched.k_items.data() + r.first,
-                                                          static_cast<std::size_t>(r.count));
-        if (std::string why = kc::hopper_task_groups(sched.tasks, items, shape, ordered, groups);
-            !why.empty())
-          return why;
-        item0.push_back(static_cast<int64_t>(all.size()));
-        all.insert(all.end(), ordered.begin(), ordered.end());
-        if (wide_tasks)
-          wide_tasks = kc::hopper_wide_key_items(ordered, groups, wide, wide_groups).empty();
-        wide_item0.push_back(static_cast<int64_t>(all.size()));
-        if (wide_tasks) all.insert(all.end(), wide.begin(), wide.end());
-        ranges.push_back(std::move(groups));
-        wide_ranges.push_back(std::move(wide_groups));
-      }
-    }
-    hopper_k_items =
-        kc::upload_vector(all, "the Hopper backward's key work items", opts.device, stream);
+    for (std::size_t i = 0; i < sched.passes.size(); ++i)
+      if (std::string why = task_lists.add_backward(sched.tasks, sched.k_items,
+                                                    sched.passes[i].k_ranges, hopper_task_shape(),
+                                                    task_waves[i]);
+          !why.empty())
+        return why;
     return "";
   }
 
@@ -249,12 +182,10 @@ struct CudaPlan::Impl {
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
     for (std::size_t i = 0; i < sched.passes.size(); ++i) {
-      p.items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
+      p.items = task_lists.items() + task_waves[i].item0;
       p.accumulate = sched.passes[i].accumulate;
       p.out_scale = sched.passes[i].out_scale;
-      kc::HopperTaskShape shape = hopper_task_shape();
-      shape.form = forward_form;
-      kc::hopper_task_forward(elem, p, shape, hopper_groups[i], stream);
+      kc::hopper_task_forward(elem, p, hopper_task_shape(), task_waves[i].groups, stream);
     }
   }
 
@@ -263,7 +194,7 @@ struct CudaPlan::Impl {
     kc::HopperForwardParams p;
     static_cast<kc::HopperAttention&>(p) = hopper_attention();
     p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
-    p.form = forward_form;
+    p.form = hopper.forward_form();
     return p;
   }
 
@@ -274,57 +205,40 @@ struct CudaPlan::Impl {
     static_cast<kc::HopperAttention&>(p) = hopper_attention();
     p.q = q, p.k = k, p.v = v, p.dout = dout, p.lse = lse, p.delta = delta.as<float>();
     p.dq = dq, p.dk = dk, p.dv = dv;
-    p.fused = fused_backward;
-    p.wide = wide_backward;
+    p.fused = hopper.fused();
+    p.wide = hopper.wide();
     return p;
   }
 
-  // Sets use_hopper or use_hopper_tasks, and use_hopper_backward, where the sm_90a kernels
-  // can run this configuration on this device; returns why the forward cannot ("" where it
-  // can) and why the backward cannot.
+  // The sm_90a kernels' choice for this configuration on this device; returns why the
+  // forward cannot run ("" where it can) and why the backward cannot.
   std::pair<std::string, std::string> choose_hopper() {
-    std::string why;
-    if (cfg.attention == AttentionKind::dilated) {
+    hopper_tasks = cfg.attention == AttentionKind::dilated;
+    const int head_dim = static_cast<int>(cfg.shape.head_dim);
+    kc::FormChooser::Path path;
+    path.path = hopper_tasks ? kc::GpuPath::tasks : kc::GpuPath::dense;
+    hopper = kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic,
+                             head_dim);
+    std::string why, why_backward;
+    if (hopper_tasks) {
       why = prepare_hopper_tasks();
-      use_hopper_tasks = why.empty();
+      why_backward = why.empty() ? prepare_hopper_task_backward() : why;
+      if (why.empty()) task_lists.upload(opts.device, stream);
     } else if (cfg.attention != AttentionKind::dense) {
-      why = "it takes dense and dilated attention only";
+      why = why_backward = "it takes dense and dilated attention only";
     } else {
       why = kc::hopper_forward_unsupported(
           hopper_params(nullptr, nullptr, nullptr, nullptr, nullptr), opts.device);
-      use_hopper = why.empty();
+      why_backward = why.empty() ? kc::hopper_backward_unsupported(
+                                       hopper_backward_params(nullptr, nullptr, nullptr, nullptr,
+                                                              nullptr, nullptr, nullptr, nullptr),
+                                       opts.device)
+                                 : why;
     }
-    std::string why_backward = why;
-    if (use_hopper)
-      why_backward = kc::hopper_backward_unsupported(
-          hopper_backward_params(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                 nullptr),
-          opts.device);
-    else if (use_hopper_tasks)
-      why_backward = prepare_hopper_task_backward();
-    const int head_dim = static_cast<int>(cfg.shape.head_dim);
-    // auto times only the forms a GPU has passed on this path (verified_forms.hpp).
-    if (hopper_forward() &&
-        kc::hopper_forward_forms_timed(opts.deterministic, opts.kernel == KernelChoice::automatic)) {
-      time_forward_forms = kc::auto_forward_forms(head_dim, path()).size() > 1;
-      kc::note_unverified_forward_forms(head_dim, path(), notes);
-    }
-    use_hopper_backward = hopper_forward() && why_backward.empty();
-    if (use_hopper_backward) {
-      const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
-          opts.deterministic, head_dim, opts.kernel == KernelChoice::automatic);
-      fused_backward = rule == kc::FusedBackwardRule::fused;
-      wide_backward = fused_backward && wide_ok() &&
-                      kc::hopper_wide_backward_chosen(opts.deterministic, head_dim);
-      if (rule == kc::FusedBackwardRule::timed) {
-        time_fused_backward = kc::auto_backward_forms(path(), wide_ok()).size() > 1;
-        kc::note_unverified_backward_forms(path(), wide_ok(), notes);
-      }
-    }
-    if (hopper_forward())
-      kc::note_forced_unverified(path(), fused_backward, wide_backward,
-                                 kc::hopper_qregs_forced() && head_dim <= 128, notes);
-    if (use_hopper && cfg.packed()) {
+    // The wide fused kernel: D = 128, dense, or tasks whose key items pair up into 128 keys.
+    const bool wide_ok = head_dim == 128 && (!hopper_tasks || task_lists.wide_ok(head_dim));
+    hopper.decide(why, why_backward, wide_ok, notes);
+    if (hopper.forward() && !hopper_tasks && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
       cu_host.assign(cfg.cu_seqlens.begin(), cfg.cu_seqlens.end());
@@ -333,9 +247,6 @@ struct CudaPlan::Impl {
     return {why, why_backward};
   }
 
-  bool hopper_forward() const { return use_hopper || use_hopper_tasks; }
-  // The path the verified-forms table knows the sm_90a kernels by here.
-  kc::GpuPath path() const { return use_hopper ? kc::GpuPath::dense : kc::GpuPath::tasks; }
   // cuDNN's forms here: a dilated configuration's views are the task path's.
   kc::GpuPath cudnn_path() const {
     return cfg.attention == AttentionKind::dilated ? kc::GpuPath::tasks : kc::GpuPath::dense;
@@ -344,22 +255,22 @@ struct CudaPlan::Impl {
     return cfg.attention == AttentionKind::dilated ? kc::GpuForm::cudnn_dilated_backward
                                                    : kc::GpuForm::cudnn_backward;
   }
-  // Whether the sm_90a backward has the wide fused kernel here: D = 128, dense or tasks whose
-  // key items pair up into 128 keys.
-  bool wide_ok() const {
-    return cfg.shape.head_dim == 128 && (use_hopper || (use_hopper_tasks && wide_tasks));
-  }
   // What runs where cuDNN does not: the sm_90a kernels where they can, else the native ones.
-  const char* forward_fallback() const { return hopper_forward() ? "hopper" : "native"; }
-  const char* backward_fallback() const { return use_hopper_backward ? "hopper" : "native"; }
+  const char* forward_fallback() const { return hopper.forward_name(); }
+  const char* backward_fallback() const { return hopper.backward() ? "hopper" : "native"; }
   std::string fallback_kernels() const {
-    return hopper_forward() ? "the sm_90a kernels" : "the native kernels";
+    return hopper.forward() ? "the sm_90a kernels" : "the native kernels";
   }
 
-  void run_forward(bool cudnn_path, const void* q, const void* k, const void* v, float* out,
+  // Which kernels run a pass: cuDNN's, ours (the sm_90a kernels where they run, else the
+  // native ones), or the native ones (pointers the others cannot read).
+  enum class Run { cudnn, ours, native };
+
+  void run_forward(Run run, const void* q, const void* k, const void* v, float* out,
                    float* lse) {
     const Shape4& s = cfg.shape;
-    if (use_hopper && !cudnn_path) {  // writes every row of out and lse
+    const bool ours_hopper = hopper.forward() && run == Run::ours;
+    if (ours_hopper && !hopper_tasks) {  // writes every row of out and lse
       kc::hopper_forward(hopper_params(q, k, v, out, lse), stream);
       return;
     }
@@ -369,39 +280,23 @@ struct CudaPlan::Impl {
       kc::fill_floats(lse, s.batch * s.heads * s.seq_len, -std::numeric_limits<float>::infinity(),
                       stream);
     }
-    if (use_hopper_tasks && !cudnn_path) {
+    if (ours_hopper) {
       hopper_task_forward(q, k, v, out, lse);
       return;
     }
 #if RINGATTN_HAVE_CUDNN
-    if (cudnn_path) {
+    if (run == Run::cudnn) {
       cudnn->forward(q, k, v, out, lse, stream);
       return;
     }
-#else
-    (void)cudnn_path;
 #endif
     native_forward(q, k, v, out, lse);
   }
 
-  // dq, dk, dv zeroed and the row sums D, as every backward here starts.
-  void start_backward(const float* out, const void* dout, float* dq, float* dk, float* dv) {
-    const Shape4& s = cfg.shape;
-    kc::start_backward(elem,
-                       {out, dout, delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
-                       cfg.effective_kv_heads(), dq, dk, dv, stream);
-  }
-
-  void hopper_backward(const void* q, const void* k, const void* v, const float* out,
-                       const float* lse, const void* dout, float* dq, float* dk, float* dv) {
-    start_backward(out, dout, dq, dk, dv);
-    if (use_hopper_tasks) return hopper_task_backward(q, k, v, out, lse, dout, dq, dk, dv);
-    kc::hopper_backward(hopper_backward_params(q, k, v, lse, dout, dq, dk, dv), stream);
-  }
-
-  // native_backward's passes and ranges in its order, each on the task kernels.
-  void hopper_task_backward(const void* q, const void* k, const void* v, const float* out,
-                            const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+  // The native and task kernels' backward parameters, before the passes' items and scales.
+  kc::FlashBackwardParams backward_params(const void* q, const void* k, const void* v,
+                                          const float* out, const float* lse, const void* dout,
+                                          float* dq, float* dk, float* dv) const {
     kc::FlashBackwardParams p;
     p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse, p.dout = dout;
     p.delta = delta.as<float>();
@@ -410,53 +305,43 @@ struct CudaPlan::Impl {
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
     p.causal = cfg.causal;
-    const bool fused = fused_backward, wide = fused && wide_backward;
-    for (std::size_t i = 0; i < sched.passes.size(); ++i) {
-      p.q_items = hopper_items.as<kernels::ForwardItem>() + hopper_item0[i];
-      p.out_scale = sched.passes[i].out_scale;
-      p.dout_scale = sched.passes[i].out_scale;
-      std::span<const kc::HopperTaskGroup> q_groups = hopper_groups[i];
-      for (std::size_t r = 0; r < hopper_k_groups[i].size(); ++r) {
-        p.k_items = hopper_k_items.as<kernels::ForwardItem>() +
-                    (wide ? hopper_wide_k_item0[i][r] : hopper_k_item0[i][r]);
-        kc::hopper_task_backward(elem, p, hopper_task_shape(), q_groups,
-                                 wide ? hopper_wide_k_groups[i][r] : hopper_k_groups[i][r],
-                                 stream, fused, wide);
-        q_groups = {};
-      }
-      if (hopper_k_groups[i].empty())
-        kc::hopper_task_backward(elem, p, hopper_task_shape(), q_groups, {}, stream);
-    }
+    return p;
   }
 
-  void native_backward(const void* q, const void* k, const void* v, const float* out,
-                       const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+  // Every backward here starts with dq, dk, dv zeroed and the row sums D; then each pass runs
+  // on the sm_90a kernels (the dense kernel, or the task kernels wave by wave) or the native
+  // ones: dQ with the first key range's dK/dV, then one launch per further range (query heads
+  // that share a K/V head add into its dK/dV in turn).
+  void run_backward(Run run, const void* q, const void* k, const void* v, const float* out,
+                    const float* lse, const void* dout, float* dq, float* dk, float* dv) {
+#if RINGATTN_HAVE_CUDNN
+    if (run == Run::cudnn) {
+      cudnn->backward(q, k, v, out, lse, dout, dq, dk, dv, false, stream);
+      return;
+    }
+#endif
+    const bool ours_hopper = hopper.backward() && run == Run::ours;
     const Shape4& s = cfg.shape;
-    start_backward(out, dout, dq, dk, dv);
-    kc::FlashBackwardParams p;
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.out = out;
-    p.lse = lse;
-    p.dout = dout;
-    p.delta = delta.as<float>();
-    p.dq = dq;
-    p.dk = dk;
-    p.dv = dv;
-    p.tasks = tasks.as<kernels::SubseqTask>();
-    p.head_dim = static_cast<int>(s.head_dim);
-    p.scale = static_cast<float>(cfg.effective_scale());
-    p.causal = cfg.causal;
+    kc::start_backward(elem,
+                       {out, dout, delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
+                       cfg.effective_kv_heads(), dq, dk, dv, stream);
+    if (ours_hopper && !hopper_tasks) {
+      kc::hopper_backward(hopper_backward_params(q, k, v, lse, dout, dq, dk, dv), stream);
+      return;
+    }
+    kc::FlashBackwardParams p = backward_params(q, k, v, out, lse, dout, dq, dk, dv);
     p.vector_loads =
         vector_loads && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-    for (const single::DevicePass& pass : sched.passes) {
+    for (std::size_t i = 0; i < sched.passes.size(); ++i) {
+      const single::DevicePass& pass = sched.passes[i];
+      p.out_scale = p.dout_scale = pass.out_scale;
+      if (ours_hopper) {
+        single::hopper_task_backward_wave(elem, p, hopper_task_shape(), task_waves[i], task_lists,
+                                          stream, hopper.fused(), hopper.wide());
+        continue;
+      }
       p.q_items = q_items.as<kernels::ForwardItem>() + pass.q_item0;
       p.n_q_items = pass.n_q_items;
-      p.out_scale = pass.out_scale;
-      p.dout_scale = pass.out_scale;
-      // dQ with the first range's dK/dV, then one launch per further range (query heads that
-      // share a K/V head add into its dK/dV in turn).
       for (const single::ItemRange& r : pass.k_ranges) {
         p.k_items = k_items.as<kernels::ForwardItem>() + r.first;
         p.n_k_items = r.count;
@@ -466,40 +351,6 @@ struct CudaPlan::Impl {
     }
   }
 
-  void run_backward(bool cudnn_path, const void* q, const void* k, const void* v, const float* out,
-                    const float* lse, const void* dout, float* dq, float* dk, float* dv) {
-#if RINGATTN_HAVE_CUDNN
-    if (cudnn_path) {
-      cudnn->backward(q, k, v, out, lse, dout, dq, dk, dv, false, stream);
-      return;
-    }
-#else
-    (void)cudnn_path;
-#endif
-    if (use_hopper_backward) return hopper_backward(q, k, v, out, lse, dout, dq, dk, dv);
-    native_backward(q, k, v, out, lse, dout, dq, dk, dv);
-  }
-
-  // --kernel auto on the first forward: each of the sm_90a forward's forms at this head dim
-  // (the dense kernel's, or the task kernels') that a GPU has passed, timed and the fastest
-  // kept (form_choice.hpp).
-  void choose_forward_form(const void* q, const void* k, const void* v, float* out, float* lse) {
-    const std::vector<kc::HopperForwardForm> forms =
-        kc::auto_forward_forms(static_cast<int>(cfg.shape.head_dim), path());
-    forward_form = kc::fastest_forward_form(
-        stream, "the sm_90a forward", false, forms,
-        [&](kc::HopperForwardForm f) {
-          forward_form = f;
-          run_forward(false, q, k, v, out, lse);
-        },
-        [](double ms) { return ms; }, notes);
-  }
-
-  // Median of 5 timed runs of `run`, after one warm-up run, on the plan's stream.
-  template <class Run>
-  double median_ms(Run&& run) {
-    return kc::median_ms(stream, std::forward<Run>(run));
-  }
 };
 
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
@@ -547,31 +398,22 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   if (opts.kernel == KernelChoice::hopper || automatic) {
     const auto [why, why_backward] = m.choose_hopper();
     hopper_why_backward = why_backward;
-    const std::string experimental = kernels::cuda::kHopperStatus;
-    const bool hopper = m.hopper_forward();
-    const std::string over = m.use_hopper_tasks
+    const std::string over = m.hopper_tasks
                                  ? " (TMA + wgmma, over the dilated pattern's strided views)"
                                  : " (TMA + wgmma)";
-    if (automatic) {
+    if (!automatic) {
+      m.notes.push_back(m.hopper.asked_note(why, why_backward, "", over));
+    } else if (m.hopper.forward() && kCudnnBuilt) {
       // Quiet where the sm_90a kernels cannot run (every GPU but compute capability 9.0);
       // without cuDNN in the build, its own note says what runs.
-      if (hopper && kCudnnBuilt)
-        m.notes.push_back(
-            m.use_hopper_backward
-                ? "--kernel auto: the sm_90a forward and backward" + over +
-                      " stand in for the native kernels wherever cuDNN does not run or is slower"
-                : "--kernel auto: the sm_90a forward" + over +
-                      " stands in for the native kernels wherever cuDNN does not run or is "
-                      "slower; the backward's fallback is native (" +
-                      why_backward + ")");
-    } else if (!hopper) {
-      m.notes.push_back("--kernel hopper: " + why + "; using the native kernels");
-    } else if (m.use_hopper_backward) {
-      m.notes.push_back("--kernel hopper: the sm_90a forward and backward" + over + "; " +
-                        experimental);
-    } else {
-      m.notes.push_back("--kernel hopper: the sm_90a forward" + over + ", the native backward (" +
-                        why_backward + "); " + experimental);
+      m.notes.push_back(
+          m.hopper.backward()
+              ? "--kernel auto: the sm_90a forward and backward" + over +
+                    " stand in for the native kernels wherever cuDNN does not run or is slower"
+              : "--kernel auto: the sm_90a forward" + over +
+                    " stands in for the native kernels wherever cuDNN does not run or is "
+                    "slower; the backward's fallback is native (" +
+                    why_backward + ")");
     }
   }
   if (opts.kernel == KernelChoice::cudnn || automatic) {
@@ -610,7 +452,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
          << m.cudnn->build_ms() << " ms";
       if (!m.cudnn->has_backward())
         os << "; the backward runs "
-           << (m.use_hopper_backward ? "on the sm_90a kernels" : "natively") << " ("
+           << (m.hopper.backward() ? "on the sm_90a kernels" : "natively") << " ("
            << (opts.deterministic ? "--deterministic: cuDNN's backward adds dQ with atomics"
                                   : m.cudnn->backward_refusal())
            << ")";
@@ -637,7 +479,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       throw InputError("kernel", std::string("'cudnn' is not available in this build (") + why +
                                      "); use --kernel native or auto");
     m.notes.push_back("--kernel auto: " + m.fallback_kernels() + " (no cuDNN: " + why + ")" +
-                      (m.use_hopper_backward || !m.hopper_forward()
+                      (m.hopper.backward() || !m.hopper.forward()
                            ? ""
                            : "; the native backward (" + hopper_why_backward + ")"));
 #endif
@@ -656,17 +498,13 @@ std::string CudaPlan::kernel_name() const {
   return impl_->use_cudnn ? "cudnn" : impl_->forward_fallback();
 }
 std::string CudaPlan::backward_kernel_name() const {
-  const Impl& m = *impl_;
-  if (m.use_cudnn_backward) return "cudnn";
-  if (m.use_hopper_backward && m.fused_backward)
-    return m.wide_backward ? "hopper-fused-wide" : "hopper-fused";
-  return m.backward_fallback();
+  return impl_->use_cudnn_backward ? "cudnn" : impl_->hopper.backward_name();
 }
 
 std::size_t CudaPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
   std::size_t b = m.tasks.bytes() + m.q_items.bytes() + m.k_items.bytes() + m.delta.bytes() +
-                  m.hopper_items.bytes();
+                  m.task_lists.bytes();
 #if RINGATTN_HAVE_CUDNN
   if (m.cudnn) b += m.cudnn->workspace_bytes();
 #endif
@@ -687,124 +525,70 @@ void CudaPlan::synchronize() {
 
 void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
+  using Run = Impl::Run;
   const kc::ScopedDevice on(m.opts.device);
   kc::plant_hang_if_asked(m.stream);  // the watchdog's tests only (RINGATTN_TEST_PLANT_HANG)
   // cuDNN's tensors are declared 16-byte aligned; other pointers (offset views) run native.
-  const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v);
   const bool cudnn_next = m.has_cudnn() && (m.use_cudnn || m.decide_on_first_forward);
-  if (!cudnn_can_read && (cudnn_next || m.hopper_forward())) {  // TMA too
-    if (!m.noted_unaligned)
-      m.notes.push_back(cudnn_next ? "cuDNN needs 16-byte aligned q/k/v; these are not, so the "
-                                     "native kernels ran"
-                                   : "the Hopper forward needs 16-byte aligned q/k/v; these are "
-                                     "not, so the native kernels ran");
-    m.noted_unaligned = true;
-    const bool dense = m.use_hopper, tasks = m.use_hopper_tasks;
-    m.use_hopper = m.use_hopper_tasks = false;
-    m.run_forward(false, q, k, v, out, lse);
-    m.use_hopper = dense, m.use_hopper_tasks = tasks;
-    return;
+  if (!(aligned16(q) && aligned16(k) && aligned16(v)) && (cudnn_next || m.hopper.forward())) {
+    if (!cudnn_next) {
+      m.hopper.forward_reads(q, k, v, m.notes);  // TMA too
+    } else if (!m.noted_unaligned) {
+      m.notes.push_back(kc::unaligned_note("cuDNN", "q/k/v", false));
+      m.noted_unaligned = true;
+    }
+    return m.run_forward(Run::native, q, k, v, out, lse);
   }
-  if (m.time_forward_forms) {  // ours first: cuDNN (below) is timed against the fastest form
-    m.time_forward_forms = false;
-    m.choose_forward_form(q, k, v, out, lse);
-  }
+  // Ours first: cuDNN (below) is timed against the fastest form.
+  m.hopper.time_forward(m.stream, [&] { m.run_forward(Run::ours, q, k, v, out, lse); }, m.notes);
   if (m.decide_on_first_forward) {
     m.decide_on_first_forward = false;
 #if RINGATTN_HAVE_CUDNN
     // cuDNN against what runs where it does not (the sm_90a kernels or the native ones).
-    const double other_ms = m.median_ms([&] { m.run_forward(false, q, k, v, out, lse); });
-    double cudnn_ms = std::numeric_limits<double>::infinity();
-    try {
-      cudnn_ms = m.median_ms([&] { m.run_forward(true, q, k, v, out, lse); });
-    } catch (const RuntimeFailure& e) {
-      m.notes.push_back(std::string("--kernel auto: cuDNN failed when run (") + e.what() +
-                        "); using " + m.fallback_kernels());
-      (void)cudaGetLastError();
-    }
-    m.use_cudnn = cudnn_ms < other_ms;
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(3) << "--kernel auto: forward " << m.forward_fallback()
-       << " " << other_ms << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
-       << (m.use_cudnn ? "cudnn" : m.forward_fallback());
-    m.notes.push_back(os.str());
+    m.use_cudnn = kc::cudnn_is_faster(
+        m.stream, "forward", m.forward_fallback(),
+        [&](bool cudnn) { m.run_forward(cudnn ? Run::cudnn : Run::ours, q, k, v, out, lse); },
+        m.notes);
     if (!m.use_cudnn && !m.decide_on_first_backward && !m.use_cudnn_backward) m.cudnn.reset();
 #endif
   }
-  m.run_forward(m.use_cudnn, q, k, v, out, lse);
+  m.run_forward(m.use_cudnn ? Run::cudnn : Run::ours, q, k, v, out, lse);
 }
 
 void CudaPlan::backward(const void* q, const void* k, const void* v, const float* out,
                         const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
+  using Run = Impl::Run;
   const kc::ScopedDevice on(m.opts.device);
-  const bool cudnn_can_read = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-  if (!cudnn_can_read) {  // TMA needs 16-byte aligned tensors too
+  if (!(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout))) {  // TMA too
     if (m.use_cudnn_backward || m.decide_on_first_backward) {
       if (!m.noted_unaligned_backward)
-        m.notes.push_back(
-            "cuDNN needs 16-byte aligned q/k/v/dout; these are not, so the native backward ran");
+        m.notes.push_back(kc::unaligned_note("cuDNN", "q/k/v/dout", true));
       m.noted_unaligned_backward = true;
-    } else if (m.use_hopper_backward) {
-      if (!m.noted_unaligned_hopper_backward)
-        m.notes.push_back(
-            "the Hopper backward needs 16-byte aligned q/k/v/dout; these are not, so the native "
-            "backward ran");
-      m.noted_unaligned_hopper_backward = true;
+    } else {
+      m.hopper.backward_reads(q, k, v, dout, m.notes);
     }
-    return m.native_backward(q, k, v, out, lse, dout, dq, dk, dv);
+    return m.run_backward(Run::native, q, k, v, out, lse, dout, dq, dk, dv);
   }
-  // The fused kernels' bulk adds need a 16-byte aligned dq: a caller's offset view runs the
-  // two passes (and leaves the timing for an aligned call).
-  if (m.use_hopper_backward && (m.fused_backward || m.time_fused_backward) && !aligned16(dq) &&
-      !m.use_cudnn_backward) {
-    if (!m.noted_unaligned_dq) m.notes.push_back(kc::kUnalignedDqNote);
-    m.noted_unaligned_dq = true;
-    const bool fused = m.fused_backward, time = m.time_fused_backward,
-               decide = m.decide_on_first_backward;
-    m.fused_backward = m.time_fused_backward = m.decide_on_first_backward = false;
-    m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv);
-    m.fused_backward = fused, m.time_fused_backward = time, m.decide_on_first_backward = decide;
-    return;
-  }
-  if (m.time_fused_backward) {  // the sm_90a backward's two passes against its fused kernel
-    m.time_fused_backward = false;
-    using Form = kc::BackwardForm;
-    const std::vector<Form> forms = kc::auto_backward_forms(m.path(), m.wide_ok());
-    const Form chosen = kc::fastest_backward_form(
-        m.stream, "the sm_90a backward", false, forms,
-        [&](Form f) {
-          m.fused_backward = f != Form::two_pass;
-          m.wide_backward = f == Form::fused_wide;
-          m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv);
-        },
-        [](double ms) { return ms; }, m.notes);
-    m.fused_backward = chosen != Form::two_pass;
-    m.wide_backward = chosen == Form::fused_wide;
-  }
-  if (m.decide_on_first_backward) {
+  // The sm_90a backward's form for this call (its two passes against the fused kernels on
+  // the first aligned call under auto); cuDNN (below) is timed against the form chosen.
+  const kc::FormChooser::Call call = m.hopper.backward_call(
+      m.stream, dq, !m.use_cudnn_backward,
+      [&] { m.run_backward(Run::ours, q, k, v, out, lse, dout, dq, dk, dv); }, m.notes);
+  if (m.decide_on_first_backward && !m.hopper.backward_timing_pending() && !call.fell_back()) {
     m.decide_on_first_backward = false;
 #if RINGATTN_HAVE_CUDNN
-    const double other_ms =
-        m.median_ms([&] { m.run_backward(false, q, k, v, out, lse, dout, dq, dk, dv); });
-    double cudnn_ms = std::numeric_limits<double>::infinity();
-    try {
-      cudnn_ms = m.median_ms([&] { m.run_backward(true, q, k, v, out, lse, dout, dq, dk, dv); });
-    } catch (const RuntimeFailure& e) {
-      m.notes.push_back(std::string("--kernel auto: cuDNN's backward failed when run (") +
-                        e.what() + "); using the " + m.backward_fallback() + " backward");
-      (void)cudaGetLastError();
-    }
-    m.use_cudnn_backward = cudnn_ms < other_ms;
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(3) << "--kernel auto: backward " << m.backward_fallback()
-       << " " << other_ms << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
-       << (m.use_cudnn_backward ? "cudnn" : m.backward_fallback());
-    m.notes.push_back(os.str());
+    m.use_cudnn_backward = kc::cudnn_is_faster(
+        m.stream, "backward", m.backward_fallback(),
+        [&](bool cudnn) {
+          m.run_backward(cudnn ? Run::cudnn : Run::ours, q, k, v, out, lse, dout, dq, dk, dv);
+        },
+        m.notes);
     if (!m.use_cudnn && !m.use_cudnn_backward) m.cudnn.reset();
 #endif
   }
-  m.run_backward(m.use_cudnn_backward, q, k, v, out, lse, dout, dq, dk, dv);
+  m.run_backward(m.use_cudnn_backward ? Run::cudnn : Run::ours, q, k, v, out, lse, dout, dq, dk,
+                 dv);
 }
 
 }  // namespace ringattn

@@ -17,16 +17,14 @@
 #include "kernels/cuda/device_memory.hpp"
 #include "kernels/cuda/device_ops.hpp"
 #include "kernels/cuda/device_wait.hpp"
-#include "kernels/cuda/form_choice.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"  // hopper_fused_backward_rule
-#include "kernels/cuda/hopper_fwd.hpp"  // kHopperStatus
+#include "kernels/cuda/form_chooser.hpp"
 #include "kernels/cuda/hopper_sparse_bwd.hpp"
 #include "kernels/cuda/hopper_sparse_fwd.hpp"
 #include "kernels/cuda/sparse_params.hpp"
-#include "kernels/cuda/verified_forms.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
 #include "sparse/rank_work.hpp"
+#include "sparse/sparse_device_lists.hpp"
 #include "sparse/sparse_plan.hpp"
 #include "sparse/sparse_protocol.hpp"
 #include "sparse/token_rule.hpp"
@@ -35,64 +33,6 @@ namespace ringattn::sparse {
 
 namespace kc = kernels::cuda;
 using kc::aligned16;  // 16-byte copies, TMA and bulk adds need 16-byte aligned base pointers
-
-namespace {
-
-// One set of work lists on the device: query tiles with key spans (forward, dQ) and key tiles
-// with query spans (dK/dV), with their work items.
-struct DeviceLists {
-  kc::DeviceAllocation q_tiles, key_spans, q_items, k_tiles, query_spans, k_items;
-  int64_t n_q_items = 0, n_k_items = 0;
-  // The key items paired into 128 keys for the wide fused backward (hopper_wide_key_items),
-  // where they pair up (wide_pairs: always for tiles of 64-key multiples).
-  kc::DeviceAllocation wide_k_items;
-  int64_t n_wide_k_items = 0;
-  bool wide_pairs = false;
-  // 16-byte copies need every row start and stride the kernels use to be a multiple of 8
-  // elements (the tensors' own pointers are checked at each call).
-  bool rows_aligned = true;
-
-  void upload(const std::vector<kernels::SparseQueryTile>& qt,
-              const std::vector<kernels::KeySpan>& ks,
-              const std::vector<kernels::SparseKeyTile>& kt,
-              const std::vector<kernels::QuerySpan>& qs, bool causal, int device,
-              cudaStream_t stream) {
-    const std::vector<kernels::ForwardItem> qi = sparse_query_items(qt, ks, causal, kc::kQueryTile);
-    const std::vector<kernels::ForwardItem> ki = sparse_key_items(kt, qs, causal, kc::kKeyTile);
-    n_q_items = static_cast<int64_t>(qi.size());
-    n_k_items = static_cast<int64_t>(ki.size());
-    q_tiles = kc::upload_vector(qt, "the block-sparse query tiles", device, stream);
-    key_spans = kc::upload_vector(ks, "the block-sparse key spans", device, stream);
-    q_items = kc::upload_vector(qi, "the block-sparse query work items", device, stream);
-    k_tiles = kc::upload_vector(kt, "the block-sparse key tiles", device, stream);
-    query_spans = kc::upload_vector(qs, "the block-sparse query spans", device, stream);
-    k_items = kc::upload_vector(ki, "the block-sparse key work items", device, stream);
-    std::vector<kernels::ForwardItem> wide;
-    wide_pairs = kc::hopper_wide_key_items(ki, wide).empty();
-    if (wide_pairs && !wide.empty()) {
-      n_wide_k_items = static_cast<int64_t>(wide.size());
-      wide_k_items =
-          kc::upload_vector(wide, "the block-sparse 128-key work items", device, stream);
-    }
-    kc::wait_for_stream(stream, "the block-sparse lists' upload");  // before qi, ki, wide go
-    auto ok = [](int64_t x) { return x % 8 == 0; };
-    for (const auto& t : qt) rows_aligned = rows_aligned && ok(t.q_row0);
-    for (const auto& s : ks) rows_aligned = rows_aligned && ok(s.k_row0) && ok(s.k_stride);
-    for (const auto& t : kt) rows_aligned = rows_aligned && ok(t.k_row0) && ok(t.k_stride);
-    for (const auto& s : qs) rows_aligned = rows_aligned && ok(s.q_row0);
-  }
-  std::size_t bytes() const {
-    return q_tiles.bytes() + key_spans.bytes() + q_items.bytes() + k_tiles.bytes() +
-           query_spans.bytes() + k_items.bytes() + wide_k_items.bytes();
-  }
-  void reset() {
-    for (kc::DeviceAllocation* a :
-         {&q_tiles, &key_spans, &q_items, &k_tiles, &query_spans, &k_items, &wide_k_items})
-      a->reset();
-  }
-};
-
-}  // namespace
 
 struct CudaSparsePlan::Impl {
   AttentionConfig cfg;
@@ -113,20 +53,10 @@ struct CudaSparsePlan::Impl {
   std::vector<std::pair<int64_t, int64_t>> ret_slots;  // (first run, runs) per launch
   std::vector<int64_t> ret_slot_rows;
   bool vector_loads = false;
-  // --kernel hopper: the forward, and the backward where it applies (D 64 or 128), on the
-  // sm_90a kernels, the local blocks' over the shard's [B, N/P, HKV, D] tensors and the
+  // The sm_90a kernels' choice (form_chooser.hpp): the forward, and the backward where it
+  // applies (D 64 or 128), the local blocks' over the shard's [B, N/P, HKV, D] tensors and the
   // received ones' over the receive slab's rows (HopperSparseShape::kv_rows).
-  bool use_hopper = false, use_hopper_backward = false;
-  // The sm_90a backward's form (hopper_fused_backward_rule): the fused kernel, and whether the
-  // first backward times it against the two passes (form_choice.hpp).
-  bool fused_backward = false, time_fused_backward = false;
-  // With fused_backward, the wide fused kernel (D = 128, where wide_ok).
-  bool wide_backward = false;
-  // The sm_90a forward's form (plain, overlap, Q in registers), and whether the first forward
-  // times the forms (on the slowest rank) and keeps the fastest (hopper_forward_forms_timed).
-  kc::HopperForwardForm forward_form = kc::HopperForwardForm::rule;
-  bool time_forward_forms = false;
-  bool noted_unaligned = false, noted_unaligned_backward = false, noted_unaligned_dq = false;
+  kc::FormChooser hopper;
   std::vector<std::string> notes;
   std::unique_ptr<ring::StreamExchanges> ex;  // several ranks only
   ring::RingTimings fwd, bwd;
@@ -139,13 +69,7 @@ struct CudaSparsePlan::Impl {
     for (kc::DeviceAllocation* a :
          {&delta, &send_buf, &recv_buf, &grad_buf, &ret_buf, &send_runs, &ret_runs})
       a->reset();
-    if (stream) {
-      // Not after the watchdog fired: the device still runs the hung kernel.
-      if (!kc::device_stuck()) (void)cudaStreamSynchronize(stream);
-      kc::forget_stream(stream);
-      (void)cudaStreamDestroy(stream);
-    }
-    kc::release_unused_device_memory(opts.device);
+    kc::close_plan_stream(stream, opts.device);
   }
 
   std::size_t eb() const { return static_cast<std::size_t>(kc::elem_bytes(elem)); }
@@ -267,15 +191,8 @@ struct CudaSparsePlan::Impl {
                                            const void* v, const float* lse, const void* dout,
                                            float* dq, float* dk, float* dv) const {
     kc::SparseBackwardParams p;
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.dout = dout;
-    p.lse = lse;
-    p.delta = delta.as<float>();
-    p.dq = dq;
-    p.dk = dk;
-    p.dv = dv;
+    p.q = q, p.k = k, p.v = v, p.dout = dout, p.lse = lse, p.delta = delta.as<float>();
+    p.dq = dq, p.dk = dk, p.dv = dv;
     p.q_tiles = l.q_tiles.as<kernels::SparseQueryTile>();
     p.key_spans = l.key_spans.as<kernels::KeySpan>();
     p.q_items = l.q_items.as<kernels::ForwardItem>();
@@ -310,7 +227,7 @@ struct CudaSparsePlan::Impl {
                                                   const void* dout, float* dq, float* dk,
                                                   float* dv) const {
     kc::SparseBackwardParams p = backward_params(l, q, k, v, lse, dout, dq, dk, dv);
-    if (fused_backward && wide_backward) {
+    if (hopper.wide()) {
       p.k_items = l.wide_k_items.as<kernels::ForwardItem>();
       p.n_k_items = l.n_wide_k_items;
     }
@@ -320,7 +237,7 @@ struct CudaSparsePlan::Impl {
   // The local blocks' tensors ([B, N/P, HKV, D] K/V), or (received) the receive slab's rows.
   kc::HopperSparseShape hopper_shape(bool received = false) const {
     return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G),
-            received ? static_cast<int>(recv_rows) : 0, forward_form};
+            received ? static_cast<int>(recv_rows) : 0, hopper.forward_form()};
   }
 
   // Chooses the Hopper forward and backward, for the local blocks and the received ones
@@ -338,58 +255,39 @@ struct CudaSparsePlan::Impl {
       why = kc::hopper_sparse_forward_unsupported(
           elem, forward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, false),
           hopper_shape(), opts.device);
-    use_hopper = why.empty();
-    constexpr kc::GpuPath path = kc::GpuPath::sparse;
-    // auto times only the forms a GPU has passed on block-sparse (verified_forms.hpp); the
-    // rules depend on nothing a rank alone knows, so every rank times the same forms.
-    if (use_hopper && kc::hopper_forward_forms_timed(opts.deterministic,
-                                                     opts.kernel == KernelChoice::automatic)) {
-      time_forward_forms = kc::auto_forward_forms(static_cast<int>(D), path).size() > 1;
-      kc::note_unverified_forward_forms(static_cast<int>(D), path, notes);
-    }
-    if (use_hopper) {
+    if (why.empty())
       why_backward = kc::hopper_sparse_backward_unsupported(
           elem,
           backward_params(local, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                           nullptr),
           hopper_shape(), opts.device);
-      use_hopper_backward = why_backward.empty();
-    }
-    if (use_hopper_backward) {
-      const kc::FusedBackwardRule rule = kc::hopper_fused_backward_rule(
-          opts.deterministic, static_cast<int>(D), opts.kernel == KernelChoice::automatic);
-      fused_backward = rule == kc::FusedBackwardRule::fused;
-      wide_backward = fused_backward && wide_ok() &&
-                      kc::hopper_wide_backward_chosen(opts.deterministic, static_cast<int>(D));
-      if (rule == kc::FusedBackwardRule::timed) {
-        time_fused_backward = kc::auto_backward_forms(path, true).size() > 1;
-        kc::note_unverified_backward_forms(path, wide_ok(), notes);
-      }
-    }
-    if (use_hopper)
-      kc::note_forced_unverified(path, fused_backward, wide_backward,
-                                 kc::hopper_qregs_forced() && D <= 128, notes);
+    kc::FormChooser::Path path;
+    path.path = kc::GpuPath::sparse;
+    path.forward_what = "the block-sparse sm_90a forward";
+    path.backward_what = "the block-sparse sm_90a backward";
+    path.kernels = "the Hopper block-sparse";
+    path.collective = comm != nullptr;
+    if (comm) {
+      path.slowest = [this](double ms) { return comm->max(ms); };
+        }
+    hopper = kc::FormChooser(std::move(path), opts.deterministic,
+                             opts.kernel == KernelChoice::automatic, static_cast<int>(D));
+    hopper.decide(why, why_backward, wide_ok(), notes);
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
-    if (automatic) {
-      notes.push_back(
-          !use_hopper ? "--kernel auto: the native block-sparse kernels (cuDNN has none; the "
-                        "sm_90a ones cannot run: " +
-                            why + ")"
-          : use_hopper_backward
-              ? "--kernel auto: the sm_90a block-sparse forward and backward (TMA + wgmma) for " +
-                    blocks + ", the fastest block-sparse kernels on this GPU"
-              : "--kernel auto: the sm_90a block-sparse forward (TMA + wgmma) for " + blocks +
-                    " and the native backward (the Hopper one cannot run: " + why_backward + ")");
+    if (!automatic) {
+      notes.push_back(hopper.asked_note(why, why_backward, "block-sparse ",
+                                        " (TMA + wgmma) for " + blocks));
       return;
     }
     notes.push_back(
-        !use_hopper ? "--kernel hopper: " + why + "; using the native kernels"
-        : use_hopper_backward
-            ? "--kernel hopper: the sm_90a block-sparse forward and backward (TMA + wgmma) for " +
-                  blocks + "; " + kernels::cuda::kHopperStatus
-            : "--kernel hopper: the sm_90a block-sparse forward (TMA + wgmma) for " + blocks +
-                  " and the native backward (the Hopper one cannot run: " + why_backward + "); " +
-                  kernels::cuda::kHopperStatus);
+        !hopper.forward() ? "--kernel auto: the native block-sparse kernels (cuDNN has none; the "
+                            "sm_90a ones cannot run: " +
+                                why + ")"
+        : hopper.backward()
+            ? "--kernel auto: the sm_90a block-sparse forward and backward (TMA + wgmma) for " +
+                  blocks + ", the fastest block-sparse kernels on this GPU"
+            : "--kernel auto: the sm_90a block-sparse forward (TMA + wgmma) for " + blocks +
+                  " and the native backward (the Hopper one cannot run: " + why_backward + ")");
   }
 
   struct Device;
@@ -450,22 +348,16 @@ struct CudaSparsePlan::Impl::Device {
     // Every row has one local query tile: written, not merged; remote tiles merge.
     if (which == SparseBlocks::local) {
       const kc::SparseForwardParams p = m.forward_params(m.local, q, k, v, out, lse, false);
-      if (m.use_hopper && aligned16(q) && aligned16(k) && aligned16(v)) {
+      if (m.hopper.forward() && m.hopper.forward_reads(q, k, v, m.notes)) {  // TMA
         kc::hopper_sparse_forward(m.elem, p, m.hopper_shape(), m.stream);
         return;
-      }
-      if (m.use_hopper && !m.noted_unaligned) {  // TMA reads 16-byte aligned tensors only
-        m.notes.push_back(
-            "the Hopper block-sparse forward needs 16-byte aligned q/k/v; these are not, so "
-            "the native kernels ran");
-        m.noted_unaligned = true;
       }
       kc::sparse_forward(m.elem, p, m.stream);
       return;
     }
     const SlabHalves r = slab(SparseSlab::receive);
     const kc::SparseForwardParams p = m.forward_params(m.remote, q, r.k, r.v, out, lse, true);
-    if (m.use_hopper && aligned16(q) && aligned16(r.k) && aligned16(r.v)) {
+    if (m.hopper.forward() && aligned16(q) && aligned16(r.k) && aligned16(r.v)) {
       kc::hopper_sparse_forward(m.elem, p, m.hopper_shape(true), m.stream);
       return;
     }
@@ -480,18 +372,11 @@ struct CudaSparsePlan::Impl::Device {
   void compute_backward(SparseBlocks which) {
     if (which == SparseBlocks::local) {
       const kc::SparseBackwardParams p = m.backward_params(m.local, q, k, v, lse, dout, dq, dk, dv);
-      if (m.use_hopper_backward && aligned16(q) && aligned16(k) && aligned16(v) &&
-          aligned16(dout)) {
+      if (m.hopper.backward() && m.hopper.backward_reads(q, k, v, dout, m.notes)) {
         kc::hopper_sparse_backward(
             m.elem, m.hopper_backward_params(m.local, q, k, v, lse, dout, dq, dk, dv),
-            m.hopper_shape(), m.stream, m.fused_backward, m.wide_backward);
+            m.hopper_shape(), m.stream, m.hopper.fused(), m.hopper.wide());
         return;
-      }
-      if (m.use_hopper_backward && !m.noted_unaligned_backward) {
-        m.notes.push_back(
-            "the Hopper block-sparse backward needs 16-byte aligned q/k/v/dout; these are not, "
-            "so the native kernels ran");
-        m.noted_unaligned_backward = true;
       }
       kc::sparse_backward(m.elem, p, m.stream);
       return;
@@ -500,13 +385,13 @@ struct CudaSparsePlan::Impl::Device {
     const kc::SparseBackwardParams p =
         m.backward_params(m.remote, q, r.k, r.v, lse, dout, dq, static_cast<float*>(g.k),
                           static_cast<float*>(g.v));
-    if (m.use_hopper_backward && aligned16(q) && aligned16(dout) && aligned16(r.k) &&
+    if (m.hopper.backward() && aligned16(q) && aligned16(dout) && aligned16(r.k) &&
         aligned16(r.v)) {
       kc::hopper_sparse_backward(
           m.elem,
           m.hopper_backward_params(m.remote, q, r.k, r.v, lse, dout, dq, static_cast<float*>(g.k),
                                    static_cast<float*>(g.v)),
-          m.hopper_shape(true), m.stream, m.fused_backward, m.wide_backward);
+          m.hopper_shape(true), m.stream, m.hopper.fused(), m.hopper.wide());
       return;
     }
     kc::sparse_backward(m.elem, p, m.stream);
@@ -588,13 +473,8 @@ CudaSparsePlan& CudaSparsePlan::operator=(CudaSparsePlan&&) noexcept = default;
 const AttentionConfig& CudaSparsePlan::config() const noexcept { return impl_->cfg; }
 DeviceDType CudaSparsePlan::dtype() const noexcept { return impl_->opts.dtype; }
 const std::vector<std::string>& CudaSparsePlan::notes() const noexcept { return impl_->notes; }
-std::string CudaSparsePlan::kernel_name() const { return impl_->use_hopper ? "hopper" : "native"; }
-std::string CudaSparsePlan::backward_kernel_name() const {
-  return !impl_->use_hopper_backward ? "native"
-         : impl_->wide_backward       ? "hopper-fused-wide"
-         : impl_->fused_backward      ? "hopper-fused"
-                                      : "hopper";
-}
+std::string CudaSparsePlan::kernel_name() const { return impl_->hopper.forward_name(); }
+std::string CudaSparsePlan::backward_kernel_name() const { return impl_->hopper.backward_name(); }
 const ring::ShardLayout& CudaSparsePlan::layout() const noexcept { return impl_->layout; }
 const ring::RingTimings& CudaSparsePlan::last_forward() const noexcept { return impl_->fwd; }
 const ring::RingTimings& CudaSparsePlan::last_backward() const noexcept { return impl_->bwd; }
@@ -625,18 +505,7 @@ void CudaSparsePlan::synchronize() {
 void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  if (m.time_forward_forms) {  // the sm_90a forward's forms, on the slowest rank's times
-    m.time_forward_forms = false;
-    const std::vector<kc::HopperForwardForm> forms =
-        kc::auto_forward_forms(static_cast<int>(m.D), kc::GpuPath::sparse);
-    m.forward_form = kc::fastest_forward_form(
-        m.stream, "the block-sparse sm_90a forward", m.comm != nullptr, forms,
-        [&](kc::HopperForwardForm f) {
-          m.forward_form = f;
-          m.run_forward(q, k, v, out, lse);
-        },
-        [&](double ms) { return m.comm ? m.comm->max(ms) : ms; }, m.notes);
-  }
+  m.hopper.time_forward(m.stream, [&] { m.run_forward(q, k, v, out, lse); }, m.notes);
   m.run_forward(q, k, v, out, lse);
 }
 
@@ -659,39 +528,9 @@ void CudaSparsePlan::backward(const void* q, const void* k, const void* v, const
                               const float* lse, const void* dout, float* dq, float* dk, float* dv) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  // The fused kernels' bulk adds need a 16-byte aligned dq. Timing them needs every rank's
-  // (the times are collectives), so an offset view anywhere leaves it for a later call; a
-  // rank that runs a fused form alone falls back alone (the form is the rank's own compute).
-  const bool dq_aligned = aligned16(dq);
-  const bool time_now = m.time_fused_backward &&
-                        (m.comm ? m.comm->max(int64_t{dq_aligned ? 0 : 1}) == 0 : dq_aligned);
-  if ((m.fused_backward || (m.time_fused_backward && !time_now)) && !dq_aligned) {
-    if (!m.noted_unaligned_dq) m.notes.push_back(kc::kUnalignedDqNote);
-    m.noted_unaligned_dq = true;
-  }
-  const bool fused = m.fused_backward;
-  if (!dq_aligned) m.fused_backward = false;
-  if (time_now) {  // the sm_90a backward's two passes against its fused kernels
-    m.time_fused_backward = false;
-    using Form = kc::BackwardForm;
-    // The wide kernel where every rank has it, so that all time the same forms (each time is
-    // then a collective max).
-    const bool wide_everywhere =
-        m.comm ? m.comm->max(int64_t{m.wide_ok() ? 0 : 1}) == 0 : m.wide_ok();
-    const std::vector<Form> forms = kc::auto_backward_forms(kc::GpuPath::sparse, wide_everywhere);
-    const Form chosen = forms.size() < 2 ? Form::two_pass : kc::fastest_backward_form(
-        m.stream, "the block-sparse sm_90a backward", m.comm != nullptr, forms,
-        [&](Form f) {
-          m.fused_backward = f != Form::two_pass;
-          m.wide_backward = f == Form::fused_wide;
-          m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
-        },
-        [&](double ms) { return m.comm ? m.comm->max(ms) : ms; }, m.notes);
-    m.fused_backward = chosen != Form::two_pass;
-    m.wide_backward = chosen == Form::fused_wide;
-  }
+  const kc::FormChooser::Call call = m.hopper.backward_call(
+      m.stream, dq, true, [&] { m.run_backward(q, k, v, out, lse, dout, dq, dk, dv); }, m.notes);
   m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
-  if (!dq_aligned) m.fused_backward = fused;  // this call's fallback only
 }
 
 void CudaSparsePlan::Impl::run_backward(const void* q, const void* k, const void* v,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_memory.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -117,6 +118,15 @@ void register_stream(cudaStream_t stream, double timeout_s) {
   const int device = current_device();
   std::lock_guard lock(g_mu);
   g_journals[{device, stream}].timeout_s = timeout_s > 0 ? timeout_s : kDefaultDeviceTimeoutSeconds;
+}
+
+void close_plan_stream(cudaStream_t stream, int device) noexcept {
+  if (stream) {
+    if (!device_stuck()) (void)cudaStreamSynchronize(stream);
+    forget_stream(stream);
+    (void)cudaStreamDestroy(stream);
+  }
+  release_unused_device_memory(device);
 }
 
 void forget_stream(cudaStream_t stream) noexcept {

@@ -20,6 +20,11 @@ inline constexpr double kDefaultDeviceTimeoutSeconds = 300;
 void register_stream(cudaStream_t stream, double timeout_s);
 void forget_stream(cudaStream_t stream) noexcept;
 
+// How a plan ends its stream (null: nothing): waits for its work (not after the watchdog
+// fired: the device still runs the hung kernel), forgets it, destroys it, and hands the
+// device pool's unused memory back. After the plan's device memory went back to the pool.
+void close_plan_stream(cudaStream_t stream, int device) noexcept;
+
 // The watchdog's timeout for `stream` (kDefaultDeviceTimeoutSeconds if not registered).
 double stream_timeout(cudaStream_t stream);
 

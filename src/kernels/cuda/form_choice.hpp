@@ -203,4 +203,30 @@ HopperForwardForm fastest_forward_form(cudaStream_t stream, const std::string& w
   return chosen;
 }
 
+// --kernel auto's choice between cuDNN and what runs where it does not (`ours`: "hopper" or
+// "native") for one pass on one GPU: `run(cudnn)` enqueues one whole pass on `stream`, each is
+// timed as median_time.hpp times any, and cuDNN is taken where it is faster. A cuDNN that
+// fails when run counts as infinitely slow. The note: "--kernel auto: forward hopper 1.234 ms,
+// cudnn 0.987 ms (median of 5); using cudnn".
+template <class Run>
+bool cudnn_is_faster(cudaStream_t stream, const char* pass, const std::string& ours, Run&& run,
+                     std::vector<std::string>& notes) {
+  const double ours_ms = median_ms(stream, [&] { run(false); });
+  double cudnn_ms = std::numeric_limits<double>::infinity();
+  try {
+    cudnn_ms = median_ms(stream, [&] { run(true); });
+  } catch (const RuntimeFailure& e) {
+    notes.push_back(std::string("--kernel auto: cuDNN's ") + pass + " failed when run (" +
+                    e.what() + "); using " + ours);
+    (void)cudaGetLastError();
+  }
+  const bool take = cudnn_ms < ours_ms;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3) << "--kernel auto: " << pass << " " << ours << " "
+     << ours_ms << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
+     << (take ? "cudnn" : ours);
+  notes.push_back(os.str());
+  return take;
+}
+
 }  // namespace ringattn::kernels::cuda
