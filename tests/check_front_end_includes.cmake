@@ -5,6 +5,8 @@
 # (ctest: front_end_includes, label cli). Fails naming every include that reaches past it.
 # It also checks that the library's layers only look down: core, kernels, single, ring,
 # sparse, job (docs/ARCHITECTURE.md), each including only the ones before it.
+# Every kind of source file: an include hidden in a .inc or .ipp counts as much as one in a .cpp.
+set(extensions cpp hpp cu cuh inc ipp h cc)
 set(bad "")
 set(layers core kernels single ring sparse job cli)
 list(LENGTH layers count)
@@ -14,8 +16,8 @@ foreach(i RANGE ${last})
   math(EXPR next "${i} + 1")
   list(SUBLIST layers ${next} -1 higher)
   list(JOIN higher "|" above)
-  file(GLOB_RECURSE files "${SOURCE_DIR}/src/${layer}/*.cpp" "${SOURCE_DIR}/src/${layer}/*.hpp"
-       "${SOURCE_DIR}/src/${layer}/*.cu" "${SOURCE_DIR}/src/${layer}/*.cuh")
+  list(TRANSFORM extensions PREPEND "${SOURCE_DIR}/src/${layer}/*." OUTPUT_VARIABLE globs)
+  file(GLOB_RECURSE files ${globs})
   foreach(f IN LISTS files)
     file(STRINGS "${f}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"(${above})/")
     foreach(line IN LISTS lines)
@@ -24,8 +26,8 @@ foreach(i RANGE ${last})
   endforeach()
 endforeach()
 foreach(dir IN ITEMS src/cli python/src)
-  file(GLOB files "${SOURCE_DIR}/${dir}/*.cpp" "${SOURCE_DIR}/${dir}/*.hpp"
-       "${SOURCE_DIR}/${dir}/*.ipp")
+  list(TRANSFORM extensions PREPEND "${SOURCE_DIR}/${dir}/*." OUTPUT_VARIABLE globs)
+  file(GLOB_RECURSE files ${globs})
   foreach(f IN LISTS files)
     file(STRINGS "${f}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<]")
     foreach(line IN LISTS lines)

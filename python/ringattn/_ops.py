@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import _comm
+from . import _comm, _engine
 
 AVAILABLE = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
 
@@ -45,16 +45,14 @@ def _new_like(x: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 if AVAILABLE:
-    from . import functional as _F
-
     @torch.library.custom_op("ringattn::attention", mutates_args=())
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   block_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                   spec: str) -> tuple[torch.Tensor, torch.Tensor]:
         options, layout, kv_layout, comm_id = decode(spec)
         comm = _comm.comm_by_id(comm_id)
-        op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
-        return _F._forward(op, q, k, v, True, sinks)
+        op = _engine._plan(q, k, comm, options, _engine._mask_array(block_mask), layout, kv_layout)
+        return _engine._forward(op, q, k, v, True, sinks)
 
     @attention.register_fake
     def _(q, k, v, block_mask, sinks, spec):
@@ -71,8 +69,8 @@ if AVAILABLE:
                                                torch.Tensor]:
         options, layout, kv_layout, comm_id = decode(spec)
         comm = _comm.comm_by_id(comm_id)
-        op = _F._plan(q, k, comm, options, _F._mask_array(block_mask), layout, kv_layout)
-        dq, dk, dv, dsinks = _F._backward(op, q, k, v, out, lse, grad_out, sinks)
+        op = _engine._plan(q, k, comm, options, _engine._mask_array(block_mask), layout, kv_layout)
+        dq, dk, dv, dsinks = _engine._backward(op, q, k, v, out, lse, grad_out, sinks)
         return dq, dk, dv, q.new_empty((0,)) if dsinks is None else dsinks
 
     @attention_backward.register_fake

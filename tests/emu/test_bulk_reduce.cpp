@@ -1,4 +1,4 @@
-// The bulk reduce-add (issue 45): blocks that fill an fp32 slice in shared memory, fence it
+// The bulk reduce-add: blocks that fill an fp32 slice in shared memory, fence it
 // for the async proxy and drain it with cp.reduce.async.bulk into one accumulator give the
 // sum over the blocks in every execution mode; the source may be rewritten after
 // wait_group.read. Each misuse is a fault naming kernel, block and thread: a missing

@@ -1,4 +1,4 @@
-// Races between blocks (issue 45): two blocks of one launch storing to the same global
+// Races between blocks: two blocks of one launch storing to the same global
 // address with plain stores is a fault naming both blocks and the address; blocks storing to
 // their own addresses, and atomics or bulk reduces of several blocks to one address, are not.
 // A block's own plain store to an accumulator it reduces into, before the reduce has

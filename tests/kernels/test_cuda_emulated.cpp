@@ -637,11 +637,10 @@ TEST(EmulatedRuntime, AKernelFaultIsTheDevicesStickyErrorNamingKernelBlockAndThr
   cudaFree(more);
 }
 
-// The race a lent H200 found and CI had passed (issue 45): dK/dV rows returned by the ring
-// added in parallel where two runs name one row (a K/V head serving two patterns). Blocks of
-// the parallel add (one warp per packed row, 8 rows a block) then add to the same rows, which
-// the emulator's check of races between blocks reports naming both blocks; the add that
-// serves repeated rows (one thread per column) has no such race.
+// dK/dV rows returned by the ring, added in parallel where two runs name one row (a K/V head
+// serving two patterns): blocks of the parallel add (one warp per packed row, 8 rows a block)
+// then add to the same rows, a race the emulator's check of races between blocks reports
+// naming both blocks; the add that serves repeated rows (one thread per column) has none.
 TEST(EmulatedRuntime, TheParallelRowAddOverRepeatedRowsIsARaceBetweenBlocks) {
   ResetDevices reset;
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
