@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/kernels/cuda/hopper_wgmma.cuh: the inline-PTX wgmma.mma_async wrappers the
+"""Writes src/kernels/cuda/hopper/wgmma.cuh: the inline-PTX wgmma.mma_async wrappers the
 Hopper kernels use on a real GPU (every accumulator register is its own asm operand, so the
 wrappers are long and regular). Run from the repository root after changing the shapes."""
 import os
@@ -54,7 +54,7 @@ def main():
         for n in (64, 128, 256):
             parts.append(gen("rs", n, elem, True))
     parts.append("}  // namespace ringattn::kernels::cuda::ptx\n")
-    path = os.path.join("src", "kernels", "cuda", "hopper_wgmma.cuh")
+    path = os.path.join("src", "kernels", "cuda", "hopper/wgmma.cuh")
     with open(path, "w") as f:
         f.write("\n".join(parts))
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "ringattn/config.hpp"
 #include "ringattn/errors.hpp"
 #include "single/cuda_plan.hpp"

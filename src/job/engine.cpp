@@ -20,7 +20,7 @@
 #include "job/ulysses.hpp"
 #include "kernels/attention_sinks.hpp"
 #include "kernels/cpu_blas.hpp"
-#include "kernels/cuda/stream_order.hpp"
+#include "kernels/cuda/runtime/stream_order.hpp"
 #include "ring/device_transport.hpp"
 #include "ring/fault_injection.hpp"
 #include "ring/nccl_communicator.hpp"

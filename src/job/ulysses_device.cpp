@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "job/ulysses.hpp"
-#include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device_ops.hpp"
-#include "kernels/cuda/device_wait.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
 #include "single/cuda_plan.hpp"
 
 namespace ringattn::job {

@@ -4,7 +4,7 @@
 // engine carries it with the same two steps: the forward's epilogue, and the sinks' gradient
 // from the backward's out, dout and lse. The dq, dk, dv of the engines need nothing more: with
 // the sink-adjusted out and lse, D = rowsum(dout ∘ out) and P = exp(s - lse) already are the
-// softmax's with the sink. These are the host forms; kernels/cuda/device_ops.hpp has the device
+// softmax's with the sink. These are the host forms; kernels/cuda/ops/device_ops.hpp has the device
 // ones.
 #pragma once
 

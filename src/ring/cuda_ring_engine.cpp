@@ -11,15 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device_memory.hpp"
-#include "kernels/cuda/device_ops.hpp"
-#include "kernels/cuda/device_wait.hpp"
-#include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/form_chooser.hpp"
-#include "kernels/cuda/hopper_task_bwd.hpp"
-#include "kernels/cuda/hopper_task_fwd.hpp"
-#include "kernels/cuda/verified_forms.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
+#include "kernels/cuda/native/flash.hpp"
+#include "kernels/cuda/choice/form_chooser.hpp"
+#include "kernels/cuda/hopper/task_backward.hpp"
+#include "kernels/cuda/hopper/task_forward.hpp"
+#include "kernels/cuda/choice/verified_forms.hpp"
 #include "single/device_schedule.hpp"
 #include "single/hopper_task_lists.hpp"
 #if RINGATTN_RING_CUDNN
@@ -356,7 +356,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   const bool cudnn_asked = opts.kernel == KernelChoice::cudnn;
   bool auto_tries_cudnn = opts.kernel == KernelChoice::automatic && !opts.deterministic;
   if (cudnn_asked) {
-#if RINGATTN_CUDA_EMULATION  // cuDNN's stand-in runs for tests only (cudnn_graphs_emulated.cpp)
+#if RINGATTN_CUDA_EMULATION  // cuDNN's stand-in runs for tests only (cudnn/graphs_emulated.cpp)
     if (!kc::cudnn_standin_enabled())
       throw InputError("kernel",
                        "'cudnn' is not available in this build (the emulated GPU has "

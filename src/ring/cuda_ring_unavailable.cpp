@@ -1,7 +1,7 @@
 // The ring's GPU engine in a build without the CUDA toolkit: the interface exists so that the
 // layers above compile unchanged, and constructing it says, naming `device`, that this build
 // has no CUDA kernels.
-#include "kernels/cuda/unavailable.hpp"
+#include "kernels/cuda/runtime/unavailable.hpp"
 #include "ring/cuda_ring_engine.hpp"
 #include "ring/nccl_communicator.hpp"
 

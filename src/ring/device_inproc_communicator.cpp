@@ -18,8 +18,8 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device_wait.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ringattn/errors.hpp"
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "ring/nccl_library.hpp"
 #include "ringattn/errors.hpp"
 

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kernels/cuda/verified_forms.hpp"
+#include "kernels/cuda/choice/verified_forms.hpp"
 #include "ring/ring_cudnn_views.hpp"
 
 namespace ringattn::ring {

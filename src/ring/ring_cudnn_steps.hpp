@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cudnn_graphs.hpp"
-#include "kernels/cuda/device_memory.hpp"
-#include "kernels/cuda/device_ops.hpp"
+#include "kernels/cuda/cudnn/graphs.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"

@@ -1,4 +1,4 @@
-// A GPU ring step as cuDNN views (kernels/cuda/cudnn_graphs.hpp): the tasks of one step of the
+// A GPU ring step as cuDNN views (kernels/cuda/cudnn/graphs.hpp): the tasks of one step of the
 // ring schedule (ring_schedule.hpp), read back as strided 4-D windows onto the rank's q/out
 // and the step's K/V (its own [B, N/P, HKV, D] shard at step 0, the packed receive buffer
 // after), so that cuDNN's fused attention can run each step: the forward into a partial
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cudnn_graphs.hpp"
+#include "kernels/cuda/cudnn/graphs.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"

@@ -3,7 +3,7 @@
 
 #include <limits>
 
-#include "kernels/cuda/hopper_task_bwd.hpp"
+#include "kernels/cuda/hopper/task_backward.hpp"
 #include "kernels/cuda/tiles.hpp"
 
 namespace ringattn::ring {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/device_ops.hpp"  // PackedRun
-#include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/hopper_task_fwd.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"  // PackedRun
+#include "kernels/cuda/params.hpp"
+#include "kernels/cuda/hopper/task_forward.hpp"
 #include "ring/ring_schedule.hpp"
 #include "single/device_schedule.hpp"
 #include "single/hopper_task_lists.hpp"

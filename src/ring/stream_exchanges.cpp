@@ -1,8 +1,8 @@
 // StreamExchanges (see stream_exchanges.hpp).
 #include "ring/stream_exchanges.hpp"
 
-#include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device_wait.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
 
 namespace ringattn::ring {
 

@@ -12,21 +12,21 @@
 #include <utility>
 
 #include "core/patterns.hpp"
-#include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device_memory.hpp"
-#include "kernels/cuda/device_ops.hpp"
-#include "kernels/cuda/device_wait.hpp"
-#include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/form_chooser.hpp"
-#include "kernels/cuda/hopper_task_bwd.hpp"
-#include "kernels/cuda/host_convert.hpp"
-#include "kernels/cuda/verified_forms.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
+#include "kernels/cuda/native/flash.hpp"
+#include "kernels/cuda/choice/form_chooser.hpp"
+#include "kernels/cuda/hopper/task_backward.hpp"
+#include "kernels/cuda/ops/host_convert.hpp"
+#include "kernels/cuda/choice/verified_forms.hpp"
 #include "ringattn/errors.hpp"
 #include "single/device_schedule.hpp"
 #include "single/hopper_task_lists.hpp"
 #include "single/schedule.hpp"
 #if RINGATTN_HAVE_CUDNN
-#include "kernels/cuda/cudnn_sdpa.hpp"
+#include "kernels/cuda/cudnn/sdpa.hpp"
 #endif
 
 namespace ringattn {

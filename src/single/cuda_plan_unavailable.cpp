@@ -1,7 +1,7 @@
 // CudaPlan in a build without the CUDA toolkit: the interface exists so that the layers
 // above compile unchanged, and every entry point says, naming `device`, that this build has
-// no CUDA kernels (the kernel layer's stub, kernels/cuda/cuda_unavailable.cpp, says how).
-#include "kernels/cuda/unavailable.hpp"
+// no CUDA kernels (the kernel layer's stub, kernels/cuda/runtime/cuda_unavailable.cpp, says how).
+#include "kernels/cuda/runtime/unavailable.hpp"
 #include "single/cuda_plan.hpp"
 
 namespace ringattn {

@@ -3,7 +3,7 @@
 
 #include <utility>
 
-#include "kernels/cuda/hopper_task_bwd.hpp"
+#include "kernels/cuda/hopper/task_backward.hpp"
 
 namespace ringattn::single {
 

@@ -1,7 +1,7 @@
 // CudaSparsePlan (see cuda_sparse_plan.hpp): this rank's block-sparse work lists, uploaded
 // once, run on one stream by the exchange of sparse_protocol.hpp. Its backend packs and adds
 // slabs with kernels, waits for exchanges on the device (StreamExchanges) and launches the
-// block-sparse CUDA kernels (kernels/cuda/sparse_params.hpp).
+// block-sparse CUDA kernels (kernels/cuda/native/sparse.hpp).
 #include "sparse/cuda_sparse_plan.hpp"
 
 #include <cuda_runtime_api.h>
@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "core/patterns.hpp"
-#include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device_memory.hpp"
-#include "kernels/cuda/device_ops.hpp"
-#include "kernels/cuda/device_wait.hpp"
-#include "kernels/cuda/form_chooser.hpp"
-#include "kernels/cuda/hopper_sparse_bwd.hpp"
-#include "kernels/cuda/hopper_sparse_fwd.hpp"
-#include "kernels/cuda/sparse_params.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
+#include "kernels/cuda/choice/form_chooser.hpp"
+#include "kernels/cuda/hopper/sparse_backward.hpp"
+#include "kernels/cuda/hopper/sparse_forward.hpp"
+#include "kernels/cuda/native/sparse.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
 #include "sparse/rank_work.hpp"

@@ -1,6 +1,6 @@
 // CudaSparsePlan in a build without CUDA: the interface exists so that the CLI compiles
 // unchanged, and constructing it says, naming `device`, that this build has no CUDA kernels.
-#include "kernels/cuda/unavailable.hpp"
+#include "kernels/cuda/runtime/unavailable.hpp"
 #include "sparse/cuda_sparse_plan.hpp"
 
 namespace ringattn::sparse {

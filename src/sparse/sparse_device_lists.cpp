@@ -1,8 +1,8 @@
 // A block-sparse plan's device lists (sparse_device_lists.hpp).
 #include "sparse/sparse_device_lists.hpp"
 
-#include "kernels/cuda/device_wait.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_key_items
+#include "kernels/cuda/runtime/device_wait.hpp"
+#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_key_items
 #include "kernels/cuda/tiles.hpp"
 #include "sparse/rank_work.hpp"  // sparse_query_items, sparse_key_items
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu_block_sparse.hpp"  // the tiles and spans
-#include "kernels/cuda/device_memory.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
 
 namespace ringattn::sparse {
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "kernels/cuda/verified_forms.hpp"
+#include "kernels/cuda/choice/verified_forms.hpp"
 #include "single/cuda_plan.hpp"
 
 #define REQUIRE_GPU()                                                          \
@@ -34,7 +34,7 @@ struct EnvScope {
   bool had_ = false;
 };
 
-// On the emulated GPU, cuDNN's stand-in (cudnn_graphs_emulated.cpp) for as long as it lives:
+// On the emulated GPU, cuDNN's stand-in (cudnn/graphs_emulated.cpp) for as long as it lives:
 // RINGATTN_EMU_CUDNN_STANDIN=1 in this process and the CLI processes it starts.
 struct CudnnStandinScope {
   CudnnStandinScope() { setenv("RINGATTN_EMU_CUDNN_STANDIN", "1", 1); }

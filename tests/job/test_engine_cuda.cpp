@@ -168,7 +168,7 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
   };
   // U = 4 is one group: each rank's slice is a single-GPU plan, which may take cuDNN; with
   // U = 2 each slice's ring of two takes cuDNN per step (on the emulated GPU, cuDNN's
-  // stand-in: cudnn_graphs_emulated.cpp).
+  // stand-in: cudnn/graphs_emulated.cpp).
   std::vector<std::pair<int, KernelChoice>> runs = {{2, KernelChoice::native},
                                                     {4, KernelChoice::native}};
 #if RINGATTN_TEST_HAVE_CUDNN

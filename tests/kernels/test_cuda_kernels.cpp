@@ -29,14 +29,14 @@
 #if RINGATTN_TEST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/cudnn_sdpa.hpp"
-#include "kernels/cuda/device_ops.hpp"
-#include "kernels/cuda/device_wait.hpp"
-#include "kernels/cuda/flash_params.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"
-#include "kernels/cuda/hopper_fwd.hpp"
-#include "kernels/cuda/hopper_sparse_fwd.hpp"
-#include "kernels/cuda/sparse_params.hpp"
+#include "kernels/cuda/cudnn/sdpa.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
+#include "kernels/cuda/native/flash.hpp"
+#include "kernels/cuda/hopper/dense_backward.hpp"
+#include "kernels/cuda/hopper/dense_forward.hpp"
+#include "kernels/cuda/hopper/sparse_forward.hpp"
+#include "kernels/cuda/native/sparse.hpp"
 #include "kernels/merge_lse.hpp"
 #include "sparse/block_lists.hpp"
 #include "sparse/pattern.hpp"

@@ -22,7 +22,7 @@
 
 #include "cli_runner.hpp"
 #include "gpu_skip.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_backward_chosen
+#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_backward_chosen
 #include "kernels/cpu_block_sparse.hpp"
 #include "random.hpp"
 #include "ringattn/errors.hpp"
@@ -34,7 +34,7 @@
 #if RINGATTN_TEST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/sparse_params.hpp"
+#include "kernels/cuda/native/sparse.hpp"
 #endif
 #if RINGATTN_CUDA_EMULATION
 #include "emu/mode_sweep.hpp"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gpu_skip.hpp"
-#include "kernels/cuda/cudnn_graphs.hpp"
+#include "kernels/cuda/cudnn/graphs.hpp"
 #include "ring/ring_cudnn_views.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"

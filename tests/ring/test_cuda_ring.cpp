@@ -25,7 +25,7 @@
 #endif
 #include "golden.hpp"
 #include "gpu_skip.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_backward_chosen
+#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_backward_chosen
 #include "random.hpp"
 #include "ring/cuda_ring_engine.hpp"
 #include "ring/inproc_communicator.hpp"
@@ -529,7 +529,7 @@ TEST(CudaRing, AutoRunsTheSm90aKernelsWhereTheyRunElseTheNativeOnes) {
 // and through per-step partials), the backward from the global out and lse; P = 1..4 against
 // float64: dense and causal (zigzag at N = 240, balanced at N = 252 and P = 4), MQA and GQA
 // 6:3, D = 64 and 128. On a GPU with cuDNN (label gpu); on the emulated GPU (gpu-emu) with cuDNN's
-// stand-in (cudnn_graphs_emulated.cpp, a reference of its SDPA contract), so that the views,
+// stand-in (cudnn/graphs_emulated.cpp, a reference of its SDPA contract), so that the views,
 // epilogues and gradient adds around it run on every commit.
 TEST(CudaRing, CudnnRunsEveryStepsViewsAgainstTheReference) {
 #if RINGATTN_CUDA_EMULATION

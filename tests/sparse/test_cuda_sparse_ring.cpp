@@ -22,7 +22,7 @@
 #endif
 #include "golden.hpp"
 #include "gpu_skip.hpp"
-#include "kernels/cuda/hopper_bwd.hpp"  // hopper_wide_backward_chosen
+#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_backward_chosen
 #include "random.hpp"
 #include "ring/inproc_communicator.hpp"
 #include "ring/nccl_communicator.hpp"

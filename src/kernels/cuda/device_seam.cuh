@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/device_wait.hpp"  // journal_launch
+#include "kernels/cuda/runtime/device_wait.hpp"  // journal_launch
 
 #if RINGATTN_CUDA_EMULATION
 #include <memory>
@@ -230,7 +230,7 @@ using TmaDesc = CUtensorMap;
 #define RINGATTN_GRID_CONSTANT __grid_constant__
 
 #if defined(RINGATTN_SM90A_KERNELS)
-// Hopper (sm_90a) instructions, for sources compiled for 90a only (hopper_fwd.cu).
+// Hopper (sm_90a) instructions, for sources compiled for 90a only (hopper/launch_dense_forward.cu).
 namespace ptx {
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -306,7 +306,7 @@ __device__ __forceinline__ void setmaxnreg() {
 }
 }  // namespace ptx
 }  // namespace ringattn::kernels::cuda
-#include "kernels/cuda/hopper_wgmma.cuh"
+#include "kernels/cuda/hopper/wgmma.cuh"
 namespace ringattn::kernels::cuda {
 namespace ptx {
 template <int kN, bool kBf16>

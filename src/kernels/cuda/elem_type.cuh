@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda {
 

@@ -1,4 +1,0 @@
-// Tensor-core backward (dQ pass and dK/dV pass) instantiations for head dim 256.
-#include "kernels/cuda/flash_bwd_launch.cuh"
-
-RINGATTN_INSTANTIATE_FLASH_BACKWARD(256)

@@ -1,5 +1,0 @@
-// Tensor-core forward instantiations for head dim 128 (bf16 and fp16); one file per head dim
-// keeps each nvcc invocation small and lets ninja compile them in parallel.
-#include "kernels/cuda/flash_fwd_launch.cuh"
-
-RINGATTN_INSTANTIATE_FLASH_FORWARD(128)

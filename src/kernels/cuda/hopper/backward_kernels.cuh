@@ -1,0 +1,683 @@
+// The Hopper (sm_90a) backward kernels' bodies, written once for every kind of work: the
+// dense backward (hopper/launch_dense_backward.cu), the block-sparse one (hopper/launch_sparse_backward.cu) and the task
+// one differ only in the `Work` of each pass, which says which tile a block keeps resident,
+// where its rows' lse, delta and gradients are, which tiles of the other side it walks (and
+// where their lse and delta are) and how far each row reaches. P and dS are recomputed from
+// the forward's lse as FlashAttention-2 does (docs/SEMANTICS.md) and sit in registers, in
+// wgmma's accumulator layout, until they are wgmma's register A: nothing is transposed in
+// shared memory. Each gradient element has one writer, so the result is deterministic.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/hopper/tiles.cuh"
+
+namespace ringattn::kernels::cuda::hopper {
+
+// One pass's launch: the tensors as maps, the scalars, the gradients (fp32, added into) and
+// the pass's work. The stored out and dout may be scaled (a dilated pass's): true O =
+// out / out_scale and true dO = dout · dout_scale, so dP and dV take dout_scale and delta
+// (rowsum(out ∘ dout)) takes delta_factor = dout_scale / out_scale.
+template <class Work>
+struct BackwardArgs {
+  TmaDesc q, k, v, dout;
+  float scale_log2, scale;
+  float dout_scale, delta_factor;
+  const float* lse;
+  const float* delta;
+  float *dq, *dk, *dv;
+  Work work;
+};
+
+// A pass's arguments: the q, k, v, dout tensor maps, the params' scale and tensors (any
+// backward params with scale, lse, delta, dq, dk, dv), the pass's dout scale and delta
+// factor, and its work.
+template <class Work, class Params>
+BackwardArgs<Work> backward_args(const TmaDesc (&maps)[4], const Params& p, float dout_scale,
+                                 float delta_factor, const Work& work) {
+  return {maps[0], maps[1], maps[2], maps[3], p.scale * kLog2ef, p.scale, dout_scale,
+          delta_factor, p.lse, p.delta, p.dq, p.dk, p.dv, work};
+}
+
+// Whether column `col` of a tile lies in a row's visible columns.
+__device__ __forceinline__ bool seen(const Reach& cols, int col) {
+  return col >= cols.lo && col < cols.hi;
+}
+
+// lse in the log2 domain, +inf for a query that saw nothing (so that P = 0).
+__device__ __forceinline__ float lse_log2(const float* lse, int64_t at) {
+  const float x = lse[at];
+  return x == -INFINITY ? INFINITY : x * kLog2ef;
+}
+
+// Adds this lane's rows of the block's 64 × kD accumulator, times `factor`, into `g`'s rows
+// `rows` (element offsets) for the block's `count` rows.
+template <int kD>
+__device__ __forceinline__ void add_rows(float* g, const float (&acc)[kD / 2], float factor,
+                                         const Strided& rows, int count, int local0, int lane) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int local = local0 + 8 * r;
+    if (local >= count) continue;
+    float* row = g + rows.at + local * rows.stride;
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i)
+      if (acc_row(i) == r) row[acc_col(i, lane)] += acc[i] * factor;
+  }
+}
+
+// Where a walked query tile's per-column lse (log2 domain) and delta (times delta_factor) come
+// from. GlobalColumnStats: global memory at the work's stats rows, each lane loading its own
+// columns where one of its rows sees them (hopper_bwd_dkdv_kernel). StagedColumnStats: the
+// stage's copy that the fused kernel's stats warp wrote (stage_stats), read unguarded.
+template <class Work>
+struct GlobalColumnStats {
+  const BackwardArgs<Work>& p;
+  Strided rows;
+  __device__ __forceinline__ float lse2(int col, bool seen) const {
+    return seen ? lse_log2(p.lse, rows.at + col * rows.stride) : INFINITY;
+  }
+  __device__ __forceinline__ float delta(int col, bool seen) const {
+    return seen ? p.delta[rows.at + col * rows.stride] * p.delta_factor : 0.0f;
+  }
+};
+struct StagedColumnStats {
+  SmemPtr<float> lse2s;   // 64 columns
+  SmemPtr<float> deltas;  // 64 columns
+  __device__ __forceinline__ float lse2(int col, bool) const { return lse2s[col]; }
+  __device__ __forceinline__ float delta(int col, bool) const { return deltas[col]; }
+};
+
+// Pᵀ from Sᵀ, in place, in the dK/dV walk's accumulator (rows keys, columns queries): Pᵀ =
+// exp2(Sᵀ·scale·log2e − lse·log2e) per query column, 0 where the query does not see the key.
+// Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. From global memory, lse is
+// loaded at its use: loaded ahead of Sᵀ's product (so that the loads would run under the
+// wgmma), the 16 guarded loads become branches and the whole backward slows down
+// (docs/PERFORMANCE.md).
+template <class Stats>
+__device__ __forceinline__ void probs_t(float (&pt)[32], float scale_log2, const Reach (&cols)[2],
+                                        const Stats& stats, int lane) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int col = 8 * c + 2 * (lane % 4) + u;
+      const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
+      const float lse2 = stats.lse2(col, seen0 || seen1);
+      float& p0 = pt[4 * c + u];
+      float& p1 = pt[4 * c + 2 + u];
+      p0 = seen0 ? exp2f(p0 * scale_log2 - lse2) : 0.0f;
+      p1 = seen1 ? exp2f(p1 * scale_log2 - lse2) : 0.0f;
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is).
+template <class Stats>
+__device__ __forceinline__ void grads_t(float (&pt)[32], const float (&dpt)[32], float dout_scale,
+                                        const Reach (&cols)[2], const Stats& stats, int lane) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int col = 8 * c + 2 * (lane % 4) + u;
+      const float dlt = stats.delta(col, seen(cols[0], col) || seen(cols[1], col));
+      pt[4 * c + u] *= dpt[4 * c + u] * dout_scale - dlt;
+      pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * dout_scale - dlt;
+    }
+}
+
+// Which key-side gradients a dK/dV launch accumulates: both (D <= 128), or at D = 256 one per
+// launch, since dK and dV of 64 × 256 in fp32 would take 256 registers a thread together. The
+// dV launch then skips dPᵀ and dK's products (two of four); the dK launch, dV's (one).
+enum KeyGrads : int { kGradDv = 1, kGradDk = 2, kGradBoth = 3 };
+
+// dK and/or dV (kGrads) of a 64-key tile from every query tile the work walks for it. K and V
+// are resident; the ring carries (Q, dO). Accumulator columns are queries, so lse and delta
+// are per column.
+template <int kD, bool kBf16, class Work, int kGrads, bool kRegA = false>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
+    hopper_bwd_dkdv_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
+  const QueryRows kr = p.work.query_rows(kD);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  st.init_barriers();
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup: one thread issues every load
+    ptx::setmaxnreg<false, kProducerRegs<kD>>();
+    if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
+    return;
+  }
+
+  ptx::setmaxnreg<true, kConsumerRegs<kD>>();
+  const int local0 = 16 * (warp - 4) + lane / 4;  // this lane's keys: local0, local0 + 8
+  Reach reach[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) reach[r] = p.work.reach(kr, local0 + 8 * r);
+  constexpr bool kDv = (kGrads & kGradDv) != 0, kDk = (kGrads & kGradDk) != 0;
+  // An unused accumulator is one register (the compiler drops it), not kD / 2.
+  float dk[kDk ? kD / 2 : 1], dv[kDv ? kD / 2 : 1];
+#pragma unroll
+  for (float& x : dk) x = 0.0f;
+#pragma unroll
+  for (float& x : dv) x = 0.0f;
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  // kRegA (D = 64): K and V read once into registers as wgmma's register A, so Sᵀ and dPᵀ
+  // read only Q and dO from shared memory. At D = 128, K alone beside dK's and dV's
+  // accumulators spilled 240-284 bytes (ptxas).
+  static_assert(!kRegA || kD == 64, "K and V in registers fit at D = 64 only");
+  [[maybe_unused]] uint32_t ka[kRegA ? kD / 16 : 1][4], va[kRegA ? kD / 16 : 1][4];
+  if constexpr (kRegA) {
+    load_a_fragments<kD>(ka, st.resident(0), local0, lane);
+    load_a_fragments<kD>(va, st.resident(1), local0, lane);
+  }
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;  // here a query tile: t.n its first query, t.h its query head
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
+    const GlobalColumnStats<Work> stats{p, p.work.column_stats(cursor, t)};
+    Reach cols[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
+    float pt[32];  // Sᵀ, then Pᵀ (probs_t), then dSᵀ (grads_t)
+    issue_a_bt<kD, kBf16, kRegA>(pt, ka, st.resident(0), st.ring(0, s));
+    ptx::wgmma_wait_group<0>();
+    probs_t(pt, p.scale_log2, cols, stats, lane);
+    // dV += Pᵀ·dO, then dPᵀ = V·dOᵀ, each waited for: under one wait, the packed Pᵀ would
+    // be live beside dPᵀ's accumulator, and ptxas spills 72-80 bytes at D = 128.
+    if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dO as stored
+    if constexpr (!kDk) {
+      ptx::mbarrier_arrive(at(st.empty(s)));
+      continue;
+    }
+    float dpt[32];
+    issue_a_bt<kD, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
+    ptx::wgmma_wait_group<0>();
+    grads_t(pt, dpt, p.dout_scale, cols, stats, lane);  // dSᵀ (0 where Pᵀ is)
+    if constexpr (kDk) product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
+    ptx::mbarrier_arrive(at(st.empty(s)));
+  }
+  const Strided out = p.work.grad_rows(kr, kD);
+  if constexpr (kDk) add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
+  if constexpr (kDv) add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, local0, lane);
+#else
+  (void)p;
+#endif
+}
+
+// dQ of a 64-query tile from the key tiles the work walks for it, as the forward walks
+// them. Q and dO are resident; the ring carries (K, V). kRegA (D <= 128): Q and dO are read
+// once into registers as wgmma's register A, so S and dP read only K and V from shared memory.
+template <int kD, bool kBf16, class Work, bool kRegA = false>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
+    hopper_bwd_dq_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(!kRegA || kD <= 128, "Q and dO in registers take D/2 of them");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
+  const QueryRows qr = p.work.query_rows(kD);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  st.init_barriers();
+  __syncthreads();
+
+  if (warp < 4) {
+    ptx::setmaxnreg<false, kProducerRegs<kD>>();
+    if (threadIdx.x == 0) produce(st, p.work, qr, p.q, p.dout, p.k, p.v);
+    return;
+  }
+
+  ptx::setmaxnreg<true, kConsumerRegs<kD>>();
+  const int local0 = 16 * (warp - 4) + lane / 4;  // this lane's queries: local0, local0 + 8
+  const Strided stats = p.work.row_stats(qr);
+  Reach reach[2];
+  float lse2[2], dlt[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    reach[r] = p.work.reach(qr, local0 + 8 * r);
+    const bool valid = local0 + 8 * r < qr.rows;
+    const int64_t at_row = stats.at + (local0 + 8 * r) * stats.stride;
+    lse2[r] = valid ? lse_log2(p.lse, at_row) : INFINITY;
+    dlt[r] = valid ? p.delta[at_row] * p.delta_factor : 0.0f;
+  }
+  float dq[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dq[i] = 0.0f;
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  [[maybe_unused]] uint32_t qa[kRegA ? kD / 16 : 1][4], da[kRegA ? kD / 16 : 1][4];
+  if constexpr (kRegA) {
+    load_a_fragments<kD>(qa, st.resident(0), local0, lane);
+    load_a_fragments<kD>(da, st.resident(1), local0, lane);
+  }
+  typename Work::Cursor cursor = p.work.begin(qr);
+  KeyTile t;
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
+    float sc[32], dp[32];  // S = Q·Kᵀ and dP = dO·Vᵀ (dO as stored), under one wait
+    issue_a_bt<kD, kBf16, kRegA>(sc, qa, st.resident(0), st.ring(0, s));
+    issue_a_bt<kD, kBf16, kRegA>(dp, da, st.resident(1), st.ring(1, s));
+    ptx::wgmma_wait_group<0>();
+    Reach cols[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {  // dS = P ∘ (dP − delta), 0 where the query does not see
+      const int r = acc_row(i);
+      sc[i] = seen(cols[r], acc_col(i, lane))
+                  ? exp2f(sc[i] * p.scale_log2 - lse2[r]) * (dp[i] * p.dout_scale - dlt[r])
+                  : 0.0f;
+    }
+    product_rs<kD, kBf16>(dq, sc, st.ring(0, s));  // dQ += dS·K
+    ptx::mbarrier_arrive(at(st.empty(s)));
+  }
+  add_rows<kD>(p.dq, dq, p.scale, p.work.grad_rows(qr, kD), qr.rows, local0, lane);
+#else
+  (void)p;
+#endif
+}
+
+// The fused backward: one launch, a block per 64-key tile as hopper_bwd_dkdv_kernel's (K and V
+// resident, the (Q, dO) tiles of every query tile that sees the keys streamed through the
+// ring), which also takes dQ's part from its keys, dQ += dS·K, and adds it into dq with the
+// bulk reduce-add (cp.reduce.async.bulk .add.f32) instead of a second pass that recomputes S
+// and dP (five products a tile pair instead of seven). Blocks add into a dq row in whatever
+// order they reach it, so dq's fp32 sums are not deterministic: `--deterministic` runs the two
+// passes. D <= 128 (at D = 256 dK and dV alone fill the consumer's registers).
+//
+// Per query tile (ring stage s), the consumer warpgroup takes dSᵀ as hopper_bwd_dkdv_kernel
+// does, then stores it as dS (queries × keys, K-major, the 128-byte swizzle: a tile wgmma
+// reads as register A) to shared memory and meets at named barrier kDsReady: dS is whole, and
+// no consumer reads the stage's Q and dO any more. It loads its rows of dS back as register A
+// (then meets at kDsFree, so that the next tile's dS waits for every load of this one) and
+// takes dQ's part 64 columns at a time against the resident K (read N-major). Each part,
+// times the scale, is staged in fp32 over the stage's own two tiles (rows 0-31 over Q's,
+// 32-63 over dO's: 64 × kD × 4 bytes is two tiles), fenced to the async proxy, and the
+// consumers arrive at kDqFull + (tile parity). The drain warp (the producer warpgroup's
+// second) waits there, issues one bulk reduce-add per staged row into dq (lanes take rows
+// lane, lane + 32), waits until the reductions have read the stage and frees it for the
+// producer: the stage's `empty` barrier counts the drain's arrival alone. The parity keeps
+// the consumers' arrivals for tile j + 2 apart from tile j's: they need stage s refilled,
+// which waits for the drain to have taken tile j. At exit the drain waits for its
+// reductions to complete.
+//
+// The stats warp (the producer warpgroup's third) stages each query tile's lse and delta in
+// shared memory beside its Q and dO (stage_stats), so the consumers' softmax makes no global
+// loads: FlashAttention-3's producer loads them with TMA; ringattn's rows of a dilated
+// pattern's lse are strided, so a warp of plain loads serves every Work alike.
+//
+// Shared memory is Stages<kD, 2>'s, one dS box and 1 KiB of stats: 107 KiB at D = 128, so two
+// blocks share an SM (two consumer warpgroups, one block's softmax under the other's products).
+enum FusedBarrier : unsigned { kDsReady = 2, kDqFull = 3 /* and 4 */, kDsFree = 5 };
+constexpr unsigned kConsumerThreads = 128, kDrainThreads = 32;
+
+template <int kD>
+inline constexpr int kFusedBlocksPerSm = 2;
+
+// `x`, its value hidden from the optimiser: the addresses built from it are then built where
+// they are used, each tile, instead of being hoisted out of the walk into registers (dS's 32
+// store addresses a lane spilled at D = 128).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+#if !RINGATTN_CUDA_EMULATION
+  asm volatile("" : "+r"(x));
+#endif
+  return x;
+}
+
+// The fused kernel's shared memory: Stages<kD, 2>'s (two resident tiles, a two-stage ring of
+// two), then the dS tile (one 64 × 64 box), then each stage's column stats (64 lse, 64 delta).
+// `groups` consumer warpgroups of 64 keys each (1, or the wide kernel's 2): 2·groups resident
+// tiles (K's, then V's), the ring's four, a dS box per group.
+__host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups = 1) {
+  return 1024 + static_cast<uint32_t>(2 * groups + 4) * tile_bytes(head_dim);  // from base
+}
+constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
+__host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1) {
+  return smem_bytes(head_dim, 2 * groups) + static_cast<uint32_t>(groups) * kBoxBytes +
+         2 * kStatsStageBytes;
+}
+
+// Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
+// for rows 0-31, its second for 32-63.
+template <int kD, int kResident>
+__device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, int s, int row) {
+  return row < 32 ? st.ring(0, s) + static_cast<uint32_t>(row) * 4u * kD
+                  : st.ring(1, s) + static_cast<uint32_t>(row - 32) * 4u * kD;
+}
+
+// Stores this lane's part of dSᵀ (accumulator layout: rows keys local0, local0 + 8; columns
+// queries) as dS in `tile` (row = query, 64 keys of 2 bytes, K-major, 128-byte swizzle: the
+// 16-byte chunk index of a row XORed with row % 8), rounded to the element type.
+template <bool kBf16>
+__device__ __forceinline__ void store_ds(uint32_t tile, const float (&dst)[32], int local0,
+                                         int lane) {
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  const auto base = dynamic_smem<uint16_t>();
+  const uint32_t base_addr = u32(smem_addr(base));
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int key = local0 + 8 * acc_row(i), query = acc_col(i, lane);
+    const int byte = 2 * key;
+    const uint32_t at_byte = tile + static_cast<uint32_t>(query) * 128u +
+                             static_cast<uint32_t>(((byte / 16) ^ (query % 8)) * 16 + byte % 16);
+    base[(at_byte - base_addr) / 2] = static_cast<uint16_t>(pack2<T>(dst[i], 0.0f) & 0xffffu);
+  }
+}
+
+// dQ's part of a walked query tile, head-dim columns [64·chunk, 64·chunk + 64): dS (this
+// lane's register A fragments `ds`, kKeys / 16 steps of 16 keys: the block's keys) times the
+// resident K (step kk's 16 keys are rows 16(kk % 4).. of resident tile kk / 4, read N-major),
+// waited for, times `scale`, stored in fp32 at stage s's staged rows (staged_row) for the
+// drain warp.
+template <int kKeys, int kD, bool kBf16, int kResident>
+__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, int s,
+                                              const uint32_t (&ds)[kKeys / 16][4], int chunk,
+                                              float scale, int local0, int lane) {
+  const auto sbase = dynamic_smem<float>();
+  const uint32_t sbase_addr = u32(smem_addr(sbase));
+  float dq[32];
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk)
+    ptx::wgmma_rs_tb<64, kBf16>(
+        dq, ds[kk],
+        sw128_desc(opaque(st.resident(kk / 4)) + static_cast<uint32_t>(chunk) * kBoxBytes +
+                       2048u * static_cast<uint32_t>(kk % 4),
+                   kBoxBytes, 1024),
+        kk > 0 ? 1 : 0);
+  ptx::wgmma_commit_group();
+  ptx::wgmma_wait_group<0>();
+  const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    const uint32_t row_at = staged_row(st, s, row) + 256u * static_cast<uint32_t>(chunk);
+    const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      if (acc_row(i) != r) continue;
+      const int col = acc_col(i, lane);
+      dst[col] = dq[i] * scale;
+      dst[col + 1] = dq[i + 1] * scale;
+    }
+  }
+}
+
+// The drain warp: for every query tile the block walks (the same walk as the producer's and
+// the consumers'), waits for its staged dQ part (the `consumers` threads' arrivals), adds
+// each row into dq with one bulk reduce-add, and frees the stage; see hopper_bwd_fused_kernel.
+template <int kD, int kResident, class Work>
+__device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
+                                         const Stages<kD, kResident>& st, const QueryRows& kr,
+                                         int lane, unsigned consumers) {
+  constexpr uint32_t kRowBytes = 4u * kD;
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1;
+    int count = 0;
+    const Strided rows = p.work.column_grads(cursor, t, kD, count);
+    ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1), consumers + kDrainThreads);
+    for (int r = lane; r < count; r += 32)
+      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, s, r)),
+                               kRowBytes);
+    ptx::bulk_commit_group();
+    ptx::bulk_wait_group_read<0>();
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(at(st.empty(s)));  // the producer may refill it
+  }
+  ptx::bulk_wait_group<0>();
+}
+
+// The stats warp (the producer warpgroup's third): for every query tile the block walks, once
+// the stage is free (the producer's wait), its columns' lse in the log2 domain (+inf where a
+// query saw nothing) and delta · delta_factor into the stage's stats slot, +inf and 0 past the
+// tile's rows; every lane then arrives at the stage's `full` barrier, which completes with the
+// TMA bytes and these 32 arrivals. The consumers read the slot unguarded: no global loads, and
+// none of their branches, in the walk's softmax.
+constexpr unsigned kStatsArrivals = 32;
+
+// Stage s's stats slot (64 lse, then 64 delta), `stats_at` the first slot's shared address.
+__device__ __forceinline__ SmemPtr<float> stats_slot(uint32_t stats_at, int s) {
+  const auto sbase = dynamic_smem<float>();
+  return sbase + static_cast<std::ptrdiff_t>(
+                     (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) -
+                      u32(smem_addr(sbase))) / 4);
+}
+
+template <int kD, int kResident, class Work>
+__device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p,
+                                            const Stages<kD, kResident>& st, uint32_t stats_at,
+                                            const QueryRows& kr, int lane) {
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.empty(s)), static_cast<unsigned>((use + 1) & 1));
+    const Strided rows = p.work.column_stats(cursor, t);
+    int count = 0;  // the tile's query rows (those dQ's part is added to)
+    (void)p.work.column_grads(cursor, t, kD, count);
+    const auto slot = stats_slot(stats_at, s);
+    for (int c = lane; c < kRows; c += 32) {
+      const bool row = c < count;
+      slot[c] = row ? lse_log2(p.lse, rows.at + c * rows.stride) : INFINITY;
+      slot[kRows + c] = row ? p.delta[rows.at + c * rows.stride] * p.delta_factor : 0.0f;
+    }
+    ptx::mbarrier_arrive(at(st.full(s)));
+  }
+}
+
+// One walked query tile of a fused kernel's consumer warpgroup, its keys' K and V in
+// `k_tile` and `v_tile`, the tile's Q and dO in `q_tile` and `do_tile`: Sᵀ = K·Qᵀ, Pᵀ
+// (probs_t), dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dSᵀ in `pt` (grads_t), dK += dSᵀ·Q, as
+// hopper_bwd_dkdv_kernel takes them.
+template <int kD, bool kBf16, class Work, class Stats>
+__device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD / 2],
+                                               float (&dv)[kD / 2], uint32_t k_tile,
+                                               uint32_t v_tile, uint32_t q_tile, uint32_t do_tile,
+                                               const BackwardArgs<Work>& p, const Reach (&cols)[2],
+                                               const Stats& stats, int lane) {
+  [[maybe_unused]] uint32_t no_regs[1][4];
+  issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
+  ptx::wgmma_wait_group<0>();
+  probs_t(pt, p.scale_log2, cols, stats, lane);
+  product_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
+  float dpt[32];
+  issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
+  ptx::wgmma_wait_group<0>();
+  grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
+  product_rs<kD, kBf16>(dk, pt, q_tile);  // dK += dSᵀ·Q
+}
+
+// One block of a fused backward with kGroups consumer warpgroups (1: hopper_bwd_fused_kernel,
+// 2: hopper_bwd_fused_wide_kernel), the producer warpgroup at kProducer registers a thread and
+// the consumers at kConsumer. Consumer warpgroup w owns keys 64w..64w + 63 of the block's
+// 64·kGroups (K and V resident as tiles w and kGroups + w) and box w of the dS tile; once
+// dS is whole each takes dQ's head-dim chunks w, w + kGroups, ... over all the block's keys.
+template <int kD, bool kBf16, class Work, int kGroups, unsigned kProducer, unsigned kConsumer>
+__device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p) {
+  static_assert(kGroups == 1 || kD / 64 == kGroups, "one dQ chunk a warpgroup when wide");
+  constexpr unsigned kConsumers = kConsumerThreads * kGroups;
+  constexpr int kKeys = kRows * kGroups;
+  const Stages<kD, 2 * kGroups> st = Stages<kD, 2 * kGroups>::of_block();
+  const uint32_t ds_tile = st.base + fused_stage_end(kD, kGroups);
+  const uint32_t stats_at = ds_tile + kGroups * kBoxBytes;
+  const QueryRows kr = p.work.query_rows(kD);  // the block's up to kKeys keys
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  // A stage is freed by the drain warp, once its reductions read it, and filled by the
+  // producer's TMA and the stats warp's 32 lanes.
+  st.init_barriers(1, 1 + kStatsArrivals);
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ, warp 2 stats
+    ptx::setmaxnreg<false, kProducer>();
+    if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
+    if (warp == 1) drain_dq(p, st, kr, lane, kConsumers);
+    if (warp == 2) stage_stats(p, st, stats_at, kr, lane);
+    return;
+  }
+
+  ptx::setmaxnreg<true, kConsumer>();
+  const int w = kGroups == 1 ? 0 : (warp - 4) / 4;    // this consumer warpgroup
+  const int local0 = 16 * ((warp - 4) % 4) + lane / 4;  // its keys local0, local0 + 8; dS rows
+  const int key0 = kRows * w + local0;                  // those keys in the block's
+  // A key row past the block's (the resident box's next rows: another task's or view's keys,
+  // or zero fill) sees nothing: its dK and dV are never written, but its dS would reach dQ.
+  Reach reach[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    reach[r] = key0 + 8 * r < kr.rows ? p.work.reach(kr, key0 + 8 * r) : Reach{0, 0};
+  float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  typename Work::Cursor cursor = p.work.begin(kr);
+  KeyTile t;
+  for (int j = 0; p.work.next(cursor, t); ++j) {
+    const int s = j & 1, use = j >> 1;
+    ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+    if (t.limit < kRows)
+      zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128,
+                     static_cast<int>(kConsumers));
+    const auto slot = stats_slot(stats_at, s);
+    const StagedColumnStats stats{slot, slot + kRows};
+    Reach cols[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
+    float pt[32];  // dSᵀ of this warpgroup's keys
+    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(kGroups + w),
+                              st.ring(0, s), st.ring(1, s), p, cols, stats, lane);
+    // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
+    // overwrites it.
+    ptx::named_barrier_sync(kDsFree, kConsumers);
+    store_ds<kBf16>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
+                    static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                    static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    __syncwarp();
+    ptx::named_barrier_sync(kDsReady, kConsumers);  // dS whole; Q and dO read
+    uint32_t ds[kKeys / 16][4];  // 64 queries × the block's keys
+    load_a_fragments<kKeys>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                            static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    if constexpr (kGroups == 1) {
+#pragma unroll
+      for (int chunk = 0; chunk < kD / 64; ++chunk)
+        stage_dq_part<kKeys, kD, kBf16>(st, s, ds, chunk, p.scale, local0, lane);
+    } else {
+      stage_dq_part<kKeys, kD, kBf16>(st, s, ds, w, p.scale, local0, lane);
+    }
+    ptx::fence_proxy_async_shared();
+    __syncwarp();
+    ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1), kConsumers + kDrainThreads);
+  }
+  const Strided out = p.work.grad_rows(kr, kD);
+  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, key0, lane);
+  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, key0, lane);
+}
+
+template <int kD, bool kBf16, class Work>
+__global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
+    hopper_bwd_fused_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(kD <= 128, "dK, dV and dQ's part fit the consumer's registers at D <= 128");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  // Two blocks an SM split its registers: the producer warpgroup 32 a thread (its drain warp
+  // walks the work too), the consumer 224.
+  fused_backward_block<kD, kBf16, Work, 1, 32u, 224u>(p);
+#else
+  (void)p;
+#endif
+}
+
+// The wide fused backward, FlashAttention-3's block shape: a block per 128-key tile (the
+// work's 128-row blocks: DenseWork's and TaskKeyWork's block_rows), with two consumer
+// warpgroups, warpgroup w owning keys 64w..64w + 63 (K and V as resident tiles w and 2 + w),
+// so one (Q, dO) load and one dQ reduction serve 128 keys instead of 64. Per walked query
+// tile each warpgroup takes its keys' dSᵀ as hopper_bwd_fused_kernel does and stores it as
+// box w of a 64 × 128 dS tile; then (both met at kDsReady, 256 threads) each loads the whole
+// dS as register A (8 steps of 16 keys) and takes head-dim columns [64w, 64w + 64) of dQ's
+// part against the resident K: at D = 128 the two warpgroups share the dQ product with no
+// sum between them. The drain warp waits for both (kDqFull: 256 + 32) and adds each 512-byte
+// row with one bulk reduce-add. D = 128 only: at D = 64 the single 64-column part would have
+// to be split over keys and summed.
+//
+// Shared memory: Stages<kD, 4> (K's and V's two 64-key tiles, the two-stage ring), the 64 ×
+// 128 dS tile (two boxes) and the stats: 147 KiB at D = 128, one block an SM. Registers
+// (launch bounds 384 × 1): the producer warpgroup gives back down to 32 a thread and the
+// consumers take 232 (128·32 + 256·232 = 63,488 of 65,536), as the ping-pong forward. ptxas
+// spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
+constexpr int kWideThreads = 384;
+
+template <int kD, bool kBf16, class Work>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    hopper_bwd_fused_wide_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(kD == 128, "the two warpgroups split dQ's part by 64 head-dim columns");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  fused_backward_block<kD, kBf16, Work, 2, 32u, 232u>(p);
+#else
+  (void)p;
+#endif
+}
+
+// The fused backward over work whose rows are keys (one launch; D <= 128).
+template <class Work>
+void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                           cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    if constexpr (kD <= 128)
+      launch("hopper_bwd_fused_kernel", &hopper_bwd_fused_kernel<kD, kBf16, Work>, a, grid,
+             static_cast<int>(fused_smem_bytes(kD)), stream);
+    else
+      throw RuntimeFailure("the fused Hopper backward runs D <= 128, not " +
+                           std::to_string(kD));
+  });
+}
+
+// The wide fused backward over work whose blocks are 128 keys (one launch; D = 128).
+template <class Work>
+void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                                cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    if constexpr (kD == 128)
+      launch("hopper_bwd_fused_wide_kernel", &hopper_bwd_fused_wide_kernel<kD, kBf16, Work>, a,
+             grid, static_cast<int>(fused_smem_bytes(kD, 2)), stream, kWideThreads);
+    else
+      throw RuntimeFailure("the wide fused Hopper backward runs D = 128, not " +
+                           std::to_string(kD));
+  });
+}
+
+// One pass: hopper_bwd_dkdv_kernel where the work's rows are keys (kKeyRows; at D = 256 as
+// two launches, dV's then dK's), else hopper_bwd_dq_kernel (with Q and dO in registers under
+// RINGATTN_HOPPER_QREGS=1, D <= 128).
+template <bool kKeyRows, class Work>
+void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                          cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    const int smem = static_cast<int>(smem_bytes(kD, 2));
+    if constexpr (kKeyRows && kD <= 128) {
+      if (kD == 64 && qregs_chosen())
+        launch("hopper_bwd_dkdv_kernel",
+               &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth, (kD == 64)>, a, grid, smem,
+               stream);
+      else
+        launch("hopper_bwd_dkdv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth>, a,
+               grid, smem, stream);
+    } else if constexpr (kKeyRows) {
+      launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv>, a, grid,
+             smem, stream);
+      launch("hopper_bwd_dk_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDk>, a, grid,
+             smem, stream);
+    } else if (kD <= 128 && qregs_chosen()) {
+      launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work, (kD <= 128)>, a, grid,
+             smem, stream);
+    } else {
+      launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work>, a, grid, smem, stream);
+    }
+  });
+}
+
+}  // namespace ringattn::kernels::cuda::hopper

@@ -1,0 +1,396 @@
+// The Hopper (sm_90a) forward kernel's body, written once for every kind of work: the dense
+// forward (hopper/launch_dense_forward.cu) and the block-sparse one (hopper/launch_sparse_forward.cu) differ only in the
+// `Work` they instantiate it with, which says which Q tile a block loads, where its rows'
+// results go, which K/V tiles it walks and how far each row reaches. The online softmax and
+// the epilogue (write, or merge by log-sum-exp) are here; the pipeline's pieces (producer,
+// K/V ring under mbarriers, wgmma products) are hopper/tiles.cuh's.
+//
+// Block: warpgroup 0 produces (one thread issues the TMA loads), warpgroup 1 consumes a
+// 64-row Q tile (resident) against 64-key K/V tiles (the ring's tensors 0 and 1).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
+#include "kernels/cuda/hopper/tiles.cuh"
+
+namespace ringattn::kernels::cuda::hopper {
+
+template <class Work>
+struct Args {
+  TmaDesc q, k, v;
+  float scale_log2;
+  bool accumulate;  // merge into (out, lse) by log-sum-exp instead of writing them
+  Work work;
+};
+
+// One online-softmax step over kTiles key tiles (the first n_tiles of them walked; the rest
+// masked whole) for a lane's two rows (index r = 0, 1, reaching `reach`): sc[u] holds
+// S = Q·Kᵀ of tile u on entry and P on return (scaled to the log2 domain, columns outside
+// the row's reach masked, exponentiated against the new running max); m and l, the running
+// max and sum, are updated and o is rescaled by exp2(m_old - m_new), once per step.
+template <int kD, int kTiles>
+__device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Reach (&reach)[2],
+                                              const KeyTile (&t)[kTiles], int n_tiles, int lane,
+                                              float scale_log2, float (&m)[2], float (&l)[2],
+                                              float (&o)[kD / 2]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int u = 0; u < kTiles; ++u) {
+    // Scores in the log2 domain; columns outside the row's reach are masked.
+    Reach cols[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) cols[r] = u < n_tiles ? columns_of(reach[r], t[u]) : Reach{0, 0};
+    // Most tiles lie wholly inside both rows' reach: no per-column compare there.
+    if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        sc[u][i] *= scale_log2;
+        tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[u][i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int r = acc_row(i), col = acc_col(i, lane);
+        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[u][i] * scale_log2;
+        sc[u][i] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
+    }
+  }
+  float corr[2], base_m[2], tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r]);
+    base_m[r] = m_new == -INFINITY ? 0.0f : m_new;
+    corr[r] = exp2f(m[r] - base_m[r]);  // 0 while m was -inf
+    m[r] = m_new;
+  }
+#pragma unroll
+  for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = acc_row(i);
+      sc[u][i] = exp2f(sc[u][i] - base_m[r]);
+      tile_sum[r] += sc[u][i];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + tile_sum[r];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] *= corr[acc_row(i)];
+}
+
+// The one-tile step: softmax_tiles over `t` alone.
+template <int kD>
+__device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reach)[2],
+                                             const KeyTile& t, int lane, float scale_log2,
+                                             float (&m)[2], float (&l)[2], float (&o)[kD / 2]) {
+  const KeyTile one[1] = {t};
+  softmax_tiles<kD, 1>(reinterpret_cast<float(&)[1][32]>(sc), reach, one, 1, lane, scale_log2, m, l,
+                       o);
+}
+
+// The epilogue of a lane's two rows, local0 and local0 + 8 of the block's (`qr`): out = o / l
+// and lse = (m + log2 l)·ln 2, written, or (accumulate) merged into the (out, lse) already
+// there as merge_lse_row does. Rows at or past qr.rows are left alone.
+template <int kD>
+__device__ __forceinline__ void write_rows(bool accumulate, const QueryRows& qr, int local0,
+                                           const float (&o)[kD / 2], float (&m)[2], float (&l)[2],
+                                           int lane) {
+  // Every lane of a row reads the old lse before the row's first lane writes the new one.
+  float row_lse[2], inv[2], old_lse[2];
+  bool valid[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    valid[r] = local0 + 8 * r < qr.rows;
+    row_lse[r] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2f : -INFINITY;
+    inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    old_lse[r] = accumulate && valid[r]
+                     ? qr.lse[static_cast<int64_t>(local0 + 8 * r) * qr.lse_stride]
+                     : -INFINITY;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!valid[r]) continue;
+    const int64_t row = local0 + 8 * r;
+    float ca = 0.0f, cb = accumulate ? inv[r] : inv[r] * qr.out_scale, new_lse = row_lse[r];
+    if (accumulate) {
+      if (row_lse[r] == -INFINITY) continue;  // nothing to add
+      if (old_lse[r] != -INFINITY) {
+        const float mx = fmaxf(old_lse[r], row_lse[r]);
+        const float wa = expf(old_lse[r] - mx), wb = expf(row_lse[r] - mx);
+        const float norm = 1.0f / (wa + wb);
+        ca = wa * norm;
+        cb = wb * norm * inv[r];
+        new_lse = mx + logf(wa + wb);
+      }
+    }
+    float* out = qr.out + row * qr.out_stride;
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) {
+      if (acc_row(i) != r) continue;
+      float& x = out[acc_col(i, lane)];
+      const float mine = o[i] * cb;
+      x = ca == 0.0f ? mine : ca * x + mine;
+    }
+    if (lane % 4 == 0) qr.lse[row * qr.lse_stride] = new_lse;
+  }
+}
+
+// kOverlap: the next tile's S = Q·Kᵀ is issued before this tile's softmax and runs under it
+// (FlashAttention-3's intra-warpgroup overlap), at the cost of a second 64 × 64 score tile in
+// registers; without it each product is waited for before the softmax. kQRegs (D <= 128): the
+// Q tile is read once into registers as wgmma's register A, so S = Q·Kᵀ reads only K from
+// shared memory (issue_a_bt's register-A form), for D/4 more registers a thread.
+template <int kD, bool kBf16, class Work, bool kOverlap, bool kQRegs = false>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
+    hopper_fwd_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
+  static_assert(!kQRegs || kD <= 128, "Q in registers takes D/4 of them");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  const Stages<kD, 1> st = Stages<kD, 1>::of_block();
+  const QueryRows qr = p.work.query_rows(kD);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  st.init_barriers();
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup: one thread issues every load
+    ptx::setmaxnreg<false, kProducerRegs<kD>>();
+    if (threadIdx.x == 0) produce(st, p.work, qr, p.q, p.q, p.k, p.v);
+    return;
+  }
+
+  // The consumer warpgroup: a lane holds rows local0 and local0 + 8 of the tile (index
+  // r = 0, 1), as wgmma's accumulator does.
+  ptx::setmaxnreg<true, kConsumerRegs<kD>>();
+  const int local0 = 16 * (warp - 4) + lane / 4;
+  Reach reach[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) reach[r] = p.work.reach(qr, local0 + 8 * r);
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  [[maybe_unused]] uint32_t qa[kQRegs ? kD / 16 : 1][4];
+  if constexpr (kQRegs) load_a_fragments<kD>(qa, st.resident(0), local0, lane);
+  typename Work::Cursor cursor = p.work.begin(qr);
+  KeyTile t, t_next{};
+  float sc[32], s_next[32];
+  bool have = p.work.next(cursor, t);
+  const int thread = static_cast<int>(threadIdx.x) - 128;  // in the consumer warpgroup
+  if (kOverlap && have) {
+    ptx::mbarrier_wait(at(st.full(0)), 0);
+    if (t.limit < kRows) zero_tail_rows(st, 0, t.limit, thread);
+    issue_a_bt<kD, kBf16, kQRegs>(sc, qa, st.resident(0), st.ring(0, 0));
+    ptx::wgmma_wait_group<0>();
+  }
+  for (int j = 0; have; ++j) {
+    const int s = j & 1, use = j >> 1;
+    bool more = false;
+    if constexpr (kOverlap) {  // S of the next tile, in flight under this tile's softmax
+      more = p.work.next(cursor, t_next);
+      if (more) {
+        const int s2 = (j + 1) & 1, use2 = (j + 1) >> 1;
+        ptx::mbarrier_wait(at(st.full(s2)), static_cast<unsigned>(use2 & 1));
+        if (t_next.limit < kRows) zero_tail_rows(st, s2, t_next.limit, thread);
+        issue_a_bt<kD, kBf16, kQRegs>(s_next, qa, st.resident(0), st.ring(0, s2));
+      }
+    } else {
+      ptx::mbarrier_wait(at(st.full(s)), static_cast<unsigned>(use & 1));
+      if (t.limit < kRows) zero_tail_rows(st, s, t.limit, thread);
+      issue_a_bt<kD, kBf16, kQRegs>(sc, qa, st.resident(0), st.ring(0, s));
+      ptx::wgmma_wait_group<0>();
+    }
+    softmax_step<kD>(sc, reach, t, lane, p.scale_log2, m, l, o);
+    issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
+    ptx::wgmma_wait_group<0>();  // O += P·V, and the next S under kOverlap
+    ptx::mbarrier_arrive(at(st.empty(s)));
+    if constexpr (kOverlap) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sc[i] = s_next[i];
+      t = t_next;
+      have = more;
+    } else {
+      have = p.work.next(cursor, t);
+    }
+  }
+  write_rows<kD>(p.accumulate, qr, local0, o, m, l, lane);
+#else
+  (void)p;
+#endif
+}
+
+// The ping-pong forward (FlashAttention-3's inter-warpgroup overlap, within one block): three
+// warpgroups, the producer and two consumers, over a 128-row Q tile whose two 64-row halves
+// are resident (consumer c takes rows [64c, 64c + 64) of the work's block); both consumers
+// read every K/V stage, which is freed once all 256 of their threads arrived. Named barriers
+// 2 and 3 pass the tensor cores back and forth: a consumer issues its products (S = Q·Kᵀ,
+// then O += P·V) only on its turn and hands the turn on once they are issued, so one
+// consumer's softmax runs while the other's products do, and the K/V tiles are loaded once
+// for 128 rows. Consumer 0 moves first; consumer 1 skips the hand-over after its last
+// products, so every bar.sync has its bar.arrive and none is left pending at exit.
+//
+// kStep key tiles make one softmax step: 1 (64 keys, two ring stages), or 2 (128 keys, four
+// stages: the two tiles' S products are issued together, one max and one rescale of O serve
+// both, and a turn covers twice the products; a last step with one tile masks the other).
+// Only works whose walked tiles are whole (DenseWork: rows past the view are the tensor map's
+// zero fill) run here; a tile with rows to zero would need both consumers to zero it before
+// either's turn.
+//
+// Registers: one block per SM (launch bounds 384 × 1), the producer gives back down to 32
+// and the consumers take 232 each (128·32 + 256·232 = 63,488 of 65,536).
+constexpr int kPingPongThreads = 384;
+constexpr unsigned kPingPongConsumers = 256;  // both consumer warpgroups' threads
+
+template <int kD, bool kBf16, class Work, int kStep>
+__global__ void __launch_bounds__(kPingPongThreads, 1)
+    hopper_fwd_pingpong_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
+  static_assert(Work::kWholeTiles, "the ping-pong forward zeroes no tile rows");
+  static_assert(kStep == 1 || kStep == 2, "one or two key tiles a step");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  constexpr int kStages = 2 * kStep;
+  const Stages<kD, 2, kStages> st = Stages<kD, 2, kStages>::of_block();
+  const QueryRows qr = p.work.query_rows(kD);  // the block's 2 × 64 rows
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  st.init_barriers(kPingPongConsumers);
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup: one thread issues every load
+    ptx::setmaxnreg<false, 32>();
+    if (threadIdx.x == 0) produce(st, p.work, qr, p.q, p.q, p.k, p.v, kRows);
+    return;
+  }
+
+  ptx::setmaxnreg<true, 232>();
+  const int c = (warp - 4) / 4;  // this consumer: 0 or 1
+  const unsigned my_turn = 2u + static_cast<unsigned>(c), next_turn = 3u - static_cast<unsigned>(c);
+  const int local0 = kRows * c + 16 * ((warp - 4) % 4) + lane / 4;
+  Reach reach[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) reach[r] = p.work.reach(qr, local0 + 8 * r);
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  ptx::mbarrier_wait(at(st.resident_full()), 0);
+  typename Work::Cursor cursor = p.work.begin(qr);
+  // Up to kStep walked tiles into ts; how many.
+  auto fetch = [&](KeyTile(&ts)[kStep]) {
+    int n = 0;
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (n == u && p.work.next(cursor, ts[u])) ++n;
+    return n;
+  };
+  KeyTile t[kStep], t_next[kStep];
+  float sc[kStep][32];
+  int have = fetch(t);
+  if (have > 0 && c == 1)
+    ptx::named_barrier_arrive(2, kPingPongConsumers);  // consumer 0 takes the first turn
+  for (int g = 0; have > 0;) {  // g: the walk's index of this step's first tile
+    const int more = fetch(t_next);
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have)
+        ptx::mbarrier_wait(at(st.full((g + u) % kStages)),
+                           static_cast<unsigned>(((g + u) / kStages) & 1));
+    ptx::named_barrier_sync(my_turn, kPingPongConsumers);
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have) issue_ss<kD, kBf16>(sc[u], st.resident(c), st.ring(0, (g + u) % kStages));
+    ptx::named_barrier_arrive(next_turn, kPingPongConsumers);
+    ptx::wgmma_wait_group<0>();
+    softmax_tiles<kD, kStep>(sc, reach, t, have, lane, p.scale_log2, m, l, o);
+    ptx::named_barrier_sync(my_turn, kPingPongConsumers);
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have) issue_rs<kD, kBf16>(o, sc[u], st.ring(1, (g + u) % kStages));
+    if (c == 0 || more > 0) ptx::named_barrier_arrive(next_turn, kPingPongConsumers);
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int u = 0; u < kStep; ++u)
+      if (u < have) ptx::mbarrier_arrive(at(st.empty((g + u) % kStages)));
+#pragma unroll
+    for (int u = 0; u < kStep; ++u) t[u] = t_next[u];
+    g += have;
+    have = more;
+  }
+  write_rows<kD>(p.accumulate, qr, local0, o, m, l, lane);
+#else
+  (void)p;
+#endif
+}
+
+// Whether the forward overlaps the next tile's S = Q·Kᵀ with this tile's softmax (D <= 128):
+// only with RINGATTN_HOPPER_OVERLAP=1 (read once). With two blocks per SM the plain loop is
+// faster (docs/PERFORMANCE.md): the two blocks' own interleaving already hides the softmax,
+// and the second score tile costs registers and a wait on both products.
+inline bool overlap_chosen() {
+  static const bool on = hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}) == "1";
+  return on;
+}
+
+// The forward's (head dim, dtype, overlap, Q in registers) switch: as `form` names it (plain,
+// overlap or qregs), or by rule (the environment's choice).
+template <class Work>
+void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
+                cudaStream_t stream, HopperForwardForm form = HopperForwardForm::rule) {
+  const bool by_rule = form == HopperForwardForm::rule;
+  const bool overlap = by_rule ? overlap_chosen() : form == HopperForwardForm::overlap;
+  const bool qregs = by_rule ? qregs_chosen() : form == HopperForwardForm::qregs;
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    const int smem = static_cast<int>(smem_bytes(kD, 1));
+    if constexpr (kD <= 128) {  // at D = 256 the second score tile would spill (ptxas)
+      if (overlap) {
+        launch(name, &hopper_fwd_kernel<kD, kBf16, Work, true>, a, grid, smem, stream);
+        return;
+      }
+      if (qregs) {
+        launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false, true>, a, grid, smem, stream);
+        return;
+      }
+    }
+    launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false>, a, grid, smem, stream);
+  });
+}
+
+// Which ping-pong forward the dense forward runs at head dim `head_dim`: 0, none; 1, 64-key
+// steps; 2, 128-key steps (at D = 256, whose four stages would not fit shared memory, 64-key
+// steps). By default 1 at D = 256 and 0 below, where each is the faster form
+// (docs/PERFORMANCE.md). RINGATTN_HOPPER_PINGPONG=0, 1 or 2 sets it at every head dim.
+// The variable is read once.
+inline int pingpong_chosen(int head_dim) {
+  static const int forced = [] {
+    const std::string s = hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"});
+    return s.empty() ? -1 : s[0] - '0';
+  }();
+  if (forced >= 0) return forced;
+  return head_dim == 256 ? 1 : 0;
+}
+
+// The ping-pong forward's (head dim, dtype, step) switch, over a grid of 128-row blocks.
+template <class Work>
+void launch_pingpong(int head_dim, Elem elem, int step, const char* name, const Args<Work>& a,
+                     dim3 grid, cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    if constexpr (kD <= 128) {
+      if (step == 2) {
+        launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work, 2>, a, grid,
+               static_cast<int>(smem_bytes(kD, 2, 4)), stream, kPingPongThreads);
+        return;
+      }
+    }
+    launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work, 1>, a, grid,
+           static_cast<int>(smem_bytes(kD, 2, 2)), stream, kPingPongThreads);
+  });
+}
+
+}  // namespace ringattn::kernels::cuda::hopper
