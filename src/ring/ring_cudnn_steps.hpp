@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cudnn/graphs.hpp"
 #include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"

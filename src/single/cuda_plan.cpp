@@ -19,7 +19,7 @@
 #include "kernels/cuda/native/flash.hpp"
 #include "kernels/cuda/choice/form_chooser.hpp"
 #include "kernels/cuda/hopper/task_backward.hpp"
-#include "kernels/cuda/ops/host_convert.hpp"
+#include "kernels/cuda/runtime/host_convert.hpp"
 #include "kernels/cuda/choice/verified_forms.hpp"
 #include "ringattn/errors.hpp"
 #include "single/device_schedule.hpp"

@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/cudnn/sdpa.hpp"
+#include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
 #include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/native/flash.hpp"

@@ -9,6 +9,7 @@
 #include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/cudnn/graphs.hpp"
 #include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
 #include "ringattn/errors.hpp"
 

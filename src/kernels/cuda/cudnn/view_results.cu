@@ -1,10 +1,10 @@
-// cuDNN views' results (see device_ops.hpp): a view's output rows and stats stored into (or
+// cuDNN views' results (see view_results.hpp): a view's output rows and stats stored into (or
 // merged by lse with) out/lse, the stats gathered back for its backward, and a view's
 // gradients added into the fp32 gradients.
 #include <cmath>
 
 #include "kernels/cuda/runtime/cuda_check.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/launch_shape.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/mma_primitives.cuh"

@@ -1,6 +1,6 @@
 // fp32 → bf16 / fp16 on the host (see host_convert.hpp). bf16 is the upper half of the fp32
 // pattern after rounding to nearest even; fp16 uses CUDA's host conversion.
-#include "kernels/cuda/ops/host_convert.hpp"
+#include "kernels/cuda/runtime/host_convert.hpp"
 
 #include <cuda_fp16.h>
 
