@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "job/ulysses.hpp"
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/runtime/device_wait.hpp"
 #include "single/cuda_plan.hpp"
 

@@ -11,15 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
-#include "kernels/cuda/runtime/device_memory.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
-#include "kernels/cuda/runtime/device_wait.hpp"
-#include "kernels/cuda/native/flash.hpp"
 #include "kernels/cuda/choice/form_chooser.hpp"
+#include "kernels/cuda/choice/verified_forms.hpp"
 #include "kernels/cuda/hopper/task_backward.hpp"
 #include "kernels/cuda/hopper/task_forward.hpp"
-#include "kernels/cuda/choice/verified_forms.hpp"
+#include "kernels/cuda/native/flash.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
 #include "single/device_schedule.hpp"
 #include "single/hopper_task_lists.hpp"
 #if RINGATTN_RING_CUDNN
@@ -80,14 +80,16 @@ struct CudaRingPlan::Impl {
   ~Impl() {
     const kc::ScopedDevice on(opts.device, std::nothrow);
     ex.reset();
-    for (kc::DeviceAllocation* a : {&tasks, &q_items, &k_items, &runs, &delta, &part_out, &part_lse})
+    for (kc::DeviceAllocation* a :
+         {&tasks, &q_items, &k_items, &runs, &delta, &part_out, &part_lse})
       a->reset();
     task_lists.reset();
 #if RINGATTN_RING_CUDNN
     cudnn.reset();
 #endif
     for (int i = 0; i < 2; ++i)
-      for (kc::DeviceAllocation* a : {&buf.send[i], &buf.receive[i], &buf.partial[i], &buf.returned[i]})
+      for (kc::DeviceAllocation* a :
+           {&buf.send[i], &buf.receive[i], &buf.partial[i], &buf.returned[i]})
         a->reset();
     kc::close_plan_stream(stream, opts.device);
   }
@@ -138,8 +140,8 @@ struct CudaRingPlan::Impl {
 
   struct Device;
   void run_forward(const void* q, const void* k, const void* v, float* out, float* lse);
-  void run_backward(const void* q, const void* k, const void* v, const float* out,
-                    const float* lse, const void* dout, float* dq, float* dk, float* dv);
+  void run_backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
+                    const void* dout, float* dq, float* dk, float* dv);
   void choose_hopper(bool automatic, const std::string& flag,
                      const std::vector<kernels::ForwardItem>& key_items);
 
@@ -148,8 +150,8 @@ struct CudaRingPlan::Impl {
   // steps), or on RINGATTN_TEST_RING_AUTO_MS's; the choice and the times become a note.
   template <class Run>
   bool auto_takes_cudnn(bool backward, Run&& run) {
-    const std::string ours = backward ? (hopper.backward() ? "hopper" : "native")
-                                      : hopper.forward_name();
+    const std::string ours =
+        backward ? (hopper.backward() ? "hopper" : "native") : hopper.forward_name();
     const std::optional<RingPassTiming> stub = ring_auto_stubbed_timing(backward);
     RingPassTiming t;
     if (stub) {
@@ -159,7 +161,8 @@ struct CudaRingPlan::Impl {
       t.cudnn_ms = comm->max(kc::median_ms(stream, [&] { run(true); }));
     }
     const bool take = ring_auto_takes_cudnn(t, opts.deterministic);
-    notes.push_back(ring_auto_note(backward ? "backward" : "forward", ours, t, take, stub.has_value()));
+    notes.push_back(
+        ring_auto_note(backward ? "backward" : "forward", ours, t, take, stub.has_value()));
     return take;
   }
 
@@ -248,17 +251,15 @@ struct CudaRingPlan::Impl::Device {
       m.noted_unaligned_backward = true;
     }
 #endif
-    const bool hopper =
-        m.hopper.backward() && m.hopper.backward_reads(p.q, k, v, p.dout, m.notes);
+    const bool hopper = m.hopper.backward() && m.hopper.backward_reads(p.q, k, v, p.dout, m.notes);
     const auto& waves = m.steps[static_cast<std::size_t>(t)].waves;
     for (std::size_t i = 0; i < waves.size(); ++i) {
       const DeviceWave& w = waves[i];
       p.tasks = m.tasks.as<kernels::SubseqTask>() + w.task0;
       if (hopper) {
-        single::hopper_task_backward_wave(m.elem, p, m.hopper_shape(t),
-                                          m.task_waves[static_cast<std::size_t>(t)][i],
-                                          m.task_lists, m.stream, m.hopper.fused(),
-                                          m.hopper.wide());
+        single::hopper_task_backward_wave(
+            m.elem, p, m.hopper_shape(t), m.task_waves[static_cast<std::size_t>(t)][i],
+            m.task_lists, m.stream, m.hopper.fused(), m.hopper.wide());
         continue;
       }
       p.q_items = m.q_items.as<kernels::ForwardItem>() + w.q_item0;
@@ -387,8 +388,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   // docs/PERFORMANCE.md), else the native ones; for --kernel cudnn they run what cuDNN does
   // not (refused steps, the --deterministic backward).
 #if RINGATTN_RING_CUDNN
-  const bool refusals = m.cudnn && (!m.cudnn->refused().empty() ||
-                                    !m.cudnn->refused_backward().empty());
+  const bool refusals =
+      m.cudnn && (!m.cudnn->refused().empty() || !m.cudnn->refused_backward().empty());
 #else
   const bool refusals = false;
 #endif
@@ -400,11 +401,10 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
 #if RINGATTN_RING_CUDNN
   // What cuDNN refused, step by step (auto: only where cuDNN could have been chosen).
   if (m.cudnn && (cudnn_asked || m.use_cudnn || m.decide_forward))
-    m.cudnn->refusal_notes(flag, m.hopper.forward() ? "sm_90a" : "native",
-                           m.hopper.backward() ? "sm_90a" : "native",
-                           m.use_cudnn || m.decide_forward ? (cudnn_asked ? !opts.deterministic : true)
-                                                           : false,
-                           m.use_cudnn_backward || m.decide_backward, m.notes);
+    m.cudnn->refusal_notes(
+        flag, m.hopper.forward() ? "sm_90a" : "native", m.hopper.backward() ? "sm_90a" : "native",
+        m.use_cudnn || m.decide_forward ? (cudnn_asked ? !opts.deterministic : true) : false,
+        m.use_cudnn_backward || m.decide_backward, m.notes);
 #endif
   m.ex = std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s,
                                            ring_opts.skip_buffer_ordering_for_tests);
@@ -416,9 +416,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
 void CudaRingPlan::Impl::choose_hopper(bool automatic, const std::string& flag,
                                        const std::vector<kernels::ForwardItem>& key_items) {
   const auto shape = [this](int t) { return hopper_shape(t); };
-  const std::string why = build_ring_hopper_forward(sched, cfg.shape.batch * layout.local_len,
-                                                   shape, elem, opts.device, task_lists,
-                                                   task_waves);
+  const std::string why = build_ring_hopper_forward(
+      sched, cfg.shape.batch * layout.local_len, shape, elem, opts.device, task_lists, task_waves);
   const std::string why_backward =
       why.empty() ? build_ring_hopper_backward(sched, steps, key_items, shape, elem, opts.device,
                                                task_lists, task_waves)
@@ -566,9 +565,9 @@ void CudaRingPlan::backward(const void* q, const void* k, const void* v, const f
   m.run_backward(q, k, v, out, lse, dout, dq, dk, dv);
 }
 
-void CudaRingPlan::Impl::run_backward(const void* q, const void* k, const void* v,
-                                      const float* out, const float* lse, const void* dout,
-                                      float* dq, float* dk, float* dv) {
+void CudaRingPlan::Impl::run_backward(const void* q, const void* k, const void* v, const float* out,
+                                      const float* lse, const void* dout, float* dq, float* dk,
+                                      float* dv) {
   Impl& m = *this;
   m.bwd = {};
   const Shape4& s = m.cfg.shape;

@@ -17,8 +17,15 @@ namespace kc = kernels::cuda;
 RingCudnnSteps::RingCudnnSteps(const AttentionConfig& cfg, const ShardLayout& layout,
                                const RingSchedule& sched, kc::Elem elem, DeviceDType dtype,
                                int device, cudaStream_t stream)
-    : cfg_(cfg), layout_(layout), sched_(&sched), elem_(elem), dtype_(dtype), device_(device),
-      stream_(stream), step_(sched.steps.size(), 0), step_backward_(sched.steps.size(), 0) {}
+    : cfg_(cfg),
+      layout_(layout),
+      sched_(&sched),
+      elem_(elem),
+      dtype_(dtype),
+      device_(device),
+      stream_(stream),
+      step_(sched.steps.size(), 0),
+      step_backward_(sched.steps.size(), 0) {}
 
 RingCudnnSteps::~RingCudnnSteps() { release(); }
 
@@ -69,8 +76,8 @@ int RingCudnnSteps::prepare(bool with_backward) {
       kc::SdpaView shape = v;  // the graph's view: offsets are applied to the pointers
       shape.q_offset = shape.kv_offset = shape.row_offset = 0;
       std::ostringstream key;
-      key << shape.batch << ' ' << shape.heads << ' ' << shape.kv_heads << ' ' << shape.rows
-          << ' ' << shape.kv_rows << ' ' << shape.head_dim << ' '
+      key << shape.batch << ' ' << shape.heads << ' ' << shape.kv_heads << ' ' << shape.rows << ' '
+          << shape.kv_rows << ' ' << shape.head_dim << ' '
           << (shape.right_bound ? std::to_string(*shape.right_bound) : "-") << ' '
           << (shape.left_bound ? std::to_string(*shape.left_bound) : "-");
       for (int i = 0; i < 4; ++i) key << ' ' << shape.q_stride[i] << ' ' << shape.kv_stride[i];
@@ -128,8 +135,7 @@ int RingCudnnSteps::prepare(bool with_backward) {
   const Shape4& s = cfg_.shape;
   const auto q_elems = static_cast<std::size_t>(s.batch * layout_.local_len * s.heads * d);
   const auto kv_elems = static_cast<std::size_t>(
-      std::max(s.batch * layout_.local_len * cfg_.effective_kv_heads(), sched_->max_recv_rows) *
-      d);
+      std::max(s.batch * layout_.local_len * cfg_.effective_kv_heads(), sched_->max_recv_rows) * d);
   try {
     o_ = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN output scratch", device_, stream_);
     stats_ = kc::DeviceAllocation(
@@ -163,8 +169,7 @@ void RingCudnnSteps::release() {
 
 // Where view `v`'s rows go in out/lse (the rank's [B, N/P, H, D] and [B, H, N/P]), merged by
 // lse.
-kc::ViewResultParams RingCudnnSteps::place_of(const kc::SdpaView& v, float* out,
-                                              float* lse) const {
+kc::ViewResultParams RingCudnnSteps::place_of(const kc::SdpaView& v, float* out, float* lse) const {
   const Shape4& s = cfg_.shape;
   kc::ViewResultParams r = kc::view_place(v, {s.batch, layout_.local_len, s.heads, s.head_dim});
   r.o_scratch = o_.get();
@@ -202,14 +207,13 @@ void RingCudnnSteps::load_out(const float* out) {
                             s.batch * layout_.local_len * s.heads * s.head_dim, stream_);
 }
 
-void RingCudnnSteps::backward(int t, const void* q, const void* k, const void* v,
-                              const void* dout, const float* lse, float* dq, float* dk,
-                              float* dv) {
+void RingCudnnSteps::backward(int t, const void* q, const void* k, const void* v, const void* dout,
+                              const float* lse, float* dq, float* dk, float* dv) {
   const auto& views = views_[static_cast<std::size_t>(t)];
   for (std::size_t i = 0; i < views.size(); ++i) {
     const kc::SdpaView& w = views[i];
-    kc::launch_gather_view_stats(place_of(w, nullptr, const_cast<float*>(lse)),
-                                 stats_.as<float>(), stream_);
+    kc::launch_gather_view_stats(place_of(w, nullptr, const_cast<float*>(lse)), stats_.as<float>(),
+                                 stream_);
     graphs_[graph_of_[static_cast<std::size_t>(t)][i]]->backward_view(
         0, at(q, w.q_offset, eb()), at(k, w.kv_offset, eb()), at(v, w.kv_offset, eb()),
         at(o_.get(), w.q_offset, eb()), at(dout, w.q_offset, eb()), stats_.as<float>(),
@@ -240,8 +244,8 @@ std::string RingCudnnSteps::description(int steps_on_cudnn) const {
   std::ostringstream os;
   os << std::fixed << std::setprecision(0) << d.substr(0, d.find(':')) << "; " << n_views
      << " views over " << steps_on_cudnn << (every ? "" : " of " + std::to_string(n_steps))
-     << " steps, " << graphs_.size() << (graphs_.size() == 1 ? " graph" : " graphs")
-     << " built in " << build_ms_ << " ms";
+     << " steps, " << graphs_.size() << (graphs_.size() == 1 ? " graph" : " graphs") << " built in "
+     << build_ms_ << " ms";
   return os.str();
 }
 
@@ -253,8 +257,7 @@ void list_steps(std::ostream& os, const std::vector<int>& which) {
 
 void RingCudnnSteps::refusal_notes(const std::string& flag, const char* ours,
                                    const char* ours_backward, bool backward_notes,
-                                   bool backward_on_cudnn,
-                                   std::vector<std::string>& notes) const {
+                                   bool backward_on_cudnn, std::vector<std::string>& notes) const {
   const int n_steps = static_cast<int>(sched_->steps.size());
   for (const auto& [reason, which] : refused_) {
     const bool all = static_cast<int>(which.size()) == n_steps;
@@ -274,7 +277,8 @@ void RingCudnnSteps::refusal_notes(const std::string& flag, const char* ours,
   if (!backward_notes) return;
   for (const auto& [reason, which] : refused_backward_) {
     std::ostringstream os;
-    os << flag << "cuDNN cannot run the backward of ring " << (which.size() == 1 ? "step " : "steps ");
+    os << flag << "cuDNN cannot run the backward of ring "
+       << (which.size() == 1 ? "step " : "steps ");
     list_steps(os, which);
     os << " of " << n_steps << " (" << reason << "); "
        << (backward_on_cudnn ? "their forward runs on cuDNN, their backward on the "
@@ -303,8 +307,8 @@ RingCudnnChoice choose_ring_cudnn(const AttentionConfig& cfg, const ShardLayout&
   if (asked && !verified)
     notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_ring_steps, "--kernel cudnn"));
   if (!asked && !(auto_tries && verified)) return c;
-  c.steps = std::make_unique<RingCudnnSteps>(cfg, layout, sched, elem, opts.dtype, opts.device,
-                                             stream);
+  c.steps =
+      std::make_unique<RingCudnnSteps>(cfg, layout, sched, elem, opts.dtype, opts.device, stream);
   const int on_cudnn = c.steps->prepare(asked ? !opts.deterministic : true);
   const bool any_backward = c.steps->any_backward();
   c.forward = asked && on_cudnn > 0;
@@ -312,8 +316,7 @@ RingCudnnChoice choose_ring_cudnn(const AttentionConfig& cfg, const ShardLayout&
   c.decide_forward = !asked && on_cudnn > 0;
   c.decide_backward = c.decide_forward && any_backward;
   if (on_cudnn == 0) return c;
-  const bool every =
-      c.steps->refused().empty() || on_cudnn == static_cast<int>(sched.steps.size());
+  const bool every = c.steps->refused().empty() || on_cudnn == static_cast<int>(sched.steps.size());
   const std::string what =
       asked ? std::string(every ? "every ring step's forward" : "the ring steps' forward") +
                   (c.backward ? " and backward" : "") + " on cuDNN"

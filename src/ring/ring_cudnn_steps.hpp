@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "kernels/cuda/cudnn/graphs.hpp"
-#include "kernels/cuda/runtime/device_memory.hpp"
 #include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sharding.hpp"
 #include "ringattn/config.hpp"
@@ -32,9 +32,8 @@ class RingCudnnSteps {
  public:
   using Refusals = std::map<std::string, std::vector<int>>;  // reason -> steps
 
-  RingCudnnSteps(const AttentionConfig& cfg, const ShardLayout& layout,
-                 const RingSchedule& sched, kernels::cuda::Elem elem, DeviceDType dtype,
-                 int device, cudaStream_t stream);
+  RingCudnnSteps(const AttentionConfig& cfg, const ShardLayout& layout, const RingSchedule& sched,
+                 kernels::cuda::Elem elem, DeviceDType dtype, int device, cudaStream_t stream);
   ~RingCudnnSteps();
 
   // Every step's views with their graphs built (with the backward's where `with_backward`)

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/hopper/task_forward.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"  // PackedRun
 #include "kernels/cuda/params.hpp"
-#include "kernels/cuda/hopper/task_forward.hpp"
 #include "ring/ring_schedule.hpp"
 #include "single/device_schedule.hpp"
 #include "single/hopper_task_lists.hpp"
@@ -41,9 +41,8 @@ using RingHopperShape = std::function<kernels::cuda::HopperTaskShape(int t)>;
 // Every wave's forward items added to `lists` ([step][wave] slices in `waves`): "" or why the
 // sm_90a task forward cannot run them (`shard_rows`: B·N/P positions).
 std::string build_ring_hopper_forward(const RingSchedule& sched, int64_t shard_rows,
-                                      const RingHopperShape& shape,
-                                      kernels::cuda::Elem elem, int device,
-                                      single::HopperTaskLists& lists,
+                                      const RingHopperShape& shape, kernels::cuda::Elem elem,
+                                      int device, single::HopperTaskLists& lists,
                                       std::vector<std::vector<single::HopperTaskWave>>& waves);
 
 // Every wave's key items (`key_items`: the native backward's list, sliced by `steps`' ranges)

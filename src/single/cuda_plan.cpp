@@ -12,15 +12,15 @@
 #include <utility>
 
 #include "core/patterns.hpp"
+#include "kernels/cuda/choice/form_chooser.hpp"
+#include "kernels/cuda/choice/verified_forms.hpp"
+#include "kernels/cuda/hopper/task_backward.hpp"
+#include "kernels/cuda/native/flash.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
 #include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/runtime/device_memory.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
 #include "kernels/cuda/runtime/device_wait.hpp"
-#include "kernels/cuda/native/flash.hpp"
-#include "kernels/cuda/choice/form_chooser.hpp"
-#include "kernels/cuda/hopper/task_backward.hpp"
 #include "kernels/cuda/runtime/host_convert.hpp"
-#include "kernels/cuda/choice/verified_forms.hpp"
 #include "ringattn/errors.hpp"
 #include "single/device_schedule.hpp"
 #include "single/hopper_task_lists.hpp"
@@ -145,7 +145,8 @@ struct CudaPlan::Impl {
     if (s.seq_len > std::numeric_limits<int>::max() / 2 ||
         s.batch * s.seq_len > std::numeric_limits<int>::max() / 2)
       return "a sequence of " + std::to_string(s.seq_len) + " (tensor map coordinates are int)";
-    if (std::string why = kc::hopper_task_forward_unsupported(elem, hopper_task_shape(), opts.device);
+    if (std::string why =
+            kc::hopper_task_forward_unsupported(elem, hopper_task_shape(), opts.device);
         !why.empty())
       return why;
     for (const single::DevicePass& pass : sched.passes) {
@@ -166,9 +167,9 @@ struct CudaPlan::Impl {
         !why.empty())
       return why;
     for (std::size_t i = 0; i < sched.passes.size(); ++i)
-      if (std::string why = task_lists.add_backward(sched.tasks, sched.k_items,
-                                                    sched.passes[i].k_ranges, hopper_task_shape(),
-                                                    task_waves[i]);
+      if (std::string why =
+              task_lists.add_backward(sched.tasks, sched.k_items, sched.passes[i].k_ranges,
+                                      hopper_task_shape(), task_waves[i]);
           !why.empty())
         return why;
     return "";
@@ -217,8 +218,8 @@ struct CudaPlan::Impl {
     const int head_dim = static_cast<int>(cfg.shape.head_dim);
     kc::FormChooser::Path path;
     path.path = hopper_tasks ? kc::GpuPath::tasks : kc::GpuPath::dense;
-    hopper = kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic,
-                             head_dim);
+    hopper =
+        kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic, head_dim);
     std::string why, why_backward;
     if (hopper_tasks) {
       why = prepare_hopper_tasks();
@@ -266,8 +267,7 @@ struct CudaPlan::Impl {
   // native ones), or the native ones (pointers the others cannot read).
   enum class Run { cudnn, ours, native };
 
-  void run_forward(Run run, const void* q, const void* k, const void* v, float* out,
-                   float* lse) {
+  void run_forward(Run run, const void* q, const void* k, const void* v, float* out, float* lse) {
     const Shape4& s = cfg.shape;
     const bool ours_hopper = hopper.forward() && run == Run::ours;
     if (ours_hopper && !hopper_tasks) {  // writes every row of out and lse
@@ -350,7 +350,6 @@ struct CudaPlan::Impl {
       }
     }
   }
-
 };
 
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
@@ -440,7 +439,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       m.use_cudnn_backward = m.cudnn->has_backward() && cudnn_asked;
       m.decide_on_first_backward = m.cudnn->has_backward() && automatic && backward_verified;
       if (automatic && !forward_verified)
-        m.notes.push_back(kc::unverified_by_auto_note(kc::GpuForm::cudnn_forward, "--kernel cudnn"));
+        m.notes.push_back(
+            kc::unverified_by_auto_note(kc::GpuForm::cudnn_forward, "--kernel cudnn"));
       if (automatic && m.cudnn->has_backward() && !backward_verified)
         m.notes.push_back(kc::unverified_by_auto_note(m.cudnn_backward_form(), "--kernel cudnn"));
       if (cudnn_asked && !forward_verified)
@@ -451,8 +451,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       os << std::fixed << std::setprecision(0) << m.cudnn->description() << ", graphs built in "
          << m.cudnn->build_ms() << " ms";
       if (!m.cudnn->has_backward())
-        os << "; the backward runs "
-           << (m.hopper.backward() ? "on the sm_90a kernels" : "natively") << " ("
+        os << "; the backward runs " << (m.hopper.backward() ? "on the sm_90a kernels" : "natively")
+           << " ("
            << (opts.deterministic ? "--deterministic: cuDNN's backward adds dQ with atomics"
                                   : m.cudnn->backward_refusal())
            << ")";
@@ -540,7 +540,8 @@ void CudaPlan::forward(const void* q, const void* k, const void* v, float* out, 
     return m.run_forward(Run::native, q, k, v, out, lse);
   }
   // Ours first: cuDNN (below) is timed against the fastest form.
-  m.hopper.time_forward(m.stream, [&] { m.run_forward(Run::ours, q, k, v, out, lse); }, m.notes);
+  m.hopper.time_forward(
+      m.stream, [&] { m.run_forward(Run::ours, q, k, v, out, lse); }, m.notes);
   if (m.decide_on_first_forward) {
     m.decide_on_first_forward = false;
 #if RINGATTN_HAVE_CUDNN

@@ -24,8 +24,7 @@ std::string HopperTaskLists::add_forward(std::span<const kernels::SubseqTask> ta
 std::string HopperTaskLists::add_backward(std::span<const kernels::SubseqTask> tasks,
                                           std::span<const kernels::ForwardItem> key_items,
                                           std::span<const ItemRange> ranges,
-                                          const kc::HopperTaskShape& shape,
-                                          HopperTaskWave& wave) {
+                                          const kc::HopperTaskShape& shape, HopperTaskWave& wave) {
   std::vector<kernels::ForwardItem> ordered, wide;
   for (const ItemRange& r : ranges) {
     std::vector<kc::HopperTaskGroup> groups, wide_groups;

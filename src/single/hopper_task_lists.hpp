@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/runtime/device_memory.hpp"
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/hopper/task_forward.hpp"
+#include "kernels/cuda/params.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
 #include "single/device_schedule.hpp"
 
 namespace ringattn::single {

@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "core/patterns.hpp"
-#include "kernels/cuda/runtime/cuda_check.hpp"
-#include "kernels/cuda/runtime/device_memory.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
-#include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/choice/form_chooser.hpp"
 #include "kernels/cuda/hopper/sparse_backward.hpp"
 #include "kernels/cuda/hopper/sparse_forward.hpp"
 #include "kernels/cuda/native/sparse.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
 #include "sparse/rank_work.hpp"
@@ -236,8 +236,12 @@ struct CudaSparsePlan::Impl {
 
   // The local blocks' tensors ([B, N/P, HKV, D] K/V), or (received) the receive slab's rows.
   kc::HopperSparseShape hopper_shape(bool received = false) const {
-    return {static_cast<int>(B), static_cast<int>(NL), static_cast<int>(H), static_cast<int>(G),
-            received ? static_cast<int>(recv_rows) : 0, hopper.forward_form()};
+    return {static_cast<int>(B),
+            static_cast<int>(NL),
+            static_cast<int>(H),
+            static_cast<int>(G),
+            received ? static_cast<int>(recv_rows) : 0,
+            hopper.forward_form()};
   }
 
   // Chooses the Hopper forward and backward, for the local blocks and the received ones
@@ -269,14 +273,14 @@ struct CudaSparsePlan::Impl {
     path.collective = comm != nullptr;
     if (comm) {
       path.slowest = [this](double ms) { return comm->max(ms); };
-        }
+    }
     hopper = kc::FormChooser(std::move(path), opts.deterministic,
                              opts.kernel == KernelChoice::automatic, static_cast<int>(D));
     hopper.decide(why, why_backward, wide_ok(), notes);
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
     if (!automatic) {
-      notes.push_back(hopper.asked_note(why, why_backward, "block-sparse ",
-                                        " (TMA + wgmma) for " + blocks));
+      notes.push_back(
+          hopper.asked_note(why, why_backward, "block-sparse ", " (TMA + wgmma) for " + blocks));
       return;
     }
     notes.push_back(
@@ -292,8 +296,8 @@ struct CudaSparsePlan::Impl {
 
   struct Device;
   void run_forward(const void* q, const void* k, const void* v, float* out, float* lse);
-  void run_backward(const void* q, const void* k, const void* v, const float* out,
-                    const float* lse, const void* dout, float* dq, float* dk, float* dv);
+  void run_backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
+                    const void* dout, float* dq, float* dk, float* dv);
 };
 
 // The protocol's backend for one call: the plan's slabs and lists, the call's tensors.
@@ -382,9 +386,8 @@ struct CudaSparsePlan::Impl::Device {
       return;
     }
     const SlabHalves r = slab(SparseSlab::receive), g = slab(SparseSlab::partial);
-    const kc::SparseBackwardParams p =
-        m.backward_params(m.remote, q, r.k, r.v, lse, dout, dq, static_cast<float*>(g.k),
-                          static_cast<float*>(g.v));
+    const kc::SparseBackwardParams p = m.backward_params(
+        m.remote, q, r.k, r.v, lse, dout, dq, static_cast<float*>(g.k), static_cast<float*>(g.v));
     if (m.hopper.backward() && aligned16(q) && aligned16(dout) && aligned16(r.k) &&
         aligned16(r.v)) {
       kc::hopper_sparse_backward(
@@ -505,7 +508,8 @@ void CudaSparsePlan::synchronize() {
 void CudaSparsePlan::forward(const void* q, const void* k, const void* v, float* out, float* lse) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
-  m.hopper.time_forward(m.stream, [&] { m.run_forward(q, k, v, out, lse); }, m.notes);
+  m.hopper.time_forward(
+      m.stream, [&] { m.run_forward(q, k, v, out, lse); }, m.notes);
   m.run_forward(q, k, v, out, lse);
 }
 

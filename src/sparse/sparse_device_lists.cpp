@@ -1,8 +1,8 @@
 // A block-sparse plan's device lists (sparse_device_lists.hpp).
 #include "sparse/sparse_device_lists.hpp"
 
-#include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_key_items
+#include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/tiles.hpp"
 #include "sparse/rank_work.hpp"  // sparse_query_items, sparse_key_items
 
@@ -11,10 +11,10 @@ namespace ringattn::sparse {
 namespace kc = kernels::cuda;
 
 void DeviceLists::upload(const std::vector<kernels::SparseQueryTile>& qt,
-            const std::vector<kernels::KeySpan>& ks,
-            const std::vector<kernels::SparseKeyTile>& kt,
-            const std::vector<kernels::QuerySpan>& qs, bool causal, int device,
-            cudaStream_t stream) {
+                         const std::vector<kernels::KeySpan>& ks,
+                         const std::vector<kernels::SparseKeyTile>& kt,
+                         const std::vector<kernels::QuerySpan>& qs, bool causal, int device,
+                         cudaStream_t stream) {
   const std::vector<kernels::ForwardItem> qi = sparse_query_items(qt, ks, causal, kc::kQueryTile);
   const std::vector<kernels::ForwardItem> ki = sparse_key_items(kt, qs, causal, kc::kKeyTile);
   n_q_items = static_cast<int64_t>(qi.size());
@@ -29,8 +29,7 @@ void DeviceLists::upload(const std::vector<kernels::SparseQueryTile>& qt,
   wide_pairs = kc::hopper_wide_key_items(ki, wide).empty();
   if (wide_pairs && !wide.empty()) {
     n_wide_k_items = static_cast<int64_t>(wide.size());
-    wide_k_items =
-        kc::upload_vector(wide, "the block-sparse 128-key work items", device, stream);
+    wide_k_items = kc::upload_vector(wide, "the block-sparse 128-key work items", device, stream);
   }
   kc::wait_for_stream(stream, "the block-sparse lists' upload");  // before qi, ki, wide go
   auto ok = [](int64_t x) { return x % 8 == 0; };

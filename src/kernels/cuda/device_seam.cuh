@@ -101,8 +101,7 @@ inline void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int s
                        scale_d != 0);
 }
 template <int kN, bool kBf16>
-inline void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
-                        int scale_d) {
+inline void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   emu::wgmma_m64k16_rs(kBf16 ? emu::MmaInput::bf16 : emu::MmaInput::f16, kN, d, a, desc_b,
                        scale_d != 0, true);
 }

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/choice/verified_forms.hpp"
 #include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
 #include "kernels/cuda/runtime/median_time.hpp"
-#include "kernels/cuda/choice/verified_forms.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -36,19 +36,25 @@ enum class BackwardForm { two_pass, fused, fused_wide };
 
 // "two passes", "fused", "fused wide".
 inline const char* to_string(BackwardForm f) {
-  return f == BackwardForm::two_pass ? "two passes" : f == BackwardForm::fused ? "fused"
-                                                                                : "fused wide";
+  return f == BackwardForm::two_pass ? "two passes"
+         : f == BackwardForm::fused  ? "fused"
+                                     : "fused wide";
 }
 
 // The verified-forms table's name for a forward form (`rule` runs the plain loop).
 inline GpuForm gpu_form(HopperForwardForm f) {
   switch (f) {
-    case HopperForwardForm::overlap: return GpuForm::hopper_forward_overlap;
-    case HopperForwardForm::qregs: return GpuForm::hopper_forward_qregs;
-    case HopperForwardForm::pingpong64: return GpuForm::hopper_forward_pingpong64;
-    case HopperForwardForm::pingpong128: return GpuForm::hopper_forward_pingpong128;
+    case HopperForwardForm::overlap:
+      return GpuForm::hopper_forward_overlap;
+    case HopperForwardForm::qregs:
+      return GpuForm::hopper_forward_qregs;
+    case HopperForwardForm::pingpong64:
+      return GpuForm::hopper_forward_pingpong64;
+    case HopperForwardForm::pingpong128:
+      return GpuForm::hopper_forward_pingpong128;
     case HopperForwardForm::plain:
-    case HopperForwardForm::rule: break;
+    case HopperForwardForm::rule:
+      break;
   }
   return GpuForm::hopper_forward_plain;
 }
@@ -79,8 +85,8 @@ inline std::vector<HopperForwardForm> auto_forward_forms(int head_dim, GpuPath p
 inline void note_unverified_backward_forms(GpuPath path, bool wide,
                                            std::vector<std::string>& notes) {
   if (!verified_on_gpu(GpuForm::hopper_backward_fused, path))
-    notes.push_back(unverified_by_auto_note(GpuForm::hopper_backward_fused,
-                                            "RINGATTN_HOPPER_BWD=fused"));
+    notes.push_back(
+        unverified_by_auto_note(GpuForm::hopper_backward_fused, "RINGATTN_HOPPER_BWD=fused"));
   if (wide && !verified_on_gpu(GpuForm::hopper_backward_fused_wide, path))
     notes.push_back(unverified_by_auto_note(GpuForm::hopper_backward_fused_wide,
                                             "RINGATTN_HOPPER_BWD=fused_wide"));
@@ -157,9 +163,8 @@ BackwardForm fastest_backward_form(cudaStream_t stream, const std::string& what,
       try {
         ms[i] = slowest(median_ms(stream, [&] { run(forms[i]); }));
       } catch (const RuntimeFailure& e) {
-        notes.push_back(std::string("--kernel auto: the sm_90a backward's ") +
-                        to_string(forms[i]) + " kernel failed when run (" + e.what() +
-                        "); not using it");
+        notes.push_back(std::string("--kernel auto: the sm_90a backward's ") + to_string(forms[i]) +
+                        " kernel failed when run (" + e.what() + "); not using it");
         (void)cudaGetLastError();
       }
     }

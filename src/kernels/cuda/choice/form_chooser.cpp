@@ -17,7 +17,8 @@ void FormChooser::decide(const std::string& why_forward, const std::string& why_
     note_unverified_forward_forms(head_dim_, path_.path, notes);
   }
   if (backward_) {
-    const FusedBackwardRule rule = hopper_fused_backward_rule(deterministic_, head_dim_, automatic_);
+    const FusedBackwardRule rule =
+        hopper_fused_backward_rule(deterministic_, head_dim_, automatic_);
     fused_ = rule == FusedBackwardRule::fused;
     wide_ = fused_ && wide_ok_ && hopper_wide_backward_chosen(deterministic_, head_dim_);
     if (rule == FusedBackwardRule::timed) {
@@ -52,9 +53,8 @@ bool FormChooser::backward_reads(const void* q, const void* k, const void* v, co
   return false;
 }
 
-std::string FormChooser::asked_note(const std::string& why_forward,
-                                    const std::string& why_backward, const std::string& what,
-                                    const std::string& how) const {
+std::string FormChooser::asked_note(const std::string& why_forward, const std::string& why_backward,
+                                    const std::string& what, const std::string& how) const {
   const std::string flag = "--kernel hopper: ";
   if (!forward_) return flag + why_forward + "; using the native kernels";
   if (backward_)

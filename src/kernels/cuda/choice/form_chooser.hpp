@@ -4,9 +4,9 @@
 // notes' words, whether several ranks agree), not code. Per pass it keeps:
 // - whether the sm_90a kernels run it here (the plan asks its kernels, then decide());
 // - the form: the forward's (HopperForwardForm) and the backward's (two passes, fused, fused
-//   wide), by the rules of hopper/dense_forward.hpp / hopper/dense_backward.hpp, and under `--kernel auto` timed on
-//   the first call among the forms a GPU has passed on the path (form_choice.hpp,
-//   verified_forms.hpp);
+//   wide), by the rules of hopper/dense_forward.hpp / hopper/dense_backward.hpp, and under
+//   `--kernel auto` timed on the first call among the forms a GPU has passed on the path
+//   (form_choice.hpp, verified_forms.hpp);
 // - the fallbacks a call's pointers force (TMA needs 16-byte aligned tensors, the fused
 //   kernels' bulk adds a 16-byte aligned dq), each noted once;
 // - the notes that say all of it.
@@ -44,7 +44,9 @@ class FormChooser {
 
   FormChooser() = default;
   FormChooser(Path path, bool deterministic, bool automatic, int head_dim)
-      : path_(std::move(path)), deterministic_(deterministic), automatic_(automatic),
+      : path_(std::move(path)),
+        deterministic_(deterministic),
+        automatic_(automatic),
         head_dim_(head_dim) {}
 
   // Once the plan has asked its kernels: `why_forward` is "" where the sm_90a forward runs
@@ -71,8 +73,7 @@ class FormChooser {
   // Whether the sm_90a forward (backward) can read these tensors (TMA: 16-byte aligned base
   // pointers); where it cannot, one note for the plan's life, and the caller runs the native
   // kernels for this call.
-  bool forward_reads(const void* q, const void* k, const void* v,
-                     std::vector<std::string>& notes);
+  bool forward_reads(const void* q, const void* k, const void* v, std::vector<std::string>& notes);
   bool backward_reads(const void* q, const void* k, const void* v, const void* dout,
                       std::vector<std::string>& notes);
 
@@ -171,16 +172,16 @@ FormChooser::Call FormChooser::backward_call(cudaStream_t stream, const void* dq
     // The wide kernel where every rank has it, so that all time the same forms.
     const bool wide_everywhere = path_.collective ? all(wide_ok_) : wide_ok_;
     const std::vector<BackwardForm> forms = auto_backward_forms(path_.path, wide_everywhere);
-    const BackwardForm chosen =
-        forms.size() < 2 ? BackwardForm::two_pass
-                         : fastest_backward_form(
-                               stream, path_.backward_what, path_.collective, forms,
-                               [&](BackwardForm f) {
-                                 fused_ = f != BackwardForm::two_pass;
-                                 wide_ = f == BackwardForm::fused_wide;
-                                 run();
-                               },
-                               [&](double ms) { return slowest(ms); }, notes);
+    const BackwardForm chosen = forms.size() < 2
+                                    ? BackwardForm::two_pass
+                                    : fastest_backward_form(
+                                          stream, path_.backward_what, path_.collective, forms,
+                                          [&](BackwardForm f) {
+                                            fused_ = f != BackwardForm::two_pass;
+                                            wide_ = f == BackwardForm::fused_wide;
+                                            run();
+                                          },
+                                          [&](double ms) { return slowest(ms); }, notes);
     fused_ = chosen != BackwardForm::two_pass;
     wide_ = chosen == BackwardForm::fused_wide;
   }

@@ -287,8 +287,8 @@ void CudnnGraphPlan::backward(const void* q, const void* k, const void* v, const
 }
 
 void CudnnGraphPlan::backward_view(std::size_t i, const void* q, const void* k, const void* v,
-                                   const void* out, const void* dout, const float* stats,
-                                   void* dq, void* dk, void* dv) {
+                                   const void* out, const void* dout, const float* stats, void* dq,
+                                   void* dk, void* dv) {
   Impl& m = *impl_;
   if (m.backward.empty()) throw std::logic_error("CudnnGraphPlan: built without the backward");
   const SdpaView& w = m.views.at(i);

@@ -121,12 +121,11 @@ class CudnnGraphPlan {
   void backward(const void* q, const void* k, const void* v, const void* out, const void* dout,
                 const float* stats, void* dq, void* dk, void* dv);
   // One view's backward (stats at that view's offset); it writes dq, dk, dv at the view's rows.
-  void backward_view(std::size_t view, const void* q, const void* k, const void* v,
-                     const void* out, const void* dout, const float* stats, void* dq, void* dk,
-                     void* dv);
+  void backward_view(std::size_t view, const void* q, const void* k, const void* v, const void* out,
+                     const void* dout, const float* stats, void* dq, void* dk, void* dv);
   double build_ms() const;
   std::size_t workspace_bytes() const;  // cuDNN's own, shared by the graphs
-  std::string description() const;  // "cuDNN 9.19.0: 1 view, composite forward + backward"
+  std::string description() const;      // "cuDNN 9.19.0: 1 view, composite forward + backward"
 
  private:
   struct Impl;

@@ -6,11 +6,11 @@
 #include <array>
 #include <vector>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/cudnn/graphs.hpp"
-#include "kernels/cuda/runtime/device_memory.hpp"
 #include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -65,7 +65,8 @@ CudnnSdpa::~CudnnSdpa() = default;
 
 std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e, int device,
                                              cudaStream_t stream, bool with_backward) {
-  if (e == Elem::fp32) throw CudnnUnavailable("cuDNN's fused attention takes bf16 or fp16, not fp32");
+  if (e == Elem::fp32)
+    throw CudnnUnavailable("cuDNN's fused attention takes bf16 or fp16, not fp32");
   std::string why;
   const std::vector<SdpaView> views = sdpa_views(cfg, &why);
   if (views.empty()) throw CudnnUnavailable(why);
@@ -172,7 +173,8 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
                             m.dk_scratch.get(), m.dv_scratch.get());
       const int64_t kv_rows = w.kv_rows > 0 ? w.kv_rows : w.rows;
       launch_add_view(m.elem, m.dq_scratch.get(), dq,
-                      strided(w.q_offset, w.batch, w.heads, w.rows, w.head_dim, w.q_stride), stream);
+                      strided(w.q_offset, w.batch, w.heads, w.rows, w.head_dim, w.q_stride),
+                      stream);
       const StridedView kv =
           strided(w.kv_offset, w.batch, w.kv_heads, kv_rows, w.head_dim, w.kv_stride);
       launch_add_view(m.elem, m.dk_scratch.get(), dk, kv, stream);
@@ -182,12 +184,15 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
   }
   if (m.partial_cover) {
     const auto eb = static_cast<std::size_t>(elem_bytes(m.elem));
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(m.dq_scratch.get(), 0, static_cast<std::size_t>(n_q) * eb, stream));
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(m.dk_scratch.get(), 0, static_cast<std::size_t>(n_kv) * eb, stream));
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(m.dv_scratch.get(), 0, static_cast<std::size_t>(n_kv) * eb, stream));
+    RINGATTN_CUDA_CHECK(
+        cudaMemsetAsync(m.dq_scratch.get(), 0, static_cast<std::size_t>(n_q) * eb, stream));
+    RINGATTN_CUDA_CHECK(
+        cudaMemsetAsync(m.dk_scratch.get(), 0, static_cast<std::size_t>(n_kv) * eb, stream));
+    RINGATTN_CUDA_CHECK(
+        cudaMemsetAsync(m.dv_scratch.get(), 0, static_cast<std::size_t>(n_kv) * eb, stream));
   }
-  m.plan->backward(q, k, v, m.o_scratch.get(), dout, stats, m.dq_scratch.get(),
-                   m.dk_scratch.get(), m.dv_scratch.get());
+  m.plan->backward(q, k, v, m.o_scratch.get(), dout, stats, m.dq_scratch.get(), m.dk_scratch.get(),
+                   m.dv_scratch.get());
   launch_elem_to_floats(m.elem, m.dq_scratch.get(), dq, n_q, add, stream, m.out_scale);
   launch_elem_to_floats(m.elem, m.dk_scratch.get(), dk, n_kv, add, stream, m.out_scale);
   launch_elem_to_floats(m.elem, m.dv_scratch.get(), dv, n_kv, add, stream, m.out_scale);

@@ -45,8 +45,7 @@ class CudnnSdpa {
   // dq, dk, dv (fp32) = the gradients (+= with `add`), from the forward's out and lse (fp32)
   // and dout (the io type).
   void backward(const void* q, const void* k, const void* v, const float* out, const float* lse,
-                const void* dout, float* dq, float* dk, float* dv, bool add,
-                cudaStream_t stream);
+                const void* dout, float* dq, float* dk, float* dv, bool add, cudaStream_t stream);
   std::size_t workspace_bytes() const;
   double build_ms() const;
   // Why the backward was asked for and is not cuDNN's ("" otherwise).

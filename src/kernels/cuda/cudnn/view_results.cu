@@ -3,11 +3,11 @@
 // gradients added into the fp32 gradients.
 #include <cmath>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/cudnn/view_results.hpp"
-#include "kernels/cuda/ops/launch_shape.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/ops/launch_shape.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 
@@ -125,8 +125,8 @@ void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t st
   RINGATTN_CUDA_CHECK_LAUNCH("store_view_result_kernel");
 }
 
-void launch_add_view(Elem e, const void* src, float* dst, const StridedView& v,
-                     cudaStream_t stream, float scale) {
+void launch_add_view(Elem e, const void* src, float* dst, const StridedView& v, cudaStream_t stream,
+                     float scale) {
   const int64_t n = v.dims[0] * v.dims[1] * v.dims[2] * v.dims[3];
   if (n <= 0) return;
   const dim3 grid(blocks_for(n, kThreads * 4)), block(kThreads);

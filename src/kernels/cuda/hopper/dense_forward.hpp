@@ -6,7 +6,7 @@
 // 128 or 256, N any (only the key tiles a query tile can see are loaded); writes fp32 out
 // [B, N, H, D] and the natural-log lse [B, H, N] as the native forward does (write mode).
 //
-// The kernel's body (hopper/forward_kernel.cuh) is shared with the block-sparse variant
+// The kernel's body (hopper/forward_mainloop.cuh) is shared with the block-sparse variant
 // (hopper/sparse_forward.hpp). Run on the emulated GPU in CI (tests/kernels/test_cuda_kernels.cpp);
 // on a real GPU only where the build holds sm_90a code and the device is compute capability
 // 9.0. Must match the float64 reference wherever it runs. Chosen by `--kernel hopper`, and by
@@ -14,7 +14,7 @@
 // runs (docs/PERFORMANCE.md).
 // At D = 256 the dense forward runs as the ping-pong kernel: two consumer warpgroups over 128
 // rows taking turns at the tensor cores (the faster form at D = 256, the slower one at
-// D <= 128; RINGATTN_HOPPER_PINGPONG=0/1/2 overrides it, see hopper/forward_kernel.cuh).
+// D <= 128; RINGATTN_HOPPER_PINGPONG=0/1/2 overrides it, see hopper/forward_mainloop.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,7 +46,7 @@ struct HopperAttention : QkvParams {
   Elem elem = Elem::bf16;
 };
 
-// Which form of the sm_90a forward runs (hopper/forward_kernel.cuh). `rule`: as the environment
+// Which form of the sm_90a forward runs (hopper/forward_mainloop.cuh). `rule`: as the environment
 // says (RINGATTN_HOPPER_OVERLAP, _QREGS, _PINGPONG), else the measured defaults (the plain
 // loop at D <= 128, ping-pong in 64-key steps at D = 256). The others name one, as `--kernel
 // auto`'s timing picks it (CudaPlan): the plain loop, the next S = Q·Kᵀ overlapped with the

@@ -1,12 +1,12 @@
-// The Hopper dense backward (see hopper/dense_backward.hpp): hopper/backward_kernels.cuh's two passes over
-// hopper/work_dense.cuh's DenseWork, keys as rows for dK/dV and queries as rows for dQ.
+// The Hopper dense backward (see hopper/dense_backward.hpp): hopper/backward_mainloop.cuh's two
+// passes over hopper/work_dense.cuh's DenseWork, keys as rows for dK/dV and queries as rows for dQ.
 #include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "kernels/cuda/hopper/backward_launch.cuh"
 #include "kernels/cuda/hopper/dense_backward.hpp"
-#include "kernels/cuda/hopper/backward_kernels.cuh"
 #include "kernels/cuda/hopper/work_dense.cuh"
 #include "ringattn/errors.hpp"
 
@@ -78,14 +78,12 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
   if (p.fused && p.head_dim <= 128) require_bulk_aligned_dq(p.dq, "the Hopper backward");
   if (p.fused && p.wide && p.head_dim == 128) {
     a.work.block_rows = 2 * hopper::kRows;
-    hopper::launch_fused_wide_backward(p.head_dim, p.elem, a,
-                                       hopper::dense_grid(p, p.kv_heads, 2 * hopper::kRows),
-                                       stream);
+    hopper::launch_fused_wide_backward(
+        p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads, 2 * hopper::kRows), stream);
     return;
   }
   if (p.fused && p.head_dim <= 128) {
-    hopper::launch_fused_backward(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads),
-                                  stream);
+    hopper::launch_fused_backward(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads), stream);
     return;
   }
   hopper::launch_backward_pass<true>(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads),

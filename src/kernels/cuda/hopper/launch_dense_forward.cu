@@ -1,13 +1,13 @@
-// The Hopper dense forward (see hopper/dense_forward.hpp): hopper/forward_kernel.cuh's body over
+// The Hopper dense forward (see hopper/dense_forward.hpp): hopper/forward_mainloop.cuh's body over
 // hopper/work_dense.cuh's DenseWork, a block per (64-row query tile, head, batch), or (at
 // D = 256, or as RINGATTN_HOPPER_PINGPONG says) its ping-pong kernel, a block per 128 rows.
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/hopper/work_dense.cuh"
 #include "kernels/cuda/hopper/dense_forward.hpp"
-#include "kernels/cuda/hopper/forward_kernel.cuh"
+#include "kernels/cuda/hopper/forward_launch.cuh"
+#include "kernels/cuda/hopper/work_dense.cuh"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -46,12 +46,18 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t stream) {
 
 const char* to_string(HopperForwardForm f) {
   switch (f) {
-    case HopperForwardForm::plain: return "plain";
-    case HopperForwardForm::overlap: return "overlap";
-    case HopperForwardForm::qregs: return "Q in registers";
-    case HopperForwardForm::pingpong64: return "ping-pong 64";
-    case HopperForwardForm::pingpong128: return "ping-pong 128";
-    case HopperForwardForm::rule: break;
+    case HopperForwardForm::plain:
+      return "plain";
+    case HopperForwardForm::overlap:
+      return "overlap";
+    case HopperForwardForm::qregs:
+      return "Q in registers";
+    case HopperForwardForm::pingpong64:
+      return "ping-pong 64";
+    case HopperForwardForm::pingpong128:
+      return "ping-pong 128";
+    case HopperForwardForm::rule:
+      break;
   }
   return "by rule";
 }
@@ -68,10 +74,12 @@ bool hopper_qregs_forced() { return hopper::qregs_chosen(); }
 
 bool hopper_forward_forms_timed(bool deterministic, bool automatic) {
   // Every switch is read (and a bad value refused) before any rule applies.
-  const bool user_chose = !hopper::hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}).empty() ||
-                          !hopper::hopper_switch("RINGATTN_HOPPER_QREGS", {"0", "1"}).empty() ||
-                          !hopper::hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"}).empty();
-  [[maybe_unused]] const bool asked = hopper::hopper_switch("RINGATTN_HOPPER_FWD", {"auto"}) == "auto";
+  const bool user_chose =
+      !hopper::hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}).empty() ||
+      !hopper::hopper_switch("RINGATTN_HOPPER_QREGS", {"0", "1"}).empty() ||
+      !hopper::hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"}).empty();
+  [[maybe_unused]] const bool asked =
+      hopper::hopper_switch("RINGATTN_HOPPER_FWD", {"auto"}) == "auto";
   if (deterministic || !automatic || user_chose) return false;  // the user chose a form
 #if RINGATTN_CUDA_EMULATION
   return asked;

@@ -1,11 +1,11 @@
-// The Hopper block-sparse backward (see hopper/sparse_backward.hpp): hopper/backward_kernels.cuh's two
-// passes over hopper/work_sparse.cuh's SparseWork (dQ) and SparseKeyWork (dK/dV), in the
-// native sparse_backward's order.
+// The Hopper block-sparse backward (see hopper/sparse_backward.hpp): hopper/backward_mainloop.cuh's
+// two passes over hopper/work_sparse.cuh's SparseWork (dQ) and SparseKeyWork (dK/dV), in the native
+// sparse_backward's order.
 #include <limits>
 #include <string>
 
+#include "kernels/cuda/hopper/backward_launch.cuh"
 #include "kernels/cuda/hopper/dense_backward.hpp"  // require_bulk_aligned_dq
-#include "kernels/cuda/hopper/backward_kernels.cuh"
 #include "kernels/cuda/hopper/sparse_backward.hpp"
 #include "kernels/cuda/hopper/work_sparse.cuh"
 #include "ringattn/errors.hpp"
@@ -32,11 +32,10 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
     throw RuntimeFailure("the Hopper block-sparse backward cannot run: " + why);
   if (p.n_q_items == 0 && p.n_k_items == 0) return;
   const hopper::KeyGeometry kv = hopper::key_geometry(s);
-  const TmaDesc maps[4] = {
-      hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
-      hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
-      hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
-      hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim)};
+  const TmaDesc maps[4] = {hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
+                           hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
+                           hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
+                           hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim)};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
   fused = fused && p.head_dim <= 128 && p.n_k_items > 0;
   wide = wide && fused && p.head_dim == 128;
@@ -53,20 +52,20 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
   if (p.n_k_items > 0) {
     const auto a = hopper::backward_args(
         maps, p, 1.0f, 1.0f,
-        hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.lse_stride,
-                              s.seq_len, s.heads, kv.heads, p.head_dim, kv.seq_len, p.causal,
-                              p.window_left, p.window_right, reach.left, reach.right});
+        hopper::SparseKeyWork{p.k_tiles, p.query_spans, p.k_items, p.lse_stride, s.seq_len, s.heads,
+                              kv.heads, p.head_dim, kv.seq_len, p.causal, p.window_left,
+                              p.window_right, reach.left, reach.right});
     if (wide) {
       auto w = a;
       w.work.block_rows = 2 * hopper::kRows;
-      hopper::launch_fused_wide_backward(p.head_dim, e, w,
-                                         dim3(static_cast<unsigned>(p.n_k_items)), stream);
+      hopper::launch_fused_wide_backward(p.head_dim, e, w, dim3(static_cast<unsigned>(p.n_k_items)),
+                                         stream);
     } else if (fused)
       hopper::launch_fused_backward(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
                                     stream);
     else
-      hopper::launch_backward_pass<true>(p.head_dim, e, a,
-                                         dim3(static_cast<unsigned>(p.n_k_items)), stream);
+      hopper::launch_backward_pass<true>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
+                                         stream);
   }
 }
 

@@ -1,10 +1,10 @@
-// The Hopper block-sparse forward (see hopper/sparse_forward.hpp): hopper/forward_kernel.cuh's body
-// over hopper/work_sparse.cuh's SparseWork, a block per work item (64 rows of a query tile)
+// The Hopper block-sparse forward (see hopper/sparse_forward.hpp): hopper/forward_mainloop.cuh's
+// body over hopper/work_sparse.cuh's SparseWork, a block per work item (64 rows of a query tile)
 // walking the tile's key spans.
 #include <limits>
 #include <string>
 
-#include "kernels/cuda/hopper/forward_kernel.cuh"
+#include "kernels/cuda/hopper/forward_launch.cuh"
 #include "kernels/cuda/hopper/sparse_forward.hpp"
 #include "kernels/cuda/hopper/work_sparse.cuh"
 #include "ringattn/errors.hpp"

@@ -1,12 +1,12 @@
-// The Hopper backward over SubseqTasks (see hopper/task_backward.hpp): hopper/backward_kernels.cuh's two
-// passes over hopper/work_tasks.cuh's TaskWork and TaskKeyWork, through tensor maps of each
-// launch's query and key views.
+// The Hopper backward over SubseqTasks (see hopper/task_backward.hpp):
+// hopper/backward_mainloop.cuh's two passes over hopper/work_tasks.cuh's TaskWork and TaskKeyWork,
+// through tensor maps of each launch's query and key views.
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/hopper/backward_launch.cuh"
 #include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_key_items over one list
-#include "kernels/cuda/hopper/backward_kernels.cuh"
 #include "kernels/cuda/hopper/task_backward.hpp"
 #include "kernels/cuda/hopper/work_tasks.cuh"
 #include "ringattn/errors.hpp"
@@ -67,16 +67,15 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
     if (fused) break;  // the k groups' launches add dQ
     if (g.n_items == 0) continue;
     const hopper::TaskWork work{
-        p.tasks,  p.q_items + g.item0, nullptr,    nullptr,  rows,     kv_rows,  s.heads,
-        s.kv_heads, s.head_dim,        g.q_step,   g.k_step, p.causal, 1.0f};
+        p.tasks,    p.q_items + g.item0, nullptr,  nullptr,  rows,     kv_rows, s.heads,
+        s.kv_heads, s.head_dim,          g.q_step, g.k_step, p.causal, 1.0f};
     hopper::launch_backward_pass<false>(s.head_dim, e, maps(g, work),
                                         dim3(static_cast<unsigned>(g.n_items)), stream);
   }
   for (const HopperTaskGroup& g : k_groups) {
     if (g.n_items == 0) continue;
-    const hopper::TaskKeyWork work{p.tasks,   p.k_items + g.item0, rows,     kv_rows,
-                                   s.heads,   s.kv_heads,          s.head_dim, g.q_step,
-                                   g.k_step,  p.causal};
+    const hopper::TaskKeyWork work{p.tasks,    p.k_items + g.item0, rows,     kv_rows,  s.heads,
+                                   s.kv_heads, s.head_dim,          g.q_step, g.k_step, p.causal};
     if (wide) {
       hopper::TaskKeyWork wide_work = work;
       wide_work.block_rows = 2 * hopper::kRows;

@@ -1,15 +1,14 @@
-// The Hopper forward over SubseqTasks (see hopper/task_forward.hpp): hopper/forward_kernel.cuh's body
-// over hopper/work_tasks.cuh's TaskWork, a block per work item (64 query rows of a task)
+// The Hopper forward over SubseqTasks (see hopper/task_forward.hpp): hopper/forward_mainloop.cuh's
+// body over hopper/work_tasks.cuh's TaskWork, a block per work item (64 query rows of a task)
 // walking the keys those rows can see, through tensor maps of the launch's query and key
 // views; and the grouping of items by view that every task launch needs.
-#include "kernels/cuda/hopper/task_forward.hpp"
-
 #include <limits>
 #include <map>
 #include <string>
 #include <tuple>
 
-#include "kernels/cuda/hopper/forward_kernel.cuh"
+#include "kernels/cuda/hopper/forward_launch.cuh"
+#include "kernels/cuda/hopper/task_forward.hpp"
 #include "kernels/cuda/hopper/work_tasks.cuh"
 #include "ringattn/errors.hpp"
 
@@ -64,9 +63,9 @@ std::string hopper_task_groups(std::span<const SubseqTask> tasks,
       return why;
     if (t.n_k > 0) {
       const bool packed = s.kv_rows > 0;
-      if (std::string why = view_of(t.k_row0, t.k_stride, t.n_k, s, s.kv_heads,
-                                    packed ? 1 : s.batch, packed ? s.kv_rows : s.seq_len, "key",
-                                    std::get<2>(key), std::get<3>(key));
+      if (std::string why =
+              view_of(t.k_row0, t.k_stride, t.n_k, s, s.kv_heads, packed ? 1 : s.batch,
+                      packed ? s.kv_rows : s.seq_len, "key", std::get<2>(key), std::get<3>(key));
           !why.empty())
         return why;
     } else {

@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) block-sparse backward: the Hopper backward's two passes
-// (hopper/backward_kernels.cuh: TMA, mbarriers, wgmma) walking the native block-sparse backward's
+// (hopper/backward_mainloop.cuh: TMA, mbarriers, wgmma) walking the native block-sparse backward's
 // lists (native/sparse.hpp): the dQ pass a block per q_item walking its query tile's key
 // spans, the dK/dV pass a block per k_item walking its key tile's query spans. Same contract
 // as sparse_backward: dq, dk and dv fp32 and added into (+=), delta = rowsum(out ∘ dout) laid

@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) block-sparse forward: the Hopper forward's body (TMA, mbarriers, wgmma;
-// hopper/forward_kernel.cuh) walking the native block-sparse forward's lists instead of a dense
+// hopper/forward_mainloop.cuh) walking the native block-sparse forward's lists instead of a dense
 // key range. It takes sparse_forward's own parameters (native/sparse.hpp: work items over
 // SparseQueryTiles, whose KeySpans name the K/V rows with their causal offsets, the window in
 // span units, write or log-sum-exp merge) and gives the same out and lse; its producer loads
@@ -16,9 +16,9 @@
 
 #include <string>
 
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
 #include "kernels/cuda/native/sparse.hpp"
+#include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda {
 

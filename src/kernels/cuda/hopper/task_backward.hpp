@@ -1,6 +1,6 @@
 // The Hopper (sm_90a) backward over the native backward's own work (FlashBackwardParams:
 // SubseqTasks, q_items for the dQ pass, k_items for the dK/dV pass, the pass's out_scale and
-// dout_scale), so dilated patterns' strided views are read in place: hopper/backward_kernels.cuh's
+// dout_scale), so dilated patterns' strided views are read in place: hopper/backward_mainloop.cuh's
 // two passes over hopper/work_tasks.cuh's TaskWork (dQ) and TaskKeyWork (dK/dV), one launch
 // per group of items sharing a (query view, key view), as hopper_task_forward
 // (hopper_task_groups orders both item lists). Same contract as flash_backward: dq, dk and
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/hopper/task_forward.hpp"
+#include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda {
 

@@ -2,7 +2,7 @@
 // and key views into [B, N, H, D] q and [B, N, HKV, D] k, v, so dilated patterns are read in
 // place, each with its causal offset and window) and ForwardItems, with write or log-sum-exp
 // merge and out_scale, as FlashForwardParams gives them to the native forward. The body is
-// hopper/forward_kernel.cuh's. TMA reads a strided view through a tensor map of exactly its rows
+// hopper/forward_mainloop.cuh's. TMA reads a strided view through a tensor map of exactly its rows
 // (rows phase, phase + step, ... of each batch), so one launch covers the items whose tasks
 // share a query view (step, phase) and a key view: hopper_task_groups orders a pass's items
 // into such groups once, on the host, and hopper_task_forward launches once per group.
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
+#include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda {
 

@@ -3,7 +3,7 @@
 // memory (mbarriers, tiles loaded once, a two-stage ring of tile pairs), the producer's TMA
 // loads, the two wgmma products (a 64 × 64 tile from two K-major tiles; a 64 × D tile from a
 // register tile and an N-major one), the accumulator's layout, the tensor maps and the
-// (head dim, dtype) launch switch. The forward (hopper/forward_kernel.cuh) and the backward
+// (head dim, dtype) launch switch. The forward (hopper/forward_mainloop.cuh) and the backward
 // (hopper/launch_dense_backward.cu) are written against these.
 //
 // Shared memory, from a 1024-byte aligned base: the mbarriers (resident, full[stages],
@@ -19,10 +19,10 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/device_seam.cuh"
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/params.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "ringattn/errors.hpp"
 
 #if !RINGATTN_CUDA_EMULATION

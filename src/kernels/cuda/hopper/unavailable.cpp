@@ -1,7 +1,7 @@
-// hopper/dense_forward.hpp, hopper/dense_backward.hpp, hopper/sparse_forward.hpp, hopper/sparse_backward.hpp,
-// hopper/task_forward.hpp and hopper/task_backward.hpp in a build whose CUDA toolkit is older than
-// 12.5: the kernels are not built, and the plans run the native kernels with this reason as
-// their note.
+// hopper/dense_forward.hpp, hopper/dense_backward.hpp, hopper/sparse_forward.hpp,
+// hopper/sparse_backward.hpp, hopper/task_forward.hpp and hopper/task_backward.hpp in a build whose
+// CUDA toolkit is older than 12.5: the kernels are not built, and the plans run the native kernels
+// with this reason as their note.
 #include <string>
 #include <vector>
 

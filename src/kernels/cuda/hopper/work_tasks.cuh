@@ -9,8 +9,8 @@
 #include <cstdint>
 
 #include "kernels/cpu_flash.hpp"
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/hopper/tiles.cuh"
+#include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda::hopper {
 

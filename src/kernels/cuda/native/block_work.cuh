@@ -11,8 +11,8 @@
 #include "kernels/cpu_block_sparse.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cuda/device_seam.cuh"
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/native/sparse.hpp"
+#include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda {
 

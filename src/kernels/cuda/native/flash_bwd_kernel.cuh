@@ -9,8 +9,8 @@
 #pragma once
 
 #include "kernels/cuda/native/block_work.cuh"
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/native/flash_tiles.cuh"
+#include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda {
 

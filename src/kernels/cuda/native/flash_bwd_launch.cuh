@@ -2,9 +2,9 @@
 // pass over key items, on one stream (they write disjoint outputs; order does not matter).
 #pragma once
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/native/flash_bwd_kernel.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

@@ -2,9 +2,9 @@
 // run-time shape picks a kernel (the BOOL_SWITCH habit of STYLE.md, for two enums).
 #include <algorithm>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/native/flash.hpp"
 #include "kernels/cuda/native/head_dim_switch.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

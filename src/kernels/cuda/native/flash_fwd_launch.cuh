@@ -2,9 +2,9 @@
 // item, dynamic shared memory raised past 48 KiB once per instantiation, launch checked.
 #pragma once
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/native/flash_fwd_kernel.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

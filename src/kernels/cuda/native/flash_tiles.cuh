@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "kernels/cuda/native/block_work.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/native/block_work.cuh"
 #include "kernels/cuda/tiles.hpp"
 
 namespace ringattn::kernels::cuda {

@@ -3,11 +3,11 @@
 // simple_rows.cuh over a task's one run. Each lane holds up to 8 of the row's columns (head
 // dim <= 256, any value); dot products are warp reductions and the softmax is online, key by
 // key. Same contract and results as the CPU kernels; not fast.
-#include "kernels/cuda/native/block_work.cuh"
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/native/block_work.cuh"
 #include "kernels/cuda/native/flash.hpp"
 #include "kernels/cuda/native/simple_rows.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

@@ -6,8 +6,8 @@
 
 #include <cmath>
 
-#include "kernels/cuda/native/block_work.cuh"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/native/block_work.cuh"
 #include "kernels/cuda/tiles.hpp"
 
 namespace ringattn::kernels::cuda::simple {

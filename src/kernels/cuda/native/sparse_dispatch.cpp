@@ -3,9 +3,9 @@
 // flash kernels.
 #include <algorithm>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/native/head_dim_switch.hpp"
 #include "kernels/cuda/native/sparse.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

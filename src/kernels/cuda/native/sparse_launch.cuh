@@ -3,10 +3,10 @@
 // every launch: the attribute is per device), each launch checked.
 #pragma once
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/native/sparse_bwd_kernel.cuh"
 #include "kernels/cuda/native/sparse_fwd_kernel.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

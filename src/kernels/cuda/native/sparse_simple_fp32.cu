@@ -4,11 +4,11 @@
 // holds up to 8 of the row's columns (head dim <= 256, any value); dot products are warp
 // reductions and the softmax is online. Same contract and results as the CPU block-sparse
 // kernels; not fast.
-#include "kernels/cuda/native/block_work.cuh"
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/native/block_work.cuh"
 #include "kernels/cuda/native/simple_rows.cuh"
 #include "kernels/cuda/native/sparse.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

@@ -1,8 +1,9 @@
 // The device forms of the attention sinks' epilogue and gradient (kernels/attention_sinks.hpp)
 // over device_ops' kernels.
 #include "kernels/attention_sinks.hpp"
-#include "kernels/cuda/runtime/cuda_check.hpp"
+
 #include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 namespace {

@@ -2,11 +2,11 @@
 // device_ops.hpp).
 #include <cmath>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
-#include "kernels/cuda/ops/launch_shape.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/ops/launch_shape.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 
@@ -26,8 +26,7 @@ __global__ void floats_to_elem_kernel(const float* src, T* dst, int64_t n, float
 }
 
 template <typename T>
-__global__ void elem_to_floats_kernel(const T* src, float* dst, int64_t n, bool add,
-                                      float scale) {
+__global__ void elem_to_floats_kernel(const T* src, float* dst, int64_t n, bool add, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dst[i] = add ? dst[i] + to_float(src[i]) * scale : to_float(src[i]) * scale;

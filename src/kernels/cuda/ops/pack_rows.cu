@@ -2,11 +2,11 @@
 // and returned dK/dV partials added back into their rows.
 #include <cmath>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
-#include "kernels/cuda/ops/launch_shape.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/ops/launch_shape.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

@@ -2,11 +2,11 @@
 // device_ops.hpp): fills, scales, 2-D adds, the row sums D = rowsum(out * dout).
 #include <cmath>
 
-#include "kernels/cuda/runtime/cuda_check.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
-#include "kernels/cuda/ops/launch_shape.cuh"
 #include "kernels/cuda/elem_type.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/ops/launch_shape.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 
 namespace ringattn::kernels::cuda {
 

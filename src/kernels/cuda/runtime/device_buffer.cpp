@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/runtime/device_memory.hpp"
-#include "kernels/cuda/params.hpp"
 #include "kernels/cuda/runtime/host_convert.hpp"
 #include "ringattn/device.hpp"
 #include "ringattn/errors.hpp"

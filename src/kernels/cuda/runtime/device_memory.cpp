@@ -1,8 +1,6 @@
 // The per-device stream-ordered pools and their accounting (see device_memory.hpp).
 #include "kernels/cuda/runtime/device_memory.hpp"
 
-#include "kernels/cuda/runtime/device_wait.hpp"
-
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cuda/runtime/cuda_check.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/runtime/stream_order.hpp"
 #include "ringattn/errors.hpp"
 

@@ -189,8 +189,8 @@ void wait_for_stream(cudaStream_t stream, const char* what, double timeout_s) {
 
 void wait_for_event(cudaEvent_t event, cudaStream_t stream, const char* what, double timeout_s) {
   if (timeout_s < 0) timeout_s = stream_timeout(stream);
-  poll([&] { return finished(cudaEventQuery(event), "cudaEventQuery"); }, current_device(),
-       stream, what, timeout_s);
+  poll([&] { return finished(cudaEventQuery(event), "cudaEventQuery"); }, current_device(), stream,
+       what, timeout_s);
 }
 
 void plant_hang_if_asked(cudaStream_t stream) {

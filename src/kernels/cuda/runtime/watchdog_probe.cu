@@ -1,8 +1,8 @@
 // The watchdog's probe (see device_wait.hpp): one warp whose first thread spins on a flag in
 // device memory until the host sets it. The watchdog's tests plant it where a kernel never
 // finishes; nothing else launches it.
-#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/runtime/device_wait.hpp"
 
 namespace ringattn::kernels::cuda {

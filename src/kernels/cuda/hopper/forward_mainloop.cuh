@@ -1,9 +1,10 @@
-// The Hopper (sm_90a) forward kernel's body, written once for every kind of work: the dense
-// forward (hopper/launch_dense_forward.cu) and the block-sparse one (hopper/launch_sparse_forward.cu) differ only in the
-// `Work` they instantiate it with, which says which Q tile a block loads, where its rows'
-// results go, which K/V tiles it walks and how far each row reaches. The online softmax and
-// the epilogue (write, or merge by log-sum-exp) are here; the pipeline's pieces (producer,
-// K/V ring under mbarriers, wgmma products) are hopper/tiles.cuh's.
+// The Hopper (sm_90a) forward kernels' main loops, written once for every kind of work: the dense
+// forward (hopper/launch_dense_forward.cu) and the block-sparse one
+// (hopper/launch_sparse_forward.cu) differ only in the `Work` they instantiate it with, which says
+// which Q tile a block loads, where its rows' results go, which K/V tiles it walks and how far each
+// row reaches. The online softmax is hopper/forward_softmax.cuh's, the epilogue (write, or merge by
+// log-sum-exp) hopper/forward_epilogue.cuh's, the pipeline's pieces (producer, K/V ring under
+// mbarriers, wgmma products) hopper/tiles.cuh's.
 //
 // Block: warpgroup 0 produces (one thread issues the TMA loads), warpgroup 1 consumes a
 // 64-row Q tile (resident) against 64-key K/V tiles (the ring's tensors 0 and 1).
@@ -15,6 +16,8 @@
 #include <string>
 
 #include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
+#include "kernels/cuda/hopper/forward_epilogue.cuh"
+#include "kernels/cuda/hopper/forward_softmax.cuh"
 #include "kernels/cuda/hopper/tiles.cuh"
 
 namespace ringattn::kernels::cuda::hopper {
@@ -26,125 +29,6 @@ struct Args {
   bool accumulate;  // merge into (out, lse) by log-sum-exp instead of writing them
   Work work;
 };
-
-// One online-softmax step over kTiles key tiles (the first n_tiles of them walked; the rest
-// masked whole) for a lane's two rows (index r = 0, 1, reaching `reach`): sc[u] holds
-// S = Q·Kᵀ of tile u on entry and P on return (scaled to the log2 domain, columns outside
-// the row's reach masked, exponentiated against the new running max); m and l, the running
-// max and sum, are updated and o is rescaled by exp2(m_old - m_new), once per step.
-template <int kD, int kTiles>
-__device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Reach (&reach)[2],
-                                              const KeyTile (&t)[kTiles], int n_tiles, int lane,
-                                              float scale_log2, float (&m)[2], float (&l)[2],
-                                              float (&o)[kD / 2]) {
-  float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int u = 0; u < kTiles; ++u) {
-    // Scores in the log2 domain; columns outside the row's reach are masked.
-    Reach cols[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) cols[r] = u < n_tiles ? columns_of(reach[r], t[u]) : Reach{0, 0};
-    // Most tiles lie wholly inside both rows' reach: no per-column compare there.
-    if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        sc[u][i] *= scale_log2;
-        tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[u][i]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int r = acc_row(i), col = acc_col(i, lane);
-        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[u][i] * scale_log2;
-        sc[u][i] = x;
-        tile_max[r] = fmaxf(tile_max[r], x);
-      }
-    }
-  }
-  float corr[2], base_m[2], tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-    const float m_new = fmaxf(m[r], tile_max[r]);
-    base_m[r] = m_new == -INFINITY ? 0.0f : m_new;
-    corr[r] = exp2f(m[r] - base_m[r]);  // 0 while m was -inf
-    m[r] = m_new;
-  }
-#pragma unroll
-  for (int u = 0; u < kTiles; ++u)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = acc_row(i);
-      sc[u][i] = exp2f(sc[u][i] - base_m[r]);
-      tile_sum[r] += sc[u][i];
-    }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + tile_sum[r];
-#pragma unroll
-  for (int i = 0; i < kD / 2; ++i) o[i] *= corr[acc_row(i)];
-}
-
-// The one-tile step: softmax_tiles over `t` alone.
-template <int kD>
-__device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reach)[2],
-                                             const KeyTile& t, int lane, float scale_log2,
-                                             float (&m)[2], float (&l)[2], float (&o)[kD / 2]) {
-  const KeyTile one[1] = {t};
-  softmax_tiles<kD, 1>(reinterpret_cast<float(&)[1][32]>(sc), reach, one, 1, lane, scale_log2, m, l,
-                       o);
-}
-
-// The epilogue of a lane's two rows, local0 and local0 + 8 of the block's (`qr`): out = o / l
-// and lse = (m + log2 l)·ln 2, written, or (accumulate) merged into the (out, lse) already
-// there as merge_lse_row does. Rows at or past qr.rows are left alone.
-template <int kD>
-__device__ __forceinline__ void write_rows(bool accumulate, const QueryRows& qr, int local0,
-                                           const float (&o)[kD / 2], float (&m)[2], float (&l)[2],
-                                           int lane) {
-  // Every lane of a row reads the old lse before the row's first lane writes the new one.
-  float row_lse[2], inv[2], old_lse[2];
-  bool valid[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    valid[r] = local0 + 8 * r < qr.rows;
-    row_lse[r] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2f : -INFINITY;
-    inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    old_lse[r] = accumulate && valid[r]
-                     ? qr.lse[static_cast<int64_t>(local0 + 8 * r) * qr.lse_stride]
-                     : -INFINITY;
-  }
-  __syncwarp();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (!valid[r]) continue;
-    const int64_t row = local0 + 8 * r;
-    float ca = 0.0f, cb = accumulate ? inv[r] : inv[r] * qr.out_scale, new_lse = row_lse[r];
-    if (accumulate) {
-      if (row_lse[r] == -INFINITY) continue;  // nothing to add
-      if (old_lse[r] != -INFINITY) {
-        const float mx = fmaxf(old_lse[r], row_lse[r]);
-        const float wa = expf(old_lse[r] - mx), wb = expf(row_lse[r] - mx);
-        const float norm = 1.0f / (wa + wb);
-        ca = wa * norm;
-        cb = wb * norm * inv[r];
-        new_lse = mx + logf(wa + wb);
-      }
-    }
-    float* out = qr.out + row * qr.out_stride;
-#pragma unroll
-    for (int i = 0; i < kD / 2; ++i) {
-      if (acc_row(i) != r) continue;
-      float& x = out[acc_col(i, lane)];
-      const float mine = o[i] * cb;
-      x = ca == 0.0f ? mine : ca * x + mine;
-    }
-    if (lane % 4 == 0) qr.lse[row * qr.lse_stride] = new_lse;
-  }
-}
-
 // kOverlap: the next tile's S = Q·Kᵀ is issued before this tile's softmax and runs under it
 // (FlashAttention-3's intra-warpgroup overlap), at the cost of a second 64 × 64 score tile in
 // registers; without it each product is waited for before the softmax. kQRegs (D <= 128): the
@@ -327,70 +211,6 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 #else
   (void)p;
 #endif
-}
-
-// Whether the forward overlaps the next tile's S = Q·Kᵀ with this tile's softmax (D <= 128):
-// only with RINGATTN_HOPPER_OVERLAP=1 (read once). With two blocks per SM the plain loop is
-// faster (docs/PERFORMANCE.md): the two blocks' own interleaving already hides the softmax,
-// and the second score tile costs registers and a wait on both products.
-inline bool overlap_chosen() {
-  static const bool on = hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}) == "1";
-  return on;
-}
-
-// The forward's (head dim, dtype, overlap, Q in registers) switch: as `form` names it (plain,
-// overlap or qregs), or by rule (the environment's choice).
-template <class Work>
-void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
-                cudaStream_t stream, HopperForwardForm form = HopperForwardForm::rule) {
-  const bool by_rule = form == HopperForwardForm::rule;
-  const bool overlap = by_rule ? overlap_chosen() : form == HopperForwardForm::overlap;
-  const bool qregs = by_rule ? qregs_chosen() : form == HopperForwardForm::qregs;
-  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
-    const int smem = static_cast<int>(smem_bytes(kD, 1));
-    if constexpr (kD <= 128) {  // at D = 256 the second score tile would spill (ptxas)
-      if (overlap) {
-        launch(name, &hopper_fwd_kernel<kD, kBf16, Work, true>, a, grid, smem, stream);
-        return;
-      }
-      if (qregs) {
-        launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false, true>, a, grid, smem, stream);
-        return;
-      }
-    }
-    launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false>, a, grid, smem, stream);
-  });
-}
-
-// Which ping-pong forward the dense forward runs at head dim `head_dim`: 0, none; 1, 64-key
-// steps; 2, 128-key steps (at D = 256, whose four stages would not fit shared memory, 64-key
-// steps). By default 1 at D = 256 and 0 below, where each is the faster form
-// (docs/PERFORMANCE.md). RINGATTN_HOPPER_PINGPONG=0, 1 or 2 sets it at every head dim.
-// The variable is read once.
-inline int pingpong_chosen(int head_dim) {
-  static const int forced = [] {
-    const std::string s = hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"});
-    return s.empty() ? -1 : s[0] - '0';
-  }();
-  if (forced >= 0) return forced;
-  return head_dim == 256 ? 1 : 0;
-}
-
-// The ping-pong forward's (head dim, dtype, step) switch, over a grid of 128-row blocks.
-template <class Work>
-void launch_pingpong(int head_dim, Elem elem, int step, const char* name, const Args<Work>& a,
-                     dim3 grid, cudaStream_t stream) {
-  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
-    if constexpr (kD <= 128) {
-      if (step == 2) {
-        launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work, 2>, a, grid,
-               static_cast<int>(smem_bytes(kD, 2, 4)), stream, kPingPongThreads);
-        return;
-      }
-    }
-    launch(name, &hopper_fwd_pingpong_kernel<kD, kBf16, Work, 1>, a, grid,
-           static_cast<int>(smem_bytes(kD, 2, 2)), stream, kPingPongThreads);
-  });
 }
 
 }  // namespace ringattn::kernels::cuda::hopper

@@ -1,11 +1,14 @@
-// The Hopper (sm_90a) backward kernels' bodies, written once for every kind of work: the
-// dense backward (hopper/launch_dense_backward.cu), the block-sparse one (hopper/launch_sparse_backward.cu) and the task
-// one differ only in the `Work` of each pass, which says which tile a block keeps resident,
-// where its rows' lse, delta and gradients are, which tiles of the other side it walks (and
-// where their lse and delta are) and how far each row reaches. P and dS are recomputed from
-// the forward's lse as FlashAttention-2 does (docs/SEMANTICS.md) and sit in registers, in
-// wgmma's accumulator layout, until they are wgmma's register A: nothing is transposed in
-// shared memory. Each gradient element has one writer, so the result is deterministic.
+// The Hopper (sm_90a) backward kernels' main loops, written once for every kind of work: the
+// dense backward (hopper/launch_dense_backward.cu), the block-sparse one
+// (hopper/launch_sparse_backward.cu) and the task one differ only in the `Work` of each pass,
+// which says which tile a block keeps resident, where its rows' lse, delta and gradients are,
+// which tiles of the other side it walks (and where their lse and delta are) and how far each
+// row reaches. P and dS are recomputed from the forward's lse as FlashAttention-2 does
+// (docs/SEMANTICS.md; hopper/backward_softmax.cuh) and sit in registers, in wgmma's
+// accumulator layout, until they are wgmma's register A: nothing is transposed in shared
+// memory. The epilogues are hopper/backward_epilogue.cuh's. In the two passes each gradient
+// element has one writer, so the result is deterministic; the fused kernels add dQ by bulk
+// reductions.
 #pragma once
 
 #include <cmath>
@@ -13,121 +16,10 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/hopper/backward_epilogue.cuh"
 #include "kernels/cuda/hopper/tiles.cuh"
 
 namespace ringattn::kernels::cuda::hopper {
-
-// One pass's launch: the tensors as maps, the scalars, the gradients (fp32, added into) and
-// the pass's work. The stored out and dout may be scaled (a dilated pass's): true O =
-// out / out_scale and true dO = dout · dout_scale, so dP and dV take dout_scale and delta
-// (rowsum(out ∘ dout)) takes delta_factor = dout_scale / out_scale.
-template <class Work>
-struct BackwardArgs {
-  TmaDesc q, k, v, dout;
-  float scale_log2, scale;
-  float dout_scale, delta_factor;
-  const float* lse;
-  const float* delta;
-  float *dq, *dk, *dv;
-  Work work;
-};
-
-// A pass's arguments: the q, k, v, dout tensor maps, the params' scale and tensors (any
-// backward params with scale, lse, delta, dq, dk, dv), the pass's dout scale and delta
-// factor, and its work.
-template <class Work, class Params>
-BackwardArgs<Work> backward_args(const TmaDesc (&maps)[4], const Params& p, float dout_scale,
-                                 float delta_factor, const Work& work) {
-  return {maps[0], maps[1], maps[2], maps[3], p.scale * kLog2ef, p.scale, dout_scale,
-          delta_factor, p.lse, p.delta, p.dq, p.dk, p.dv, work};
-}
-
-// Whether column `col` of a tile lies in a row's visible columns.
-__device__ __forceinline__ bool seen(const Reach& cols, int col) {
-  return col >= cols.lo && col < cols.hi;
-}
-
-// lse in the log2 domain, +inf for a query that saw nothing (so that P = 0).
-__device__ __forceinline__ float lse_log2(const float* lse, int64_t at) {
-  const float x = lse[at];
-  return x == -INFINITY ? INFINITY : x * kLog2ef;
-}
-
-// Adds this lane's rows of the block's 64 × kD accumulator, times `factor`, into `g`'s rows
-// `rows` (element offsets) for the block's `count` rows.
-template <int kD>
-__device__ __forceinline__ void add_rows(float* g, const float (&acc)[kD / 2], float factor,
-                                         const Strided& rows, int count, int local0, int lane) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int local = local0 + 8 * r;
-    if (local >= count) continue;
-    float* row = g + rows.at + local * rows.stride;
-#pragma unroll
-    for (int i = 0; i < kD / 2; ++i)
-      if (acc_row(i) == r) row[acc_col(i, lane)] += acc[i] * factor;
-  }
-}
-
-// Where a walked query tile's per-column lse (log2 domain) and delta (times delta_factor) come
-// from. GlobalColumnStats: global memory at the work's stats rows, each lane loading its own
-// columns where one of its rows sees them (hopper_bwd_dkdv_kernel). StagedColumnStats: the
-// stage's copy that the fused kernel's stats warp wrote (stage_stats), read unguarded.
-template <class Work>
-struct GlobalColumnStats {
-  const BackwardArgs<Work>& p;
-  Strided rows;
-  __device__ __forceinline__ float lse2(int col, bool seen) const {
-    return seen ? lse_log2(p.lse, rows.at + col * rows.stride) : INFINITY;
-  }
-  __device__ __forceinline__ float delta(int col, bool seen) const {
-    return seen ? p.delta[rows.at + col * rows.stride] * p.delta_factor : 0.0f;
-  }
-};
-struct StagedColumnStats {
-  SmemPtr<float> lse2s;   // 64 columns
-  SmemPtr<float> deltas;  // 64 columns
-  __device__ __forceinline__ float lse2(int col, bool) const { return lse2s[col]; }
-  __device__ __forceinline__ float delta(int col, bool) const { return deltas[col]; }
-};
-
-// Pᵀ from Sᵀ, in place, in the dK/dV walk's accumulator (rows keys, columns queries): Pᵀ =
-// exp2(Sᵀ·scale·log2e − lse·log2e) per query column, 0 where the query does not see the key.
-// Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. From global memory, lse is
-// loaded at its use: loaded ahead of Sᵀ's product (so that the loads would run under the
-// wgmma), the 16 guarded loads become branches and the whole backward slows down
-// (docs/PERFORMANCE.md).
-template <class Stats>
-__device__ __forceinline__ void probs_t(float (&pt)[32], float scale_log2, const Reach (&cols)[2],
-                                        const Stats& stats, int lane) {
-#pragma unroll
-  for (int c = 0; c < 8; ++c)
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int col = 8 * c + 2 * (lane % 4) + u;
-      const bool seen0 = seen(cols[0], col), seen1 = seen(cols[1], col);
-      const float lse2 = stats.lse2(col, seen0 || seen1);
-      float& p0 = pt[4 * c + u];
-      float& p1 = pt[4 * c + 2 + u];
-      p0 = seen0 ? exp2f(p0 * scale_log2 - lse2) : 0.0f;
-      p1 = seen1 ? exp2f(p1 * scale_log2 - lse2) : 0.0f;
-    }
-}
-
-// dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is).
-template <class Stats>
-__device__ __forceinline__ void grads_t(float (&pt)[32], const float (&dpt)[32], float dout_scale,
-                                        const Reach (&cols)[2], const Stats& stats, int lane) {
-#pragma unroll
-  for (int c = 0; c < 8; ++c)
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int col = 8 * c + 2 * (lane % 4) + u;
-      const float dlt = stats.delta(col, seen(cols[0], col) || seen(cols[1], col));
-      pt[4 * c + u] *= dpt[4 * c + u] * dout_scale - dlt;
-      pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * dout_scale - dlt;
-    }
-}
 
 // Which key-side gradients a dK/dV launch accumulates: both (D <= 128), or at D = 256 one per
 // launch, since dK and dV of 64 × 256 in fp32 would take 256 registers a thread together. The
@@ -199,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     float dpt[32];
     issue_a_bt<kD, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
-    grads_t(pt, dpt, p.dout_scale, cols, stats, lane);  // dSᵀ (0 where Pᵀ is)
+    grads_t(pt, dpt, p.dout_scale, cols, stats, lane);                // dSᵀ (0 where Pᵀ is)
     if constexpr (kDk) product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     ptx::mbarrier_arrive(at(st.empty(s)));
   }
@@ -282,74 +174,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 #endif
 }
 
-// The fused backward: one launch, a block per 64-key tile as hopper_bwd_dkdv_kernel's (K and V
-// resident, the (Q, dO) tiles of every query tile that sees the keys streamed through the
-// ring), which also takes dQ's part from its keys, dQ += dS·K, and adds it into dq with the
-// bulk reduce-add (cp.reduce.async.bulk .add.f32) instead of a second pass that recomputes S
-// and dP (five products a tile pair instead of seven). Blocks add into a dq row in whatever
-// order they reach it, so dq's fp32 sums are not deterministic: `--deterministic` runs the two
-// passes. D <= 128 (at D = 256 dK and dV alone fill the consumer's registers).
-//
-// Per query tile (ring stage s), the consumer warpgroup takes dSᵀ as hopper_bwd_dkdv_kernel
-// does, then stores it as dS (queries × keys, K-major, the 128-byte swizzle: a tile wgmma
-// reads as register A) to shared memory and meets at named barrier kDsReady: dS is whole, and
-// no consumer reads the stage's Q and dO any more. It loads its rows of dS back as register A
-// (then meets at kDsFree, so that the next tile's dS waits for every load of this one) and
-// takes dQ's part 64 columns at a time against the resident K (read N-major). Each part,
-// times the scale, is staged in fp32 over the stage's own two tiles (rows 0-31 over Q's,
-// 32-63 over dO's: 64 × kD × 4 bytes is two tiles), fenced to the async proxy, and the
-// consumers arrive at kDqFull + (tile parity). The drain warp (the producer warpgroup's
-// second) waits there, issues one bulk reduce-add per staged row into dq (lanes take rows
-// lane, lane + 32), waits until the reductions have read the stage and frees it for the
-// producer: the stage's `empty` barrier counts the drain's arrival alone. The parity keeps
-// the consumers' arrivals for tile j + 2 apart from tile j's: they need stage s refilled,
-// which waits for the drain to have taken tile j. At exit the drain waits for its
-// reductions to complete.
-//
-// The stats warp (the producer warpgroup's third) stages each query tile's lse and delta in
-// shared memory beside its Q and dO (stage_stats), so the consumers' softmax makes no global
-// loads: FlashAttention-3's producer loads them with TMA; ringattn's rows of a dilated
-// pattern's lse are strided, so a warp of plain loads serves every Work alike.
-//
-// Shared memory is Stages<kD, 2>'s, one dS box and 1 KiB of stats: 107 KiB at D = 128, so two
-// blocks share an SM (two consumer warpgroups, one block's softmax under the other's products).
-enum FusedBarrier : unsigned { kDsReady = 2, kDqFull = 3 /* and 4 */, kDsFree = 5 };
-constexpr unsigned kConsumerThreads = 128, kDrainThreads = 32;
-
-template <int kD>
-inline constexpr int kFusedBlocksPerSm = 2;
-
-// `x`, its value hidden from the optimiser: the addresses built from it are then built where
-// they are used, each tile, instead of being hoisted out of the walk into registers (dS's 32
-// store addresses a lane spilled at D = 128).
-__device__ __forceinline__ uint32_t opaque(uint32_t x) {
-#if !RINGATTN_CUDA_EMULATION
-  asm volatile("" : "+r"(x));
-#endif
-  return x;
-}
-
-// The fused kernel's shared memory: Stages<kD, 2>'s (two resident tiles, a two-stage ring of
-// two), then the dS tile (one 64 × 64 box), then each stage's column stats (64 lse, 64 delta).
-// `groups` consumer warpgroups of 64 keys each (1, or the wide kernel's 2): 2·groups resident
-// tiles (K's, then V's), the ring's four, a dS box per group.
-__host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups = 1) {
-  return 1024 + static_cast<uint32_t>(2 * groups + 4) * tile_bytes(head_dim);  // from base
-}
-constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
-__host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1) {
-  return smem_bytes(head_dim, 2 * groups) + static_cast<uint32_t>(groups) * kBoxBytes +
-         2 * kStatsStageBytes;
-}
-
-// Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
-// for rows 0-31, its second for 32-63.
-template <int kD, int kResident>
-__device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, int s, int row) {
-  return row < 32 ? st.ring(0, s) + static_cast<uint32_t>(row) * 4u * kD
-                  : st.ring(1, s) + static_cast<uint32_t>(row - 32) * 4u * kD;
-}
-
 // Stores this lane's part of dSᵀ (accumulator layout: rows keys local0, local0 + 8; columns
 // queries) as dS in `tile` (row = query, 64 keys of 2 bytes, K-major, 128-byte swizzle: the
 // 16-byte chunk index of a row XORed with row % 8), rounded to the element type.
@@ -369,71 +193,6 @@ __device__ __forceinline__ void store_ds(uint32_t tile, const float (&dst)[32], 
   }
 }
 
-// dQ's part of a walked query tile, head-dim columns [64·chunk, 64·chunk + 64): dS (this
-// lane's register A fragments `ds`, kKeys / 16 steps of 16 keys: the block's keys) times the
-// resident K (step kk's 16 keys are rows 16(kk % 4).. of resident tile kk / 4, read N-major),
-// waited for, times `scale`, stored in fp32 at stage s's staged rows (staged_row) for the
-// drain warp.
-template <int kKeys, int kD, bool kBf16, int kResident>
-__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, int s,
-                                              const uint32_t (&ds)[kKeys / 16][4], int chunk,
-                                              float scale, int local0, int lane) {
-  const auto sbase = dynamic_smem<float>();
-  const uint32_t sbase_addr = u32(smem_addr(sbase));
-  float dq[32];
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk)
-    ptx::wgmma_rs_tb<64, kBf16>(
-        dq, ds[kk],
-        sw128_desc(opaque(st.resident(kk / 4)) + static_cast<uint32_t>(chunk) * kBoxBytes +
-                       2048u * static_cast<uint32_t>(kk % 4),
-                   kBoxBytes, 1024),
-        kk > 0 ? 1 : 0);
-  ptx::wgmma_commit_group();
-  ptx::wgmma_wait_group<0>();
-  const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + 8 * r;
-    const uint32_t row_at = staged_row(st, s, row) + 256u * static_cast<uint32_t>(chunk);
-    const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
-#pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      if (acc_row(i) != r) continue;
-      const int col = acc_col(i, lane);
-      dst[col] = dq[i] * scale;
-      dst[col + 1] = dq[i + 1] * scale;
-    }
-  }
-}
-
-// The drain warp: for every query tile the block walks (the same walk as the producer's and
-// the consumers'), waits for its staged dQ part (the `consumers` threads' arrivals), adds
-// each row into dq with one bulk reduce-add, and frees the stage; see hopper_bwd_fused_kernel.
-template <int kD, int kResident, class Work>
-__device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
-                                         const Stages<kD, kResident>& st, const QueryRows& kr,
-                                         int lane, unsigned consumers) {
-  constexpr uint32_t kRowBytes = 4u * kD;
-  typename Work::Cursor cursor = p.work.begin(kr);
-  KeyTile t;
-  for (int j = 0; p.work.next(cursor, t); ++j) {
-    const int s = j & 1;
-    int count = 0;
-    const Strided rows = p.work.column_grads(cursor, t, kD, count);
-    ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1), consumers + kDrainThreads);
-    for (int r = lane; r < count; r += 32)
-      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, s, r)),
-                               kRowBytes);
-    ptx::bulk_commit_group();
-    ptx::bulk_wait_group_read<0>();
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(at(st.empty(s)));  // the producer may refill it
-  }
-  ptx::bulk_wait_group<0>();
-}
-
 // The stats warp (the producer warpgroup's third): for every query tile the block walks, once
 // the stage is free (the producer's wait), its columns' lse in the log2 domain (+inf where a
 // query saw nothing) and delta · delta_factor into the stage's stats slot, +inf and 0 past the
@@ -445,9 +204,9 @@ constexpr unsigned kStatsArrivals = 32;
 // Stage s's stats slot (64 lse, then 64 delta), `stats_at` the first slot's shared address.
 __device__ __forceinline__ SmemPtr<float> stats_slot(uint32_t stats_at, int s) {
   const auto sbase = dynamic_smem<float>();
-  return sbase + static_cast<std::ptrdiff_t>(
-                     (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) -
-                      u32(smem_addr(sbase))) / 4);
+  return sbase +
+         static_cast<std::ptrdiff_t>(
+             (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) - u32(smem_addr(sbase))) / 4);
 }
 
 template <int kD, int kResident, class Work>
@@ -493,7 +252,37 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
   grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
   product_rs<kD, kBf16>(dk, pt, q_tile);  // dK += dSᵀ·Q
 }
-
+// The fused backward: one launch, a block per 64-key tile as hopper_bwd_dkdv_kernel's (K and V
+// resident, the (Q, dO) tiles of every query tile that sees the keys streamed through the
+// ring), which also takes dQ's part from its keys, dQ += dS·K, and adds it into dq with the
+// bulk reduce-add (cp.reduce.async.bulk .add.f32) instead of a second pass that recomputes S
+// and dP (five products a tile pair instead of seven). Blocks add into a dq row in whatever
+// order they reach it, so dq's fp32 sums are not deterministic: `--deterministic` runs the two
+// passes. D <= 128 (at D = 256 dK and dV alone fill the consumer's registers).
+//
+// Per query tile (ring stage s), the consumer warpgroup takes dSᵀ as hopper_bwd_dkdv_kernel
+// does, then stores it as dS (queries × keys, K-major, the 128-byte swizzle: a tile wgmma
+// reads as register A) to shared memory and meets at named barrier kDsReady: dS is whole, and
+// no consumer reads the stage's Q and dO any more. It loads its rows of dS back as register A
+// (then meets at kDsFree, so that the next tile's dS waits for every load of this one) and
+// takes dQ's part 64 columns at a time against the resident K (read N-major). Each part,
+// times the scale, is staged in fp32 over the stage's own two tiles (rows 0-31 over Q's,
+// 32-63 over dO's: 64 × kD × 4 bytes is two tiles), fenced to the async proxy, and the
+// consumers arrive at kDqFull + (tile parity). The drain warp (the producer warpgroup's
+// second) waits there, issues one bulk reduce-add per staged row into dq (lanes take rows
+// lane, lane + 32), waits until the reductions have read the stage and frees it for the
+// producer: the stage's `empty` barrier counts the drain's arrival alone. The parity keeps
+// the consumers' arrivals for tile j + 2 apart from tile j's: they need stage s refilled,
+// which waits for the drain to have taken tile j. At exit the drain waits for its
+// reductions to complete.
+//
+// The stats warp (the producer warpgroup's third) stages each query tile's lse and delta in
+// shared memory beside its Q and dO (stage_stats), so the consumers' softmax makes no global
+// loads: FlashAttention-3's producer loads them with TMA; ringattn's rows of a dilated
+// pattern's lse are strided, so a warp of plain loads serves every Work alike.
+//
+// Shared memory is Stages<kD, 2>'s, one dS box and 1 KiB of stats: 107 KiB at D = 128, so two
+// blocks share an SM (two consumer warpgroups, one block's softmax under the other's products).
 // One block of a fused backward with kGroups consumer warpgroups (1: hopper_bwd_fused_kernel,
 // 2: hopper_bwd_fused_wide_kernel), the producer warpgroup at kProducer registers a thread and
 // the consumers at kConsumer. Consumer warpgroup w owns keys 64w..64w + 63 of the block's
@@ -523,7 +312,7 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   }
 
   ptx::setmaxnreg<true, kConsumer>();
-  const int w = kGroups == 1 ? 0 : (warp - 4) / 4;    // this consumer warpgroup
+  const int w = kGroups == 1 ? 0 : (warp - 4) / 4;      // this consumer warpgroup
   const int local0 = 16 * ((warp - 4) % 4) + lane / 4;  // its keys local0, local0 + 8; dS rows
   const int key0 = kRows * w + local0;                  // those keys in the block's
   // A key row past the block's (the resident box's next rows: another task's or view's keys,
@@ -550,8 +339,8 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
     float pt[32];  // dSᵀ of this warpgroup's keys
-    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(kGroups + w),
-                              st.ring(0, s), st.ring(1, s), p, cols, stats, lane);
+    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(kGroups + w), st.ring(0, s),
+                              st.ring(1, s), p, cols, stats, lane);
     // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
     // overwrites it.
     ptx::named_barrier_sync(kDsFree, kConsumers);
@@ -560,7 +349,7 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
                     static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     __syncwarp();
     ptx::named_barrier_sync(kDsReady, kConsumers);  // dS whole; Q and dO read
-    uint32_t ds[kKeys / 16][4];  // 64 queries × the block's keys
+    uint32_t ds[kKeys / 16][4];                     // 64 queries × the block's keys
     load_a_fragments<kKeys>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                             static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     if constexpr (kGroups == 1) {
@@ -620,64 +409,6 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 #else
   (void)p;
 #endif
-}
-
-// The fused backward over work whose rows are keys (one launch; D <= 128).
-template <class Work>
-void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
-                           cudaStream_t stream) {
-  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
-    if constexpr (kD <= 128)
-      launch("hopper_bwd_fused_kernel", &hopper_bwd_fused_kernel<kD, kBf16, Work>, a, grid,
-             static_cast<int>(fused_smem_bytes(kD)), stream);
-    else
-      throw RuntimeFailure("the fused Hopper backward runs D <= 128, not " +
-                           std::to_string(kD));
-  });
-}
-
-// The wide fused backward over work whose blocks are 128 keys (one launch; D = 128).
-template <class Work>
-void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
-                                cudaStream_t stream) {
-  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
-    if constexpr (kD == 128)
-      launch("hopper_bwd_fused_wide_kernel", &hopper_bwd_fused_wide_kernel<kD, kBf16, Work>, a,
-             grid, static_cast<int>(fused_smem_bytes(kD, 2)), stream, kWideThreads);
-    else
-      throw RuntimeFailure("the wide fused Hopper backward runs D = 128, not " +
-                           std::to_string(kD));
-  });
-}
-
-// One pass: hopper_bwd_dkdv_kernel where the work's rows are keys (kKeyRows; at D = 256 as
-// two launches, dV's then dK's), else hopper_bwd_dq_kernel (with Q and dO in registers under
-// RINGATTN_HOPPER_QREGS=1, D <= 128).
-template <bool kKeyRows, class Work>
-void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
-                          cudaStream_t stream) {
-  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
-    const int smem = static_cast<int>(smem_bytes(kD, 2));
-    if constexpr (kKeyRows && kD <= 128) {
-      if (kD == 64 && qregs_chosen())
-        launch("hopper_bwd_dkdv_kernel",
-               &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth, (kD == 64)>, a, grid, smem,
-               stream);
-      else
-        launch("hopper_bwd_dkdv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth>, a,
-               grid, smem, stream);
-    } else if constexpr (kKeyRows) {
-      launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv>, a, grid,
-             smem, stream);
-      launch("hopper_bwd_dk_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDk>, a, grid,
-             smem, stream);
-    } else if (kD <= 128 && qregs_chosen()) {
-      launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work, (kD <= 128)>, a, grid,
-             smem, stream);
-    } else {
-      launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work>, a, grid, smem, stream);
-    }
-  });
 }
 
 }  // namespace ringattn::kernels::cuda::hopper

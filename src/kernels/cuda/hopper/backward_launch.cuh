@@ -1,0 +1,66 @@
+// The Hopper (sm_90a) backward's launches over any `Work` (hopper/launch_*_backward.cu call
+// them): one pass (the dK/dV or the dQ body), the fused kernel, the wide fused kernel.
+#pragma once
+
+#include "kernels/cuda/hopper/backward_mainloop.cuh"
+
+namespace ringattn::kernels::cuda::hopper {
+
+// The fused backward over work whose rows are keys (one launch; D <= 128).
+template <class Work>
+void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                           cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    if constexpr (kD <= 128)
+      launch("hopper_bwd_fused_kernel", &hopper_bwd_fused_kernel<kD, kBf16, Work>, a, grid,
+             static_cast<int>(fused_smem_bytes(kD)), stream);
+    else
+      throw RuntimeFailure("the fused Hopper backward runs D <= 128, not " + std::to_string(kD));
+  });
+}
+
+// The wide fused backward over work whose blocks are 128 keys (one launch; D = 128).
+template <class Work>
+void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                                cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    if constexpr (kD == 128)
+      launch("hopper_bwd_fused_wide_kernel", &hopper_bwd_fused_wide_kernel<kD, kBf16, Work>, a,
+             grid, static_cast<int>(fused_smem_bytes(kD, 2)), stream, kWideThreads);
+    else
+      throw RuntimeFailure("the wide fused Hopper backward runs D = 128, not " +
+                           std::to_string(kD));
+  });
+}
+
+// One pass: hopper_bwd_dkdv_kernel where the work's rows are keys (kKeyRows; at D = 256 as
+// two launches, dV's then dK's), else hopper_bwd_dq_kernel (with Q and dO in registers under
+// RINGATTN_HOPPER_QREGS=1, D <= 128).
+template <bool kKeyRows, class Work>
+void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
+                          cudaStream_t stream) {
+  dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
+    const int smem = static_cast<int>(smem_bytes(kD, 2));
+    if constexpr (kKeyRows && kD <= 128) {
+      if (kD == 64 && qregs_chosen())
+        launch("hopper_bwd_dkdv_kernel",
+               &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth, (kD == 64)>, a, grid, smem,
+               stream);
+      else
+        launch("hopper_bwd_dkdv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradBoth>, a,
+               grid, smem, stream);
+    } else if constexpr (kKeyRows) {
+      launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv>, a, grid,
+             smem, stream);
+      launch("hopper_bwd_dk_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDk>, a, grid,
+             smem, stream);
+    } else if (kD <= 128 && qregs_chosen()) {
+      launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work, (kD <= 128)>, a, grid,
+             smem, stream);
+    } else {
+      launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work>, a, grid, smem, stream);
+    }
+  });
+}
+
+}  // namespace ringattn::kernels::cuda::hopper
