@@ -2,8 +2,8 @@
 
 Tensors cross into C++ without copies (DLPack for torch, the buffer protocol for numpy);
 the engine writes into outputs allocated here. Every option means what the CLI's option of
-the same name means, and is checked by the CLI's own code (a bad one raises ValueError
-with the CLI's message).
+the same name means, and is checked by the library's own code (a bad one raises ValueError
+with the library's message, its fields said as these keywords).
 """
 from __future__ import annotations
 
@@ -221,9 +221,10 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
       return_lse: also return lse ``[B, H, N_local]`` (natural log; -inf for empty rows)
       comm: ringattn.Comm (default: this process alone)
 
-    Bad options raise ValueError with the CLI's message; a failed ring (watchdog, dead peer)
-    raises RuntimeError. With torch tensors that require grad, the result is differentiable:
-    the backward runs the engine's backward from the saved out and lse.
+    Bad options raise ValueError naming the keyword (the library's messages say its fields
+    with these keywords too); a failed ring (watchdog, dead peer) raises RuntimeError. With
+    torch tensors that require grad, the result is differentiable: the backward runs the
+    engine's backward from the saved out and lse.
     """
     if comm is not None and not isinstance(comm, Comm):
         raise TypeError(f"comm: expected a ringattn.Comm, got {type(comm).__name__}")

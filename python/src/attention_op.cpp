@@ -1,13 +1,16 @@
 // Keywords -> JobSpec -> Engine, for the Python package (attention_op.hpp). Keyword
 // combinations are checked here, naming the keyword; everything else (validation, layout,
 // block lists, agreement across ranks) is make_engine's, whose errors name the JobSpec field
-// and are said here with the keyword that sets it (keyword_of).
+// and are said here with the keyword that sets it (keyword_of); the field words in the
+// library's messages too (keyword_words).
 #include "attention_op.hpp"
 
+#include <optional>
 #include <string_view>
 #include <utility>
 
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn::python {
 
@@ -33,16 +36,47 @@ std::string keyword_of(const std::string& subject) {
       {"block_sparse.pattern", "pattern"},
       {"block_sparse.mask", "block_mask"},
       {"sparse_threshold", "sparse_threshold"},
+      {"attention_auto", "attention"},
+      {"ulysses", "ulysses"},
+      {"deterministic", "deterministic"},
+      {"sinks", "sinks"},
       {"transport", "comm"},
       {"timeout_s", "timeout"},
   };
   for (const auto& [field, keyword] : kKeywords)
     if (subject == field) return std::string(keyword);
-  return subject;  // the same word here ("device", "ulysses", "sinks"), or no field ("q")
+  return subject;  // no keyword sets it ("device", "kernel"), or no field ("q")
 }
 
-std::string keyword_message(const InputError& e) {
-  return keyword_of(e.subject()) + ": " + e.problem();
+namespace {
+
+// One field word as Python says it: the keyword, with the value as a Python literal. None
+// where no keyword sets the field (device, kernel, dtype, threads; transport, since comm takes
+// a Comm and not a transport's name): the library's words stay.
+std::optional<std::string> keyword_saying(std::string_view field,
+                                          std::optional<std::string_view> value) {
+  const std::string keyword = keyword_of(std::string(field));
+  const bool same_word = field == "ulysses" || field == "deterministic" || field == "sinks";
+  if (field == "transport" || (keyword == field && !same_word)) return std::nullopt;
+  if (!value) return keyword;
+  const std::string_view v = *value;
+  if (field == "attention_auto" && v == "true") return keyword + "=\"auto\"";
+  if (field == "sinks" && v == "false") return keyword + "=None";  // sinks takes the logits
+  if (v == "true" || v == "false") return keyword + (v == "true" ? "=True" : "=False");
+  const char c = v.front();
+  if (c == '\'' || c == '"' || c == '-' || (c >= '0' && c <= '9'))
+    return keyword + "=" + std::string(v);  // quoted already, or a number
+  return keyword + "=\"" + std::string(v) + "\"";
+}
+
+}  // namespace
+
+std::string keyword_words(std::string_view text) { return reword_fields(text, keyword_saying); }
+
+std::string keyword_message(const std::exception& e) {
+  if (const auto* input = dynamic_cast<const InputError*>(&e))
+    return keyword_of(input->subject()) + ": " + keyword_words(input->problem());
+  return keyword_words(e.what());
 }
 
 namespace {

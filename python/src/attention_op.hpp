@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm_handle.hpp"
@@ -17,11 +19,18 @@
 namespace ringattn::python {
 
 // The keyword that sets JobSpec field `subject` ("config.shape.seq_len" -> "seq_len",
-// "transport" -> "comm"); any other subject unchanged. The one place the package translates
-// the library's field names.
+// "transport" -> "comm"); any other subject unchanged. With keyword_words, the one place the
+// package translates the library's field names.
 std::string keyword_of(const std::string& subject);
-// An InputError's message with its subject said as keyword_of says it.
-std::string keyword_message(const InputError& e);
+// A library text with its field words (ringattn/field_words.hpp) in the keywords':
+// "config.attention=dilated" -> attention="dilated", "config.causal=true" -> causal=True,
+// "attention_auto=true" -> attention="auto", "sinks=false" -> sinks=None, "timeout_s" ->
+// timeout. Fields no keyword sets (device, kernel, dtype, threads, transport's values) keep
+// the library's words.
+std::string keyword_words(std::string_view text);
+// What Python raises for `e`: an InputError's subject said as keyword_of says it, and the
+// text of any error as keyword_words says it.
+std::string keyword_message(const std::exception& e);
 
 // The keywords of ringattn.attention(), as Python hands them over.
 struct AttentionOptions {

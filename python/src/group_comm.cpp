@@ -119,7 +119,7 @@ class GroupTransport final : public HostTransport {
   [[noreturn]] void abort(int exit_code) override {
     // torch.distributed cannot end the other processes: they stop at their watchdog.
     std::cerr << "ringattn: rank " << rank_ << ": ending this process (exit " << exit_code
-              << "); the group's other ranks stop at their --timeout" << std::endl;
+              << "); the group's other ranks stop at their timeout" << std::endl;
     std::_Exit(exit_code);
   }
 

@@ -210,6 +210,8 @@ NB_MODULE(_core, m) {
       std::rethrow_exception(p);
     } catch (const InputError& e) {
       PyErr_SetString(PyExc_ValueError, keyword_message(e).c_str());
+    } catch (const RuntimeFailure& e) {
+      PyErr_SetString(PyExc_RuntimeError, keyword_message(e).c_str());
     }
   });
   m.attr("__version__") = RINGATTN_VERSION;

@@ -1,6 +1,6 @@
 """ringattn.attention on one process: forward and gradients against the float64 reference
 (reference.py) and the golden cases, autograd behaviour, plan caching, and errors that must
-carry the CLI's messages."""
+carry the library's messages in the keywords' words."""
 import json
 import math
 import pathlib
@@ -265,6 +265,20 @@ def test_bad_configurations_raise_the_librarys_validation_messages():
                               pattern="nonsense")
 
 
+def test_library_messages_name_fields_as_keywords():
+    # The library's texts name JobSpec fields in its words (config.shape.heads,
+    # config.causal=true, config.attention=dilated, sinks=false); the extension says them as
+    # the keywords (python/src/attention_op.cpp, keyword_words).
+    raises_value_error("kv_heads: 3 K/V heads cannot be shared by 4 query heads (heads): "
+                       "kv_heads must divide heads", kv_heads=3)
+    raises_value_error("window: with causal=True a query sees no later key: the right reach "
+                       "must be 0 or omitted, got 2", causal=True, window=(4, 2))
+    raises_value_error('sinks: attention sinks join one softmax per row, and attention="dilated" '
+                       "has one per pattern: use dense or block-sparse attention (attention), or "
+                       "sinks=None", attention="dilated", segments=[32, 64], dilations=[1, 2],
+                       sinks=torch.zeros(4))
+
+
 def raises_value_error_prefix(option, **kw):
     q, k, v, _ = make_inputs((1, 64, 4, 16), kw.pop("kv_heads", None))
     with pytest.raises(ValueError) as e:
@@ -520,7 +534,7 @@ def test_sinks_on_numpy_inputs_and_attention_backward():
 
 def test_sinks_are_refused_by_name_where_they_do_not_apply():
     q, k, v, _ = make_inputs((1, 64, 4, 16))
-    with pytest.raises(ValueError, match="sinks: .*--attention|sinks: .*attention"):
+    with pytest.raises(ValueError, match='sinks: .*attention="dilated"'):
         ringattn.attention(q, k, v, attention="dilated", segments=[32, 64], dilations=[1, 2],
                            sinks=torch.zeros(4))
     with pytest.raises(ValueError, match=r"sinks: must have shape \[4\]"):

@@ -1,5 +1,5 @@
 """A failing rank must not hang the others: under mpiexec -n 2 with a fault injected on
-rank 1, both ranks raise RuntimeError (rank 0's from the watchdog, with the CLI's message)
+rank 1, both ranks raise RuntimeError (rank 0's from the watchdog, naming Comm's timeout)
 and the job ends soon after the timeout."""
 import os
 import pathlib
@@ -28,7 +28,7 @@ def test_injected_failure_raises_runtime_error_on_every_rank():
     text = run.stdout + run.stderr
     assert "rank 1: RuntimeError" in text and "fault injected at ring step 1" in text, text
     assert "rank 0: RuntimeError" in text, text
-    assert "did not complete within 2 s (--timeout)" in text, text
+    assert "did not complete within 2 s (timeout)" in text, text
     assert "NO ERROR" not in text
     # After a failure the job is ended (MPI_Abort) rather than finalised: a nonzero exit.
     assert run.returncode != 0

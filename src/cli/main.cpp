@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/comm_choice.hpp"
+#include "cli/option_names.hpp"
 #include "cli/options.hpp"
 #include "cli/run_command.hpp"
 #include "ringattn/errors.hpp"
@@ -67,7 +68,7 @@ int main(int argc, char** argv) {
     comm =
         ringattn::launched_by_mpi() ? ringattn::mpi_world(&argc, &argv) : ringattn::Comm::single();
   } catch (const std::exception& e) {
-    return fail(ExitCode::runtime_failure, e.what());
+    return fail(ExitCode::runtime_failure, ringattn::cli::cli_message(e));
   }
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {

@@ -391,7 +391,7 @@ RunReport make_report(Run& run, const Timings& tm) {
     rep.kernel_backward = s.kernel_backward;
     rep.dtype = to_string(s.dtype);
     rep.device_detail = s.device_detail;
-    rep.notes = s.notes;
+    for (const std::string& n : s.notes) rep.notes.push_back(option_words(n));
     rep.emulated_device = s.emulated_device;
     rep.device_peak_bytes = s.device_peak_bytes;
   } else {
@@ -400,7 +400,7 @@ RunReport make_report(Run& run, const Timings& tm) {
   }
   rep.world_size = world;
   rep.iters = run.opts.iters;
-  rep.attention_note = s.attention_note;
+  rep.attention_note = option_words(s.attention_note);
   rep.fwd_ms = comm.max(median(tm.fwd));
   if (run.opts.backward) rep.bwd_ms = comm.max(median(tm.bwd));
   rep.attended_pairs = s.attended_pairs;
@@ -508,7 +508,7 @@ int run_and_report(Run& run, ProgressReporter& progress, std::ostream& out) {
   const RunOptions& opts = run.opts;
   Comm& comm = run.comm;
   const Engine& e = *run.engine;
-  const std::string note = e.stats().attention_note;
+  const std::string note = option_words(e.stats().attention_note);
   if (comm.rank() == 0 && !note.empty()) out << "ringattn: " << note << "\n";
   print_ranks(run, out);
   const Timings tm = time_calls(run, progress);

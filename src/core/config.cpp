@@ -10,6 +10,7 @@
 
 #include "core/patterns.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn {
 
@@ -50,7 +51,7 @@ namespace {
 void validate_window(const AttentionConfig& cfg) {
   if (!cfg.window_left && !cfg.window_right) return;
   if (!cfg.window_left)
-    throw InputError("config.window_left", "a right reach needs a left one (--window L,R)");
+    throw InputError("config.window_left", "a right reach (config.window_right) needs a left one");
   if (*cfg.window_left < 0)
     throw InputError("config.window_left",
                      "the left reach must be >= 0, got " + std::to_string(*cfg.window_left));
@@ -59,13 +60,14 @@ void validate_window(const AttentionConfig& cfg) {
                      "the right reach must be >= 0, got " + std::to_string(*cfg.window_right));
   if (cfg.causal && cfg.window_right && *cfg.window_right > 0)
     throw InputError("config.window_right",
-                     "with --causal a query sees no later key: the right reach must "
-                     "be 0 or omitted, got " +
+                     "with " + field_is("config.causal", true) +
+                         " a query sees no later key: the right reach must be 0 or omitted, "
+                         "got " +
                          std::to_string(*cfg.window_right));
   if (cfg.attention == AttentionKind::dilated)
-    throw InputError("config.window_left",
-                     "a sliding window does not combine with --attention dilated "
-                     "(use dense attention)");
+    throw InputError("config.window_left", "a sliding window does not combine with " +
+                                               field_is("config.attention", "dilated") +
+                                               " (use dense attention)");
 }
 
 void validate_packing(const AttentionConfig& cfg) {
@@ -82,13 +84,14 @@ void validate_packing(const AttentionConfig& cfg) {
                                                 std::to_string(cu[d + 1] - cu[d]) +
                                                 "; every document needs at least one token");
   if (cu.back() != n)
-    throw InputError("config.cu_seqlens",
-                     "the document lengths sum to " + std::to_string(cu.back()) +
-                         ", not to the sequence length " + std::to_string(n) + " (--seq-len)");
+    throw InputError("config.cu_seqlens", "the document lengths sum to " +
+                                              std::to_string(cu.back()) +
+                                              ", not to the sequence length " + std::to_string(n) +
+                                              " (config.shape.seq_len)");
   if (cfg.attention == AttentionKind::dilated)
-    throw InputError("config.cu_seqlens",
-                     "packed sequences do not combine with --attention dilated yet (use dense "
-                     "attention)");
+    throw InputError("config.cu_seqlens", "packed sequences do not combine with " +
+                                              field_is("config.attention", "dilated") +
+                                              " yet (use dense attention)");
 }
 
 }  // namespace
@@ -125,7 +128,8 @@ void validate(const AttentionConfig& cfg, const HeadSlice& heads) {
     throw InputError("config.kv_heads",
                      std::to_string(kv_heads) + " K/V heads cannot be shared by " +
                          std::to_string(s.heads) +
-                         " query heads (--heads): --kv-heads must divide --heads");
+                         " query heads (config.shape.heads): config.kv_heads must divide "
+                         "config.shape.heads");
   validate_window(cfg);
   validate_packing(cfg);
 
@@ -154,7 +158,7 @@ void validate(const AttentionConfig& cfg, const HeadSlice& heads) {
     throw InputError("config.segments", std::to_string(cfg.segments.size()) +
                                             " segment lengths but " +
                                             std::to_string(cfg.dilations.size()) +
-                                            " dilations (--dilations); they must pair up");
+                                            " dilations (config.dilations); they must pair up");
   for (std::size_t i = 0; i < cfg.segments.size(); ++i) {
     if (cfg.segments[i] <= 0)
       throw InputError("config.segments", "segment " + std::to_string(i) + " is " +
@@ -175,16 +179,18 @@ void validate(const AttentionConfig& cfg, const HeadSlice& heads) {
                      std::to_string(total_heads) + " heads cannot be split into " +
                          std::to_string(groups) +
                          " groups (one per segment); use at least as many heads as "
-                         "segments, or --combine mixture");
+                         "segments, or " +
+                         field_is("config.combine", "mixture"));
 }
 
 void require_multi_head(const AttentionConfig& cfg, const std::string& path) {
   const int64_t kv_heads = cfg.effective_kv_heads();
   if (kv_heads == cfg.shape.heads) return;
-  throw InputError("config.kv_heads", "grouped-query attention (--kv-heads " +
-                                          std::to_string(kv_heads) + " != --heads " +
-                                          std::to_string(cfg.shape.heads) +
-                                          ") is not yet supported on " + path);
+  throw InputError("config.kv_heads",
+                   "grouped-query attention (" +
+                       field_is("config.kv_heads", std::to_string(kv_heads)) +
+                       " != " + field_is("config.shape.heads", std::to_string(cfg.shape.heads)) +
+                       ") is not yet supported on " + path);
 }
 
 void require_unpacked(const AttentionConfig& cfg, const std::string& path) {

@@ -15,7 +15,7 @@
 namespace ringattn {
 
 // For the paths that do not compute grouped-query attention yet: throws InputError naming
-// `config.kv_heads`, saying it is not yet supported on `path` (e.g. "--device cuda"), when
+// `config.kv_heads`, saying it is not yet supported on `path` (e.g. "device=cuda"), when
 // kv_heads != heads. Refusing is the contract there; computing with the wrong K/V layout is not.
 void require_multi_head(const AttentionConfig& cfg, const std::string& path);
 

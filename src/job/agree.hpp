@@ -29,8 +29,10 @@ void agree_on_errors(ring::Communicator& comm, F&& f) {
   } catch (const RuntimeFailure& e) {
     kind = runtime, problem = e.what(), rank = e.rank();
   } catch (const std::bad_alloc&) {
-    kind = runtime,
-    problem = "out of memory; use more ranks or a smaller --seq-len/--batch/--heads";
+    kind = runtime;
+    problem =
+        "out of memory; use more ranks or a smaller "
+        "config.shape.seq_len/config.shape.batch/config.shape.heads";
   } catch (const std::exception& e) {
     kind = runtime, problem = e.what();
   }

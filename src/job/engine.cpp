@@ -26,6 +26,7 @@
 #include "ring/nccl_communicator.hpp"
 #include "ring/ring_schedule.hpp"
 #include "ring/sub_communicator.hpp"
+#include "ringattn/field_words.hpp"
 #include "ringattn/ringattn.hpp"
 #include "sparse/sparse_plan.hpp"
 #include "sparse/token_rule.hpp"
@@ -74,8 +75,8 @@ void make_device_comm(job::EngineState& m, const JobSpec& spec) {
   if (m.device_comm && m.job.lists && spec.kernel == KernelChoice::cudnn &&
       !single_plan_per_rank(m))
     throw InputError("kernel",
-                     "'cudnn' has no block-sparse kernels: the GPU block-sparse "
-                     "mode runs --kernel native, hopper or auto");
+                     "'cudnn' has no block-sparse kernels: the GPU block-sparse mode runs " +
+                         field_is("kernel", "native") + ", hopper or auto");
 }
 
 // The kernel choice reaches every device plan. auto on the ring or distributed block-sparse

@@ -12,6 +12,7 @@
 #include "job/ulysses.hpp"
 #include "kernels/cpu_blas.hpp"
 #include "ring/ulysses_model.hpp"
+#include "ringattn/field_words.hpp"
 #include "ringattn/quote.hpp"
 #include "ringattn/ringattn.hpp"
 #include "sparse/pattern.hpp"
@@ -32,18 +33,19 @@ bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
            spec.config.effective_kv_layout() == TensorLayout::bnhd && probe_cuda_device().usable;
   if (!cuda_built())
     throw InputError("device",
-                     "'cuda' is not available: this build of ringattn has CPU kernels only (use "
-                     "--device cpu or auto)");
+                     "'cuda' is not available: this build of ringattn has CPU kernels only (use " +
+                         field_is("device", "cpu") + " or auto)");
   const CudaDeviceStatus s = probe_cuda_device();
   const bool shares_gpus = ranks.in_process && std::max(1, s.device_count) < ranks.world;
   // The build's flag, not the library: NCCL is opened only when the transport is made.
   if (ranks.world > 1 && !shares_gpus && !build_features().nccl)
     throw InputError("device", "'cuda' on " + std::to_string(ranks.world) +
                                    " ranks needs NCCL, and this build has none (build with "
-                                   "NCCL, run one rank, or use --device cpu)");
+                                   "NCCL, run one rank, or use " +
+                                   field_is("device", "cpu") + ")");
   if (!s.usable)
-    throw InputError("device",
-                     "'cuda' cannot be used: " + s.reason + " (use --device cpu or auto)");
+    throw InputError("device", "'cuda' cannot be used: " + s.reason + " (use " +
+                                   field_is("device", "cpu") + " or auto)");
   return true;
 }
 
@@ -80,7 +82,8 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
                            std::to_string(cfg.block_size) + " = " + std::to_string(nb) +
                            " blocks: expected [" + std::to_string(s.heads) + ", " +
                            std::to_string(nb) + ", " + std::to_string(nb) + "] or [" +
-                           std::to_string(nb) + ", " + std::to_string(nb) + "] (see --block-size)");
+                           std::to_string(nb) + ", " + std::to_string(nb) +
+                           "] (see config.block_size)");
     }
     if (src.mask->size() != static_cast<std::size_t>((shared ? 1 : s.heads) * nb * nb))
       throw InputError("block_sparse.mask", "holds " + std::to_string(src.mask->size()) +
@@ -93,15 +96,16 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
   const sparse::Pattern p =
       sparse::parse_pattern(pattern, g, cfg.segments, cfg.dilations, src.seed);
   if (!cfg.segments.empty() && p.canonical.find("dilated-blocks") == std::string::npos)
-    throw InputError("config.segments", "only used by the dilated-blocks pattern (--pattern " +
-                                            quote(pattern) + " has none)");
+    throw InputError("config.segments", "only used by the dilated-blocks pattern (" +
+                                            field_is("block_sparse.pattern", quote(pattern)) +
+                                            " has none)");
   description = p.canonical;
   return sparse::PatternCache::global().get(
       sparse::cache_key(s.seq_len, cfg.block_size, s.heads, p.canonical),
       [&] { return sparse::build_lists(p, g); });
 }
 
-// --ulysses auto: the cost model's split (ring/ulysses_model.hpp) for a training step
+// ulysses = 0 (auto): the cost model's split (ring/ulysses_model.hpp) for a training step
 // (forward and backward) of this shape, with the ranks per node the launcher placed.
 int auto_ulysses(const AttentionConfig& cfg, const Ranks& ranks, bool on_gpu, const JobSpec& spec) {
   const Shape4& s = cfg.shape;
@@ -144,10 +148,10 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   AttentionConfig cfg = spec.config;
   bool use_cuda = resolve_cuda(spec, ranks);
   if (!use_cuda)
-    check_cpu_fields(spec, {std::string("this run uses the CPU (--device ") +
-                                to_string(spec.device) + "); use --device cuda",
-                            std::string("this run uses the CPU (--device ") +
-                                to_string(spec.device) + "); the CPU kernels compute in fp32"});
+    check_cpu_fields(spec, {"this run uses the CPU (" + field_is("device", to_string(spec.device)) +
+                                "); use " + field_is("device", "cuda"),
+                            "this run uses the CPU (" + field_is("device", to_string(spec.device)) +
+                                "); the CPU kernels compute in fp32"});
   if (!(spec.timeout_s > 0) || spec.timeout_s > 1e6) {
     std::ostringstream got;
     got << spec.timeout_s;
@@ -161,25 +165,28 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
     if (n > spec.sparse_threshold) {
       if (cfg.segments.empty())
         throw InputError("config.attention",
-                         "auto: N = " + std::to_string(n) + " is above --sparse-threshold " +
-                             threshold +
+                         "auto: N = " + std::to_string(n) + " is above " +
+                             field_is("sparse_threshold", threshold) +
                              ", where block-sparse runs the dilated-blocks pattern; "
-                             "give --segments and --dilations for it");
+                             "give config.segments and config.dilations for it");
       cfg.attention = AttentionKind::block_sparse;
       pattern = "dilated-blocks";
-      r.auto_note = "--attention auto: N = " + std::to_string(n) + " > --sparse-threshold " +
-                    threshold + ": block-sparse";
+      r.auto_note = field_is("attention_auto", true) + ": N = " + std::to_string(n) + " > " +
+                    field_is("sparse_threshold", threshold) + ": block-sparse";
     } else {
-      r.auto_note = "--attention auto: N = " + std::to_string(n) + " <= --sparse-threshold " +
-                    threshold + ": " + to_string(cfg.attention);
+      r.auto_note = field_is("attention_auto", true) + ": N = " + std::to_string(n) +
+                    " <= " + field_is("sparse_threshold", threshold) + ": " +
+                    to_string(cfg.attention);
     }
   }
   const bool block_sparse = cfg.attention == AttentionKind::block_sparse;
   if (block_sparse && pattern.empty() && !spec.block_sparse.mask && ranks.with_lists)
     throw InputError("block_sparse.pattern",
-                     "block-sparse attention needs a pattern: --pattern TEXT or --block-mask FILE");
+                     "block-sparse attention needs a pattern: block_sparse.pattern or "
+                     "block_sparse.mask");
   if (!block_sparse && spec.block_sparse.mask)
-    throw InputError("block_sparse.mask", "only applies to --attention block-sparse");
+    throw InputError("block_sparse.mask",
+                     "only applies to " + field_is("config.attention", "block-sparse"));
   // Block-sparse runs on the GPU when asked for (one rank or several); device = auto keeps
   // it on the CPU.
   if (block_sparse && use_cuda && spec.device != Device::cuda) {
@@ -191,11 +198,13 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   // A sink joins one softmax per row; dilated attention has one per pattern (grouped heads,
   // mixtures), where a sink has no single meaning.
   if (spec.sinks && cfg.attention == AttentionKind::dilated)
-    throw InputError("sinks", std::string("attention sinks join one softmax per row, and ") +
-                                  "--attention " +
-                                  (spec.attention_auto ? "auto (dilated at this N)" : "dilated") +
+    throw InputError("sinks", "attention sinks join one softmax per row, and " +
+                                  (spec.attention_auto
+                                       ? field_is("attention_auto", true) + " (dilated at this N)"
+                                       : field_is("config.attention", "dilated")) +
                                   " has one per pattern: use dense or block-sparse attention "
-                                  "(--attention), or no --sinks");
+                                  "(config.attention), or " +
+                                  field_is("sinks", false));
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
@@ -211,8 +220,8 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
     throw InputError("ulysses", "each of the " + std::to_string(ring_world) + " groups holds " +
                                     std::to_string(r.layout.local_len) + " rows, which its " +
                                     std::to_string(r.ulysses) +
-                                    " ranks cannot split evenly; choose --seq-len or --ulysses "
-                                    "so that they do");
+                                    " ranks cannot split evenly; choose config.shape.seq_len or "
+                                    "ulysses so that they do");
   // Opens OpenBLAS now, so that a bad RINGATTN_BLAS_LIBRARY is reported before any work.
   if (!use_cuda && ranks.with_lists) (void)kernels::blas_info();
   r.cfg = std::move(cfg);

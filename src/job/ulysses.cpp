@@ -323,7 +323,7 @@ class UlyssesBackend final : public Backend {
       if (Clock::now() > deadline) {
         std::ostringstream msg;
         msg << "the Ulysses all-to-all of " << tensor << " did not complete within " << timeout_s_
-            << " s (--timeout): its group is ranks " << group_->job_rank(0) << ".."
+            << " s (timeout_s): its group is ranks " << group_->job_rank(0) << ".."
             << group_->job_rank(s_.u - 1) << "; a peer has stalled or died";
         if (std::string lib = comm_.cancel_in_flight(); !lib.empty()) msg << "; " << lib;
         throw RuntimeFailure(msg.str());
@@ -387,12 +387,12 @@ std::string ulysses_head_split_problem(int64_t heads, int64_t kv_heads, int u) {
   if (u < 1) return "must be at least 1, got " + std::to_string(u);
   if (heads % u != 0)
     return std::to_string(u) + " does not divide the " + std::to_string(heads) +
-           " heads (--heads): each rank of a group computes heads / U of them";
+           " heads (config.shape.heads): each rank of a group computes heads / U of them";
   const int64_t per_rank = heads / u, per_kv = heads / kv_heads;
   if (kv_heads % u == 0 || per_kv % per_rank == 0) return "";
   return std::to_string(u) + " ranks would split the " + std::to_string(kv_heads) +
-         " K/V heads (--kv-heads) of " + std::to_string(heads) +
-         " query heads unevenly: U must divide --kv-heads, or heads / U must divide the " +
+         " K/V heads (config.kv_heads) of " + std::to_string(heads) +
+         " query heads unevenly: U must divide config.kv_heads, or heads / U must divide the " +
          std::to_string(per_kv) + " query heads of each K/V head";
 }
 

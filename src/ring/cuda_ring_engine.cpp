@@ -31,6 +31,7 @@
 #include "ring/ring_protocol.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn::ring {
 
@@ -372,9 +373,10 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
 #if RINGATTN_CUDA_EMULATION
   auto_tries_cudnn = auto_tries_cudnn && kc::cudnn_standin_enabled();
 #endif
-  const std::string flag = cudnn_asked                              ? "--kernel cudnn: "
-                           : opts.kernel == KernelChoice::automatic ? "--kernel auto: "
-                                                                    : "--kernel hopper: ";
+  const char* noted = cudnn_asked                              ? "cudnn"
+                      : opts.kernel == KernelChoice::automatic ? "auto"
+                                                               : "hopper";
+  const std::string flag = field_is("kernel", noted) + ": ";
 #if RINGATTN_RING_CUDNN
   if (RingCudnnChoice c = choose_ring_cudnn(cfg, m.layout, m.sched, m.elem, opts, cudnn_asked,
                                             auto_tries_cudnn, flag, m.stream, m.notes);
@@ -447,7 +449,7 @@ void CudaRingPlan::Impl::choose_hopper(bool automatic, const std::string& flag,
   notes.push_back(
       !hopper.forward()
           ? (automatic ? flag + "the native kernels (the sm_90a ones cannot run: " + why + ")"
-                       : "--kernel hopper: " + why + "; using the native kernels")
+                       : field_is("kernel", "hopper") + ": " + why + "; using the native kernels")
       : hopper.backward()
           ? flag + "every ring step's " + which + " on the sm_90a kernels" + over + status
           : flag + "every ring step's forward on the sm_90a kernel" + over +

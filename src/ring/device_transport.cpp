@@ -1,6 +1,7 @@
 #include "ring/device_transport.hpp"
 
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn::ring {
 
@@ -10,21 +11,23 @@ DeviceTransport choose_device_transport(const DeviceTransportContext& c) {
   if (c.requested == "mpi")
     throw InputError("transport",
                      "'mpi' moves host memory, and the GPU engines exchange device memory (NCCL, "
-                     "or device copies between virtual ranks); use --comm nccl or auto, or "
-                     "--device cpu");
+                     "or device copies between virtual ranks); use " +
+                         field_is("transport", "nccl") + " or auto, or " +
+                         field_is("device", "cpu"));
   if (c.requested == "local") {
     if (!c.in_process)
       throw InputError("transport",
                        "'local' moves device memory only between virtual ranks of one "
-                       "process (--ring-size P); use --comm nccl or auto");
+                       "process (run_virtual_ranks); use " +
+                           field_is("transport", "nccl") + " or auto");
     return DeviceTransport::device_copies;
   }
   if (c.requested == "nccl") {
     if (sharing)
-      throw InputError("transport", "'nccl' needs one GPU per rank, and " +
-                                        std::to_string(c.world_size) + " ranks share " +
-                                        std::to_string(c.gpus) +
-                                        " GPU(s); use --comm local or auto (device copies)");
+      throw InputError("transport",
+                       "'nccl' needs one GPU per rank, and " + std::to_string(c.world_size) +
+                           " ranks share " + std::to_string(c.gpus) + " GPU(s); use " +
+                           field_is("transport", "local") + " or auto (device copies)");
     return DeviceTransport::nccl;
   }
   return sharing ? DeviceTransport::device_copies : DeviceTransport::nccl;

@@ -15,7 +15,7 @@ enum class DeviceTransport {
 };
 
 struct DeviceTransportContext {
-  std::string requested = "auto";  // --comm
+  std::string requested = "auto";  // JobSpec::transport
   int world_size = 1;
   bool in_process = false;  // virtual ranks (threads of this process)
   int gpus = 1;             // devices this process sees

@@ -223,7 +223,7 @@ class MpiCommunicator final : public Communicator {
       if (done) return;
       if (clock::now() > deadline) {
         std::ostringstream os;
-        os << what << " did not complete within " << timeout_s_ << " s (--timeout), waiting for "
+        os << what << " did not complete within " << timeout_s_ << " s (timeout_s), waiting for "
            << peers << "; a peer has stalled, died or is unreachable";
         throw RuntimeFailure(os.str());
       }
@@ -247,7 +247,7 @@ class MpiCommunicator final : public Communicator {
   bool owns_mpi_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
-  double timeout_s_ = 300;  // --timeout's default until the CLI sets it
+  double timeout_s_ = 300;  // JobSpec::timeout_s's default until the front end sets it
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "kernels/cuda/runtime/cuda_check.hpp"
 #include "ring/nccl_library.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn::ring {
 
@@ -94,7 +95,8 @@ class NcclCommunicator final : public Communicator {
       throw RuntimeFailure("rank " + std::to_string(rank_) + ": node-local rank " +
                            std::to_string(local) + " but only " + std::to_string(count) +
                            " visible GPUs; NCCL refuses two ranks on one GPU (start at most one "
-                           "rank per GPU, or use --comm local for virtual ranks on one GPU)");
+                           "rank per GPU, or use " +
+                           field_is("transport", "local") + " for virtual ranks on one GPU)");
     RINGATTN_NCCL_CUDA_CHECK(cudaSetDevice(device_));
     RINGATTN_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 
@@ -243,7 +245,7 @@ class NcclCommunicator final : public Communicator {
         const std::string reason = cancel_in_flight();
         throw RuntimeFailure("rank " + std::to_string(rank_) + ": " + what +
                              " did not complete within " + std::to_string(timeout_s_) +
-                             " s (--timeout); " + reason);
+                             " s (timeout_s); " + reason);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }

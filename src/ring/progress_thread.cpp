@@ -60,7 +60,7 @@ int ProgressThread::post_after(void* device_event, std::vector<Transfer> sends,
 std::string ProgressThread::timeout_message(const Job& j) const {
   std::ostringstream os;
   os << "ring step " << j.step << " (" << j.what << ") did not complete within "
-     << timeout_ms_ / 1000.0 << " s (--timeout): ";
+     << timeout_ms_ / 1000.0 << " s (timeout_s): ";
   const char* sep = "";
   for (const Transfer& t : j.recvs)
     os << std::exchange(sep, ", ") << "receiving " << t.bytes << " bytes from rank "

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/choice/verified_forms.hpp"
 #include "ring/ring_cudnn_views.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn::ring {
 
@@ -303,9 +304,11 @@ RingCudnnChoice choose_ring_cudnn(const AttentionConfig& cfg, const ShardLayout&
   RingCudnnChoice c;
   const bool verified = kc::verified_on_gpu(kc::GpuForm::cudnn_ring_steps, kc::GpuPath::ring);
   if (auto_tries && !verified)
-    notes.push_back(kc::unverified_by_auto_note(kc::GpuForm::cudnn_ring_steps, "--kernel cudnn"));
+    notes.push_back(
+        kc::unverified_by_auto_note(kc::GpuForm::cudnn_ring_steps, field_is("kernel", "cudnn")));
   if (asked && !verified)
-    notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_ring_steps, "--kernel cudnn"));
+    notes.push_back(
+        kc::forced_unverified_note(kc::GpuForm::cudnn_ring_steps, field_is("kernel", "cudnn")));
   if (!asked && !(auto_tries && verified)) return c;
   c.steps =
       std::make_unique<RingCudnnSteps>(cfg, layout, sched, elem, opts.dtype, opts.device, stream);
@@ -324,9 +327,9 @@ RingCudnnChoice choose_ring_cudnn(const AttentionConfig& cfg, const ShardLayout&
               "forward and backward";
   notes.push_back(flag + what + " (" + c.steps->description(on_cudnn) + ")" +
                   (asked && !c.backward
-                       ? "; the backward is ringattn's (--deterministic: cuDNN's backward adds "
-                         "dQ with atomics)"
-                       : ""));
+                       ? "; the backward is ringattn's (" + field_is("deterministic", true) +
+                             ": cuDNN's backward adds dQ with atomics)"
+                       : std::string()));
   return c;
 }
 

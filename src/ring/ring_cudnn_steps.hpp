@@ -99,7 +99,7 @@ struct RingCudnnChoice {
 // --kernel cudnn (`asked`: every step cuDNN can run, the backward too unless deterministic,
 // cuDNN's backward adding dQ with atomics) or auto (`auto_tries`: candidates to time) -- auto
 // only once a GPU has passed the ring's cuDNN steps (verified_forms.hpp); with the notes that
-// say so (`flag`: the notes' "--kernel ...: ").
+// say so (`flag`: the notes' "kernel=...: ").
 RingCudnnChoice choose_ring_cudnn(const AttentionConfig& cfg, const ShardLayout& layout,
                                   const RingSchedule& sched, kernels::cuda::Elem elem,
                                   const CudaPlanOptions& opts, bool asked, bool auto_tries,

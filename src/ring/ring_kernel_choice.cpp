@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn::ring {
 
@@ -17,8 +18,8 @@ bool ring_auto_takes_cudnn(const RingPassTiming& t, bool deterministic) {
 std::string ring_auto_note(const char* pass, const std::string& ours, const RingPassTiming& t,
                            bool cudnn, bool stubbed) {
   std::ostringstream os;
-  os << std::fixed << std::setprecision(3) << "--kernel auto: ring " << pass << ' ' << ours << ' '
-     << t.ours_ms << " ms, cudnn " << t.cudnn_ms << " ms ("
+  os << std::fixed << std::setprecision(3) << field_is("kernel", "auto") << ": ring " << pass << ' '
+     << ours << ' ' << t.ours_ms << " ms, cudnn " << t.cudnn_ms << " ms ("
      << (stubbed ? "stubbed by RINGATTN_TEST_RING_AUTO_MS" : "median of 5, slowest rank")
      << "); using " << (cudnn ? "cudnn" : ours);
   return os.str();

@@ -20,7 +20,7 @@ struct RingPassTiming {
 // Whether the pass takes cuDNN's steps.
 bool ring_auto_takes_cudnn(const RingPassTiming& t, bool deterministic);
 
-// The note auto prints: "--kernel auto: ring forward hopper 1.234 ms, cudnn 0.987 ms (median
+// The note auto prints: "kernel=auto: ring forward hopper 1.234 ms, cudnn 0.987 ms (median
 // of 5, slowest rank); using cudnn".
 std::string ring_auto_note(const char* pass, const std::string& ours, const RingPassTiming& t,
                            bool cudnn, bool stubbed);

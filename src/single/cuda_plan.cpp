@@ -22,6 +22,7 @@
 #include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/runtime/host_convert.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 #include "single/device_schedule.hpp"
 #include "single/hopper_task_lists.hpp"
 #include "single/schedule.hpp"
@@ -355,7 +356,7 @@ struct CudaPlan::Impl {
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg, opts.heads);
-  require_bnhd(cfg, "--device cuda (use --device cpu)");
+  require_bnhd(cfg, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
@@ -406,13 +407,14 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       // Quiet where the sm_90a kernels cannot run (every GPU but compute capability 9.0);
       // without cuDNN in the build, its own note says what runs.
       m.notes.push_back(
-          m.hopper.backward()
-              ? "--kernel auto: the sm_90a forward and backward" + over +
-                    " stand in for the native kernels wherever cuDNN does not run or is slower"
-              : "--kernel auto: the sm_90a forward" + over +
-                    " stands in for the native kernels wherever cuDNN does not run or is "
-                    "slower; the backward's fallback is native (" +
-                    why_backward + ")");
+          field_is("kernel", "auto") + ": " +
+          (m.hopper.backward()
+               ? "the sm_90a forward and backward" + over +
+                     " stand in for the native kernels wherever cuDNN does not run or is slower"
+               : "the sm_90a forward" + over +
+                     " stands in for the native kernels wherever cuDNN does not run or is "
+                     "slower; the backward's fallback is native (" +
+                     why_backward + ")"));
     }
   }
   if (opts.kernel == KernelChoice::cudnn || automatic) {
@@ -429,7 +431,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       // every element has one writer.
       m.cudnn = kc::CudnnSdpa::create(cfg, m.elem, opts.device, m.stream, !opts.deterministic);
       // Deterministic runs choose by rule: timing could pick either kernel on another run.
-      // auto takes only what a GPU has passed (verified_forms.hpp); --kernel cudnn runs the
+      // auto takes only what a GPU has passed (verified_forms.hpp); kernel=cudnn runs the
       // rest with a note.
       const bool forward_verified = kc::verified_on_gpu(kc::GpuForm::cudnn_forward, m.cudnn_path());
       const bool backward_verified = kc::verified_on_gpu(m.cudnn_backward_form(), m.cudnn_path());
@@ -438,34 +440,35 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       m.decide_on_first_forward = automatic && !opts.deterministic && forward_verified;
       m.use_cudnn_backward = m.cudnn->has_backward() && cudnn_asked;
       m.decide_on_first_backward = m.cudnn->has_backward() && automatic && backward_verified;
+      const std::string how = field_is("kernel", "cudnn");
       if (automatic && !forward_verified)
-        m.notes.push_back(
-            kc::unverified_by_auto_note(kc::GpuForm::cudnn_forward, "--kernel cudnn"));
+        m.notes.push_back(kc::unverified_by_auto_note(kc::GpuForm::cudnn_forward, how));
       if (automatic && m.cudnn->has_backward() && !backward_verified)
-        m.notes.push_back(kc::unverified_by_auto_note(m.cudnn_backward_form(), "--kernel cudnn"));
+        m.notes.push_back(kc::unverified_by_auto_note(m.cudnn_backward_form(), how));
       if (cudnn_asked && !forward_verified)
-        m.notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_forward, "--kernel cudnn"));
+        m.notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_forward, how));
       if (m.use_cudnn_backward && !backward_verified)
-        m.notes.push_back(kc::forced_unverified_note(m.cudnn_backward_form(), "--kernel cudnn"));
+        m.notes.push_back(kc::forced_unverified_note(m.cudnn_backward_form(), how));
       std::ostringstream os;
       os << std::fixed << std::setprecision(0) << m.cudnn->description() << ", graphs built in "
          << m.cudnn->build_ms() << " ms";
       if (!m.cudnn->has_backward())
         os << "; the backward runs " << (m.hopper.backward() ? "on the sm_90a kernels" : "natively")
            << " ("
-           << (opts.deterministic ? "--deterministic: cuDNN's backward adds dQ with atomics"
-                                  : m.cudnn->backward_refusal())
+           << (opts.deterministic
+                   ? field_is("deterministic", true) + ": cuDNN's backward adds dQ with atomics"
+                   : m.cudnn->backward_refusal())
            << ")";
       m.notes.push_back(os.str());
     } catch (const kc::CudnnUnavailable& e) {
       if (opts.kernel == KernelChoice::cudnn)
-        m.notes.push_back(std::string("--kernel cudnn: cuDNN cannot run this configuration (") +
+        m.notes.push_back(field_is("kernel", "cudnn") + ": cuDNN cannot run this configuration (" +
                           e.what() + "); using the native kernels");
     } catch (const kc::DeviceOutOfMemory& e) {
       // cuDNN's scratch and workspace come on top of what native needs: a configuration
       // native can run must not fail for them.
       m.cudnn.reset();
-      m.notes.push_back(std::string("--kernel ") + to_string(opts.kernel) +
+      m.notes.push_back(field_is("kernel", to_string(opts.kernel)) +
                         ": no device memory for cuDNN's scratch and workspace (" + e.what() +
                         "); using " + m.fallback_kernels());
     }
@@ -477,8 +480,9 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
 #endif
     if (opts.kernel == KernelChoice::cudnn)
       throw InputError("kernel", std::string("'cudnn' is not available in this build (") + why +
-                                     "); use --kernel native or auto");
-    m.notes.push_back("--kernel auto: " + m.fallback_kernels() + " (no cuDNN: " + why + ")" +
+                                     "); use " + field_is("kernel", "native") + " or auto");
+    m.notes.push_back(field_is("kernel", "auto") + ": " + m.fallback_kernels() +
+                      " (no cuDNN: " + why + ")" +
                       (m.hopper.backward() || !m.hopper.forward()
                            ? ""
                            : "; the native backward (" + hopper_why_backward + ")"));

@@ -23,6 +23,7 @@
 #include "kernels/cuda/runtime/device_wait.hpp"
 #include "ring/stream_exchanges.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 #include "sparse/rank_work.hpp"
 #include "sparse/sparse_device_lists.hpp"
 #include "sparse/sparse_plan.hpp"
@@ -148,11 +149,12 @@ struct CudaSparsePlan::Impl {
 
   void init(const AttentionConfig& c, std::shared_ptr<const BlockLists> l, CudaPlanOptions o) {
     validate(c);
-    require_bnhd(c, "--device cuda (use --device cpu)");
+    require_bnhd(c, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
     if (c.attention != AttentionKind::block_sparse)
       throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
     if (o.kernel == KernelChoice::cudnn)
-      throw InputError("kernel", "'cudnn' has no block-sparse kernel; use --kernel native or auto");
+      throw InputError("kernel", "'cudnn' has no block-sparse kernel; use " +
+                                     field_is("kernel", "native") + " or auto");
     cfg = c;
     lists = std::move(l);
     opts = o;
@@ -245,8 +247,8 @@ struct CudaSparsePlan::Impl {
   }
 
   // Chooses the Hopper forward and backward, for the local blocks and the received ones
-  // alike, where they apply, with a note either way: asked for (--kernel hopper), or under
-  // --kernel auto, where they are the faster block-sparse kernels on compute capability 9.0
+  // alike, where they apply, with a note either way: asked for (kernel=hopper), or under
+  // kernel=auto, where they are the faster block-sparse kernels on compute capability 9.0
   // (measured: docs/PERFORMANCE.md).
   void choose_hopper(bool automatic) {
     std::string why, why_backward;
@@ -284,14 +286,15 @@ struct CudaSparsePlan::Impl {
       return;
     }
     notes.push_back(
-        !hopper.forward() ? "--kernel auto: the native block-sparse kernels (cuDNN has none; the "
-                            "sm_90a ones cannot run: " +
-                                why + ")"
-        : hopper.backward()
-            ? "--kernel auto: the sm_90a block-sparse forward and backward (TMA + wgmma) for " +
-                  blocks + ", the fastest block-sparse kernels on this GPU"
-            : "--kernel auto: the sm_90a block-sparse forward (TMA + wgmma) for " + blocks +
-                  " and the native backward (the Hopper one cannot run: " + why_backward + ")");
+        field_is("kernel", "auto") + ": " +
+        (!hopper.forward()
+             ? "the native block-sparse kernels (cuDNN has none; the sm_90a ones cannot run: " +
+                   why + ")"
+         : hopper.backward()
+             ? "the sm_90a block-sparse forward and backward (TMA + wgmma) for " + blocks +
+                   ", the fastest block-sparse kernels on this GPU"
+             : "the sm_90a block-sparse forward (TMA + wgmma) for " + blocks +
+                   " and the native backward (the Hopper one cannot run: " + why_backward + ")"));
   }
 
   struct Device;

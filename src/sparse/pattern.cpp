@@ -95,8 +95,9 @@ void check_dilated(const std::string& term, const Geometry& g, const std::vector
                    const std::vector<int64_t>& r) {
   if (w.empty() || r.empty())
     throw InputError("block_sparse.pattern", quote(term) +
-                                                 " needs segments and dilations (--segments and "
-                                                 "--dilations, or segments=a/b,dilations=x/y)");
+                                                 " needs segments and dilations "
+                                                 "(config.segments and config.dilations, or "
+                                                 "segments=a/b,dilations=x/y)");
   if (w.size() != r.size())
     throw InputError("block_sparse.pattern", quote(term) + ": " + std::to_string(w.size()) +
                                                  " segments but " + std::to_string(r.size()) +

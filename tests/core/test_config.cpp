@@ -75,7 +75,8 @@ TEST(ConfigValidation, KvHeadsMustBePositiveAndDivideTheQueryHeads) {
     validate(cfg);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--kv-heads must divide --heads"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("config.kv_heads must divide config.shape.heads"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -246,7 +246,7 @@ TEST(SinksSetup, DilatedAttentionRefusesSinksNamingBothOptions) {
     ADD_FAILURE() << "dilated attention took sinks";
   } catch (const InputError& e) {
     EXPECT_EQ(e.subject(), "sinks");
-    EXPECT_NE(std::string(e.what()).find("--attention"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("config.attention"), std::string::npos) << e.what();
   }
 }
 

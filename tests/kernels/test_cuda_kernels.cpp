@@ -419,7 +419,7 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
       const bool timed = ours_backward == "hopper" && !deterministic &&
                          testing::auto_times_fused_backward(env, path);
       const std::string all = ::testing::PrintToString(r.notes);
-      EXPECT_EQ(has_note(r.notes, "--kernel auto: the sm_90a backward in two passes"), timed)
+      EXPECT_EQ(has_note(r.notes, "kernel=auto: the sm_90a backward in two passes"), timed)
           << label << ": " << all;
       const bool backward_would =
           ours_backward == "hopper" && !deterministic && testing::auto_would_time_backward(env);
@@ -452,7 +452,7 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
       const bool forms_timed =
           ours == "hopper" && !deterministic && !env_chose &&
           (!kEmulated || (fwd_rule && std::string(fwd_rule) == "auto"));
-      EXPECT_EQ(has_note(r.notes, "--kernel auto: the sm_90a forward plain "), forms_timed)
+      EXPECT_EQ(has_note(r.notes, "kernel=auto: the sm_90a forward plain "), forms_timed)
           << label << ": " << ::testing::PrintToString(r.notes);
       EXPECT_EQ(has_note(r.notes, "leaves out the sm_90a forward with Q in registers:"),
                 forms_timed && !verified(GpuForm::hopper_forward_qregs))
@@ -467,7 +467,7 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
       if (!kCudnnBuilt) {
         EXPECT_EQ(r.kernel, ours) << label;
         EXPECT_EQ(testing::kernel_family(r.kernel_backward), ours_backward) << label;
-        EXPECT_TRUE(has_note(r.notes, "--kernel auto: the " +
+        EXPECT_TRUE(has_note(r.notes, "kernel=auto: the " +
                                           std::string(ours == "hopper" ? "sm_90a" : "native") +
                                           " kernels (no cuDNN"))
             << label;
@@ -490,7 +490,7 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
                                               ? GpuForm::cudnn_dilated_backward
                                               : GpuForm::cudnn_backward;
       if (cudnn_backward && !deterministic) {
-        EXPECT_EQ(has_note(r.notes, "--kernel auto leaves out " +
+        EXPECT_EQ(has_note(r.notes, "kernel=auto leaves out " +
                                         kernels::cuda::form_description(cudnn_backward_form)),
                   !verified(cudnn_backward_form))
             << label << ": " << all;
@@ -618,7 +618,7 @@ TEST(CudaKernels, CudnnRunsGqaWindowsAndPackingForwardAndBackward) {
     }
     CudaPlan det(cfg, CudaPlanOptions{DeviceDType::bf16, KernelChoice::cudnn, 0, true});
     EXPECT_EQ(det.backward_kernel_name(), "native") << name;
-    EXPECT_TRUE(has_note(det.notes(), "--deterministic")) << name;
+    EXPECT_TRUE(has_note(det.notes(), "deterministic=true")) << name;
   }
 }
 
@@ -946,7 +946,7 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
     EXPECT_EQ(testing::kernel_family(r.kernel_backward), "hopper");
     EXPECT_TRUE(has_note(r.notes, "the sm_90a forward and backward"));
   } else {
-    EXPECT_TRUE(has_note(r.notes, "--kernel hopper: "));
+    EXPECT_TRUE(has_note(r.notes, "kernel=hopper: "));
   }
   AttentionConfig dilated = cfg;
   dilated.attention = AttentionKind::dilated;

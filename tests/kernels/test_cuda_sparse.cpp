@@ -444,7 +444,7 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
     }
 #endif
     if (got.kernel != "hopper" || testing::kernel_family(got.kernel_backward) != "hopper") {
-      EXPECT_TRUE(has_note(got.notes, "--kernel hopper: ")) << c.name;
+      EXPECT_TRUE(has_note(got.notes, "kernel=hopper: ")) << c.name;
     }
     expect_matches_reference(std::string(c.name) + " (" + got.kernel + ", " +
                                  got.kernel_backward + " backward)",
@@ -477,12 +477,13 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
   CudaSparsePlan auto90(config_of(c64), lists_of(c64), {T::bf16, KernelChoice::automatic, 0});
   EXPECT_EQ(auto90.kernel_name(), "hopper");
   EXPECT_EQ(testing::kernel_family(auto90.backward_kernel_name()), "hopper");
-  EXPECT_TRUE(has_note(auto90.notes(), "--kernel auto: the sm_90a block-sparse forward and "
-                                       "backward"))
+  EXPECT_TRUE(has_note(auto90.notes(),
+                       "kernel=auto: the sm_90a block-sparse forward and "
+                       "backward"))
       << ::testing::PrintToString(auto90.notes());
   CudaSparsePlan auto86(config_of(c64), lists_of(c64), {T::bf16, KernelChoice::automatic, 1});
   EXPECT_EQ(auto86.kernel_name(), "native");
-  EXPECT_TRUE(has_note(auto86.notes(), "--kernel auto: the native block-sparse kernels"))
+  EXPECT_TRUE(has_note(auto86.notes(), "kernel=auto: the native block-sparse kernels"))
       << ::testing::PrintToString(auto86.notes());
   CudaSparsePlan auto_fp32(config_of(c64), lists_of(c64), {T::fp32, KernelChoice::automatic, 0});
   EXPECT_EQ(auto_fp32.kernel_name(), "native");
@@ -514,12 +515,12 @@ TEST(CudaSparseKernels, AutoTimesTheFusedSm90aBackward) {
     const bool timed =
         testing::auto_times_fused_backward(env, GpuPath::sparse) && !deterministic;
     const std::string all = ::testing::PrintToString(got.notes);
-    EXPECT_EQ(has_note(got.notes, "--kernel auto: the block-sparse sm_90a backward in two passes "),
+    EXPECT_EQ(has_note(got.notes, "kernel=auto: the block-sparse sm_90a backward in two passes "),
               timed)
         << what << ": " << all;
     // The forward's forms too (plain, overlap, Q in registers).
     const bool forms_timed = !deterministic && testing::auto_times_forward_forms();
-    EXPECT_EQ(has_note(got.notes, "--kernel auto: the block-sparse sm_90a forward plain "),
+    EXPECT_EQ(has_note(got.notes, "kernel=auto: the block-sparse sm_90a forward plain "),
               forms_timed)
         << what << ": " << all;
     // Only what a GPU has passed is timed; each form left out has a note.

@@ -208,9 +208,9 @@ TEST(PackedConfig, BadOffsetsAndCombinationsNameSeqlens) {
   cfg.attention = AttentionKind::dilated;
   cfg.segments = {5};
   cfg.dilations = {1};
-  EXPECT_NE(
-      subject().find("config.cu_seqlens: packed sequences do not combine with --attention dilated"),
-      std::string::npos)
+  EXPECT_NE(subject().find(
+                "config.cu_seqlens: packed sequences do not combine with config.attention=dilated"),
+            std::string::npos)
       << subject();
   cfg.attention = AttentionKind::block_sparse;
   cfg.block_size = 5;

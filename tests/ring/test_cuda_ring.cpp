@@ -512,11 +512,11 @@ TEST(CudaRing, AutoRunsTheSm90aKernelsWhereTheyRunElseTheNativeOnes) {
     ASSERT_EQ(rc, 0);
     const std::string all = ::testing::PrintToString(notes);
     if (kernel == "hopper") {
-      EXPECT_NE(all.find("--kernel auto: every ring step's forward and backward on the sm_90a"),
+      EXPECT_NE(all.find("kernel=auto: every ring step's forward and backward on the sm_90a"),
                 std::string::npos)
           << all;
     } else {
-      EXPECT_NE(all.find("--kernel auto: the native kernels"), std::string::npos) << all;
+      EXPECT_NE(all.find("kernel=auto: the native kernels"), std::string::npos) << all;
     }
 #if RINGATTN_CUDA_EMULATION
     EXPECT_EQ(kernel, t == DeviceDType::fp32 ? "native" : "hopper") << all;
@@ -646,8 +646,9 @@ TEST(CudaRing, AutoTakesCudnnStepsWhereTheyTimeFasterAndNeverWhenDeterministic) 
       const std::string all = ::testing::PrintToString(got.notes);
       EXPECT_NE(got.kernel, "cudnn") << all;
       EXPECT_NE(got.kernel_backward, "cudnn") << all;
-      EXPECT_TRUE(has_note(got, "--kernel auto leaves out cuDNN on the ring's steps: no "
-                                "committed GPU log shows it passing yet"))
+      EXPECT_TRUE(has_note(got,
+                           "kernel=auto leaves out cuDNN on the ring's steps: no "
+                           "committed GPU log shows it passing yet"))
           << all;
       EXPECT_FALSE(has_note(got, " ms, cudnn ")) << all;
 #if !RINGATTN_CUDA_EMULATION
@@ -690,7 +691,7 @@ TEST(CudaRing, AutoTakesCudnnStepsWhereTheyTimeFasterAndNeverWhenDeterministic) 
                                       " ms, cudnn "))
             << all;
         EXPECT_TRUE(has_note(got, "using " + got.kernel)) << all;
-        EXPECT_TRUE(has_note(got, "--kernel auto: ring backward ")) << all;
+        EXPECT_TRUE(has_note(got, "kernel=auto: ring backward ")) << all;
       }
     }
   }
@@ -720,11 +721,11 @@ TEST(CudaRing, AutoTimesTheFusedSm90aBackwardOnTheSlowestRank) {
     if (got.kernel_backward.rfind("hopper", 0) != 0) return;  // a GPU without sm_90a
     const bool timed = testing::auto_times_fused_backward(env, GpuPath::ring) && !deterministic;
     const std::string all = ::testing::PrintToString(got.notes);
-    EXPECT_EQ(has_note(got, "--kernel auto: the ring's sm_90a backward in two passes "), timed)
+    EXPECT_EQ(has_note(got, "kernel=auto: the ring's sm_90a backward in two passes "), timed)
         << what << " P=" << p << ": " << all;
     // The forward's forms too (plain, overlap, Q in registers), on the slowest rank.
     const bool forms_timed = !deterministic && testing::auto_times_forward_forms();
-    EXPECT_EQ(has_note(got, "--kernel auto: the ring's sm_90a forward plain "), forms_timed)
+    EXPECT_EQ(has_note(got, "kernel=auto: the ring's sm_90a forward plain "), forms_timed)
         << what << " P=" << p << ": " << all;
     // Only what a GPU has passed is timed; each form left out has a note.
     const bool backward_would = testing::auto_would_time_backward(env) && !deterministic;
@@ -789,11 +790,11 @@ TEST(CudaRing, CudnnRefusalsFallBackStepByStepWithANote) {
     EXPECT_TRUE(has_note(got, "stand-in refuses views with a diagonal band")) << all;
     if (p == 1) {  // the one step is a diagonal: the whole ring is ours, with the reason
       EXPECT_EQ(got.kernel, "hopper") << all;
-      EXPECT_TRUE(has_note(got, "--kernel cudnn: cuDNN cannot run this ring's steps")) << all;
+      EXPECT_TRUE(has_note(got, "kernel=cudnn: cuDNN cannot run this ring's steps")) << all;
     } else {
       EXPECT_EQ(got.kernel, "cudnn") << all;
       EXPECT_EQ(got.kernel_backward, "cudnn") << all;
-      EXPECT_TRUE(has_note(got, "--kernel cudnn: cuDNN cannot run ring step 0 of ")) << all;
+      EXPECT_TRUE(has_note(got, "kernel=cudnn: cuDNN cannot run ring step 0 of ")) << all;
       EXPECT_TRUE(has_note(got, "those run on the sm_90a kernels")) << all;
     }
   }
@@ -818,7 +819,7 @@ TEST(CudaRing, CudnnRefusedBackwardKeepsTheStepsForwardOnCudnn) {
     const std::string all = ::testing::PrintToString(got.notes);
     EXPECT_EQ(got.kernel, "cudnn") << all;
     EXPECT_EQ(got.kernel_backward, p == 1 ? "hopper" : "cudnn") << all;
-    EXPECT_TRUE(has_note(got, "--kernel cudnn: cuDNN cannot run the backward of ring step 0 of"))
+    EXPECT_TRUE(has_note(got, "kernel=cudnn: cuDNN cannot run the backward of ring step 0 of"))
         << all;
     EXPECT_TRUE(has_note(got, "s_q = s_kv = 1")) << all;
   }

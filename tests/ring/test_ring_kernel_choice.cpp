@@ -19,7 +19,7 @@ TEST(RingKernelChoice, AutoTakesCudnnOnlyWhereFasterAndNeverWhenDeterministic) {
   EXPECT_FALSE(ring_auto_takes_cudnn({2.0, 1.0}, true));
   EXPECT_FALSE(ring_auto_takes_cudnn({1.0, std::numeric_limits<double>::infinity()}, false));
   EXPECT_EQ(ring_auto_note("forward", "hopper", {2.0, 1.0}, true, false),
-            "--kernel auto: ring forward hopper 2.000 ms, cudnn 1.000 ms (median of 5, slowest "
+            "kernel=auto: ring forward hopper 2.000 ms, cudnn 1.000 ms (median of 5, slowest "
             "rank); using cudnn");
 }
 

@@ -126,7 +126,7 @@ TEST(RingCollectives, BarrierGivesUpAfterTheTimeout) {
       g_comm->barrier();
       ADD_FAILURE() << "the barrier returned while rank 1 was away";
     } catch (const RuntimeFailure& e) {
-      EXPECT_NE(std::string(e.what()).find("barrier did not complete within 0.3 s (--timeout)"),
+      EXPECT_NE(std::string(e.what()).find("barrier did not complete within 0.3 s (timeout_s)"),
                 std::string::npos)
           << e.what();
     }

@@ -27,6 +27,7 @@
 #include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
 #include "kernels/cuda/runtime/median_time.hpp"
 #include "ringattn/errors.hpp"
+#include "ringattn/field_words.hpp"
 
 namespace ringattn::kernels::cuda {
 
@@ -100,7 +101,7 @@ inline void note_unverified_forward_forms(int head_dim, GpuPath path,
                      : f == HopperForwardForm::overlap     ? "RINGATTN_HOPPER_OVERLAP=1"
                      : f == HopperForwardForm::pingpong64  ? "RINGATTN_HOPPER_PINGPONG=1"
                      : f == HopperForwardForm::pingpong128 ? "RINGATTN_HOPPER_PINGPONG=2"
-                                                           : "--kernel hopper"));
+                                                           : field_is("kernel", "hopper")));
   }
 }
 
@@ -127,13 +128,13 @@ inline constexpr const char* kUnalignedDqNote =
     "the sm_90a backward's fused kernels add dQ with bulk reductions, which need a 16-byte "
     "aligned dq; this one is not, so the two passes ran";
 
-// "--kernel auto: <what> in two passes 1.234 ms, fused 0.987 ms, fused wide 0.876 ms (median
+// "kernel=auto: <what> in two passes 1.234 ms, fused 0.987 ms, fused wide 0.876 ms (median
 // of 5<where>); using the wide fused kernel".
 inline std::string backward_forms_note(const std::string& what, std::span<const BackwardForm> forms,
                                        std::span<const double> ms, const char* where,
                                        BackwardForm chosen) {
   std::ostringstream os;
-  os << std::fixed << std::setprecision(3) << "--kernel auto: " << what << " in";
+  os << std::fixed << std::setprecision(3) << field_is("kernel", "auto") << ": " << what << " in";
   for (std::size_t i = 0; i < forms.size(); ++i)
     os << (i ? ", " : " ") << to_string(forms[i]) << " " << ms[i] << " ms";
   os << " (median of 5" << where << "); using "
@@ -163,8 +164,9 @@ BackwardForm fastest_backward_form(cudaStream_t stream, const std::string& what,
       try {
         ms[i] = slowest(median_ms(stream, [&] { run(forms[i]); }));
       } catch (const RuntimeFailure& e) {
-        notes.push_back(std::string("--kernel auto: the sm_90a backward's ") + to_string(forms[i]) +
-                        " kernel failed when run (" + e.what() + "); not using it");
+        notes.push_back(field_is("kernel", "auto") + ": the sm_90a backward's " +
+                        to_string(forms[i]) + " kernel failed when run (" + e.what() +
+                        "); not using it");
         (void)cudaGetLastError();
       }
     }
@@ -175,7 +177,7 @@ BackwardForm fastest_backward_form(cudaStream_t stream, const std::string& what,
 }
 
 // The fastest of the forward's `forms`: `run(form)` enqueues one whole forward on `stream` in
-// that form, `slowest` as fastest_backward_form's. The note: "--kernel auto: <what> plain
+// that form, `slowest` as fastest_backward_form's. The note: "kernel=auto: <what> plain
 // 1.234 ms, overlap 1.100 ms, ... (median of 5<where>); using overlap". On one GPU a form that
 // fails to run counts as infinitely slow; on several ranks the failure propagates (a rank
 // cannot leave the exchanges mid-pass).
@@ -184,7 +186,7 @@ HopperForwardForm fastest_forward_form(cudaStream_t stream, const std::string& w
                                        std::span<const HopperForwardForm> forms, Run&& run,
                                        Slowest&& slowest, std::vector<std::string>& notes) {
   std::ostringstream os;
-  os << std::fixed << std::setprecision(3) << "--kernel auto: " << what;
+  os << std::fixed << std::setprecision(3) << field_is("kernel", "auto") << ": " << what;
   double best = std::numeric_limits<double>::infinity();
   HopperForwardForm chosen = forms.empty() ? HopperForwardForm::rule : forms.front();
   const char* sep = " ";
@@ -208,10 +210,10 @@ HopperForwardForm fastest_forward_form(cudaStream_t stream, const std::string& w
   return chosen;
 }
 
-// --kernel auto's choice between cuDNN and what runs where it does not (`ours`: "hopper" or
+// kernel=auto's choice between cuDNN and what runs where it does not (`ours`: "hopper" or
 // "native") for one pass on one GPU: `run(cudnn)` enqueues one whole pass on `stream`, each is
 // timed as median_time.hpp times any, and cuDNN is taken where it is faster. A cuDNN that
-// fails when run counts as infinitely slow. The note: "--kernel auto: forward hopper 1.234 ms,
+// fails when run counts as infinitely slow. The note: "kernel=auto: forward hopper 1.234 ms,
 // cudnn 0.987 ms (median of 5); using cudnn".
 template <class Run>
 bool cudnn_is_faster(cudaStream_t stream, const char* pass, const std::string& ours, Run&& run,
@@ -221,14 +223,14 @@ bool cudnn_is_faster(cudaStream_t stream, const char* pass, const std::string& o
   try {
     cudnn_ms = median_ms(stream, [&] { run(true); });
   } catch (const RuntimeFailure& e) {
-    notes.push_back(std::string("--kernel auto: cuDNN's ") + pass + " failed when run (" +
+    notes.push_back(field_is("kernel", "auto") + ": cuDNN's " + pass + " failed when run (" +
                     e.what() + "); using " + ours);
     (void)cudaGetLastError();
   }
   const bool take = cudnn_ms < ours_ms;
   std::ostringstream os;
-  os << std::fixed << std::setprecision(3) << "--kernel auto: " << pass << " " << ours << " "
-     << ours_ms << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
+  os << std::fixed << std::setprecision(3) << field_is("kernel", "auto") << ": " << pass << " "
+     << ours << " " << ours_ms << " ms, cudnn " << cudnn_ms << " ms (median of 5); using "
      << (take ? "cudnn" : ours);
   notes.push_back(os.str());
   return take;

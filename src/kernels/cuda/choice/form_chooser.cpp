@@ -55,7 +55,7 @@ bool FormChooser::backward_reads(const void* q, const void* k, const void* v, co
 
 std::string FormChooser::asked_note(const std::string& why_forward, const std::string& why_backward,
                                     const std::string& what, const std::string& how) const {
-  const std::string flag = "--kernel hopper: ";
+  const std::string flag = field_is("kernel", "hopper") + ": ";
   if (!forward_) return flag + why_forward + "; using the native kernels";
   if (backward_)
     return flag + "the sm_90a " + what + "forward and backward" + how + "; " + kHopperStatus;

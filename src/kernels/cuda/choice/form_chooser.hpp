@@ -111,7 +111,7 @@ class FormChooser {
   [[nodiscard]] Call backward_call(cudaStream_t stream, const void* dq, bool ours, Run&& run,
                                    std::vector<std::string>& notes);
 
-  // The note an explicit `--kernel hopper` gets, after decide(): "--kernel hopper: the sm_90a
+  // The note an explicit `kernel=hopper` gets, after decide(): "kernel=hopper: the sm_90a
   // <what>forward and backward<how>; <status>", the forward alone and the native backward
   // (naming why), or why neither runs and the native kernels do.
   std::string asked_note(const std::string& why_forward, const std::string& why_backward,

@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 
+#include "ringattn/field_words.hpp"
+
 namespace ringattn::kernels::cuda {
 
 // Where a form runs: one GPU's dense kernels, one GPU's task kernels (dilated patterns),
@@ -139,10 +141,10 @@ inline std::string form_description(GpuForm form) {
   return "?";
 }
 
-// The note for a form auto left out: "--kernel auto leaves out <description>: no committed
+// The note for a form auto left out: "kernel=auto leaves out <description>: no committed
 // GPU log shows it passing yet (<how_to_run> runs it anyway; docs/GPU_PERFORMANCE.md)".
 inline std::string unverified_by_auto_note(GpuForm form, std::string_view how_to_run) {
-  std::string s = "--kernel auto leaves out " + form_description(form) +
+  std::string s = field_is("kernel", "auto") + " leaves out " + form_description(form) +
                   ": no committed GPU log shows it passing yet (";
   s += how_to_run;
   s += " runs it anyway; docs/GPU_PERFORMANCE.md)";

@@ -89,7 +89,7 @@ std::size_t memory_limit() {
       ") for " + what + " on device " + std::to_string(device) + ", with " + gib(g_now.load()) +
       " already held by ringattn and " + gib(free_b) + " free of " + gib(total_b) + why +
       ". To fit: spread the sequence over more ranks (the multi-GPU ring), use block-sparse "
-      "attention, or run a smaller --batch or --seq-len");
+      "attention, or run a smaller config.shape.batch or config.shape.seq_len");
 }
 
 void* device_allocate(std::size_t bytes, const char* what, int device, cudaStream_t stream) {

@@ -80,7 +80,7 @@ const char* first_unfinished(int device, cudaStream_t stream) {
   os << "the GPU (device " << device << ") did not finish "
      << (kernel ? kernel : "the work enqueued before it (none of ringattn's journaled kernels)")
      << " within " << timeout_s << " s, waiting for " << what
-     << " (the watchdog's timeout: timeout_s, the CLI's --timeout); a kernel that never "
+     << " (the watchdog's timeout: timeout_s); a kernel that never "
         "finishes leaves the device running it, so this process must end";
   throw DeviceHang(os.str());
 }
