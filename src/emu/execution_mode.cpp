@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "core/environment.hpp"
 #include "emu/fault.hpp"
 
 namespace ringattn::emu {
@@ -12,9 +13,9 @@ namespace {
 
 ExecutionMode& current_mode() {
   static ExecutionMode mode = [] {
-    const char* order = std::getenv("RINGATTN_EMU_ORDER");
-    const char* landing = std::getenv("RINGATTN_EMU_CP_ASYNC");
-    const char* arrive = std::getenv("RINGATTN_EMU_ARRIVE");
+    const char* order = environment_value(Env::emu_order);
+    const char* landing = environment_value(Env::emu_cp_async);
+    const char* arrive = environment_value(Env::emu_arrive);
     return parse_execution_mode(order ? order : "", landing ? landing : "",
                                 "RINGATTN_EMU_ORDER / RINGATTN_EMU_CP_ASYNC / RINGATTN_EMU_ARRIVE",
                                 arrive ? arrive : "");

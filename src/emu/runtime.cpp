@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/environment.hpp"
 #include "emu/fault.hpp"
 #include "emu/launch.hpp"
 
@@ -133,28 +134,28 @@ std::vector<std::string> split_commas(std::string_view s) {
   }
 }
 
-std::uint64_t parse_env_number(const char* name, std::uint64_t fallback, std::uint64_t lo,
+std::uint64_t parse_env_number(Env variable, std::uint64_t fallback, std::uint64_t lo,
                                std::uint64_t hi) {
-  const char* env = std::getenv(name);
+  const char* env = environment_value(variable);
   if (!env || !*env) return fallback;
   char* end = nullptr;
   const unsigned long long v = std::strtoull(env, &end, 10);
   if (*end != '\0' || env[0] == '-' || v < lo || v > hi)
-    bad_environment(std::string(name) + ": must be a number in [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + "], got '" + env + "'");
+    bad_environment(std::string(environment_name(variable)) + ": must be a number in [" +
+                    std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + env + "'");
   return v;
 }
 
 Machine::Machine() {
-  const auto count = static_cast<int>(parse_env_number("RINGATTN_EMU_DEVICES", 4, 1, 64));
-  const std::size_t memory = parse_env_number("RINGATTN_EMU_DEVICE_MEMORY", std::size_t{16} << 30,
+  const auto count = static_cast<int>(parse_env_number(Env::emu_devices, 4, 1, 64));
+  const std::size_t memory = parse_env_number(Env::emu_device_memory, std::size_t{16} << 30,
                                               std::size_t{1} << 20, std::size_t{1} << 44);
   std::vector<std::string> profiles{"sm_90"};
-  if (const char* env = std::getenv("RINGATTN_EMU_PROFILE"); env && *env)
+  if (const char* env = environment_value(Env::emu_profile); env && *env)
     profiles = split_commas(env);
-  if (const char* env = std::getenv("RINGATTN_EMU_STREAM_DELAY"); env && *env) {
+  if (const char* env = environment_value(Env::emu_stream_delay); env && *env) {
     delays = true;
-    delay_seed = parse_env_number("RINGATTN_EMU_STREAM_DELAY", 0, 0, UINT64_MAX);
+    delay_seed = parse_env_number(Env::emu_stream_delay, 0, 0, UINT64_MAX);
   }
   for (int d = 0; d < count; ++d) {
     const std::string& name = profiles[std::min<std::size_t>(d, profiles.size() - 1)];

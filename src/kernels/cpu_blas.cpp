@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/environment.hpp"
 #include "kernels/cpu_isa.hpp"
 #include "kernels/cpu_small_gemm.hpp"
 #include "ringattn/errors.hpp"
@@ -65,7 +66,7 @@ void resolve(void* handle, const char* name, Fn& fn, const std::string& file) {
 OpenBlas open_blas() {
   OpenBlas b;
   std::vector<std::string> candidates;
-  if (const char* env = std::getenv("RINGATTN_BLAS_LIBRARY"); env && *env)
+  if (const char* env = environment_value(Env::blas_library); env && *env)
     candidates.emplace_back(env);
   else
     candidates = {RINGATTN_OPENBLAS_FILE, "libopenblas.so.0"};
@@ -73,16 +74,17 @@ OpenBlas open_blas() {
   // ringattn sets there is set for the open only, so that another OpenBLAS the process opens
   // later (numpy's, say) sees the user's own environment.
   std::vector<const char*> set_for_open;
-  const auto set_unless_given = [&](const char* name, const char* value) {
-    if (const char* given = std::getenv(name); given && *given) return false;
+  const auto set_unless_given = [&](Env variable, const char* value) {
+    if (const char* given = environment_value(variable); given && *given) return false;
+    const char* name = environment_name(variable);
     setenv(name, value, 1);
     set_for_open.push_back(name);
     return true;
   };
-  if (const char* given = std::getenv("OPENBLAS_CORETYPE"); given && *given) {
+  if (const char* given = environment_value(Env::openblas_coretype); given && *given) {
     b.core_from = "OPENBLAS_CORETYPE";
   } else if (const char* core = core_for_cpu_isa()) {
-    set_unless_given("OPENBLAS_CORETYPE", core);
+    set_unless_given(Env::openblas_coretype, core);
     b.core_from = cpu_isa_forced() ? "ringattn, from RINGATTN_CPU_KERNELS"
                                    : "ringattn, from the CPU's features";
   } else {
@@ -94,7 +96,7 @@ OpenBlas open_blas() {
   // so the spinning only takes the cores the kernels run on (`cpu_bench --sgemm-only` shows
   // it; docs/PERFORMANCE.md). 4 is OpenBLAS's smallest value: its threads sleep at once.
   // (The OpenMP build has no pool.)
-  set_unless_given("OPENBLAS_THREAD_TIMEOUT", "4");
+  set_unless_given(Env::openblas_thread_timeout, "4");
   std::string tried;
   void* handle = nullptr;
   for (const std::string& c : candidates) {

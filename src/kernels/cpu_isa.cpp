@@ -2,16 +2,16 @@
 #include "kernels/cpu_isa.hpp"
 
 #include <atomic>
-#include <cstdlib>
 #include <string_view>
 
+#include "core/environment.hpp"
 #include "ringattn/errors.hpp"
 
 namespace ringattn::kernels {
 
 namespace {
 
-constexpr const char* kVariable = "RINGATTN_CPU_KERNELS";
+constexpr const char* kVariable = environment_name(Env::cpu_kernels);
 
 const char* pretty(CpuIsa isa) {
   switch (isa) {
@@ -39,7 +39,7 @@ struct Choice {
 };
 
 Choice from_environment() {
-  const char* env = std::getenv(kVariable);
+  const char* env = environment_value(Env::cpu_kernels);
   if (!env || !*env || std::string_view(env) == "auto") return {best_cpu_isa(), false};
   const std::string_view v(env);
   for (CpuIsa isa : {CpuIsa::avx512, CpuIsa::avx2, CpuIsa::portable})

@@ -3,10 +3,10 @@
 #include "kernels/cpu_small_gemm.hpp"
 
 #include <atomic>
-#include <cstdlib>
 #include <string_view>
 #include <vector>
 
+#include "core/environment.hpp"
 #include "kernels/cpu_blas.hpp"
 #include "kernels/cpu_gemm_avx2.hpp"
 #include "kernels/cpu_isa.hpp"
@@ -41,7 +41,7 @@ void check_available(SmallGemmBackend b) {
 }
 
 SmallGemmBackend backend_from_environment() {
-  const char* env = std::getenv("RINGATTN_SMALL_GEMM");
+  const char* env = environment_value(Env::small_gemm);
   if (!env || !*env) return default_backend();
   const std::string_view v(env);
   for (SmallGemmBackend b :
@@ -59,7 +59,7 @@ SmallGemmBackend backend_from_environment() {
 // CPUID, as the variant did.
 void settle_libxsmm_target() {
 #if defined(RINGATTN_HAVE_LIBXSMM)
-  const char* given = std::getenv("LIBXSMM_TARGET");
+  const char* given = environment_value(Env::libxsmm_target);
   if ((!given || !*given) && cpu_isa_forced() && cpu_isa() == CpuIsa::avx2) {
     libxsmm_init();  // which detects the CPU's target: set ours after it
     libxsmm_set_target_arch("hsw");

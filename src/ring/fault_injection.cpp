@@ -3,10 +3,10 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <thread>
 
+#include "core/environment.hpp"
 #include "ring/communicator.hpp"
 #include "ringattn/errors.hpp"
 
@@ -29,9 +29,8 @@ FaultInjection FaultInjection::parse(const std::string& spec) {
 }
 
 FaultInjection FaultInjection::from_env() {
-  // getenv only reads; nothing in ringattn calls setenv, so concurrent virtual ranks may
-  // each parse it.
-  const char* e = std::getenv("RINGATTN_FAULT_INJECT");
+  // A read only; nothing in ringattn sets it, so concurrent virtual ranks may each parse it.
+  const char* e = environment_value(Env::fault_inject);
   return parse(e ? e : "");
 }
 

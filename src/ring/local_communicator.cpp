@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/environment.hpp"
 #include "ring/communicator.hpp"
 #include "ring/nccl_communicator.hpp"
 #include "ringattn/errors.hpp"
@@ -47,9 +48,9 @@ std::unique_ptr<Communicator> make_local_communicator() {
 }
 
 bool launched_by_mpi() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK",
-                          "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE"})
-    if (std::getenv(var)) return true;
+  for (Env var : {Env::ompi_comm_world_size, Env::pmi_size, Env::pmix_rank, Env::pmi_rank,
+                  Env::mpi_localnranks, Env::mv2_comm_world_size})
+    if (environment_value(var)) return true;
   return false;
 }
 

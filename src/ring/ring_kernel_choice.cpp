@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/environment.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/field_words.hpp"
 
@@ -26,7 +27,7 @@ std::string ring_auto_note(const char* pass, const std::string& ours, const Ring
 }
 
 std::optional<RingPassTiming> ring_auto_stubbed_timing(bool backward) {
-  const char* env = std::getenv("RINGATTN_TEST_RING_AUTO_MS");
+  const char* env = environment_value(Env::test_ring_auto_ms);
   if (!env || !*env) return std::nullopt;
   std::vector<double> ms;
   std::istringstream in(env);

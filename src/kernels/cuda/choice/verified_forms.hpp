@@ -7,12 +7,12 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 #include <iterator>
 #include <sstream>
 #include <string>
 #include <string_view>
 
+#include "core/environment.hpp"
 #include "ringattn/field_words.hpp"
 
 namespace ringattn::kernels::cuda {
@@ -110,7 +110,7 @@ inline std::string_view form_name(GpuForm form) {
 // have no such switch.
 inline bool verified_on_gpu(GpuForm form, GpuPath path) {
 #if RINGATTN_CUDA_EMULATION
-  if (const char* env = std::getenv("RINGATTN_TEST_VERIFIED_FORMS")) {
+  if (const char* env = environment_value(Env::test_verified_forms)) {
     std::istringstream in(env);
     for (std::string part; std::getline(in, part, ',');)
       if (part == "all" || part == form_name(form)) return true;

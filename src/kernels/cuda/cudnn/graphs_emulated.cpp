@@ -12,12 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/environment.hpp"
 #include "emu/numeric_formats.hpp"
 #include "emu/runtime.hpp"
 #include "kernels/cuda/cudnn/graphs.hpp"
@@ -26,7 +26,7 @@
 namespace ringattn::kernels::cuda {
 
 bool cudnn_standin_enabled() {
-  const char* v = std::getenv("RINGATTN_EMU_CUDNN_STANDIN");
+  const char* v = environment_value(Env::emu_cudnn_standin);
   return v && std::string(v) == "1";
 }
 
@@ -65,7 +65,7 @@ struct Geometry {
 // values that look like a result: O and dQ 1000, stats 3).
 enum class EmptyRows { zero, nan, garbage };
 EmptyRows empty_rows() {
-  const char* v = std::getenv("RINGATTN_EMU_CUDNN_EMPTY_ROWS");
+  const char* v = environment_value(Env::emu_cudnn_empty_rows);
   const std::string s = v ? v : "";
   return s == "nan" ? EmptyRows::nan : s == "garbage" ? EmptyRows::garbage : EmptyRows::zero;
 }
@@ -109,7 +109,7 @@ CudnnGraphPlan::CudnnGraphPlan(std::vector<SdpaView> views, DeviceDType dtype, i
   // Tests: RINGATTN_EMU_CUDNN_REFUSE=band refuses every view with a diagonal band, as a
   // cuDNN that cannot build such a graph (its version, a bound it does not take) would;
   // =one_token_backward refuses the backward of a 1 x 1 view, as cuDNN 9.19 does.
-  const char* refuse = std::getenv("RINGATTN_EMU_CUDNN_REFUSE");
+  const char* refuse = environment_value(Env::emu_cudnn_refuse);
   const std::string refusal = refuse ? refuse : "";
   for (const SdpaView& v : views) {
     if (refusal == "band" && (v.left_bound || v.right_bound))

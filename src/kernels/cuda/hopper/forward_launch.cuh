@@ -14,7 +14,7 @@ namespace ringattn::kernels::cuda::hopper {
 // faster (docs/PERFORMANCE.md): the two blocks' own interleaving already hides the softmax,
 // and the second score tile costs registers and a wait on both products.
 inline bool overlap_chosen() {
-  static const bool on = hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}) == "1";
+  static const bool on = hopper_switch(Env::hopper_overlap, {"0", "1"}) == "1";
   return on;
 }
 
@@ -49,7 +49,7 @@ void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, 
 // The variable is read once.
 inline int pingpong_chosen(int head_dim) {
   static const int forced = [] {
-    const std::string s = hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"});
+    const std::string s = hopper_switch(Env::hopper_pingpong, {"0", "1", "2"});
     return s.empty() ? -1 : s[0] - '0';
   }();
   if (forced >= 0) return forced;

@@ -15,7 +15,7 @@ namespace ringattn::kernels::cuda {
 namespace {
 const std::string& hopper_bwd_env() {
   static const std::string v =
-      hopper::hopper_switch("RINGATTN_HOPPER_BWD", {"two_pass", "fused", "fused_wide", "auto"});
+      hopper::hopper_switch(Env::hopper_bwd, {"two_pass", "fused", "fused_wide", "auto"});
   return v;
 }
 }  // namespace

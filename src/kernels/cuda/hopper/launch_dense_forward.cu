@@ -74,12 +74,10 @@ bool hopper_qregs_forced() { return hopper::qregs_chosen(); }
 
 bool hopper_forward_forms_timed(bool deterministic, bool automatic) {
   // Every switch is read (and a bad value refused) before any rule applies.
-  const bool user_chose =
-      !hopper::hopper_switch("RINGATTN_HOPPER_OVERLAP", {"0", "1"}).empty() ||
-      !hopper::hopper_switch("RINGATTN_HOPPER_QREGS", {"0", "1"}).empty() ||
-      !hopper::hopper_switch("RINGATTN_HOPPER_PINGPONG", {"0", "1", "2"}).empty();
-  [[maybe_unused]] const bool asked =
-      hopper::hopper_switch("RINGATTN_HOPPER_FWD", {"auto"}) == "auto";
+  const bool user_chose = !hopper::hopper_switch(Env::hopper_overlap, {"0", "1"}).empty() ||
+                          !hopper::hopper_switch(Env::hopper_qregs, {"0", "1"}).empty() ||
+                          !hopper::hopper_switch(Env::hopper_pingpong, {"0", "1", "2"}).empty();
+  [[maybe_unused]] const bool asked = hopper::hopper_switch(Env::hopper_fwd, {"auto"}) == "auto";
   if (deterministic || !automatic || user_chose) return false;  // the user chose a form
 #if RINGATTN_CUDA_EMULATION
   return asked;

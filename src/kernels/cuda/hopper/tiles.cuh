@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/environment.hpp"
 #include "kernels/cuda/device_seam.cuh"
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/params.hpp"
@@ -405,18 +406,18 @@ inline std::string device_unsupported(int head_dim, Elem elem, int device) {
   return "";
 }
 
-// The value of the Hopper kernels' environment switch `name` ("" when unset or empty), or an
-// InputError naming the variable (exit 2) where it is none of `allowed`: a mistyped A/B
+// The value of the Hopper kernels' environment switch `variable` ("" when unset or empty), or
+// an InputError naming the variable (exit 2) where it is none of `allowed`: a mistyped A/B
 // switch would otherwise run the default and be measured as the form it names.
-inline std::string hopper_switch(const char* name, std::initializer_list<const char*> allowed) {
-  const char* v = std::getenv(name);
+inline std::string hopper_switch(Env variable, std::initializer_list<const char*> allowed) {
+  const char* v = environment_value(variable);
   if (!v || !*v) return "";
   std::string list;
   for (const char* a : allowed) {
     if (std::string(v) == a) return v;
     list += (list.empty() ? "" : ", ") + std::string(a);
   }
-  throw InputError(name, "'" + std::string(v) + "' is not one of " + list);
+  throw InputError(environment_name(variable), "'" + std::string(v) + "' is not one of " + list);
 }
 
 // Launches `kernel` on `grid` with `smem` bytes of dynamic shared memory (raised on every
@@ -424,7 +425,7 @@ inline std::string hopper_switch(const char* name, std::initializer_list<const c
 // RINGATTN_HOPPER_BLOCKS_PER_SM=1 pads each block's shared memory past half an SM's, so one
 // block runs per SM: the A/B against the two that kBlocksPerSm allows (read once).
 inline bool one_block_per_sm() {
-  static const bool one = hopper_switch("RINGATTN_HOPPER_BLOCKS_PER_SM", {"1", "2"}) == "1";
+  static const bool one = hopper_switch(Env::hopper_blocks_per_sm, {"1", "2"}) == "1";
   return one;
 }
 
@@ -435,7 +436,7 @@ inline bool one_block_per_sm() {
 // (hopper_ab.py's "qregs" column): a product with both operands in shared memory reads 32
 // flops a byte there, at the SM's shared-memory rate; with A in registers, 64.
 inline bool qregs_chosen() {
-  static const bool on = hopper_switch("RINGATTN_HOPPER_QREGS", {"0", "1"}) == "1";
+  static const bool on = hopper_switch(Env::hopper_qregs, {"0", "1"}) == "1";
   return on;
 }
 

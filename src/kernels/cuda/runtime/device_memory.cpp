@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/environment.hpp"
 #include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/runtime/stream_order.hpp"
@@ -69,7 +70,7 @@ void count(int device, std::size_t bytes, bool add) {
 // the rest of a shared GPU to the framework beside it. Read at every allocation (they are
 // few: plans allocate once).
 std::size_t memory_limit() {
-  const char* env = std::getenv("RINGATTN_DEVICE_MEMORY_LIMIT");
+  const char* env = environment_value(Env::device_memory_limit);
   if (!env || !*env) return SIZE_MAX;
   char* end = nullptr;
   errno = 0;

@@ -3,7 +3,6 @@
 #include "kernels/cuda/runtime/device_wait.hpp"
 
 #include <chrono>
-#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -13,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/environment.hpp"
 #include "kernels/cuda/runtime/cuda_check.hpp"
 #include "kernels/cuda/runtime/device_memory.hpp"
 #include "ringattn/errors.hpp"
@@ -195,7 +195,7 @@ void wait_for_event(cudaEvent_t event, cudaStream_t stream, const char* what, do
 
 void plant_hang_if_asked(cudaStream_t stream) {
   static std::once_flag once;
-  const char* env = std::getenv("RINGATTN_TEST_PLANT_HANG");
+  const char* env = environment_value(Env::test_plant_hang);
   if (!env || std::string(env) != "1") return;
   std::call_once(once, [&] {
     void* never = nullptr;  // a zero the probe waits on; kept for the process's life
