@@ -177,7 +177,7 @@ int bench(const Args& a) {
   CudaPlan plan(a.cfg, {a.dtype, a.kernel, 0});
   const auto n = static_cast<std::size_t>(s.numel());
   const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  const std::size_t in_bytes = n * (a.dtype == DeviceDType::fp32 ? 4 : 2);
+  const std::size_t in_bytes = n * bytes_per_element(a.dtype);
   DeviceBuffer q(in_bytes, "q"), k(in_bytes, "k"), v(in_bytes, "v");
   DeviceBuffer out(n * 4, "out"), lse(nl * 4, "lse");
   fill(q.data(), static_cast<int64_t>(n), a.dtype, 1);
@@ -230,10 +230,10 @@ int max_n(Args a) {
   const Shape4 s = a.cfg.shape;
   std::size_t free_b = 0, total_b = 0;
   RINGATTN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const double per_token =
-      static_cast<double>(s.batch) * (static_cast<double>(s.heads * s.head_dim) *
-                                          (3.0 * (a.dtype == DeviceDType::fp32 ? 4 : 2) + 4.0) +
-                                      4.0 * static_cast<double>(s.heads));
+  const double per_token = static_cast<double>(s.batch) *
+                           (static_cast<double>(s.heads * s.head_dim) *
+                                (3.0 * static_cast<double>(bytes_per_element(a.dtype)) + 4.0) +
+                            4.0 * static_cast<double>(s.heads));
   int64_t step = 1;
   for (int64_t w : a.cfg.segments) step = std::max(step, w);
   if (a.cfg.attention == AttentionKind::dense) step = 1024;

@@ -1,6 +1,8 @@
 // The small enums a JobSpec, a TensorRef and EngineStats speak in, with their printed names.
 #pragma once
 
+#include <cstddef>
+
 namespace ringattn {
 
 // Where the kernels run. automatic: the GPU when this build has CUDA kernels, a device is
@@ -17,6 +19,9 @@ enum class Transport { automatic, nccl, mpi, local };
 
 // What the device kernels read q, k, v and dout in (results are always fp32).
 enum class DeviceDType { bf16, fp16, fp32 };
+
+// The bytes one element of `t` takes: 4 for fp32, 2 for bf16 and fp16.
+constexpr std::size_t bytes_per_element(DeviceDType t) { return t == DeviceDType::fp32 ? 4 : 2; }
 
 // The GPU's forward kernel. native: ours on mma.sync; cudnn: cuDNN's fused SDPA where it
 // applies (otherwise native, with a note); hopper: the sm_90a kernels (TMA + wgmma; head dims

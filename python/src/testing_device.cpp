@@ -74,8 +74,8 @@ void register_testing_device_arrays(nb::module_& m) {
                                     : DeviceDType::fp32;
         a.device = device;
         for (std::size_t i = 0; i < host.ndim(); ++i) a.shape.push_back(host.shape(i));
-        const std::size_t eb = a.dtype == DeviceDType::fp32 ? 4 : 2;
-        a.buf = DeviceBuffer(host.size() * eb, "a test's device array", device);
+        a.buf =
+            DeviceBuffer(host.size() * bytes_per_element(a.dtype), "a test's device array", device);
         a.buf.upload(host.data(), host.size(), a.dtype);
         return a;
       },

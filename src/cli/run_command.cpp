@@ -145,7 +145,7 @@ void make_engine_copies(Run& run) {
     const int dev = e.device_index();
     Tensors::Device& d = t.device.emplace();
     auto upload = [&](DeviceBuffer& b, HostTensor& h, const char* what) {
-      b = DeviceBuffer(h.size() * (dt == DeviceDType::fp32 ? 4 : 2), what, dev);
+      b = DeviceBuffer(h.size() * bytes_per_element(dt), what, dev);
       b.upload(h.data(), h.size(), dt);
       if (dt != DeviceDType::fp32) round_to_device_dtype(h.data(), h.size(), dt);
     };

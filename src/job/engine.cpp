@@ -35,8 +35,6 @@ namespace ringattn {
 
 namespace {
 
-std::size_t elem_bytes(DeviceDType t) { return t == DeviceDType::fp32 ? 4 : 2; }
-
 ring::RingOptions ring_options(const JobSpec& spec) {
   ring::RingOptions r;
   r.timeout_s = spec.timeout_s;
@@ -250,7 +248,7 @@ job::EngineState::Staging& job::EngineState::stage(bool backward_too) {
   const auto n = static_cast<std::size_t>(local.numel());
   const auto n_kv = n / static_cast<std::size_t>(job.cfg.queries_per_kv_head());
   const auto n_lse = n / static_cast<std::size_t>(local.head_dim);
-  const std::size_t eb = elem_bytes(backend->dtype());
+  const std::size_t eb = bytes_per_element(backend->dtype());
   const int dev = device_index;
   if (!staging) {
     staging = std::make_unique<Staging>();
@@ -448,7 +446,7 @@ EngineStats Engine::stats() const {
     ring_min = ring_lists ? sparse::minimum_bytes_sent(ring_cfg, *ring_lists, j.layout, rank / u)
                           : ring::minimum_bytes_sent(ring_cfg, j.layout, rank / u,
                                                      slice ? slice->heads : HeadSlice{});
-  const int elem = m.on_gpu() ? static_cast<int>(elem_bytes(s.dtype)) : 4;
+  const int elem = m.on_gpu() ? static_cast<int>(bytes_per_element(s.dtype)) : 4;
   if (u > 1) s.bytes_sent_a2a_min = job::ulysses_forward_a2a_bytes(j.cfg, u, j.local_len(), elem);
   s.bytes_sent_min = ring_min * elem / 4 + s.bytes_sent_a2a_min;
   if (m.on_gpu()) {

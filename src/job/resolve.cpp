@@ -109,7 +109,8 @@ std::shared_ptr<const sparse::BlockLists> block_lists(const AttentionConfig& cfg
 // (forward and backward) of this shape, with the ranks per node the launcher placed.
 int auto_ulysses(const AttentionConfig& cfg, const Ranks& ranks, bool on_gpu, const JobSpec& spec) {
   const Shape4& s = cfg.shape;
-  const int elem = on_gpu && spec.dtype.value_or(DeviceDType::bf16) != DeviceDType::fp32 ? 2 : 4;
+  const int elem =
+      on_gpu ? static_cast<int>(bytes_per_element(spec.dtype.value_or(DeviceDType::bf16))) : 4;
   const ring::ModelShape m{ranks.world,
                            std::max(1, ranks.per_node),
                            s.seq_len,

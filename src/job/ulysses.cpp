@@ -131,7 +131,7 @@ class UlyssesBackend final : public Backend {
         inner_(std::move(inner)),
         moves_(std::move(moves)),
         timeout_s_(timeout_s) {
-    eb_ = inner_->dtype() == DeviceDType::fp32 ? 4 : 2;
+    eb_ = bytes_per_element(inner_->dtype());
     allocate();
   }
 

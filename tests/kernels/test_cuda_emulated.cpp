@@ -62,7 +62,7 @@ std::vector<std::byte> run_plan(const AttentionConfig& cfg, DeviceDType t, int d
                                 KernelChoice kernel = KernelChoice::native) {
   const auto n = static_cast<std::size_t>(cfg.shape.numel());
   const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
-  const std::size_t in_bytes = n * (t == DeviceDType::fp32 ? 4 : 2);
+  const std::size_t in_bytes = n * bytes_per_element(t);
   CudaPlan plan(cfg, {t, kernel, device});
   if (kernel == KernelChoice::hopper && device == 0) {
     EXPECT_EQ(plan.kernel_name(), "hopper");

@@ -107,7 +107,7 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
   const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  const std::size_t elem = t == DeviceDType::fp32 ? 4 : 2;
+  const std::size_t elem = bytes_per_element(t);
   DeviceBuffer q(n * elem, "q"), k(n_kv * elem, "k"), v(n_kv * elem, "v");
   q.upload(in.q.data(), n, t);
   k.upload(in.k.data(), n_kv, t);

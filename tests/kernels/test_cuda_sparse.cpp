@@ -86,7 +86,7 @@ Result run_on_device(const AttentionConfig& cfg, std::shared_ptr<const BlockList
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
   const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  const std::size_t eb = t == DeviceDType::fp32 ? 4 : 2, in_bytes = n * eb;
+  const std::size_t eb = bytes_per_element(t), in_bytes = n * eb;
   DeviceBuffer q(in_bytes, "q", device), k(n_kv * eb, "k", device), v(n_kv * eb, "v", device);
   q.upload(in.q.data(), n, t);
   k.upload(in.k.data(), n_kv, t);
@@ -653,7 +653,7 @@ TEST(CudaSparseKernels, AccumulatingForwardMergesSpanSubsetsByLogSumExp) {
     const Inputs in = random_inputs(c.shape, 17);
     const auto n = static_cast<std::size_t>(c.shape.numel());
     const auto nl = static_cast<std::size_t>(c.shape.seq_len);
-    const std::size_t in_bytes = n * (t == DeviceDType::fp32 ? 4 : 2);
+    const std::size_t in_bytes = n * bytes_per_element(t);
     DeviceBuffer q(in_bytes, "q"), k(in_bytes, "k"), v(in_bytes, "v"), out(n * 4, "out"),
         lse(nl * 4, "lse");
     q.upload(in.q.data(), n, t);

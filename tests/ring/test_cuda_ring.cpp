@@ -82,7 +82,7 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
       const auto count = static_cast<std::size_t>(s.batch * l.local_len * row);
       std::vector<float> local(count);
       ring::extract_rows(l, control.rank(), s.batch, row, full.data(), local.data());
-      DeviceBuffer b(count * (t == DeviceDType::fp32 ? 4 : 2), what, r);
+      DeviceBuffer b(count * bytes_per_element(t), what, r);
       b.upload(local.data(), count, t);
       return b;
     };
@@ -115,8 +115,8 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
       f.notes = plan.notes();
     }
     // The minimum is counted in fp32 K/V; the ring moves them in the device dtype.
-    f.bytes_min[me] =
-        ring::minimum_bytes_sent(cfg, l, control.rank()) * (t == DeviceDType::fp32 ? 4 : 2) / 4;
+    f.bytes_min[me] = ring::minimum_bytes_sent(cfg, l, control.rank()) *
+                      static_cast<int64_t>(bytes_per_element(t)) / 4;
     return 0;
   });
   EXPECT_EQ(rc, 0);
@@ -201,7 +201,7 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
   // lists; nothing grows with N·P.
   const Shape4& s = cfg.shape;
   const auto shard_rows = static_cast<std::size_t>(s.batch * (s.seq_len / p) * s.heads);
-  const std::size_t eb = t == DeviceDType::fp32 ? 4 : 2;
+  const std::size_t eb = bytes_per_element(t);
   // With per-step partials, one more shard's out and lse (fp32).
   const std::size_t bound =
       2 * 2 * shard_rows * static_cast<std::size_t>(s.head_dim) * (eb + eb + 4 + 4) +

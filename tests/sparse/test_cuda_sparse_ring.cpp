@@ -80,7 +80,7 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
     const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
     const auto ln_kv = static_cast<std::size_t>(s.batch * l.local_len * kv_inner);
     const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
-    const std::size_t eb = t == DeviceDType::fp32 ? 4 : 2;
+    const std::size_t eb = bytes_per_element(t);
     auto to_device = [&](const std::vector<float>& full, const char* what, bool kv = false) {
       const std::size_t count = kv ? ln_kv : ln;
       std::vector<float> local(count);

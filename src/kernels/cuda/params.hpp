@@ -22,7 +22,6 @@ namespace ringattn::kernels::cuda {
 enum class Elem { bf16, fp16, fp32 };
 
 const char* to_string(Elem e);
-inline int elem_bytes(Elem e) { return e == Elem::fp32 ? 4 : 2; }
 // The kernels' element type for a caller's DeviceDType.
 inline Elem elem_of(DeviceDType t) {
   switch (t) {
@@ -35,6 +34,19 @@ inline Elem elem_of(DeviceDType t) {
   }
   return Elem::bf16;
 }
+// The caller's DeviceDType for a kernel element type (elem_of's inverse).
+inline DeviceDType dtype_of(Elem e) {
+  switch (e) {
+    case Elem::fp16:
+      return DeviceDType::fp16;
+    case Elem::fp32:
+      return DeviceDType::fp32;
+    case Elem::bf16:
+      break;
+  }
+  return DeviceDType::bf16;
+}
+inline int elem_bytes(Elem e) { return static_cast<int>(bytes_per_element(dtype_of(e))); }
 
 // The parameter chain every kernel reads (FlashAttention's Qkv_params -> Flash_fwd_params ->
 // Flash_bwd_params, in our words): QkvParams holds the tensors and scalars every kernel reads;

@@ -17,8 +17,6 @@ namespace ringattn::kernels::cuda {
 
 namespace {
 
-DeviceDType dtype_of(Elem e) { return e == Elem::fp16 ? DeviceDType::fp16 : DeviceDType::bf16; }
-
 // Which backward the views take: each view writing its own rows once (dense, packed, grouped
 // head groups: `disjoint`, their outputs sharing one out_scale), or views merged by lse
 // (mixture: `merged`, each view's gradients added in turn), else none.

@@ -30,10 +30,7 @@ void sink_gradient(const SinkRows& s, DeviceDType dout_type, const float* sinks,
   SinkParams p = params_of(s);
   p.sinks = sinks, p.out = const_cast<float*>(out), p.lse = const_cast<float*>(lse);
   p.dout = dout, p.dsinks = dsinks;
-  const Elem e = dout_type == DeviceDType::bf16   ? Elem::bf16
-                 : dout_type == DeviceDType::fp16 ? Elem::fp16
-                                                  : Elem::fp32;
-  launch_sink_gradient(e, p, static_cast<cudaStream_t>(stream));
+  launch_sink_gradient(elem_of(dout_type), p, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace ringattn::kernels::cuda
