@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/alignment.hpp"
 #include "kernels/cuda/hopper/dense_forward.hpp"
 #include "ringattn/errors.hpp"
 
@@ -73,7 +74,7 @@ std::string hopper_wide_key_items(std::span<const ForwardItem> items,
 // decides). Plans check dq first and run the two passes instead, with a note
 // (form_choice.hpp's kUnalignedDqNote); the launchers throw here rather than fault.
 inline void require_bulk_aligned_dq(const float* dq, const char* what) {
-  if (reinterpret_cast<std::uintptr_t>(dq) % 16 != 0)
+  if (!aligned16(dq))
     throw RuntimeFailure(std::string(what) +
                          ": the fused kernel's bulk reduce-adds need a 16-byte aligned dq");
 }
