@@ -225,6 +225,11 @@ std::vector<DilatedPattern> patterns_of(const AttentionConfig& cfg) {
   return out;
 }
 
+float grouped_scale(const AttentionConfig& cfg) {
+  if (cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture) return 1.0f;
+  return 1.0f / static_cast<float>(patterns_of(cfg).size());
+}
+
 HeadRange group_heads(int64_t heads, int64_t groups, int64_t group) {
   const int64_t base = heads / groups, extra = heads % groups;
   const int64_t first = group * base + std::min(group, extra);

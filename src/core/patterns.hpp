@@ -71,6 +71,10 @@ HeadRange group_heads(int64_t heads, int64_t groups, int64_t group);
 // none of the group).
 HeadRange group_heads_of(const AttentionConfig& cfg, const HeadSlice& heads, int64_t groups,
                          int64_t group);
+// The scale of each head group's output (and of its dout in the backward) under the grouped
+// combine: 1/k for k patterns (1 for dense); 1 under a dilated mixture, whose patterns merge
+// by log-sum-exp instead.
+float grouped_scale(const AttentionConfig& cfg);
 
 // Offset of pattern i for head h (of the slice `heads`): grouped uses i % r_i (for heads of
 // group i only), mixture uses (heads.base + h) % r_i.

@@ -74,7 +74,7 @@ LocalSchedule build_local_schedule(const AttentionConfig& cfg, const kernels::Ti
   };
   if (cfg.attention == AttentionKind::dense || cfg.combine == Combine::grouped) {
     KernelPass pass;
-    pass.out_scale = 1.0f / static_cast<float>(n_patterns);
+    pass.out_scale = grouped_scale(cfg);
     std::vector<std::vector<kernels::SubseqTask>> by_place(places);
     for (int64_t g = 0; g < n_patterns; ++g) {
       const HeadRange r = group_heads_of(cfg, slice, n_patterns, g);

@@ -188,6 +188,17 @@ TEST(PatternArithmetic, DenseIsOneFullPattern) {
   EXPECT_DOUBLE_EQ(attended_pairs(cfg), 2.0 * 64 * 65 / 2);
 }
 
+// The grouped combine averages its head groups' outputs; a mixture merges them by lse.
+TEST(PatternArithmetic, GroupedScaleIsOneOverThePatterns) {
+  AttentionConfig dense;
+  dense.shape = {1, 64, 2, 8};
+  EXPECT_EQ(grouped_scale(dense), 1.0f);
+  EXPECT_EQ(grouped_scale(dilated({1, 64, 4, 8}, {16, 64}, {1, 4}, Combine::grouped)), 0.5f);
+  EXPECT_EQ(grouped_scale(dilated({1, 64, 4, 8}, {8, 16, 32, 64}, {1, 2, 4, 8}, Combine::grouped)),
+            0.25f);
+  EXPECT_EQ(grouped_scale(dilated({1, 64, 4, 8}, {16, 64}, {1, 4}, Combine::mixture)), 1.0f);
+}
+
 // --window L[,R]: reaches >= 0, R > 0 refused with causal, dilated refused, block-sparse
 // "not yet supported"; every error names --window.
 TEST(ConfigValidation, SlidingWindowReachesAndCombinations) {
