@@ -11,11 +11,13 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/patterns.hpp"
 #include "kernels/cpu_flash.hpp"
 #include "ring/host_exchanges.hpp"
 #include "ring/ring_protocol.hpp"
+#include "ring/ring_schedule.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/tensor.hpp"
 #include "single/schedule.hpp"
@@ -36,7 +38,8 @@ struct RingPlan::Impl {
   RingSchedule sched;
   RingProtocol protocol;
   double timeout_s = kDefaultTimeoutSeconds;
-  float grouped_scale = 1.0f;  // 1/G for grouped (and dense: G = 1), 1 for mixture
+  float grouped_scale = 1.0f;     // 1/G for grouped (and dense: G = 1), 1 for mixture
+  std::vector<bool> rows_repeat;  // per step, runs_repeat_a_row: its dK/dV rows added serially
   std::unique_ptr<float[], AlignedFree> workspace;
   std::size_t workspace_floats = 0;
   // Double buffers, each [rows, 2, D]-sized: K rows then V rows (or dK then dV).
@@ -132,13 +135,10 @@ struct RingPlan::Impl::Host {
     const float* kb = m.buf.returned[t % 2].get();
     const float* vb = kb + st.send_rows * dd;
     const std::vector<int64_t> base = packed_bases(st);
-    // Runs of one step never share rows (one pattern's selection per (head, segment, chunk)
-    // for grouped; under mixture two patterns' runs may share a row, and so may two
-    // patterns' runs of one K/V head under grouped-query attention: stay serial there).
-    const bool may_share =
-        m.cfg.combine == Combine::mixture ||
-        (m.cfg.effective_kv_heads() != m.cfg.shape.heads && patterns_of(m.cfg).size() > 1);
-#pragma omp parallel for num_threads(may_share ? 1 : m.threads) schedule(dynamic, 16)
+    // Two read-modify-writes of one row would race: a step whose runs repeat a row (a
+    // mixture, or a K/V head shared by two patterns' head groups) adds them serially.
+    const bool serial = m.rows_repeat[static_cast<std::size_t>(t)];
+#pragma omp parallel for num_threads(serial ? 1 : m.threads) schedule(dynamic, 16)
     for (std::size_t i = 0; i < st.send_runs.size(); ++i) {
       const Run& r = st.send_runs[i];
       for (int64_t j = 0; j < r.rows(); ++j) {
@@ -164,8 +164,8 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), m.tiles, opts.heads);
   m.protocol = RingProtocol(m.sched, comm, ring_opts);
   m.timeout_s = ring_opts.timeout_s;
-  const bool mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;
-  m.grouped_scale = mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
+  m.grouped_scale = grouped_scale(cfg);
+  for (const RingStep& st : m.sched.steps) m.rows_repeat.push_back(runs_repeat_a_row(st.send_runs));
   m.workspace_floats = std::max(kernels::forward_workspace_floats(m.tiles, m.d()),
                                 kernels::backward_workspace_floats(m.tiles, m.d()));
   m.workspace = aligned_floats(m.workspace_floats * static_cast<std::size_t>(m.threads),

@@ -231,10 +231,10 @@ TEST(RingScheduleWindow, OnlyRanksWithinReachExchange) {
   }
 }
 
-// The GPU ring adds returned dK/dV rows in parallel unless a step's runs repeat a row. A K/V
-// head that head groups of two patterns share (grouped GQA) repeats rows, as a mixture does;
-// a lent H100 found the parallel add racing there (dK/dV off by up to 15 %) when only the
-// mixture was sent to the serial add.
+// Both ring engines add returned dK/dV rows in parallel unless a step's runs repeat a row.
+// A K/V head that head groups of two patterns share (grouped GQA) repeats rows, as a mixture
+// does; a lent H100 found the GPU's parallel add racing there (dK/dV off by up to 15 %) when
+// only the mixture was sent to the serial add.
 TEST(RingScheduleGqa, StepsWhoseRunsRepeatARowAreFound) {
   auto any_step_repeats = [](const AttentionConfig& cfg, int world) {
     const ShardLayout layout = make_layout(cfg, world);
@@ -262,6 +262,25 @@ TEST(RingScheduleGqa, StepsWhoseRunsRepeatARowAreFound) {
     EXPECT_FALSE(any_step_repeats(dense, world)) << world;
   }
   EXPECT_FALSE(runs_repeat_a_row({}));
+}
+
+// The one answer both ring engines ask before adding returned dK/dV rows in parallel: rows
+// are element offsets row0 + i·stride, whatever the runs' patterns or heads say.
+TEST(RingScheduleGqa, RunsRepeatARowWhenTwoOffsetsMeet) {
+  auto run = [](int64_t row0, int64_t stride, int64_t rows) {
+    ring::Run r;  // (a bare Run is gtest's Test::Run here)
+    r.row0 = row0;
+    r.stride = stride;
+    r.k_end = rows;
+    return r;
+  };
+  // Interleaved strides: 0, 64, 128 and 32, 96, 160 never meet.
+  EXPECT_FALSE(runs_repeat_a_row({run(0, 64, 3), run(32, 64, 3)}));
+  // A second pattern's run through 128 meets the first's third row.
+  EXPECT_TRUE(runs_repeat_a_row({run(0, 64, 3), run(128, 192, 2)}));
+  // Within one run rows are distinct; a run of no rows names none.
+  EXPECT_FALSE(runs_repeat_a_row({run(0, 16, 8), run(0, 16, 0)}));
+  EXPECT_TRUE(runs_repeat_a_row({run(0, 16, 8), run(112, 16, 1)}));
 }
 
 TEST(RingScheduleGqa, KvHeadsMoveHOverHkvTimesFewerBytes) {
