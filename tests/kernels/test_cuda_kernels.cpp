@@ -32,6 +32,7 @@
 #include "kernels/cuda/cudnn/sdpa.hpp"
 #include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
 #include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/cuda/native/flash.hpp"
 #include "kernels/cuda/hopper/dense_backward.hpp"
@@ -1758,6 +1759,22 @@ TEST(CudaMemory, APrivatePoolThatGivesMemoryBackWhenThePlansAreGone) {
   ASSERT_EQ(cudaMemPoolGetAttribute(shared, cudaMemPoolAttrReleaseThreshold, &threshold),
             cudaSuccess);
   EXPECT_EQ(threshold, 0u) << "the device's default pool was reconfigured";
+}
+
+// upload_vector of an empty list (a pass with no work on this rank) still gives a valid,
+// distinct device pointer, which kernel arguments and the ring's lists rely on; its bytes()
+// count what was asked for, nothing.
+TEST(CudaMemory, AnEmptyUploadIsAValidDistinctPointer) {
+  REQUIRE_GPU();
+  namespace kc = kernels::cuda;
+  const std::vector<kernels::ForwardItem> none;
+  const kc::DeviceAllocation a = kc::upload_vector(none, "an empty list", 0, nullptr);
+  const kc::DeviceAllocation b = kc::upload_vector(none, "another empty list", 0, nullptr);
+  EXPECT_NE(a.get(), nullptr);
+  EXPECT_NE(b.get(), nullptr);
+  EXPECT_NE(a.get(), b.get());
+  EXPECT_EQ(a.bytes(), 0u);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // --kernel auto must not fail for cuDNN's scratch and workspace when native fits: with

@@ -87,7 +87,9 @@ class DeviceAllocation {
   cudaStream_t stream_ = nullptr;
 };
 
-// A device copy of `v` (allocated and copied in order on `stream`).
+// A device copy of `v` (allocated and copied in order on `stream`). An empty `v` gets a valid,
+// distinct pointer all the same (device_allocate's 16 bytes), with bytes() 0: lists that are
+// empty on some rank or pass are passed to kernels, which read none of them.
 template <typename T>
 DeviceAllocation upload_vector(const std::vector<T>& v, const char* what, int device,
                                cudaStream_t stream) {
