@@ -311,8 +311,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.sched = build_ring_schedule(cfg, m.layout, comm.rank(), tiles, opts.heads);
   m.protocol = RingProtocol(m.sched, comm, ring_opts);
   m.timeout_s = ring_opts.timeout_s;
-  const bool mixture = cfg.attention == AttentionKind::dilated && cfg.combine == Combine::mixture;
-  m.grouped_scale = mixture ? 1.0f : 1.0f / static_cast<float>(patterns_of(cfg).size());
+  m.grouped_scale = grouped_scale(cfg);
 
   // Every step's waves and runs in one set of device lists, uploaded once.
   single::FlatSchedule all;

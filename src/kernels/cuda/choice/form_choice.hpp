@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/alignment.hpp"
 #include "kernels/cuda/choice/verified_forms.hpp"
 #include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
 #include "kernels/cuda/runtime/median_time.hpp"
@@ -117,11 +118,6 @@ inline void note_forced_unverified(GpuPath path, bool fused, bool wide, bool qre
   if (fused && !wide) note(GpuForm::hopper_backward_fused, "RINGATTN_HOPPER_BWD=fused");
   if (qregs) note(GpuForm::hopper_forward_qregs, "RINGATTN_HOPPER_QREGS=1");
 }
-
-// Whether `p` is 16-byte aligned: what TMA reads and the fused backward's bulk reduce-adds
-// into dq (cp.reduce.async.bulk) need of a base pointer. A caller's view at another offset
-// runs the forms that do not need it, with a note.
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The note for a backward whose dq is not 16-byte aligned, where a fused form would have run.
 inline constexpr const char* kUnalignedDqNote =
