@@ -570,7 +570,7 @@ void CudaPlan::backward(const void* q, const void* k, const void* v, const float
       if (!m.noted_unaligned_backward)
         m.notes.push_back(kc::unaligned_note("cuDNN", "q/k/v/dout", true));
       m.noted_unaligned_backward = true;
-    } else {
+    } else if (m.hopper.backward()) {
       m.hopper.backward_reads(q, k, v, dout, m.notes);
     }
     return m.run_backward(Run::native, q, k, v, out, lse, dout, dq, dk, dv);

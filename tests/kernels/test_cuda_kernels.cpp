@@ -29,6 +29,7 @@
 #if RINGATTN_TEST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/choice/form_chooser.hpp"
 #include "kernels/cuda/cudnn/sdpa.hpp"
 #include "kernels/cuda/cudnn/view_results.hpp"
 #include "kernels/cuda/ops/device_ops.hpp"
@@ -1007,6 +1008,41 @@ TEST(CudaHopper, PlanWithKernelHopperMatchesTheReferenceOrSaysWhyNot) {
   if (kEmulated) {
     EXPECT_TRUE(has_note(odd.notes(), "the Hopper backward needs 16-byte aligned"));
   }
+}
+
+// The chooser the three GPU plans hold notes a call whose pointers its sm_90a kernels cannot
+// read once, in its path's words, and says nothing where those kernels do not run (a plan on
+// the native kernels is not told about TMA). No device is needed.
+TEST(FormChooser, NotesUnalignedPointersOnceAndOnlyWhereItsKernelsRun) {
+  namespace kc = kernels::cuda;
+  alignas(16) static char buf[64];
+  const void* odd = buf + 4;
+  std::vector<std::string> notes;
+  kc::FormChooser off;
+  EXPECT_FALSE(off.forward_reads(odd, buf, buf, notes));
+  EXPECT_FALSE(off.backward_reads(odd, buf, buf, buf, notes));
+  EXPECT_TRUE(notes.empty());
+  EXPECT_STREQ(off.forward_name(), "native");
+  EXPECT_STREQ(off.backward_name(), "native");
+
+  kc::FormChooser::Path path;
+  path.path = kc::GpuPath::sparse;
+  path.kernels = "the Hopper block-sparse";
+  kc::FormChooser on(path, /*deterministic=*/true, /*automatic=*/false, 64);
+  on.decide("", "", false, notes);
+  notes.clear();
+  EXPECT_TRUE(on.forward_reads(buf, buf, buf, notes));
+  EXPECT_FALSE(on.forward_reads(odd, buf, buf, notes));
+  EXPECT_FALSE(on.forward_reads(buf, odd, buf, notes));
+  EXPECT_FALSE(on.backward_reads(buf, buf, buf, odd, notes));
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0],
+            "the Hopper block-sparse forward needs 16-byte aligned q/k/v; these are not, so the "
+            "native kernels ran");
+  EXPECT_EQ(notes[1],
+            "the Hopper block-sparse backward needs 16-byte aligned q/k/v/dout; these are not, so "
+            "the native backward ran");
+  EXPECT_STREQ(on.backward_name(), "hopper");  // deterministic: the two passes
 }
 
 // CudaPlan with --kernel hopper on dilated patterns: the sm_90a forward and backward over the

@@ -38,6 +38,7 @@ const char* FormChooser::backward_name() const {
 
 bool FormChooser::forward_reads(const void* q, const void* k, const void* v,
                                 std::vector<std::string>& notes) {
+  if (!forward_) return false;  // nothing of ours to read them: no note
   if (aligned16(q) && aligned16(k) && aligned16(v)) return true;
   if (!noted_forward_) notes.push_back(unaligned_note(path_.kernels + " forward", "q/k/v", false));
   noted_forward_ = true;
@@ -46,6 +47,7 @@ bool FormChooser::forward_reads(const void* q, const void* k, const void* v,
 
 bool FormChooser::backward_reads(const void* q, const void* k, const void* v, const void* dout,
                                  std::vector<std::string>& notes) {
+  if (!backward_) return false;
   if (aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout)) return true;
   if (!noted_backward_)
     notes.push_back(unaligned_note(path_.kernels + " backward", "q/k/v/dout", true));

@@ -70,9 +70,9 @@ class FormChooser {
   // waits for it: it is timed against the form chosen).
   bool backward_timing_pending() const { return time_backward_; }
 
-  // Whether the sm_90a forward (backward) can read these tensors (TMA: 16-byte aligned base
-  // pointers); where it cannot, one note for the plan's life, and the caller runs the native
-  // kernels for this call.
+  // Whether the sm_90a forward (backward) runs here and can read these tensors (TMA: 16-byte
+  // aligned base pointers); where it runs but cannot read them, one note for the plan's life,
+  // and the caller runs the native kernels for this call. No note where it does not run.
   bool forward_reads(const void* q, const void* k, const void* v, std::vector<std::string>& notes);
   bool backward_reads(const void* q, const void* k, const void* v, const void* dout,
                       std::vector<std::string>& notes);
