@@ -54,7 +54,7 @@ def main():
         for n in (64, 128, 256):
             parts.append(gen("rs", n, elem, True))
     parts.append("}  // namespace ringattn::kernels::cuda::ptx\n")
-    path = os.path.join("src", "kernels", "cuda", "hopper/wgmma.cuh")
+    path = os.path.join("src", "kernels", "cuda", "hopper", "wgmma.cuh")
     with open(path, "w") as f:
         f.write("\n".join(parts))
 
