@@ -38,19 +38,9 @@ void check_version(NcclLibrary& l) {
 // The emulated devices' NCCL (src/emu/nccl.cpp), linked into this build.
 NcclLibrary open_nccl(const std::string&) {
   NcclLibrary l;
-  l.ncclGetVersion = &::ncclGetVersion;
-  l.ncclGetUniqueId = &::ncclGetUniqueId;
-  l.ncclGetErrorString = &::ncclGetErrorString;
-  l.ncclGetLastError = &::ncclGetLastError;
-  l.ncclCommInitRankConfig = &::ncclCommInitRankConfig;
-  l.ncclCommGetAsyncError = &::ncclCommGetAsyncError;
-  l.ncclCommFinalize = &::ncclCommFinalize;
-  l.ncclCommDestroy = &::ncclCommDestroy;
-  l.ncclCommAbort = &::ncclCommAbort;
-  l.ncclGroupStart = &::ncclGroupStart;
-  l.ncclGroupEnd = &::ncclGroupEnd;
-  l.ncclSend = &::ncclSend;
-  l.ncclRecv = &::ncclRecv;
+#define RINGATTN_NCCL_TAKE(f) l.f = &::f;
+  RINGATTN_NCCL_ENTRY_POINTS(RINGATTN_NCCL_TAKE)
+#undef RINGATTN_NCCL_TAKE
   l.file = "the SIMT emulator";
   check_version(l);
   return l;
@@ -78,18 +68,9 @@ NcclLibrary resolve_all(void* handle) {
     l.file = info.dli_fname;
   // Before the rest: an NCCL too old to have them is named as such, not as a missing symbol.
   check_version(l);
-  resolve(handle, "ncclGetUniqueId", l.ncclGetUniqueId, l.file);
-  resolve(handle, "ncclGetErrorString", l.ncclGetErrorString, l.file);
-  resolve(handle, "ncclGetLastError", l.ncclGetLastError, l.file);
-  resolve(handle, "ncclCommInitRankConfig", l.ncclCommInitRankConfig, l.file);
-  resolve(handle, "ncclCommGetAsyncError", l.ncclCommGetAsyncError, l.file);
-  resolve(handle, "ncclCommFinalize", l.ncclCommFinalize, l.file);
-  resolve(handle, "ncclCommDestroy", l.ncclCommDestroy, l.file);
-  resolve(handle, "ncclCommAbort", l.ncclCommAbort, l.file);
-  resolve(handle, "ncclGroupStart", l.ncclGroupStart, l.file);
-  resolve(handle, "ncclGroupEnd", l.ncclGroupEnd, l.file);
-  resolve(handle, "ncclSend", l.ncclSend, l.file);
-  resolve(handle, "ncclRecv", l.ncclRecv, l.file);
+#define RINGATTN_NCCL_RESOLVE(f) resolve(handle, #f, l.f, l.file);
+  RINGATTN_NCCL_ENTRY_POINTS(RINGATTN_NCCL_RESOLVE)  // ncclGetVersion again: the same symbol
+#undef RINGATTN_NCCL_RESOLVE
   return l;
 }
 

@@ -13,21 +13,29 @@ namespace ringattn::ring {
 // ncclCommInitRankConfig and the nonblocking finalize came with NCCL 2.14.
 inline constexpr int kMinNcclVersionCode = 21400;
 
+// The NCCL entry points ringattn uses, listed once: X(name) for each.
+// clang-format off
+#define RINGATTN_NCCL_ENTRY_POINTS(X) \
+  X(ncclGetVersion) \
+  X(ncclGetUniqueId) \
+  X(ncclGetErrorString) \
+  X(ncclGetLastError) \
+  X(ncclCommInitRankConfig) \
+  X(ncclCommGetAsyncError) \
+  X(ncclCommFinalize) \
+  X(ncclCommDestroy) \
+  X(ncclCommAbort) \
+  X(ncclGroupStart) \
+  X(ncclGroupEnd) \
+  X(ncclSend) \
+  X(ncclRecv)
+// clang-format on
+
 // The NCCL entry points ringattn uses, with nccl.h's own names and signatures.
 struct NcclLibrary {
-  decltype(&::ncclGetVersion) ncclGetVersion = nullptr;
-  decltype(&::ncclGetUniqueId) ncclGetUniqueId = nullptr;
-  decltype(&::ncclGetErrorString) ncclGetErrorString = nullptr;
-  decltype(&::ncclGetLastError) ncclGetLastError = nullptr;
-  decltype(&::ncclCommInitRankConfig) ncclCommInitRankConfig = nullptr;
-  decltype(&::ncclCommGetAsyncError) ncclCommGetAsyncError = nullptr;
-  decltype(&::ncclCommFinalize) ncclCommFinalize = nullptr;
-  decltype(&::ncclCommDestroy) ncclCommDestroy = nullptr;
-  decltype(&::ncclCommAbort) ncclCommAbort = nullptr;
-  decltype(&::ncclGroupStart) ncclGroupStart = nullptr;
-  decltype(&::ncclGroupEnd) ncclGroupEnd = nullptr;
-  decltype(&::ncclSend) ncclSend = nullptr;
-  decltype(&::ncclRecv) ncclRecv = nullptr;
+#define RINGATTN_NCCL_DECLARE(f) decltype(&::f) f = nullptr;
+  RINGATTN_NCCL_ENTRY_POINTS(RINGATTN_NCCL_DECLARE)
+#undef RINGATTN_NCCL_DECLARE
   int version_code = 0;  // ncclGetVersion's
   std::string file;      // where it came from, for the device report
 };
