@@ -49,6 +49,12 @@ struct AttentionConfig {
   // Grouped-query attention (GQA; MQA when 1): k, v, dk and dv have kv_heads heads, and
   // query head j reads K/V head j / (heads / kv_heads). Default: heads (multi-head).
   std::optional<int64_t> kv_heads;
+  // The values' head dim (--head-dim-v): v, dv, out and dout have head_dim_v columns, q, k,
+  // dq and dk head_dim (multi-head latent attention trains with 192 and 128). Unset: head_dim.
+  std::optional<int64_t> head_dim_v;
+  // Logit soft-capping (--softcap c, Gemma 2): each scaled score s becomes c·tanh(s / c)
+  // before the mask and the softmax; a sink's logit is not capped. 0: none.
+  double softcap = 0;
   // Sliding window (--window L or L,R): query p attends keys [p - window_left, p +
   // window_right]. Unset: no window. window_right defaults to window_left (0 when causal,
   // where it must be 0 or unset). Dense and block-sparse attention (dilated is refused).
@@ -72,6 +78,8 @@ struct AttentionConfig {
   // The K/V head query head `head` reads.
   int64_t kv_head_of(int64_t head) const { return head / queries_per_kv_head(); }
   TensorLayout effective_kv_layout() const { return kv_layout.value_or(layout); }
+  int64_t effective_head_dim_v() const { return head_dim_v.value_or(shape.head_dim); }
+  bool softcapped() const { return softcap > 0; }
   bool windowed() const { return window_left.has_value(); }
   bool packed() const { return !cu_seqlens.empty(); }
   // The window's reach left and right of the query, clipped to the sequence length (so
@@ -81,9 +89,17 @@ struct AttentionConfig {
     int64_t left = 0, right = 0;
   };
   WindowReach window_reach() const;
-  // [B, N, kv_heads, D]: the shape of k, v, dk and dv.
+  // [B, N, kv_heads, D]: the shape of k and dk (and of v and dv unless head_dim_v differs).
   Shape4 kv_shape() const {
     return {shape.batch, shape.seq_len, effective_kv_heads(), shape.head_dim};
+  }
+  // [B, N, kv_heads, head_dim_v]: the shape of v and dv.
+  Shape4 v_shape() const {
+    return {shape.batch, shape.seq_len, effective_kv_heads(), effective_head_dim_v()};
+  }
+  // [B, N, H, head_dim_v]: the shape of out and dout.
+  Shape4 out_shape() const {
+    return {shape.batch, shape.seq_len, shape.heads, effective_head_dim_v()};
   }
 };
 
@@ -92,9 +108,9 @@ struct AttentionConfig {
 void validate(const AttentionConfig& cfg);
 
 // Sum over batch, heads and query rows of the number of keys each query attends
-// (causal counted as attended; a sliding window counts only the keys inside it). Forward FLOPs are
-// 4 * head_dim * attended_pairs. Dense and dilated only: block-sparse plans count their own from
-// the block lists.
+// (causal counted as attended; a sliding window counts only the keys inside it). Forward FLOPs
+// are 2 * (head_dim + head_dim_v) * attended_pairs. Dense and dilated only: block-sparse plans
+// count their own from the block lists.
 double attended_pairs(const AttentionConfig& cfg);
 
 }  // namespace ringattn

@@ -1,8 +1,8 @@
 // The float64 reference: every attention mode computed straight from the definitions in
 // docs/SEMANTICS.md, with no tiling and no tricks. Used by the tests and by `--check`.
-// Inputs are float32 [B, N, H, D] (k and v [B, N, HKV, D] with cfg.kv_heads); results are
-// float64 in the same layouts as the fast path (out/dq [B, N, H, D], dk/dv [B, N, HKV, D],
-// lse [B, H, N]).
+// Inputs are float32 [B, N, H, D] (k [B, N, HKV, D] with cfg.kv_heads, v [B, N, HKV, Dv] with
+// cfg.head_dim_v); results are float64 in the same layouts as the fast path (dq [B, N, H, D],
+// out [B, N, H, Dv], dk [B, N, HKV, D], dv [B, N, HKV, Dv], lse [B, H, N]).
 #pragma once
 
 #include <cstdint>
@@ -49,10 +49,12 @@ struct BlockReferenceProblem {
   int64_t window_left = -1, window_right = -1;  // -1: no limit on that side
   std::function<std::vector<int64_t>(int64_t head, int64_t qblock)> key_blocks;
   std::vector<float> sinks;  // [H] attention sinks, or empty
+  int64_t head_dim_v = 0;    // v, dv, out and dout's head dim; 0: shape.head_dim
+  double softcap = 0;        // s <- softcap · tanh(s / softcap) on the scaled score; 0: none
 };
 
-// The problem for cfg's shape, block size, causality, scale, K/V heads, documents and window;
-// the caller states the mask (key_blocks).
+// The problem for cfg's shape, block size, causality, scale, K/V heads, documents, window,
+// value head dim and soft-cap; the caller states the mask (key_blocks).
 BlockReferenceProblem block_problem_of(const AttentionConfig& cfg);
 
 ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const float* q,
@@ -60,8 +62,8 @@ ReferenceForward reference_forward_blocks(const BlockReferenceProblem& pb, const
 ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, const float* q,
                                              const float* k, const float* v, const float* dout);
 // One query row (head h, position p) from rows the caller fetches: key_row(t) and
-// value_row(t) return the D floats at position t of the K/V head that h reads. Writes out [D] and
-// *lse. This is how a huge run is checked on sampled rows without the full tensors.
+// value_row(t) return the D (head_dim_v) floats at position t of the K/V head that h reads.
+// Writes out [head_dim_v] and *lse. This is how a huge run is checked on sampled rows without the full tensors.
 void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p, const float* q_row,
                           const std::function<const float*(int64_t)>& key_row,
                           const std::function<const float*(int64_t)>& value_row, double* out,

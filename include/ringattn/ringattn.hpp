@@ -186,10 +186,14 @@ class Engine {
   std::vector<int64_t> local_rows() const;
   std::vector<int64_t> rows_of(int rank) const;
   int64_t local_len() const noexcept;
-  // [B, local_len, H, D] and [B, local_len, HKV, D] (logical shapes; config().layout says
-  // how they sit in memory). lse is [B, H, local_len].
+  // [B, local_len, H, D] (q, dq) and [B, local_len, HKV, D] (k, dk) (logical shapes;
+  // config().layout says how they sit in memory). lse is [B, H, local_len]. v and dv are
+  // local_v_shape() [B, local_len, HKV, Dv], out and dout local_out_shape() [B, local_len, H,
+  // Dv], Dv = config().effective_head_dim_v().
   Shape4 local_shape() const noexcept;
   Shape4 local_kv_shape() const noexcept;
+  Shape4 local_v_shape() const noexcept;
+  Shape4 local_out_shape() const noexcept;
 
   // This rank's float32 host shard. On a GPU engine the first host call allocates staging
   // buffers on the device once; the call returns when the results are on the host. `sinks`

@@ -27,11 +27,21 @@ Shape4 shape_from_files(const RunOptions& opts) {
   const Shape4 sq = shape_of("--q", opts.q_path);
   const Shape4 sk = shape_of("--k", opts.k_path);
   const Shape4 sv = shape_of("--v", opts.v_path);
-  // K and V are [B, N, HKV, D] with HKV = --kv-heads (default: --q's heads).
+  // K and V are [B, N, HKV, D] with HKV = --kv-heads (default: --q's heads), V's head dim
+  // --head-dim-v (default: --q's).
   const int64_t kv_heads = cfg.kv_heads.value_or(sq.heads);
+  if (sv.head_dim != cfg.head_dim_v.value_or(sq.head_dim))
+    throw InputError(
+        file_subject("--v", opts.v_path),
+        "head dim " + std::to_string(sv.head_dim) +
+            (cfg.head_dim_v ? " differs from --head-dim-v " + std::to_string(*cfg.head_dim_v)
+                            : " differs from --q's " + std::to_string(sq.head_dim) +
+                                  "; for values of their own head dim pass --head-dim-v " +
+                                  std::to_string(sv.head_dim)));
   for (const auto& [option, path, sx] :
        {std::tuple{"--k", &opts.k_path, sk}, std::tuple{"--v", &opts.v_path, sv}}) {
-    if (sx.batch != sq.batch || sx.seq_len != sq.seq_len || sx.head_dim != sq.head_dim)
+    if (sx.batch != sq.batch || sx.seq_len != sq.seq_len ||
+        (option[2] == 'k' && sx.head_dim != sq.head_dim))
       throw InputError(file_subject(option, *path), "shape " + to_string(sx) +
                                                         " differs from --q's " + to_string(sq) +
                                                         " in batch, length or head dim");
@@ -81,10 +91,10 @@ JobSpec job_spec(const RunOptions& opts) {
     spec.config.cu_seqlens = read_cu_seqlens(opts.cu_seqlens_path, spec.config.shape.seq_len);
   if (!opts.dout_path.empty()) {
     const Shape4 sd = shape_of("--dout", opts.dout_path);
-    if (!(sd == spec.config.shape))
+    if (!(sd == spec.config.out_shape()))
       throw InputError(file_subject("--dout", opts.dout_path),
-                       "shape " + to_string(sd) + " differs from the input shape " +
-                           to_string(spec.config.shape));
+                       "shape " + to_string(sd) + " differs from the output's shape " +
+                           to_string(spec.config.out_shape()));
   }
   spec.attention_auto = opts.attention_auto;
   spec.sparse_threshold = opts.sparse_threshold;

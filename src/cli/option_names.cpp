@@ -17,6 +17,8 @@ std::string option_of(const std::string& subject) {
       {"config.shape.heads", "--heads"},
       {"config.shape.head_dim", "--head-dim"},
       {"config.kv_heads", "--kv-heads"},
+      {"config.head_dim_v", "--head-dim-v"},
+      {"config.softcap", "--softcap"},
       {"config.attention", "--attention"},
       {"config.combine", "--combine"},
       {"config.segments", "--segments"},

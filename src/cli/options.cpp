@@ -4,6 +4,7 @@
 #include "cli/options.hpp"
 
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <iostream>
@@ -75,11 +76,15 @@ po::options_description input_options() {
   input.add_options()("q", po::value<std::string>(),
                       "queries, .npy float32/float16 [B,N,H,D] (with --k, --v)")(
       "k", po::value<std::string>(), "keys, .npy [B,N,HKV,D]: as --q, with --kv-heads heads")(
-      "v", po::value<std::string>(), "values, .npy, same shape as --k")(
+      "v", po::value<std::string>(),
+      "values, .npy [B,N,HKV,Dv]: as --k, with --head-dim-v columns")(
       "batch", po::value<int64_t>(), "synthetic inputs: batch B (default 1)")(
       "seq-len", po::value<int64_t>(), "synthetic inputs: sequence length N (default 4096)")(
       "heads", po::value<int64_t>(), "synthetic inputs: heads H (default 8)")(
       "head-dim", po::value<int64_t>(), "synthetic inputs: head dim D (default 64, max 256)")(
+      "head-dim-v", po::value<int64_t>(),
+      "values' head dim Dv (v, out, dout; default D): multi-head latent attention runs "
+      "q and k of D = 192 against v of Dv = 128")(
       "kv-heads", po::value<int64_t>(),
       "K/V heads HKV for grouped-query attention (1: multi-query); must divide H "
       "(default H); query head j reads K/V head j / (H / HKV)")(
@@ -107,6 +112,9 @@ po::options_description pattern_options() {
       "packed sequences from a file: .npy int32/int64 [n_docs + 1] document offsets, 0 first, "
       "strictly increasing, N last")("scale", po::value<double>(),
                                      "softmax scale (default 1/sqrt(D))")(
+      "softcap", po::value<double>(),
+      "logit soft-capping c (Gemma 2): each scaled score s becomes c*tanh(s/c) before the "
+      "softmax; 0 (default): none")(
       "sinks", po::value<std::string>(),
       "attention sinks: .npy float32 [H], a learned logit per query head joining every row's "
       "softmax normaliser (-inf: none for that head); dense and block-sparse attention");
@@ -331,6 +339,12 @@ void read_files_and_shape(const po::variables_map& vm, RunOptions& o) {
          {std::pair{"--q", o.q_path}, {"--k", o.k_path}, {"--v", o.v_path}})
       if (path.empty()) throw InputError(name, "missing: --q, --k and --v must be given together");
   }
+  if (vm.count("head-dim-v")) {
+    o.cfg.head_dim_v = vm["head-dim-v"].as<int64_t>();
+    if (*o.cfg.head_dim_v <= 0 || *o.cfg.head_dim_v > kMaxHeadDim)
+      throw InputError("--head-dim-v", "must be in 1.." + std::to_string(kMaxHeadDim) + ", got " +
+                                           std::to_string(*o.cfg.head_dim_v));
+  }
   if (vm.count("kv-heads")) {
     o.cfg.kv_heads = vm["kv-heads"].as<int64_t>();
     if (*o.cfg.kv_heads <= 0)
@@ -432,6 +446,14 @@ void read_mask_and_documents(const po::variables_map& vm, RunOptions& o) {
     if (o.cu_seqlens_path.empty()) throw InputError("--cu-seqlens", "the path is empty");
   }
   if (vm.count("scale")) o.cfg.scale = vm["scale"].as<double>();
+  if (vm.count("softcap")) {
+    o.cfg.softcap = vm["softcap"].as<double>();
+    if (!(std::isfinite(o.cfg.softcap) && o.cfg.softcap >= 0.0)) {
+      std::ostringstream got;
+      got << o.cfg.softcap;
+      throw InputError("--softcap", "must be a finite number >= 0 (0: none), got " + got.str());
+    }
+  }
 }
 
 void read_backward(const po::variables_map& vm, RunOptions& o) {

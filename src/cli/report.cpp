@@ -32,15 +32,19 @@ std::string human_bytes(std::size_t b) {
 
 }  // namespace
 
+// FLOPs per attended pair: forward S = QKᵀ (2·D) and PV (2·Dv); backward the recomputed S, dQ
+// and dK (2·D each), dP and dV (2·Dv each): 2.5x the forward when Dv = D.
 double RunReport::fwd_gflops() const {
-  return fwd_ms > 0
-             ? 4.0 * static_cast<double>(cfg.shape.head_dim) * attended_pairs / (fwd_ms * 1e6)
-             : 0.0;
+  const auto d = static_cast<double>(cfg.shape.head_dim);
+  const auto dv = static_cast<double>(cfg.effective_head_dim_v());
+  return fwd_ms > 0 ? 2.0 * (d + dv) * attended_pairs / (fwd_ms * 1e6) : 0.0;
 }
 
 std::optional<double> RunReport::bwd_gflops() const {
   if (!bwd_ms || *bwd_ms <= 0) return std::nullopt;
-  return 2.5 * 4.0 * static_cast<double>(cfg.shape.head_dim) * attended_pairs / (*bwd_ms * 1e6);
+  const auto d = static_cast<double>(cfg.shape.head_dim);
+  const auto dv = static_cast<double>(cfg.effective_head_dim_v());
+  return 2.0 * (3.0 * d + 2.0 * dv) * attended_pairs / (*bwd_ms * 1e6);
 }
 
 bool RunReport::check_passed() const {
@@ -98,6 +102,8 @@ void add_problem(const RunReport& r, nlohmann::json& j) {
   j["heads"] = c.shape.heads;
   j["kv_heads"] = c.effective_kv_heads();
   j["head_dim"] = c.shape.head_dim;
+  j["head_dim_v"] = c.effective_head_dim_v();
+  j["softcap"] = c.softcap;
   j["attention"] = to_string(c.attention);
   j["window"] = window_json(c);
   j["documents"] = documents_json(c);
@@ -208,7 +214,11 @@ void print_table(const RunReport& r, std::ostream& os) {
   os << "  shape [B,N,H,D]  " << to_string(c.shape);
   if (c.effective_kv_heads() != c.shape.heads)
     os << "   K/V heads " << c.effective_kv_heads() << " (grouped-query)";
-  os << "   causal " << (c.causal ? "yes" : "no") << "   scale " << c.effective_scale() << "\n";
+  if (c.effective_head_dim_v() != c.shape.head_dim)
+    os << "   values' head dim " << c.effective_head_dim_v();
+  os << "   causal " << (c.causal ? "yes" : "no") << "   scale " << c.effective_scale();
+  if (c.softcapped()) os << "   soft-cap " << c.softcap;
+  os << "\n";
   if (c.layout != TensorLayout::bnhd)
     os << "  tensor layout    " << to_string(c.layout) << " (the engine's tensors; files stay "
        << "[B,N,H,D])\n";

@@ -139,6 +139,7 @@ void make_engine_copies(Run& run) {
   const Engine& e = *run.engine;
   Tensors& t = run.t;
   const Shape4 s = e.local_shape(), skv = e.local_kv_shape();
+  const Shape4 sv = e.local_v_shape(), so = e.local_out_shape();
   const bool backward = run.opts.backward;
   if (e.device() == Device::cuda) {
     const DeviceDType dt = e.dtype();
@@ -158,7 +159,7 @@ void make_engine_copies(Run& run) {
       upload(d.dout, t.dout, "dout");
       d.dq = DeviceBuffer(t.q.size() * sizeof(float), "dq", dev);
       d.dk = DeviceBuffer(t.k.size() * sizeof(float), "dk", dev);
-      d.dv = DeviceBuffer(t.k.size() * sizeof(float), "dv", dev);
+      d.dv = DeviceBuffer(t.v.size() * sizeof(float), "dv", dev);
     }
     if (!t.sinks.empty()) {
       d.sinks = DeviceBuffer(t.sinks.size() * sizeof(float), "sinks", dev);
@@ -180,13 +181,13 @@ void make_engine_copies(Run& run) {
     Tensors::Copies& hm = t.engine_copies.emplace();
     hm.q = copy(t.q, s, q_hm, "q (engine layout)");
     hm.k = copy(t.k, skv, kv_hm, "k (engine layout)");
-    hm.v = copy(t.v, skv, kv_hm, "v (engine layout)");
-    hm.o = copy(t.o, s, q_hm, "out (engine layout)");
+    hm.v = copy(t.v, sv, kv_hm, "v (engine layout)");
+    hm.o = copy(t.o, so, q_hm, "out (engine layout)");
     if (backward) {
-      hm.dout = copy(t.dout, s, q_hm, "dout (engine layout)");
+      hm.dout = copy(t.dout, so, q_hm, "dout (engine layout)");
       hm.dq = copy(t.dq, s, q_hm, "dq (engine layout)");
       hm.dk = copy(t.dk, skv, kv_hm, "dk (engine layout)");
-      hm.dv = copy(t.dv, skv, kv_hm, "dv (engine layout)");
+      hm.dv = copy(t.dv, sv, kv_hm, "dv (engine layout)");
     }
   }
 }
@@ -198,35 +199,36 @@ void load_tensors(Run& run) {
   check_resolved(opts, e);
   run.sampled_check = opts.check && samples_rows(e);
   const Shape4& s = e.config().shape;
-  const Shape4 skv = e.config().kv_shape();
+  const Shape4 skv = e.config().kv_shape(), sv = e.config().v_shape(), so = e.config().out_shape();
   const Shape4 local = e.local_shape(), local_kv = e.local_kv_shape();
+  const Shape4 local_v = e.local_v_shape(), local_out = e.local_out_shape();
   const std::vector<int64_t> rows = e.local_rows();
   Tensors& t = run.t;
   t.q = HostTensor(local, "q");
   t.k = HostTensor(local_kv, "k");
-  t.v = HostTensor(local_kv, "v");
-  t.o = HostTensor(local, "out");
+  t.v = HostTensor(local_v, "v");
+  t.o = HostTensor(local_out, "out");
   t.lse = HostTensor(std::vector<int64_t>{s.batch, s.heads, local.seq_len}, "lse");
   if (opts.backward) {
-    t.dout = HostTensor(local, "dout");
+    t.dout = HostTensor(local_out, "dout");
     t.dq = HostTensor(local, "dq");
     t.dk = HostTensor(local_kv, "dk");
-    t.dv = HostTensor(local_kv, "dv");
+    t.dv = HostTensor(local_v, "dv");
   }
   if (!opts.q_path.empty()) {
     load_shard("--q", opts.q_path, rows, s, t.q);
     load_shard("--k", opts.k_path, rows, skv, t.k);
-    load_shard("--v", opts.v_path, rows, skv, t.v);
+    load_shard("--v", opts.v_path, rows, sv, t.v);
   } else {
     fill_synthetic(t.q, rows, s, opts.seed, 1);
     fill_synthetic(t.k, rows, skv, opts.seed, 2);
-    fill_synthetic(t.v, rows, skv, opts.seed, 3);
+    fill_synthetic(t.v, rows, sv, opts.seed, 3);
   }
   if (opts.backward) {
     if (!opts.dout_path.empty())
-      load_shard("--dout", opts.dout_path, rows, s, t.dout);
+      load_shard("--dout", opts.dout_path, rows, so, t.dout);
     else
-      fill_synthetic(t.dout, rows, s, opts.seed, 4);
+      fill_synthetic(t.dout, rows, so, opts.seed, 4);
   }
   if (!opts.sinks_path.empty()) {
     t.sinks = read_sinks(opts.sinks_path, s.heads);
@@ -453,25 +455,26 @@ Gathered gather_results(Run& run, bool full_check) {
   Gathered g;
   g.storage.reserve(9);
   const auto rows_of = [&](int r) { return e.rows_of(r); };
-  auto full = [&](const HostTensor& t, bool wanted, int64_t heads, bool is_lse) -> const float* {
+  // `cols`: floats per token (heads · head dim, or heads for lse).
+  auto full = [&](const HostTensor& t, bool wanted, int64_t cols, bool is_lse) -> const float* {
     if (!wanted || !need) return nullptr;
     if (run.comm.size() == 1) return t.data();
-    g.storage.push_back(gather_full(run.comm, t, s.batch, s.seq_len,
-                                    is_lse ? heads : heads * s.head_dim, is_lse, rows_of));
+    g.storage.push_back(gather_full(run.comm, t, s.batch, s.seq_len, cols, is_lse, rows_of));
     return g.storage.back().data();
   };
   const Tensors& t = run.t;
   const int64_t h = s.heads, hkv = e.config().effective_kv_heads();
+  const int64_t d = s.head_dim, dv = e.config().effective_head_dim_v();
   const bool bwd = opts.backward;
-  g.t.out = full(t.o, true, h, false);
+  g.t.out = full(t.o, true, h * dv, false);
   g.t.lse = full(t.lse, true, h, true);
-  g.t.dq = full(t.dq, bwd, h, false);
-  g.t.dk = full(t.dk, bwd, hkv, false);
-  g.t.dv = full(t.dv, bwd, hkv, false);
-  g.t.q = full(t.q, full_check, h, false);
-  g.t.k = full(t.k, full_check, hkv, false);
-  g.t.v = full(t.v, full_check, hkv, false);
-  g.t.dout = full(t.dout, full_check && bwd, h, false);
+  g.t.dq = full(t.dq, bwd, h * d, false);
+  g.t.dk = full(t.dk, bwd, hkv * d, false);
+  g.t.dv = full(t.dv, bwd, hkv * dv, false);
+  g.t.q = full(t.q, full_check, h * d, false);
+  g.t.k = full(t.k, full_check, hkv * d, false);
+  g.t.v = full(t.v, full_check, hkv * dv, false);
+  g.t.dout = full(t.dout, full_check && bwd, h * dv, false);
   // Every rank holds the whole sinks; rank 0 the job's gradient (results_to_host).
   if (!t.sinks.empty()) {
     g.t.sinks = t.sinks.data();
@@ -484,15 +487,18 @@ Gathered gather_results(Run& run, bool full_check) {
 void write_outputs(const RunOptions& opts, const Engine& e, const WholeTensors& w, RunReport& rep) {
   const Shape4& s = e.config().shape;
   const int64_t hkv = e.config().effective_kv_heads();
+  const int64_t dv = e.config().effective_head_dim_v();
   const std::vector<int64_t> dims4{s.batch, s.seq_len, s.heads, s.head_dim};
   const std::vector<int64_t> kv_dims4{s.batch, s.seq_len, hkv, s.head_dim};
+  const std::vector<int64_t> out_dims4{s.batch, s.seq_len, s.heads, dv};
+  const std::vector<int64_t> v_dims4{s.batch, s.seq_len, hkv, dv};
   AtomicOutputs files;
-  if (!opts.out_path.empty()) files.stage(opts.out_path, dims4, w.out);
+  if (!opts.out_path.empty()) files.stage(opts.out_path, out_dims4, w.out);
   if (!opts.lse_out_path.empty())
     files.stage(opts.lse_out_path, {s.batch, s.heads, s.seq_len}, w.lse);
   if (!opts.dq_out_path.empty()) files.stage(opts.dq_out_path, dims4, w.dq);
   if (!opts.dk_out_path.empty()) files.stage(opts.dk_out_path, kv_dims4, w.dk);
-  if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, kv_dims4, w.dv);
+  if (!opts.dv_out_path.empty()) files.stage(opts.dv_out_path, v_dims4, w.dv);
   if (!opts.dsinks_out_path.empty()) files.stage(opts.dsinks_out_path, {s.heads}, w.dsinks);
   if (!opts.pattern_out_path.empty()) {
     const int64_t nb = s.seq_len / e.config().block_size;

@@ -119,6 +119,18 @@ void validate(const AttentionConfig& cfg, const HeadSlice& heads) {
   if (s.batch > INT64_MAX / s.seq_len || s.batch * s.seq_len > INT64_MAX / s.heads ||
       s.batch * s.seq_len * s.heads > INT64_MAX / s.head_dim)
     throw InputError("config.shape.seq_len", "shape " + to_string(s) + " has too many elements");
+  if (cfg.head_dim_v && (*cfg.head_dim_v <= 0 || *cfg.head_dim_v > kMaxHeadDim))
+    throw InputError("config.head_dim_v", "must be in 1.." + std::to_string(kMaxHeadDim) +
+                                              ", got " + std::to_string(*cfg.head_dim_v));
+  if (cfg.head_dim_v && s.batch * s.seq_len * s.heads > INT64_MAX / *cfg.head_dim_v)
+    throw InputError("config.head_dim_v", "shape " + to_string(cfg.out_shape()) +
+                                              " of the output has too many elements");
+  if (!(std::isfinite(cfg.softcap) && cfg.softcap >= 0.0)) {
+    std::ostringstream got;
+    got << cfg.softcap;
+    throw InputError("config.softcap",
+                     "must be a finite number >= 0 (0: no soft-capping), got " + got.str());
+  }
   if (cfg.scale && !(std::isfinite(*cfg.scale) && *cfg.scale > 0.0))
     throw InputError("config.scale", "must be a positive finite number");
   const int64_t kv_heads = cfg.effective_kv_heads();
@@ -201,6 +213,21 @@ void require_unpacked(const AttentionConfig& cfg, const std::string& path) {
 void require_no_window(const AttentionConfig& cfg, const std::string& path) {
   if (!cfg.window_left && !cfg.window_right) return;
   throw InputError("config.window_left", "a sliding window is not yet supported on " + path);
+}
+
+void require_one_head_dim(const AttentionConfig& cfg, const std::string& path) {
+  if (cfg.effective_head_dim_v() == cfg.shape.head_dim) return;
+  throw InputError("config.head_dim_v",
+                   "values of their own head dim (" +
+                       field_is("config.head_dim_v", std::to_string(*cfg.head_dim_v)) +
+                       " != " + field_is("config.shape.head_dim", std::to_string(cfg.shape.head_dim)) +
+                       ") are computed by the CPU engines, not yet on " + path);
+}
+
+void require_uncapped(const AttentionConfig& cfg, const std::string& path) {
+  if (!cfg.softcapped()) return;
+  throw InputError("config.softcap",
+                   "logit soft-capping is computed by the CPU engines, not yet on " + path);
 }
 
 void require_bnhd(const AttentionConfig& cfg, const std::string& path) {

@@ -140,27 +140,32 @@ void build(job::EngineState& m, const JobSpec& spec) {
 // This rank's out and lse as the sinks' epilogue and gradient read them.
 kernels::SinkRows sink_rows(const job::EngineState& m) {
   const AttentionConfig& c = m.job.cfg;
-  return {c.shape.batch, m.job.local_len(), c.shape.heads, c.shape.head_dim, c.layout};
+  return {c.shape.batch, m.job.local_len(), c.shape.heads, c.effective_head_dim_v(), c.layout};
 }
 
-// The element counts of this rank's q (and out, dout), k (v) and lse.
+// The element counts of this rank's q (dq), k (dk), v (dv), out (dout) and lse.
 struct StagedSizes {
-  std::size_t n = 0, n_kv = 0, n_lse = 0;
+  std::size_t n = 0, n_kv = 0, n_v = 0, n_out = 0, n_lse = 0;
 };
+
+StagedSizes staged_sizes(const job::ResolvedJob& j) {
+  const AttentionConfig& c = j.cfg;
+  const auto rows = static_cast<std::size_t>(c.shape.batch * j.local_len());
+  const auto h = static_cast<std::size_t>(c.shape.heads);
+  const auto hkv = static_cast<std::size_t>(c.effective_kv_heads());
+  const auto d = static_cast<std::size_t>(c.shape.head_dim);
+  const auto dv = static_cast<std::size_t>(c.effective_head_dim_v());
+  return {rows * h * d, rows * hkv * d, rows * hkv * dv, rows * h * dv, rows * h};
+}
 
 // A host call's q, k, v uploaded into the staging buffers in the engine's dtype.
 StagedSizes stage_inputs(const job::EngineState& m, job::EngineState::Staging& s, const float* q,
                          const float* k, const float* v) {
-  const Shape4& c = m.job.cfg.shape;
-  const auto rows = static_cast<std::size_t>(c.batch * m.job.local_len());
-  const auto d = static_cast<std::size_t>(c.head_dim);
-  const StagedSizes z{rows * static_cast<std::size_t>(c.heads) * d,
-                      rows * static_cast<std::size_t>(m.job.cfg.effective_kv_heads()) * d,
-                      rows * static_cast<std::size_t>(c.heads)};
+  const StagedSizes z = staged_sizes(m.job);
   const DeviceDType t = m.backend->dtype();
   s.q.upload(q, z.n, t);
   s.k.upload(k, z.n_kv, t);
-  s.v.upload(v, z.n_kv, t);
+  s.v.upload(v, z.n_v, t);
   return z;
 }
 
@@ -223,6 +228,14 @@ Shape4 Engine::local_kv_shape() const noexcept {
   const Shape4& s = config().shape;
   return {s.batch, local_len(), config().effective_kv_heads(), s.head_dim};
 }
+Shape4 Engine::local_v_shape() const noexcept {
+  const Shape4& s = config().shape;
+  return {s.batch, local_len(), config().effective_kv_heads(), config().effective_head_dim_v()};
+}
+Shape4 Engine::local_out_shape() const noexcept {
+  const Shape4& s = config().shape;
+  return {s.batch, local_len(), s.heads, config().effective_head_dim_v()};
+}
 
 void Engine::synchronize() { impl_->backend->synchronize(); }
 
@@ -243,26 +256,22 @@ std::vector<uint8_t> Engine::block_mask() const {
 // The device copies of this rank's shard for host calls, allocated on the first call that
 // needs each (the forward's five, the backward's four more).
 job::EngineState::Staging& job::EngineState::stage(bool backward_too) {
-  const Shape4 local{job.cfg.shape.batch, job.local_len(), job.cfg.shape.heads,
-                     job.cfg.shape.head_dim};
-  const auto n = static_cast<std::size_t>(local.numel());
-  const auto n_kv = n / static_cast<std::size_t>(job.cfg.queries_per_kv_head());
-  const auto n_lse = n / static_cast<std::size_t>(local.head_dim);
+  const StagedSizes z = staged_sizes(job);
   const std::size_t eb = bytes_per_element(backend->dtype());
   const int dev = device_index;
   if (!staging) {
     staging = std::make_unique<Staging>();
-    staging->q = DeviceBuffer(n * eb, "q (staged)", dev);
-    staging->k = DeviceBuffer(n_kv * eb, "k (staged)", dev);
-    staging->v = DeviceBuffer(n_kv * eb, "v (staged)", dev);
-    staging->out = DeviceBuffer(n * sizeof(float), "out (staged)", dev);
-    staging->lse = DeviceBuffer(n_lse * sizeof(float), "lse (staged)", dev);
+    staging->q = DeviceBuffer(z.n * eb, "q (staged)", dev);
+    staging->k = DeviceBuffer(z.n_kv * eb, "k (staged)", dev);
+    staging->v = DeviceBuffer(z.n_v * eb, "v (staged)", dev);
+    staging->out = DeviceBuffer(z.n_out * sizeof(float), "out (staged)", dev);
+    staging->lse = DeviceBuffer(z.n_lse * sizeof(float), "lse (staged)", dev);
   }
   if (backward_too && !staging->dq.data()) {
-    staging->dout = DeviceBuffer(n * eb, "dout (staged)", dev);
-    staging->dq = DeviceBuffer(n * sizeof(float), "dq (staged)", dev);
-    staging->dk = DeviceBuffer(n_kv * sizeof(float), "dk (staged)", dev);
-    staging->dv = DeviceBuffer(n_kv * sizeof(float), "dv (staged)", dev);
+    staging->dout = DeviceBuffer(z.n_out * eb, "dout (staged)", dev);
+    staging->dq = DeviceBuffer(z.n * sizeof(float), "dq (staged)", dev);
+    staging->dk = DeviceBuffer(z.n_kv * sizeof(float), "dk (staged)", dev);
+    staging->dv = DeviceBuffer(z.n_v * sizeof(float), "dv (staged)", dev);
   }
   return *staging;
 }
@@ -278,7 +287,7 @@ void Engine::forward(const float* q, const float* k, const float* v, float* out,
     const StagedSizes z = stage_inputs(m, s, q, k, v);
     m.backend->forward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>());
     m.backend->synchronize();
-    s.out.download(out, z.n);
+    s.out.download(out, z.n_out);
     s.lse.download(lse, z.n_lse);
   }
   if (sinks) kernels::apply_sinks(sink_rows(m), sinks, out, lse, 0);
@@ -294,15 +303,15 @@ void Engine::backward(const float* q, const float* k, const float* v, const floa
   } else {
     job::EngineState::Staging& s = m.stage(true);
     const StagedSizes z = stage_inputs(m, s, q, k, v);
-    s.out.upload(out, z.n, DeviceDType::fp32);
+    s.out.upload(out, z.n_out, DeviceDType::fp32);
     s.lse.upload(lse, z.n_lse, DeviceDType::fp32);
-    s.dout.upload(dout, z.n, dtype());
+    s.dout.upload(dout, z.n_out, dtype());
     m.backend->backward(s.q.data(), s.k.data(), s.v.data(), s.out.as<float>(), s.lse.as<float>(),
                         s.dout.data(), s.dq.as<float>(), s.dk.as<float>(), s.dv.as<float>());
     m.backend->synchronize();
     s.dq.download(dq, z.n);
     s.dk.download(dk, z.n_kv);
-    s.dv.download(dv, z.n_kv);
+    s.dv.download(dv, z.n_v);
   }
   if (sinks) {
     std::vector<double> terms(static_cast<std::size_t>(config().shape.heads));

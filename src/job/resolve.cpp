@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/patterns.hpp"
 #include "job/ulysses.hpp"
 #include "kernels/cpu_blas.hpp"
 #include "ring/ulysses_model.hpp"
@@ -28,9 +29,12 @@ namespace {
 // D] tensors (the GPU engines read no other layout). Everything else runs on the CPU.
 bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
   if (spec.device == Device::cpu) return false;
+  // Values of their own head dim and soft-capped logits are computed by the CPU engines only.
   if (spec.device == Device::automatic)
     return cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
-           spec.config.effective_kv_layout() == TensorLayout::bnhd && probe_cuda_device().usable;
+           spec.config.effective_kv_layout() == TensorLayout::bnhd &&
+           spec.config.effective_head_dim_v() == spec.config.shape.head_dim &&
+           !spec.config.softcapped() && probe_cuda_device().usable;
   if (!cuda_built())
     throw InputError("device",
                      "'cuda' is not available: this build of ringattn has CPU kernels only (use " +
@@ -209,6 +213,14 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
+  if (ranks.world > 1) {  // TEMP: lifted as the ranks' engines learn them
+    require_one_head_dim(cfg, "several ranks");
+    require_uncapped(cfg, "several ranks");
+  }
+  if (block_sparse) {
+    require_one_head_dim(cfg, "block-sparse attention");
+    require_uncapped(cfg, "block-sparse attention");
+  }
   // The ring runs over the groups, on a slice's heads.
   std::optional<UlyssesSlice> slice;
   if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);

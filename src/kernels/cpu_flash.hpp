@@ -37,6 +37,13 @@ struct SubseqTask {
   int64_t window_left = kNoWindow, window_right = kNoWindow;
 };
 
+// A task's offsets and strides count floats of q and k rows, always whole rows of head_dim;
+// the same rows of v, dv, out and dout hold head_dim_v floats each, at this offset (stride).
+RINGATTN_HOST_DEVICE inline int64_t value_floats(int64_t floats, int64_t head_dim,
+                                                 int64_t head_dim_v) {
+  return head_dim_v == head_dim ? floats : floats / head_dim * head_dim_v;
+}
+
 // One unit of forward work: query rows [q_begin, q_begin + q_tile) of one task.
 struct ForwardItem {
   int64_t task = 0;
@@ -54,9 +61,12 @@ struct ForwardParams {
   const float* v = nullptr;
   float* out = nullptr;
   float* lse = nullptr;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;    // q and k
+  int64_t head_dim_v = 0;  // v and out; 0: head_dim
   float scale = 1.0f;
+  float softcap = 0.0f;  // s <- softcap · tanh(s / softcap) on the scaled scores; 0: none
   bool causal = false;
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   // false: write out = out_scale * softmax(S) V and lse (overwriting).
   // true: merge this result into the (out, lse) already there, by log-sum-exp weights.
   bool accumulate = false;
@@ -73,9 +83,12 @@ struct BackwardParams {
   float* dq = nullptr;  // accumulated into (+=)
   float* dk = nullptr;  // accumulated into (+=)
   float* dv = nullptr;  // accumulated into (+=)
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;    // q, k, dq, dk
+  int64_t head_dim_v = 0;  // v, out, dout, dv; 0: head_dim
   float scale = 1.0f;
+  float softcap = 0.0f;  // as the forward's
   bool causal = false;
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   float out_scale = 1.0f;   // the forward's out_scale: true O = out / out_scale
   float dout_scale = 1.0f;  // true dO = dout * dout_scale
 };
@@ -166,9 +179,11 @@ constexpr std::size_t tile_ld(int64_t q_tile) {
   return ld % 128 == 0 ? ld + 16 : ld;
 }
 
-// Floats of scratch one thread needs for the given tiles and head dim.
-std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim);
-std::size_t backward_workspace_floats(const TileConfig& t, int64_t head_dim);
+// Floats of scratch one thread needs for the given tiles and head dims (head_dim_v 0: head_dim).
+std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim,
+                                     int64_t head_dim_v = 0);
+std::size_t backward_workspace_floats(const TileConfig& t, int64_t head_dim,
+                                      int64_t head_dim_v = 0);
 
 // Runs every item in parallel on `threads` OpenMP threads. `workspace` holds
 // threads * forward_workspace_floats() floats, 64-byte aligned.

@@ -24,13 +24,13 @@ struct ForwardScratch {
   int64_t ld;  // queries per key column: tile_ld(q_tile) (cpu_flash.hpp)
   float* qt;   // head_dim × ld: the query tile, transposed and scaled
   float* s;    // k_tile × ld scores, then probabilities
-  float* acc;  // head_dim × ld unnormalised output
+  float* acc;  // head_dim_v × ld unnormalised output
   float* m;    // ld running max
   float* l;    // ld running sum
-  float* row;  // head_dim: one output row, for merging
+  float* row;  // head_dim_v: one output row, for merging
 };
 
-ForwardScratch carve(float* base, const TileConfig& t, int64_t d) {
+ForwardScratch carve(float* base, const TileConfig& t, int64_t d, int64_t dv) {
   ForwardScratch s{};
   s.ld = static_cast<int64_t>(tile_ld(t.q_tile));
   const auto ld = static_cast<std::size_t>(s.ld);
@@ -39,7 +39,7 @@ ForwardScratch carve(float* base, const TileConfig& t, int64_t d) {
   s.s = base;
   base += round_up16(ld * static_cast<std::size_t>(t.k_tile));
   s.acc = base;
-  base += round_up16(ld * static_cast<std::size_t>(d));
+  base += round_up16(ld * static_cast<std::size_t>(dv));
   s.m = base;
   base += ld;
   s.l = base;
@@ -50,7 +50,7 @@ ForwardScratch carve(float* base, const TileConfig& t, int64_t d) {
 
 void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const TileConfig& tiles,
                   const ForwardScratch& w) {
-  const int64_t d = p.head_dim;
+  const int64_t d = p.head_dim, dv = p.value_dim();
   const int64_t bq = std::min(tiles.q_tile, t.n_q - i0);
   const int64_t ld = w.ld;
   const KeyRange keys = visible_key_range(t, p.causal, i0, bq);
@@ -58,19 +58,22 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
   km::transpose_rows(p.q + t.q_row0 + i0 * t.q_stride, t.q_stride, bq, d, p.scale, w.qt, ld);
   std::fill(w.m, w.m + ld, kNegInf);
   std::fill(w.l, w.l + ld, 0.0f);
-  std::fill(w.acc, w.acc + ld * d, 0.0f);
+  std::fill(w.acc, w.acc + ld * dv, 0.0f);
 
-  const int ild = static_cast<int>(ld), id = static_cast<int>(d);
+  const int ild = static_cast<int>(ld), id = static_cast<int>(d), idv = static_cast<int>(dv);
   const int ldk = static_cast<int>(t.k_stride);
+  const int64_t v_stride = value_floats(t.k_stride, d, dv);
+  const int ldv = static_cast<int>(v_stride);
+  const float* v_rows = p.v + value_floats(t.k_row0, d, dv);
   // Key tiles lie on the k_tile grid; those wholly outside every row's keys are not visited.
   for (int64_t j0 = first_key_tile(keys, tiles); j0 < keys.end; j0 += tiles.k_tile) {
     const int64_t bk = std::min(tiles.k_tile, keys.end - j0);
     const float* k = p.k + t.k_row0 + j0 * t.k_stride;
-    const float* v = p.v + t.k_row0 + j0 * t.k_stride;
+    const float* v = v_rows + j0 * v_stride;
     if (t.k_stride != d && j0 + tiles.k_tile < keys.end) {  // the next tile's rows, strided
       const int64_t next = std::min(tiles.k_tile, keys.end - j0 - tiles.k_tile);
       km::prefetch_rows(k + tiles.k_tile * t.k_stride, t.k_stride, next, d, false);
-      km::prefetch_rows(v + tiles.k_tile * t.k_stride, t.k_stride, next, d, false);
+      km::prefetch_rows(v + tiles.k_tile * v_stride, v_stride, next, dv, false);
     }
     const auto part = [&](const km::TilePart& b) {
       const int m = static_cast<int>(b.r1 - b.r0), n = static_cast<int>(b.c1 - b.c0);
@@ -78,16 +81,19 @@ void forward_tile(const ForwardParams& p, const SubseqTask& t, int64_t i0, const
       float* acc = w.acc + b.r0;
       small_gemm(false, m, n, id, w.qt + b.r0, ild, k + b.c0 * t.k_stride, ldk, 0.0f, s,
                  ild);  // S = (scale·Q)·Kᵀ
+      if (p.softcap > 0.0f) km::soft_cap(s, ld, m, n, p.softcap, nullptr);
       km::mask_outside_reach(s, ld, t, p.causal, i0 + b.r0, std::min(b.r1, bq) - b.r0, j0 + b.c0,
                              n);
-      km::online_softmax(s, ld, m, n, w.m + b.r0, w.l + b.r0, acc, ld, d);
-      small_gemm(true, m, id, n, s, ild, v + b.c0 * t.k_stride, ldk, 1.0f, acc,
+      km::online_softmax(s, ld, m, n, w.m + b.r0, w.l + b.r0, acc, ld, dv);
+      small_gemm(true, m, idv, n, s, ild, v + b.c0 * v_stride, ldv, 1.0f, acc,
                  ild);  // acc += P·V
     };
     km::for_each_part(t, p.causal, i0, bq, ld, j0, bk, part);
   }
 
-  km::finish_rows(w.acc, ld, w.m, w.l, bq, d, p.out + t.q_row0 + i0 * t.q_stride, t.q_stride,
+  const int64_t o_stride = value_floats(t.q_stride, d, dv);
+  km::finish_rows(w.acc, ld, w.m, w.l, bq, dv,
+                  p.out + value_floats(t.q_row0, d, dv) + i0 * o_stride, o_stride,
                   p.lse + t.lse0 + i0 * t.lse_stride, t.lse_stride, p.accumulate, p.out_scale,
                   w.row);
 }
@@ -119,17 +125,18 @@ bool tasks_are_fine_units(const ForwardParams& p, std::span<const SubseqTask> ta
 
 }  // namespace
 
-std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim) {
+std::size_t forward_workspace_floats(const TileConfig& t, int64_t head_dim, int64_t head_dim_v) {
   const std::size_t ld = tile_ld(t.q_tile);
   const auto d = static_cast<std::size_t>(head_dim);
-  return 2 * round_up16(ld * d) + round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld +
-         round_up16(d);
+  const auto dv = static_cast<std::size_t>(head_dim_v > 0 ? head_dim_v : head_dim);
+  return round_up16(ld * d) + round_up16(ld * dv) +
+         round_up16(ld * static_cast<std::size_t>(t.k_tile)) + 2 * ld + round_up16(dv);
 }
 
 void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
                    std::span<const ForwardItem> items, const TileConfig& tiles, int threads,
                    float* workspace) {
-  const std::size_t per_thread = forward_workspace_floats(tiles, p.head_dim);
+  const std::size_t per_thread = forward_workspace_floats(tiles, p.head_dim, p.value_dim());
   const auto n_items = static_cast<int64_t>(items.size());
   const auto n_tasks = static_cast<int64_t>(tasks.size());
   const BlasSingleThreadScope one_thread_per_sgemm;
@@ -143,8 +150,9 @@ void flash_forward(const ForwardParams& p, std::span<const SubseqTask> tasks,
   const bool task_major = tasks_are_fine_units(p, tasks, tiles, threads);
 #pragma omp parallel num_threads(threads)
   {
-    const ForwardScratch w = carve(
-        workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles, p.head_dim);
+    const ForwardScratch w =
+        carve(workspace + static_cast<std::size_t>(omp_get_thread_num()) * per_thread, tiles,
+              p.head_dim, p.value_dim());
     if (task_major) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t ti = 0; ti < n_tasks; ++ti) {

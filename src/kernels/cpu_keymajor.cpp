@@ -429,4 +429,20 @@ void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t
   KM_DISPATCH(scores_gradient, dp, p, ld, bqp, bk, dd, factor);
 }
 
+// The AVX-512 hosts run the AVX2 form of the soft-cap steps (8 lanes; not a hot step).
+#if defined(RINGATTN_KM_X86)
+#define KM_DISPATCH_AVX2(fn, ...)                         \
+  if (cpu_isa() != CpuIsa::portable) return avx2::fn(__VA_ARGS__); \
+  return generic::fn(__VA_ARGS__)
+#else
+#define KM_DISPATCH_AVX2(fn, ...) return generic::fn(__VA_ARGS__)
+#endif
+
+void soft_cap(float* s, int64_t ld, int64_t bqp, int64_t bk, float cap, float* slope) {
+  KM_DISPATCH_AVX2(soft_cap, s, ld, bqp, bk, cap, slope);
+}
+void cap_gradient(float* ds, const float* slope, int64_t ld, int64_t bqp, int64_t bk) {
+  KM_DISPATCH_AVX2(cap_gradient, ds, slope, ld, bqp, bk);
+}
+
 }  // namespace ringattn::kernels::km

@@ -37,6 +37,12 @@ void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* l
 void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
                      const float* dd, float factor);
 
+// Logit soft-capping: s = cap · tanh(s / cap) in place (queries i < bqp, bk key columns), and
+// with `slope` (laid out as s) its derivative 1 - tanh²(s / cap), which cap_gradient then
+// multiplies into dS (ds *= slope).
+void soft_cap(float* s, int64_t ld, int64_t bqp, int64_t bk, float cap, float* slope);
+void cap_gradient(float* ds, const float* slope, int64_t ld, int64_t bqp, int64_t bk);
+
 // Sets to -inf the scores of queries [0, bq) (task rows i0..) for keys [0, bk) of the tile at
 // j0 that are outside their reach (causality, window); tiles every query sees whole are left
 // alone. Reach bounds grow with the query, so the first and last rows decide that.
@@ -123,6 +129,8 @@ void online_softmax(float* s, int64_t ld, int64_t bqp, int64_t bk, float* m, flo
 void probabilities(float* s, int64_t ld, int64_t bqp, int64_t bk, const float* lse);
 void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t bk,
                      const float* dd, float factor);
+void soft_cap(float* s, int64_t ld, int64_t bqp, int64_t bk, float cap, float* slope);
+void cap_gradient(float* ds, const float* slope, int64_t ld, int64_t bqp, int64_t bk);
 }  // namespace generic
 
 }  // namespace ringattn::kernels::km

@@ -125,14 +125,18 @@ double dot(const float* a, const float* b, int64_t n) {
 struct RowSoftmax {
   std::vector<int64_t> keys;
   std::vector<double> prob;  // multiplicity * exp(score - lse); sums to 1
-  double lse = -kInf;        // stays -inf when the row attends to nothing
+  // d(capped score)/d(score): 1 - tanh²(score / softcap) with soft-capping, else 1.
+  std::vector<double> cap_slope;
+  double lse = -kInf;  // stays -inf when the row attends to nothing
 };
 
 struct Problem {
   const AttentionConfig& cfg;
   HeadPlan plan;
-  Layout layout;     // q, out, dout, dq: H heads
-  Layout kv_layout;  // k, v, dk, dv: HKV heads (grouped-query attention), H by default
+  Layout layout;     // q, dq: H heads
+  Layout kv_layout;  // k, dk: HKV heads (grouped-query attention), H by default
+  Layout out_layout;  // out, dout: H heads of head_dim_v
+  Layout v_layout;    // v, dv: HKV heads of head_dim_v
   int64_t queries_per_kv;
   double scale;
   const float* q;
@@ -145,6 +149,8 @@ struct Problem {
         plan(plan_heads(c)),
         layout{c.shape.seq_len, c.shape.heads, c.shape.head_dim},
         kv_layout{c.shape.seq_len, c.kv_heads.value_or(c.shape.heads), c.shape.head_dim},
+        out_layout{c.shape.seq_len, c.shape.heads, c.head_dim_v.value_or(c.shape.head_dim)},
+        v_layout{c.shape.seq_len, kv_layout.heads, out_layout.head_dim},
         queries_per_kv(c.shape.heads / kv_layout.heads),
         scale(c.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.shape.head_dim)))),
         q(q_in),
@@ -161,6 +167,9 @@ struct Problem {
   std::size_t kv_row(int64_t b, int64_t t, int64_t h) const {
     return kv_layout.row(b, t, h / queries_per_kv);
   }
+  std::size_t v_row(int64_t b, int64_t t, int64_t h) const {
+    return v_layout.row(b, t, h / queries_per_kv);
+  }
 
   RowSoftmax row_softmax(int64_t b, int64_t h, int64_t p) const {
     const auto& patterns = plan.patterns_of_head[h];
@@ -171,8 +180,15 @@ struct Problem {
     for (int64_t t = 0; t < cfg.shape.seq_len; ++t) {
       const int64_t m = multiplicity(patterns, cfg, p, t);
       if (m == 0) continue;
-      const double score = scale * dot(q_row, k + kv_row(b, t, h), cfg.shape.head_dim);
+      double score = scale * dot(q_row, k + kv_row(b, t, h), cfg.shape.head_dim);
+      double slope = 1.0;
+      if (cfg.softcap > 0) {  // s <- c tanh(s / c), before the mask and the softmax
+        const double th = std::tanh(score / cfg.softcap);
+        score = cfg.softcap * th;
+        slope = 1.0 - th * th;
+      }
       row.keys.push_back(t);
+      row.cap_slope.push_back(slope);
       scores.push_back(score);
       counts.push_back(static_cast<double>(m));
       max_score = std::max(max_score, score);
@@ -221,7 +237,7 @@ ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, c
   const Problem prob(cfg, q, k, sinks);
   const Shape4& s = cfg.shape;
   ReferenceForward result;
-  result.out.assign(static_cast<std::size_t>(s.numel()), 0.0);
+  result.out.assign(static_cast<std::size_t>(cfg.out_shape().numel()), 0.0);
   result.lse.assign(static_cast<std::size_t>(s.batch * s.heads * s.seq_len), -kInf);
 
   for (int64_t b = 0; b < s.batch; ++b)
@@ -230,11 +246,11 @@ ReferenceForward reference_forward(const AttentionConfig& cfg, const float* q, c
         const RowSoftmax row = prob.row_softmax(b, h, p);
         // lse is the head's own softmax normalizer: the grouped 1/G does not touch it.
         result.lse[prob.layout.lse(b, h, p)] = row.lse;
-        double* out_row = result.out.data() + prob.layout.row(b, p, h);
+        double* out_row = result.out.data() + prob.out_layout.row(b, p, h);
         for (std::size_t i = 0; i < row.keys.size(); ++i) {
           const double weight = prob.plan.output_weight * row.prob[i];
-          const float* v_row = v + prob.kv_row(b, row.keys[i], h);
-          for (int64_t d = 0; d < s.head_dim; ++d)
+          const float* v_row = v + prob.v_row(b, row.keys[i], h);
+          for (int64_t d = 0; d < prob.out_layout.head_dim; ++d)
             out_row[d] += weight * static_cast<double>(v_row[d]);
         }
       }
@@ -245,15 +261,14 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
                                       const float* v, const float* dout, const float* sinks) {
   const Problem prob(cfg, q, k, sinks);
   const Shape4& s = cfg.shape;
-  const int64_t dim = s.head_dim;
+  const int64_t dim = s.head_dim, dim_v = prob.out_layout.head_dim;
   ReferenceGradients grads;
-  const auto n_kv =
-      static_cast<std::size_t>(s.batch * s.seq_len * prob.kv_layout.heads * s.head_dim);
   grads.dq.assign(static_cast<std::size_t>(s.numel()), 0.0);
-  grads.dk.assign(n_kv, 0.0);  // a K/V head's gradient sums over the query heads sharing it
-  grads.dv.assign(n_kv, 0.0);
+  // A K/V head's gradient sums over the query heads sharing it.
+  grads.dk.assign(static_cast<std::size_t>(cfg.kv_shape().numel()), 0.0);
+  grads.dv.assign(static_cast<std::size_t>(cfg.v_shape().numel()), 0.0);
   if (sinks) grads.dsinks.assign(static_cast<std::size_t>(s.heads), 0.0);
-  std::vector<double> d_head_out(static_cast<std::size_t>(dim));
+  std::vector<double> d_head_out(static_cast<std::size_t>(dim_v));
   std::vector<double> d_prob;
 
   for (int64_t b = 0; b < s.batch; ++b)
@@ -262,19 +277,21 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
         const RowSoftmax row = prob.row_softmax(b, h, p);
         if (row.keys.empty()) continue;  // output is the constant 0: no gradient
         const std::size_t p_at = prob.layout.row(b, p, h);
+        const std::size_t o_at = prob.out_layout.row(b, p, h);
         // The head's softmax output is scaled by the output weight (1/G for grouped) before
         // it reaches the loss, so its upstream gradient is scaled the same way.
-        for (int64_t d = 0; d < dim; ++d)
-          d_head_out[d] = prob.plan.output_weight * static_cast<double>(dout[p_at + d]);
+        for (int64_t d = 0; d < dim_v; ++d)
+          d_head_out[d] = prob.plan.output_weight * static_cast<double>(dout[o_at + d]);
 
         // dP_t = dO . v_t, then the softmax Jacobian dS = P (dP - sum(P dP)). The multiplicity
         // already sits inside P, which is exactly the sum over the key's copies.
         d_prob.assign(row.keys.size(), 0.0);
         double row_dot = 0.0;
         for (std::size_t i = 0; i < row.keys.size(); ++i) {
-          const float* v_row = v + prob.kv_row(b, row.keys[i], h);
+          const float* v_row = v + prob.v_row(b, row.keys[i], h);
           double acc = 0.0;
-          for (int64_t d = 0; d < dim; ++d) acc += d_head_out[d] * static_cast<double>(v_row[d]);
+          for (int64_t d = 0; d < dim_v; ++d)
+            acc += d_head_out[d] * static_cast<double>(v_row[d]);
           d_prob[i] = acc;
           row_dot += row.prob[i] * acc;
         }
@@ -283,12 +300,14 @@ ReferenceGradients reference_backward(const AttentionConfig& cfg, const float* q
         if (sinks) grads.dsinks[h] -= std::exp(prob.sink(h) - row.lse) * row_dot;
         for (std::size_t i = 0; i < row.keys.size(); ++i) {
           const std::size_t t_at = prob.kv_row(b, row.keys[i], h);
-          const double d_score = row.prob[i] * (d_prob[i] - row_dot);
+          const std::size_t tv_at = prob.v_row(b, row.keys[i], h);
+          // Through the cap (its slope) to the scaled score, then to q and k.
+          const double d_score = row.prob[i] * (d_prob[i] - row_dot) * row.cap_slope[i];
           for (int64_t d = 0; d < dim; ++d) {
             grads.dq[p_at + d] += prob.scale * d_score * static_cast<double>(k[t_at + d]);
             grads.dk[t_at + d] += prob.scale * d_score * static_cast<double>(q[p_at + d]);
-            grads.dv[t_at + d] += row.prob[i] * d_head_out[d];
           }
+          for (int64_t d = 0; d < dim_v; ++d) grads.dv[tv_at + d] += row.prob[i] * d_head_out[d];
         }
       }
   return grads;

@@ -290,6 +290,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     : impl_(std::make_unique<Impl>()) {
   validate(cfg, opts.heads);
   require_bnhd(cfg, "the GPU ring");
+  require_one_head_dim(cfg, "the GPU ring");
+  require_uncapped(cfg, "the GPU ring");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;

@@ -357,6 +357,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg, opts.heads);
   require_bnhd(cfg, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
+  require_one_head_dim(cfg, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
+  require_uncapped(cfg, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;

@@ -40,8 +40,10 @@ Plan::Plan(const AttentionConfig& cfg, PlanOptions opts) : impl_(std::make_uniqu
   impl_->tiles = single::choose_tiles(cfg.shape.head_dim, opts.q_tile, opts.k_tile);
   impl_->schedule = single::build_local_schedule(cfg, impl_->tiles, opts.heads);
   impl_->per_thread_floats =
-      std::max(kernels::forward_workspace_floats(impl_->tiles, cfg.shape.head_dim),
-               kernels::backward_workspace_floats(impl_->tiles, cfg.shape.head_dim));
+      std::max(kernels::forward_workspace_floats(impl_->tiles, cfg.shape.head_dim,
+                                                 cfg.effective_head_dim_v()),
+               kernels::backward_workspace_floats(impl_->tiles, cfg.shape.head_dim,
+                                                  cfg.effective_head_dim_v()));
   impl_->workspace = aligned_floats(
       impl_->per_thread_floats * static_cast<std::size_t>(impl_->threads), "plan workspace");
 }
@@ -66,7 +68,7 @@ void Plan::forward(const float* q, const float* k, const float* v, float* out, f
   const Impl& m = *impl_;
   const Shape4& s = m.cfg.shape;
   if (m.schedule.clear_outputs_first) {
-    const auto n = static_cast<std::size_t>(s.numel());
+    const auto n = static_cast<std::size_t>(m.cfg.out_shape().numel());
     const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
 #pragma omp parallel for num_threads(m.threads) schedule(static)
     for (std::size_t i = 0; i < n; ++i) out[i] = 0.0f;
@@ -80,7 +82,9 @@ void Plan::forward(const float* q, const float* k, const float* v, float* out, f
   p.out = out;
   p.lse = lse;
   p.head_dim = s.head_dim;
+  p.head_dim_v = m.cfg.effective_head_dim_v();
   p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.softcap = static_cast<float>(m.cfg.softcap);
   p.causal = m.cfg.causal;
   for (const auto& pass : m.schedule.passes) {
     p.accumulate = pass.accumulate;
@@ -94,11 +98,14 @@ void Plan::backward(const float* q, const float* k, const float* v, const float*
   const Impl& m = *impl_;
   const Shape4& s = m.cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
-  const auto n_kv = static_cast<std::size_t>(m.cfg.kv_shape().numel());
+  const auto n_k = static_cast<std::size_t>(m.cfg.kv_shape().numel());
+  const auto n_v = static_cast<std::size_t>(m.cfg.v_shape().numel());
 #pragma omp parallel for num_threads(m.threads) schedule(static)
   for (std::size_t i = 0; i < n; ++i) dq[i] = 0.0f;
 #pragma omp parallel for num_threads(m.threads) schedule(static)
-  for (std::size_t i = 0; i < n_kv; ++i) dk[i] = dv[i] = 0.0f;
+  for (std::size_t i = 0; i < n_k; ++i) dk[i] = 0.0f;
+#pragma omp parallel for num_threads(m.threads) schedule(static)
+  for (std::size_t i = 0; i < n_v; ++i) dv[i] = 0.0f;
   kernels::BackwardParams p;
   p.q = q;
   p.k = k;
@@ -110,7 +117,9 @@ void Plan::backward(const float* q, const float* k, const float* v, const float*
   p.dk = dk;
   p.dv = dv;
   p.head_dim = s.head_dim;
+  p.head_dim_v = m.cfg.effective_head_dim_v();
   p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.softcap = static_cast<float>(m.cfg.softcap);
   p.causal = m.cfg.causal;
   for (const auto& pass : m.schedule.passes) {
     p.out_scale = pass.out_scale;

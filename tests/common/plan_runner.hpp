@@ -12,10 +12,11 @@
 namespace ringattn::testing {
 
 struct Tensors {
-  std::vector<float> q, k, v, dout;  // k and v [B, N, HKV, D]
+  std::vector<float> q, k, v, dout;  // k [B, N, HKV, D], v [B, N, HKV, Dv], dout [B, N, H, Dv]
 };
 
-// q and dout [B, N, H, D], k and v [B, N, HKV, D]: normal(0, 1) from `seed`.
+// q [B, N, H, D], k [B, N, HKV, D], v [B, N, HKV, Dv], dout [B, N, H, Dv]: normal(0, 1) from
+// `seed`.
 Tensors random_tensors(const AttentionConfig& cfg, uint64_t seed);
 
 struct PlanResult {
