@@ -149,9 +149,11 @@ struct CudaSparsePlan::Impl {
 
   void init(const AttentionConfig& c, std::shared_ptr<const BlockLists> l, CudaPlanOptions o) {
     validate(c);
-    require_bnhd(c, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
-    require_one_head_dim(c, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
-    require_uncapped(c, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
+    const std::string on_gpu =
+        field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")";
+    require_bnhd(c, on_gpu);
+    require_one_head_dim(c, on_gpu);
+    require_uncapped(c, on_gpu);
     if (c.attention != AttentionKind::block_sparse)
       throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
     if (o.kernel == KernelChoice::cudnn)
