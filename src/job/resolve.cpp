@@ -213,14 +213,13 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
-  if (ranks.world > 1) {  // TEMP: lifted as the ranks' engines learn them
+  if (ranks.world > 1 && !block_sparse) {  // TEMP: lifted as the ranks' engines learn them
     require_one_head_dim(cfg, "several ranks");
     require_uncapped(cfg, "several ranks");
   }
-  if (block_sparse) {
-    require_one_head_dim(cfg, "block-sparse attention");
-    require_uncapped(cfg, "block-sparse attention");
-  }
+  // TEMP: block-sparse runs carry both on any number of ranks, but Ulysses' all-to-alls still
+  // move v and out rows of head_dim floats; lifted with the lines above.
+  if (block_sparse && r.ulysses > 1) require_one_head_dim(cfg, "Ulysses (ulysses > 1)");
   // The ring runs over the groups, on a slice's heads.
   std::optional<UlyssesSlice> slice;
   if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);
