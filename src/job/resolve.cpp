@@ -233,10 +233,6 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
-  if (block_sparse) {  // TEMP: lifted as the block-sparse engine learns them
-    require_one_head_dim(cfg, "block-sparse attention");
-    require_uncapped(cfg, "block-sparse attention");
-  }
   // The ring runs over the groups, on a slice's heads.
   std::optional<UlyssesSlice> slice;
   if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);

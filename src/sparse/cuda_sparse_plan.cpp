@@ -317,6 +317,8 @@ struct CudaSparsePlan::Impl::Device {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;
 
   int64_t entry_elems() const { return m.slab_row(1, 0) * m.D; }
+  // V as wide as K: init refuses values of their own head dim on the GPU.
+  int64_t value_entry_elems() const { return entry_elems(); }
   std::size_t kv_elem_bytes() const { return m.eb(); }
 
   SlabHalves slab(SparseSlab which) const {
