@@ -7,7 +7,7 @@
 # `ARCHS=90 PY_KIT=0 scripts/gpu_build_for_device.sh`), then the device tool's run with
 # carry [".gpu-carry"] and timeout_s 560:
 #
-#   bash bench/gpu/device_run.sh verify tests sanitize ab flex ring dilated sinks
+#   bash bench/gpu/device_run.sh verify tests sanitize ab flex ring dilated sinks mla
 #
 # It ends by DEADLINE_S (480 s from its start) whatever happens, which leaves a 560 s call
 # time to hand its files back and the lease time to rerun; $OUT/summary.txt then says what
@@ -19,7 +19,8 @@
 #   verify    the kernel forms that have never run on a GPU, each under the hang guard: the
 #             fused and wide fused sm_90a backward, the forward's Q in registers, cuDNN's
 #             steps on the GPU ring, cuDNN's dilated backward, sinks on every GPU path,
-#             one GPU's --kernel auto beside the sm_90a kernels, and the newest tests
+#             one GPU's --kernel auto beside the sm_90a kernels, the native kernels with
+#             MLA head dims and soft-capping, and the newest tests
 #   tests     the gpu-labelled tests, each binary in filter groups of at most TEST_TIMEOUT_S,
 #             then the ring and distributed block-sparse tests again (REPEAT times, default 1)
 #   sanitize  compute-sanitizer memcheck and racecheck: the new forms first (the fused and
@@ -34,6 +35,8 @@
 #   dilated   the dilated rows against the replaced project's gather/SDPA/scatter
 #             (run_bench.py --attention dilated --quick)
 #   sinks     what attention sinks cost, forward and backward, on each GPU path (sinks_cost.py)
+#   mla       MLA head dims (192/128) and soft-capping on the native kernels, beside the plain
+#             problem and torch's SDPA (mla_cost.py)
 #   python    the Python package on CUDA tensors (a carried wheel for the image's Python, or
 #             the carried kit linked here), or what it lacks
 #   bench     the card's ceilings, then the benchmark sweep (run_bench.py) and max N
@@ -73,7 +76,7 @@
 # (rewritten after every item, so a killed call still leaves it), device.txt, verify.log,
 # tests.log, sanitizer.log, hopper_tests.log, <stage>.log for the others, and each
 # benchmark's rows and table (hopper_ab_*, flex_sparse_*, ring_bench_*, gpu_bench_*,
-# sinks_cost_*, builds_ab_*, ceilings.json, profile.txt, python.log).
+# sinks_cost_*, mla_cost_*, builds_ab_*, ceilings.json, profile.txt, python.log).
 # Exit status: 0 when every item of every stage asked for ran and passed; 1 when any
 # failed, hung, timed out or did not run; 2 for a usage error or a missing carry.
 # shellcheck disable=SC2317  # the plan_* and run_* functions are called by name, from the plan
@@ -94,11 +97,12 @@ STAGES=("$@")
 # Stage names are checked before anything runs: a typo must not cost a lease's first minutes.
 for stage in "${STAGES[@]}"; do
   case "$stage" in
-    verify | tests | sanitize | check | ab | flex | ring | dilated | sinks | python | bench | \
-      hopper | builds | profile | ring+bench | all) ;;
+    verify | tests | sanitize | check | ab | flex | ring | dilated | sinks | mla | python | \
+      bench | hopper | builds | profile | ring+bench | all) ;;
     *)
       echo "device_run: unknown stage '$stage' (verify | tests | sanitize | check | ab | flex |" \
-        "ring | dilated | sinks | python | bench | hopper | builds | profile | ring+bench | all)"
+        "ring | dilated | sinks | mla | python | bench | hopper | builds | profile | ring+bench |" \
+        "all)"
       exit 2 ;;
   esac
 done
@@ -227,6 +231,9 @@ plan_verify() {
   gtest verify cudnn_ring test_cuda_ring 'CudaRing.AutoTakesCudnn*'
   gtest verify cudnn_dilated_bwd test_cuda_kernels 'CudaKernels.CudnnDilatedBackward*'
   gtest verify sinks test_job_cuda 'EngineCuda.Sinks*'
+  # The native kernels with values of their own head dim (MLA's 192/128) and soft-capped
+  # logits: checked on the emulated GPU only (verified_forms.hpp lists neither).
+  gtest verify mla_softcap test_job_cuda 'EngineCuda.ValueHeadDimAndSoftcap*'
   # --kernel auto with cuDNN beside the sm_90a kernels, and timing the fused backward against
   # the two passes (the switches as ctest sets them); the view epilogue on cuDNN's rows.
   local a="RINGATTN_HOPPER_BWD=auto RINGATTN_HOPPER_FWD=auto"
@@ -347,6 +354,9 @@ plan_dilated() {
 plan_sinks() {
   fn sinks sinks "sinks_cost.py" $((${SINKS_BUDGET_S:-90} + 40)) run_sinks sinks 60
 }
+plan_mla() {
+  fn mla mla "mla_cost.py" $((${MLA_BUDGET_S:-90} + 40)) run_mla mla_softcap 60
+}
 plan_bench() {
   fn bench ceilings "ceilings.py" 90 run_ceilings
   fn bench bench "run_bench.py" $((${BUDGET_S:-420} + 90)) run_sweep "" 60
@@ -465,6 +475,10 @@ run_dilated() {
 run_sinks() {
   bounded python3 bench/gpu/sinks_cost.py --cli "$CARRY/bin/ringattn" --out "$OUT" \
     --budget-s "$(bench_budget "${SINKS_BUDGET_S:-90}")"
+}
+run_mla() {
+  bounded python3 bench/gpu/mla_cost.py --cli "$CARRY/bin/ringattn" --out "$OUT" \
+    --budget-s "$(bench_budget "${MLA_BUDGET_S:-90}")"
 }
 run_ceilings() {
   bounded python3 bench/gpu/ceilings.py >"$OUT/ceilings.json"

@@ -68,7 +68,8 @@ bool samples_rows(const Engine& engine) {
   if (!block_sparse(engine)) return false;
   const AttentionConfig& cfg = engine.config();
   // Attended pairs (over the batch) times the reference's O(D) work per pair.
-  const double work = engine.stats().attended_pairs * static_cast<double>(cfg.shape.head_dim);
+  const double work = engine.stats().attended_pairs *
+                      static_cast<double>(cfg.shape.head_dim + cfg.effective_head_dim_v());
   return work > kCheckMaxWork || cfg.shape.numel() > kFullCheckMaxElements;
 }
 

@@ -222,13 +222,17 @@ void require_one_head_dim(const AttentionConfig& cfg, const std::string& path) {
                        field_is("config.head_dim_v", std::to_string(*cfg.head_dim_v)) +
                        " != " +
                        field_is("config.shape.head_dim", std::to_string(cfg.shape.head_dim)) +
-                       ") are computed by the CPU engines, not yet on " + path);
+                       ") are computed by the CPU engines and one GPU's native kernels, not "
+                       "yet on " +
+                       path);
 }
 
 void require_uncapped(const AttentionConfig& cfg, const std::string& path) {
   if (!cfg.softcapped()) return;
   throw InputError("config.softcap",
-                   "logit soft-capping is computed by the CPU engines, not yet on " + path);
+                   "logit soft-capping is computed by the CPU engines and one GPU's native "
+                   "kernels, not yet on " +
+                       path);
 }
 
 void require_bnhd(const AttentionConfig& cfg, const std::string& path) {

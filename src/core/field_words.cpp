@@ -21,6 +21,8 @@ constexpr FieldName kFields[] = {
     {"config.shape.heads"},
     {"config.shape.head_dim"},
     {"config.kv_heads"},
+    {"config.head_dim_v"},
+    {"config.softcap"},
     {"config.attention"},
     {"config.combine"},
     {"config.segments"},

@@ -24,9 +24,9 @@ namespace ringattn::job {
 
 namespace {
 
-// What the CPU engines compute and the GPU engines do not yet: values of their own head dim
-// and soft-capped logits. Empty when the GPU engines carry the config.
-std::string cpu_only_feature(const AttentionConfig& cfg) {
+// What only the CPU engines and one GPU's native kernels compute, and no GPU has run yet:
+// values of their own head dim and soft-capped logits. Empty when the config has neither.
+std::string unverified_gpu_feature(const AttentionConfig& cfg) {
   if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
     return field_is("config.head_dim_v", std::to_string(*cfg.head_dim_v));
   if (cfg.softcapped()) {
@@ -47,9 +47,10 @@ bool resolve_cuda(const JobSpec& spec, const Ranks& ranks, std::string& note) {
     if (!(cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
           spec.config.effective_kv_layout() == TensorLayout::bnhd && probe_cuda_device().usable))
       return false;
-    if (const std::string f = cpu_only_feature(spec.config); !f.empty()) {
-      note = field_is("device", "auto") + ": the CPU, since the GPU engines do not compute " +
-             f + " yet";
+    if (const std::string f = unverified_gpu_feature(spec.config); !f.empty()) {
+      note = field_is("device", "auto") +
+             ": the CPU, since only the GPU's native kernels compute " + f +
+             ", and no GPU has run them yet (" + field_is("device", "cuda") + " runs them)";
       return false;
     }
     return true;
@@ -233,6 +234,15 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
+  if (use_cuda && (ranks.world > 1 || block_sparse)) {
+    // One GPU's native kernels compute these; the GPU ring, Ulysses and block-sparse not yet.
+    const std::string where = field_is("device", "cuda") + " on " +
+                              (block_sparse ? std::string("block-sparse attention")
+                                            : std::to_string(ranks.world) + " ranks") +
+                              " (use " + field_is("device", "cpu") + ")";
+    require_one_head_dim(cfg, where);
+    require_uncapped(cfg, where);
+  }
   // The ring runs over the groups, on a slice's heads.
   std::optional<UlyssesSlice> slice;
   if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);

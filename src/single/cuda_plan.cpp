@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <iomanip>
 #include <limits>
 #include <span>
@@ -42,6 +43,22 @@ constexpr bool kCudnnBuilt = true;
 #else
 constexpr bool kCudnnBuilt = false;
 #endif
+
+// What of cfg only the native kernels compute (the sm_90a and cuDNN forms do not yet), in
+// words: "" when nothing.
+std::string native_only_feature(const AttentionConfig& cfg) {
+  std::string f;
+  if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
+    f = "values of their own head dim (" +
+        field_is("config.head_dim_v", std::to_string(cfg.effective_head_dim_v())) + ")";
+  if (cfg.softcapped()) {
+    std::ostringstream c;
+    c << cfg.softcap;
+    f += (f.empty() ? "" : " and ") + std::string("soft-capped logits (") +
+         field_is("config.softcap", c.str()) + ")";
+  }
+  return f;
+}
 
 }  // namespace
 
@@ -98,7 +115,9 @@ struct CudaPlan::Impl {
     p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
     p.tasks = tasks.as<kernels::SubseqTask>();
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
+    p.head_dim_v = static_cast<int>(cfg.effective_head_dim_v());
     p.scale = static_cast<float>(cfg.effective_scale());
+    p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
     p.vector_loads = vector_loads && aligned16(q) && aligned16(k) && aligned16(v);
     for (const single::DevicePass& pass : sched.passes) {
@@ -222,7 +241,10 @@ struct CudaPlan::Impl {
     hopper =
         kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic, head_dim);
     std::string why, why_backward;
-    if (hopper_tasks) {
+    if (const std::string f = native_only_feature(cfg); !f.empty()) {
+      why = why_backward = "they do not compute " + f;
+      hopper_tasks = false;
+    } else if (hopper_tasks) {
       why = prepare_hopper_tasks();
       why_backward = why.empty() ? prepare_hopper_task_backward() : why;
       if (why.empty()) task_lists.upload(opts.device, stream);
@@ -276,8 +298,8 @@ struct CudaPlan::Impl {
       return;
     }
     if (sched.clear_outputs_first) {
-      RINGATTN_CUDA_CHECK(
-          cudaMemsetAsync(out, 0, static_cast<std::size_t>(s.numel()) * sizeof(float), stream));
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(
+          out, 0, static_cast<std::size_t>(cfg.out_shape().numel()) * sizeof(float), stream));
       kc::fill_floats(lse, s.batch * s.heads * s.seq_len, -std::numeric_limits<float>::infinity(),
                       stream);
     }
@@ -304,7 +326,9 @@ struct CudaPlan::Impl {
     p.dq = dq, p.dk = dk, p.dv = dv;
     p.tasks = tasks.as<kernels::SubseqTask>();
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
+    p.head_dim_v = static_cast<int>(cfg.effective_head_dim_v());
     p.scale = static_cast<float>(cfg.effective_scale());
+    p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
     return p;
   }
@@ -323,9 +347,10 @@ struct CudaPlan::Impl {
 #endif
     const bool ours_hopper = hopper.backward() && run == Run::ours;
     const Shape4& s = cfg.shape;
-    kc::start_backward(elem,
-                       {out, dout, delta.as<float>(), s.batch, s.seq_len, s.heads, s.head_dim},
-                       cfg.effective_kv_heads(), dq, dk, dv, stream);
+    const kc::RowDotParams rows{out,     dout,      delta.as<float>(),
+                                s.batch, s.seq_len, s.heads,
+                                cfg.effective_head_dim_v()};
+    kc::start_backward(elem, rows, cfg.effective_kv_heads(), dq, dk, dv, stream, s.head_dim);
     if (ours_hopper && !hopper_tasks) {
       kc::hopper_backward(hopper_backward_params(q, k, v, lse, dout, dq, dk, dv), stream);
       return;
@@ -359,8 +384,6 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   const std::string on_gpu =
       field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")";
   require_bnhd(cfg, on_gpu);
-  require_one_head_dim(cfg, on_gpu);
-  require_uncapped(cfg, on_gpu);
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
@@ -371,7 +394,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   // The tensor-core kernels' shared memory against this device's opt-in limit; where they do
   // not fit, the fp32 kernels (little shared memory) run instead.
   if (m.elem != kc::Elem::fp32) {
-    const std::string why = kc::native_kernels_fit(cfg.shape.head_dim, m.elem, opts.device);
+    const std::string why = kc::native_kernels_fit(
+        std::max(cfg.shape.head_dim, cfg.effective_head_dim_v()), m.elem, opts.device);
     if (!why.empty()) {
       m.notes.push_back(why + "; running the fp32 kernels instead");
       m.opts.dtype = DeviceDType::fp32;
@@ -393,9 +417,13 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   m.delta =
       kc::DeviceAllocation(static_cast<std::size_t>(s.batch * s.heads * s.seq_len) * sizeof(float),
                            "the backward's row sums D = rowsum(out * dout)", opts.device, m.stream);
-  // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim.
+  // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim (v's too).
   m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
-                   single::rows_aligned(m.sched, 8);
+                   cfg.effective_head_dim_v() == s.head_dim && single::rows_aligned(m.sched, 8);
+  if (const std::string f = native_only_feature(cfg); !f.empty())
+    m.notes.push_back("the native kernels compute " + f +
+                      ", which no GPU has run yet: they are checked against float64 on the "
+                      "emulated GPU only");
 
   const bool automatic = opts.kernel == KernelChoice::automatic;
   std::string hopper_why_backward;
@@ -424,6 +452,8 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   if (opts.kernel == KernelChoice::cudnn || automatic) {
 #if RINGATTN_HAVE_CUDNN
     try {
+      if (const std::string f = native_only_feature(cfg); !f.empty())
+        throw kc::CudnnUnavailable("its graphs here do not compute " + f);
       // cuDNN's views number heads from 0 of this config's; a slice's dilated heads keep
       // the job's groups and offsets, which the views do not carry.
       if (m.elem != kc::Elem::fp32 && cfg.attention == AttentionKind::dilated &&

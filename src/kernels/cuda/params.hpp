@@ -4,7 +4,9 @@
 // into [B, N, H, D] tensors, so dilated patterns are read in place) or block-sparse tiles, and
 // a device array of work items. q, k, v and dout are bf16 or fp16 (or fp32 on the simple
 // path); out, lse, dq, dk and dv are fp32, so the ring can carry and merge partial results.
-// Element offsets and strides in the tasks are in elements of the tensor they index.
+// Element offsets and strides in the tasks are in elements of the tensor they index: q and k
+// rows (v, out, dout and dv rows of head_dim_v sit at the same row positions:
+// QkvParams::value_elems).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,12 +58,17 @@ struct QkvParams {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  int head_dim = 0;
+  int head_dim = 0;    // q, k, dq, dk
+  int head_dim_v = 0;  // v, out, dout, dv (0: head_dim); the native kernels only
   float scale = 1.0f;
+  float softcap = 0.0f;  // s <- softcap · tanh(s / softcap) on the scaled scores; native only
   bool causal = false;
   // Every row start and stride is a multiple of 8 elements (the pointers 16-byte aligned)
   // and head_dim equals the instantiated head dim, so rows can be read with 16-byte copies.
   bool vector_loads = false;
+  int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  // A q/k row offset or stride (elements, whole rows of head_dim) as the v/out one.
+  int64_t value_elems(int64_t x) const { return value_floats(x, head_dim, value_dim()); }
 };
 
 // The native forward over SubseqTasks (and the sm_90a task forward).

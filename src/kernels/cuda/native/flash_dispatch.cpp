@@ -26,14 +26,16 @@ std::string native_kernels_fit(int64_t head_dim, Elem e, int device) {
   return opt_in_shortfall("tensor-core", e, d, need, device);
 }
 
+// The instantiation holds the wider of q/k's and v's rows (the other is zero-padded).
 void flash_forward(Elem e, const FlashForwardParams& p, cudaStream_t stream) {
   auto run = [&]<Elem E, int D>() { launch_flash_forward<E, D>(p, stream); };
+  const int width = std::max(p.head_dim, p.value_dim());
   switch (e) {
     case Elem::bf16:
-      head_dim_switch<Elem::bf16>(p.head_dim, run);
+      head_dim_switch<Elem::bf16>(width, run);
       break;
     case Elem::fp16:
-      head_dim_switch<Elem::fp16>(p.head_dim, run);
+      head_dim_switch<Elem::fp16>(width, run);
       break;
     case Elem::fp32:
       launch_simple_forward_fp32(p, stream);
@@ -43,12 +45,13 @@ void flash_forward(Elem e, const FlashForwardParams& p, cudaStream_t stream) {
 
 void flash_backward(Elem e, const FlashBackwardParams& p, cudaStream_t stream) {
   auto run = [&]<Elem E, int D>() { launch_flash_backward<E, D>(p, stream); };
+  const int width = std::max(p.head_dim, p.value_dim());
   switch (e) {
     case Elem::bf16:
-      head_dim_switch<Elem::bf16>(p.head_dim, run);
+      head_dim_switch<Elem::bf16>(width, run);
       break;
     case Elem::fp16:
-      head_dim_switch<Elem::fp16>(p.head_dim, run);
+      head_dim_switch<Elem::fp16>(width, run);
       break;
     case Elem::fp32:
       launch_simple_backward_fp32(p, stream);

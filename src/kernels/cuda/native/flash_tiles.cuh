@@ -74,22 +74,36 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Scores of one key step → log2-domain logits: s·scale·log2e, and -inf for keys at or past
+// A score s = q·k as a log2-domain logit: s·scale·log2e, or with soft-capping
+// softcap·tanh(s·scale / softcap)·log2e.
+__device__ __forceinline__ float logit_log2(float s, float scale, float softcap) {
+  if (softcap > 0.0f) return softcap * tanhf(s * scale / softcap) * kLog2e;
+  return s * (scale * kLog2e);
+}
+// The cap's slope at a score: d(capped)/d(scaled) = 1 − tanh², 1 without a cap.
+__device__ __forceinline__ float cap_slope(float s, float scale, float softcap) {
+  if (softcap <= 0.0f) return 1.0f;
+  const float t = tanhf(s * scale / softcap);
+  return 1.0f - t * t;
+}
+
+// Scores of one key step → log2-domain logits (logit_log2), and -inf for keys at or past
 // n_k, (causal) keys after query row + causal_offset, and keys outside the row's sliding
 // window (window_left / window_right; kNoWindow: none). Only steps that reach past the end,
 // across the diagonal or a window's edge (`edge`) need the per-element test. Keys j0 + ...,
 // rows `row`.
 template <int kKeys>
-__device__ __forceinline__ void scale_and_mask(float (&s)[kKeys / 8][4], float scale_log2,
-                                               bool edge, int64_t j0, int64_t n_k, bool causal,
-                                               int64_t causal_offset, const int64_t (&row)[2],
-                                               int tig, int64_t window_left = kNoWindow,
+__device__ __forceinline__ void scale_and_mask(float (&s)[kKeys / 8][4], float scale,
+                                               float softcap, bool edge, int64_t j0, int64_t n_k,
+                                               bool causal, int64_t causal_offset,
+                                               const int64_t (&row)[2], int tig,
+                                               int64_t window_left = kNoWindow,
                                                int64_t window_right = kNoWindow) {
 #pragma unroll
   for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = s[n][e] * scale_log2;
+      float x = logit_log2(s[n][e], scale, softcap);
       if (edge) {
         const int64_t key = j0 + n * 8 + tig * 2 + (e & 1);
         const int64_t d = key - (row[e >> 1] + causal_offset);
@@ -155,7 +169,7 @@ __device__ __forceinline__ void forward_epilogue(const ForwardRows<T>& b, const 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (!valid[r]) continue;
-    float* orow = b.out + row[r] * b.stride;
+    float* orow = b.out + row[r] * b.out_stride;
     float* lse = b.lse + row[r] * b.lse_stride;
     float ca = 0.0f, cb = inv[r] * a.out_scale, new_lse = row_lse[r];
     if (a.accumulate) {
@@ -178,7 +192,7 @@ __device__ __forceinline__ void forward_epilogue(const ForwardRows<T>& b, const 
       const int col = d * 8 + tig * 2;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        if (col + u >= a.head_dim) continue;
+        if (col + u >= a.head_dim_v) continue;
         const float mine = acc[d][2 * r + u] * cb;
         orow[col + u] = ca == 0.0f ? mine : ca * orow[col + u] + mine;
       }
@@ -211,8 +225,6 @@ __device__ __forceinline__ void forward_block(const ForwardRows<T>& b, const Key
   const int64_t bq = b.n_q - i0 < Tiles::kRows ? b.n_q - i0 : Tiles::kRows;
   // This thread's two rows (view query indices).
   const int64_t row[2] = {i0 + w.warp * 16 + w.g, i0 + w.warp * 16 + w.g + 8};
-  const float scale_log2 = a.scale * kLog2e;
-
   float m[2] = {kNegInf, kNegInf};  // running max of scale·log2e·s
   float l[2] = {0.0f, 0.0f};        // this thread's part of the running sum
   float acc[kHeadDim / 8][4];
@@ -239,8 +251,8 @@ __device__ __forceinline__ void forward_block(const ForwardRows<T>& b, const Key
                                                         a.head_dim, a.vector_loads);
         cp_async_commit();
       }
-      load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sV, run.v, run.stride, j0, view.n_k,
-                                                      a.head_dim, a.vector_loads);
+      load_rows<T, kKeys, kHeadDim, kPitch, kThreads>(sV, run.v, run.v_stride, j0, view.n_k,
+                                                      a.head_dim_v, a.vector_loads);
       cp_async_commit();
       cp_async_wait<1>();  // Q and K_j have landed; V_j may still be in flight
       __syncthreads();
@@ -262,8 +274,9 @@ __device__ __forceinline__ void forward_block(const ForwardRows<T>& b, const Key
       // window get -inf.
       const bool tail = j0 + kKeys > view.n_k;
       const bool diagonal = a.causal && j0 + kKeys - 1 > i0 + view.causal_offset;
-      scale_and_mask<kKeys>(s, scale_log2, tail || diagonal || windowed, j0, view.n_k, a.causal,
-                            view.causal_offset, row, w.tig, view.window_left, view.window_right);
+      scale_and_mask<kKeys>(s, a.scale, a.softcap, tail || diagonal || windowed, j0, view.n_k,
+                            a.causal, view.causal_offset, row, w.tig, view.window_left,
+                            view.window_right);
       online_softmax_step<kKeys, kHeadDim>(s, m, l, acc);
 
       cp_async_wait<kPrefetchK ? 1 : 0>();  // V_j has landed (K_{j+1} may be in flight)
@@ -305,11 +318,10 @@ __device__ __forceinline__ void dq_block(const DqRows<T>& b, const Keys& keys,
 
   load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sQ, b.q, b.stride, i0, b.n_q, a.head_dim,
                                                          a.vector_loads);
-  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sdO, b.dout, b.stride, i0, b.n_q,
-                                                         a.head_dim, a.vector_loads);
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sdO, b.dout, b.dout_stride, i0, b.n_q,
+                                                         a.head_dim_v, a.vector_loads);
   cp_async_commit();
 
-  const float scale_log2 = a.scale * kLog2e;
   const float d_factor = a.dout_scale / a.out_scale;
   const int64_t row[2] = {i0 + w.warp * 16 + w.g, i0 + w.warp * 16 + w.g + 8};
   float lse2[2], dlt[2];
@@ -327,8 +339,8 @@ __device__ __forceinline__ void dq_block(const DqRows<T>& b, const Keys& keys,
     for (int64_t j0 = run.keys.begin; j0 < run.keys.end; j0 += kStep) {
       load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sK, run.k, run.stride, j0, run.view.n_k,
                                                       a.head_dim, a.vector_loads);
-      load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sV, run.v, run.stride, j0, run.view.n_k,
-                                                      a.head_dim, a.vector_loads);
+      load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sV, run.v, run.v_stride, j0, run.view.n_k,
+                                                      a.head_dim_v, a.vector_loads);
       cp_async_commit();
       cp_async_wait<0>();
       __syncthreads();
@@ -345,8 +357,11 @@ __device__ __forceinline__ void dq_block(const DqRows<T>& b, const Keys& keys,
         for (int e = 0; e < 4; ++e) {
           const int64_t key = j0 + n * 8 + w.tig * 2 + (e & 1);
           const bool masked = outside_reach(run.view, a.causal, row[e >> 1], key);
-          const float pr = masked ? 0.0f : exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
-          s[n][e] = pr * (dp[n][e] * a.dout_scale - dlt[e >> 1]);  // dS
+          const float logit = logit_log2(s[n][e], a.scale, a.softcap);
+          const float pr = masked ? 0.0f : exp2f(logit - lse2[e >> 1]);
+          // dS, through the cap's slope to the scaled score
+          s[n][e] = pr * (dp[n][e] * a.dout_scale - dlt[e >> 1]) *
+                    cap_slope(s[n][e], a.scale, a.softcap);
         }
       warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dq, s, sK, w.lane);
       __syncthreads();  // before the next step overwrites sK and sV
@@ -384,11 +399,10 @@ __device__ __forceinline__ void dkdv_block(const DkdvRows<T>& b, const Queries& 
 
   load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sK, b.k, b.stride, j0, b.n_k, a.head_dim,
                                                          a.vector_loads);
-  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sV, b.v, b.stride, j0, b.n_k, a.head_dim,
-                                                         a.vector_loads);
+  load_rows<T, Tiles::kRows, kHeadDim, kPitch, kThreads>(sV, b.v, b.v_stride, j0, b.n_k,
+                                                         a.head_dim_v, a.vector_loads);
   cp_async_commit();
 
-  const float scale_log2 = a.scale * kLog2e;
   const float d_factor = a.dout_scale / a.out_scale;
   const int64_t key[2] = {j0 + w.warp * 16 + w.g, j0 + w.warp * 16 + w.g + 8};
   const int64_t bk = b.n_k - j0 < Tiles::kRows ? b.n_k - j0 : Tiles::kRows;
@@ -404,8 +418,8 @@ __device__ __forceinline__ void dkdv_block(const DkdvRows<T>& b, const Queries& 
     for (int64_t i0 = run.rows.begin; i0 < run.rows.end; i0 += kStep) {
       load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sQ, run.q, run.stride, i0, n_q, a.head_dim,
                                                       a.vector_loads);
-      load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, run.dout, run.stride, i0, n_q,
-                                                      a.head_dim, a.vector_loads);
+      load_rows<T, kStep, kHeadDim, kPitch, kThreads>(sdO, run.dout, run.dout_stride, i0, n_q,
+                                                      a.head_dim_v, a.vector_loads);
       cp_async_commit();
       // This thread's query columns' lse·log2e and D · dout_scale/out_scale, in registers
       // (read while the tiles are in flight; shared memory holds only the tiles, so D = 256
@@ -436,9 +450,12 @@ __device__ __forceinline__ void dkdv_block(const DkdvRows<T>& b, const Queries& 
           const int c = n * 8 + w.tig * 2 + (e & 1);
           const bool masked =
               i0 + c >= n_q || outside_reach(run.view, a.causal, i0 + c, key[e >> 1]);
-          const float pr = masked ? 0.0f : exp2f(pt[n][e] * scale_log2 - colL[n][e & 1]);
-          pt[n][e] = pr;                                                 // Pᵀ
-          dst[n][e] = pr * (dst[n][e] * a.dout_scale - colD[n][e & 1]);  // dSᵀ
+          const float logit = logit_log2(pt[n][e], a.scale, a.softcap);
+          const float pr = masked ? 0.0f : exp2f(logit - colL[n][e & 1]);
+          // dSᵀ, through the cap's slope to the scaled score
+          dst[n][e] = pr * (dst[n][e] * a.dout_scale - colD[n][e & 1]) *
+                      cap_slope(pt[n][e], a.scale, a.softcap);
+          pt[n][e] = pr;  // Pᵀ
         }
       warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dv, pt, sdO, w.lane);
       warp_mma_regs_rows<T, kHeadDim, kStep, kPitch>(dk, dst, sQ, w.lane);
@@ -451,15 +468,14 @@ __device__ __forceinline__ void dkdv_block(const DkdvRows<T>& b, const Queries& 
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= b.n_k) continue;
     float* dk_row = b.dk + key[r] * b.stride;
-    float* dv_row = b.dv + key[r] * b.stride;
+    float* dv_row = b.dv + key[r] * b.v_stride;
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int col = d * 8 + w.tig * 2 + u;
-        if (col >= a.head_dim) continue;
-        dk_row[col] += dk[d][2 * r + u] * a.scale;
-        dv_row[col] += dv[d][2 * r + u] * a.dout_scale;
+        if (col < a.head_dim) dk_row[col] += dk[d][2 * r + u] * a.scale;
+        if (col < a.head_dim_v) dv_row[col] += dv[d][2 * r + u] * a.dout_scale;
       }
     }
   }

@@ -51,6 +51,19 @@ __device__ __forceinline__ void add_row(float* dst, const float (&x)[kPerLane], 
   }
 }
 
+// The scaled score of a q·k dot product, soft-capped when softcap > 0, and the cap's slope
+// there (1 − tanh², 1 without a cap).
+__device__ __forceinline__ float capped_score(float dot, const AttentionScalars& a, float* slope) {
+  const float x = dot * a.scale;
+  if (a.softcap <= 0.0f) {
+    if (slope) *slope = 1.0f;
+    return x;
+  }
+  const float t = tanhf(x / a.softcap);
+  if (slope) *slope = 1.0f - t * t;
+  return a.softcap * t;
+}
+
 // A forward block's kQueryTile rows: online softmax over every run's visible keys, then
 // out = acc / l · out_scale and lse, or with `accumulate` a log-sum-exp merge into them.
 template <typename Keys>
@@ -68,16 +81,17 @@ __device__ __forceinline__ void forward_rows(const ForwardRows<float>& b, const 
     for (int64_t ri = 0; ri < keys.size(); ++ri) {
       const KeyRun<float> run = keys.template run<1>(ri, a.causal, i, 1);  // causality, window
       for (int64_t j = run.keys.begin; j < run.keys.end; ++j) {
-        const float s = dot_row(qv, run.k + j * run.stride, a.head_dim, lane) * a.scale;
+        const float s =
+            capped_score(dot_row(qv, run.k + j * run.stride, a.head_dim, lane), a, nullptr);
         const float m_new = fmaxf(m, s);
         const float alpha = expf(m - m_new);  // 0 on the first key (m = -inf)
         const float pj = expf(s - m_new);
         l = l * alpha + pj;
-        const float* vrow = run.v + j * run.stride;
+        const float* vrow = run.v + j * run.v_stride;
 #pragma unroll
         for (int u = 0; u < kPerLane; ++u) {
           const int d = lane + 32 * u;
-          acc[u] = acc[u] * alpha + (d < a.head_dim ? pj * vrow[d] : 0.0f);
+          acc[u] = acc[u] * alpha + (d < a.head_dim_v ? pj * vrow[d] : 0.0f);
         }
         m = m_new;
       }
@@ -85,7 +99,7 @@ __device__ __forceinline__ void forward_rows(const ForwardRows<float>& b, const 
     const bool empty = l == 0.0f;
     const float row_lse = empty ? -INFINITY : m + logf(l);
     const float inv = empty ? 0.0f : 1.0f / l;
-    float* orow = b.out + i * b.stride;
+    float* orow = b.out + i * b.out_stride;
     float* lse = b.lse + i * b.lse_stride;
     float ca = 0.0f, cb = inv * a.out_scale, new_lse = row_lse;
     bool write = true;
@@ -109,7 +123,7 @@ __device__ __forceinline__ void forward_rows(const ForwardRows<float>& b, const 
 #pragma unroll
       for (int u = 0; u < kPerLane; ++u) {
         const int d = lane + 32 * u;
-        if (d < a.head_dim) orow[d] = (ca == 0.0f ? 0.0f : ca * orow[d]) + cb * acc[u];
+        if (d < a.head_dim_v) orow[d] = (ca == 0.0f ? 0.0f : ca * orow[d]) + cb * acc[u];
       }
       if (lane == 0) *lse = new_lse;
     }
@@ -131,16 +145,18 @@ __device__ __forceinline__ void dq_rows(const DqRows<float>& b, const Keys& keys
     const float dl = b.delta[i * b.lse_stride] * d_factor;
     float qv[kPerLane], dov[kPerLane], acc[kPerLane];
     load_row(qv, b.q + i * b.stride, a.head_dim, lane);
-    load_row(dov, b.dout + i * b.stride, a.head_dim, lane);
+    load_row(dov, b.dout + i * b.dout_stride, a.head_dim_v, lane);
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) acc[u] = 0.0f;
     for (int64_t ri = 0; ri < keys.size(); ++ri) {
       const KeyRun<float> run = keys.template run<1>(ri, a.causal, i, 1);  // causality, window
       for (int64_t j = run.keys.begin; j < run.keys.end; ++j) {
         const float* krow = run.k + j * run.stride;
-        const float pr = expf(dot_row(qv, krow, a.head_dim, lane) * a.scale - L);
-        const float dp = dot_row(dov, run.v + j * run.stride, a.head_dim, lane) * a.dout_scale;
-        const float ds = pr * (dp - dl);
+        float slope;
+        const float pr = expf(capped_score(dot_row(qv, krow, a.head_dim, lane), a, &slope) - L);
+        const float dp =
+            dot_row(dov, run.v + j * run.v_stride, a.head_dim_v, lane) * a.dout_scale;
+        const float ds = pr * (dp - dl) * slope;
 #pragma unroll
         for (int u = 0; u < kPerLane; ++u) {
           const int d = lane + 32 * u;
@@ -164,7 +180,7 @@ __device__ __forceinline__ void dkdv_rows(const DkdvRows<float>& b, const Querie
     if (j >= b.n_k) break;
     float kv[kPerLane], vv[kPerLane], dk[kPerLane], dv[kPerLane];
     load_row(kv, b.k + j * b.stride, a.head_dim, lane);
-    load_row(vv, b.v + j * b.stride, a.head_dim, lane);
+    load_row(vv, b.v + j * b.v_stride, a.head_dim_v, lane);
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) dk[u] = dv[u] = 0.0f;
     for (int64_t ri = 0; ri < queries.size(); ++ri) {
@@ -174,22 +190,21 @@ __device__ __forceinline__ void dkdv_rows(const DkdvRows<float>& b, const Querie
         const float L = run.lse[at];
         if (L == -INFINITY) continue;
         const float* qrow = run.q + i * run.stride;
-        const float* grow = run.dout + i * run.stride;
-        const float pr = expf(dot_row(kv, qrow, a.head_dim, lane) * a.scale - L);
-        const float dp = dot_row(vv, grow, a.head_dim, lane) * a.dout_scale;
-        const float ds = pr * (dp - run.delta[at] * d_factor);
+        const float* grow = run.dout + i * run.dout_stride;
+        float slope;
+        const float pr = expf(capped_score(dot_row(kv, qrow, a.head_dim, lane), a, &slope) - L);
+        const float dp = dot_row(vv, grow, a.head_dim_v, lane) * a.dout_scale;
+        const float ds = pr * (dp - run.delta[at] * d_factor) * slope;
 #pragma unroll
         for (int u = 0; u < kPerLane; ++u) {
           const int d = lane + 32 * u;
-          if (d < a.head_dim) {
-            dv[u] += pr * a.dout_scale * grow[d];
-            dk[u] += ds * qrow[d];
-          }
+          if (d < a.head_dim_v) dv[u] += pr * a.dout_scale * grow[d];
+          if (d < a.head_dim) dk[u] += ds * qrow[d];
         }
       }
     }
     add_row(b.dk + j * b.stride, dk, a.scale, a.head_dim, lane);
-    add_row(b.dv + j * b.stride, dv, 1.0f, a.head_dim, lane);
+    add_row(b.dv + j * b.v_stride, dv, 1.0f, a.head_dim_v, lane);
   }
 }
 

@@ -20,19 +20,21 @@ std::string sparse_kernels_fit(int64_t head_dim, Elem e, int device) {
 void sparse_forward(Elem e, const SparseForwardParams& p, cudaStream_t stream) {
   if (e == Elem::fp32) return launch_sparse_simple_forward_fp32(p, stream);
   auto run = [&]<Elem E, int D>() { launch_sparse_forward<E, D>(p, stream); };
+  const int width = std::max(p.head_dim, p.value_dim());  // the wider rows; the other padded
   if (e == Elem::bf16)
-    head_dim_switch<Elem::bf16>(p.head_dim, run);
+    head_dim_switch<Elem::bf16>(width, run);
   else
-    head_dim_switch<Elem::fp16>(p.head_dim, run);
+    head_dim_switch<Elem::fp16>(width, run);
 }
 
 void sparse_backward(Elem e, const SparseBackwardParams& p, cudaStream_t stream) {
   if (e == Elem::fp32) return launch_sparse_simple_backward_fp32(p, stream);
   auto run = [&]<Elem E, int D>() { launch_sparse_backward<E, D>(p, stream); };
+  const int width = std::max(p.head_dim, p.value_dim());
   if (e == Elem::bf16)
-    head_dim_switch<Elem::bf16>(p.head_dim, run);
+    head_dim_switch<Elem::bf16>(width, run);
   else
-    head_dim_switch<Elem::fp16>(p.head_dim, run);
+    head_dim_switch<Elem::fp16>(width, run);
 }
 
 }  // namespace ringattn::kernels::cuda

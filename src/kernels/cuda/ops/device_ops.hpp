@@ -26,9 +26,10 @@ struct RowDotParams {
 void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream);
 
 // How every backward on a [B, N, H, D] shard starts: dq and the [B, N, kv_heads, D] dk, dv
-// zeroed (the passes add into them), and the row sums D of `rd`.
+// zeroed (the passes add into them), and the row sums D of `rd` (whose head_dim is out's and
+// dv's; q's and dk's is head_dim_qk, 0: the same).
 void start_backward(Elem e, const RowDotParams& rd, int64_t kv_heads, float* dq, float* dk,
-                    float* dv, cudaStream_t stream);
+                    float* dv, cudaStream_t stream, int64_t head_dim_qk = 0);
 
 // Device form of merge_lse(): all pointers are device pointers.
 void launch_merge_lse(const MergeRows& m, cudaStream_t stream);

@@ -97,14 +97,15 @@ void launch_row_dot(Elem e, const RowDotParams& p, cudaStream_t stream) {
 }
 
 void start_backward(Elem e, const RowDotParams& rd, int64_t kv_heads, float* dq, float* dk,
-                    float* dv, cudaStream_t stream) {
+                    float* dv, cudaStream_t stream, int64_t head_dim_qk) {
   const auto rows = static_cast<std::size_t>(rd.batch * rd.seq_len);
-  const auto d = static_cast<std::size_t>(rd.head_dim);
+  const auto d = static_cast<std::size_t>(head_dim_qk > 0 ? head_dim_qk : rd.head_dim);
+  const auto dv_cols = static_cast<std::size_t>(rd.head_dim);
+  const auto hkv = static_cast<std::size_t>(kv_heads);
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(
       dq, 0, rows * static_cast<std::size_t>(rd.heads) * d * sizeof(float), stream));
-  for (float* g : {dk, dv})
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(
-        g, 0, rows * static_cast<std::size_t>(kv_heads) * d * sizeof(float), stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, rows * hkv * d * sizeof(float), stream));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, rows * hkv * dv_cols * sizeof(float), stream));
   launch_row_dot(e, rd, stream);
 }
 
