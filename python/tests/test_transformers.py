@@ -213,21 +213,27 @@ def test_modernbert_bidirectional_local_window_over_a_padded_batch(calls):
     assert calls
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks"])
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks",
+                                  "deepseek_v3_mla", "gemma2_softcap"])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generation_gives_eager_tokens(name, padded, cache):
     """generate(), greedy, with transformers' default cache and with a static one (its
-    prepared 4D masks come back into the model as the attention mask)."""
+    prepared 4D masks come back into the model as the attention mask; its unwritten keys past
+    the query are masked): the tokens, and every step's scores (a tiny model's greedy tokens
+    survive small errors)."""
     prompt = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3))
     mask = torch.ones(2, 24, dtype=torch.long)
     if padded:
         mask[1, :6] = 0
     extra = {} if cache == "dynamic" else dict(cache_implementation="static")
-    tokens = {impl: build(name, impl).generate(prompt, attention_mask=mask, max_new_tokens=8,
-                                               do_sample=False, **extra)
-              for impl in ("eager", "ringattn")}
-    assert torch.equal(tokens["ringattn"], tokens["eager"])
+    runs = {impl: build(name, impl).generate(prompt, attention_mask=mask, max_new_tokens=8,
+                                             do_sample=False, output_scores=True,
+                                             return_dict_in_generate=True, **extra)
+            for impl in ("eager", "ringattn")}
+    assert torch.equal(runs["ringattn"].sequences, runs["eager"].sequences)
+    for t, (got, want) in enumerate(zip(runs["ringattn"].scores, runs["eager"].scores)):
+        assert relative(got, want) < TOLERANCE, f"step {t}"
 
 
 @pytest.mark.parametrize("name", ["mistral_mqa_window", "gemma3_sliding", "llama4_chunked",

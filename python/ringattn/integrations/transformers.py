@@ -669,9 +669,12 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
         spec.padding[:, spec.kv_offset:spec.kv_offset + kv_length].all())
     local_ok = local_size is None or kv_length < local_size
     kinds = {k for k, _ in hm.components(mask_function)}
+    # The query is the cache's last key: a static cache holds unwritten keys past it, which
+    # causality masks (zeros there would otherwise join the softmax's normaliser).
+    last = spec.q_offset + q_length == spec.kv_offset + kv_length
     if one_process and all_valid and local_ok and (
-            (q_length == 1 and kinds <= {"causal", "sliding window", "chunked attention", "and",
-                                         "bidirectional"}) or
+            (q_length == 1 and last and kinds <= {"causal", "sliding window",
+                                                  "chunked attention", "and", "bidirectional"}) or
             (allow_is_bidirectional_skip and kinds <= {"bidirectional"})):
         # Every query attends every key (one query over its whole cache, or bidirectional
         # attention without padding): None, as transformers gives eager (some models size or
