@@ -213,11 +213,7 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
-  if (ranks.world > 1) {  // TEMP: lifted as the ranks' engines learn them
-    require_one_head_dim(cfg, "several ranks");
-    require_uncapped(cfg, "several ranks");
-  }
-  if (block_sparse) {
+  if (block_sparse) {  // TEMP: lifted as the block-sparse engine learns them
     require_one_head_dim(cfg, "block-sparse attention");
     require_uncapped(cfg, "block-sparse attention");
   }

@@ -6,6 +6,7 @@
 // order, so packing and unpacking are 2-D copies (host memcpy or cudaMemcpy2DAsync).
 #include "job/ulysses.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -147,11 +148,11 @@ class UlyssesBackend final : public Backend {
   void forward(const void* q, const void* k, const void* v, float* out, float* lse) override {
     fwd_ = {};
     run({scatter("q", q, q_in_, qgeom(eb_), false), scatter("k", k, k_in_, kvgeom(eb_), true),
-         scatter("v", v, v_in_, kvgeom(eb_), true)},
+         scatter("v", v, v_in_, vgeom(eb_), true)},
         fwd_);
     inner_->forward(q_in_, k_in_, v_in_, static_cast<float*>(out_in_),
                     static_cast<float*>(lse_in_));
-    run({gather("out", out_in_, out, qgeom(4), false, false),
+    run({gather("out", out_in_, out, ogeom(4), false, false),
          gather("lse", lse_in_, lse, lsegeom(), false, false)},
         fwd_);
   }
@@ -160,9 +161,9 @@ class UlyssesBackend final : public Backend {
                 const void* dout, float* dq, float* dk, float* dv) override {
     bwd_ = {};
     run({scatter("q", q, q_in_, qgeom(eb_), false), scatter("k", k, k_in_, kvgeom(eb_), true),
-         scatter("v", v, v_in_, kvgeom(eb_), true),
-         scatter("dout", dout, dout_in_, qgeom(eb_), false),
-         scatter("out", out, out_in_, qgeom(4), false),
+         scatter("v", v, v_in_, vgeom(eb_), true),
+         scatter("dout", dout, dout_in_, ogeom(eb_), false),
+         scatter("out", out, out_in_, ogeom(4), false),
          scatter("lse", lse, lse_in_, lsegeom(), false)},
         bwd_);
     inner_->backward(q_in_, k_in_, v_in_, static_cast<const float*>(out_in_),
@@ -170,7 +171,7 @@ class UlyssesBackend final : public Backend {
                      static_cast<float*>(dk_in_), static_cast<float*>(dv_in_));
     run({gather("dq", dq_in_, dq, qgeom(4), false, false),
          gather("dk", dk_in_, dk, kvgeom(4), true, s_.kv_shared),
-         gather("dv", dv_in_, dv, kvgeom(4), true, s_.kv_shared)},
+         gather("dv", dv_in_, dv, vgeom(4), true, s_.kv_shared)},
         bwd_);
   }
 
@@ -217,6 +218,17 @@ class UlyssesBackend final : public Backend {
             sh.head_dim,
             s_.cfg.effective_kv_layout() == TensorLayout::bhnd,
             elem};
+  }
+  // v, dv (K/V heads) and out, dout (query heads): rows of the values' head dim.
+  Geom vgeom(std::size_t elem) const {
+    Geom g = kvgeom(elem);
+    g.width = s_.cfg.effective_head_dim_v();
+    return g;
+  }
+  Geom ogeom(std::size_t elem) const {
+    Geom g = qgeom(elem);
+    g.width = s_.cfg.effective_head_dim_v();
+    return g;
   }
   Geom lsegeom() const { return {s_.cfg.shape.batch, 0, s_.cfg.shape.heads, 1, true, 4}; }
 
@@ -345,6 +357,11 @@ class UlyssesBackend final : public Backend {
     const auto n = static_cast<std::size_t>(sh.batch * rows * sh.heads * sh.head_dim);
     const auto n_kv =
         static_cast<std::size_t>(sh.batch * rows * s_.cfg.effective_kv_heads() * sh.head_dim);
+    const auto dv_per_d = [&](std::size_t x) {
+      return x / static_cast<std::size_t>(sh.head_dim) *
+             static_cast<std::size_t>(s_.cfg.effective_head_dim_v());
+    };
+    const std::size_t n_out = dv_per_d(n), n_v = dv_per_d(n_kv);
     const auto n_lse = static_cast<std::size_t>(sh.batch * rows * sh.heads);
     auto take = [&](std::size_t bytes, const char* what) {
       staging_bytes_ += bytes;
@@ -352,15 +369,17 @@ class UlyssesBackend final : public Backend {
     };
     q_in_ = take(n * eb_, "q (Ulysses slice)");
     k_in_ = take(n_kv * eb_, "k (Ulysses slice)");
-    v_in_ = take(n_kv * eb_, "v (Ulysses slice)");
-    dout_in_ = take(n * eb_, "dout (Ulysses slice)");
-    out_in_ = take(n * 4, "out (Ulysses slice)");
+    v_in_ = take(n_v * eb_, "v (Ulysses slice)");
+    dout_in_ = take(n_out * eb_, "dout (Ulysses slice)");
+    out_in_ = take(n_out * 4, "out (Ulysses slice)");
     lse_in_ = take(n_lse * 4, "lse (Ulysses slice)");
     dq_in_ = take(n * 4, "dq (Ulysses slice)");
     dk_in_ = take(n_kv * 4, "dk (Ulysses slice)");
-    dv_in_ = take(n_kv * 4, "dv (Ulysses slice)");
-    // Send and receive slots of the largest direction: the backward's six inputs.
-    const std::size_t arena = (2 * n + 2 * n_kv) * eb_ + (n + n_lse) * 4;
+    dv_in_ = take(n_v * 4, "dv (Ulysses slice)");
+    // Send and receive slots of the largest move list: the backward's six inputs, or its
+    // three gradients (fp32).
+    const std::size_t arena = std::max((n + n_kv + n_v + n_out) * eb_ + (n_out + n_lse) * 4,
+                                       (n + n_kv + n_v) * 4);
     send_arena_ = static_cast<char*>(take(arena, "Ulysses all-to-all send slots"));
     recv_arena_ = static_cast<char*>(take(arena, "Ulysses all-to-all receive slots"));
   }
@@ -429,10 +448,12 @@ int64_t ulysses_forward_a2a_bytes(const AttentionConfig& cfg, int u, int64_t loc
   const int64_t h = sh.heads / u;
   const int64_t hkv = cfg.effective_kv_heads() % u == 0 ? cfg.effective_kv_heads() / u : 1;
   // Per other member, this rank's rows of: q (h heads), k and v (hkv heads each) in the
-  // device dtype; out (h heads) and lse (h heads, one float per row) in fp32.
+  // device dtype; out (h heads, of the values' head dim) and lse (h heads, one float per
+  // row) in fp32.
+  const int64_t dv = cfg.effective_head_dim_v();
   const int64_t per_member =
       sh.batch * local_rows *
-      (sh.head_dim * (h + 2 * hkv) * elem_bytes + sh.head_dim * h * 4 + h * 4);
+      ((sh.head_dim * (h + hkv) + dv * hkv) * elem_bytes + dv * h * 4 + h * 4);
   return per_member * (u - 1);
 }
 

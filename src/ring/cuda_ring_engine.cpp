@@ -185,6 +185,7 @@ struct CudaRingPlan::Impl::Device {
   kc::FlashBackwardParams bwd;  // backward calls
 
   int64_t head_dim() const { return m.d(); }
+  int64_t head_dim_v() const { return m.d(); }  // the GPU ring refuses another Dv
   std::size_t kv_elem_bytes() const { return m.eb(); }
 
   void* buffer(RingBuffer which, int t) const { return m.buf.at(which, t).get(); }

@@ -42,12 +42,13 @@ struct RingPlan::Impl {
   std::vector<bool> rows_repeat;  // per step, runs_repeat_a_row: its dK/dV rows added serially
   std::unique_ptr<float[], AlignedFree> workspace;
   std::size_t workspace_floats = 0;
-  // Double buffers, each [rows, 2, D]-sized: K rows then V rows (or dK then dV).
+  // Double buffers, each rows · (D + Dv) floats: K rows then V rows (or dK then dV).
   RingBuffers<std::unique_ptr<float[], AlignedFree>> buf;
   HostExchanges exchanges;  // after the buffers: its thread ends before they go
   RingTimings fwd, bwd;
 
   int64_t d() const { return cfg.shape.head_dim; }
+  int64_t dv() const { return cfg.effective_head_dim_v(); }
 
   struct Host;
 };
@@ -61,6 +62,7 @@ struct RingPlan::Impl::Host {
   kernels::BackwardParams bwd{};  // backward calls
 
   int64_t head_dim() const { return m.d(); }
+  int64_t head_dim_v() const { return m.dv(); }
   std::size_t kv_elem_bytes() const { return sizeof(float); }
 
   void* buffer(RingBuffer which, int t) const { return m.buf.at(which, t).get(); }
@@ -79,16 +81,19 @@ struct RingPlan::Impl::Host {
     const auto* k = static_cast<const float*>(k_rows);
     const auto* v = static_cast<const float*>(v_rows);
     const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
-    const int64_t dd = m.d();
+    const int64_t dd = m.d(), dv = m.dv();
     float* kb = m.buf.send[t % 2].get();
     float* vb = kb + st.send_rows * dd;
     const std::vector<int64_t> base = packed_bases(st);
 #pragma omp parallel for num_threads(m.threads) schedule(dynamic, 16)
     for (std::size_t i = 0; i < st.send_runs.size(); ++i) {
       const Run& r = st.send_runs[i];
+      // Runs count floats of K rows; V's rows sit at the same positions, Dv floats each.
+      const float* vr = v + kernels::value_floats(r.row0, dd, dv);
+      const int64_t vs = kernels::value_floats(r.stride, dd, dv);
       for (int64_t j = 0; j < r.rows(); ++j) {
         std::memcpy(kb + (base[i] + j) * dd, k + r.row0 + j * r.stride, sizeof(float) * dd);
-        std::memcpy(vb + (base[i] + j) * dd, v + r.row0 + j * r.stride, sizeof(float) * dd);
+        std::memcpy(vb + (base[i] + j) * dv, vr + j * vs, sizeof(float) * dv);
       }
     }
   }
@@ -131,7 +136,7 @@ struct RingPlan::Impl::Host {
   void add_returned(int t, float* dk, float* dv) {
     const ScopedMs timer(tm.compute_ms);
     const RingStep& st = m.sched.steps[static_cast<std::size_t>(t)];
-    const int64_t dd = m.d();
+    const int64_t dd = m.d(), dvd = m.dv();
     const float* kb = m.buf.returned[t % 2].get();
     const float* vb = kb + st.send_rows * dd;
     const std::vector<int64_t> base = packed_bases(st);
@@ -141,12 +146,15 @@ struct RingPlan::Impl::Host {
 #pragma omp parallel for num_threads(serial ? 1 : m.threads) schedule(dynamic, 16)
     for (std::size_t i = 0; i < st.send_runs.size(); ++i) {
       const Run& r = st.send_runs[i];
+      const int64_t v0 = kernels::value_floats(r.row0, dd, dvd);
+      const int64_t vs = kernels::value_floats(r.stride, dd, dvd);
       for (int64_t j = 0; j < r.rows(); ++j) {
         float* dkr = dk + r.row0 + j * r.stride;
-        float* dvr = dv + r.row0 + j * r.stride;
+        float* dvr = dv + v0 + j * vs;
         const float* pk = kb + (base[i] + j) * dd;
-        const float* pv = vb + (base[i] + j) * dd;
-        for (int64_t c = 0; c < dd; ++c) dkr[c] += pk[c], dvr[c] += pv[c];
+        const float* pv = vb + (base[i] + j) * dvd;
+        for (int64_t c = 0; c < dd; ++c) dkr[c] += pk[c];
+        for (int64_t c = 0; c < dvd; ++c) dvr[c] += pv[c];
       }
     }
   }
@@ -166,12 +174,12 @@ RingPlan::RingPlan(const AttentionConfig& cfg, Communicator& comm, PlanOptions o
   m.timeout_s = ring_opts.timeout_s;
   m.grouped_scale = grouped_scale(cfg);
   for (const RingStep& st : m.sched.steps) m.rows_repeat.push_back(runs_repeat_a_row(st.send_runs));
-  m.workspace_floats = std::max(kernels::forward_workspace_floats(m.tiles, m.d()),
-                                kernels::backward_workspace_floats(m.tiles, m.d()));
+  m.workspace_floats = std::max(kernels::forward_workspace_floats(m.tiles, m.d(), m.dv()),
+                                kernels::backward_workspace_floats(m.tiles, m.d(), m.dv()));
   m.workspace = aligned_floats(m.workspace_floats * static_cast<std::size_t>(m.threads),
                                "ring kernel workspace");
-  const auto rows_send = static_cast<std::size_t>(m.sched.max_send_rows * 2 * m.d());
-  const auto rows_recv = static_cast<std::size_t>(m.sched.max_recv_rows * 2 * m.d());
+  const auto rows_send = static_cast<std::size_t>(m.sched.max_send_rows * (m.d() + m.dv()));
+  const auto rows_recv = static_cast<std::size_t>(m.sched.max_recv_rows * (m.d() + m.dv()));
   for (int i = 0; i < 2; ++i) {
     m.buf.send[i] = aligned_floats(rows_send, "ring send buffer");
     m.buf.returned[i] = aligned_floats(rows_send, "ring gradient return buffer");
@@ -193,14 +201,15 @@ std::size_t RingPlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
   return sizeof(float) * (m.workspace_floats * static_cast<std::size_t>(m.threads) +
                           4 * static_cast<std::size_t>(
-                                  (m.sched.max_send_rows + m.sched.max_recv_rows) * 2 * m.d()));
+                                  (m.sched.max_send_rows + m.sched.max_recv_rows) *
+                                  (m.d() + m.dv())));
 }
 
 void RingPlan::forward(const float* q, const float* k, const float* v, float* out, float* lse) {
   Impl& m = *impl_;
   m.fwd = {};
   const Shape4& s = m.cfg.shape;
-  const auto n_out = static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * s.head_dim);
+  const auto n_out = static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * m.dv());
   const auto n_lse = static_cast<std::size_t>(s.batch * s.heads * m.layout.local_len);
   std::fill(out, out + n_out, 0.0f);
   std::fill(lse, lse + n_lse, kNegInf);
@@ -211,7 +220,9 @@ void RingPlan::forward(const float* q, const float* k, const float* v, float* ou
   p.out = out;
   p.lse = lse;
   p.head_dim = s.head_dim;
+  p.head_dim_v = m.dv();
   p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.softcap = static_cast<float>(m.cfg.softcap);
   p.causal = m.cfg.causal;
   p.accumulate = true;
   m.protocol.forward(host, k, v, m.fwd);
@@ -231,9 +242,10 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
   const auto n = static_cast<std::size_t>(s.batch * m.layout.local_len * s.heads * dd);
   const auto n_kv =
       static_cast<std::size_t>(s.batch * m.layout.local_len * m.cfg.effective_kv_heads() * dd);
+  const auto n_v = n_kv / static_cast<std::size_t>(dd) * static_cast<std::size_t>(m.dv());
   std::fill(dq, dq + n, 0.0f);
   std::fill(dk, dk + n_kv, 0.0f);
-  std::fill(dv, dv + n_kv, 0.0f);
+  std::fill(dv, dv + n_v, 0.0f);
 
   Impl::Host host{m, m.bwd};
   kernels::BackwardParams& p = host.bwd;
@@ -243,7 +255,9 @@ void RingPlan::backward(const float* q, const float* k, const float* v, const fl
   p.dout = dout;
   p.dq = dq;
   p.head_dim = dd;
+  p.head_dim_v = m.dv();
   p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.softcap = static_cast<float>(m.cfg.softcap);
   p.causal = m.cfg.causal;
   p.out_scale = p.dout_scale = m.grouped_scale;
   m.protocol.backward(host, k, v, dk, dv, m.bwd);

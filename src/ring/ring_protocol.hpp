@@ -58,7 +58,8 @@ struct RingBuffers {
 template <typename B>
 concept RingBackend = requires(B& b, int t, const void* kv, float* grad, std::vector<Transfer> xs,
                                const char* what) {
-  { b.head_dim() } -> std::convertible_to<int64_t>;
+  { b.head_dim() } -> std::convertible_to<int64_t>;    // K (and dK) row width
+  { b.head_dim_v() } -> std::convertible_to<int64_t>;  // V (and dV) row width
   { b.kv_elem_bytes() } -> std::convertible_to<std::size_t>;
   { b.buffer(RingBuffer::send, t) } -> std::same_as<void*>;
   b.pack(t, kv, kv);
@@ -107,7 +108,7 @@ class RingProtocol {
   template <RingBackend B>
   void backward(B& b, const void* k, const void* v, float* dk, float* dv, RingTimings& tm) const {
     const int rank = comm_->rank(), world = comm_->size();
-    const int64_t d = b.head_dim();
+    const int64_t d = b.head_dim(), d_v = b.head_dim_v();
     std::vector<int> ret_ticket(static_cast<std::size_t>(world), -1);
     auto finish_return = [&](int t) {
       if (t < 1 || ret_ticket[static_cast<std::size_t>(t)] < 0) return;
@@ -130,7 +131,7 @@ class RingProtocol {
       auto* part = static_cast<float*>(b.buffer(RingBuffer::partial, t));
       std::vector<Transfer> sends, recvs;
       if (st.recv_from >= 0) {
-        b.clear(part, st.recv_rows * 2 * d);
+        b.clear(part, st.recv_rows * (d + d_v));
         const auto [rk, rv] = received(b, t);
         b.compute_backward(t, rk, rv, part, part + st.recv_rows * d);
         const std::size_t bytes = grad_bytes(b, st.recv_rows);
@@ -152,13 +153,14 @@ class RingProtocol {
   enum Tag { kKvForward = 0, kKvBackward = 1, kGradReturn = 2 };
   static int tag_of(int step, Tag kind) { return step * 4 + kind; }
 
+  // A step's rows travel as K rows (head_dim each) then V rows (head_dim_v each), no padding.
   template <RingBackend B>
   static std::size_t kv_bytes(const B& b, int64_t rows) {
-    return static_cast<std::size_t>(rows * 2 * b.head_dim()) * b.kv_elem_bytes();
+    return static_cast<std::size_t>(rows * (b.head_dim() + b.head_dim_v())) * b.kv_elem_bytes();
   }
   template <RingBackend B>
   static std::size_t grad_bytes(const B& b, int64_t rows) {
-    return static_cast<std::size_t>(rows * 2 * b.head_dim()) * sizeof(float);
+    return static_cast<std::size_t>(rows * (b.head_dim() + b.head_dim_v())) * sizeof(float);
   }
 
   const RingStep& step(int t) const { return sched_->steps[static_cast<std::size_t>(t)]; }
@@ -167,7 +169,8 @@ class RingProtocol {
   template <RingBackend B>
   std::pair<const void*, const void*> received(B& b, int t) const {
     const auto* buf = static_cast<const char*>(b.buffer(RingBuffer::receive, t));
-    return {buf, buf + kv_bytes(b, step(t).recv_rows) / 2};
+    return {buf, buf + static_cast<std::size_t>(step(t).recv_rows * b.head_dim()) *
+                           b.kv_elem_bytes()};
   }
 
   // Packs and posts step t's K/V exchange. A stalled rank stops here, before its rows leave.

@@ -262,7 +262,8 @@ RingSchedule build_ring_schedule(const AttentionConfig& cfg, const ShardLayout& 
     }
     sched.max_send_rows = std::max(sched.max_send_rows, step.send_rows);
     sched.max_recv_rows = std::max(sched.max_recv_rows, step.recv_rows);
-    sched.bytes_sent += step.send_rows * 2 * d * static_cast<int64_t>(sizeof(float));
+    sched.bytes_sent += step.send_rows * (d + cfg.effective_head_dim_v()) *
+                        static_cast<int64_t>(sizeof(float));
     sched.steps.push_back(std::move(step));
   }
   return sched;
@@ -311,8 +312,8 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout
                            const HeadSlice& slice) {
   const Shape4& s = cfg.shape;
   if (cfg.attention == AttentionKind::dense && (cfg.windowed() || cfg.packed()))
-    return minimum_dense_rows(cfg, layout, rank) * s.batch * 2 * s.head_dim *
-           static_cast<int64_t>(sizeof(float));
+    return minimum_dense_rows(cfg, layout, rank) * s.batch *
+           (s.head_dim + cfg.effective_head_dim_v()) * static_cast<int64_t>(sizeof(float));
   const auto pats = patterns_of(cfg);
   const auto n_patterns = static_cast<int64_t>(pats.size());
   // Selected positions of (w, r, offset) in segment `seg` that lie in [x, y).
@@ -368,7 +369,8 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const ShardLayout& layout
         }
     }
   }
-  return rows * s.batch * 2 * s.head_dim * static_cast<int64_t>(sizeof(float));
+  return rows * s.batch * (s.head_dim + cfg.effective_head_dim_v()) *
+         static_cast<int64_t>(sizeof(float));
 }
 
 bool runs_repeat_a_row(const std::vector<Run>& runs) {

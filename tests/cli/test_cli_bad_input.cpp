@@ -417,7 +417,36 @@ TEST(CliBadInput, DoutOfADifferentShapeIsRejected) {
   write_inputs(dir);
   write_float32(dir.file("dout.npy"), {1, 64, 4, 8}, 3);
   expect_bad_input(dir, with(base_args(dir), with(kPattern, {"--dout", dir.file("dout.npy")})),
-                   dir.file("dout.npy"), "differs from the input shape");
+                   dir.file("dout.npy"), "differs from the output's shape");
+}
+
+// Soft-capping takes a finite cap >= 0; values of their own head dim need --head-dim-v.
+TEST(CliBadInput, SoftcapMustBeFiniteAndNonNegative) {
+  for (const char* bad : {"-1", "nan", "inf"}) {
+    TempDir dir;
+    expect_bad_input(dir, {"run", "--softcap", bad, "--out", dir.file("out.npy")}, "--softcap",
+                     std::string("must be a finite number >= 0 (0: none), got ") + bad);
+  }
+}
+
+TEST(CliBadInput, ValuesOfAnotherHeadDimNeedHeadDimV) {
+  TempDir dir;
+  write_inputs(dir);
+  write_float32(dir.file("v.npy"), {kShape[0], kShape[1], kShape[2], 4}, 5);
+  expect_bad_input(dir, with(base_args(dir), kPattern), dir.file("v.npy"),
+                   "head dim 4 differs from --q's 16; for values of their own head dim pass "
+                   "--head-dim-v 4");
+  TempDir other;
+  write_inputs(other);
+  write_float32(other.file("v.npy"), {kShape[0], kShape[1], kShape[2], 4}, 5);
+  expect_bad_input(other, with(base_args(other), with(kPattern, {"--head-dim-v", "6"})),
+                   other.file("v.npy"), "head dim 4 differs from --head-dim-v 6");
+}
+
+TEST(CliBadInput, HeadDimVOutOfRangeIsRejected) {
+  TempDir dir;
+  expect_bad_input(dir, {"run", "--head-dim-v", "0", "--out", dir.file("out.npy")},
+                   "--head-dim-v", "must be in 1..256, got 0");
 }
 
 TEST(CliBadInput, HeadDimZeroIsRejected) {

@@ -168,6 +168,55 @@ TEST(CliVirtualRanks, GroupedQueryAttentionThroughFilesMatchesFloat64OnOneToFour
   }
 }
 
+// Values of their own head dim (--head-dim-v, from v.npy's shape) and soft-capped logits
+// (--softcap) through files: out and dv of Dv columns, the check passing, the bytes the
+// minimum (K rows of D, V rows of Dv), on 1..4 ranks.
+TEST(CliVirtualRanks, MlaAndSoftcapThroughFilesMatchFloat64OnOneToFourRanks) {
+  TempDir dir;
+  AttentionConfig cfg;
+  cfg.shape = {1, 96, 4, 24};
+  cfg.kv_heads = 2;
+  cfg.head_dim_v = 16;
+  cfg.causal = true;
+  cfg.window_left = 40;
+  cfg.softcap = 5;
+  const std::vector<int64_t> q_dims{1, 96, 4, 24}, k_dims{1, 96, 2, 24}, v_dims{1, 96, 2, 16},
+      o_dims{1, 96, 4, 16};
+  const auto q = testing::random_normal(96 * 4 * 24, 1), k = testing::random_normal(96 * 2 * 24, 2),
+             v = testing::random_normal(96 * 2 * 16, 3),
+             dout = testing::random_normal(96 * 4 * 16, 4);
+  write_npy_float_atomic(dir.file("q.npy"), q_dims, q.data());
+  write_npy_float_atomic(dir.file("k.npy"), k_dims, k.data());
+  write_npy_float_atomic(dir.file("v.npy"), v_dims, v.data());
+  write_npy_float_atomic(dir.file("dout.npy"), o_dims, dout.data());
+  const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
+  const ReferenceGradients g = reference_backward(cfg, q.data(), k.data(), v.data(), dout.data());
+  for (const char* p : {"1", "2", "3", "4"}) {
+    SCOPED_TRACE(std::string("--ring-size ") + p);
+    const CliResult r = testing::run_cli(
+        {"run", "--q", dir.file("q.npy"), "--k", dir.file("k.npy"), "--v", dir.file("v.npy"),
+         "--dout", dir.file("dout.npy"), "--kv-heads", "2", "--head-dim-v", "16", "--causal",
+         "--window", "40", "--softcap", "5", "--ring-size", p, "--threads", "1", "--iters", "1",
+         "--warmup", "0", "--check", "--json", "--out", dir.file("out.npy"), "--dv-out",
+         dir.file("dv.npy"), "--dq-out", dir.file("dq.npy")});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const auto j = last_line_json(r.out);
+    EXPECT_EQ(j["head_dim_v"], 16);
+    EXPECT_EQ(j["softcap"], 5.0);
+    EXPECT_TRUE(j["check"]["passed"].get<bool>()) << j.dump();
+    EXPECT_EQ(j["bytes_sent"], j["bytes_sent_min"]);
+    NpyHeader h;
+    const std::vector<float> out = read_npy_float(dir.file("out.npy"), &h);
+    EXPECT_EQ(h.shape, o_dims);
+    EXPECT_LE(relative_error(out.data(), ref.out.data(), ref.out.size()), 1e-5);
+    const std::vector<float> dv = read_npy_float(dir.file("dv.npy"), &h);
+    EXPECT_EQ(h.shape, v_dims);
+    EXPECT_LE(relative_error(dv.data(), g.dv.data(), g.dv.size()), 1e-5);
+    EXPECT_LE(relative_error(read_npy_float(dir.file("dq.npy")).data(), g.dq.data(), g.dq.size()),
+              1e-5);
+  }
+}
+
 // Only K/V heads travel: with H / HKV query heads per K/V head a dense run sends that many
 // times fewer bytes than multi-head attention, and the minimum agrees.
 TEST(CliVirtualRanks, GroupedQueryAttentionSendsHOverHkvTimesFewerBytes) {

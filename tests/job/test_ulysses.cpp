@@ -66,6 +66,14 @@ std::vector<Case> cases() {
   per_head.segments = {32, 64};
   per_head.dilations = {1, 2};
   c.push_back({"block_sparse_dilated_blocks", per_head, "dilated-blocks"});
+  AttentionConfig mla = gqa;  // values of their own head dim: v, out, dv of 8 columns
+  mla.head_dim_v = 8;
+  c.push_back({"mla_gqa_split_causal", mla, ""});
+  AttentionConfig capped = shared;  // soft-capped scores of about the cap's size
+  capped.softcap = 30;
+  capped.scale = 30 / 4.0;
+  capped.head_dim_v = 24;
+  c.push_back({"softcap_mla_gqa_shared_window", capped, ""});
   return c;
 }
 
@@ -85,16 +93,19 @@ Whole run_job(const Case& c, int ranks, int u) {
   spec.block_sparse.pattern = c.pattern;
   const Shape4& s = c.cfg.shape;
   const Shape4 skv = c.cfg.kv_shape();
+  const int64_t dv_dim = c.cfg.effective_head_dim_v();
   const auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 1);
   const auto k = testing::random_normal(static_cast<std::size_t>(skv.numel()), 2);
-  const auto v = testing::random_normal(static_cast<std::size_t>(skv.numel()), 3);
-  const auto dout = testing::random_normal(static_cast<std::size_t>(s.numel()), 4);
+  const auto v = testing::random_normal(static_cast<std::size_t>(c.cfg.v_shape().numel()), 3);
+  const auto dout =
+      testing::random_normal(static_cast<std::size_t>(c.cfg.out_shape().numel()), 4);
   const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
+  const int64_t inner_out = s.heads * dv_dim, inner_v = skv.heads * dv_dim;
   Whole w;
-  w.out.assign(q.size(), 0);
+  w.out.assign(dout.size(), 0);
   w.dq.assign(q.size(), 0);
   w.dk.assign(k.size(), 0);
-  w.dv.assign(k.size(), 0);
+  w.dv.assign(v.size(), 0);
   std::mutex m;
   auto fail = [&](std::string f) {
     std::lock_guard lock(m);
@@ -118,9 +129,9 @@ Whole run_job(const Case& c, int ranks, int u) {
       fail("local_rows differs from shard_rows on rank " + std::to_string(comm.rank()));
     const auto lq = rows_of(q, rows, s.batch, s.seq_len, inner);
     const auto lk = rows_of(k, rows, s.batch, s.seq_len, inner_kv);
-    const auto lv = rows_of(v, rows, s.batch, s.seq_len, inner_kv);
-    const auto ldout = rows_of(dout, rows, s.batch, s.seq_len, inner);
-    std::vector<float> out(lq.size()), dq(lq.size()), dk(lk.size()), dv(lk.size());
+    const auto lv = rows_of(v, rows, s.batch, s.seq_len, inner_v);
+    const auto ldout = rows_of(dout, rows, s.batch, s.seq_len, inner_out);
+    std::vector<float> out(ldout.size()), dq(lq.size()), dk(lk.size()), dv(lv.size());
     std::vector<float> lse(static_cast<std::size_t>(s.batch * s.heads * e.local_len()));
     e.forward(lq.data(), lk.data(), lv.data(), out.data(), lse.data());
     e.backward(lq.data(), lk.data(), lv.data(), out.data(), lse.data(), ldout.data(), dq.data(),
@@ -132,10 +143,10 @@ Whole run_job(const Case& c, int ranks, int u) {
            " bytes (all-to-all " + std::to_string(st.bytes_sent_a2a) + "), minimum " +
            std::to_string(st.bytes_sent_min) + " (all-to-all " +
            std::to_string(st.bytes_sent_a2a_min) + ")");
-    place(w.out, out, rows, inner);
+    place(w.out, out, rows, inner_out);
     place(w.dq, dq, rows, inner);
     place(w.dk, dk, rows, inner_kv);
-    place(w.dv, dv, rows, inner_kv);
+    place(w.dv, dv, rows, inner_v);
     return 0;
   });
   if (code != 0) w.failures.push_back("the job's ranks returned " + std::to_string(code));
@@ -153,16 +164,21 @@ TEST_P(UlyssesOnVirtualRanks, MatchesTheFloat64ReferenceAndThePureRing) {
   const Shape4& s = c.cfg.shape;
   const auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 1);
   const auto k = testing::random_normal(static_cast<std::size_t>(c.cfg.kv_shape().numel()), 2);
-  const auto v = testing::random_normal(static_cast<std::size_t>(c.cfg.kv_shape().numel()), 3);
-  const auto dout = testing::random_normal(static_cast<std::size_t>(s.numel()), 4);
+  const auto v = testing::random_normal(static_cast<std::size_t>(c.cfg.v_shape().numel()), 3);
+  const auto dout =
+      testing::random_normal(static_cast<std::size_t>(c.cfg.out_shape().numel()), 4);
   if (c.cfg.attention != AttentionKind::block_sparse) {
     const ReferenceForward ref = reference_forward(c.cfg, q.data(), k.data(), v.data());
     const ReferenceGradients g =
         reference_backward(c.cfg, q.data(), k.data(), v.data(), dout.data());
-    EXPECT_LE(relative_error(got.out.data(), ref.out.data(), got.out.size()), 2e-6);
-    EXPECT_LE(relative_error(got.dq.data(), g.dq.data(), got.dq.size()), 2e-6);
-    EXPECT_LE(relative_error(got.dk.data(), g.dk.data(), got.dk.size()), 2e-6);
-    EXPECT_LE(relative_error(got.dv.data(), g.dv.data(), got.dv.size()), 2e-6);
+    // Capped scores of the cap's size leave fp32 a few ulps of the cap in each.
+    const double tol = c.cfg.softcapped() ? 5e-5 : 2e-6;
+    ASSERT_EQ(got.out.size(), ref.out.size());
+    ASSERT_EQ(got.dv.size(), g.dv.size());
+    EXPECT_LE(relative_error(got.out.data(), ref.out.data(), got.out.size()), tol);
+    EXPECT_LE(relative_error(got.dq.data(), g.dq.data(), got.dq.size()), tol);
+    EXPECT_LE(relative_error(got.dk.data(), g.dk.data(), got.dk.size()), tol);
+    EXPECT_LE(relative_error(got.dv.data(), g.dv.data(), got.dv.size()), tol);
   }
   // The pure ring on the same ranks (block-sparse: the reference the sparse suites check
   // against float64).

@@ -13,9 +13,9 @@ namespace ringattn::testing {
 inline constexpr double kRingTolerance = 1e-5;
 
 struct RingInputs {
-  std::vector<float> q, k, v, dout;  // k, v: [B, N, HKV, D]
+  std::vector<float> q, k, v, dout;  // k: [B, N, HKV, D], v: [B, N, HKV, Dv], dout [B, N, H, Dv]
 };
-struct FullResult {  // dk, dv: [B, N, HKV, D]
+struct FullResult {  // dk: [B, N, HKV, D], dv: [B, N, HKV, Dv], out [B, N, H, Dv]
   std::vector<float> out, lse, dq, dk, dv;
 };
 
@@ -46,6 +46,8 @@ struct RandomRingCase {
   int64_t kv_heads = 0;                         // 0: as many as the query heads
   int64_t window_left = -1, window_right = -1;  // -1: no window / R omitted
   std::vector<int64_t> seqlens = {};            // packed document lengths; empty: one sequence
+  int64_t head_dim_v = 0;                       // 0: the head dim
+  double softcap = 0;  // with a cap, the scale makes the scores' std about the cap
 };
 // N = 240 splits over 1..4 ranks (and 2P for zigzag: 2, 4, 6, 8); segments straddle shards.
 std::vector<RandomRingCase> random_ring_cases();
@@ -59,6 +61,9 @@ std::vector<RandomRingCase> window_ring_cases();
 // shards, with GQA and windows; and N = 252, which 2P does not divide at P = 4 (causal runs
 // then take the balanced layout).
 std::vector<RandomRingCase> packed_ring_cases();
+// Values of their own head dim (192/128, 64/32, 40/24) and soft-capped logits (c = 1, 30, 50),
+// dense, dilated, GQA, windows and packed documents.
+std::vector<RandomRingCase> mla_softcap_ring_cases();
 AttentionConfig config_of(const RandomRingCase& c, bool causal);
 RingInputs random_inputs(const AttentionConfig& cfg);
 

@@ -94,6 +94,27 @@ INSTANTIATE_TEST_SUITE_P(Configs, RingWindow,
                                   (std::get<1>(p.param) ? "_causal" : "");
                          });
 
+// Values of their own head dim and soft-capped logits: forward and gradients against
+// float64, bytes (K rows of D, V rows of Dv) equal the minimum.
+class RingMlaSoftcap
+    : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {};
+
+TEST_P(RingMlaSoftcap, MatchesFloat64Reference) {
+  const auto& [rc, causal] = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc, causal);
+  const testing::RingInputs in = testing::random_inputs(cfg);
+  expect_ring_matches(cfg, in, testing::float64_reference(cfg, in), *g_comm,
+                      std::string(rc.name) + (causal ? "_causal" : ""), kThreads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, RingMlaSoftcap,
+                         ::testing::Combine(::testing::ValuesIn(testing::mla_softcap_ring_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) ? "_causal" : "");
+                         });
+
 // Packed sequences: forward and gradients against float64, bytes equal the minimum.
 class RingPacked : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {};
 

@@ -171,6 +171,27 @@ INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingPacked,
                                   (std::get<1>(p.param) ? "_causal" : "");
                          });
 
+// Values of their own head dim (K and V rows of different widths on the wire; bytes still
+// the minimum) and soft-capped logits, against float64.
+class VirtualRingMlaSoftcap
+    : public ::testing::TestWithParam<std::tuple<testing::RandomRingCase, bool>> {};
+
+TEST_P(VirtualRingMlaSoftcap, MatchesFloat64ReferenceForRingSizes1To4) {
+  const auto& [rc, causal] = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc, causal);
+  const testing::RingInputs in = testing::random_inputs(cfg);
+  expect_all_ring_sizes_match(cfg, in, std::string(rc.name) + (causal ? "_causal" : ""),
+                              testing::float64_reference(cfg, in));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, VirtualRingMlaSoftcap,
+                         ::testing::Combine(::testing::ValuesIn(testing::mla_softcap_ring_cases()),
+                                            ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  (std::get<1>(p.param) ? "_causal" : "");
+                         });
+
 // ---- the communicator itself ------------------------------------------------------------
 
 TEST(VirtualRanks, CollectivesAndPointToPointFollowTheCommunicatorContract) {
@@ -302,6 +323,7 @@ class CheckingRingBackend {
   }
 
   int64_t head_dim() const { return 4; }
+  int64_t head_dim_v() const { return 4; }
   std::size_t kv_elem_bytes() const { return 2; }
   void* buffer(RingBuffer which, int t) {
     return mem_[static_cast<int>(which)][static_cast<std::size_t>(t % 2)].data();
