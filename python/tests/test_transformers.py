@@ -324,9 +324,10 @@ def test_a_mask_that_is_not_documents_windows_or_padding_is_refused_naming_it():
 
 
 def test_models_over_ranks_match_eager():
-    """Two processes over a gloo group (python/tests/transformers_ranks_job.py): a model with
-    sinks on the ring and with Ulysses, padded and packed batches through shard_inputs, and
-    decoding over every rank's cache shard."""
+    """Two processes over a gloo group (python/tests/transformers_ranks_job.py): models with
+    sinks, with MLA's head dims (DeepSeek V3) and with a soft-cap (Gemma 2) on the ring and
+    with Ulysses, padded and packed batches through shard_inputs, and decoding over every
+    rank's cache shard (the cap in each rank's partial rows)."""
     import torch.distributed as dist
     from gloo_jobs import run_two_ranks
     if not dist.is_available() or not dist.is_gloo_available():
