@@ -63,7 +63,8 @@ ReferenceGradients reference_backward_blocks(const BlockReferenceProblem& pb, co
                                              const float* k, const float* v, const float* dout);
 // One query row (head h, position p) from rows the caller fetches: key_row(t) and
 // value_row(t) return the D (head_dim_v) floats at position t of the K/V head that h reads.
-// Writes out [head_dim_v] and *lse. This is how a huge run is checked on sampled rows without the full tensors.
+// Writes out [head_dim_v] and *lse. This is how a huge run is checked on sampled rows without
+// the full tensors.
 void reference_row_blocks(const BlockReferenceProblem& pb, int64_t h, int64_t p, const float* q_row,
                           const std::function<const float*(int64_t)>& key_row,
                           const std::function<const float*(int64_t)>& value_row, double* out,

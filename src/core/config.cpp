@@ -220,7 +220,8 @@ void require_one_head_dim(const AttentionConfig& cfg, const std::string& path) {
   throw InputError("config.head_dim_v",
                    "values of their own head dim (" +
                        field_is("config.head_dim_v", std::to_string(*cfg.head_dim_v)) +
-                       " != " + field_is("config.shape.head_dim", std::to_string(cfg.shape.head_dim)) +
+                       " != " +
+                       field_is("config.shape.head_dim", std::to_string(cfg.shape.head_dim)) +
                        ") are computed by the CPU engines, not yet on " + path);
 }
 

@@ -430,6 +430,7 @@ EngineStats Engine::stats() const {
   m.backend->fill(s);
   s.layout = j.layout.name();
   s.attention_note = j.auto_note;
+  if (!j.device_note.empty()) s.notes.insert(s.notes.begin(), j.device_note);
   if (!m.on_gpu()) s.blas = kernels::blas_info();
   if (j.lists) {
     const sparse::BlockLists& l = *j.lists;

@@ -40,6 +40,7 @@ struct ResolvedJob {
   std::shared_ptr<const sparse::BlockLists> lists;  // block-sparse jobs
   std::string pattern_text;                         // canonical pattern or the mask's name
   std::string auto_note;                            // what attention = auto decided
+  std::string device_note;  // why device = auto passed over a usable GPU (empty: it did not)
   // The ring's layout: over all ranks, or with Ulysses over the P / U groups, each group's
   // shard split into U consecutive pieces, one per member (local_len() rows each).
   ring::ShardLayout layout;

@@ -24,17 +24,36 @@ namespace ringattn::job {
 
 namespace {
 
+// What the CPU engines compute and the GPU engines do not yet: values of their own head dim
+// and soft-capped logits. Empty when the GPU engines carry the config.
+std::string cpu_only_feature(const AttentionConfig& cfg) {
+  if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
+    return field_is("config.head_dim_v", std::to_string(*cfg.head_dim_v));
+  if (cfg.softcapped()) {
+    std::ostringstream c;
+    c << cfg.softcap;
+    return field_is("config.softcap", c.str());
+  }
+  return "";
+}
+
 // Whether the job runs on the GPU: cuda (checked: CUDA kernels built, a usable device, NCCL
-// where ranks exchange over it), or automatic with one rank, a usable device and [B, N, H,
-// D] tensors (the GPU engines read no other layout). Everything else runs on the CPU.
-bool resolve_cuda(const JobSpec& spec, const Ranks& ranks) {
+// where ranks exchange over it), or automatic with one rank, a usable device, [B, N, H, D]
+// tensors (the GPU engines read no other layout) and a config they compute (`note` then
+// says why a usable GPU was passed over). Everything else runs on the CPU.
+bool resolve_cuda(const JobSpec& spec, const Ranks& ranks, std::string& note) {
   if (spec.device == Device::cpu) return false;
-  // Values of their own head dim and soft-capped logits are computed by the CPU engines only.
-  if (spec.device == Device::automatic)
-    return cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
-           spec.config.effective_kv_layout() == TensorLayout::bnhd &&
-           spec.config.effective_head_dim_v() == spec.config.shape.head_dim &&
-           !spec.config.softcapped() && probe_cuda_device().usable;
+  if (spec.device == Device::automatic) {
+    if (!(cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
+          spec.config.effective_kv_layout() == TensorLayout::bnhd && probe_cuda_device().usable))
+      return false;
+    if (const std::string f = cpu_only_feature(spec.config); !f.empty()) {
+      note = field_is("device", "auto") + ": the CPU, since the GPU engines do not compute " +
+             f + " yet";
+      return false;
+    }
+    return true;
+  }
   if (!cuda_built())
     throw InputError("device",
                      "'cuda' is not available: this build of ringattn has CPU kernels only (use " +
@@ -151,12 +170,13 @@ int ulysses_degree(const JobSpec& spec, const AttentionConfig& cfg, const Ranks&
 ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   ResolvedJob r;
   AttentionConfig cfg = spec.config;
-  bool use_cuda = resolve_cuda(spec, ranks);
-  if (!use_cuda)
-    check_cpu_fields(spec, {"this run uses the CPU (" + field_is("device", to_string(spec.device)) +
-                                "); use " + field_is("device", "cuda"),
-                            "this run uses the CPU (" + field_is("device", to_string(spec.device)) +
-                                "); the CPU kernels compute in fp32"});
+  bool use_cuda = resolve_cuda(spec, ranks, r.device_note);
+  if (!use_cuda) {
+    const std::string why =
+        r.device_note.empty() ? field_is("device", to_string(spec.device)) : r.device_note;
+    check_cpu_fields(spec, {"this run uses the CPU (" + why + "); use " + field_is("device", "cuda"),
+                            "this run uses the CPU (" + why + "); the CPU kernels compute in fp32"});
+  }
   if (!(spec.timeout_s > 0) || spec.timeout_s > 1e6) {
     std::ostringstream got;
     got << spec.timeout_s;
@@ -213,10 +233,6 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
-  if (block_sparse) {  // TEMP: lifted as the block-sparse engine learns them
-    require_one_head_dim(cfg, "block-sparse attention");
-    require_uncapped(cfg, "block-sparse attention");
-  }
   // The ring runs over the groups, on a slice's heads.
   std::optional<UlyssesSlice> slice;
   if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);

@@ -14,9 +14,13 @@
 
 namespace ringattn::kernels {
 
-// n_k consecutive key rows from k_row0, k_stride floats apart (into k, v, dk, dv), at
-// consecutive positions: key j sits causal_offset positions before query i = j of the tile,
-// so when causal, key j is allowed for query i iff j <= i + causal_offset.
+// Offsets and strides below count floats of q and k rows (head_dim each); the same rows of v,
+// dv, out and dout sit at value_floats() of them (cpu_flash.hpp), so every buffer they index
+// holds its rows at the same row positions, head_dim_v floats each.
+//
+// n_k consecutive key rows from k_row0, k_stride floats apart (into k, dk; v, dv as above),
+// at consecutive positions: key j sits causal_offset positions before query i = j of the
+// tile, so when causal, key j is allowed for query i iff j <= i + causal_offset.
 struct KeySpan {
   int64_t k_row0 = 0, k_stride = 0, n_k = 0, causal_offset = 0;
 };
@@ -50,11 +54,14 @@ struct SparseParams {
   float* dq = nullptr;           // backward, += (query-tile pass)
   float* dk = nullptr;           // backward, += (key-tile pass)
   float* dv = nullptr;           // backward, += (key-tile pass)
-  int64_t head_dim = 0;
-  int64_t q_stride = 0;  // floats between consecutive query rows (q, out, dout, dq)
+  int64_t head_dim = 0;          // q, k, dq, dk
+  int64_t head_dim_v = 0;        // v, dv, out, dout; 0: head_dim
+  int64_t q_stride = 0;  // floats between consecutive query rows (q, dq; out, dout as above)
   int64_t lse_stride = 1;
   float scale = 1.0f;
+  float softcap = 0.0f;  // s <- softcap · tanh(s / softcap) on the scaled scores; 0: none
   bool causal = false;
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   // Sliding window in the spans' index units: key j is allowed for query i only when
   // i + causal_offset - window_left <= j <= i + causal_offset + window_right (kNoWindow: no
   // limit). Documents of packed sequences need nothing here: the lists cut tiles and spans at
@@ -64,8 +71,8 @@ struct SparseParams {
   bool accumulate = false;
 };
 
-// Floats of scratch one thread needs for any of the three calls.
-std::size_t sparse_workspace_floats(const TileConfig& t, int64_t head_dim);
+// Floats of scratch one thread needs for any of the three calls (head_dim_v 0: head_dim).
+std::size_t sparse_workspace_floats(const TileConfig& t, int64_t head_dim, int64_t head_dim_v = 0);
 
 // Forward over query tiles (most expensive first is best), in parallel.
 void sparse_forward(const SparseParams& p, std::span<const SparseQueryTile> tiles,

@@ -356,9 +356,11 @@ struct CudaPlan::Impl {
 CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     : impl_(std::make_unique<Impl>()) {
   validate(cfg, opts.heads);
-  require_bnhd(cfg, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
-  require_one_head_dim(cfg, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
-  require_uncapped(cfg, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
+  const std::string on_gpu =
+      field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")";
+  require_bnhd(cfg, on_gpu);
+  require_one_head_dim(cfg, on_gpu);
+  require_uncapped(cfg, on_gpu);
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;

@@ -149,9 +149,11 @@ struct CudaSparsePlan::Impl {
 
   void init(const AttentionConfig& c, std::shared_ptr<const BlockLists> l, CudaPlanOptions o) {
     validate(c);
-    require_bnhd(c, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
-    require_one_head_dim(c, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
-    require_uncapped(c, field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")");
+    const std::string on_gpu =
+        field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")";
+    require_bnhd(c, on_gpu);
+    require_one_head_dim(c, on_gpu);
+    require_uncapped(c, on_gpu);
     if (c.attention != AttentionKind::block_sparse)
       throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
     if (o.kernel == KernelChoice::cudnn)
@@ -315,6 +317,8 @@ struct CudaSparsePlan::Impl::Device {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;
 
   int64_t entry_elems() const { return m.slab_row(1, 0) * m.D; }
+  // V as wide as K: init refuses values of their own head dim on the GPU.
+  int64_t value_entry_elems() const { return entry_elems(); }
   std::size_t kv_elem_bytes() const { return m.eb(); }
 
   SlabHalves slab(SparseSlab which) const {

@@ -4,7 +4,8 @@
 // peer, the query tiles with their key spans over local rows and over received rows, the key
 // tiles with their query spans for dK/dV, and the order in which returned dK/dV partials are
 // added (fixed, so the sum is reproducible). Received and sent rows live in slabs: entry e,
-// batch b starts at row (e·B + b)·bs of a [rows, D] buffer.
+// batch b starts at row (e·B + b)·bs of a [rows, D] buffer for K (and [rows, Dv] for V). The
+// lists' offsets and strides count K's floats; V's are kernels::value_floats of them.
 #pragma once
 
 #include <compare>

@@ -90,7 +90,8 @@ int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
       needs[static_cast<std::size_t>(rank)] = 0;
       for (char c : needs) sends += c;
     }
-  return sends * 2 * s.batch * lists.block_size * s.head_dim * static_cast<int64_t>(sizeof(float));
+  return sends * s.batch * lists.block_size * (s.head_dim + cfg.effective_head_dim_v()) *
+         static_cast<int64_t>(sizeof(float));
 }
 
 struct SparsePlan::Impl {
@@ -99,7 +100,7 @@ struct SparsePlan::Impl {
   int threads = 1, me = 0, world = 1;
   kernels::TileConfig tiles;
   ring::ShardLayout layout;
-  int64_t bs = 0, B = 0, H = 0, G = 0, D = 0, NL = 0;  // G: K/V heads
+  int64_t bs = 0, B = 0, H = 0, G = 0, D = 0, Dv = 0, NL = 0;  // G: K/V heads, Dv: v's head dim
 
   RankSparseWork w;  // the exchange and the work lists (rank_work.hpp)
   std::vector<kernels::SparseKeyTile> split_local_ktiles, split_remote_ktiles;
@@ -121,8 +122,11 @@ struct SparsePlan::Impl {
   int64_t lse_at(int64_t b, int64_t h, int64_t local_row) const {
     return (b * H + h) * NL + local_row;
   }
+  // K (dK) slabs are [rows, D], V (dV) slabs [rows, Dv], with the same rows: the V offset of
+  // a K offset is kernels::value_floats of it (v_floats).
   int64_t slab(int64_t entry, int64_t b) const { return (entry * B + b) * bs * D; }
   int64_t slab_floats(int64_t entries) const { return entries * B * bs * D; }
+  int64_t v_floats(int64_t k_floats) const { return kernels::value_floats(k_floats, D, Dv); }
 
   // Most expensive tiles first, for the dynamic schedule.
   void sort_by_cost() {
@@ -163,9 +167,11 @@ struct SparsePlan::Impl {
   kernels::SparseParams params() const {
     kernels::SparseParams p;
     p.head_dim = D;
+    p.head_dim_v = Dv;
     p.q_stride = q_rows.position;
     p.lse_stride = 1;
     p.scale = static_cast<float>(cfg.effective_scale());
+    p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
     const WindowLimits win = kernel_window(cfg);
     p.window_left = win.left;
@@ -206,6 +212,7 @@ struct SparsePlan::Impl::Host {
   kernels::SparseParams p{};  // the call's fixed parameters
 
   int64_t entry_elems() const { return m.slab_floats(1); }
+  int64_t value_entry_elems() const { return m.v_floats(m.slab_floats(1)); }
   std::size_t kv_elem_bytes() const { return sizeof(float); }
 
   SlabHalves slab(SparseSlab which) const {
@@ -226,7 +233,8 @@ struct SparsePlan::Impl::Host {
     const ring::ScopedMs timer(tm.compute_ms);
     const RankSparseWork& w = m.w;
     const auto n = static_cast<int64_t>(w.send_entries.size());
-    const auto row_bytes = sizeof(float) * static_cast<std::size_t>(m.D);
+    const auto k_bytes = sizeof(float) * static_cast<std::size_t>(m.D);
+    const auto v_bytes = sizeof(float) * static_cast<std::size_t>(m.Dv);
 #pragma omp parallel for num_threads(m.threads) schedule(static)
     for (int64_t e = 0; e < n; ++e) {
       const Entry& en = w.send_entries[static_cast<std::size_t>(e)];
@@ -234,8 +242,8 @@ struct SparsePlan::Impl::Host {
       for (int64_t b = 0; b < m.B; ++b)
         for (int64_t r = 0; r < m.bs; ++r) {
           const int64_t src = m.kv_row(b, lr + r, en.head), dst = m.slab(e, b) + r * m.D;
-          std::memcpy(m.send_k.get() + dst, k + src, row_bytes);
-          std::memcpy(m.send_v.get() + dst, v + src, row_bytes);
+          std::memcpy(m.send_k.get() + dst, k + src, k_bytes);
+          std::memcpy(m.send_v.get() + m.v_floats(dst), v + m.v_floats(src), v_bytes);
         }
     }
   }
@@ -272,21 +280,23 @@ struct SparsePlan::Impl::Host {
   void start_backward() {
     const ring::ScopedMs timer(tm.compute_ms);
     const auto n = static_cast<std::size_t>(m.B * m.NL * m.H * m.D);
-    const auto n_kv = static_cast<std::size_t>(m.B * m.NL * m.G * m.D);
+    const auto n_k = static_cast<std::size_t>(m.B * m.NL * m.G * m.D);
+    const auto n_v = static_cast<std::size_t>(m.B * m.NL * m.G * m.Dv);
     std::fill(p.dq, p.dq + n, 0.0f);
-    std::fill(dk, dk + n_kv, 0.0f);
-    std::fill(dv, dv + n_kv, 0.0f);
+    std::fill(dk, dk + n_k, 0.0f);
+    std::fill(dv, dv + n_v, 0.0f);
     // delta = rowsum(dO ∘ O) per (batch, head, row), laid out like lse.
     const int64_t rows = m.B * m.H * m.NL;
     float* delta = m.delta.get();
 #pragma omp parallel for num_threads(m.threads) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t lr = r % m.NL, bh = r / m.NL, b = bh / m.H, h = bh % m.H;
-      const float* o = out + m.q_row(b, lr, h);
-      const float* g = p.dout + m.q_row(b, lr, h);
+      const int64_t row = m.v_floats(m.q_row(b, lr, h));
+      const float* o = out + row;
+      const float* g = p.dout + row;
       float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int64_t c = 0; c < m.D; ++c) acc += o[c] * g[c];
+      for (int64_t c = 0; c < m.Dv; ++c) acc += o[c] * g[c];
       delta[m.lse_at(b, h, lr)] = acc;
     }
   }
@@ -298,10 +308,9 @@ struct SparsePlan::Impl::Host {
 
   void clear_partials() {
     const ring::ScopedMs timer(tm.compute_ms);
-    const auto n =
-        static_cast<std::size_t>(m.slab_floats(static_cast<int64_t>(m.w.recv_entries.size())));
+    const int64_t n = m.slab_floats(static_cast<int64_t>(m.w.recv_entries.size()));
     std::fill(m.grad_k.get(), m.grad_k.get() + n, 0.0f);
-    std::fill(m.grad_v.get(), m.grad_v.get() + n, 0.0f);
+    std::fill(m.grad_v.get(), m.grad_v.get() + m.v_floats(n), 0.0f);
   }
 
   // Group g adds every returned partial of one local (head, block), peers ascending: each
@@ -319,11 +328,13 @@ struct SparsePlan::Impl::Host {
         const int64_t lr = w.owners[static_cast<std::size_t>(en.block)].local_row;
         for (int64_t b = 0; b < m.B; ++b)
           for (int64_t r = 0; r < m.bs; ++r) {
-            float* dkr = dk + m.kv_row(b, lr + r, en.head);
-            float* dvr = dv + m.kv_row(b, lr + r, en.head);
-            const float* pk = m.ret_k.get() + m.slab(e, b) + r * m.D;
-            const float* pv = m.ret_v.get() + m.slab(e, b) + r * m.D;
-            for (int64_t c = 0; c < m.D; ++c) dkr[c] += pk[c], dvr[c] += pv[c];
+            const int64_t row = m.kv_row(b, lr + r, en.head), at = m.slab(e, b) + r * m.D;
+            float* dkr = dk + row;
+            float* dvr = dv + m.v_floats(row);
+            const float* pk = m.ret_k.get() + at;
+            const float* pv = m.ret_v.get() + m.v_floats(at);
+            for (int64_t c = 0; c < m.D; ++c) dkr[c] += pk[c];
+            for (int64_t c = 0; c < m.Dv; ++c) dvr[c] += pv[c];
           }
       }
     }
@@ -349,6 +360,7 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.H = s.heads;
   m.G = cfg.effective_kv_heads();
   m.D = s.head_dim;
+  m.Dv = cfg.effective_head_dim_v();
   // A query tile is one block (or a q_tile slice of one); key spans run k_tile at a time.
   m.tiles = single::choose_tiles(
       s.head_dim, opts.q_tile > 0 ? opts.q_tile : std::min<int64_t>(128, m.bs), opts.k_tile);
@@ -359,21 +371,23 @@ SparsePlan::SparsePlan(const AttentionConfig& cfg, std::shared_ptr<const BlockLi
   m.w = build_rank_sparse_work(cfg, *m.lists, m.layout, m.me);
   m.sort_by_cost();
 
-  m.workspace_floats = kernels::sparse_workspace_floats(m.tiles, m.D);
+  m.workspace_floats = kernels::sparse_workspace_floats(m.tiles, m.D, m.Dv);
   m.workspace = aligned_floats(m.workspace_floats * static_cast<std::size_t>(m.threads),
                                "block-sparse kernel workspace");
-  const auto n_send =
-      static_cast<std::size_t>(m.slab_floats(static_cast<int64_t>(m.w.send_entries.size())));
-  const auto n_recv =
-      static_cast<std::size_t>(m.slab_floats(static_cast<int64_t>(m.w.recv_entries.size())));
-  m.send_k = aligned_floats(n_send, "block-sparse send buffer (K)");
-  m.send_v = aligned_floats(n_send, "block-sparse send buffer (V)");
-  m.ret_k = aligned_floats(n_send, "block-sparse returned dK partials");
-  m.ret_v = aligned_floats(n_send, "block-sparse returned dV partials");
-  m.recv_k = aligned_floats(n_recv, "block-sparse receive buffer (K)");
-  m.recv_v = aligned_floats(n_recv, "block-sparse receive buffer (V)");
-  m.grad_k = aligned_floats(n_recv, "block-sparse dK partials");
-  m.grad_v = aligned_floats(n_recv, "block-sparse dV partials");
+  const int64_t n_send = m.slab_floats(static_cast<int64_t>(m.w.send_entries.size()));
+  const int64_t n_recv = m.slab_floats(static_cast<int64_t>(m.w.recv_entries.size()));
+  const auto send_k = static_cast<std::size_t>(n_send);
+  const auto send_v = static_cast<std::size_t>(m.v_floats(n_send));
+  const auto recv_k = static_cast<std::size_t>(n_recv);
+  const auto recv_v = static_cast<std::size_t>(m.v_floats(n_recv));
+  m.send_k = aligned_floats(send_k, "block-sparse send buffer (K)");
+  m.send_v = aligned_floats(send_v, "block-sparse send buffer (V)");
+  m.ret_k = aligned_floats(send_k, "block-sparse returned dK partials");
+  m.ret_v = aligned_floats(send_v, "block-sparse returned dV partials");
+  m.recv_k = aligned_floats(recv_k, "block-sparse receive buffer (K)");
+  m.recv_v = aligned_floats(recv_v, "block-sparse receive buffer (V)");
+  m.grad_k = aligned_floats(recv_k, "block-sparse dK partials");
+  m.grad_v = aligned_floats(recv_v, "block-sparse dV partials");
   m.delta = aligned_floats(static_cast<std::size_t>(m.B * m.H * m.NL), "block-sparse delta rows");
   m.protocol = SparseProtocol(m.w, &comm, ring_opts);
   m.exchanges = ring::HostExchanges(comm, ring_opts.timeout_s);
@@ -390,9 +404,10 @@ int SparsePlan::peers() const noexcept { return impl_->w.peers(); }
 
 std::size_t SparsePlan::workspace_bytes() const noexcept {
   const Impl& m = *impl_;
+  const int64_t slabs =
+      m.slab_floats(static_cast<int64_t>(m.w.send_entries.size() + m.w.recv_entries.size()));
   std::size_t floats = m.workspace_floats * static_cast<std::size_t>(m.threads) +
-                       4 * static_cast<std::size_t>(m.slab_floats(static_cast<int64_t>(
-                               m.w.send_entries.size() + m.w.recv_entries.size()))) +
+                       2 * static_cast<std::size_t>(slabs + m.v_floats(slabs)) +
                        static_cast<std::size_t>(m.B * m.H * m.NL);
   std::size_t work =
       (m.w.local_tiles.size() + m.w.remote_tiles.size()) * sizeof(kernels::SparseQueryTile) +

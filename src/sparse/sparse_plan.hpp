@@ -26,10 +26,10 @@ namespace ringattn::sparse {
 ring::ShardLayout sparse_layout(const AttentionConfig& cfg, int world);
 
 // The fewest K/V bytes `rank` must send in the forward: for each of its (K/V head, key block)
-// pairs, K and V (fp32, every batch) once to every other rank that owns a query block
-// attending it through a query head sharing that K/V head, with a token pair the dense rule
-// (documents, causality, window: token_rule.hpp) allows. Computed from the transposed lists,
-// independently of the plan's exchange.
+// pairs, K and V (fp32, every batch; K rows of head_dim floats, V rows of head_dim_v) once to
+// every other rank that owns a query block attending it through a query head sharing that K/V
+// head, with a token pair the dense rule (documents, causality, window: token_rule.hpp)
+// allows. Computed from the transposed lists, independently of the plan's exchange.
 int64_t minimum_bytes_sent(const AttentionConfig& cfg, const BlockLists& lists,
                            const ring::ShardLayout& layout, int rank);
 
@@ -51,8 +51,9 @@ class SparsePlan {
   int threads() const noexcept;
   const BlockLists& lists() const noexcept;
 
-  // Local shards in layout() order: q, out, dout, dq [B, N/P, H, D]; k, v, dk, dv
-  // [B, N/P, kv_heads, D]; lse [B, H, N/P]. dq, dk, dv are overwritten.
+  // Local shards in layout() order: q, dq [B, N/P, H, D]; out, dout [B, N/P, H, Dv]; k, dk
+  // [B, N/P, kv_heads, D]; v, dv [B, N/P, kv_heads, Dv]; lse [B, H, N/P] (Dv: head_dim_v).
+  // dq, dk, dv are overwritten.
   void forward(const float* q, const float* k, const float* v, float* out, float* lse);
   void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv);

@@ -19,8 +19,9 @@
 namespace ringattn::sparse {
 
 // The exchange's slabs (rank_work.hpp): entry e, batch b at rows (e·B + b)·bs, K and V (or dK
-// and dV) in separate halves. Send and receive slabs hold kv_elem_bytes() per element,
-// partial and returned slabs fp32.
+// and dV) in separate halves, K rows of head_dim elements and V rows of head_dim_v (so each
+// travels at its own width). Send and receive slabs hold kv_elem_bytes() per element, partial
+// and returned slabs fp32.
 enum class SparseSlab { send, receive, partial, returned };
 struct SlabHalves {
   void* k = nullptr;
@@ -32,6 +33,7 @@ enum class SparseBlocks { local, remote };
 
 // What a backend supplies, for one call whose tensors it holds:
 //   entry_elems()          elements of one entry's K (B·bs·D)
+//   value_entry_elems()    elements of one entry's V (B·bs·Dv)
 //   slab(which)            the K and V halves of a slab
 //   pack()                 writes the send entries of the local K/V into the send slab
 //   post(sends, recvs, tag, step, what)  starts an exchange, after the work so far
@@ -44,6 +46,7 @@ template <typename B>
 concept SparseBackend = requires(B& b, int ticket, std::vector<ring::Transfer> xs,
                                  const char* what) {
   { b.entry_elems() } -> std::convertible_to<int64_t>;
+  { b.value_entry_elems() } -> std::convertible_to<int64_t>;
   { b.kv_elem_bytes() } -> std::convertible_to<std::size_t>;
   { b.slab(SparseSlab::send) } -> std::same_as<SlabHalves>;
   b.pack();
@@ -119,16 +122,17 @@ class SparseProtocol {
   static int64_t add_transfers(B& b, const std::vector<PeerRange>& ranges, SparseSlab which,
                                std::vector<ring::Transfer>& out) {
     const bool kv = which == SparseSlab::send || which == SparseSlab::receive;
-    const auto entry_bytes = static_cast<std::size_t>(b.entry_elems()) *
-                             (kv ? static_cast<std::size_t>(b.kv_elem_bytes()) : sizeof(float));
+    const std::size_t elem = kv ? static_cast<std::size_t>(b.kv_elem_bytes()) : sizeof(float);
+    const auto k_bytes = static_cast<std::size_t>(b.entry_elems()) * elem;
+    const auto v_bytes = static_cast<std::size_t>(b.value_entry_elems()) * elem;
     const SlabHalves s = b.slab(which);
     int64_t total = 0;
     for (const PeerRange& r : ranges) {
-      const std::size_t at = static_cast<std::size_t>(r.first) * entry_bytes;
-      const std::size_t n = static_cast<std::size_t>(r.count) * entry_bytes;
-      out.push_back({r.peer, static_cast<char*>(s.k) + at, n});
-      out.push_back({r.peer, static_cast<char*>(s.v) + at, n});
-      total += 2 * static_cast<int64_t>(n);
+      const auto first = static_cast<std::size_t>(r.first);
+      const auto count = static_cast<std::size_t>(r.count);
+      out.push_back({r.peer, static_cast<char*>(s.k) + first * k_bytes, count * k_bytes});
+      out.push_back({r.peer, static_cast<char*>(s.v) + first * v_bytes, count * v_bytes});
+      total += static_cast<int64_t>(count * (k_bytes + v_bytes));
     }
     return total;
   }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -411,6 +412,70 @@ TEST(EngineCuda, MpiTransportIsRefusedNamingComm) {
                                     }),
             0);
   EXPECT_EQ(refused.load(), 2);
+}
+
+// The GPU engines do not compute values of their own head dim or soft-capped logits yet:
+// every GPU path (one GPU, the ring on virtual ranks sharing it, block-sparse, Ulysses) refuses
+// them naming the field, and device = auto keeps such a job on the CPU, saying why.
+TEST(EngineCuda, ValueHeadDimAndSoftcapAreRefusedByNameOnEveryGpuPath) {
+  REQUIRE_GPU();
+  auto subject_on = [](const JobSpec& spec, int ranks) {
+    std::mutex m;
+    std::vector<std::string> subjects;
+    EXPECT_EQ(ring::run_virtual_ranks(ranks,
+                                      [&](ring::Communicator& rc) {
+                                        Comm comm = CommAccess::borrow(rc);
+                                        std::string got = "(accepted)";
+                                        try {
+                                          (void)make_engine(spec, comm);
+                                        } catch (const InputError& e) {
+                                          got = e.subject();
+                                        }
+                                        std::lock_guard lock(m);
+                                        subjects.push_back(got);
+                                        return 0;
+                                      }),
+              0);
+    return subjects;
+  };
+  for (const bool capped : {false, true}) {
+    JobSpec spec = causal_job();
+    spec.kernel = KernelChoice::automatic;
+    if (capped)
+      spec.config.softcap = 30;
+    else
+      spec.config.head_dim_v = 32;
+    const std::string field = capped ? "config.softcap" : "config.head_dim_v";
+    JobSpec sparse = spec;
+    sparse.config.attention = AttentionKind::block_sparse;
+    sparse.config.block_size = 32;
+    sparse.block_sparse.pattern = "local:window=64";
+    JobSpec ulysses = spec;
+    ulysses.ulysses = 2;
+    for (const auto& [what, job, ranks] : {std::tuple{"one GPU", spec, 1},
+                                           std::tuple{"the ring", spec, 2},
+                                           std::tuple{"block-sparse", sparse, 1},
+                                           std::tuple{"Ulysses", ulysses, 2}})
+      for (const std::string& got : subject_on(job, ranks)) EXPECT_EQ(got, field) << what;
+    JobSpec automatic = spec;
+    automatic.device = Device::automatic;
+    Comm comm = Comm::single();
+    try {  // a GPU dtype then says why the job is on the CPU
+      (void)make_engine(automatic, comm);
+      ADD_FAILURE() << "bf16 accepted on the CPU";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.subject(), "dtype");
+      EXPECT_NE(e.problem().find("the GPU engines do not compute " + field), std::string::npos)
+          << e.problem();
+    }
+    automatic.dtype.reset();
+    Engine e = make_engine(automatic, comm);
+    EXPECT_EQ(e.device(), Device::cpu);
+    const EngineStats st = e.stats();
+    ASSERT_FALSE(st.notes.empty());
+    EXPECT_NE(st.notes.front().find("the GPU engines do not compute " + field), std::string::npos)
+        << st.notes.front();
+  }
 }
 
 }  // namespace

@@ -68,30 +68,42 @@ std::vector<SinkCase> cases() {
       mask[static_cast<std::size_t>(i * nb + j)] = i != 2 && (j == 0 || (i * 3 + j) % 4 == 0);
   for (const int p : {1, 2})
     c.push_back(make("block_sparse_P" + std::to_string(p), sparse, p, 1, mask));
+  // Values of their own head dim and soft-capped scores: the sink joins the capped scores'
+  // softmax uncapped, and its epilogue and gradient read rows of Dv.
+  AttentionConfig mla = gqa;
+  mla.head_dim_v = 8;
+  mla.softcap = 5;
+  for (const int p : {1, 2}) c.push_back(make("mla_softcap_P" + std::to_string(p), mla, p));
+  c.push_back(make("mla_softcap_ulysses_U2_P2", mla, 2, 2));
+  AttentionConfig mla_hm = mla;
+  mla_hm.layout = TensorLayout::bhnd;
+  mla_hm.kv_heads.reset();
+  mla_hm.window_left.reset();
+  c.push_back(make("mla_softcap_head_major_P1", mla_hm, 1));
   return c;
 }
 
-// Element (b, p, h, 0) of a full [B, N, H, D] tensor laid out as cfg.layout says.
-std::size_t at(const AttentionConfig& cfg, int64_t heads, int64_t b, int64_t p, int64_t h) {
+// Element (b, p, h, 0) of a full [B, N, H, width] tensor laid out as cfg.layout says.
+std::size_t at(const AttentionConfig& cfg, int64_t heads, int64_t width, int64_t b, int64_t p,
+               int64_t h) {
   const Shape4& s = cfg.shape;
   if (cfg.layout == TensorLayout::bhnd)
-    return static_cast<std::size_t>(((b * heads + h) * s.seq_len + p) * s.head_dim);
-  return static_cast<std::size_t>(((b * s.seq_len + p) * heads + h) * s.head_dim);
+    return static_cast<std::size_t>(((b * heads + h) * s.seq_len + p) * width);
+  return static_cast<std::size_t>(((b * s.seq_len + p) * heads + h) * width);
 }
 
-// The rows `rows` of a full tensor, as a local [B, rows, heads, D] shard in cfg's layout.
+// The rows `rows` of a full tensor, as a local [B, rows, heads, d] shard in cfg's layout.
 template <typename T>
 std::vector<float> shard(const AttentionConfig& cfg, const std::vector<T>& full, int64_t heads,
-                         const std::vector<int64_t>& rows) {
+                         const std::vector<int64_t>& rows, int64_t d) {
   const auto n = static_cast<int64_t>(rows.size());
-  const int64_t d = cfg.shape.head_dim;
   std::vector<float> local(static_cast<std::size_t>(cfg.shape.batch * n * heads * d));
   for (int64_t b = 0; b < cfg.shape.batch; ++b)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = 0; h < heads; ++h) {
         AttentionConfig lc = cfg;
         lc.shape.seq_len = n;
-        const std::size_t to = at(lc, heads, b, i, h), from = at(cfg, heads, b, rows[i], h);
+        const std::size_t to = at(lc, heads, d, b, i, h), from = at(cfg, heads, d, b, rows[i], h);
         for (int64_t c = 0; c < d; ++c)
           local[to + static_cast<std::size_t>(c)] =
               static_cast<float>(full[from + static_cast<std::size_t>(c)]);
@@ -109,8 +121,9 @@ std::vector<float> lse_shard(const AttentionConfig& cfg, const std::vector<doubl
   return local;
 }
 
-// Reference inputs are the same [B, N, H, D] values whatever the layout.
-std::vector<float> to_rows(const AttentionConfig& cfg, const std::vector<float>& x, int64_t heads) {
+// Reference inputs are the same [B, N, H, d] values whatever the layout.
+std::vector<float> to_rows(const AttentionConfig& cfg, const std::vector<float>& x, int64_t heads,
+                           int64_t d) {
   if (cfg.layout == TensorLayout::bnhd) return x;
   AttentionConfig rows_cfg = cfg;
   rows_cfg.layout = TensorLayout::bnhd;
@@ -118,9 +131,9 @@ std::vector<float> to_rows(const AttentionConfig& cfg, const std::vector<float>&
   for (int64_t b = 0; b < cfg.shape.batch; ++b)
     for (int64_t p = 0; p < cfg.shape.seq_len; ++p)
       for (int64_t h = 0; h < heads; ++h)
-        for (int64_t c = 0; c < cfg.shape.head_dim; ++c)
-          r[at(rows_cfg, heads, b, p, h) + static_cast<std::size_t>(c)] =
-              x[at(cfg, heads, b, p, h) + static_cast<std::size_t>(c)];
+        for (int64_t c = 0; c < d; ++c)
+          r[at(rows_cfg, heads, d, b, p, h) + static_cast<std::size_t>(c)] =
+              x[at(cfg, heads, d, b, p, h) + static_cast<std::size_t>(c)];
   return r;
 }
 
@@ -131,6 +144,7 @@ TEST_P(Sinks, EveryRanksShardAndTheSinksGradientMatchTheFloat64Reference) {
   const AttentionConfig& cfg = c.cfg;
   const Shape4& s = cfg.shape;
   const int64_t hkv = cfg.effective_kv_heads();
+  const int64_t d = s.head_dim, dv = cfg.effective_head_dim_v();
   JobSpec spec;
   spec.config = cfg;
   spec.device = Device::cpu;
@@ -145,9 +159,11 @@ TEST_P(Sinks, EveryRanksShardAndTheSinksGradientMatchTheFloat64Reference) {
   }
   const auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 21);
   const auto k =
-      testing::random_normal(static_cast<std::size_t>(s.batch * s.seq_len * hkv * s.head_dim), 22);
-  const auto v = testing::random_normal(k.size(), 23);
-  const auto dout = testing::random_normal(q.size(), 24);
+      testing::random_normal(static_cast<std::size_t>(s.batch * s.seq_len * hkv * d), 22);
+  const auto v =
+      testing::random_normal(static_cast<std::size_t>(s.batch * s.seq_len * hkv * dv), 23);
+  const auto dout =
+      testing::random_normal(static_cast<std::size_t>(s.batch * s.seq_len * s.heads * dv), 24);
   // A strong sink, a weak one, none (-inf) and an ordinary one.
   const std::vector<float> sinks = {2.5f, -1.0f, kNoSink, 0.3f};
 
@@ -161,13 +177,13 @@ TEST_P(Sinks, EveryRanksShardAndTheSinksGradientMatchTheFloat64Reference) {
     Engine e = make_engine(spec, comm);
     const auto r = static_cast<std::size_t>(comm.rank());
     rows[r] = e.local_rows();
-    const auto lq = shard(cfg, q, s.heads, rows[r]), lk = shard(cfg, k, hkv, rows[r]),
-               lv = shard(cfg, v, hkv, rows[r]), ld = shard(cfg, dout, s.heads, rows[r]);
-    outs[r].resize(lq.size());
+    const auto lq = shard(cfg, q, s.heads, rows[r], d), lk = shard(cfg, k, hkv, rows[r], d),
+               lv = shard(cfg, v, hkv, rows[r], dv), ld = shard(cfg, dout, s.heads, rows[r], dv);
+    outs[r].resize(ld.size());
     lses[r].resize(static_cast<std::size_t>(s.batch * s.heads) * rows[r].size());
     dqs[r].resize(lq.size());
     dks[r].resize(lk.size());
-    dvs[r].resize(lk.size());
+    dvs[r].resize(lv.size());
     dsinks[r].resize(sinks.size());
     e.forward(lq.data(), lk.data(), lv.data(), outs[r].data(), lses[r].data(), sinks.data());
     e.backward(lq.data(), lk.data(), lv.data(), outs[r].data(), lses[r].data(), ld.data(),
@@ -177,8 +193,8 @@ TEST_P(Sinks, EveryRanksShardAndTheSinksGradientMatchTheFloat64Reference) {
   ASSERT_EQ(code, 0);
   for (const std::string& f : failures) ADD_FAILURE() << f;
 
-  const auto rq = to_rows(cfg, q, s.heads), rk = to_rows(cfg, k, hkv), rv = to_rows(cfg, v, hkv),
-             rd = to_rows(cfg, dout, s.heads);
+  const auto rq = to_rows(cfg, q, s.heads, d), rk = to_rows(cfg, k, hkv, d),
+             rv = to_rows(cfg, v, hkv, dv), rd = to_rows(cfg, dout, s.heads, dv);
   ReferenceForward ref;
   ReferenceGradients g;
   AttentionConfig rcfg = cfg;
@@ -203,19 +219,21 @@ TEST_P(Sinks, EveryRanksShardAndTheSinksGradientMatchTheFloat64Reference) {
   for (std::size_t r = 0; r < rows.size(); ++r) {
     AttentionConfig lc = cfg;
     lc.shape.seq_len = static_cast<int64_t>(rows[r].size());
-    const auto out = to_rows(lc, outs[r], s.heads), dq = to_rows(lc, dqs[r], s.heads),
-               dk = to_rows(lc, dks[r], hkv), dv = to_rows(lc, dvs[r], hkv);
-    const auto want_out = shard(rows_cfg, ref.out, s.heads, rows[r]);
+    const auto out = to_rows(lc, outs[r], s.heads, dv), dq = to_rows(lc, dqs[r], s.heads, d),
+               dk = to_rows(lc, dks[r], hkv, d), dvr = to_rows(lc, dvs[r], hkv, dv);
+    const auto want_out = shard(rows_cfg, ref.out, s.heads, rows[r], dv);
     const auto want_lse = lse_shard(cfg, ref.lse, rows[r]);
-    const auto want_dq = shard(rows_cfg, g.dq, s.heads, rows[r]);
-    const auto want_dk = shard(rows_cfg, g.dk, hkv, rows[r]);
-    const auto want_dv = shard(rows_cfg, g.dv, hkv, rows[r]);
-    EXPECT_LE(relative_error(out.data(), want_out.data(), out.size()), kTolerance) << "out " << r;
-    EXPECT_LE(relative_error(lses[r].data(), want_lse.data(), want_lse.size()), kTolerance)
+    const auto want_dq = shard(rows_cfg, g.dq, s.heads, rows[r], d);
+    const auto want_dk = shard(rows_cfg, g.dk, hkv, rows[r], d);
+    const auto want_dv = shard(rows_cfg, g.dv, hkv, rows[r], dv);
+    // Capped scores of the cap's size leave fp32 a few ulps of the cap in each.
+    const double tol = cfg.softcapped() ? 5e-5 : kTolerance;
+    EXPECT_LE(relative_error(out.data(), want_out.data(), out.size()), tol) << "out " << r;
+    EXPECT_LE(relative_error(lses[r].data(), want_lse.data(), want_lse.size()), tol)
         << "lse " << r;
-    EXPECT_LE(relative_error(dq.data(), want_dq.data(), dq.size()), kTolerance) << "dq " << r;
-    EXPECT_LE(relative_error(dk.data(), want_dk.data(), dk.size()), kTolerance) << "dk " << r;
-    EXPECT_LE(relative_error(dv.data(), want_dv.data(), dv.size()), kTolerance) << "dv " << r;
+    EXPECT_LE(relative_error(dq.data(), want_dq.data(), dq.size()), tol) << "dq " << r;
+    EXPECT_LE(relative_error(dk.data(), want_dk.data(), dk.size()), tol) << "dk " << r;
+    EXPECT_LE(relative_error(dvr.data(), want_dv.data(), dvr.size()), tol) << "dv " << r;
     EXPECT_EQ(dsinks[r][2], 0.0f) << "a head without a sink (-inf) has no sink gradient";
   }
   std::vector<double> total(sinks.size(), 0.0);
@@ -223,7 +241,9 @@ TEST_P(Sinks, EveryRanksShardAndTheSinksGradientMatchTheFloat64Reference) {
     for (std::size_t h = 0; h < sinks.size(); ++h) total[h] += part[h];
   const std::vector<float> job(total.begin(), total.end());
   ASSERT_EQ(g.dsinks.size(), sinks.size());
-  EXPECT_LE(relative_error(job.data(), g.dsinks.data(), sinks.size()), kTolerance) << "dsinks";
+  EXPECT_LE(relative_error(job.data(), g.dsinks.data(), sinks.size()),
+            cfg.softcapped() ? 5e-5 : kTolerance)
+      << "dsinks";
 }
 
 std::string sink_case_name(const ::testing::TestParamInfo<SinkCase>& info) {

@@ -74,6 +74,10 @@ std::vector<Case> cases() {
   capped.scale = 30 / 4.0;
   capped.head_dim_v = 24;
   c.push_back({"softcap_mla_gqa_shared_window", capped, ""});
+  AttentionConfig sparse_mla = sparse;  // block-sparse: the ring's slabs and Ulysses' rows of Dv
+  sparse_mla.head_dim_v = 24;
+  sparse_mla.softcap = 20;
+  c.push_back({"block_sparse_mla_softcap", sparse_mla, "local:window=16+global:blocks=1"});
   return c;
 }
 

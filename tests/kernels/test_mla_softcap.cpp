@@ -72,8 +72,8 @@ std::vector<Case> cases() {
   const struct {
     const char* name;
     void (*f)(AttentionConfig&);
-  } features[] = {{"dense", dense},     {"causal", causal},   {"gqa", gqa},
-                  {"window", window},   {"packed", packed},   {"dilated", dilated},
+  } features[] = {{"dense", dense},     {"causal", causal},  {"gqa", gqa},
+                  {"window", window},   {"packed", packed},  {"dilated", dilated},
                   {"mixture", mixture}, {"bhnd", head_major}};
   const std::pair<int64_t, int64_t> dims[] = {{192, 128}, {64, 32}, {40, 24}};
   for (const auto& f : features) {
@@ -100,8 +100,8 @@ testing::PlanResult run_in_layout(const AttentionConfig& cfg, const testing::Ten
   const testing::Tensors hm{head_major_copy(in.q, s), head_major_copy(in.k, sk),
                             head_major_copy(in.v, sv), head_major_copy(in.dout, so)};
   testing::PlanResult r = testing::run_plan(cfg, hm, opts);
-  return {token_major_copy(r.out, so), r.lse, token_major_copy(r.dq, s),
-          token_major_copy(r.dk, sk), token_major_copy(r.dv, sv)};
+  return {token_major_copy(r.out, so), r.lse, token_major_copy(r.dq, s), token_major_copy(r.dk, sk),
+          token_major_copy(r.dv, sv)};
 }
 
 class MlaSoftcap : public ::testing::TestWithParam<Case> {};

@@ -2,9 +2,11 @@
 // masks, randomized masks and generated patterns give the single-process result within 1e-5,
 // forward and gradients, in contiguous and zigzag layouts; each rank sends exactly the
 // computed minimum; a local pattern talks only to its ring neighbours; random patterns are
-// identical on every rank.
+// identical on every rank. Values of their own head dim with soft-capped logits (MLA's
+// 192/128) also match float64, K and V travelling at their own widths.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <random>
@@ -27,16 +29,22 @@ struct Inputs {
   std::vector<float> q, k, v, dout;
 };
 
+struct Outputs {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
 // Runs one process's plan on the full tensors and the distributed plan on this rank's
-// shard; compares the shard. Returns the distributed plan's forward bytes.
-void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists, const Inputs& in,
-             const std::string& what) {
+// shard; compares the shard. Returns the single-process results.
+Outputs compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists,
+                const Inputs& in, const std::string& what) {
   const Shape4 s = cfg.shape;
-  const int64_t g = cfg.effective_kv_heads();
+  const int64_t g = cfg.effective_kv_heads(), dv_dim = cfg.effective_head_dim_v();
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(s.batch * s.seq_len * g * s.head_dim);
+  const auto n_v = static_cast<std::size_t>(s.batch * s.seq_len * g * dv_dim);
+  const auto n_out = static_cast<std::size_t>(s.batch * s.seq_len * s.heads * dv_dim);
   const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  std::vector<float> out(n), lse(rows), dq(n), dk(n_kv), dv(n_kv);
+  std::vector<float> out(n_out), lse(rows), dq(n), dk(n_kv), dv(n_v);
   {
     auto local = ring::make_local_communicator();
     SparsePlan single(cfg, lists, *local, PlanOptions{1});
@@ -49,17 +57,22 @@ void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists
   const int rank = g_comm->rank();
   const auto ln = static_cast<std::size_t>(s.batch * l.local_len * s.heads * s.head_dim);
   const auto ln_kv = static_cast<std::size_t>(s.batch * l.local_len * g * s.head_dim);
+  const auto ln_v = static_cast<std::size_t>(s.batch * l.local_len * g * dv_dim);
+  const auto ln_out = static_cast<std::size_t>(s.batch * l.local_len * s.heads * dv_dim);
   const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
-  // This rank's rows of a [B, N, heads, D] tensor.
-  auto shard = [&](const std::vector<float>& full, int64_t heads = 0) {
-    const int64_t inner = (heads ? heads : s.heads) * s.head_dim;
+  // This rank's rows of a [B, N, heads, dim] tensor (dim: D, or Dv for v, dv, out, dout).
+  auto shard = [&](const std::vector<float>& full, int64_t heads, int64_t dim) {
+    const int64_t inner = heads * dim;
     std::vector<float> part(static_cast<std::size_t>(s.batch * l.local_len * inner));
     ring::extract_rows(l, rank, s.batch, inner, full.data(), part.data());
     return part;
   };
-  const auto q = shard(in.q), k = shard(in.k, g), v = shard(in.v, g), dout = shard(in.dout);
+  const int64_t h = s.heads, d = s.head_dim;
+  const auto q = shard(in.q, h, d), k = shard(in.k, g, d), v = shard(in.v, g, dv_dim),
+             dout = shard(in.dout, h, dv_dim);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> lo(ln, nan), llse(lrows, nan), ldq(ln, nan), ldk(ln_kv, nan), ldv(ln_kv, nan);
+  std::vector<float> lo(ln_out, nan), llse(lrows, nan), ldq(ln, nan), ldk(ln_kv, nan),
+      ldv(ln_v, nan);
   plan.forward(q.data(), k.data(), v.data(), lo.data(), llse.data());
   plan.backward(q.data(), k.data(), v.data(), lo.data(), llse.data(), dout.data(), ldq.data(),
                 ldk.data(), ldv.data());
@@ -68,11 +81,11 @@ void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists
     for (const ring::Chunk& c : l.chunks(rank))
       std::copy_n(lse.data() + bh * s.seq_len + c.begin, c.length,
                   want_lse.data() + bh * l.local_len + c.local_begin);
-  const double e_out = relative_error(lo.data(), shard(out).data(), ln);
+  const double e_out = relative_error(lo.data(), shard(out, h, dv_dim).data(), ln_out);
   const double e_lse = relative_error(llse.data(), want_lse.data(), lrows);
-  const double e_dq = relative_error(ldq.data(), shard(dq).data(), ln);
-  const double e_dk = relative_error(ldk.data(), shard(dk, g).data(), ln_kv);
-  const double e_dv = relative_error(ldv.data(), shard(dv, g).data(), ln_kv);
+  const double e_dq = relative_error(ldq.data(), shard(dq, h, d).data(), ln);
+  const double e_dk = relative_error(ldk.data(), shard(dk, g, d).data(), ln_kv);
+  const double e_dv = relative_error(ldv.data(), shard(dv, g, dv_dim).data(), ln_v);
   EXPECT_LE(e_out, kTol) << what << " rank " << rank;
   EXPECT_LE(e_lse, kTol) << what << " rank " << rank;
   EXPECT_LE(e_dq, kTol) << what << " rank " << rank;
@@ -86,6 +99,7 @@ void compare(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> lists
         "%d peers\n",
         what.c_str(), g_comm->size(), l.zigzag ? " zigzag" : "", e_out, e_lse, e_dq, e_dk, e_dv,
         static_cast<long long>(plan.last_forward().bytes_sent), plan.peers());
+  return {out, lse, dq, dk, dv};
 }
 
 Inputs random_inputs(const Shape4& s, uint64_t seed) {
@@ -188,6 +202,51 @@ TEST(SparseMpi, GqaWindowsAndPackedSequencesEqualSingleProcess) {
     in.k.resize(n_kv);
     in.v.resize(n_kv);
     compare(cfg, lists, in, c.name);
+  }
+}
+
+// Multi-head latent attention's head dims (q, k of 192; v, out of 128) with soft-capped
+// logits (scores of about the cap's size, so that the cap matters), GQA, causal: every rank's
+// shard equals the single-process plan, which equals float64; K and V travel at their own
+// widths (the minimum counts D + Dv per row, and compare() checks each rank sends it).
+TEST(SparseMpi, MlaSoftcapEqualsSingleProcessAndFloat64) {
+  for (const bool causal : {true, false}) {
+    AttentionConfig cfg = config({1, 192, 4, 192}, 16, causal);
+    cfg.kv_heads = 2;
+    cfg.head_dim_v = 128;
+    cfg.softcap = 30;
+    cfg.scale = 30 / std::sqrt(192.0);
+    const Geometry g{192, 16, 4};
+    auto lists = std::make_shared<const BlockLists>(
+        build_lists(parse_pattern("local:window=48+global:blocks=1", g, {}, {}, 0), g));
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const std::size_t n_k = n / 2, n_v = n_k / 192 * 128, n_out = n / 192 * 128;
+    const Inputs in{testing::random_normal(n, 70), testing::random_normal(n_k, 71),
+                    testing::random_normal(n_v, 72), testing::random_normal(n_out, 73)};
+    const std::string what = causal ? "mla softcap causal" : "mla softcap";
+    const Outputs single = compare(cfg, lists, in, what);
+    BlockReferenceProblem pb = block_problem_of(cfg);
+    pb.key_blocks = [&lists](int64_t h, int64_t i) {
+      std::vector<int64_t> keys;
+      for (int32_t j : lists->of_head(h).row(i)) keys.push_back(j);
+      return keys;
+    };
+    const ReferenceForward f = reference_forward_blocks(pb, in.q.data(), in.k.data(), in.v.data());
+    const ReferenceGradients gr =
+        reference_backward_blocks(pb, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+    BlockReferenceProblem plain = pb;
+    plain.softcap = 0;
+    const ReferenceForward uncapped =
+        reference_forward_blocks(plain, in.q.data(), in.k.data(), in.v.data());
+    const std::vector<float> u32(uncapped.out.begin(), uncapped.out.end());
+    EXPECT_GT(relative_error(u32.data(), f.out.data(), f.out.size()), 1e-2) << what;
+    // Scores of the cap's size leave fp32 a few ulps of the cap in each (as the dense tests).
+    constexpr double kCapTol = 5e-5;
+    EXPECT_LE(relative_error(single.out.data(), f.out.data(), f.out.size()), kCapTol) << what;
+    EXPECT_LE(relative_error(single.lse.data(), f.lse.data(), f.lse.size()), kCapTol) << what;
+    EXPECT_LE(relative_error(single.dq.data(), gr.dq.data(), gr.dq.size()), kCapTol) << what;
+    EXPECT_LE(relative_error(single.dk.data(), gr.dk.data(), gr.dk.size()), kCapTol) << what;
+    EXPECT_LE(relative_error(single.dv.data(), gr.dv.data(), gr.dv.size()), kCapTol) << what;
   }
 }
 
