@@ -222,11 +222,12 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
     q: ``[B, N_local, H, D]``; k: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
     query attention when it is less than H); v: ``[B, N_local, HKV, Dv]``, its head dim its
     own (multi-head latent attention: 192 against 128), the output ``[B, N_local, H, Dv]``;
-    float32, contiguous, torch tensors or numpy arrays (outputs are of the same kind). Or all three the ``transpose(1, 2)`` of
-    contiguous ``[B, H, N, D]`` tensors (PyTorch SDPA's convention; with P ranks, of this
-    rank's shard): the engine reads them in place, and out and the gradients come back laid
-    out the same way. With ``comm`` spanning P ranks, each rank passes its
-    shard in the engine's layout (``ringattn.shard``) and gets its rows of the output.
+    float32, contiguous, torch tensors or numpy arrays (outputs are of the same kind). Or all
+    three the ``transpose(1, 2)`` of contiguous ``[B, H, N, D]`` tensors (PyTorch SDPA's
+    convention; with P ranks, of this rank's shard): the engine reads them in place, and out
+    and the gradients come back laid out the same way. With ``comm`` spanning P ranks, each
+    rank passes its shard in the engine's layout (``ringattn.shard``) and gets its rows of
+    the output.
 
     Keywords mean what the CLI's options mean (docs/SEMANTICS.md):
       attention: "dense" | "dilated" | "block-sparse" | "auto"   (--attention)

@@ -10,8 +10,9 @@ where the first never calls the attention) by a generic shrinking of the default
 (recursively into the sub-configs: 2 layers, hidden 64, 4 heads of 16, 2 KV heads, vocab 128,
 one expert, windows and chunks of 16 kept under the sequence, no dropout; multi-head latent
 attention's queries and keys of 24 against values of 16; a logit soft-cap of 1 with weights of
-0.1, so that the cap changes the scores; FAMILY_CONFIG for defaults that do not build), makes its inputs by name (input_recipes), and compares eager
-against ringattn in float32, in eval mode, with the same weights: every floating-point output
+0.1, so that the cap changes the scores; FAMILY_CONFIG for defaults that do not build), makes
+its inputs by name (input_recipes), and compares eager against ringattn in float32, in eval
+mode, with the same weights: every floating-point output
 (logits, last_hidden_state, a VLM's nested outputs) and every parameter's gradient (of the
 outputs weighted by fixed random weights), relative Frobenius error < 1e-4 (a gradient
 relative to at least GRAD_FLOOR of the largest one). Where eager fails on the tiny config,

@@ -8,9 +8,9 @@ attention itself) and ``AttentionMaskInterface`` (the mask). A layer's call beco
 ``ringattn.attention`` on the head-major q, k, v transformers hands over, with the layer's
 scaling, grouped-query attention on the model's K/V heads (never repeated), its attention
 sinks (gpt-oss's ``s_aux``, with their gradient), its logit soft-cap (Gemma 2's ``softcap``)
-and values of their own head dim (DeepSeek's multi-head latent attention). Exact and differentiable, in the model's own
-precision on a GPU; on the CPU, whose kernels compute in float32, other dtypes are computed in
-float32 and returned in theirs.
+and values of their own head dim (DeepSeek's multi-head latent attention). Exact and
+differentiable, in the model's own precision on a GPU; on the CPU, whose kernels compute in
+float32, other dtypes are computed in float32 and returned in theirs.
 
 **The mask decides, not the layer's keywords.** transformers composes each layer's mask from
 named functions (causal, sliding window, chunked, padding, packed sequences, bidirectional,
