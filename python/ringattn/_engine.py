@@ -77,16 +77,18 @@ def _plan(q, k, comm, options, mask, layout="bnhd", kv_layout="bnhd"):
     return comm._plan(key, make)
 
 
-def _empty_like(x, layout, use_torch):
-    """An uninitialised float32 tensor of x's [B, N, H, D] shape in `layout`, on x's device."""
+def _empty_like(x, layout, use_torch, head_dim=None):
+    """An uninitialised float32 tensor of x's [B, N, H, D] shape in `layout`, on x's device;
+    with head_dim, of that last dim instead (the output has v's head dim, not q's)."""
     b, n, h, d = x.shape
+    d = d if head_dim is None else head_dim
     if use_torch:
         if layout == "bhnd":
             return x.new_empty((b, h, n, d), dtype=torch.float32).transpose(1, 2)
         return x.new_empty((b, n, h, d), dtype=torch.float32)
     if layout == "bhnd":
         return np.swapaxes(np.empty((b, h, n, d), dtype=np.float32), 1, 2)
-    return np.empty(x.shape, dtype=np.float32)
+    return np.empty((b, n, h, d), dtype=np.float32)
 
 
 def _in_layout(x, layout):
@@ -103,10 +105,10 @@ def _stream(x) -> int:
 
 
 def _forward(op, q, k, v, use_torch, sinks=None):
-    """(out, lse) of the engine, float32 (on a GPU engine, q, k, v are in its dtype); with
-    sinks (any float dtype, [H]), lse includes them."""
+    """(out, lse) of the engine, float32 (on a GPU engine, q, k, v are in its dtype), out of
+    v's head dim; with sinks (any float dtype, [H]), lse includes them."""
     b, n, h, _ = q.shape
-    out = _empty_like(q, op.layout, use_torch)
+    out = _empty_like(q, op.layout, use_torch, v.shape[3])
     s = _sinks_array(sinks, q, use_torch)
     if not use_torch:
         lse = np.empty((b, h, n), dtype=np.float32)

@@ -35,10 +35,11 @@ def decode(spec: str):
     return options, layout, kv_layout, comm_id
 
 
-def _new_like(x: torch.Tensor, layout: str) -> torch.Tensor:
+def _new_like(x: torch.Tensor, layout: str, head_dim=None) -> torch.Tensor:
     """An uninitialised float32 tensor of x's [B, N, H, D] shape in `layout`, on x's device
-    (fake tensors under tracing)."""
+    (fake tensors under tracing); with head_dim, of that last dim (the output has v's)."""
     b, n, h, d = x.shape
+    d = d if head_dim is None else head_dim
     if layout == "bhnd":
         return x.new_empty((b, h, n, d), dtype=torch.float32).transpose(1, 2)
     return x.new_empty((b, n, h, d), dtype=torch.float32)
@@ -57,8 +58,8 @@ if AVAILABLE:
     @attention.register_fake
     def _(q, k, v, block_mask, sinks, spec):
         _, layout, _, _ = decode(spec)
-        return _new_like(q, layout), q.new_empty((q.shape[0], q.shape[2], q.shape[1]),
-                                                 dtype=torch.float32)
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+        return _new_like(q, layout, v.shape[3]), lse  # out has v's head dim
 
     # The sinks' gradient is an empty tensor when there are no sinks (an op returns tensors).
     @torch.library.custom_op("ringattn::attention_backward", mutates_args=())

@@ -7,6 +7,7 @@ with the library's message, its fields said as these keywords).
 """
 from __future__ import annotations
 
+import math
 import operator
 import warnings
 
@@ -110,13 +111,14 @@ def _readable(q, k, v):
     layout = _check_tensor("q", q, use_torch)
     kv_layout = _check_tensor("k", k, use_torch)
     v_layout = _check_tensor("v", v, use_torch)
-    for name, x in (("k", k), ("v", v)):
-        qs, xs = tuple(q.shape), tuple(x.shape)
-        if (xs[0], xs[1], xs[3]) != (qs[0], qs[1], qs[3]):
-            raise ValueError(f"{name}: shape {list(xs)} differs from q's {list(qs)} in batch, "
-                             "length or head dim")
-    if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"v: shape {list(v.shape)} differs from k's {list(k.shape)}")
+    qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    if (ks[0], ks[1], ks[3]) != (qs[0], qs[1], qs[3]):
+        raise ValueError(f"k: shape {list(ks)} differs from q's {list(qs)} in batch, length or "
+                         "head dim (q and k share theirs)")
+    # v may have a head dim of its own (multi-head latent attention); out then has it.
+    if vs[:3] != ks[:3]:
+        raise ValueError(f"v: shape {list(vs)} differs from k's {list(ks)} in batch, length or "
+                         "heads (v's head dim may differ: out has v's)")
     if use_torch:
         for name, x in (("k", k), ("v", v)):
             if x.device != q.device:
@@ -150,6 +152,33 @@ def _ulysses(ulysses):
     if isinstance(ulysses, bool) or not isinstance(ulysses, int) or ulysses < 1:
         raise ValueError(f"ulysses: must be a positive integer or 'auto', got {ulysses!r}")
     return ulysses
+
+
+def _softcap(softcap):
+    """The soft-cap as the engine takes it (0: none). Checked here as the library checks it,
+    because a NaN or infinity would not survive the custom op's spec string."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, (bool, str, bytes)):  # float() would take them
+        raise TypeError(f"softcap: expected a number (0 or None: no soft-capping), got "
+                        f"{softcap!r}")
+    try:
+        c = float(softcap)
+    except (TypeError, ValueError):
+        raise TypeError(f"softcap: expected a number (0 or None: no soft-capping), got "
+                        f"{softcap!r}") from None
+    if not (math.isfinite(c) and c >= 0):
+        raise ValueError(f"softcap: must be a finite number >= 0 (0: no soft-capping), got {c!r}")
+    return c
+
+
+def _value_keywords(options, q, v, softcap):
+    """options with what v's head dim and the soft-cap ask of the plan (head_dim_v only where
+    v's head dim is not q's, as the library leaves it unset then)."""
+    d, dv = q.shape[3], v.shape[3]
+    options["head_dim_v"] = None if dv == d else int(dv)
+    options["softcap"] = _softcap(softcap)
+    return options
 
 
 def _options(attention, segments, dilations, combine, causal, scale, window, seqlens, pattern,
@@ -186,17 +215,19 @@ if torch is not None:
 
 def attention(q, k, v, *, attention="dense", segments=None, dilations=None, combine="grouped",
               causal=False, scale=None, window=None, seqlens=None, pattern=None, block_mask=None,
-              block_size=128, ulysses=1, deterministic=False, sinks=None, return_lse=False,
-              comm: Comm | None = None):
+              block_size=128, ulysses=1, deterministic=False, sinks=None, softcap=None,
+              return_lse=False, comm: Comm | None = None):
     """Exact attention of this rank's queries over the whole sequence.
 
-    q: ``[B, N_local, H, D]``; k, v: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
-    query attention when it is less than H); float32, contiguous, torch tensors or numpy
-    arrays (outputs are of the same kind). Or all three the ``transpose(1, 2)`` of
-    contiguous ``[B, H, N, D]`` tensors (PyTorch SDPA's convention; with P ranks, of this
-    rank's shard): the engine reads them in place, and out and the gradients come back laid
-    out the same way. With ``comm`` spanning P ranks, each rank passes its
-    shard in the engine's layout (``ringattn.shard``) and gets its rows of the output.
+    q: ``[B, N_local, H, D]``; k: ``[B, N_local, HKV, D]`` (``HKV = k.shape[2]``, grouped-
+    query attention when it is less than H); v: ``[B, N_local, HKV, Dv]``, its head dim its
+    own (multi-head latent attention: 192 against 128), the output ``[B, N_local, H, Dv]``;
+    float32, contiguous, torch tensors or numpy arrays (outputs are of the same kind). Or all
+    three the ``transpose(1, 2)`` of contiguous ``[B, H, N, D]`` tensors (PyTorch SDPA's
+    convention; with P ranks, of this rank's shard): the engine reads them in place, and out
+    and the gradients come back laid out the same way. With ``comm`` spanning P ranks, each
+    rank passes its shard in the engine's layout (``ringattn.shard``) and gets its rows of
+    the output.
 
     Keywords mean what the CLI's options mean (docs/SEMANTICS.md):
       attention: "dense" | "dilated" | "block-sparse" | "auto"   (--attention)
@@ -218,6 +249,9 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
              head). Dense and block-sparse attention. With several ranks, its gradient is this
              rank's part (its rows): sum it over the ranks, as for any parameter every rank
              holds
+      softcap: c > 0, logit soft-capping (Gemma 2): each scaled     (--softcap)
+             score s becomes c * tanh(s / c) before the mask and the softmax (a sink's
+             logit is not capped); 0 or None: none
       return_lse: also return lse ``[B, H, N_local]`` (natural log; -inf for empty rows)
       comm: ringattn.Comm (default: this process alone)
 
@@ -231,6 +265,7 @@ def attention(q, k, v, *, attention="dense", segments=None, dilations=None, comb
     use_torch, layout, kv_layout, q, k, v = _readable(q, k, v)
     options = _options(attention, segments, dilations, combine, causal, scale, window, seqlens,
                        pattern, block_size, ulysses, deterministic)
+    _value_keywords(options, q, v, softcap)
     if sinks is not None:
         options["sinks"] = True
         _sinks_array(sinks, q, use_torch, check_values=False)  # before any plan is made
@@ -267,11 +302,12 @@ def attention_backward(q, k, v, out, lse, grad_out, *, comm: Comm | None = None,
     defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",
                     causal=False, scale=None, window=None, seqlens=None, pattern=None,
                     block_size=128, ulysses=1, deterministic=False)
+    softcap = options.pop("softcap", None)
     unknown = set(options) - set(defaults)
     if unknown:
         raise TypeError(f"attention_backward() got unexpected keyword(s) {sorted(unknown)}")
     defaults.update(options)
-    plan_options = _options(**defaults)
+    plan_options = _value_keywords(_options(**defaults), q, v, softcap)
     if sinks is not None:
         plan_options["sinks"] = True
     op = _plan(q, k, comm, plan_options, _mask_array(block_mask), layout, kv_layout)
@@ -290,12 +326,13 @@ def _layout(comm, x_shape, seq_len, causal, block_size, heads, keywords):
     """Every rank's chunks for a full sequence of seq_len positions, as the plan of
     attention(..., **keywords) lays them out."""
     unknown = set(keywords) - {"attention", "segments", "dilations", "combine", "scale", "window",
-                               "seqlens", "pattern", "block_mask", "ulysses"}
+                               "seqlens", "pattern", "block_mask", "ulysses", "softcap"}
     if unknown:
         raise TypeError(f"unexpected keyword(s) {sorted(unknown)}: shard/unshard take "
                         "ringattn.attention's pattern keywords")
     keywords = dict(keywords)
     keywords.pop("block_mask", None)  # the layout needs only N and the block size
+    keywords.pop("softcap", None)  # nor the scores' cap
     if block_size is not None:
         keywords.setdefault("attention", "block-sparse")
     defaults = dict(attention="dense", segments=None, dilations=None, combine="grouped",

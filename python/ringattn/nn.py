@@ -13,12 +13,13 @@ class RingAttention(torch.nn.Module):
     rank's shard when ``comm`` spans several ranks. The projections are the caller's; with
     ``sink_heads=H`` the module holds one parameter, ``sinks`` [H] (attention sinks: a learned
     logit per query head in every row's softmax normaliser, initialised to 0), whose gradient
-    is this rank's part (its rows), summed over the ranks like any parameter's."""
+    is this rank's part (its rows), summed over the ranks like any parameter's. ``softcap``:
+    logit soft-capping, as ringattn.attention takes it; v may have a head dim of its own."""
 
     def __init__(self, *, attention: str = "dense", segments=None, dilations=None,
                  combine: str = "grouped", causal: bool = False, scale=None, window=None,
                  seqlens=None, pattern=None, block_mask=None, block_size: int = 128,
-                 ulysses=1, deterministic=False, sink_heads: int = 0,
+                 ulysses=1, deterministic=False, sink_heads: int = 0, softcap=None,
                  comm: Comm | None = None):
         super().__init__()
         self.sinks = torch.nn.Parameter(torch.zeros(sink_heads)) if sink_heads else None
@@ -26,7 +27,7 @@ class RingAttention(torch.nn.Module):
                             combine=combine, causal=causal, scale=scale, window=window,
                             seqlens=seqlens, pattern=pattern, block_mask=block_mask,
                             block_size=block_size, ulysses=ulysses,
-                            deterministic=deterministic)
+                            deterministic=deterministic, softcap=softcap)
         self.comm = comm
 
     def forward(self, q, k, v, return_lse: bool = False):

@@ -21,6 +21,8 @@ std::string keyword_of(const std::string& subject) {
       {"config.shape.heads", "heads"},
       {"config.shape.head_dim", "head_dim"},
       {"config.kv_heads", "kv_heads"},
+      {"config.head_dim_v", "head_dim_v"},  // v's last dim, as head_dim is q's
+      {"config.softcap", "softcap"},
       {"config.attention", "attention"},
       {"config.combine", "combine"},
       {"config.segments", "segments"},
@@ -124,6 +126,8 @@ JobSpec spec_of(const AttentionOptions& o, const Shape4& full, int64_t kv_heads,
   if (o.dilations) c.dilations = *o.dilations;
   c.causal = o.causal;
   c.scale = o.scale;
+  c.head_dim_v = o.head_dim_v;
+  c.softcap = o.softcap;
   if (o.window) {
     if (o.window->empty() || o.window->size() > 2)
       throw InputError("window", "expected L or (L, R): one or two integers");

@@ -52,6 +52,10 @@ struct AttentionOptions {
   int ulysses = 1;             // Ulysses x ring: U ranks per all-to-all group (0: auto)
   bool deterministic = false;  // bitwise-reproducible kernel choices (JobSpec::deterministic)
   bool sinks = false;          // attention sinks given to every call (JobSpec::sinks)
+  // v's head dim where it is not q's (multi-head latent attention): v, dv, out and dout have
+  // it. Taken from v's shape, so no keyword sets it.
+  std::optional<int64_t> head_dim_v;
+  double softcap = 0;  // logit soft-capping (config.softcap; 0: none)
   // Where q's tensors live: "cpu", or "cuda" (device_index, and the dtype the GPU kernels
   // read: "bf16", "fp16" or "fp32").
   std::string device = "cpu";
@@ -84,8 +88,8 @@ class AttentionOp {
   int64_t local_len() const { return engine_->local_len(); }
   std::string engine() const { return engine_->stats().engine; }
 
-  // Local shards, float32, C order: q, out [B, N/P, H, D]; k, v [B, N/P, HKV, D];
-  // lse [B, H, N/P]. Sizes are checked by the caller.
+  // Local shards, float32, C order: q [B, N/P, H, D]; k [B, N/P, HKV, D]; v [B, N/P, HKV,
+  // Dv]; out [B, N/P, H, Dv]; lse [B, H, N/P]. Sizes are checked by the caller.
   // With sinks: sinks and dsinks [H] float32 (null otherwise).
   void forward(const float* q, const float* k, const float* v, float* out, float* lse,
                const float* sinks);

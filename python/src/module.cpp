@@ -113,15 +113,20 @@ TensorRef device_ref(const Array& a, const char* name, const std::vector<int64_t
   return {a.data(), want, Memory::device, reinterpret_cast<void*>(stream)};
 }
 
+// The shapes of a call's tensors: q and dq; k and dk; v and dv; out and dout (v's head dim
+// Dv, which may differ from q's D); lse; sinks and dsinks.
 struct Shapes {
-  std::vector<int64_t> q, kv, lse, sinks;
+  std::vector<int64_t> q, k, v, out, lse, sinks;
 };
 
 Shapes shapes_of(const AttentionOp& op) {
   const Shape4& s = op.config().shape;
   const int64_t nl = op.local_len(), hkv = op.config().effective_kv_heads();
+  const int64_t dv = op.config().effective_head_dim_v();
   return {{s.batch, nl, s.heads, s.head_dim},
           {s.batch, nl, hkv, s.head_dim},
+          {s.batch, nl, hkv, dv},
+          {s.batch, nl, s.heads, dv},
           {s.batch, s.heads, nl},
           {s.heads}};
 }
@@ -157,7 +162,8 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
              std::optional<double> scale, std::optional<std::vector<int64_t>> window,
              std::optional<std::vector<int64_t>> seqlens, std::optional<std::string> pattern,
              std::optional<Array> block_mask, int64_t block_size, int ulysses, bool deterministic,
-             const CommHandle& comm, bool sinks) {
+             const CommHandle& comm, bool sinks, std::optional<int64_t> head_dim_v,
+             double softcap) {
   if (q.ndim() != 4)
     throw InputError("q", "must have 4 dimensions [B, N, H, D], got " + std::to_string(q.ndim()));
   if (k.ndim() != 4)
@@ -166,6 +172,8 @@ void init_op(AttentionOp* self, const Array& q, const Array& k, const std::strin
                                   causal, scale, std::move(window), std::move(seqlens),
                                   std::move(pattern), block_size, ulysses, deterministic);
   o.sinks = sinks;
+  o.head_dim_v = head_dim_v;
+  o.softcap = softcap;
   // q's strides say the layout (forward() checks that k, v and the outputs share it).
   if (!c_contiguous(q) && head_major_view(q)) o.layout = "bhnd";
   if (!c_contiguous(k) && head_major_view(k)) o.kv_layout = "bhnd";
@@ -299,13 +307,17 @@ NB_MODULE(_core, m) {
       .def("__init__", &init_op, "q"_a, "k"_a, "attention"_a, "segments"_a.none(),
            "dilations"_a.none(), "combine"_a, "causal"_a, "scale"_a.none(), "window"_a.none(),
            "seqlens"_a.none(), "pattern"_a.none(), "block_mask"_a.none(), "block_size"_a,
-           "ulysses"_a, "deterministic"_a, "comm"_a, "sinks"_a = false)
+           "ulysses"_a, "deterministic"_a, "comm"_a, "sinks"_a = false,
+           "head_dim_v"_a.none() = nb::none(), "softcap"_a = 0.0)
       .def_prop_ro("engine", &AttentionOp::engine)
       .def_prop_ro("local_len", [](const AttentionOp& op) { return op.local_len(); })
       .def_prop_ro("seq_len", [](const AttentionOp& op) { return op.config().shape.seq_len; })
       .def_prop_ro("kv_heads",
                    [](const AttentionOp& op) { return op.config().effective_kv_heads(); })
       .def_prop_ro("scale", [](const AttentionOp& op) { return op.config().effective_scale(); })
+      .def_prop_ro("head_dim_v",
+                   [](const AttentionOp& op) { return op.config().effective_head_dim_v(); })
+      .def_prop_ro("softcap", [](const AttentionOp& op) { return op.config().softcap; })
       .def_prop_ro("layout",
                    [](const AttentionOp& op) { return std::string(to_string(op.config().layout)); })
       .def_prop_ro("kv_layout",
@@ -322,9 +334,9 @@ NB_MODULE(_core, m) {
             if (op.on_gpu()) {
               const DeviceDType t = op.dtype();
               const TensorRef tq = device_ref(q, "q", s.q, t, stream),
-                              tk = device_ref(k, "k", s.kv, t, stream),
-                              tv = device_ref(v, "v", s.kv, t, stream),
-                              to = device_ref(out, "out", s.q, DeviceDType::fp32, stream),
+                              tk = device_ref(k, "k", s.k, t, stream),
+                              tv = device_ref(v, "v", s.v, t, stream),
+                              to = device_ref(out, "out", s.out, DeviceDType::fp32, stream),
                               tl = device_ref(lse, "lse", s.lse, DeviceDType::fp32, stream),
                               ts = sinks ? device_ref(*sinks, "sinks", s.sinks, DeviceDType::fp32,
                                                       stream)
@@ -334,9 +346,9 @@ NB_MODULE(_core, m) {
             }
             const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
-            const float* pk = floats(k, "k", s.kv, lkv);
-            const float* pv = floats(v, "v", s.kv, lkv);
-            float* po = floats(out, "out", s.q, l);
+            const float* pk = floats(k, "k", s.k, lkv);
+            const float* pv = floats(v, "v", s.v, lkv);
+            float* po = floats(out, "out", s.out, l);
             float* pl = floats(lse, "lse", s.lse);
             const float* ps = sinks ? floats(*sinks, "sinks", s.sinks) : nullptr;
             nb::gil_scoped_release unlocked;
@@ -353,14 +365,14 @@ NB_MODULE(_core, m) {
             if (op.on_gpu()) {
               const DeviceDType t = op.dtype(), f = DeviceDType::fp32;
               const TensorRef tq = device_ref(q, "q", s.q, t, stream),
-                              tk = device_ref(k, "k", s.kv, t, stream),
-                              tv = device_ref(v, "v", s.kv, t, stream),
-                              to = device_ref(out, "out", s.q, f, stream),
+                              tk = device_ref(k, "k", s.k, t, stream),
+                              tv = device_ref(v, "v", s.v, t, stream),
+                              to = device_ref(out, "out", s.out, f, stream),
                               tl = device_ref(lse, "lse", s.lse, f, stream),
-                              td = device_ref(dout, "grad_output", s.q, t, stream),
+                              td = device_ref(dout, "grad_output", s.out, t, stream),
                               tdq = device_ref(dq, "dq", s.q, f, stream),
-                              tdk = device_ref(dk, "dk", s.kv, f, stream),
-                              tdv = device_ref(dv, "dv", s.kv, f, stream),
+                              tdk = device_ref(dk, "dk", s.k, f, stream),
+                              tdv = device_ref(dv, "dv", s.v, f, stream),
                               ts = sinks ? device_ref(*sinks, "sinks", s.sinks, f, stream)
                                          : TensorRef{},
                               tds = dsinks ? device_ref(*dsinks, "dsinks", s.sinks, f, stream)
@@ -370,14 +382,14 @@ NB_MODULE(_core, m) {
             }
             const TensorLayout l = op.config().layout, lkv = op.config().effective_kv_layout();
             const float* pq = floats(q, "q", s.q, l);
-            const float* pk = floats(k, "k", s.kv, lkv);
-            const float* pv = floats(v, "v", s.kv, lkv);
-            const float* po = floats(out, "out", s.q, l);
+            const float* pk = floats(k, "k", s.k, lkv);
+            const float* pv = floats(v, "v", s.v, lkv);
+            const float* po = floats(out, "out", s.out, l);
             const float* pl = floats(lse, "lse", s.lse);
-            const float* pd = floats(dout, "grad_output", s.q, l);
+            const float* pd = floats(dout, "grad_output", s.out, l);
             float* pdq = floats(dq, "dq", s.q, l);
-            float* pdk = floats(dk, "dk", s.kv, lkv);
-            float* pdv = floats(dv, "dv", s.kv, lkv);
+            float* pdk = floats(dk, "dk", s.k, lkv);
+            float* pdv = floats(dv, "dv", s.v, lkv);
             const float* ps = sinks ? floats(*sinks, "sinks", s.sinks) : nullptr;
             float* pds = dsinks ? floats(*dsinks, "dsinks", s.sinks) : nullptr;
             nb::gil_scoped_release unlocked;

@@ -2,7 +2,8 @@
 
 Every mode is one formula: per (head, query) a multiplicity M[h, p, t] of each key (0 or 1,
 or the number of mixture patterns selecting it), lse = log sum_t M exp(s q.k), out =
-sum_t M exp(s q.k - lse) v; grouped divides out by the number of patterns. Gradients come
+sum_t M exp(s q.k - lse) v; grouped divides out by the number of patterns. With a soft-cap c,
+s q.k is c tanh(s q.k / c); v (and out) may have a head dim of their own. Gradients come
 from torch autograd in float64. For small N only (it builds [H, N, N]).
 """
 import math
@@ -72,16 +73,19 @@ def multiplicity(n, heads, *, attention="dense", segments=None, dilations=None,
     return m, divisor
 
 
-def attention(q, k, v, m, divisor, scale=None, sinks=None):
-    """float64 out [B, N, H, D] and lse [B, H, N] (-inf for rows with no key and no sink);
-    differentiable. sinks [H]: attention sinks, one more term of each row's normaliser with no
-    value (docs/SEMANTICS.md)."""
+def attention(q, k, v, m, divisor, scale=None, sinks=None, softcap=0.0):
+    """float64 out [B, N, H, Dv] (v's head dim) and lse [B, H, N] (-inf for rows with no key
+    and no sink); differentiable. sinks [H]: attention sinks, one more term of each row's
+    normaliser with no value (docs/SEMANTICS.md). softcap c > 0: each scaled score s becomes
+    c * tanh(s / c) before the mask (a sink's logit is not capped)."""
     b, n, h, d = q.shape
     g = h // k.shape[2]
     kk = k.repeat_interleave(g, dim=2)
     vv = v.repeat_interleave(g, dim=2)
     s = scale if scale is not None else 1.0 / math.sqrt(d)
     scores = torch.einsum("bphd,bthd->bhpt", q, kk) * s
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     allowed = m > 0
     # Finite stand-in for excluded keys so that empty rows give zero (not NaN) gradients.
     scores = scores.masked_fill(~allowed, -1e30) + torch.log(m.clamp_min(1.0))
@@ -99,14 +103,14 @@ def attention(q, k, v, m, divisor, scale=None, sinks=None):
     return out, lse
 
 
-def forward_backward(q, k, v, dout, scale=None, sinks=None, **pattern):
+def forward_backward(q, k, v, dout, scale=None, sinks=None, softcap=0.0, **pattern):
     """Reference out, lse, dq, dk, dv (float64) for float32/64 torch inputs, and dsinks with
     sinks."""
     n, heads = q.shape[1], q.shape[2]
     m, divisor = multiplicity(n, heads, **pattern)
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     s64 = None if sinks is None else torch.as_tensor(sinks).detach().double().requires_grad_()
-    out, lse = attention(q64, k64, v64, m, divisor, scale, s64)
+    out, lse = attention(q64, k64, v64, m, divisor, scale, s64, softcap)
     (out * dout.double()).sum().backward()
     grads = (out.detach(), lse.detach(), q64.grad, k64.grad, v64.grad)
     return grads if s64 is None else grads + (s64.grad,)

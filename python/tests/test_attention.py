@@ -291,8 +291,11 @@ def test_bad_tensors_raise_value_errors_naming_the_argument():
     q, k, v, _ = make_inputs((1, 32, 2, 16))
     with pytest.raises(ValueError, match=r"^q: must be float32"):
         ringattn.attention(q.double(), k, v)
-    with pytest.raises(ValueError, match=r"^v: shape \[1, 32, 2, 8\] differs from q's"):
-        ringattn.attention(q, k, v[..., :8].contiguous())
+    with pytest.raises(ValueError, match=r"^k: shape \[1, 32, 2, 8\] differs from q's"):
+        ringattn.attention(q, k[..., :8].contiguous(), v)
+    # v's head dim is its own; its batch, length and heads are k's.
+    with pytest.raises(ValueError, match=r"^v: shape \[1, 16, 2, 16\] differs from k's"):
+        ringattn.attention(q, k, v[:, :16].contiguous())
     with pytest.raises(ValueError, match=r"^q: must have 4 dimensions"):
         ringattn.attention(q[0], k, v)
     with pytest.raises(ValueError, match=r"^k: expected a torch.Tensor"):
@@ -550,3 +553,158 @@ def test_ring_attention_module_learns_its_sinks():
     attn(q, k, v).backward(dout)
     want = reference.forward_backward(q, k, v, dout, sinks=attn.sinks.detach(), causal=True)
     assert reference.relative_error(attn.sinks.grad, want[5]) <= TOLERANCE
+
+
+# ----- Values of their own head dim and logit soft-capping --------------------------------
+
+# (id, [B, N, H], kv_heads, keywords): patterns the CPU engines compute the cap and the values'
+# head dim for, one process.
+MLA_PATTERNS = [
+    ("causal_gqa", (1, 64, 4), 2, dict(causal=True)),
+    ("window_scale", (2, 48, 2), None, dict(window=(6, 9), scale=0.11)),
+    ("dilated_grouped", (1, 64, 4), None,
+     dict(attention="dilated", segments=[16, 32], dilations=[1, 2], causal=True)),
+    ("packed_window_mqa", (1, 80, 3), 1, dict(seqlens=[30, 50], causal=True, window=12)),
+    ("block_local", (1, 128, 2), None,
+     dict(attention="block-sparse", pattern="local:window=48", block_size=16)),
+]
+# The head dims of q/k and of v: DeepSeek V3's MLA, and two smaller pairs (one not a power of
+# two, as the kernels' tails must carry it).
+HEAD_DIMS = [(192, 128), (64, 32), (40, 24)]
+SOFTCAPS = [1.0, 30.0, 50.0]
+
+
+def capped_inputs(shape, kv_heads, d, dv, softcap, seed):
+    """q, k [.., D], v [.., Dv], dout [.., Dv], with q and k scaled so that the scaled scores
+    reach well past the cap (their spread is about the cap, 4 for c = 1)."""
+    b, n, h = shape
+    g = torch.Generator().manual_seed(seed)
+    amplitude = math.sqrt(max(softcap, 4.0))
+    q = torch.randn(b, n, h, d, generator=g) * amplitude
+    k = torch.randn(b, n, kv_heads or h, d, generator=g) * amplitude
+    v = torch.randn(b, n, kv_heads or h, dv, generator=g)
+    dout = torch.randn(b, n, h, dv, generator=g)
+    return q, k, v, dout
+
+
+def mla_cases():
+    # Every pattern meets every head-dim pair and every cap, spread so that each pair meets
+    # each cap (9 pairs x caps), with the patterns cycling through them.
+    cases = []
+    for i, (dims, cap) in enumerate((dims, cap) for dims in HEAD_DIMS for cap in SOFTCAPS):
+        for j in (i, i + 2):
+            name, shape, kv_heads, kw = MLA_PATTERNS[j % len(MLA_PATTERNS)]
+            cases.append(pytest.param(name, shape, kv_heads, kw, dims, cap,
+                                      id=f"{name}-{dims[0]}x{dims[1]}-c{cap:g}"))
+    return cases
+
+
+@pytest.mark.parametrize("name,shape,kv_heads,kw,dims,softcap", mla_cases())
+def test_softcap_and_value_head_dim_match_float64_reference(name, shape, kv_heads, kw, dims,
+                                                            softcap):
+    d, dv = dims
+    q, k, v, dout = capped_inputs(shape, kv_heads, d, dv, softcap,
+                                  seed=zlib.crc32(f"{name}{d}{softcap}".encode()) % 1000)
+    pattern = reference_pattern(kw, shape + (d,))
+    want = reference.forward_backward(q, k, v, dout, scale=kw.get("scale"), softcap=softcap,
+                                      **pattern)
+    uncapped = reference.forward_backward(q, k, v, dout, scale=kw.get("scale"), **pattern)
+    # The cap must change the answer, or this test would not see it dropped.
+    for label, a, b in zip(("out", "dq"), (want[0], want[2]), (uncapped[0], uncapped[2])):
+        assert reference.relative_error(b, a) > 0.05, f"the cap hardly changes {label}"
+    for x in (q, k, v):
+        x.requires_grad_()
+    out, lse = ringattn.attention(q, k, v, softcap=softcap, return_lse=True, **kw)
+    out.backward(dout)
+    b, n, h = shape
+    assert out.shape == (b, n, h, dv) and lse.shape == (b, h, n)
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv"),
+                               (out, lse, q.grad, k.grad, v.grad), want):
+        err = reference.relative_error(got, ref)
+        assert err <= TOLERANCE, f"{name}: {label} relative error {err:.2e}"
+
+
+def test_softcap_with_sinks_caps_the_scores_and_not_the_sinks():
+    q, k, v, dout = capped_inputs((1, 64, 4), 2, 40, 24, 30.0, seed=21)
+    sinks = torch.tensor([20.0, -3.0, float("-inf"), 45.0])  # 45: past the cap, kept
+    for x in (q, k, v, sinks):
+        x.requires_grad_()
+    out, lse = ringattn.attention(q, k, v, causal=True, sinks=sinks, softcap=30.0,
+                                  return_lse=True)
+    out.backward(dout)
+    want = reference.forward_backward(q, k, v, dout, sinks=sinks, softcap=30.0, causal=True)
+    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv"),
+                               (out, lse, q.grad, k.grad, v.grad), want):
+        err = reference.relative_error(got, ref)
+        assert err <= TOLERANCE, f"{label} relative error {err:.2e}"
+    err = sink_gradient_error(sinks.grad, want[5], want[0], want[1], dout, sinks)
+    assert err <= TOLERANCE, f"dsinks error {err:.2e} of its terms' size"
+
+
+def test_softcap_and_value_head_dim_on_numpy_head_major_and_attention_backward():
+    """numpy in, numpy out (attention_backward takes softcap again), and head-major views read
+    in place, all with v of its own head dim."""
+    q, k, v, dout = capped_inputs((1, 64, 4), 2, 64, 32, 30.0, seed=22)
+    out, lse = ringattn.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, softcap=30.0,
+                                  return_lse=True)
+    grads = ringattn.attention_backward(q.numpy(), k.numpy(), v.numpy(), out, lse, dout.numpy(),
+                                        causal=True, softcap=30.0)
+    want = reference.forward_backward(q, k, v, dout, softcap=30.0, causal=True)
+    assert out.shape == (1, 64, 4, 32) and grads[2].shape == (1, 64, 2, 32)
+    for label, got, ref in zip(("out", "lse", "dq", "dk", "dv"), (out, lse) + grads, want):
+        assert isinstance(got, np.ndarray), label
+        assert reference.relative_error(got, ref) <= TOLERANCE, label
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, k, v)]
+    out = ringattn.attention(*views, causal=True, softcap=30.0)
+    out.backward(dout)
+    assert out.transpose(1, 2).is_contiguous(), "out comes back head-major, as q"
+    for label, got, ref in zip(("out", "dq", "dk", "dv"),
+                               [out] + [x.grad for x in views], want[:1] + want[2:]):
+        assert reference.relative_error(got, ref) <= TOLERANCE, label
+
+
+def test_ring_attention_module_takes_softcap():
+    q, k, v, dout = capped_inputs((1, 64, 4), None, 40, 24, 1.0, seed=23)
+    attn = ringattn.nn.RingAttention(causal=True, softcap=1.0)
+    assert "softcap=1.0" in repr(attn)
+    v.requires_grad_()
+    attn(q, k, v).backward(dout)
+    want = reference.forward_backward(q, k, v, dout, softcap=1.0, causal=True)
+    assert reference.relative_error(v.grad, want[4]) <= TOLERANCE
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, -math.inf])
+def test_a_bad_softcap_is_refused_naming_the_keyword(bad):
+    q, k, v, dout = make_inputs((1, 32, 2, 16))
+    with pytest.raises(ValueError, match=r"^softcap: must be a finite number >= 0"):
+        ringattn.attention(q, k, v, softcap=bad)
+    with pytest.raises(ValueError, match=r"^softcap: must be a finite number >= 0"):
+        ringattn.attention(q.numpy(), k.numpy(), v.numpy(), softcap=bad)
+    out, lse = ringattn.attention(q.numpy(), k.numpy(), v.numpy(), return_lse=True)
+    with pytest.raises(ValueError, match=r"^softcap: must be a finite number >= 0"):
+        ringattn.attention_backward(q.numpy(), k.numpy(), v.numpy(), out, lse, dout.numpy(),
+                                    softcap=bad)
+
+
+def test_softcap_must_be_a_number_and_zero_or_none_is_no_cap():
+    q, k, v, _ = make_inputs((1, 32, 2, 16))
+    with pytest.raises(TypeError, match=r"^softcap: expected a number"):
+        ringattn.attention(q, k, v, softcap="30")
+    with pytest.raises(TypeError, match=r"^softcap: expected a number"):
+        ringattn.attention(q, k, v, softcap=True)
+    plain = ringattn.attention(q, k, v)
+    assert torch.equal(ringattn.attention(q, k, v, softcap=0), plain)
+    assert torch.equal(ringattn.attention(q, k, v, softcap=None), plain)
+
+
+def test_value_head_dim_mismatches_are_said_clearly():
+    q, k, v, dout = capped_inputs((1, 32, 2), None, 24, 8, 1.0, seed=24)
+    out, lse = ringattn.attention(q.numpy(), k.numpy(), v.numpy(), return_lse=True)
+    # grad_out must have v's head dim, as out has.
+    with pytest.raises(ValueError, match=r"^grad_output: shape \[1, 32, 2, 24\] does not match "
+                                         r"the expected \[1, 32, 2, 8\]"):
+        ringattn.attention_backward(q.numpy(), k.numpy(), v.numpy(), out, lse,
+                                    np.zeros((1, 32, 2, 24), np.float32))
+    with pytest.raises(ValueError, match=r"^v: shape \[1, 32, 1, 8\] differs from k's"):
+        ringattn.attention(q, k, v[:, :, :1].contiguous())

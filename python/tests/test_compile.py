@@ -4,7 +4,8 @@ older torch such as Debian's 1.13, whose autograd.Function path the other tests 
 torch.ops.ringattn.attention passes torch.library.opcheck (schema, fake implementation,
 registered autograd), and torch.compile(fullgraph=True) of a model using
 ringattn.nn.RingAttention traces without a graph break and gives eager's outputs and
-gradients, token-major and head-major."""
+gradients, token-major and head-major, also with values of their own head dim and a soft-cap
+(the fake output has v's head dim)."""
 import pytest
 import torch
 
@@ -28,37 +29,44 @@ def test_the_op_passes_opcheck():
     sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf")], requires_grad=True)
     spec = _ops.encode(dict(options, sinks=True), "bnhd", "bnhd", 0)
     torch.library.opcheck(torch.ops.ringattn.attention.default, (q, k, v, None, sinks, spec))
+    # v of its own head dim (the fake output has it) and soft-capped scores.
+    v8 = torch.randn(1, 64, 4, 8, generator=g, requires_grad=True)
+    spec = _ops.encode(dict(options, head_dim_v=8, softcap=2.0), "bnhd", "bnhd", 0)
+    torch.library.opcheck(torch.ops.ringattn.attention.default, (q, k, v8, None, None, spec))
 
 
 class Block(torch.nn.Module):
     """Projections, causal GQA ring attention, output projection: what a decoder layer's
     attention does, with q, k, v token-major or as head-major views."""
 
-    def __init__(self, heads=4, kv_heads=2, head_dim=16, head_major=False):
+    def __init__(self, heads=4, kv_heads=2, head_dim=16, head_major=False, head_dim_v=None,
+                 softcap=None):
         super().__init__()
         self.h, self.hkv, self.d, self.head_major = heads, kv_heads, head_dim, head_major
+        self.dv = head_dim_v or head_dim
         width = heads * head_dim
         self.q = torch.nn.Linear(width, width)
-        self.kv = torch.nn.Linear(width, 2 * kv_heads * head_dim)
-        self.o = torch.nn.Linear(width, width)
-        self.attn = ringattn.nn.RingAttention(causal=True, sink_heads=heads)
+        self.k = torch.nn.Linear(width, kv_heads * head_dim)
+        self.v = torch.nn.Linear(width, kv_heads * self.dv)
+        self.o = torch.nn.Linear(heads * self.dv, width)
+        self.attn = ringattn.nn.RingAttention(causal=True, sink_heads=heads, softcap=softcap)
 
     def forward(self, x):
         b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.h, self.d)
+        k = self.k(x).view(b, n, self.hkv, self.d)
+        v = self.v(x).view(b, n, self.hkv, self.dv)
         if self.head_major:  # [B, H, N, D] tensors, handed over as transpose(1, 2) views
-            q = self.q(x).view(b, n, self.h, self.d).transpose(1, 2).contiguous().transpose(1, 2)
-            k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in
-                    self.kv(x).view(b, n, 2, self.hkv, self.d).unbind(2))
-        else:
-            q = self.q(x).view(b, n, self.h, self.d)
-            k, v = (t.contiguous() for t in self.kv(x).view(b, n, 2, self.hkv, self.d).unbind(2))
+            q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
         return self.o(self.attn(q, k, v).reshape(b, n, -1))
 
 
 @pytest.mark.parametrize("head_major", [False, True], ids=["bnhd", "bhnd"])
-def test_compiled_model_has_no_graph_break_and_matches_eager(head_major):
+@pytest.mark.parametrize("mla", [False, True], ids=["plain", "mla_softcap"])
+def test_compiled_model_has_no_graph_break_and_matches_eager(head_major, mla):
+    """mla_softcap: values of another head dim (24 against 16) and a soft-cap of 2."""
     torch.manual_seed(0)
-    model = Block(head_major=head_major)
+    model = Block(head_major=head_major, **(dict(head_dim_v=24, softcap=2.0) if mla else {}))
     x = torch.randn(2, 64, 64)
     eager = model(x)
     eager.square().mean().backward()

@@ -50,6 +50,17 @@ def test_cuda_tensors_match_the_float64_reference(dtype, name, kv_heads, kw):
         assert err <= TOLERANCE[dtype], f"{label}: {err:.2e}"
 
 
+def test_softcap_and_a_value_head_dim_on_cuda_tensors_are_refused_by_name():
+    """The GPU engines do not compute them yet: a ValueError naming the keyword, on CUDA
+    tensors (the CPU computes them)."""
+    q, k, v, _ = (x.cuda() for x in inputs(torch.float32, 2))
+    with pytest.raises(ValueError, match=r"^softcap: logit soft-capping .*not yet on device=cuda"):
+        ringattn.attention(q, k, v, causal=True, softcap=30.0)
+    with pytest.raises(ValueError, match=r"^head_dim_v: values of their own head dim .*not yet "
+                                         r"on device=cuda"):
+        ringattn.attention(q, k, v[..., :32].contiguous(), causal=True)
+
+
 def test_pending_writes_on_the_callers_stream_are_waited_for():
     q, k, v, _ = inputs(torch.bfloat16, seed=3)
     want = ringattn.attention(*(x.cuda().bfloat16() for x in (q, k, v)), causal=True)

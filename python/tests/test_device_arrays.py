@@ -86,3 +86,16 @@ def test_device_arrays_of_the_wrong_dtype_or_memory_are_refused_by_name():
         gpu.forward(q, _core._testing_device_array(x, "fp16"), q, out, lse)
     with pytest.raises(ValueError, match="^v: is not on a CUDA device"):
         gpu.forward(q, q, x, out, lse)
+
+
+def test_the_gpu_engines_refuse_softcap_and_a_value_head_dim_by_name():
+    """The GPU engines do not compute them yet: a plan for device arrays says so, naming the
+    keyword (head_dim_v is v's last dimension), rather than computing another attention."""
+    x = np.zeros(SHAPE, np.float32)
+    comm = _core.CommHandle(60.0)
+    q = _core._testing_device_array(x, "bf16")
+    with pytest.raises(ValueError, match=r"^softcap: logit soft-capping .*not yet on device=cuda"):
+        _core.AttentionOp(q, q, comm=comm, softcap=30.0, **OPTIONS)
+    with pytest.raises(ValueError, match=r"^head_dim_v: values of their own head dim .*not yet "
+                                         r"on device=cuda"):
+        _core.AttentionOp(q, q, comm=comm, head_dim_v=32, **OPTIONS)

@@ -216,3 +216,45 @@ def test_a_bad_option_on_one_rank_raises_on_every_rank(comm):
 def test_ranks_and_size(comm):
     assert comm.size == int(os.environ.get("OMPI_COMM_WORLD_SIZE", comm.size))
     assert 0 <= comm.rank < comm.size
+
+
+# Values of their own head dim (40 against 24) and a soft-cap of 30 on scores that reach past
+# it, over ranks: the ring (causal GQA, a window), block-sparse and Ulysses (U = P, 6 heads),
+# each rank's rows against the float64 reference, forward and gradients.
+MLA_CASES = [
+    ("ring_causal_gqa", 2, dict(causal=True)),
+    ("ring_window", None, dict(window=(10, 3))),
+    ("block_local_causal", None, dict(attention="block-sparse", pattern="local:window=48",
+                                      block_size=16, causal=True)),
+    ("ulysses_causal", None, dict(causal=True, ulysses="world")),
+]
+
+
+@pytest.mark.parametrize("name,kv_heads,kw", MLA_CASES, ids=[c[0] for c in MLA_CASES])
+def test_softcap_and_value_head_dim_over_ranks_match_float64(comm, name, kv_heads, kw):
+    if kw.get("ulysses") == "world":
+        kw = dict(kw, ulysses=comm.size)
+    g = torch.Generator().manual_seed(11)
+    heads, softcap = 6, 30.0
+    q = torch.randn(2, 96, heads, 40, generator=g) * 5.5  # scaled scores of about the cap
+    k = torch.randn(2, 96, kv_heads or heads, 40, generator=g) * 5.5
+    v = torch.randn(2, 96, kv_heads or heads, 24, generator=g)
+    dout = torch.randn(2, 96, heads, 24, generator=g)
+    pattern = {key: value for key, value in kw.items() if key not in ("pattern", "ulysses")}
+    if kw.get("attention") == "block-sparse":
+        blocks = torch.arange(96 // 16)
+        pattern["block_mask"] = (blocks[:, None] - blocks[None, :]).abs() <= 1  # 48 tokens
+    want = reference.forward_backward(q, k, v, dout, softcap=softcap, **pattern)
+
+    part = lambda x: ringattn.shard(x, comm, heads=heads, **kw)
+    local = [part(x).requires_grad_() for x in (q, k, v)]
+    out, lse = ringattn.attention(*local, softcap=softcap, return_lse=True, comm=comm, **kw)
+    out.backward(part(dout))
+    assert out.shape == (2, 96 // comm.size, heads, 24)
+    for label, got, ref in (("out", out, part(want[0])),
+                            ("lse", lse, part(want[1].transpose(1, 2)).transpose(1, 2)),
+                            ("dq", local[0].grad, part(want[2])),
+                            ("dk", local[1].grad, part(want[3])),
+                            ("dv", local[2].grad, part(want[4]))):
+        err = reference.relative_error(got, ref)
+        assert err <= TOLERANCE, f"rank {comm.rank}: {name}: {label} relative error {err:.2e}"

@@ -9,8 +9,11 @@ and every gradient, and its tokens and decoding steps, on the same weights:
   block-diagonal 4D mask, ModernBERT's bidirectional local window over a padded batch;
 - generate(), also left-padded, and hand-written decoding loops over a plain DynamicCache
   past the window (window, chunks, sinks, padding);
-- features ringattn does not carry refused by name (soft-capping, MLA's head dims, a dynamic
-  mask); two processes over gloo (transformers_ranks_job.py).
+- DeepSeek V3 (multi-head latent attention: values of their own head dim), Gemma 2 and
+  VaultGemma (logit soft-capping, sliding and full layers), also padded, packed, generating
+  and decoding past the window;
+- features ringattn does not carry refused by name (a dynamic mask, a soft-cap the layer holds
+  but does not pass); two processes over gloo (transformers_ranks_job.py).
 
 Skipped, with the reason, where transformers (which needs a recent torch) is not installed:
 CI runs it in the PyPI-torch venv (scripts/test.sh). The sweep over every model family is
@@ -58,6 +61,24 @@ MODELS = {
                                            sliding_window=8, max_window_layers=0, num_experts=1,
                                            moe_intermediate_size=64,
                                            shared_expert_intermediate_size=64, **ONE_EXPERT),
+    # DeepSeek V3's multi-head latent attention: queries and keys of 24 (16 + 8 rotary),
+    # values of 16.
+    "deepseek_v3_mla": lambda: _spec("DeepseekV3ForCausalLM", "DeepseekV3Config",
+                                     num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                                     qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                     n_routed_experts=1, first_k_dense_replace=2, **ONE_EXPERT),
+    # Gemma 2's logit soft-capping on sliding and full layers, GQA. Caps of 1 and 2, a scale
+    # of 1/4 (query_pre_attn_scalar 16) and weights of 0.1 (not 0.02), so that the cap changes
+    # a tiny model's scores (test_the_soft_cap_changes_the_tiny_gemmas...).
+    "gemma2_softcap": lambda: _spec("Gemma2ForCausalLM", "Gemma2Config", num_key_value_heads=2,
+                                    head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                                    attn_logit_softcapping=1.0, initializer_range=0.1,
+                                    layer_types=["sliding_attention", "full_attention"]),
+    "vaultgemma_softcap": lambda: _spec("VaultGemmaForCausalLM", "VaultGemmaConfig",
+                                        num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                        query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
+                                        initializer_range=0.1,
+                                        layer_types=["sliding_attention", "full_attention"]),
 }
 
 
@@ -115,7 +136,25 @@ def test_logits_and_gradients_match_eager_with_the_kv_cache(name, calls):
     assert calls, "the ringattn implementation was never called"
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "gpt_oss_sinks", "llama4_chunked"])
+def test_the_soft_cap_changes_the_tiny_gemmas_and_mla_has_its_own_value_head_dim():
+    """The models below would not see a dropped cap or a mixed-up head dim otherwise."""
+    ids = torch.randint(0, 128, (1, 32), generator=torch.Generator().manual_seed(2))
+    for name in ("gemma2_softcap", "vaultgemma_softcap"):
+        cls, config = MODELS[name]()
+        uncapped = copy.deepcopy(config)
+        uncapped.attn_logit_softcapping = None
+        with torch.no_grad():
+            torch.manual_seed(1)
+            want = cls._from_config(config, attn_implementation="eager")(ids).logits
+            torch.manual_seed(1)
+            other = cls._from_config(uncapped, attn_implementation="eager")(ids).logits
+        assert relative(other, want) > 1e-2, name
+    layer = build("deepseek_v3_mla", "ringattn").model.layers[0].self_attn
+    assert (layer.qk_head_dim, layer.v_head_dim) == (24, 16)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt_oss_sinks", "llama4_chunked",
+                                  "deepseek_v3_mla", "gemma2_softcap"])
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_a_padded_batch_matches_eager_at_every_valid_position(name, side, calls):
     ids = torch.randint(0, 128, (3, 48), generator=torch.Generator().manual_seed(2))
@@ -128,7 +167,8 @@ def test_a_padded_batch_matches_eager_at_every_valid_position(name, side, calls)
     assert calls
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks"])
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks",
+                                  "deepseek_v3_mla", "gemma2_softcap"])
 def test_sequences_packed_through_position_ids_are_documents(name, calls):
     ids = torch.randint(0, 128, (1, 64), generator=torch.Generator().manual_seed(5))
     position_ids = torch.cat([torch.arange(20), torch.arange(30), torch.arange(14)])[None]
@@ -173,25 +213,32 @@ def test_modernbert_bidirectional_local_window_over_a_padded_batch(calls):
     assert calls
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks"])
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_mqa_window", "gpt_oss_sinks",
+                                  "deepseek_v3_mla", "gemma2_softcap"])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generation_gives_eager_tokens(name, padded, cache):
     """generate(), greedy, with transformers' default cache and with a static one (its
-    prepared 4D masks come back into the model as the attention mask)."""
+    prepared 4D masks come back into the model as the attention mask; its unwritten keys past
+    the query are masked): the tokens, and every step's scores (a tiny model's greedy tokens
+    survive small errors)."""
     prompt = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3))
     mask = torch.ones(2, 24, dtype=torch.long)
     if padded:
         mask[1, :6] = 0
     extra = {} if cache == "dynamic" else dict(cache_implementation="static")
-    tokens = {impl: build(name, impl).generate(prompt, attention_mask=mask, max_new_tokens=8,
-                                               do_sample=False, **extra)
-              for impl in ("eager", "ringattn")}
-    assert torch.equal(tokens["ringattn"], tokens["eager"])
+    runs = {impl: build(name, impl).generate(prompt, attention_mask=mask, max_new_tokens=8,
+                                             do_sample=False, output_scores=True,
+                                             return_dict_in_generate=True, **extra)
+            for impl in ("eager", "ringattn")}
+    assert torch.equal(runs["ringattn"].sequences, runs["eager"].sequences)
+    for t, (got, want) in enumerate(zip(runs["ringattn"].scores, runs["eager"].scores)):
+        assert relative(got, want) < TOLERANCE, f"step {t}"
 
 
 @pytest.mark.parametrize("name", ["mistral_mqa_window", "gemma3_sliding", "llama4_chunked",
-                                  "gpt_oss_sinks", "qwen2_moe_mask_window"])
+                                  "gpt_oss_sinks", "qwen2_moe_mask_window", "deepseek_v3_mla",
+                                  "gemma2_softcap", "vaultgemma_softcap"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_decoding_over_a_plain_cache_past_the_window_matches_eager(name, padded):
     """A hand-written decoding loop over DynamicCache() (it keeps every key, so each step's
@@ -224,14 +271,6 @@ def _tiny(cls_name, config_name, **extra):
 
 
 @pytest.mark.parametrize("cls_name, config_name, extra, named", [
-    # Gemma 2's logit soft-capping: refused by name, never dropped.
-    ("Gemma2ForCausalLM", "Gemma2Config",
-     dict(num_key_value_heads=2, head_dim=16, attn_logit_softcapping=1.0), "soft-capping"),
-    # DeepSeek V3's MLA: queries/keys wider than values.
-    ("DeepseekV3ForCausalLM", "DeepseekV3Config",
-     dict(num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8,
-          qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=1, first_k_dense_replace=2,
-          **ONE_EXPERT), "multi-head latent attention"),
     # Doge edits transformers' mask tensor with a learned dynamic bias.
     ("DogeForCausalLM", "DogeConfig", dict(num_key_value_heads=2),
      "attention bias in the mask tensor"),
@@ -255,6 +294,24 @@ def test_an_unknown_layer_keyword_is_refused_by_name():
     assert out.shape == (1, 8, 4, 16)
 
 
+def test_a_soft_cap_the_layer_holds_but_does_not_pass_is_refused_by_name():
+    """A layer that holds attn_logit_softcapping and passes another softcap (or none) may cap
+    its scores inside itself: refused, naming it, rather than computed without the cap."""
+    q = torch.randn(1, 4, 8, 24)
+    k = torch.randn(1, 2, 8, 24)
+    v = torch.randn(1, 2, 8, 16)
+    layer = torch.nn.Module()
+    layer.attn_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="'attn_logit_softcapping' = 30.0 .*softcap=None"):
+        ra_hf.ringattn_attention_forward(layer, q, k, v, None)
+    with pytest.raises(ValueError, match="softcap=-1.0 is not a finite cap"):
+        ra_hf.ringattn_attention_forward(torch.nn.Module(), q, k, v, None, softcap=-1.0)
+    out, _ = ra_hf.ringattn_attention_forward(layer, q, k, v, None, softcap=30.0)
+    assert out.shape == (1, 8, 4, 16)  # v's head dim
+    with pytest.raises(ValueError, match="queries have head dim 24 and its keys 16"):
+        ra_hf.ringattn_attention_forward(torch.nn.Module(), q, v, v, None)
+
+
 def test_a_mask_that_is_not_documents_windows_or_padding_is_refused_naming_it():
     """A 4D mask that attends a strided set of keys: not carried, and said so."""
     allowed = torch.tril(torch.ones(16, 16, dtype=torch.bool))
@@ -267,9 +324,10 @@ def test_a_mask_that_is_not_documents_windows_or_padding_is_refused_naming_it():
 
 
 def test_models_over_ranks_match_eager():
-    """Two processes over a gloo group (python/tests/transformers_ranks_job.py): a model with
-    sinks on the ring and with Ulysses, padded and packed batches through shard_inputs, and
-    decoding over every rank's cache shard."""
+    """Two processes over a gloo group (python/tests/transformers_ranks_job.py): models with
+    sinks, with MLA's head dims (DeepSeek V3) and with a soft-cap (Gemma 2) on the ring and
+    with Ulysses, padded and packed batches through shard_inputs, and decoding over every
+    rank's cache shard (the cap in each rank's partial rows)."""
     import torch.distributed as dist
     from gloo_jobs import run_two_ranks
     if not dist.is_available() or not dist.is_gloo_available():

@@ -2,15 +2,17 @@
 ringattn.Comm.from_torch(), and tiny models with attn_implementation="ringattn" registered on
 the group's ranks, against the single-process eager model on the same weights:
 
-- gpt-oss (attention sinks, sliding and full layers, GQA), each rank running its shard of the
-  sequence with its positions, on the ring and with Ulysses (U = the world): logits at the
-  rank's positions, and the ranks' parameter gradients (the sinks' included) sum to eager's;
+- gpt-oss (attention sinks, sliding and full layers, GQA), DeepSeek V3 (multi-head latent
+  attention: values of their own head dim) and Gemma 2 (logit soft-capping, sliding and full
+  layers), each rank running its shard of the sequence with its positions, on the ring and
+  with Ulysses (U = the world): logits at the rank's positions, and the ranks' parameter
+  gradients (the sinks' included) sum to eager's;
 - a padded batch (left and right padding) and a batch packed through position_ids, through
   shard_inputs (one packed row of documents, sharded): logits at every valid position, and
   summed gradients;
-- decoding: Llama and Mistral (a window shorter than the prompt) prefilled on each rank's
-  shard, then one-token steps over a DynamicCache holding each rank's shard: every step's
-  logits are eager's on every rank.
+- decoding: Llama, Mistral (a window shorter than the prompt), DeepSeek V3 and Gemma 2 (the
+  cap in each rank's partial rows) prefilled on each rank's shard, then one-token steps over
+  a DynamicCache holding each rank's shard: every step's logits are eager's on every rank.
 """
 import copy
 import os
@@ -18,7 +20,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-from transformers import (DynamicCache, GptOssConfig, GptOssForCausalLM, LlamaConfig,
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DynamicCache, Gemma2Config,
+                          Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM)
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -31,6 +34,15 @@ GPT_OSS = (GptOssForCausalLM, GptOssConfig(head_dim=16, num_local_experts=1,
                                            num_experts_per_tok=1, sliding_window=16, **SMALL))
 LLAMA = (LlamaForCausalLM, LlamaConfig(**SMALL))
 MISTRAL = (MistralForCausalLM, MistralConfig(sliding_window=12, **SMALL))
+# Queries and keys of 24 (16 + 8 rotary), values of 16; as many K/V heads as query heads.
+DEEPSEEK = (DeepseekV3ForCausalLM, DeepseekV3Config(
+    q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+    n_routed_experts=1, num_experts_per_tok=1, first_k_dense_replace=2,
+    **dict(SMALL, num_key_value_heads=4)))
+# A cap of 1 that changes a tiny model's scores (test_transformers.py's gemma2_softcap).
+GEMMA2 = (Gemma2ForCausalLM, Gemma2Config(
+    head_dim=16, sliding_window=16, query_pre_attn_scalar=16, attn_logit_softcapping=1.0,
+    initializer_range=0.1, layer_types=["sliding_attention", "full_attention"], **SMALL))
 
 
 def model(spec, impl):
@@ -53,18 +65,19 @@ def check_grads(m, eager, comm, what):
 def sharded_sequence(comm):
     ids = torch.randint(0, 128, (1, 96), generator=torch.Generator().manual_seed(2))
     weights = torch.randn(1, 96, 128, generator=torch.Generator().manual_seed(3))
-    eager = model(GPT_OSS, "eager")
-    want = eager(ids).logits
-    (want * weights).sum().backward()
-    for ulysses in (1, comm.size):
-        ra_hf.register(comm=comm, ulysses=ulysses)
-        m = model(GPT_OSS, "ringattn")
-        part = lambda x: ringattn.shard(x, comm, causal=True, ulysses=ulysses, heads=4)
-        positions = part(torch.arange(96)[None])
-        logits = m(part(ids), position_ids=positions).logits
-        (logits * part(weights)).sum().backward()
-        assert relative(logits, part(want)) < 1e-5, f"U={ulysses}: logits"
-        check_grads(m, eager, comm, f"U={ulysses}")
+    for name, spec in (("gpt-oss", GPT_OSS), ("deepseek-v3", DEEPSEEK), ("gemma2", GEMMA2)):
+        eager = model(spec, "eager")
+        want = eager(ids).logits
+        (want * weights).sum().backward()
+        for ulysses in (1, comm.size):
+            ra_hf.register(comm=comm, ulysses=ulysses)
+            m = model(spec, "ringattn")
+            part = lambda x: ringattn.shard(x, comm, causal=True, ulysses=ulysses, heads=4)
+            positions = part(torch.arange(96)[None])
+            logits = m(part(ids), position_ids=positions).logits
+            (logits * part(weights)).sum().backward()
+            assert relative(logits, part(want)) < 1e-5, f"{name}, U={ulysses}: logits"
+            check_grads(m, eager, comm, f"{name}, U={ulysses}")
 
 
 def packed_batches(comm):
@@ -93,7 +106,8 @@ def packed_batches(comm):
 def decoding(comm):
     ra_hf.register(comm=comm)
     ids = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(6))
-    for name, spec, window in (("llama", LLAMA, None), ("mistral", MISTRAL, (11, 0))):
+    for name, spec, window in (("llama", LLAMA, None), ("mistral", MISTRAL, (11, 0)),
+                               ("deepseek-v3", DEEPSEEK, None), ("gemma2", GEMMA2, None)):
         eager, m = model(spec, "eager"), model(spec, "ringattn")
         with torch.no_grad():
             cache = DynamicCache()

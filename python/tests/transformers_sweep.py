@@ -8,9 +8,11 @@ from the source text, nothing imported eagerly), builds a tiny random model of e
 ``*ForCausalLM``, else its base model, else a model class its module exports; the next class
 where the first never calls the attention) by a generic shrinking of the default config
 (recursively into the sub-configs: 2 layers, hidden 64, 4 heads of 16, 2 KV heads, vocab 128,
-one expert, windows and chunks of 16 kept under the sequence, no dropout; FAMILY_CONFIG for
-defaults that do not build), makes its inputs by name (input_recipes), and compares eager
-against ringattn in float32, in eval mode, with the same weights: every floating-point output
+one expert, windows and chunks of 16 kept under the sequence, no dropout; multi-head latent
+attention's queries and keys of 24 against values of 16; a logit soft-cap of 1 with weights of
+0.1, so that the cap changes the scores; FAMILY_CONFIG for defaults that do not build), makes
+its inputs by name (input_recipes), and compares eager against ringattn in float32, in eval
+mode, with the same weights: every floating-point output
 (logits, last_hidden_state, a VLM's nested outputs) and every parameter's gradient (of the
 outputs weighted by fixed random weights), relative Frobenius error < 1e-4 (a gradient
 relative to at least GRAD_FLOOR of the largest one). Where eager fails on the tiny config,
@@ -198,6 +200,11 @@ REPRESENTATIVE = [
      dict(use_sliding_window=True, sliding_window=16, max_window_layers=2)),
     ("llama4", "Llama4ForCausalLM", dict(attention_chunk_size=16)),
     ("gpt_oss", "GptOssForCausalLM", dict(sliding_window=16)),
+    # Logit soft-capping on sliding and full layers; multi-head latent attention (values of
+    # their own head dim).
+    ("gemma2", "Gemma2ForCausalLM",
+     dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])),
+    ("deepseek_v3", "DeepseekV3ForCausalLM", {}),
     ("modernbert", "ModernBertModel", dict(local_attention=16, global_attn_every_n_layers=2)),
     ("bert", "BertModel", {}),
 ]
@@ -512,6 +519,25 @@ def tiny_config(config_cls, overrides=None, variant="", ids=None, base=None, mro
     if mla and variant != "default widths" and "head_dim" in fields and \
             _get(base, "head_dim") == _get(base, "qk_rope_head_dim"):
         kwargs["head_dim"] = 8  # MLA: the rotary part's dim is the head dim
+    if mla and variant != "default widths" and (_get(base, "qk_nope_head_dim") or 0) > 0 and \
+            (_get(base, "v_head_dim") or 0) > 0:
+        # MLA's values have a head dim of their own: queries and keys of 24 (16 + 8 rotary)
+        # against values of 16, as DeepSeek's 192 against 128 (the generic shrinking would
+        # make them equal, and the sweep would not see the values' head dim).
+        kwargs["qk_nope_head_dim"] = 16
+        rope_dim = kwargs.get("qk_rope_head_dim", _get(base, "qk_rope_head_dim"))
+        if "qk_head_dim" in fields:
+            kwargs["qk_head_dim"] = 16 + rope_dim
+        rope = kwargs.get("rope_parameters")
+        if isinstance(rope, dict) and "partial_rotary_factor" in rope:
+            # The rotary part of the queries' and keys' head dim (Mistral 4 reads it).
+            kwargs["rope_parameters"] = dict(rope, partial_rotary_factor=rope_dim / (16 + rope_dim))
+    if (_get(base, "attn_logit_softcapping") or 0) > 0:
+        # A logit soft-cap that a tiny model's scores reach: 1, with weights of 0.1 (the
+        # default cap, 50, changes nothing at weights of 0.02: the sweep would not see it).
+        kwargs["attn_logit_softcapping"] = 1.0
+        if "initializer_range" in fields:
+            kwargs["initializer_range"] = 0.1
     kept_types = kwargs.get("layer_types") or overrides.get("layer_types") or []
     if "sliding_window" in fields and not _get(base, "sliding_window") and \
             "sliding_window" not in overrides and \

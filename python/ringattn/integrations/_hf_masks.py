@@ -362,10 +362,17 @@ def infer(oracle, batch, length, *, full_check=False, what="the mask") -> Struct
     return structure
 
 
-def attend_rows(query, key, value, allowed, scale, sinks=None, row_block=128):
+def _capped(logits, softcap):
+    """Scaled scores soft-capped as ringattn's softcap (and Gemma 2's eager) caps them:
+    c * tanh(s / c); unchanged for c = 0."""
+    return logits if not softcap else torch.tanh(logits / softcap) * softcap
+
+
+def attend_rows(query, key, value, allowed, scale, sinks=None, softcap=0.0, row_block=128):
     """Exact attention of a few query rows over keys, by torch operations in float32 (or
-    float64 for float64 inputs): query [B, H, Q, D], key/value [B, HKV, KV, D], allowed
-    [B, Q, KV] booleans; the output [B, Q, H, D] in query's dtype. A row that attends no key
+    float64 for float64 inputs): query [B, H, Q, D], key [B, HKV, KV, D], value [B, HKV, KV,
+    Dv], allowed [B, Q, KV] booleans; the output [B, Q, H, Dv] in query's dtype. softcap: the
+    scaled scores capped before the mask (a sink's logit is not). A row that attends no key
     is 0 (and with sinks, 0 too). Differentiable."""
     b, h, q_len, _ = query.shape
     groups = h // key.shape[1]
@@ -375,7 +382,7 @@ def attend_rows(query, key, value, allowed, scale, sinks=None, row_block=128):
     outs = []
     for i in range(0, q_len, row_block):
         q = query[:, :, i:i + row_block].to(compute)
-        logits = torch.matmul(q, k.transpose(2, 3)) * scale
+        logits = _capped(torch.matmul(q, k.transpose(2, 3)) * scale, softcap)
         logits = logits.masked_fill(~allowed[:, None, i:i + row_block], -math.inf)
         if sinks is not None:
             sink = sinks.to(compute).reshape(1, -1, 1, 1).expand(b, -1, q.shape[2], 1)
@@ -390,14 +397,14 @@ def attend_rows(query, key, value, allowed, scale, sinks=None, row_block=128):
     return torch.cat(outs, dim=2).transpose(1, 2).to(query.dtype)
 
 
-def partial_rows(query, key, value, allowed, scale):
+def partial_rows(query, key, value, allowed, scale, softcap=0.0):
     """One rank's part of attention rows over its keys, for a log-sum-exp merge: the row
-    maxima m [B, H, Q], sums l [B, H, Q] and unnormalised outputs o [B, H, Q, D] (float32;
-    m = -inf, l = 0, o = 0 for a row with no key here)."""
+    maxima m [B, H, Q], sums l [B, H, Q] and unnormalised outputs o [B, H, Q, Dv] (float32;
+    m = -inf, l = 0, o = 0 for a row with no key here), of scores capped by softcap."""
     groups = query.shape[1] // key.shape[1]
     k = key.float().repeat_interleave(groups, dim=1)
     v = value.float().repeat_interleave(groups, dim=1)
-    logits = torch.matmul(query.float(), k.transpose(2, 3)) * scale
+    logits = _capped(torch.matmul(query.float(), k.transpose(2, 3)) * scale, softcap)
     logits = logits.masked_fill(~allowed[:, None], -math.inf)
     m = logits.amax(-1)
     safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -406,7 +413,8 @@ def partial_rows(query, key, value, allowed, scale):
 
 
 def merge_partials(m, l, o, sinks=None):
-    """Merges ranks' partials (stacked on a leading rank dimension) into [B, Q, H, D]."""
+    """Merges ranks' partials (stacked on a leading rank dimension) into [B, Q, H, Dv]; the
+    sinks' logits join uncapped, as they join ringattn's softmax."""
     top = m.amax(0)
     if sinks is not None:
         top = torch.maximum(top, sinks.float().reshape(1, -1, 1).expand_as(top))

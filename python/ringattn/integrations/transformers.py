@@ -6,10 +6,11 @@
 Importing this module registers ``"ringattn"`` with transformers' ``AttentionInterface`` (the
 attention itself) and ``AttentionMaskInterface`` (the mask). A layer's call becomes
 ``ringattn.attention`` on the head-major q, k, v transformers hands over, with the layer's
-scaling, grouped-query attention on the model's K/V heads (never repeated) and its attention
-sinks (gpt-oss's ``s_aux``, with their gradient). Exact and differentiable, in the model's own
-precision on a GPU; on the CPU, whose kernels compute in float32, other dtypes are computed in
-float32 and returned in theirs.
+scaling, grouped-query attention on the model's K/V heads (never repeated), its attention
+sinks (gpt-oss's ``s_aux``, with their gradient), its logit soft-cap (Gemma 2's ``softcap``)
+and values of their own head dim (DeepSeek's multi-head latent attention). Exact and
+differentiable, in the model's own precision on a GPU; on the CPU, whose kernels compute in
+float32, other dtypes are computed in float32 and returned in theirs.
 
 **The mask decides, not the layer's keywords.** transformers composes each layer's mask from
 named functions (causal, sliding window, chunked, padding, packed sequences, bidirectional,
@@ -29,15 +30,15 @@ side), checks them against the mask, and runs ringattn with them:
 
 Queries over a longer cache (decoding one token, a second prompt chunk, a static cache) are
 computed exactly by torch operations over the rows transformers' mask gives (window, chunks,
-sinks, padding), as eager computes them; one decoding row is not what ringattn's kernels are
-for.
+sinks, padding, the soft-cap), as eager computes them; one decoding row is not what ringattn's
+kernels are for.
 
 What it refuses, naming why (ValueError): attention dropout in training, ``output_attentions``,
 a mask that is not causality, windows, documents and padding (e.g. bidirectional blocks of
-image tokens, a dynamic or top-k sparse mask), queries/keys and values of different head dims
-(DeepSeek's multi-head latent attention), and every model feature it does not carry: a layer
-argument or attribute it does not know (logit soft-capping, an attention bias, ALiBi slopes,
-sparse-attention indices, ...) is named in the error rather than dropped.
+image tokens, a dynamic or top-k sparse mask), queries and keys of different head dims, and
+every model feature it does not carry: a layer argument or attribute it does not know (an
+attention bias, ALiBi slopes, sparse-attention indices, ...) is named in the error rather than
+dropped.
 
 ``register(comm=..., ulysses=U)`` spreads every layer over a ``ringattn.Comm``'s ranks, each
 passing its shard of the sequence (``ringattn.shard``) and its positions (``position_ids``);
@@ -76,9 +77,13 @@ _NEUTRAL_KWARGS = frozenset({
 })
 # Attention sinks: carried (ringattn's sinks option).
 _SINK_KWARGS = ("s_aux", "sinks")
+# Logit soft-capping (Gemma 2's eager: c * tanh(s / c) of the scaled scores, before the mask):
+# carried (ringattn's softcap option). The layer attribute that holds it, where a model keeps
+# one: a layer that holds a cap but passes none may cap inside itself, so it is refused.
+_SOFTCAP_KWARG = "softcap"
+_SOFTCAP_ATTRIBUTE = "attn_logit_softcapping"
 # What the known features are, for the error message.
 _FEATURE_NAMES = {
-    "softcap": "logit soft-capping",
     "position_bias": "an additive attention bias (relative position bias)",
     "alibi": "ALiBi slopes",
     "alibi_slopes": "ALiBi slopes",
@@ -91,7 +96,6 @@ _FEATURE_NAMES = {
 # Layer attributes that change attention when set, though some models read them inside the
 # layer rather than passing them on.
 _FEATURE_ATTRIBUTES = {
-    "attn_logit_softcapping": "logit soft-capping",
     "alibi": "ALiBi slopes",
     "alibi_slopes": "ALiBi slopes",
 }
@@ -108,8 +112,8 @@ def _refuse(what):
 
 def _refuse_features(module, kwargs) -> None:
     for key, value in kwargs.items():
-        if (key in _NEUTRAL_KWARGS or key in _SINK_KWARGS or key == "output_attentions" or
-                not _present(value)):
+        if (key in _NEUTRAL_KWARGS or key in _SINK_KWARGS or key == _SOFTCAP_KWARG or
+                key == "output_attentions" or not _present(value)):
             continue
         what = _FEATURE_NAMES.get(key, "a model feature ringattn does not know")
         _refuse(f"the layer passes {key!r} ({what}), which ringattn does not carry")
@@ -120,6 +124,21 @@ def _refuse_features(module, kwargs) -> None:
             getattr(module, "sinks", None)):
         _refuse("the layer has 'sinks' (attention sinks) but does not pass them to its "
                 "attention (as s_aux), so ringattn cannot tell how the model uses them")
+
+
+def _softcap_of(module, kwargs):
+    """The layer's logit soft-cap (0: none): the ``softcap`` it passes, which must be the one it
+    holds (``attn_logit_softcapping``) where it holds one."""
+    passed = kwargs.get(_SOFTCAP_KWARG)
+    held = getattr(module, _SOFTCAP_ATTRIBUTE, None)
+    passed = float(passed) if _present(passed) else 0.0
+    if _present(held) and float(held) != passed:
+        _refuse(f"the layer has {_SOFTCAP_ATTRIBUTE!r} = {held} (logit soft-capping) but passes "
+                f"softcap={kwargs.get(_SOFTCAP_KWARG)!r} to its attention, so ringattn cannot "
+                "tell how the model caps its scores")
+    if not (passed >= 0 and passed < float("inf")):
+        _refuse(f"the layer's softcap={kwargs.get(_SOFTCAP_KWARG)!r} is not a finite cap >= 0")
+    return passed
 
 
 def _sinks_of(kwargs, heads):
@@ -272,12 +291,26 @@ def _structure_of_tensor(mask, batch, length):
     return structure
 
 
-def _in_engine_layout(x):
-    # The GPU kernels read the model's precision; the CPU's compute in float32.
-    return x.transpose(1, 2) if x.is_cuda else x.transpose(1, 2).float()
+def _engine_qkv(query, key, value):
+    """The layer's head-major q, k, v as ringattn.attention reads them ([B, N, H, D] views).
+    The GPU kernels read the model's precision; the CPU's compute in float32. A tensor in
+    strides the engine cannot read (MLA's values, split off the keys' projection), or a v laid
+    out unlike k (the engine reads them alike), is copied here as the engine would copy it,
+    without its warning: the model's layout is no user's choice."""
+    views = []
+    for x in (query, key, value):
+        x = x.transpose(1, 2)
+        if not (x.is_contiguous() or x.transpose(1, 2).is_contiguous()):
+            x = x.contiguous()
+        views.append(x)
+    q, k, v = views
+    if k.is_contiguous() != v.is_contiguous():
+        v = v.contiguous() if k.is_contiguous() else \
+            v.transpose(1, 2).contiguous().transpose(1, 2)
+    return tuple(x if x.is_cuda else x.float() for x in (q, k, v))
 
 
-def _whole_tokens(query, key, value, st, scale, sinks):
+def _whole_tokens(query, key, value, st, scale, sinks, softcap):
     """Attention of a call's tokens over themselves with the options of `st`: padding
     gathered out into documents and scattered back. [B, N, H, Dv]."""
     b, h, n, _ = query.shape
@@ -287,9 +320,10 @@ def _whole_tokens(query, key, value, st, scale, sinks):
     window = st.ringattn_window()
     if st.all_valid and st.same_documents:  # (then no extra rows: every token is valid)
         docs = st.doc_lengths[0]
-        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
+        out = _attention(*_engine_qkv(query, key, value),
                          causal=st.causal, scale=scale, window=window,
-                         seqlens=None if len(docs) <= 1 else docs, sinks=sinks)
+                         seqlens=None if len(docs) <= 1 else docs, sinks=sinks,
+                         softcap=softcap)
         return out.to(query.dtype)
     flat = torch.cat([i * n + st.valid[i] for i in range(b)]).to(query.device)
     out = query.new_zeros((b * n, h, value.shape[-1]))
@@ -300,7 +334,7 @@ def _whole_tokens(query, key, value, st, scale, sinks):
         docs = [d for row in st.doc_lengths for d in row]
         packed = _attention(gather(query), gather(key), gather(value), causal=st.causal,
                             scale=scale, window=window, seqlens=None if len(docs) <= 1 else docs,
-                            sinks=sinks)
+                            sinks=sinks, softcap=softcap)
         out = out.index_copy(0, flat, packed[0].to(out.dtype))
     # Rows of tokens that do not attend themselves but attend some key, as eager defines
     # them (a key-padding mask's padded queries): torch operations over the mask's rows.
@@ -310,19 +344,21 @@ def _whole_tokens(query, key, value, st, scale, sinks):
             block = rows[j:j + 256]
             allowed = st.oracle.rows(i, block, keys)[None]
             part = hm.attend_rows(query[i:i + 1, :, block.to(query.device)], key[i:i + 1],
-                                  value[i:i + 1], allowed.to(query.device), scale, sinks)
+                                  value[i:i + 1], allowed.to(query.device), scale, sinks,
+                                  softcap)
             out = out.index_copy(0, (i * n + block).to(query.device), part[0].to(out.dtype))
     return out.reshape(b, n, h, value.shape[-1])
 
 
-def _over_cache(query, key, value, allowed, scale, sinks):
-    return hm.attend_rows(query, key, value, allowed.to(query.device), scale, sinks)
+def _over_cache(query, key, value, allowed, scale, sinks, softcap):
+    return hm.attend_rows(query, key, value, allowed.to(query.device), scale, sinks, softcap)
 
 
 def ringattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
                                scaling=None, is_causal=None, sliding_window=None, **kwargs):
-    """transformers' attention interface: q [B, H, Q, D], k and v [B, HKV, KV, D]
-    (head-major) in, the output [B, Q, H, D] and no attention weights out. A shape or option
+    """transformers' attention interface: q [B, H, Q, D], k [B, HKV, KV, D] and v [B, HKV,
+    KV, Dv] (head-major; Dv may differ from D, as in multi-head latent attention) in, the output
+    [B, Q, H, Dv] and no attention weights out. A shape or option
     ringattn's core refuses (a head dim past its kernels', say) is a ValueError starting
     "ringattn:" too."""
     try:
@@ -338,11 +374,13 @@ def ringattn_attention_forward(module, query, key, value, attention_mask, dropou
 def _forward(module, query, key, value, attention_mask, dropout, scaling, is_causal,
              sliding_window, kwargs):
     _refuse_features(module, kwargs)
-    if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
-        _refuse(f"the layer's queries have head dim {query.shape[-1]}, its keys "
-                f"{key.shape[-1]} and its values {value.shape[-1]}: values of another head "
-                "dim than queries and keys (as in DeepSeek's multi-head latent attention) are "
-                "not carried yet")
+    softcap = _softcap_of(module, kwargs)
+    # Values may have a head dim of their own (multi-head latent attention: the output has
+    # theirs); queries and keys share one, as every score is their dot product.
+    if key.shape[-1] != query.shape[-1]:
+        _refuse(f"the layer's queries have head dim {query.shape[-1]} and its keys "
+                f"{key.shape[-1]}: queries and keys of different head dims have no dot product "
+                "ringattn knows")
     if dropout:
         raise ValueError("ringattn: attention dropout is not supported (set the model's "
                          "attention_dropout to 0)")
@@ -355,7 +393,8 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q_len, kv_len = query.shape[2], key.shape[2]
     if _COMM is not None and _COMM.size > 1:
-        out = _on_ranks(module, query, key, value, attention_mask, scale, sinks, kwargs)
+        out = _on_ranks(module, query, key, value, attention_mask, scale, sinks, softcap,
+                        kwargs)
         return out, None
     mask = attention_mask
     try:
@@ -365,14 +404,16 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
                         f"made for {mask.q_length} over {mask.kv_length} (the layer adds keys or "
                         "queries the mask does not describe, e.g. compressed KV entries)")
             if q_len == kv_len and mask.q_offset == mask.kv_offset:
-                return _whole_tokens(query, key, value, mask.structure(), scale, sinks), None
-            return _over_cache(query, key, value, mask.rows(q_len, kv_len), scale, sinks), None
+                return _whole_tokens(query, key, value, mask.structure(), scale, sinks,
+                                     softcap), None
+            return _over_cache(query, key, value, mask.rows(q_len, kv_len), scale, sinks,
+                               softcap), None
         if isinstance(mask, torch.Tensor):
             if q_len == kv_len:
                 st = _structure_of_tensor(mask, query.shape[0], q_len)
-                return _whole_tokens(query, key, value, st, scale, sinks), None
+                return _whole_tokens(query, key, value, st, scale, sinks, softcap), None
             allowed = hm.tensor_mask(mask, query.shape[0], q_len, kv_len).cpu()
-            return _over_cache(query, key, value, allowed, scale, sinks), None
+            return _over_cache(query, key, value, allowed, scale, sinks, softcap), None
     except hm.NotCarried as e:
         _refuse(f"{e}, which ringattn does not carry")
     if mask is not None:
@@ -382,11 +423,11 @@ def _forward(module, query, key, value, attention_mask, dropout, scaling, is_cau
     # query over its whole cache, so this is also a model that passes no mask itself: eager
     # reads neither is_causal nor sliding_window, which are sdpa's and flash-attention's).
     if q_len == kv_len:
-        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)), causal=False,
-                         scale=scale, sinks=sinks)
+        out = _attention(*_engine_qkv(query, key, value), causal=False,
+                         scale=scale, sinks=sinks, softcap=softcap)
         return out.to(query.dtype), None
     allowed = torch.ones(query.shape[0], q_len, kv_len, dtype=torch.bool)
-    return _over_cache(query, key, value, allowed, scale, sinks), None
+    return _over_cache(query, key, value, allowed, scale, sinks, softcap), None
 
 
 # ----- Over a communicator's ranks ---------------------------------------------------------
@@ -434,7 +475,7 @@ def _rank_positions(kwargs, batch, what):
     return positions[0]
 
 
-def _on_ranks(module, query, key, value, mask, scale, sinks, kwargs):
+def _on_ranks(module, query, key, value, mask, scale, sinks, softcap, kwargs):
     comm, heads = _COMM, query.shape[1]
     q_len, kv_len = query.shape[2], key.shape[2]
     fn = _positions_function(mask)
@@ -474,15 +515,16 @@ def _on_ranks(module, query, key, value, mask, scale, sinks, kwargs):
                     "for a padded or packed batch; a model whose layers lay the sequence out "
                     "differently (a window on some layers only) runs on one layout only where "
                     "those layouts agree")
-        out = _attention(*(_in_engine_layout(x) for x in (query, key, value)),
-                         causal=st.causal, scale=scale, sinks=sinks, comm=comm, **keywords)
+        out = _attention(*_engine_qkv(query, key, value),
+                         causal=st.causal, scale=scale, sinks=sinks, softcap=softcap,
+                         comm=comm, **keywords)
         module._ringattn_cache = None if _PACKED is not None else dict(
             positions=rows.clone(), owned=torch.ones(rows.numel(), dtype=torch.bool))
         return out.to(query.dtype)
-    return _decode_on_ranks(module, query, key, value, fn, scale, sinks, kwargs)
+    return _decode_on_ranks(module, query, key, value, fn, scale, sinks, softcap, kwargs)
 
 
-def _decode_on_ranks(module, query, key, value, fn, scale, sinks, kwargs):
+def _decode_on_ranks(module, query, key, value, fn, scale, sinks, softcap, kwargs):
     """Queries over every rank's cache shard: each rank's part, merged by log-sum-exp (one
     all-gather per layer). The queries' own keys are in every rank's cache; rank 0's count."""
     comm = _COMM
@@ -504,7 +546,8 @@ def _decode_on_ranks(module, query, key, value, fn, scale, sinks, kwargs):
     allowed = hm._as_bool(fn(torch.tensor(0), torch.tensor(0), q_pos[:, None], kv_pos[None, :]),
                           (q_len, kv_len)) & owned[None, :]
     allowed = allowed[None].expand(query.shape[0], -1, -1).to(query.device)
-    m, l, o = hm.partial_rows(query.detach(), key.detach(), value.detach(), allowed, scale)
+    m, l, o = hm.partial_rows(query.detach(), key.detach(), value.detach(), allowed, scale,
+                              softcap)
     local = torch.cat([m[..., None], l[..., None], o], dim=-1).cpu().contiguous()
     gathered = torch.empty((comm.size,) + tuple(local.shape), dtype=local.dtype)
     comm._handle.allgather(local, gathered)
@@ -626,9 +669,12 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_functio
         spec.padding[:, spec.kv_offset:spec.kv_offset + kv_length].all())
     local_ok = local_size is None or kv_length < local_size
     kinds = {k for k, _ in hm.components(mask_function)}
+    # The query is the cache's last key: a static cache holds unwritten keys past it, which
+    # causality masks (zeros there would otherwise join the softmax's normaliser).
+    last = spec.q_offset + q_length == spec.kv_offset + kv_length
     if one_process and all_valid and local_ok and (
-            (q_length == 1 and kinds <= {"causal", "sliding window", "chunked attention", "and",
-                                         "bidirectional"}) or
+            (q_length == 1 and last and kinds <= {"causal", "sliding window",
+                                                  "chunked attention", "and", "bidirectional"}) or
             (allow_is_bidirectional_skip and kinds <= {"bidirectional"})):
         # Every query attends every key (one query over its whole cache, or bidirectional
         # attention without padding): None, as transformers gives eager (some models size or
