@@ -88,14 +88,40 @@ def test_device_arrays_of_the_wrong_dtype_or_memory_are_refused_by_name():
         gpu.forward(q, q, x, out, lse)
 
 
-def test_the_gpu_engines_refuse_softcap_and_a_value_head_dim_by_name():
-    """The GPU engines do not compute them yet: a plan for device arrays says so, naming the
-    keyword (head_dim_v is v's last dimension), rather than computing another attention."""
-    x = np.zeros(SHAPE, np.float32)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_softcap_and_a_value_head_dim_match_the_cpu_engine(dtype):
+    """One GPU's native kernels compute both: v, out, dout and dv of 32 columns beside q and k
+    of 64, scores capped at 30 (scaled to the cap's size), against the CPU engine."""
+    rng = np.random.default_rng(7)
+    b, n, h, d = SHAPE
+    dv_cols = 32
+    options = dict(OPTIONS, scale=30.0 / 8)
+    q = rounded(rng.standard_normal(SHAPE, dtype=np.float32), dtype)
+    dout = rounded(rng.standard_normal((b, n, h, dv_cols), dtype=np.float32), dtype)
+    k = rounded(rng.standard_normal((b, n, KV_HEADS, d), dtype=np.float32), dtype)
+    v = rounded(rng.standard_normal((b, n, KV_HEADS, dv_cols), dtype=np.float32), dtype)
     comm = _core.CommHandle(60.0)
-    q = _core._testing_device_array(x, "bf16")
-    with pytest.raises(ValueError, match=r"^softcap: logit soft-capping .*not yet on device=cuda"):
-        _core.AttentionOp(q, q, comm=comm, softcap=30.0, **OPTIONS)
-    with pytest.raises(ValueError, match=r"^head_dim_v: values of their own head dim .*not yet "
-                                         r"on device=cuda"):
-        _core.AttentionOp(q, q, comm=comm, head_dim_v=32, **OPTIONS)
+    cpu = _core.AttentionOp(q, k, comm=comm, softcap=30.0, head_dim_v=dv_cols, **options)
+    want_out = np.empty((b, n, h, dv_cols), np.float32)
+    want_lse = np.empty((b, h, n), np.float32)
+    cpu.forward(q, k, v, want_out, want_lse)
+    want = [np.empty_like(x) for x in (q, k, v)]
+    cpu.backward(q, k, v, want_out, want_lse, dout, *want)
+
+    dev = {name: _core._testing_device_array(x, dtype) for name, x in
+           (("q", q), ("k", k), ("v", v), ("dout", dout))}
+    f32 = {name: _core._testing_device_array(np.zeros(shape, np.float32)) for name, shape in
+           (("out", want_out.shape), ("lse", (b, h, n)), ("dq", SHAPE), ("dk", k.shape),
+            ("dv", v.shape))}
+    arr = dict(list(dev.items()) + list(f32.items()))
+    gpu = _core.AttentionOp(arr["q"], arr["k"], comm=comm, softcap=30.0, head_dim_v=dv_cols,
+                            **options)
+    assert gpu.device == "cuda"
+    gpu.forward(arr["q"], arr["k"], arr["v"], arr["out"], arr["lse"], stream=0)
+    gpu.backward(arr["q"], arr["k"], arr["v"], arr["out"], arr["lse"], arr["dout"], arr["dq"],
+                 arr["dk"], arr["dv"], stream=0)
+    tol = TOLERANCE[dtype]
+    assert relative(f32["out"].to_host(), want_out) < tol
+    assert relative(f32["lse"].to_host(), want_lse) < 1e-4
+    for name, w in zip(("dq", "dk", "dv"), want):
+        assert relative(f32[name].to_host(), w) < tol, name
