@@ -264,6 +264,13 @@ KM_AVX2 void transpose_rows(const float* src, int64_t stride, int64_t rows, int6
 
 namespace avx512 {
 
+// The soft-cap steps, as the portable source compiled for AVX-512 (16 lanes).
+#define KM_TARGET KM_AVX512
+#define KM_CAP_ONLY
+#include "kernels/cpu_keymajor_steps.inc"
+#undef KM_CAP_ONLY
+#undef KM_TARGET
+
 // exp(x) for 16 floats, as exp_lane (cpu_keymajor_steps.inc) computes it (range reduction to
 // [-ln2/2, ln2/2], the same degree-6 polynomial), with the 2^n scaling by vscalefps; exactly 0
 // below -87.3 (including -inf). Only for x <= 88.3, which every softmax argument here is (s - max
@@ -429,20 +436,11 @@ void scores_gradient(float* dp, const float* p, int64_t ld, int64_t bqp, int64_t
   KM_DISPATCH(scores_gradient, dp, p, ld, bqp, bk, dd, factor);
 }
 
-// The AVX-512 hosts run the AVX2 form of the soft-cap steps (8 lanes; not a hot step).
-#if defined(RINGATTN_KM_X86)
-#define KM_DISPATCH_AVX2(fn, ...)                         \
-  if (cpu_isa() != CpuIsa::portable) return avx2::fn(__VA_ARGS__); \
-  return generic::fn(__VA_ARGS__)
-#else
-#define KM_DISPATCH_AVX2(fn, ...) return generic::fn(__VA_ARGS__)
-#endif
-
 void soft_cap(float* s, int64_t ld, int64_t bqp, int64_t bk, float cap, float* slope) {
-  KM_DISPATCH_AVX2(soft_cap, s, ld, bqp, bk, cap, slope);
+  KM_DISPATCH(soft_cap, s, ld, bqp, bk, cap, slope);
 }
 void cap_gradient(float* ds, const float* slope, int64_t ld, int64_t bqp, int64_t bk) {
-  KM_DISPATCH_AVX2(cap_gradient, ds, slope, ld, bqp, bk);
+  KM_DISPATCH(cap_gradient, ds, slope, ld, bqp, bk);
 }
 
 }  // namespace ringattn::kernels::km
