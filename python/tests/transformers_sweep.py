@@ -186,6 +186,20 @@ FAMILY_CONFIG = {
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "granite4_vision": dict(deepstack_layer_map=[[0, 0], [1, 1]], downsample_rate="1/2",
                             spatial_target_layers=[0, 1, 0, 1]),
+    # The text's projection to the image embedding's width (EfficientNet's 320 x 2 channels);
+    # one stage of the EfficientNet (a random one of 55 blocks in 7 stages decays the image to
+    # zero, whose normalized embedding is NaN).
+    "align": dict(projection_dim=640, vision_config=dict(
+        in_channels=[32], out_channels=[320], kernel_sizes=[3], strides=[1],
+        num_block_repeats=[1], expand_ratios=[1], depth_coefficient=1.0)),
+    # HTSAT: a 64 x 64 spectrogram image of 16 mels (spec_size / mels = 4 crops); the last of
+    # its 2 stages 32 x 2 wide (the hidden size its projection takes).
+    "clap": dict(audio_config=dict(patch_embeds_hidden_size=32, spec_size=64, num_mel_bins=16)),
+    "kosmos2": dict(latent_query_num=8),
+    # The decoder's cross-attention: 4 heads of 16 over 2 key/value heads (16 of 64 by default:
+    # widths the generic shrinking does not know).
+    "dia": dict(decoder_config=dict(cross_num_attention_heads=4, cross_num_key_value_heads=2,
+                                    cross_head_dim=16)),  # image features at 8 of the 48 text positions
     "qwen4_exp": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16,
                       indexer_budget=32, indexer_compress_ratio=4),
 }
@@ -705,11 +719,14 @@ _KNOWN_INPUTS = ("input_ids", "pixel_values", "pixel_values_videos", "input_feat
                  "returns_to_go", "timesteps")
 
 
-def input_recipes(model, config):
-    """The ways of making the model's inputs, tried in order until eager runs: the main
-    input (and the required ones) as they come, in other layouts, and with the other inputs
-    the model takes (a dual encoder's pixels, every input the sweep can make)."""
+def input_recipes(model, config, family=None):
+    """The ways of making the model's inputs, tried in order until eager runs: the family's
+    own inputs (FAMILY_INPUTS) alone where it has them, else the main input (and the required
+    ones) as they come, in other layouts, and with the other inputs the model takes (a dual
+    encoder's pixels, every input the sweep can make)."""
     import inspect
+    if family in FAMILY_INPUTS:
+        return [dict(family=family, extra=())]
     params = inspect.signature(model.forward).parameters
     main = model.main_input_name
     takes = {main} | set(params)
@@ -857,6 +874,9 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
         makers.update({n: (lambda n=n: series(n)) for n in (
             "past_values", "past_observed_mask", "past_time_features", "future_values",
             "future_time_features")})
+    if recipe.get("family"):
+        return FAMILY_INPUTS[recipe["family"]](
+            _Make(makers, config, g, batch, seq, main))
     if main not in makers:
         raise NotImplementedError(f"main input {main!r}")
     params = inspect.signature(model.forward).parameters
@@ -875,6 +895,75 @@ def make_inputs(model, config, recipe=None, batch=BATCH, seq=SEQ, seed=2):
     if recipe.get("no_cache"):
         inputs["use_cache"] = False
     return inputs
+
+
+@dataclasses.dataclass
+class _Make:
+    """What a family's input maker (FAMILY_INPUTS) has: the generic makers by input name
+    (make("input_ids")), the config, the random generator, the batch and sequence sizes."""
+    makers: dict
+    config: object
+    g: object
+    batch: int
+    seq: int
+    main: str
+
+    def __call__(self, name):
+        return self.makers[name]()
+
+
+# Inputs of families whose inputs the generic makers cannot lay out (tied to each other: an
+# image's patches and its shape, a placeholder mask and the image features): a function of a
+# _Make to the whole inputs.
+def _siglip2_inputs(make):
+    """Patchified pixels of two images of 4 x 4 and 3 x 4 patches (the second padded to the
+    first), their shapes and the patches' mask (NaFlex)."""
+    import torch
+    vision = make.config.vision_config
+    width = vision.num_channels * vision.patch_size ** 2
+    shapes = torch.tensor([[4, 4], [3, 4]][:make.batch])
+    mask = torch.zeros(make.batch, 16, dtype=torch.long)
+    for i, (h, w) in enumerate(shapes.tolist()):
+        mask[i, :h * w] = 1
+    return dict(input_ids=make("input_ids"), spatial_shapes=shapes, pixel_attention_mask=mask,
+                pixel_values=torch.randn(make.batch, 16, width, generator=make.g))
+
+
+def _kosmos2_inputs(make):
+    """Pixels, and text ids whose positions 1..latent_query_num take the image features."""
+    import torch
+    ids = make("input_ids")
+    where = torch.zeros_like(ids)
+    where[:, 1:1 + make.config.latent_query_num] = 1
+    return dict(pixel_values=make("pixel_values"), input_ids=ids,
+                image_embeds_position_mask=where)
+
+
+def _idefics_inputs(make):
+    """One image per sample (pixels of batch x images x channels x h x w), each text token
+    attending it but the first few of the second sample (a cross-attention mask with rows
+    that attend no image: the gate zeroes them)."""
+    import torch
+    image = make.config.vision_config
+    size = image.image_size
+    pixels = torch.randn(make.batch, 1, image.num_channels, size, size, generator=make.g)
+    seen = torch.ones(make.batch, make.seq, 1, dtype=torch.long)
+    seen[-1, :5] = 0
+    return dict(input_ids=make("input_ids"), pixel_values=pixels, image_attention_mask=seen)
+
+
+def _dia_inputs(make):
+    """Text bytes for the encoder; the decoder's audio codes, one id per codebook per step
+    (batch x steps x codebooks), in the decoder's vocabulary."""
+    import torch
+    decoder = make.config.decoder_config
+    codes = torch.randint(FIRST_ID, decoder.vocab_size, (make.batch, 24, decoder.num_channels),
+                          generator=make.g)
+    return dict(input_ids=make("input_ids"), decoder_input_ids=codes)
+
+
+FAMILY_INPUTS = {"dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
+                 "idefics": _idefics_inputs}
 
 
 # ----- One case ----------------------------------------------------------------------------
@@ -1159,7 +1248,7 @@ def _prepare(case, row, cls):
                 tries.append(f"{VARIANTS[variant]}: over {MAX_PARAMETERS:,} parameters, not tried")
                 continue
             eager = _build(cls, config, "eager")
-            recipes = input_recipes(eager, config)
+            recipes = input_recipes(eager, config, case.family.name)
         except NotApplicable:
             raise
         except Exception as e:  # noqa: BLE001
@@ -1177,7 +1266,8 @@ def _prepare(case, row, cls):
                     raise FloatingPointError("eager gives NaN or inf")
                 how = [VARIANTS[variant]] if variant else []
                 how += [f"{k} {v}" for k, v in recipe.items()
-                        if v and k not in ("extra", "no_cache")]
+                        if v and k not in ("extra", "no_cache", "family")]
+                how += ["the family's inputs"] if recipe.get("family") else []
                 how += ["use_cache=False"] if recipe.get("no_cache") else []
                 how += [f"with {', '.join(recipe['extra'])}"] if recipe.get("extra") else []
                 return config, inputs, valid, extra, want, "; ".join(how)
