@@ -163,7 +163,9 @@ FAMILY_CONFIG = {
                   layer_types=["linear_attention", "hybrid"] * 2,
                   # its attention is over [hidden, embeddings]: 2 x 64
                   attention_hidden_size=128, attention_head_dim=32),
-    "lw_detr": dict(backbone_config=dict(image_size=64)),  # 64 / 16 windows % 4 == 0
+    # 64 / 16 windows % 4 == 0; one projector level (the default, none, builds no encoder
+    # output for the decoder).
+    "lw_detr": dict(backbone_config=dict(image_size=64), projector_scale_factors=[1.0]),
     "patchtsmixer": dict(self_attn=True),  # its (optional) self-attention through the interface
     "fun_asr_nano": dict(adaptor_config=dict(intermediate_size=16)),  # text hidden // 4
     "molmo2": dict(adapter_config=dict(vision_feature_layer=[-1, -2])),  # of 2 vision layers
@@ -196,6 +198,10 @@ FAMILY_CONFIG = {
     # its 2 stages 32 x 2 wide (the hidden size its projection takes).
     "clap": dict(audio_config=dict(patch_embeds_hidden_size=32, spec_size=64, num_mel_bins=16)),
     "kosmos2": dict(latent_query_num=8),
+    # The queries join (and the masked attention starts) in the last of the 2 layers, not 4
+    # layers before the end (which 2 layers never reach, leaving the queries out).
+    "eomt": dict(num_blocks=1),
+    "eomt_dinov3": dict(num_blocks=1),
     # The decoder's cross-attention: 4 heads of 16 over 2 key/value heads (16 of 64 by default:
     # widths the generic shrinking does not know).
     "dia": dict(decoder_config=dict(cross_num_attention_heads=4, cross_num_key_value_heads=2,
