@@ -198,6 +198,10 @@ FAMILY_CONFIG = {
     # its 2 stages 32 x 2 wide (the hidden size its projection takes).
     "clap": dict(audio_config=dict(patch_embeds_hidden_size=32, spec_size=64, num_mel_bins=16)),
     "kosmos2": dict(latent_query_num=8),
+    # Multimodal RoPE sections whose height and width parts are as wide (Ernie interleaves
+    # them), for head dim 16.
+    "ernie4_5_vl_moe": dict(text_config=dict(rope_parameters=dict(
+        rope_type="default", rope_theta=500000.0, mrope_section=[3, 3, 2]))),
     # The queries join (and the masked attention starts) in the last of the 2 layers, not 4
     # layers before the end (which 2 layers never reach, leaving the queries out).
     "eomt": dict(num_blocks=1),

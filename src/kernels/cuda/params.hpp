@@ -66,9 +66,11 @@ struct QkvParams {
   // Every row start and stride is a multiple of 8 elements (the pointers 16-byte aligned)
   // and head_dim equals the instantiated head dim, so rows can be read with 16-byte copies.
   bool vector_loads = false;
-  int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  RINGATTN_HOST_DEVICE int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   // A q/k row offset or stride (elements, whole rows of head_dim) as the v/out one.
-  int64_t value_elems(int64_t x) const { return value_floats(x, head_dim, value_dim()); }
+  RINGATTN_HOST_DEVICE int64_t value_elems(int64_t x) const {
+    return value_floats(x, head_dim, value_dim());
+  }
 };
 
 // The native forward over SubseqTasks (and the sm_90a task forward).
