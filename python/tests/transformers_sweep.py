@@ -198,6 +198,13 @@ FAMILY_CONFIG = {
     # its 2 stages 32 x 2 wide (the hidden size its projection takes).
     "clap": dict(audio_config=dict(patch_embeds_hidden_size=32, spec_size=64, num_mel_bins=16)),
     "kosmos2": dict(latent_query_num=8),
+    # The quantizer's width: the acoustic and the semantic hidden sizes together (2 x 64). The
+    # semantic w2v-BERT encoder with rotary positions: its default relative-key bias is refused
+    # (the wav2vec2_bert row), which would leave the codec's own attention untried.
+    "neucodec": dict(quantization_dim=128,
+                     semantic_model_config=dict(position_embeddings_type="rotary")),
+    "xcodec2": dict(quantization_dim=128,
+                    semantic_model_config=dict(position_embeddings_type="rotary")),
     # Multimodal RoPE sections whose height and width parts are as wide (Ernie interleaves
     # them), for head dim 16.
     "ernie4_5_vl_moe": dict(text_config=dict(rope_parameters=dict(
@@ -972,7 +979,21 @@ def _dia_inputs(make):
     return dict(input_ids=make("input_ids"), decoder_input_ids=codes)
 
 
-FAMILY_INPUTS = {"dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
+def _codec_inputs(make):
+    """A codec of two branches (NeuCodec, X-Codec 2): the waveform (batch x 1 x samples) for
+    the acoustic encoder and w2v-BERT features (batch x frames x width) for the semantic one
+    (as many frames as the acoustic encoder makes of the waveform)."""
+    import math
+
+    import torch
+    width = make.config.semantic_model_config.feature_projection_input_dim
+    frames = 10
+    samples = frames * math.prod(make.config.downsampling_ratios)
+    return dict(input_values=torch.randn(make.batch, 1, samples, generator=make.g),
+                input_features=torch.randn(make.batch, frames, width, generator=make.g))
+
+
+FAMILY_INPUTS = {"neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
 
 
