@@ -993,7 +993,17 @@ def _codec_inputs(make):
                 input_features=torch.randn(make.batch, frames, width, generator=make.g))
 
 
-FAMILY_INPUTS = {"neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
+def _voxtral_realtime_inputs(make):
+    """Text ids and the audio of as many frames: the audio embeddings are added to the text
+    embeddings position by position (8 mel frames to one: a stride 2 convolution, then 4
+    frames to one)."""
+    import torch
+    mels = _find(make.config, "num_mel_bins")
+    return dict(input_ids=make("input_ids"),
+                input_features=torch.randn(make.batch, mels, 8 * make.seq, generator=make.g))
+
+
+FAMILY_INPUTS = {"voxtral_realtime": _voxtral_realtime_inputs, "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
 
 
