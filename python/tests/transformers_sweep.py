@@ -1003,7 +1003,16 @@ def _voxtral_realtime_inputs(make):
                 input_features=torch.randn(make.batch, mels, 8 * make.seq, generator=make.g))
 
 
-FAMILY_INPUTS = {"voxtral_realtime": _voxtral_realtime_inputs, "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
+def _granite_speech5_inputs(make):
+    """Time-major mel features of 4 x the mel bins (delta-expanded, then stacked in pairs by
+    its feature extractor)."""
+    import torch
+    mels = _find(make.config, "num_mel_bins")
+    return dict(input_features=torch.randn(make.batch, 64, 4 * mels, generator=make.g))
+
+
+FAMILY_INPUTS = {"granite_speech5": _granite_speech5_inputs,
+                 "voxtral_realtime": _voxtral_realtime_inputs, "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
 
 
