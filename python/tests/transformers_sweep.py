@@ -1011,7 +1011,17 @@ def _granite_speech5_inputs(make):
     return dict(input_features=torch.randn(make.batch, 64, 4 * mels, generator=make.g))
 
 
-FAMILY_INPUTS = {"granite_speech5": _granite_speech5_inputs,
+def _kyutai_speech_to_text_inputs(make):
+    """Per step a text id and one audio code per codebook (batch x steps x 1 + codebooks),
+    the codes in the codebooks' vocabulary (offset into the embedding by the model)."""
+    import torch
+    codes = torch.randint(FIRST_ID, make.config.codebook_vocab_size,
+                          (make.batch, make.seq, make.config.num_codebooks), generator=make.g)
+    return dict(input_ids=torch.cat([make("input_ids")[..., None], codes], -1))
+
+
+FAMILY_INPUTS = {"kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
+                 "granite_speech5": _granite_speech5_inputs,
                  "voxtral_realtime": _voxtral_realtime_inputs, "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
 
