@@ -198,6 +198,16 @@ FAMILY_CONFIG = {
     # its 2 stages 32 x 2 wide (the hidden size its projection takes).
     "clap": dict(audio_config=dict(patch_embeds_hidden_size=32, spec_size=64, num_mel_bins=16)),
     "kosmos2": dict(latent_query_num=8),
+    # Its speech encoders' values have as many heads as the queries (only the keys are grouped,
+    # which eager's repeat_kv does not follow): no grouped keys there. Its Nemotron-H text
+    # model's router takes the top 2 experts of a group (two, both chosen), and its 2 key/value
+    # heads are the text sub-config's own (the class default, 8, would come back where the
+    # shrunk value equals the sub-config's).
+    "nemotron3_5_transcribe": dict(
+        text_config=dict(n_routed_experts=2, num_experts_per_tok=2, num_key_value_heads=2),
+        audio_config=dict(asr_config=dict(num_key_value_heads=4),
+                          diarization_config=dict(audio_config=dict(num_key_value_heads=4))),
+        word_timestamp_config=dict(num_key_value_heads=4)),
     # The quantizer's width: the acoustic and the semantic hidden sizes together (2 x 64). The
     # semantic w2v-BERT encoder with rotary positions: its default relative-key bias is refused
     # (the wav2vec2_bert row), which would leave the codec's own attention untried.
@@ -1020,7 +1030,23 @@ def _kyutai_speech_to_text_inputs(make):
     return dict(input_ids=torch.cat([make("input_ids")[..., None], codes], -1))
 
 
-FAMILY_INPUTS = {"kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
+def _nemotron3_5_transcribe_inputs(make):
+    """Time-major mel features of 64 frames (a multiple of the subsampling, 8) and text ids
+    whose positions 1..8 take the 8 audio embeddings of each sample."""
+    import torch
+    config = make.config
+    mels = config.audio_config.asr_config.num_mel_bins
+    frames = 8 * config.audio_config.asr_config.subsampling_factor
+    ids = make("input_ids")
+    ids[:, 1:1 + frames // config.audio_config.asr_config.subsampling_factor] = \
+        config.audio_token_id
+    return dict(input_ids=ids,
+                input_features=torch.randn(make.batch, frames, mels, generator=make.g),
+                input_features_mask=torch.ones(make.batch, frames, dtype=torch.long))
+
+
+FAMILY_INPUTS = {"nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
+                 "kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
                  "granite_speech5": _granite_speech5_inputs,
                  "voxtral_realtime": _voxtral_realtime_inputs, "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
