@@ -198,6 +198,20 @@ FAMILY_CONFIG = {
     # its 2 stages 32 x 2 wide (the hidden size its projection takes).
     "clap": dict(audio_config=dict(patch_embeds_hidden_size=32, spec_size=64, num_mel_bins=16)),
     "kosmos2": dict(latent_query_num=8),
+    # SAM 2 at 256 pixels (its feature sizes, fixed in the config for 1024, scaled: a stride 4
+    # patch embedding, then / 2 per stage; 256 / 16 for the prompt encoder); its Hiera backbone
+    # at its default widths (the stages' own lists), one block per stage but two in the third,
+    # whose second is the global one (a stage's first block pools its queries: no global).
+    "sam2": dict(
+        vision_config=dict(backbone_config=dict(hidden_size=96, image_size=[256, 256],
+                                                blocks_per_stage=[1, 1, 2, 1],
+                                                global_attention_blocks=[3]),
+                           backbone_feature_sizes=[[64, 64], [32, 32], [16, 16]]),
+        prompt_encoder_config=dict(image_size=256, patch_size=16)),
+    # SAM 3's tracker at 32 pixels: a 4 x 4 ViT grid of windows of 2, its FPN's 4, 2, 1 x
+    # scales (the feature sizes, fixed in the config for 1152 pixels).
+    "sam3_tracker": dict(vision_config=dict(backbone_config=dict(window_size=2),
+                                            backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]])),
     # Its speech encoders' values have as many heads as the queries (only the keys are grouped,
     # which eager's repeat_kv does not follow): no grouped keys there. Its Nemotron-H text
     # model's router takes the top 2 experts of a group (two, both chosen), and its 2 key/value
@@ -1045,7 +1059,17 @@ def _nemotron3_5_transcribe_inputs(make):
                 input_features_mask=torch.ones(make.batch, frames, dtype=torch.long))
 
 
-FAMILY_INPUTS = {"nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
+def _sam_inputs(size):
+    """Images of `size` pixels a side (SAM 2's feature sizes are fixed in its config, not
+    derived from the image)."""
+    def inputs(make):
+        import torch
+        return dict(pixel_values=torch.randn(make.batch, 3, size, size, generator=make.g))
+    return inputs
+
+
+FAMILY_INPUTS = {"sam2": _sam_inputs(256),
+                 "nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
                  "kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
                  "granite_speech5": _granite_speech5_inputs,
                  "voxtral_realtime": _voxtral_realtime_inputs, "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
