@@ -11,7 +11,8 @@ where the first never calls the attention) by a generic shrinking of the default
 one expert, windows and chunks of 16 kept under the sequence, no dropout; multi-head latent
 attention's queries and keys of 24 against values of 16; a logit soft-cap of 1 with weights of
 0.1, so that the cap changes the scores; FAMILY_CONFIG for defaults that do not build), makes
-its inputs by name (input_recipes), and compares eager against ringattn in float32, in eval
+its inputs by name (input_recipes; FAMILY_INPUTS for a family whose inputs are tied to each
+other or to its config), and compares eager against ringattn in float32, in eval
 mode, with the same weights: every floating-point output
 (logits, last_hidden_state, a VLM's nested outputs) and every parameter's gradient (of the
 outputs weighted by fixed random weights), relative Frobenius error < 1e-4 (a gradient
@@ -197,7 +198,7 @@ FAMILY_CONFIG = {
     # HTSAT: a 64 x 64 spectrogram image of 16 mels (spec_size / mels = 4 crops); the last of
     # its 2 stages 32 x 2 wide (the hidden size its projection takes).
     "clap": dict(audio_config=dict(patch_embeds_hidden_size=32, spec_size=64, num_mel_bins=16)),
-    "kosmos2": dict(latent_query_num=8),
+    "kosmos2": dict(latent_query_num=8),  # image features at 8 of the 48 text positions
     # SAM 2 at 256 pixels (its feature sizes, fixed in the config for 1024, scaled: a stride 4
     # patch embedding, then / 2 per stage; 256 / 16 for the prompt encoder); its Hiera backbone
     # at its default widths (the stages' own lists), one block per stage but two in the third,
@@ -240,7 +241,7 @@ FAMILY_CONFIG = {
     # The decoder's cross-attention: 4 heads of 16 over 2 key/value heads (16 of 64 by default:
     # widths the generic shrinking does not know).
     "dia": dict(decoder_config=dict(cross_num_attention_heads=4, cross_num_key_value_heads=2,
-                                    cross_head_dim=16)),  # image features at 8 of the 48 text positions
+                                    cross_head_dim=16)),
     "qwen4_exp": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16,
                       indexer_budget=32, indexer_compress_ratio=4),
 }
@@ -1072,7 +1073,9 @@ FAMILY_INPUTS = {"sam2": _sam_inputs(256),
                  "nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
                  "kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
                  "granite_speech5": _granite_speech5_inputs,
-                 "voxtral_realtime": _voxtral_realtime_inputs, "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs, "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
+                 "voxtral_realtime": _voxtral_realtime_inputs,
+                 "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs,
+                 "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
 
 
