@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <limits>
 #include <mutex>
-#include <random>
 
+#include "block_masks.hpp"
 #include "plan_runner.hpp"
 #include "random.hpp"
 #include "ring/communicator.hpp"
@@ -45,38 +45,19 @@ AttentionConfig config_of(const FeatureCase& c) {
   cfg.kv_heads = c.kv_heads;
   if (c.window_left >= 0) cfg.window_left = c.window_left;
   if (c.window_right >= 0) cfg.window_right = c.window_right;
-  if (!c.seqlens.empty()) {
-    cfg.cu_seqlens = {0};
-    for (int64_t len : c.seqlens) cfg.cu_seqlens.push_back(cfg.cu_seqlens.back() + len);
-  }
+  if (!c.seqlens.empty()) cfg.cu_seqlens = cu_seqlens_of(c.seqlens);
   validate(cfg);
   return cfg;
 }
 
 std::vector<uint8_t> mask_of(const FeatureCase& c, const AttentionConfig& cfg) {
   const int64_t nb = cfg.shape.seq_len / c.block_size, h = cfg.shape.heads;
-  if (c.pattern) {
-    const Geometry g{cfg.shape.seq_len, c.block_size, h};
-    return mask_from_lists(build_lists(parse_pattern(c.pattern, g, {96, 384}, {1, 3}, 5), g));
-  }
-  std::mt19937_64 gen(static_cast<uint64_t>(nb * 977 + h));
-  std::bernoulli_distribution keep(0.35);
-  std::vector<uint8_t> mask(static_cast<std::size_t>(h * nb * nb));
-  for (auto& m : mask) m = keep(gen) ? 1 : 0;
-  for (int64_t i = 0; i < nb; ++i) mask[static_cast<std::size_t>(i * nb + i)] = 1;
-  return mask;
+  if (c.pattern) return pattern_mask(c.pattern, cfg.shape.seq_len, c.block_size, h);
+  return random_mask(h, nb, static_cast<uint64_t>(nb * 977 + h), 1);
 }
 
 BlockReferenceProblem problem_of(const AttentionConfig& cfg, const std::vector<uint8_t>& mask) {
-  const int64_t nb = cfg.shape.seq_len / cfg.block_size;
-  BlockReferenceProblem pb = block_problem_of(cfg);
-  pb.key_blocks = [&mask, nb](int64_t h, int64_t i) {
-    std::vector<int64_t> out;
-    for (int64_t j = 0; j < nb; ++j)
-      if (mask[static_cast<std::size_t>((h * nb + i) * nb + j)]) out.push_back(j);
-    return out;
-  };
-  return pb;
+  return mask_problem(cfg, mask, cfg.shape.heads);
 }
 
 // The pairs the rule allows, counted the slow way: every (query, key) position pair.

@@ -13,11 +13,11 @@
 #include <memory>
 #include <mutex>
 #include <ostream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "block_masks.hpp"
 #include "job/comm_access.hpp"
 #include "plan_runner.hpp"
 #include "random.hpp"
@@ -66,10 +66,7 @@ AttentionConfig config_of(const MlaCase& c) {
   cfg.layout = c.layout;
   if (c.window_left >= 0) cfg.window_left = c.window_left;
   if (c.window_right >= 0) cfg.window_right = c.window_right;
-  if (!c.seqlens.empty()) {
-    cfg.cu_seqlens = {0};
-    for (int64_t len : c.seqlens) cfg.cu_seqlens.push_back(cfg.cu_seqlens.back() + len);
-  }
+  if (!c.seqlens.empty()) cfg.cu_seqlens = cu_seqlens_of(c.seqlens);
   validate(cfg);
   return cfg;
 }
@@ -77,34 +74,13 @@ AttentionConfig config_of(const MlaCase& c) {
 // [H, nb, nb]: the pattern's blocks, or a random mask with every diagonal block.
 std::vector<uint8_t> mask_of(const MlaCase& c, const AttentionConfig& cfg) {
   const int64_t nb = cfg.shape.seq_len / c.block_size, h = cfg.shape.heads;
-  if (c.pattern) {
-    const Geometry g{cfg.shape.seq_len, c.block_size, h};
-    return mask_from_lists(build_lists(parse_pattern(c.pattern, g, {96, 384}, {1, 3}, 5), g));
-  }
-  std::mt19937_64 gen(static_cast<uint64_t>(nb * 131 + h));
-  std::bernoulli_distribution keep(0.35);
-  std::vector<uint8_t> mask(static_cast<std::size_t>(h * nb * nb));
-  for (auto& m : mask) m = keep(gen) ? 1 : 0;
-  for (int64_t x = 0; x < h; ++x)
-    for (int64_t i = 0; i < nb; ++i) mask[static_cast<std::size_t>((x * nb + i) * nb + i)] = 1;
-  return mask;
+  if (c.pattern) return pattern_mask(c.pattern, cfg.shape.seq_len, c.block_size, h);
+  return random_mask(h, nb, static_cast<uint64_t>(nb * 131 + h), h);
 }
 
 BlockReferenceProblem problem_of(const AttentionConfig& cfg, const std::vector<uint8_t>& mask,
                                  int64_t heads_in_mask) {
-  const int64_t nb = cfg.shape.seq_len / cfg.block_size;
-  AttentionConfig rows = cfg;  // the reference reads [B, N, H, D] rows
-  rows.layout = TensorLayout::bnhd;
-  rows.kv_layout.reset();
-  BlockReferenceProblem pb = block_problem_of(rows);
-  pb.key_blocks = [&mask, nb, heads_in_mask](int64_t h, int64_t i) {
-    std::vector<int64_t> out;
-    const int64_t mh = heads_in_mask == 1 ? 0 : h;
-    for (int64_t j = 0; j < nb; ++j)
-      if (mask[static_cast<std::size_t>((mh * nb + i) * nb + j)]) out.push_back(j);
-    return out;
-  };
-  return pb;
+  return mask_problem(cfg, mask, heads_in_mask);
 }
 
 // Full [B, N, heads, dim] inputs: q [H, D], k [G, D], v [G, Dv], dout [H, Dv].
@@ -360,10 +336,7 @@ TEST_P(SparseMlaSoftcapSinks, EveryRankAndTheSinksGradientMatchFloat64) {
   cfg.causal = c.causal;
   cfg.kv_heads = c.kv_heads;
   if (c.window_left >= 0) cfg.window_left = c.window_left;
-  if (!c.seqlens.empty()) {
-    cfg.cu_seqlens = {0};
-    for (int64_t len : c.seqlens) cfg.cu_seqlens.push_back(cfg.cu_seqlens.back() + len);
-  }
+  if (!c.seqlens.empty()) cfg.cu_seqlens = cu_seqlens_of(c.seqlens);
   const Shape4& s = cfg.shape;
   const int64_t nb = s.seq_len / cfg.block_size;
   std::vector<uint8_t> mask(static_cast<std::size_t>(nb * nb), 0);
