@@ -215,24 +215,18 @@ void require_no_window(const AttentionConfig& cfg, const std::string& path) {
   throw InputError("config.window_left", "a sliding window is not yet supported on " + path);
 }
 
-void require_one_head_dim(const AttentionConfig& cfg, const std::string& path) {
-  if (cfg.effective_head_dim_v() == cfg.shape.head_dim) return;
-  throw InputError("config.head_dim_v",
-                   "values of their own head dim (" +
-                       field_is("config.head_dim_v", std::to_string(*cfg.head_dim_v)) +
-                       " != " +
-                       field_is("config.shape.head_dim", std::to_string(cfg.shape.head_dim)) +
-                       ") are computed by the CPU engines and one GPU's native kernels, not "
-                       "yet on " +
-                       path);
-}
-
-void require_uncapped(const AttentionConfig& cfg, const std::string& path) {
-  if (!cfg.softcapped()) return;
-  throw InputError("config.softcap",
-                   "logit soft-capping is computed by the CPU engines and one GPU's native "
-                   "kernels, not yet on " +
-                       path);
+std::string value_dim_and_cap_words(const AttentionConfig& cfg) {
+  std::string f;
+  if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
+    f = "values of their own head dim (" +
+        field_is("config.head_dim_v", std::to_string(cfg.effective_head_dim_v())) + ")";
+  if (cfg.softcapped()) {
+    std::ostringstream c;
+    c << cfg.softcap;
+    f += (f.empty() ? "" : " and ") + std::string("soft-capped logits (") +
+         field_is("config.softcap", c.str()) + ")";
+  }
+  return f;
 }
 
 void require_bnhd(const AttentionConfig& cfg, const std::string& path) {

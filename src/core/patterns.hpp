@@ -27,11 +27,11 @@ void require_unpacked(const AttentionConfig& cfg, const std::string& path);
 // `config.window_left`, saying it is not yet supported on `path`, when the config has a window.
 void require_no_window(const AttentionConfig& cfg, const std::string& path);
 
-// For the paths that do not compute values of another head dim (MLA) or soft-capped logits
-// yet: throw InputError naming `config.head_dim_v` (`config.softcap`), saying they are not
-// yet supported on `path`.
-void require_one_head_dim(const AttentionConfig& cfg, const std::string& path);
-void require_uncapped(const AttentionConfig& cfg, const std::string& path);
+// Values of another head dim (MLA) and soft-capped logits of cfg in words ("values of their
+// own head dim (config.head_dim_v=128) and soft-capped logits (config.softcap=30)"), "" when
+// it has neither: what the GPU's native kernels compute and its sm_90a and cuDNN forms do not
+// yet.
+std::string value_dim_and_cap_words(const AttentionConfig& cfg);
 
 // For the paths that read only [B, N, H, D] tensors: throws InputError naming `config.layout`
 // (or `config.kv_layout`), saying bhnd is not supported on `path`, when either is bhnd.

@@ -24,19 +24,6 @@ namespace ringattn::job {
 
 namespace {
 
-// What only the CPU engines and one GPU's native kernels compute, and no GPU has run yet:
-// values of their own head dim and soft-capped logits. Empty when the config has neither.
-std::string unverified_gpu_feature(const AttentionConfig& cfg) {
-  if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
-    return field_is("config.head_dim_v", std::to_string(*cfg.head_dim_v));
-  if (cfg.softcapped()) {
-    std::ostringstream c;
-    c << cfg.softcap;
-    return field_is("config.softcap", c.str());
-  }
-  return "";
-}
-
 // Whether the job runs on the GPU: cuda (checked: CUDA kernels built, a usable device, NCCL
 // where ranks exchange over it), or automatic with one rank, a usable device, [B, N, H, D]
 // tensors (the GPU engines read no other layout) and a config they compute (`note` then
@@ -47,10 +34,9 @@ bool resolve_cuda(const JobSpec& spec, const Ranks& ranks, std::string& note) {
     if (!(cuda_built() && ranks.world == 1 && spec.config.layout == TensorLayout::bnhd &&
           spec.config.effective_kv_layout() == TensorLayout::bnhd && probe_cuda_device().usable))
       return false;
-    if (const std::string f = unverified_gpu_feature(spec.config); !f.empty()) {
-      note = field_is("device", "auto") +
-             ": the CPU, since only the GPU's native kernels compute " + f +
-             ", and no GPU has run them yet (" + field_is("device", "cuda") + " runs them)";
+    if (const std::string f = value_dim_and_cap_words(spec.config); !f.empty()) {
+      note = field_is("device", "auto") + ": the CPU, since no GPU has run the kernels that compute " +
+             f + " yet (" + field_is("device", "cuda") + " runs them)";
       return false;
     }
     return true;
@@ -234,15 +220,6 @@ ResolvedJob resolve(const JobSpec& spec, const Ranks& ranks) {
   if (block_sparse && ranks.with_lists)
     r.lists = block_lists(cfg, spec.block_sparse, pattern, r.pattern_text);
   r.ulysses = ulysses_degree(spec, cfg, ranks, use_cuda);
-  if (use_cuda && (ranks.world > 1 || block_sparse)) {
-    // One GPU's native kernels compute these; the GPU ring, Ulysses and block-sparse not yet.
-    const std::string where = field_is("device", "cuda") + " on " +
-                              (block_sparse ? std::string("block-sparse attention")
-                                            : std::to_string(ranks.world) + " ranks") +
-                              " (use " + field_is("device", "cpu") + ")";
-    require_one_head_dim(cfg, where);
-    require_uncapped(cfg, where);
-  }
   // The ring runs over the groups, on a slice's heads.
   std::optional<UlyssesSlice> slice;
   if (r.ulysses > 1) slice = ulysses_slice(cfg, nullptr, r.ulysses, 0);

@@ -76,6 +76,7 @@ struct CudaRingPlan::Impl {
   std::vector<std::string> notes;
 
   int64_t d() const { return cfg.shape.head_dim; }
+  int64_t dv() const { return cfg.effective_head_dim_v(); }  // v, out, dout, dv rows
   std::size_t eb() const { return static_cast<std::size_t>(kc::elem_bytes(elem)); }
 
   ~Impl() {
@@ -102,6 +103,7 @@ struct CudaRingPlan::Impl {
     p.runs = runs.as<kc::PackedRun>() + ds.run0, p.n_runs = ds.n_runs;
     p.total_rows = p.buffer_rows = st.send_rows;
     p.head_dim = d();
+    p.head_dim_v = dv();
     return p;
   }
 
@@ -133,8 +135,8 @@ struct CudaRingPlan::Impl {
     kernels::MergeRows mr;
     mr.acc_out = out, mr.acc_lse = lse;
     mr.part_out = part_out.as<float>(), mr.part_lse = part_lse.as<float>();
-    mr.rows = shard_rows(), mr.d = d();
-    mr.acc_out_stride = mr.part_out_stride = d();
+    mr.rows = shard_rows(), mr.d = dv();
+    mr.acc_out_stride = mr.part_out_stride = dv();
     mr.lse_heads = cfg.shape.heads, mr.lse_rows = layout.local_len;
     kc::launch_merge_lse(mr, stream);
   }
@@ -185,7 +187,7 @@ struct CudaRingPlan::Impl::Device {
   kc::FlashBackwardParams bwd;  // backward calls
 
   int64_t head_dim() const { return m.d(); }
-  int64_t head_dim_v() const { return m.d(); }  // the GPU ring refuses another Dv
+  int64_t head_dim_v() const { return m.dv(); }
   std::size_t kv_elem_bytes() const { return m.eb(); }
 
   void* buffer(RingBuffer which, int t) const { return m.buf.at(which, t).get(); }
@@ -291,8 +293,6 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
     : impl_(std::make_unique<Impl>()) {
   validate(cfg, opts.heads);
   require_bnhd(cfg, "the GPU ring");
-  require_one_head_dim(cfg, "the GPU ring");
-  require_uncapped(cfg, "the GPU ring");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.opts = opts;
@@ -303,7 +303,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   if (!dev.usable) throw InputError("device", "'cuda' cannot be used: " + dev.reason);
   const kc::ScopedDevice on(opts.device);
   if (m.elem != kc::Elem::fp32 &&
-      !kc::native_kernels_fit(cfg.shape.head_dim, m.elem, opts.device).empty()) {
+      !kc::native_kernels_fit(std::max(m.d(), m.dv()), m.elem, opts.device).empty()) {
     m.opts.dtype = DeviceDType::fp32;
     m.elem = kc::Elem::fp32;
   }
@@ -320,8 +320,13 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   single::FlatSchedule all;
   std::vector<kc::PackedRun> runs;
   m.steps = flatten_ring_steps(m.sched, cfg.causal, all, runs);
+  // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim (v's too).
   m.vector_loads = m.elem != kc::Elem::fp32 && cfg.shape.head_dim == kc::padded_head_dim(m.d()) &&
-                   single::rows_aligned(all, 8);
+                   m.dv() == m.d() && single::rows_aligned(all, 8);
+  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
+    m.notes.push_back("the native kernels compute " + f +
+                      ", which no GPU has run yet: they are checked against float64 on the "
+                      "emulated GPU only");
   m.tasks = kc::upload_vector(all.tasks, "the ring's task lists", opts.device, m.stream);
   m.q_items = kc::upload_vector(all.q_items, "the ring's query work items", opts.device, m.stream);
   m.k_items = kc::upload_vector(all.k_items, "the ring's key work items", opts.device, m.stream);
@@ -330,7 +335,7 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.partials = ring_opts.step_results == RingOptions::StepResults::partials;
   if (m.partials) {
     m.part_out =
-        kc::DeviceAllocation(static_cast<std::size_t>(m.shard_rows() * m.d()) * sizeof(float),
+        kc::DeviceAllocation(static_cast<std::size_t>(m.shard_rows() * m.dv()) * sizeof(float),
                              "the ring's partial output", opts.device, m.stream);
     m.part_lse = kc::DeviceAllocation(static_cast<std::size_t>(m.shard_rows()) * sizeof(float),
                                       "the ring's partial lse", opts.device, m.stream);
@@ -338,9 +343,10 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   m.delta = kc::DeviceAllocation(
       static_cast<std::size_t>(s.batch * s.heads * m.layout.local_len) * sizeof(float),
       "the backward's row sums D", opts.device, m.stream);
-  // Two of each (double buffers), sized once from the schedule's largest step.
-  const auto kv_send = static_cast<std::size_t>(m.sched.max_send_rows * 2 * m.d());
-  const auto kv_recv = static_cast<std::size_t>(m.sched.max_recv_rows * 2 * m.d());
+  // Two of each (double buffers), sized once from the schedule's largest step: K rows of D
+  // then V rows of Dv.
+  const auto kv_send = static_cast<std::size_t>(m.sched.max_send_rows * (m.d() + m.dv()));
+  const auto kv_recv = static_cast<std::size_t>(m.sched.max_recv_rows * (m.d() + m.dv()));
   for (int i = 0; i < 2; ++i) {
     m.buf.send[i] =
         kc::DeviceAllocation(kv_send * m.eb(), "a ring send buffer", opts.device, m.stream);
@@ -420,8 +426,11 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
 void CudaRingPlan::Impl::choose_hopper(bool automatic, const std::string& flag,
                                        const std::vector<kernels::ForwardItem>& key_items) {
   const auto shape = [this](int t) { return hopper_shape(t); };
-  const std::string why = build_ring_hopper_forward(
-      sched, cfg.shape.batch * layout.local_len, shape, elem, opts.device, task_lists, task_waves);
+  const std::string f = value_dim_and_cap_words(cfg);
+  const std::string why = !f.empty() ? "they do not compute " + f
+                                     : build_ring_hopper_forward(
+                                           sched, cfg.shape.batch * layout.local_len, shape, elem,
+                                           opts.device, task_lists, task_waves);
   const std::string why_backward =
       why.empty() ? build_ring_hopper_backward(sched, steps, key_items, shape, elem, opts.device,
                                                task_lists, task_waves)
@@ -525,7 +534,7 @@ void CudaRingPlan::Impl::run_forward(const void* q, const void* k, const void* v
   Impl& m = *this;
   m.fwd = {};
   const Shape4& s = m.cfg.shape;
-  const int64_t n_out = s.batch * m.layout.local_len * s.heads * s.head_dim;
+  const int64_t n_out = s.batch * m.layout.local_len * s.heads * m.dv();
   m.ex->start_call();
   RINGATTN_CUDA_CHECK(
       cudaMemsetAsync(out, 0, static_cast<std::size_t>(n_out) * sizeof(float), m.stream));
@@ -535,7 +544,9 @@ void CudaRingPlan::Impl::run_forward(const void* q, const void* k, const void* v
   kc::FlashForwardParams& p = device.fwd;
   p.q = q, p.out = out, p.lse = lse;
   p.head_dim = static_cast<int>(d());
+  p.head_dim_v = static_cast<int>(dv());
   p.scale = static_cast<float>(cfg.effective_scale());
+  p.softcap = static_cast<float>(cfg.softcap);
   p.causal = cfg.causal;
   p.accumulate = true;
   p.vector_loads = m.vector_loads;
@@ -578,8 +589,8 @@ void CudaRingPlan::Impl::run_backward(const void* q, const void* k, const void* 
   const int64_t dd = m.d();
   m.ex->start_call();
   kc::start_backward(m.elem,
-                     {out, dout, m.delta.as<float>(), s.batch, m.layout.local_len, s.heads, dd},
-                     m.cfg.effective_kv_heads(), dq, dk, dv, m.stream);
+                     {out, dout, m.delta.as<float>(), s.batch, m.layout.local_len, s.heads, m.dv()},
+                     m.cfg.effective_kv_heads(), dq, dk, dv, m.stream, dd);
 #if RINGATTN_RING_CUDNN
   if (m.use_cudnn_backward) m.cudnn->load_out(out);  // cuDNN's backward reads it in the io type
 #endif
@@ -589,7 +600,9 @@ void CudaRingPlan::Impl::run_backward(const void* q, const void* k, const void* 
   p.delta = m.delta.as<float>();
   p.dq = dq;
   p.head_dim = static_cast<int>(dd);
+  p.head_dim_v = static_cast<int>(m.dv());
   p.scale = static_cast<float>(m.cfg.effective_scale());
+  p.softcap = static_cast<float>(m.cfg.softcap);
   p.causal = m.cfg.causal;
   p.out_scale = p.dout_scale = m.grouped_scale;
   p.vector_loads = m.vector_loads;

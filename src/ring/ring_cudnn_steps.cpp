@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/patterns.hpp"
 #include "kernels/cuda/choice/verified_forms.hpp"
 #include "ring/ring_cudnn_views.hpp"
 #include "ringattn/field_words.hpp"
@@ -302,6 +303,12 @@ RingCudnnChoice choose_ring_cudnn(const AttentionConfig& cfg, const ShardLayout&
                                   const std::string& flag, cudaStream_t stream,
                                   std::vector<std::string>& notes) {
   RingCudnnChoice c;
+  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty()) {
+    if (asked)
+      notes.push_back(flag + "cuDNN's ring steps here do not compute " + f +
+                      "; every step runs on ringattn's kernels");
+    return c;
+  }
   const bool verified = kc::verified_on_gpu(kc::GpuForm::cudnn_ring_steps, kc::GpuPath::ring);
   if (auto_tries && !verified)
     notes.push_back(

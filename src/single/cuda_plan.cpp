@@ -44,22 +44,6 @@ constexpr bool kCudnnBuilt = true;
 constexpr bool kCudnnBuilt = false;
 #endif
 
-// What of cfg only the native kernels compute (the sm_90a and cuDNN forms do not yet), in
-// words: "" when nothing.
-std::string native_only_feature(const AttentionConfig& cfg) {
-  std::string f;
-  if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
-    f = "values of their own head dim (" +
-        field_is("config.head_dim_v", std::to_string(cfg.effective_head_dim_v())) + ")";
-  if (cfg.softcapped()) {
-    std::ostringstream c;
-    c << cfg.softcap;
-    f += (f.empty() ? "" : " and ") + std::string("soft-capped logits (") +
-         field_is("config.softcap", c.str()) + ")";
-  }
-  return f;
-}
-
 }  // namespace
 
 // ---- CudaPlan -----------------------------------------------------------------------------
@@ -241,7 +225,7 @@ struct CudaPlan::Impl {
     hopper =
         kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic, head_dim);
     std::string why, why_backward;
-    if (const std::string f = native_only_feature(cfg); !f.empty()) {
+    if (const std::string f = value_dim_and_cap_words(cfg); !f.empty()) {
       why = why_backward = "they do not compute " + f;
       hopper_tasks = false;
     } else if (hopper_tasks) {
@@ -420,7 +404,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim (v's too).
   m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
                    cfg.effective_head_dim_v() == s.head_dim && single::rows_aligned(m.sched, 8);
-  if (const std::string f = native_only_feature(cfg); !f.empty())
+  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
     m.notes.push_back("the native kernels compute " + f +
                       ", which no GPU has run yet: they are checked against float64 on the "
                       "emulated GPU only");
@@ -452,7 +436,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   if (opts.kernel == KernelChoice::cudnn || automatic) {
 #if RINGATTN_HAVE_CUDNN
     try {
-      if (const std::string f = native_only_feature(cfg); !f.empty())
+      if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
         throw kc::CudnnUnavailable("its graphs here do not compute " + f);
       // cuDNN's views number heads from 0 of this config's; a slice's dilated heads keep
       // the job's groups and offsets, which the views do not carry.

@@ -48,6 +48,7 @@ struct CudaSparsePlan::Impl {
   SparseProtocol protocol;
   cudaStream_t stream = nullptr;
   int64_t B = 0, H = 0, G = 0, D = 0, NL = 0, bs = 0;  // G: K/V heads
+  int64_t Dv = 0;  // v, out, dout, dv rows (the slabs' V halves too)
   int64_t send_rows = 0, recv_rows = 0;                // rows of each half (K, V) of the slabs
   DeviceLists local, remote;
   kc::DeviceAllocation delta, send_buf, recv_buf, grad_buf, ret_buf, send_runs, ret_runs;
@@ -85,6 +86,7 @@ struct CudaSparsePlan::Impl {
     H = s.heads;
     G = cfg.effective_kv_heads();
     D = s.head_dim;
+    Dv = cfg.effective_head_dim_v();
     bs = cfg.block_size;
     layout = sparse_layout(cfg, world);
     NL = layout.local_len;
@@ -133,8 +135,8 @@ struct CudaSparsePlan::Impl {
     send_runs = kc::upload_vector(runs, "the block-sparse send lists", dev, stream);
     ret_runs = kc::upload_vector(ret, "the block-sparse return lists", dev, stream);
     kc::wait_for_stream(stream, "the block-sparse lists' upload");  // before runs, ret go
-    const auto kv = [&](int64_t rows, std::size_t bytes) {
-      return static_cast<std::size_t>(2 * rows * D) * bytes;
+    const auto kv = [&](int64_t rows, std::size_t bytes) {  // K rows of D, then V rows of Dv
+      return static_cast<std::size_t>(rows * (D + Dv)) * bytes;
     };
     send_buf = kc::DeviceAllocation(kv(send_rows, eb()), "the block-sparse send slab", dev, stream);
     recv_buf =
@@ -143,8 +145,10 @@ struct CudaSparsePlan::Impl {
                                     dev, stream);
     ret_buf = kc::DeviceAllocation(kv(send_rows, sizeof(float)),
                                    "the block-sparse returned dK/dV partials", dev, stream);
-    vector_loads = elem != kc::Elem::fp32 && D == kc::padded_head_dim(D) && (H * D) % 8 == 0 &&
-                   (G * D) % 8 == 0 && local.rows_aligned && remote.rows_aligned;
+    // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim (v's too).
+    vector_loads = elem != kc::Elem::fp32 && D == kc::padded_head_dim(D) && Dv == D &&
+                   (H * D) % 8 == 0 && (G * D) % 8 == 0 && local.rows_aligned &&
+                   remote.rows_aligned;
   }
 
   void init(const AttentionConfig& c, std::shared_ptr<const BlockLists> l, CudaPlanOptions o) {
@@ -152,8 +156,6 @@ struct CudaSparsePlan::Impl {
     const std::string on_gpu =
         field_is("device", "cuda") + " (use " + field_is("device", "cpu") + ")";
     require_bnhd(c, on_gpu);
-    require_one_head_dim(c, on_gpu);
-    require_uncapped(c, on_gpu);
     if (c.attention != AttentionKind::block_sparse)
       throw std::invalid_argument("CudaSparsePlan: the configuration is not block-sparse");
     if (o.kernel == KernelChoice::cudnn)
@@ -183,7 +185,9 @@ struct CudaSparsePlan::Impl {
     p.q_stride = H * D;
     p.lse_stride = 1;
     p.head_dim = static_cast<int>(D);
+    p.head_dim_v = static_cast<int>(Dv);
     p.scale = static_cast<float>(cfg.effective_scale());
+    p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
     const WindowLimits win = kernel_window(cfg);
     p.window_left = win.left;
@@ -210,7 +214,9 @@ struct CudaSparsePlan::Impl {
     p.q_stride = H * D;
     p.lse_stride = 1;
     p.head_dim = static_cast<int>(D);
+    p.head_dim_v = static_cast<int>(Dv);
     p.scale = static_cast<float>(cfg.effective_scale());
+    p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
     const WindowLimits win = kernel_window(cfg);
     p.window_left = win.left;
@@ -256,7 +262,9 @@ struct CudaSparsePlan::Impl {
   // (measured: docs/PERFORMANCE.md).
   void choose_hopper(bool automatic) {
     std::string why, why_backward;
-    if (NL > std::numeric_limits<int>::max() / 2)
+    if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
+      why = "they do not compute " + f;
+    else if (NL > std::numeric_limits<int>::max() / 2)
       why = "a shard of " + std::to_string(NL) + " rows (tensor map coordinates are int)";
     else if (recv_rows > std::numeric_limits<int>::max() / 2)
       why = "a receive slab of " + std::to_string(recv_rows) +
@@ -317,14 +325,13 @@ struct CudaSparsePlan::Impl::Device {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;
 
   int64_t entry_elems() const { return m.slab_row(1, 0) * m.D; }
-  // V as wide as K: init refuses values of their own head dim on the GPU.
-  int64_t value_entry_elems() const { return entry_elems(); }
+  int64_t value_entry_elems() const { return m.slab_row(1, 0) * m.Dv; }
   std::size_t kv_elem_bytes() const { return m.eb(); }
 
   SlabHalves slab(SparseSlab which) const {
     const auto halves = [&](const kc::DeviceAllocation& a, int64_t rows, std::size_t bytes) {
       auto* base = static_cast<char*>(a.get());
-      return SlabHalves{base, base + static_cast<std::size_t>(rows * m.D) * bytes};
+      return SlabHalves{base, base + static_cast<std::size_t>(rows * m.D) * bytes};  // V after K
     };
     switch (which) {
       case SparseSlab::send:
@@ -345,6 +352,7 @@ struct CudaSparsePlan::Impl::Device {
     pp.n_runs = static_cast<int64_t>(m.w.send_entries.size()) * m.B;
     pp.total_rows = pp.buffer_rows = m.send_rows;
     pp.head_dim = m.D;
+    pp.head_dim_v = m.Dv;
     kc::launch_pack_rows(m.elem, pp, k, v, m.send_buf.get(), m.stream);
   }
 
@@ -378,8 +386,8 @@ struct CudaSparsePlan::Impl::Device {
   }
 
   void start_backward() {
-    kc::start_backward(m.elem, {out, dout, m.delta.as<float>(), m.B, m.NL, m.H, m.D}, m.G, dq, dk,
-                       dv, m.stream);
+    kc::start_backward(m.elem, {out, dout, m.delta.as<float>(), m.B, m.NL, m.H, m.Dv}, m.G, dq,
+                       dk, dv, m.stream, m.D);
   }
 
   void compute_backward(SparseBlocks which) {
@@ -423,6 +431,7 @@ struct CudaSparsePlan::Impl::Device {
       pp.total_rows = m.ret_slot_rows[s];
       pp.buffer_rows = m.send_rows;
       pp.head_dim = m.D;
+      pp.head_dim_v = m.Dv;
       kc::launch_unpack_add_rows(pp, m.ret_buf.as<float>(), dk, dv, false, m.stream);
     }
   }
@@ -454,13 +463,18 @@ void CudaSparsePlan::finish_construction(double timeout_s) {
   Impl& m = *impl_;
   const kc::ScopedDevice on(m.opts.device);
   if (m.elem != kc::Elem::fp32) {
-    const std::string why = kc::sparse_kernels_fit(m.cfg.shape.head_dim, m.elem, m.opts.device);
+    const std::string why = kc::sparse_kernels_fit(
+        std::max(m.cfg.shape.head_dim, m.cfg.effective_head_dim_v()), m.elem, m.opts.device);
     if (!why.empty()) {
       m.notes.push_back(why + "; running the fp32 kernels instead");
       m.opts.dtype = DeviceDType::fp32;
       m.elem = kc::Elem::fp32;
     }
   }
+  if (const std::string f = value_dim_and_cap_words(m.cfg); !f.empty())
+    m.notes.push_back("the native block-sparse kernels compute " + f +
+                      ", which no GPU has run yet: they are checked against float64 on the "
+                      "emulated GPU only");
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
   kc::register_stream(m.stream, m.opts.timeout_s);
   // Device blocks own kQueryTile query rows (kKeyTile key rows); CPU tiles are one block of

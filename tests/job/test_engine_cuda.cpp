@@ -138,99 +138,124 @@ TEST(EngineCuda, VirtualRanksSharingAGpuMatchTheFloat64Reference) {
 // Ulysses x ring on four virtual ranks sharing the GPU: U = 2 (a ring of two groups; the
 // K/V heads split) and U = 4 (one group, the single-GPU plan inside; each K/V head goes to
 // two ranks and their dK/dV are summed), batch 2 so that the all-to-all's 2-D copies walk
-// batches: forward and gradients against float64, bytes against their minimum.
+// batches: forward and gradients against float64, bytes against their minimum. Again with
+// values of their own head dim and soft-capped logits (Dv = 32 beside D = 64, c = 5), which
+// the native kernels compute under every --kernel.
 TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
   REQUIRE_GPU();
-  JobSpec spec = causal_job();
-  spec.config.shape = {2, 128, 4, 64};
-  spec.config.kv_heads = 2;
-  const Shape4& s = spec.config.shape;
-  const Shape4 skv = spec.config.kv_shape();
-  auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 11),
-       k = testing::random_normal(static_cast<std::size_t>(skv.numel()), 12),
-       v = testing::random_normal(static_cast<std::size_t>(skv.numel()), 13),
-       dout = testing::random_normal(static_cast<std::size_t>(s.numel()), 14);
-  for (auto* t : {&q, &k, &v, &dout})
-    round_to_device_dtype(t->data(), t->size(), DeviceDType::bf16);
-  const ReferenceForward ref = reference_forward(spec.config, q.data(), k.data(), v.data());
-  const ReferenceGradients g =
-      reference_backward(spec.config, q.data(), k.data(), v.data(), dout.data());
-  const std::vector<float> want(ref.out.begin(), ref.out.end()), want_dq(g.dq.begin(), g.dq.end()),
-      want_dk(g.dk.begin(), g.dk.end()), want_dv(g.dv.begin(), g.dv.end());
-  // Rows of batch-major [B, N, inner] tensors.
-  auto rows_of = [&](const std::vector<float>& full, const std::vector<int64_t>& rows,
-                     int64_t inner) {
-    std::vector<float> local;
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (const int64_t p : rows) {
-        const auto at = full.begin() + (b * s.seq_len + p) * inner;
-        local.insert(local.end(), at, at + inner);
-      }
-    return local;
-  };
-  // U = 4 is one group: each rank's slice is a single-GPU plan, which may take cuDNN; with
-  // U = 2 each slice's ring of two takes cuDNN per step (on the emulated GPU, cuDNN's
-  // stand-in: cudnn/graphs_emulated.cpp).
-  std::vector<std::pair<int, KernelChoice>> runs = {{2, KernelChoice::native},
-                                                    {4, KernelChoice::native}};
-#if RINGATTN_TEST_HAVE_CUDNN
-  runs.emplace_back(4, KernelChoice::cudnn);
-#endif
-#if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
-  runs.emplace_back(2, KernelChoice::cudnn);
-#endif
 #if RINGATTN_CUDA_EMULATION
   const testing::CudnnStandinScope standin;
 #endif
-  for (const auto& [u, kernel] : runs) {
-    spec.ulysses = u;
-    spec.kernel = kernel;
-    std::atomic<int> ok{0};
-    std::mutex m;
-    std::vector<std::string> failures;
-    ASSERT_EQ(
-        ring::run_virtual_ranks(
-            4,
-            [&](ring::Communicator& rc) {
-              Comm comm = CommAccess::borrow(rc);
-              Engine e = make_engine(spec, comm);
-              const auto rows = e.local_rows();
-              const int64_t inner = s.heads * s.head_dim, inner_kv = skv.heads * s.head_dim;
-              const auto lq = rows_of(q, rows, inner), lk = rows_of(k, rows, inner_kv),
-                         lv = rows_of(v, rows, inner_kv), ld = rows_of(dout, rows, inner);
-              std::vector<float> out(lq.size()), dq(lq.size()), dk(lk.size()), dv(lk.size()),
-                  lse(static_cast<std::size_t>(s.batch * s.heads) * rows.size());
-              e.forward(lq.data(), lk.data(), lv.data(), out.data(), lse.data());
-              e.backward(lq.data(), lk.data(), lv.data(), out.data(), lse.data(), ld.data(),
-                         dq.data(), dk.data(), dv.data());
-              const EngineStats st = e.stats();
-              const double errs[] = {
-                  relative_error(out.data(), rows_of(want, rows, inner).data(), out.size()),
-                  relative_error(dq.data(), rows_of(want_dq, rows, inner).data(), dq.size()),
-                  relative_error(dk.data(), rows_of(want_dk, rows, inner_kv).data(), dk.size()),
-                  relative_error(dv.data(), rows_of(want_dv, rows, inner_kv).data(), dv.size())};
-              bool good = st.ulysses == u && st.bytes_sent == st.bytes_sent_min &&
-                          st.bytes_sent_a2a == st.bytes_sent_a2a_min;
-              if (kernel == KernelChoice::cudnn)
-                good = good && st.kernel == "cudnn" && st.kernel_backward == "cudnn";
-              for (const double err : errs) good = good && err <= kHalfTolerance;
-              if (good) {
-                ++ok;
-              } else {
-                std::lock_guard lock(m);
-                failures.push_back("U " + std::to_string(u) + " rank " +
-                                   std::to_string(comm.rank()) + ": " + st.engine + " (kernel " +
-                                   st.kernel + ", backward " + st.kernel_backward + "), bytes " +
-                                   std::to_string(st.bytes_sent) + "/" +
-                                   std::to_string(st.bytes_sent_min) + ", errors " +
-                                   std::to_string(errs[0]) + " " + std::to_string(errs[1]) + " " +
-                                   std::to_string(errs[2]) + " " + std::to_string(errs[3]));
-              }
-              return 0;
-            }),
-        0);
-    for (const std::string& f : failures) ADD_FAILURE() << f;
-    EXPECT_EQ(ok.load(), 4) << "U " << u << ", kernel " << to_string(kernel);
+  for (const bool mla_cap : {false, true}) {
+    JobSpec spec = causal_job();
+    spec.config.shape = {2, 128, 4, 64};
+    spec.config.kv_heads = 2;
+    if (mla_cap) {  // values of 32 columns beside q and k of 64, logits capped at 5
+      spec.config.head_dim_v = 32;
+      spec.config.softcap = 5;
+      spec.config.scale = 5 / std::sqrt(64.0);
+    }
+    SCOPED_TRACE(mla_cap ? "head_dim_v 32, softcap 5" : "one head dim");
+    const AttentionConfig& cfg = spec.config;
+    const Shape4& s = cfg.shape;
+    auto q = testing::random_normal(static_cast<std::size_t>(s.numel()), 11),
+         k = testing::random_normal(static_cast<std::size_t>(cfg.kv_shape().numel()), 12),
+         v = testing::random_normal(static_cast<std::size_t>(cfg.v_shape().numel()), 13),
+         dout = testing::random_normal(static_cast<std::size_t>(cfg.out_shape().numel()), 14);
+    for (auto* t : {&q, &k, &v, &dout})
+      round_to_device_dtype(t->data(), t->size(), DeviceDType::bf16);
+    const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
+    const ReferenceGradients g = reference_backward(cfg, q.data(), k.data(), v.data(), dout.data());
+    const std::vector<float> want(ref.out.begin(), ref.out.end()),
+        want_dq(g.dq.begin(), g.dq.end()), want_dk(g.dk.begin(), g.dk.end()),
+        want_dv(g.dv.begin(), g.dv.end());
+    // Rows of batch-major [B, N, inner] tensors.
+    auto rows_of = [&](const std::vector<float>& full, const std::vector<int64_t>& rows,
+                       int64_t inner) {
+      std::vector<float> local;
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (const int64_t p : rows) {
+          const auto at = full.begin() + (b * s.seq_len + p) * inner;
+          local.insert(local.end(), at, at + inner);
+        }
+      return local;
+    };
+    // U = 4 is one group: each rank's slice is a single-GPU plan, which may take cuDNN; with
+    // U = 2 each slice's ring of two takes cuDNN per step (on the emulated GPU, cuDNN's
+    // stand-in: cudnn/graphs_emulated.cpp). With MLA and the cap, the native kernels compute
+    // every slice (cuDNN's forms do not compute them: --kernel cudnn falls back, saying so).
+    std::vector<std::pair<int, KernelChoice>> runs = {{2, KernelChoice::native},
+                                                      {4, KernelChoice::native}};
+#if RINGATTN_TEST_HAVE_CUDNN
+    runs.emplace_back(4, KernelChoice::cudnn);
+#endif
+#if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
+    runs.emplace_back(2, KernelChoice::cudnn);
+#endif
+    if (mla_cap) runs.emplace_back(2, KernelChoice::automatic);
+    for (const auto& [u, kernel] : runs) {
+      spec.ulysses = u;
+      spec.kernel = kernel;
+      std::atomic<int> ok{0};
+      std::mutex m;
+      std::vector<std::string> failures;
+      ASSERT_EQ(
+          ring::run_virtual_ranks(
+              4,
+              [&](ring::Communicator& rc) {
+                Comm comm = CommAccess::borrow(rc);
+                Engine e = make_engine(spec, comm);
+                const auto rows = e.local_rows();
+                const int64_t dv_cols = cfg.effective_head_dim_v();
+                const int64_t inner = s.heads * s.head_dim, inner_o = s.heads * dv_cols,
+                              inner_kv = cfg.effective_kv_heads() * s.head_dim,
+                              inner_v = cfg.effective_kv_heads() * dv_cols;
+                const auto lq = rows_of(q, rows, inner), lk = rows_of(k, rows, inner_kv),
+                           lv = rows_of(v, rows, inner_v), ld = rows_of(dout, rows, inner_o);
+                std::vector<float> out(ld.size()), dq(lq.size()), dk(lk.size()), dv(lv.size()),
+                    lse(static_cast<std::size_t>(s.batch * s.heads) * rows.size());
+                e.forward(lq.data(), lk.data(), lv.data(), out.data(), lse.data());
+                e.backward(lq.data(), lk.data(), lv.data(), out.data(), lse.data(), ld.data(),
+                           dq.data(), dk.data(), dv.data());
+                const EngineStats st = e.stats();
+                const double errs[] = {
+                    relative_error(out.data(), rows_of(want, rows, inner_o).data(), out.size()),
+                    relative_error(dq.data(), rows_of(want_dq, rows, inner).data(), dq.size()),
+                    relative_error(dk.data(), rows_of(want_dk, rows, inner_kv).data(), dk.size()),
+                    relative_error(dv.data(), rows_of(want_dv, rows, inner_v).data(), dv.size())};
+                bool good = st.ulysses == u && st.bytes_sent == st.bytes_sent_min &&
+                            st.bytes_sent_a2a == st.bytes_sent_a2a_min;
+                if (kernel == KernelChoice::cudnn && !mla_cap)
+                  good = good && st.kernel == "cudnn" && st.kernel_backward == "cudnn";
+                if (mla_cap) good = good && st.kernel == "native" && st.kernel_backward == "native";
+                for (const double err : errs) good = good && err <= kHalfTolerance;
+                if (good) {
+                  ++ok;
+                } else {
+                  std::lock_guard lock(m);
+                  failures.push_back("U " + std::to_string(u) + " rank " +
+                                     std::to_string(comm.rank()) + ": " + st.engine +
+                                     " (kernel " + st.kernel + ", backward " +
+                                     st.kernel_backward + "), bytes " +
+                                     std::to_string(st.bytes_sent) + "/" +
+                                     std::to_string(st.bytes_sent_min) + ", errors " +
+                                     std::to_string(errs[0]) + " " + std::to_string(errs[1]) +
+                                     " " + std::to_string(errs[2]) + " " +
+                                     std::to_string(errs[3]));
+                }
+                return 0;
+              }),
+          0);
+      for (const std::string& f : failures) ADD_FAILURE() << f;
+      EXPECT_EQ(ok.load(), 4) << "U " << u << ", kernel " << to_string(kernel);
+    }
+    if (mla_cap) {  // and the cap is what is checked
+      AttentionConfig uncapped = cfg;
+      uncapped.softcap = 0;
+      const ReferenceForward u = reference_forward(uncapped, q.data(), k.data(), v.data());
+      const std::vector<float> u32(u.out.begin(), u.out.end());
+      EXPECT_GT(relative_error(u32.data(), want.data(), u32.size()), 10 * kHalfTolerance);
+    }
   }
 }
 
@@ -545,8 +570,9 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapAreRefusedByNameOnTheOtherGpuPaths) {
     ulysses.ulysses = 2;
     for (const auto& [what, job, ranks] : {std::tuple{"the ring", spec, 2},
                                            std::tuple{"block-sparse", sparse, 1},
+                                           std::tuple{"block-sparse on two ranks", sparse, 2},
                                            std::tuple{"Ulysses", ulysses, 2}})
-      for (const std::string& got : subject_on(job, ranks)) EXPECT_EQ(got, field) << what;
+      for (const std::string& got : subject_on(job, ranks)) EXPECT_EQ(got, "(accepted)") << what;
     JobSpec automatic = spec;
     automatic.device = Device::automatic;
     Comm comm = Comm::single();
@@ -555,18 +581,19 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapAreRefusedByNameOnTheOtherGpuPaths) {
       ADD_FAILURE() << "bf16 accepted on the CPU";
     } catch (const InputError& e) {
       EXPECT_EQ(e.subject(), "dtype");
-      EXPECT_NE(e.problem().find("only the GPU's native kernels compute " + field),
-                std::string::npos)
+      EXPECT_NE(e.problem().find("no GPU has run the kernels that compute"), std::string::npos)
           << e.problem();
+      EXPECT_NE(e.problem().find(field + "="), std::string::npos) << e.problem();
     }
     automatic.dtype.reset();
     Engine e = make_engine(automatic, comm);
     EXPECT_EQ(e.device(), Device::cpu);
     const EngineStats st = e.stats();
     ASSERT_FALSE(st.notes.empty());
-    EXPECT_NE(st.notes.front().find("only the GPU's native kernels compute " + field),
+    EXPECT_NE(st.notes.front().find("no GPU has run the kernels that compute"),
               std::string::npos)
         << st.notes.front();
+    EXPECT_NE(st.notes.front().find(field + "="), std::string::npos) << st.notes.front();
   }
 }
 

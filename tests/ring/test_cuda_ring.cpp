@@ -23,6 +23,7 @@
 #if RINGATTN_CUDA_EMULATION
 #include "emu/runtime.hpp"
 #endif
+#include "core/patterns.hpp"
 #include "golden.hpp"
 #include "gpu_skip.hpp"
 #include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_backward_chosen
@@ -55,11 +56,13 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
                   ring::RingOptions ring_opts = {}, bool one_device = false,
                   KernelChoice kernel = KernelChoice::native, bool deterministic = false) {
   const Shape4 s = cfg.shape;
-  const auto n = static_cast<std::size_t>(s.numel());
-  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
-  Full f{{std::vector<float>(n),
+  const auto n = static_cast<std::size_t>(s.numel());                   // q, dq
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());   // k, dk
+  const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());     // v, dv
+  const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());   // out, dout
+  Full f{{std::vector<float>(n_o),
           std::vector<float>(static_cast<std::size_t>(s.batch * s.heads * s.seq_len)),
-          std::vector<float>(n), std::vector<float>(n_kv), std::vector<float>(n_kv)},
+          std::vector<float>(n), std::vector<float>(n_kv), std::vector<float>(n_v)},
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<int64_t>(static_cast<std::size_t>(p)),
          std::vector<std::size_t>(static_cast<std::size_t>(p)),
@@ -73,10 +76,14 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
                            : ring::make_nccl_communicator(control, {60});
     ring::CudaRingPlan plan(cfg, *comm, {t, kernel, r, deterministic}, ring_opts);
     const ring::ShardLayout& l = plan.layout();
-    const int64_t inner = s.heads * s.head_dim;
+    const int64_t dv_cols = cfg.effective_head_dim_v();
+    const int64_t inner = s.heads * s.head_dim, o_inner = s.heads * dv_cols;
     const int64_t kv_inner = cfg.effective_kv_heads() * s.head_dim;
+    const int64_t v_inner = cfg.effective_kv_heads() * dv_cols;
     const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
+    const auto lo_n = static_cast<std::size_t>(s.batch * l.local_len * o_inner);
     const auto lnk = static_cast<std::size_t>(s.batch * l.local_len * kv_inner);
+    const auto lnv = static_cast<std::size_t>(s.batch * l.local_len * v_inner);
     const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
     auto to_device = [&](const std::vector<float>& full, int64_t row, const char* what) {
       const auto count = static_cast<std::size_t>(s.batch * l.local_len * row);
@@ -87,25 +94,25 @@ Full run_gpu_ring(const AttentionConfig& cfg, const RingInputs& in, int p, Devic
       return b;
     };
     DeviceBuffer q = to_device(in.q, inner, "q"), k = to_device(in.k, kv_inner, "k"),
-                 v = to_device(in.v, kv_inner, "v"), dout = to_device(in.dout, inner, "dout");
-    DeviceBuffer out(ln * 4, "out", r), lse(lrows * 4, "lse", r), dq(ln * 4, "dq", r),
-        dk(lnk * 4, "dk", r), dv(lnk * 4, "dv", r);
+                 v = to_device(in.v, v_inner, "v"), dout = to_device(in.dout, o_inner, "dout");
+    DeviceBuffer out(lo_n * 4, "out", r), lse(lrows * 4, "lse", r), dq(ln * 4, "dq", r),
+        dk(lnk * 4, "dk", r), dv(lnv * 4, "dv", r);
     plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                   dq.as<float>(), dk.as<float>(), dv.as<float>());
     plan.synchronize();
-    std::vector<float> lo(ln), llse(lrows), ldq(ln), ldk(lnk), ldv(lnk);
-    out.download(lo.data(), ln);
+    std::vector<float> lo(lo_n), llse(lrows), ldq(ln), ldk(lnk), ldv(lnv);
+    out.download(lo.data(), lo_n);
     lse.download(llse.data(), lrows);
     dq.download(ldq.data(), ln);
     dk.download(ldk.data(), lnk);
-    dv.download(ldv.data(), lnk);
+    dv.download(ldv.data(), lnv);
     std::lock_guard lock(mu);
-    ring::insert_rows(l, control.rank(), s.batch, inner, lo.data(), f.out.data());
+    ring::insert_rows(l, control.rank(), s.batch, o_inner, lo.data(), f.out.data());
     ring::insert_lse(l, control.rank(), s.batch, s.heads, llse.data(), f.lse.data());
     ring::insert_rows(l, control.rank(), s.batch, inner, ldq.data(), f.dq.data());
     ring::insert_rows(l, control.rank(), s.batch, kv_inner, ldk.data(), f.dk.data());
-    ring::insert_rows(l, control.rank(), s.batch, kv_inner, ldv.data(), f.dv.data());
+    ring::insert_rows(l, control.rank(), s.batch, v_inner, ldv.data(), f.dv.data());
     const auto me = static_cast<std::size_t>(control.rank());
     f.bytes_sent[me] = plan.last_forward().bytes_sent;
     f.workspace[me] = plan.workspace_bytes();
@@ -150,7 +157,8 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const int64_t d = cfg.shape.head_dim;
   const bool hopper_asked = kernel == KernelChoice::hopper ||
                             (kernel == KernelChoice::automatic && t != DeviceDType::fp32);
-  if (hopper_asked && (d == 64 || d == 128 || d == 256)) {
+  // (values of their own head dim and soft-capped logits: the native kernels only)
+  if (hopper_asked && (d == 64 || d == 128 || d == 256) && value_dim_and_cap_words(cfg).empty()) {
     EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
     EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
     if (kernel == KernelChoice::hopper &&
@@ -170,10 +178,9 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const ReferenceGradients g =
       reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
   const double tol = t == DeviceDType::fp32 ? 1e-4 : 1e-2;
-  const auto n = got.out.size();
-  const double e[5] = {relative_error(got.out.data(), ref.out.data(), n),
+  const double e[5] = {relative_error(got.out.data(), ref.out.data(), got.out.size()),
                        relative_error(got.lse.data(), ref.lse.data(), got.lse.size()),
-                       relative_error(got.dq.data(), g.dq.data(), n),
+                       relative_error(got.dq.data(), g.dq.data(), got.dq.size()),
                        relative_error(got.dk.data(), g.dk.data(), got.dk.size()),
                        relative_error(got.dv.data(), g.dv.data(), got.dv.size())};
   const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
@@ -197,16 +204,17 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
               got.bytes_min[static_cast<std::size_t>(r)])
         << what << " P=" << p << " rank " << r;
   // The memory bound (docs/COMMUNICATION.md): two send, two receive, two partial and two
-  // return buffers, each at most one shard's K and V rows (B·n·H rows of D), plus D and the
-  // lists; nothing grows with N·P.
+  // return buffers, each at most one shard's K and V rows (B·n·H rows of D + Dv), plus D and
+  // the lists; nothing grows with N·P.
   const Shape4& s = cfg.shape;
   const auto shard_rows = static_cast<std::size_t>(s.batch * (s.seq_len / p) * s.heads);
   const std::size_t eb = bytes_per_element(t);
+  const auto kv_cols = static_cast<std::size_t>(s.head_dim + cfg.effective_head_dim_v());
+  const auto dv_cols = static_cast<std::size_t>(cfg.effective_head_dim_v());
   // With per-step partials, one more shard's out and lse (fp32).
-  const std::size_t bound =
-      2 * 2 * shard_rows * static_cast<std::size_t>(s.head_dim) * (eb + eb + 4 + 4) +
-      shard_rows * 4 + (std::size_t{1} << 20) +
-      (partials ? shard_rows * (static_cast<std::size_t>(s.head_dim) + 1) * 4 : 0);
+  const std::size_t bound = 2 * shard_rows * kv_cols * (eb + eb + 4 + 4) + shard_rows * 4 +
+                            (std::size_t{1} << 20) +
+                            (partials ? shard_rows * (dv_cols + 1) * 4 : 0);
   for (int r = 0; r < p; ++r)
     EXPECT_LE(got.workspace[static_cast<std::size_t>(r)], bound)
         << what << " P=" << p << " rank " << r;
@@ -487,6 +495,93 @@ std::vector<RingCase> hopper_ring_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Hopper, CudaRingHopper, ::testing::ValuesIn(hopper_ring_cases()),
                          [](const auto& p) { return name_of(p.param); });
+
+// Values of their own head dim (MLA: K rows of D and V rows of Dv back to back in each packed
+// buffer, the dK/dV partials alike, bytes still the minimum) and soft-capped logits on the GPU
+// ring: P = 1..4 against float64 and the CPU engine, forward and every gradient, under
+// --kernel auto (the sm_90a and cuDNN forms do not compute them: the native kernels run, and
+// the notes say so), through per-step partials for two cases, in fp32 for one. A capped case
+// must differ from its uncapped reference by more than ten times the tolerance, so that the
+// cap is what is checked.
+class CudaRingMlaSoftcap : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(CudaRingMlaSoftcap, EveryRankCountMatchesTheReference) {
+  const RingCase& rc = GetParam();
+  const AttentionConfig cfg = testing::config_of(rc.c, rc.causal);
+  const RingInputs in = testing::random_inputs(cfg);
+  if (cfg.softcapped()) {
+    AttentionConfig uncapped = cfg;
+    uncapped.softcap = 0;
+    const ReferenceForward a = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+    const ReferenceForward b = reference_forward(uncapped, in.q.data(), in.k.data(), in.v.data());
+    const std::vector<float> a32(a.out.begin(), a.out.end());
+    EXPECT_GT(relative_error(a32.data(), b.out.data(), a32.size()), 10 * 1e-2)
+        << "the cap does not change " << name_of(rc) << "'s answer";
+  }
+  const bool partials_too = std::string(rc.c.name) == "mla_192_128" ||
+                            std::string(rc.c.name) == "cap30_mla_40_24_packed";
+  for (int p = 1; p <= 4; ++p) {
+    if (cfg.shape.seq_len % p != 0) continue;
+    if (const std::string why = skip_reason(p); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+    const Full got = expect_matches_reference(name_of(rc) + " (auto)", cfg, in, p,
+                                              DeviceDType::bf16, {}, KernelChoice::automatic);
+    EXPECT_EQ(got.kernel, "native") << name_of(rc) << " P=" << p;
+    EXPECT_EQ(got.kernel_backward, "native") << name_of(rc) << " P=" << p;
+    const std::string all = ::testing::PrintToString(got.notes);
+    EXPECT_NE(all.find("which no GPU has run yet"), std::string::npos) << all;
+#if RINGATTN_CUDA_EMULATION  // the emulated GPUs are sm_90s: the sm_90a kernels say why not
+    EXPECT_NE(all.find("the sm_90a ones cannot run: they do not compute"), std::string::npos)
+        << all;
+#endif
+    if (partials_too && p >= 2) {
+      ring::RingOptions opts;
+      opts.step_results = ring::RingOptions::StepResults::partials;
+      expect_matches_reference(name_of(rc) + " (partials)", cfg, in, p, DeviceDType::bf16, opts);
+    }
+    if (std::string(rc.c.name) == "mla_64_32_window" && p == 3)
+      expect_matches_reference(name_of(rc), cfg, in, p, DeviceDType::fp32);
+  }
+}
+
+std::vector<RingCase> mla_softcap_cuda_ring_cases() {
+  std::vector<RingCase> v;
+  bool causal = true;
+  for (const auto& c : testing::mla_softcap_ring_cases()) {
+    v.push_back({c, causal});
+    causal = !causal;
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(MlaSoftcap, CudaRingMlaSoftcap,
+                         ::testing::ValuesIn(mla_softcap_cuda_ring_cases()),
+                         [](const auto& p) { return name_of(p.param); });
+
+#if RINGATTN_TEST_HAVE_CUDNN || RINGATTN_CUDA_EMULATION
+// --kernel cudnn with values of their own head dim or a cap: cuDNN's ring steps do not compute
+// them here, so every step runs on ringattn's kernels, with a note naming the feature.
+TEST(CudaRing, CudnnStepsLeaveValueHeadDimAndSoftcapToOurKernelsWithANote) {
+  if (const std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << "SKIPPED: " << why;
+#if RINGATTN_CUDA_EMULATION
+  const testing::CudnnStandinScope standin;
+#endif
+  for (const auto& c : testing::mla_softcap_ring_cases()) {
+    const std::string name = c.name;
+    if (name != "mla_64_32_window" && name != "cap1_dense") continue;
+    const AttentionConfig cfg = testing::config_of(c, true);
+    const Full got =
+        expect_matches_reference(name + " (cudnn asked)", cfg, testing::random_inputs(cfg), 2,
+                                 DeviceDType::bf16, {}, KernelChoice::cudnn, false, false);
+    EXPECT_EQ(got.kernel, "native") << name;
+    EXPECT_EQ(got.kernel_backward, "native") << name;
+    const std::string all = ::testing::PrintToString(got.notes);
+    EXPECT_NE(all.find("kernel=cudnn: cuDNN's ring steps here do not compute " +
+                       value_dim_and_cap_words(cfg)),
+              std::string::npos)
+        << all;
+  }
+}
+#endif
 
 // --kernel auto on the ring: the sm_90a kernels where they run (bf16 on the emulated sm_90s,
 // checked against float64 and the CPU engine), the native ones in fp32, each with a note.

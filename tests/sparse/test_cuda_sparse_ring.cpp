@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -20,6 +21,7 @@
 #if RINGATTN_CUDA_EMULATION
 #include "emu/runtime.hpp"
 #endif
+#include "core/patterns.hpp"
 #include "golden.hpp"
 #include "gpu_skip.hpp"
 #include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_backward_chosen
@@ -46,6 +48,7 @@ struct Full : testing::FullResult {
   std::vector<int> peers;
   std::string kernel;           // rank 0's forward kernel
   std::string kernel_backward;  // and its backward's
+  std::vector<std::string> notes;  // rank 0's
 };
 
 bool ranks_share_a_device(int p) { return probe_cuda_device().device_count < p; }
@@ -56,16 +59,19 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
                      const Inputs& in, int p, DeviceDType t, bool force_shared = false,
                      KernelChoice kernel = KernelChoice::native) {
   const Shape4 s = cfg.shape;
-  const int64_t g = cfg.effective_kv_heads();
+  const int64_t g = cfg.effective_kv_heads(), dv_cols = cfg.effective_head_dim_v();
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());
+  const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());
   const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
   const bool shared = force_shared || ranks_share_a_device(p);
-  Full f{{std::vector<float>(n), std::vector<float>(rows), std::vector<float>(n),
-          std::vector<float>(n_kv), std::vector<float>(n_kv)},
+  Full f{{std::vector<float>(n_o), std::vector<float>(rows), std::vector<float>(n),
+          std::vector<float>(n_kv), std::vector<float>(n_v)},
          std::vector<int64_t>(p),
          std::vector<int64_t>(p),
          std::vector<int>(p),
+         {},
          {},
          {}};
   std::mutex mu;
@@ -77,15 +83,17 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
     EXPECT_EQ(plan.dtype(), t) << "the plan fell back to fp32";
     const ring::ShardLayout& l = plan.layout();
     const int64_t inner = s.heads * s.head_dim, kv_inner = g * s.head_dim;
+    const int64_t o_inner = s.heads * dv_cols, v_inner = g * dv_cols;
     const auto ln = static_cast<std::size_t>(s.batch * l.local_len * inner);
     const auto ln_kv = static_cast<std::size_t>(s.batch * l.local_len * kv_inner);
+    const auto ln_o = static_cast<std::size_t>(s.batch * l.local_len * o_inner);
+    const auto ln_v = static_cast<std::size_t>(s.batch * l.local_len * v_inner);
     const auto lrows = static_cast<std::size_t>(s.batch * s.heads * l.local_len);
     const std::size_t eb = bytes_per_element(t);
-    auto to_device = [&](const std::vector<float>& full, const char* what, bool kv = false) {
-      const std::size_t count = kv ? ln_kv : ln;
+    auto to_device = [&](const std::vector<float>& full, const char* what, int64_t row) {
+      const auto count = static_cast<std::size_t>(s.batch * l.local_len * row);
       std::vector<float> local(count);
-      ring::extract_rows(l, control.rank(), s.batch, kv ? kv_inner : inner, full.data(),
-                         local.data());
+      ring::extract_rows(l, control.rank(), s.batch, row, full.data(), local.data());
       DeviceBuffer b(count * eb, what, r);
       b.upload(local.data(), count, t);
       return b;
@@ -96,29 +104,29 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
                DeviceDType::fp32);
       return b;
     };
-    DeviceBuffer q = to_device(in.q, "q"), k = to_device(in.k, "k", true),
-                 v = to_device(in.v, "v", true), dout = to_device(in.dout, "dout");
-    DeviceBuffer out = poisoned(ln, "out"), lse = poisoned(lrows, "lse"), dq = poisoned(ln, "dq"),
-                 dk = poisoned(ln_kv, "dk"), dv = poisoned(ln_kv, "dv");
+    DeviceBuffer q = to_device(in.q, "q", inner), k = to_device(in.k, "k", kv_inner),
+                 v = to_device(in.v, "v", v_inner), dout = to_device(in.dout, "dout", o_inner);
+    DeviceBuffer out = poisoned(ln_o, "out"), lse = poisoned(lrows, "lse"),
+                 dq = poisoned(ln, "dq"), dk = poisoned(ln_kv, "dk"), dv = poisoned(ln_v, "dv");
     plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
     plan.synchronize();
     const int64_t fwd_bytes = plan.last_forward().bytes_sent;
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                   dq.as<float>(), dk.as<float>(), dv.as<float>());
     plan.synchronize();
-    std::vector<float> lo(ln), llse(lrows), ldq(ln), ldk(ln_kv), ldv(ln_kv);
-    out.download(lo.data(), ln);
+    std::vector<float> lo(ln_o), llse(lrows), ldq(ln), ldk(ln_kv), ldv(ln_v);
+    out.download(lo.data(), ln_o);
     lse.download(llse.data(), lrows);
     dq.download(ldq.data(), ln);
     dk.download(ldk.data(), ln_kv);
-    dv.download(ldv.data(), ln_kv);
+    dv.download(ldv.data(), ln_v);
     std::lock_guard lock(mu);
     const int me = control.rank();
-    ring::insert_rows(l, me, s.batch, inner, lo.data(), f.out.data());
+    ring::insert_rows(l, me, s.batch, o_inner, lo.data(), f.out.data());
     ring::insert_lse(l, me, s.batch, s.heads, llse.data(), f.lse.data());
     ring::insert_rows(l, me, s.batch, inner, ldq.data(), f.dq.data());
     ring::insert_rows(l, me, s.batch, kv_inner, ldk.data(), f.dk.data());
-    ring::insert_rows(l, me, s.batch, kv_inner, ldv.data(), f.dv.data());
+    ring::insert_rows(l, me, s.batch, v_inner, ldv.data(), f.dv.data());
     const auto i = static_cast<std::size_t>(me);
     f.bytes_sent[i] = fwd_bytes;
     // The minimum is counted in fp32 K/V; the exchange moves them in the device dtype.
@@ -127,6 +135,7 @@ Full run_sparse_ring(const AttentionConfig& cfg, std::shared_ptr<const BlockList
     if (me == 0) {
       f.kernel = plan.kernel_name();
       f.kernel_backward = plan.backward_kernel_name();
+      f.notes = plan.notes();
     }
     return 0;
   });
@@ -166,9 +175,19 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
   for (int p = 1; p <= 4; ++p) {
     if (nb % p != 0) continue;
     const Full got = run_sparse_ring(cfg, lists, in, p, t, false, kernel);
+    if (!value_dim_and_cap_words(cfg).empty()) {  // the native kernels, saying so
+      EXPECT_EQ(got.kernel, "native") << what << " P=" << p;
+      const std::string all = ::testing::PrintToString(got.notes);
+      EXPECT_NE(all.find("which no GPU has run yet"), std::string::npos) << all;
+#if RINGATTN_CUDA_EMULATION  // every emulated device here is an sm_90: the sm_90a kernels say why not
+      if (kernel != KernelChoice::native) {
+        EXPECT_NE(all.find("they do not compute"), std::string::npos) << all;
+      }
+#endif
+    }
     const auto n = got.out.size();
 #if RINGATTN_CUDA_EMULATION
-    if (kernel == KernelChoice::hopper) {  // every emulated device here is an sm_90
+    if (kernel == KernelChoice::hopper && value_dim_and_cap_words(cfg).empty()) {
       EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;
       EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
       // RINGATTN_HOPPER_BWD=fused_wide: the wide fused kernel where key tiles pair up.
@@ -180,7 +199,7 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
 #endif
     const double e[5] = {relative_error(got.out.data(), ref.out.data(), n),
                          relative_error(got.lse.data(), ref.lse.data(), got.lse.size()),
-                         relative_error(got.dq.data(), g.dq.data(), n),
+                         relative_error(got.dq.data(), g.dq.data(), got.dq.size()),
                          relative_error(got.dk.data(), g.dk.data(), got.dk.size()),
                          relative_error(got.dv.data(), g.dv.data(), got.dv.size())};
     const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
@@ -325,6 +344,62 @@ TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
     in.k.resize(n_kv);
     in.v.resize(n_kv);
     expect_every_p_matches_reference(f.name, cfg, lists, in, f.dtype);
+  }
+}
+
+// Values of their own head dim (the slabs' V halves at Dv) and soft-capped logits on GPU
+// block-sparse, P = 1..4 against float64: MLA's 192/128 causal, 64/32 with GQA and a window,
+// a cap of 30 causal, and 40/24 with a cap of 1 over packed documents in fp32; under --kernel
+// auto and hopper the native kernels run (the sm_90a ones do not compute these), saying so.
+// Each capped case differs from its uncapped reference by more than ten times the tolerance.
+TEST(CudaSparseRingFeatures, ValueHeadDimAndSoftcapMatchTheReference) {
+  struct Feature {
+    const char* name;
+    Shape4 shape;
+    int64_t block_size, kv_heads, head_dim_v, window;
+    double cap;
+    std::vector<int64_t> cu_seqlens;
+    bool causal;
+    DeviceDType dtype;
+    KernelChoice kernel;
+  };
+  using T = DeviceDType;
+  using K = KernelChoice;
+  for (const Feature& f :
+       {Feature{"mla_192_128_causal", {1, 384, 2, 192}, 64, 0, 128, -1, 0, {}, true, T::bf16,
+                K::automatic},
+        Feature{"mla_64_32_gqa_window", {1, 768, 4, 64}, 64, 2, 32, 50, 0, {}, false, T::fp16,
+                K::native},
+        Feature{"cap30_causal", {1, 768, 2, 64}, 64, 0, 0, -1, 30, {}, true, T::bf16,
+                K::hopper},
+        Feature{"cap1_mla_40_24_packed_fp32", {1, 384, 2, 40}, 32, 0, 24, -1, 1,
+                {0, 100, 250, 384}, true, T::fp32, K::automatic}}) {
+    AttentionConfig cfg = config(f.shape, f.block_size, f.causal);
+    if (f.kv_heads) cfg.kv_heads = f.kv_heads;
+    if (f.head_dim_v) cfg.head_dim_v = f.head_dim_v;
+    if (f.window >= 0) cfg.window_left = f.window;
+    cfg.cu_seqlens = f.cu_seqlens;
+    cfg.softcap = f.cap;
+    if (f.cap > 0) cfg.scale = f.cap / std::sqrt(static_cast<double>(f.shape.head_dim));
+    const Geometry g{f.shape.seq_len, f.block_size, f.shape.heads};
+    auto lists = std::make_shared<const BlockLists>(
+        build_lists(parse_pattern("local:window=128+global:blocks=1", g, {}, {}, 0), g));
+    const Inputs in{testing::random_normal(static_cast<std::size_t>(cfg.shape.numel()), 91),
+                    testing::random_normal(static_cast<std::size_t>(cfg.kv_shape().numel()), 92),
+                    testing::random_normal(static_cast<std::size_t>(cfg.v_shape().numel()), 93),
+                    testing::random_normal(static_cast<std::size_t>(cfg.out_shape().numel()), 94)};
+    if (f.cap > 0) {
+      AttentionConfig uncapped = cfg;
+      uncapped.softcap = 0;
+      const ReferenceForward a = reference_forward_blocks(problem_of(cfg, lists), in.q.data(),
+                                                          in.k.data(), in.v.data());
+      const ReferenceForward b = reference_forward_blocks(problem_of(uncapped, lists),
+                                                          in.q.data(), in.k.data(), in.v.data());
+      const std::vector<float> a32(a.out.begin(), a.out.end());
+      EXPECT_GT(relative_error(a32.data(), b.out.data(), a32.size()), 10 * 1e-2)
+          << "the cap does not change " << f.name << "'s answer";
+    }
+    expect_every_p_matches_reference(f.name, cfg, lists, in, f.dtype, nullptr, f.kernel);
   }
 }
 

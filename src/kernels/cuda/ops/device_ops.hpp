@@ -70,7 +70,8 @@ void scale_floats(float* data, int64_t n, float factor, cudaStream_t stream);
 
 // Packed rows: `rows` rows starting at element row0 of a [B, N, H, D] shard, `stride`
 // elements apart, at rows buf_row.. of a buffer of K rows [buffer_rows, D] then V rows
-// [buffer_rows, D]. A launch walks `total_rows` rows numbered by the runs' `base` (runs in
+// [buffer_rows, Dv]. row0 and stride count K's elements (rows of D); V's rows sit at the same
+// row positions of a [B, N, H, Dv] shard (value_floats, kernels/cpu_flash.hpp). A launch walks `total_rows` rows numbered by the runs' `base` (runs in
 // base order covering [0, total_rows) exactly); the ring packs a whole buffer (buf_row ==
 // base, buffer_rows == total_rows), block-sparse adds a returned buffer in several launches
 // of disjoint rows.
@@ -83,6 +84,13 @@ struct PackParams {
   int64_t total_rows = 0;   // rows this launch walks
   int64_t buffer_rows = 0;  // rows of each half of the buffer
   int64_t head_dim = 0;
+  int64_t head_dim_v = 0;  // V (and dV) rows' width; 0: head_dim
+
+  RINGATTN_HOST_DEVICE int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  // V's element offset of the row at K element offset `x` (x a whole number of rows of D).
+  RINGATTN_HOST_DEVICE int64_t value_elems(int64_t x) const {
+    return head_dim_v > 0 ? x / head_dim * head_dim_v : x;
+  }
 };
 // buf[K rows | V rows] = k, v at the runs' rows, in element type `e` (no conversion).
 void launch_pack_rows(Elem e, const PackParams& p, const void* k, const void* v, void* buf,

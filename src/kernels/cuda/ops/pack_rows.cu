@@ -37,12 +37,11 @@ __global__ void pack_rows_kernel(const PackParams p, const T* k, const T* v, T* 
     const PackedRun run = p.runs[run_of(p, r)];
     const int64_t at = run.row0 + (r - run.base) * run.stride;
     const int64_t br = run.buf_row + (r - run.base);
+    const int64_t dv = p.value_dim(), at_v = p.value_elems(at);
     T* kb = buf + br * p.head_dim;
-    T* vb = buf + (p.buffer_rows + br) * p.head_dim;
-    for (int64_t d = lane; d < p.head_dim; d += 32) {
-      kb[d] = k[at + d];
-      vb[d] = v[at + d];
-    }
+    T* vb = buf + p.buffer_rows * p.head_dim + br * dv;
+    for (int64_t d = lane; d < p.head_dim; d += 32) kb[d] = k[at + d];
+    for (int64_t d = lane; d < dv; d += 32) vb[d] = v[at_v + d];
   }
 }
 
@@ -55,26 +54,31 @@ __global__ void unpack_add_kernel(const PackParams p, const float* buf, float* d
     const PackedRun run = p.runs[run_of(p, r)];
     const int64_t at = run.row0 + (r - run.base) * run.stride;
     const int64_t br = run.buf_row + (r - run.base);
+    const int64_t d_v = p.value_dim(), at_v = p.value_elems(at);
     const float* kb = buf + br * p.head_dim;
-    const float* vb = buf + (p.buffer_rows + br) * p.head_dim;
-    for (int64_t d = lane; d < p.head_dim; d += 32) {
-      dk[at + d] += kb[d];
-      dv[at + d] += vb[d];
-    }
+    const float* vb = buf + p.buffer_rows * p.head_dim + br * d_v;
+    for (int64_t d = lane; d < p.head_dim; d += 32) dk[at + d] += kb[d];
+    for (int64_t d = lane; d < d_v; d += 32) dv[at_v + d] += vb[d];
   }
 }
 
-// One thread per column, every packed row in order (rows may repeat across runs).
+// One thread per column of K or of V, every packed row in order (rows may repeat across
+// runs): threads [0, D) add dK's columns, [D, D + Dv) dV's.
 __global__ void unpack_add_serial_kernel(const PackParams p, const float* buf, float* dk,
                                          float* dv) {
-  const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (d >= p.head_dim) return;
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t d_v = p.value_dim();
+  if (c >= p.head_dim + d_v) return;
+  const bool is_v = c >= p.head_dim;
+  const int64_t d = is_v ? c - p.head_dim : c;
+  const int64_t width = is_v ? d_v : p.head_dim;
+  const float* half = is_v ? buf + p.buffer_rows * p.head_dim : buf;
+  float* dst = is_v ? dv : dk;
   for (int64_t i = 0; i < p.n_runs; ++i) {
     const PackedRun run = p.runs[i];
     for (int64_t j = 0; j < run.rows; ++j) {
-      const int64_t at = run.row0 + j * run.stride + d;
-      dk[at] += buf[(run.buf_row + j) * p.head_dim + d];
-      dv[at] += buf[(p.buffer_rows + run.buf_row + j) * p.head_dim + d];
+      const int64_t at = run.row0 + j * run.stride;
+      dst[(is_v ? p.value_elems(at) : at) + d] += half[(run.buf_row + j) * width + d];
     }
   }
 }
@@ -110,7 +114,7 @@ void launch_unpack_add_rows(const PackParams& p, const float* buf, float* dk, fl
   if (p.total_rows == 0) return;
   if (rows_may_repeat) {
     launch_kernel("unpack_add_serial_kernel", &unpack_add_serial_kernel,
-                  dim3(blocks_for(p.head_dim, 128)), dim3(128), 0, stream, p, buf, dk, dv);
+                  dim3(blocks_for(p.head_dim + p.value_dim(), 128)), dim3(128), 0, stream, p, buf, dk, dv);
     RINGATTN_CUDA_CHECK_LAUNCH("unpack_add_serial_kernel");
   } else {
     launch_kernel("unpack_add_kernel", &unpack_add_kernel,
