@@ -232,8 +232,14 @@ plan_verify() {
   gtest verify cudnn_dilated_bwd test_cuda_kernels 'CudaKernels.CudnnDilatedBackward*'
   gtest verify sinks test_job_cuda 'EngineCuda.Sinks*'
   # The native kernels with values of their own head dim (MLA's 192/128) and soft-capped
-  # logits: checked on the emulated GPU only (verified_forms.hpp lists neither).
-  gtest verify mla_softcap test_job_cuda 'EngineCuda.ValueHeadDimAndSoftcap*'
+  # logits on one GPU, the ring, Ulysses and block-sparse, and cuDNN's graphs with both (V/O of
+  # their own width, the soft-cap score modifier): checked on the emulated GPU only
+  # (verified_forms.hpp lists none of them).
+  gtest verify mla_softcap test_job_cuda 'EngineCuda.ValueHeadDimAndSoftcap*:EngineCuda.Ulysses*'
+  gtest verify mla_softcap test_cuda_ring 'MlaSoftcap/CudaRingMlaSoftcap.*:CudaRing.CudnnStepsLeave*'
+  gtest verify mla_softcap test_cuda_ring 'CudaSparseRingFeatures.ValueHeadDimAndSoftcap*'
+  gtest verify cudnn_mla_softcap test_cuda_kernels 'CudaKernels.CudnnValueHeadDimAndSoftcap*'
+  gtest verify cudnn_mla_softcap test_cudnn_graphs 'CudnnViews.ValueHeadDimAndSoftcap*'
   # --kernel auto with cuDNN beside the sm_90a kernels, and timing the fused backward against
   # the two passes (the switches as ctest sets them); the view epilogue on cuDNN's rows.
   local a="RINGATTN_HOPPER_BWD=auto RINGATTN_HOPPER_FWD=auto"

@@ -259,9 +259,17 @@ struct CudaPlan::Impl {
   kc::GpuPath cudnn_path() const {
     return cfg.attention == AttentionKind::dilated ? kc::GpuPath::tasks : kc::GpuPath::dense;
   }
+  // Values of their own head dim and the soft-cap make cuDNN's graphs a form of their own (its
+  // score modifier, V and O tensors of another width), both passes.
+  bool cudnn_value_dim_or_cap() const { return !value_dim_and_cap_words(cfg).empty(); }
+  kc::GpuForm cudnn_forward_form() const {
+    return cudnn_value_dim_or_cap() ? kc::GpuForm::cudnn_value_dim_softcap
+                                    : kc::GpuForm::cudnn_forward;
+  }
   kc::GpuForm cudnn_backward_form() const {
-    return cfg.attention == AttentionKind::dilated ? kc::GpuForm::cudnn_dilated_backward
-                                                   : kc::GpuForm::cudnn_backward;
+    return cudnn_value_dim_or_cap()                  ? kc::GpuForm::cudnn_value_dim_softcap
+           : cfg.attention == AttentionKind::dilated ? kc::GpuForm::cudnn_dilated_backward
+                                                     : kc::GpuForm::cudnn_backward;
   }
   // What runs where cuDNN does not: the sm_90a kernels where they can, else the native ones.
   const char* forward_fallback() const { return hopper.forward_name(); }
@@ -436,8 +444,6 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   if (opts.kernel == KernelChoice::cudnn || automatic) {
 #if RINGATTN_HAVE_CUDNN
     try {
-      if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
-        throw kc::CudnnUnavailable("its graphs here do not compute " + f);
       // cuDNN's views number heads from 0 of this config's; a slice's dilated heads keep
       // the job's groups and offsets, which the views do not carry.
       if (m.elem != kc::Elem::fp32 && cfg.attention == AttentionKind::dilated &&
@@ -451,7 +457,7 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       // Deterministic runs choose by rule: timing could pick either kernel on another run.
       // auto takes only what a GPU has passed (verified_forms.hpp); kernel=cudnn runs the
       // rest with a note.
-      const bool forward_verified = kc::verified_on_gpu(kc::GpuForm::cudnn_forward, m.cudnn_path());
+      const bool forward_verified = kc::verified_on_gpu(m.cudnn_forward_form(), m.cudnn_path());
       const bool backward_verified = kc::verified_on_gpu(m.cudnn_backward_form(), m.cudnn_path());
       const bool cudnn_asked = opts.kernel == KernelChoice::cudnn;
       m.use_cudnn = cudnn_asked || (automatic && opts.deterministic && forward_verified);
@@ -460,12 +466,14 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
       m.decide_on_first_backward = m.cudnn->has_backward() && automatic && backward_verified;
       const std::string how = field_is("kernel", "cudnn");
       if (automatic && !forward_verified)
-        m.notes.push_back(kc::unverified_by_auto_note(kc::GpuForm::cudnn_forward, how));
-      if (automatic && m.cudnn->has_backward() && !backward_verified)
+        m.notes.push_back(kc::unverified_by_auto_note(m.cudnn_forward_form(), how));
+      const bool one_form = m.cudnn_backward_form() == m.cudnn_forward_form();
+      if (automatic && m.cudnn->has_backward() && !backward_verified &&
+          !(one_form && !forward_verified))
         m.notes.push_back(kc::unverified_by_auto_note(m.cudnn_backward_form(), how));
       if (cudnn_asked && !forward_verified)
-        m.notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_forward, how));
-      if (m.use_cudnn_backward && !backward_verified)
+        m.notes.push_back(kc::forced_unverified_note(m.cudnn_forward_form(), how));
+      if (m.use_cudnn_backward && !backward_verified && !(one_form && cudnn_asked))
         m.notes.push_back(kc::forced_unverified_note(m.cudnn_backward_form(), how));
       std::ostringstream os;
       os << std::fixed << std::setprecision(0) << m.cudnn->description() << ", graphs built in "

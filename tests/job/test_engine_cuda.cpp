@@ -443,8 +443,13 @@ TEST(EngineCuda, MpiTransportIsRefusedNamingComm) {
 // Values of their own head dim (MLA's 192/128 and others) and soft-capped logits on one GPU:
 // the native kernels (tensor-core in bf16/fp16, the fp32 kernels in fp32), forward and every
 // gradient against the float64 reference of the inputs rounded to the dtype, with the cap
-// large enough to change the answer; auto runs them too (the sm_90a and cuDNN forms do not
-// compute these), saying so.
+// large enough to change the answer; auto runs them (the sm_90a kernels do not compute these,
+// and auto leaves cuDNN's such graphs out until a GPU has passed them), saying so. Where
+// cuDNN is built (a GPU's build; the emulated GPU's CudaPlan has none, and
+// CudaKernels.CudnnValueHeadDimAndSoftcap* runs CudnnSdpa on its stand-in), bf16 and fp16
+// also run with --kernel cudnn: cuDNN's graphs (V and O of their own width, the soft-cap as
+// its score modifier with the band inside it), with a note that they are unverified on
+// hardware, or the native kernels and cuDNN's reason where it refuses a graph.
 TEST(EngineCuda, ValueHeadDimAndSoftcapOnOneGpuMatchFloat64) {
   REQUIRE_GPU();
   struct Case {
@@ -478,9 +483,18 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapOnOneGpuMatchFloat64) {
          c.cu_seqlens = {0, 50, 128};
        }},
   };
+  std::vector<std::pair<const Case*, KernelChoice>> runs;
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
+    runs.emplace_back(&c, KernelChoice::automatic);
+#if RINGATTN_TEST_HAVE_CUDNN
+    if (c.dtype != DeviceDType::fp32) runs.emplace_back(&c, KernelChoice::cudnn);
+#endif
+  }
+  for (const auto& [cp, kernel] : runs) {
+    const Case& c = *cp;
+    SCOPED_TRACE(std::string(c.name) + ", kernel " + to_string(kernel));
     JobSpec spec;
+    spec.kernel = kernel;
     spec.config.shape = c.shape;
     spec.config.head_dim_v = c.dv;
     spec.config.softcap = c.cap;
@@ -505,11 +519,32 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapOnOneGpuMatchFloat64) {
     e.backward(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), dq.data(),
                dk.data(), dv.data());
     const EngineStats st = e.stats();
-    EXPECT_EQ(st.kernel, "native");
-    const bool noted = std::any_of(st.notes.begin(), st.notes.end(), [](const std::string& n) {
-      return n.find("no GPU has run yet") != std::string::npos;
-    });
-    EXPECT_TRUE(noted) << "no note that these kernels are unverified on hardware";
+    const auto noted = [&](const std::string& text) {
+      return std::any_of(st.notes.begin(), st.notes.end(),
+                         [&](const std::string& n) { return n.find(text) != std::string::npos; });
+    };
+    const std::string all = ::testing::PrintToString(st.notes);
+    if (kernel == KernelChoice::cudnn) {
+      if (st.kernel == "cudnn") {  // a real cuDNN may refuse a graph: native runs, saying why
+        EXPECT_TRUE(noted("kernel=cudnn runs cuDNN's graphs with values of their own head dim or "
+                          "a soft-cap score modifier, unverified on hardware"))
+            << all;
+      } else {
+        EXPECT_TRUE(noted("kernel=cudnn: cuDNN cannot run this configuration")) << all;
+      }
+    } else {
+      EXPECT_EQ(st.kernel, "native") << all;
+      EXPECT_TRUE(noted("no GPU has run yet")) << "no note that these kernels are unverified on "
+                                                  "hardware: "
+                                               << all;
+#if RINGATTN_TEST_HAVE_CUDNN
+      if (c.dtype != DeviceDType::fp32) {
+        EXPECT_TRUE(noted("kernel=auto leaves out cuDNN's graphs with values of their own head "
+                          "dim or a soft-cap score modifier"))
+            << all;
+      }
+#endif
+    }
     const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
     const ReferenceGradients g =
         reference_backward(cfg, q.data(), k.data(), v.data(), dout.data());
@@ -529,11 +564,13 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapOnOneGpuMatchFloat64) {
   }
 }
 
-// Values of their own head dim and soft-capped logits: one GPU's native kernels compute them
-// (ValueHeadDimAndSoftcapOnOneGpuMatchFloat64); the GPU ring, Ulysses and block-sparse refuse
-// them naming the field, and device = auto keeps such a job on the CPU, saying why (no GPU
-// has run those kernels yet).
-TEST(EngineCuda, ValueHeadDimAndSoftcapAreRefusedByNameOnTheOtherGpuPaths) {
+// Values of their own head dim and soft-capped logits: the GPU's native kernels compute them
+// on one GPU (ValueHeadDimAndSoftcapOnOneGpuMatchFloat64), the ring (test_cuda_ring's
+// CudaRingMlaSoftcap), Ulysses (UlyssesOnVirtualRanksMatchesTheFloat64Reference) and
+// block-sparse (CudaSparseRingFeatures.ValueHeadDimAndSoftcapMatchTheReference), so every
+// GPU path takes such a job; device = auto keeps it on the CPU, saying why (no GPU has run
+// those kernels yet).
+TEST(EngineCuda, ValueHeadDimAndSoftcapRunOnEveryGpuPathAndStayOnTheCpuUnderAuto) {
   REQUIRE_GPU();
   auto subject_on = [](const JobSpec& spec, int ranks) {
     std::mutex m;

@@ -1574,6 +1574,131 @@ TEST(CudaKernels, CudnnDilatedBackwardMatchesTheFloat64Reference) {
 }
 #endif
 
+#if RINGATTN_CUDA_EMULATION || RINGATTN_TEST_HAVE_CUDNN
+// cuDNN's graphs with values of their own head dim (V, O, dO, dV Dv wide through their own
+// strides) and the soft-cap as its score modifier (the band then a mask inside the
+// modifier), through CudnnSdpa: MLA's 192/128 causal, 64/32 with GQA and a two-sided window,
+// a cap of 30 with a causal window, and a cap of 20 with Dv = 32 over a dilated mixture
+// (views merged by lse, each view's backward added in turn) and grouped heads (1/G outputs);
+// forward and every gradient against float64, each capped case changing the answer by more
+// than ten times the tolerance. On cuDNN (a GPU; a graph it refuses is skipped, printed) or
+// its stand-in (the emulated GPU).
+TEST(CudaKernels, CudnnValueHeadDimAndSoftcapMatchTheFloat64Reference) {
+  REQUIRE_GPU();
+  const testing::CudnnStandinScope standin;  // the emulated GPU's; unused where cuDNN runs
+  struct Case {
+    const char* name;
+    Shape4 shape;
+    int64_t kv_heads, dv;
+    double cap;
+    void (*more)(AttentionConfig&);
+  };
+  const Case cases[] = {
+      {"mla_192_128_causal", {1, 128, 2, 192}, 0, 128, 0,
+       [](AttentionConfig& c) { c.causal = true; }},
+      {"mla_64_32_gqa_window", {2, 96, 4, 64}, 2, 32, 0,
+       [](AttentionConfig& c) {
+         c.window_left = 40;
+         c.window_right = 8;
+       }},
+      {"cap30_causal_window", {1, 128, 2, 64}, 0, 0, 30,
+       [](AttentionConfig& c) {
+         c.causal = true;
+         c.window_left = 50;
+       }},
+      {"cap20_mla_64_32_mixture", {1, 256, 4, 64}, 0, 32, 20,
+       [](AttentionConfig& c) {
+         c.attention = AttentionKind::dilated;
+         c.combine = Combine::mixture;
+         c.segments = {128, 256};
+         c.dilations = {1, 2};
+         c.causal = true;
+       }},
+      {"cap20_mla_64_32_grouped", {1, 256, 4, 64}, 0, 32, 20,
+       [](AttentionConfig& c) {
+         c.attention = AttentionKind::dilated;
+         c.segments = {128, 256};
+         c.dilations = {1, 2};
+       }},
+  };
+  for (const Case& c : cases) {
+    AttentionConfig cfg;
+    cfg.shape = c.shape;
+    if (c.kv_heads) cfg.kv_heads = c.kv_heads;
+    if (c.dv) cfg.head_dim_v = c.dv;
+    cfg.softcap = c.cap;
+    if (c.cap > 0) cfg.scale = c.cap / std::sqrt(static_cast<double>(c.shape.head_dim));
+    c.more(cfg);
+    const auto n = static_cast<std::size_t>(cfg.shape.numel());
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());
+    const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());
+    const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
+    Inputs in{testing::random_normal(n, 161), testing::random_normal(n_kv, 162),
+              testing::random_normal(n_v, 163), testing::random_normal(n_o, 164)};
+    for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
+      round_to_device_dtype(x->data(), x->size(), DeviceDType::bf16);
+    std::unique_ptr<kernels::cuda::CudnnSdpa> sdpa;
+    try {
+      sdpa = kernels::cuda::CudnnSdpa::create(cfg, kernels::cuda::Elem::bf16, 0, nullptr, true);
+    } catch (const kernels::cuda::CudnnUnavailable& e) {
+      std::printf("  %s: cuDNN refuses it (%s)\n", c.name, e.what());
+#if RINGATTN_CUDA_EMULATION
+      ADD_FAILURE() << c.name << ": the stand-in refused " << e.what();
+#endif
+      continue;
+    }
+    ASSERT_TRUE(sdpa->has_backward()) << c.name << ": " << sdpa->backward_refusal();
+    DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_v * 2, "v"), dout(n_o * 2, "dout"),
+        out(n_o * 4, "out"), lse(nl * 4, "lse"), dq(n * 4, "dq"), dk(n_kv * 4, "dk"),
+        dv(n_v * 4, "dv");
+    q.upload(in.q.data(), n, DeviceDType::bf16);
+    k.upload(in.k.data(), n_kv, DeviceDType::bf16);
+    v.upload(in.v.data(), n_v, DeviceDType::bf16);
+    dout.upload(in.dout.data(), n_o, DeviceDType::bf16);
+    dq.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+    dk.upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
+    dv.upload(nan_filled(n_v).data(), n_v, DeviceDType::fp32);
+    // Merged views add into out and lse (as a plan clears them).
+    const std::vector<float> zeros(n_o, 0.0f),
+        no_key(nl, -std::numeric_limits<float>::infinity());
+    out.upload(zeros.data(), n_o, DeviceDType::fp32);
+    lse.upload(no_key.data(), nl, DeviceDType::fp32);
+    sdpa->forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), nullptr);
+    sdpa->backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
+                   dq.as<float>(), dk.as<float>(), dv.as<float>(), false, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got_out(n_o), got_lse(nl), got_dq(n), got_dk(n_kv), got_dv(n_v);
+    out.download(got_out.data(), n_o);
+    lse.download(got_lse.data(), nl);
+    dq.download(got_dq.data(), n);
+    dk.download(got_dk.data(), n_kv);
+    dv.download(got_dv.data(), n_v);
+    const ReferenceForward f = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+    const ReferenceGradients g =
+        reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+    std::printf("  %s:", c.name);
+    for (auto [got, want, what] :
+         {std::tuple{&got_out, &f.out, "out"}, {&got_lse, &f.lse, "lse"}, {&got_dq, &g.dq, "dq"},
+          {&got_dk, &g.dk, "dk"}, {&got_dv, &g.dv, "dv"}}) {
+      const double e = relative_error(got->data(), want->data(), got->size());
+      std::printf(" %s %.2e", what, e);
+      EXPECT_LE(e, tolerance(DeviceDType::bf16)) << c.name << " " << what;
+    }
+    std::printf("\n");
+    if (c.cap > 0) {  // the cap is what is checked
+      AttentionConfig uncapped = cfg;
+      uncapped.softcap = 0;
+      const ReferenceForward u = reference_forward(uncapped, in.q.data(), in.k.data(), in.v.data());
+      const std::vector<float> u32(u.out.begin(), u.out.end());
+      EXPECT_GT(relative_error(u32.data(), f.out.data(), u32.size()),
+                10 * tolerance(DeviceDType::bf16))
+          << c.name;
+    }
+  }
+}
+#endif
+
 // The view epilogue (launch_store_view_result) over a view whose first two rows see no key
 // (band right bound -2): whatever cuDNN returns for them (on the emulated GPU the stand-in
 // returns zero O with stats -inf, NaN, and finite garbage in turn; on a GPU, cuDNN's own

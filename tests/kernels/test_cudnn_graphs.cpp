@@ -131,6 +131,61 @@ TEST(CudnnViews, GraphsCudnnCannotRunFailValidation) {
   EXPECT_NE(validate_sdpa_view(negative_band, SdpaGraphKind::backward, DeviceDType::fp16, 90), "");
 }
 
+// Values of their own head dim (V, O, dO, dV tensors Dv wide through their own strides) and
+// the soft-cap as cuDNN's score modifier (c·tanh(s/c) on the scaled score, the band as a mask
+// inside the modifier; its backward from the frontend's Softcap functor): DeepSeek's 192/128
+// causal, 64/32 with GQA, a cap of 30 with a causal window, 50 with a two-sided window, and
+// both over a grouped dilated pattern's strided views; forward and backward, bf16 and fp16, on
+// Hopper (printed; every one validates with the cuDNN 9 of the CUDA 13 toolkit. Where a GPU's
+// cuDNN refuses a graph, CudaPlan runs the native kernels and says why).
+TEST(CudnnViews, ValueHeadDimAndSoftcapGraphsValidate) {
+  std::string library;
+  if (!cudnn_loadable(&library)) GTEST_SKIP() << "SKIPPED: " << library;
+  struct Mla {
+    const char* name;
+    AttentionConfig cfg;
+  };
+  std::vector<Mla> cases;
+  AttentionConfig mla = dense(256, 4, 192);
+  mla.causal = true;
+  mla.head_dim_v = 128;
+  cases.push_back({"mla_192_128_causal", mla});
+  AttentionConfig mla_gqa = dense(256, 8, 64);
+  mla_gqa.kv_heads = 2;
+  mla_gqa.head_dim_v = 32;
+  cases.push_back({"mla_64_32_gqa", mla_gqa});
+  AttentionConfig cap = dense(256, 4, 128);
+  cap.causal = true;
+  cap.window_left = 64;
+  cap.softcap = 30;
+  cases.push_back({"cap30_causal_window", cap});
+  AttentionConfig cap_two_sided = dense(256, 4, 64);
+  cap_two_sided.window_left = 32;
+  cap_two_sided.window_right = 16;
+  cap_two_sided.softcap = 50;
+  cases.push_back({"cap50_window_32_16", cap_two_sided});
+  AttentionConfig cap_dilated = dense(512, 6, 64);
+  cap_dilated.attention = AttentionKind::dilated;
+  cap_dilated.segments = {128, 256, 512};
+  cap_dilated.dilations = {1, 2, 4};
+  cap_dilated.softcap = 20;
+  cap_dilated.head_dim_v = 32;
+  cases.push_back({"cap20_mla_64_32_dilated", cap_dilated});
+  for (const Mla& c : cases) {
+    const std::vector<SdpaView> views = sdpa_views(c.cfg, nullptr);
+    ASSERT_FALSE(views.empty()) << c.name;
+    EXPECT_EQ(views[0].value_dim(), c.cfg.effective_head_dim_v()) << c.name;
+    EXPECT_EQ(views[0].softcap, static_cast<float>(c.cfg.softcap)) << c.name;
+    for (const DeviceDType dtype : {DeviceDType::bf16, DeviceDType::fp16})
+      for (const SdpaGraphCheck& check : validate_sdpa_graphs(c.cfg, dtype, 90)) {
+        std::printf("  %s %s view %zu %s: %s\n", c.name, to_string(dtype), check.view,
+                    check.kind == SdpaGraphKind::forward ? "forward" : "backward",
+                    check.status.empty() ? "validates" : check.status.c_str());
+        EXPECT_EQ(check.status, "") << library << ", " << c.name;
+      }
+  }
+}
+
 TEST(CudnnViews, BandsFollowTheDenseRule) {
   AttentionConfig c = dense(128, 2, 64);
   c.causal = true;

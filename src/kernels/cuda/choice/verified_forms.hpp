@@ -37,6 +37,7 @@ enum class GpuForm {
   cudnn_backward,              // one GPU: its backward where one view writes each row
   cudnn_dilated_backward,      // one GPU: a dilated mixture's or grouped heads' backward
   cudnn_ring_steps,            // the GPU ring: each step's tasks as cuDNN views
+  cudnn_value_dim_softcap,     // one GPU: cuDNN's graphs with Dv != D or a soft-cap modifier
 };
 
 namespace verified_detail {
@@ -80,7 +81,8 @@ constexpr Verified kVerified[] = {
     {F::cudnn_forward, P::tasks},
     {F::cudnn_backward, P::dense},
     // Not yet on any GPU (no entry): hopper_forward_qregs; hopper_backward_fused and
-    // hopper_backward_fused_wide; cudnn_dilated_backward; cudnn_ring_steps.
+    // hopper_backward_fused_wide; cudnn_dilated_backward; cudnn_ring_steps;
+    // cudnn_value_dim_softcap.
 };
 
 }  // namespace verified_detail
@@ -100,6 +102,7 @@ inline std::string_view form_name(GpuForm form) {
     case GpuForm::cudnn_backward: return "cudnn_backward";
     case GpuForm::cudnn_dilated_backward: return "cudnn_dilated_backward";
     case GpuForm::cudnn_ring_steps: return "cudnn_ring_steps";
+    case GpuForm::cudnn_value_dim_softcap: return "cudnn_value_dim_softcap";
   }
   return "?";
 }
@@ -137,6 +140,8 @@ inline std::string form_description(GpuForm form) {
     case GpuForm::cudnn_backward: return "cuDNN's backward";
     case GpuForm::cudnn_dilated_backward: return "cuDNN's dilated backward";
     case GpuForm::cudnn_ring_steps: return "cuDNN on the ring's steps";
+    case GpuForm::cudnn_value_dim_softcap:
+      return "cuDNN's graphs with values of their own head dim or a soft-cap score modifier";
   }
   return "?";
 }

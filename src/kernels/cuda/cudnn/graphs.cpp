@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -46,15 +47,49 @@ std::vector<int64_t> dims(const SdpaView& v, int64_t heads) {
 std::vector<int64_t> kv_dims(const SdpaView& v) {
   return {v.batch, v.kv_heads, v.kv_rows > 0 ? v.kv_rows : v.rows, v.head_dim};
 }
+// O and dO; V and dV (value_dim() columns).
+std::vector<int64_t> o_dims(const SdpaView& v) {
+  return {v.batch, v.heads, v.rows, v.value_dim()};
+}
+std::vector<int64_t> v_dims(const SdpaView& v) {
+  return {v.batch, v.kv_heads, v.kv_rows > 0 ? v.kv_rows : v.rows, v.value_dim()};
+}
 std::vector<int64_t> strides(const std::array<int64_t, 4>& s) { return {s[0], s[1], s[2], s[3]}; }
 
 fe::DataType_t io_type(DeviceDType t) {
   return t == DeviceDType::fp16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
 }
 
-// The band of a view, set on either attribute set (forward or backward).
+// The soft-cap as cuDNN's score modifier: c·tanh(s/c) on the scaled score, then the view's
+// band as a mask inside the same modifier (a graph with a score modifier takes no diagonal
+// band of its own). One Softcap per graph: its backward reuses the forward's s/c.
+using ScoreMod = std::function<Tensor(std::shared_ptr<Graph>, Tensor)>;
+using Softcap = fe::graph::attn::score_modifiers::Softcap;
+ScoreMod capped_scores(const SdpaView& v, std::shared_ptr<Softcap> cap) {
+  const float c = v.softcap;
+  const std::optional<int64_t> left = v.left_bound, right = v.right_bound;
+  return [=](std::shared_ptr<Graph> g, Tensor score) {
+    Tensor out = cap->forward(g, score, g->tensor(c, fe::graph::ScalarType::COMPILE_TIME_CONST));
+    if (left || right)
+      out = fe::graph::attn::score_modifiers::sliding_window_mask(
+          g, out, fe::DiagonalAlignment_t::TOP_LEFT, left, right, 0, 0, nullptr, nullptr, nullptr,
+          nullptr);
+    return out;
+  };
+}
+ScoreMod capped_scores_bprop(const SdpaView& v,
+                             std::shared_ptr<Softcap> cap) {
+  const float c = v.softcap;
+  return [=](std::shared_ptr<Graph> g, Tensor d_score) {
+    return cap->backward(g, d_score, g->tensor(c, fe::graph::ScalarType::COMPILE_TIME_CONST));
+  };
+}
+
+// The band of a view, set on either attribute set (forward or backward); with a soft-cap the
+// score modifier carries it (capped_scores).
 template <typename Attributes>
 void set_band(const SdpaView& v, Attributes& a) {
+  if (v.softcap > 0) return;
   if (!v.left_bound && !v.right_bound) return;
   a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT);
   if (v.left_bound) a.set_diagonal_band_left_bound(static_cast<int>(*v.left_bound));
@@ -71,7 +106,7 @@ Inputs inputs(Graph& g, const SdpaView& v) {
         fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(strides(s)));
   };
   return {t("Q", dims(v, v.heads), v.q_stride), t("K", kv_dims(v), v.kv_stride),
-          t("V", kv_dims(v), v.kv_stride)};
+          t("V", v_dims(v), v.v_stride())};
 }
 
 // Stats (lse) [batch, heads, rows, 1], fp32, contiguous per view.
@@ -106,8 +141,10 @@ ViewGraph forward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
                .set_attn_scale(v.scale)
                .set_implementation(fe::AttentionImplementation_t::COMPOSITE);
   set_band(v, a);
+  if (v.softcap > 0)
+    a.set_score_mod(capped_scores(v, std::make_shared<Softcap>()));
   auto [o, stats] = vg.graph->sdpa(in.q, in.k, in.v, a);
-  o->set_output(true).set_dim(dims(v, v.heads)).set_stride(strides(v.q_stride));
+  o->set_output(true).set_dim(o_dims(v)).set_stride(strides(v.o_stride()));
   stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_stride(stats_stride(v));
   vg.q = in.q, vg.k = in.k, vg.v = in.v, vg.o = o, vg.stats = stats;
   return vg;
@@ -123,16 +160,20 @@ ViewGraph backward_graph(const SdpaView& v, DeviceDType dtype, int sm_version) {
   auto t = [&](const char* name, const std::vector<int64_t>& d, const std::vector<int64_t>& s) {
     return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(d).set_stride(s));
   };
-  Tensor o = t("O", dims(v, v.heads), strides(v.q_stride));
-  Tensor dout = t("dO", dims(v, v.heads), strides(v.q_stride));
+  Tensor o = t("O", o_dims(v), strides(v.o_stride()));
+  Tensor dout = t("dO", o_dims(v), strides(v.o_stride()));
   Tensor stats = t("Stats", {v.batch, v.heads, v.rows, 1}, stats_stride(v));
   stats->set_data_type(fe::DataType_t::FLOAT);
   auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(v.scale);
   set_band(v, a);
+  if (v.softcap > 0) {
+    auto cap = std::make_shared<Softcap>();
+    a.set_score_mod(capped_scores(v, cap)).set_score_mod_bprop(capped_scores_bprop(v, cap));
+  }
   auto [dq, dk, dv] = g.sdpa_backward(in.q, in.k, in.v, o, dout, stats, a);
   dq->set_output(true).set_dim(dims(v, v.heads)).set_stride(strides(v.q_stride));
   dk->set_output(true).set_dim(kv_dims(v)).set_stride(strides(v.kv_stride));
-  dv->set_output(true).set_dim(kv_dims(v)).set_stride(strides(v.kv_stride));
+  dv->set_output(true).set_dim(v_dims(v)).set_stride(strides(v.v_stride()));
   vg.q = in.q, vg.k = in.k, vg.v = in.v, vg.o = o, vg.dout = dout, vg.stats = stats;
   vg.dq = dq, vg.dk = dk, vg.dv = dv;
   return vg;
@@ -274,8 +315,8 @@ void CudnnGraphPlan::forward_view(std::size_t i, const void* q, const void* k, c
   const ViewGraph& g = m.forward[i];
   std::unordered_map<Tensor, void*> pack = {{g.q, const_cast<char*>(m.at(q, w.q_offset))},
                                             {g.k, const_cast<char*>(m.at(k, w.kv_offset))},
-                                            {g.v, const_cast<char*>(m.at(v, w.kv_offset))},
-                                            {g.o, const_cast<char*>(m.at(out, w.q_offset))},
+                                            {g.v, const_cast<char*>(m.at(v, w.v_offset()))},
+                                            {g.o, const_cast<char*>(m.at(out, w.o_offset()))},
                                             {g.stats, stats + m.stats_offsets[i]}};
   m.execute(g, pack);
 }
@@ -295,11 +336,11 @@ void CudnnGraphPlan::backward_view(std::size_t i, const void* q, const void* k, 
   const ViewGraph& g = m.backward[i];
   auto p = [&](const void* base, int64_t offset) { return const_cast<char*>(m.at(base, offset)); };
   std::unordered_map<Tensor, void*> pack = {
-      {g.q, p(q, w.q_offset)},       {g.k, p(k, w.kv_offset)},
-      {g.v, p(v, w.kv_offset)},      {g.o, p(out, w.q_offset)},
-      {g.dout, p(dout, w.q_offset)}, {g.stats, const_cast<float*>(stats + m.stats_offsets[i])},
-      {g.dq, p(dq, w.q_offset)},     {g.dk, p(dk, w.kv_offset)},
-      {g.dv, p(dv, w.kv_offset)}};
+      {g.q, p(q, w.q_offset)},          {g.k, p(k, w.kv_offset)},
+      {g.v, p(v, w.v_offset())},        {g.o, p(out, w.o_offset())},
+      {g.dout, p(dout, w.o_offset())},  {g.stats, const_cast<float*>(stats + m.stats_offsets[i])},
+      {g.dq, p(dq, w.q_offset)},        {g.dk, p(dk, w.kv_offset)},
+      {g.dv, p(dv, w.v_offset())}};
   m.execute(g, pack);
 }
 

@@ -39,6 +39,23 @@ struct SdpaView {
   // The view's rows in [B, N, H, D] terms, for those epilogues: segments of `segment` rows,
   // `rows` of each selected at row_offset + i·dilation; heads first_head + j·head_step.
   int64_t segment = 0, dilation = 1, row_offset = 0, first_head = 0, head_step = 1;
+  // Values of their own head dim (v, out, dout, dv: head_dim_v columns; 0: head_dim), and
+  // the logit soft-cap c·tanh(s/c) on the scaled scores (0: none), as cuDNN's score modifier.
+  int64_t head_dim_v = 0;
+  float softcap = 0;
+
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  // The offsets and strides above count q and k elements (whole rows of head_dim); v and out
+  // rows sit at the same row positions, value_dim() wide (kernels/cpu_flash.hpp's
+  // value_floats).
+  int64_t value_elems(int64_t x) const { return x / head_dim * value_dim(); }
+  std::array<int64_t, 4> value_strides(const std::array<int64_t, 4>& s) const {
+    return {value_elems(s[0]), value_elems(s[1]), value_elems(s[2]), s[3]};
+  }
+  std::array<int64_t, 4> o_stride() const { return value_strides(q_stride); }
+  std::array<int64_t, 4> v_stride() const { return value_strides(kv_stride); }
+  int64_t o_offset() const { return value_elems(q_offset); }
+  int64_t v_offset() const { return value_elems(kv_offset); }
 };
 
 // The view rows that see at least one key under the view's band: [begin, end) within
@@ -92,8 +109,9 @@ bool cudnn_standin_enabled();
 // A configuration's view graphs built for one GPU and run there: the forward with stats and,
 // when asked, the backward. Each graph is built once, in the constructor (cuDNN's heuristics
 // mode A; build_ms() says how long that took), with one workspace for all of them. Tensors
-// are device pointers: q, out, dq [B, N, H, D] and k, v, dk, dv [B, N, HKV, D] in `dtype`
-// (bf16 or fp16), read and written through each view's strides; stats fp32, the views' back
+// are device pointers: q, dq [B, N, H, D], out, dout [B, N, H, Dv], k, dk [B, N, HKV, D] and
+// v, dv [B, N, HKV, Dv] in `dtype` (bf16 or fp16), read and written through each view's
+// strides (SdpaView::o_stride, v_stride for the Dv-wide ones); stats fp32, the views' back
 // to back (view i at stats_offset(i), [batch', heads, rows] each). Rows no view selects are
 // left as they are (zero dq, dk, dv first). Work runs on `stream` (a cudaStream_t).
 class CudnnGraphPlan {

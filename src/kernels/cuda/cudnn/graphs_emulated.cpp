@@ -3,7 +3,8 @@
 // computation in its place (float64 sums over the view's strided io-type tensors, results
 // rounded to the io type as cuDNN writes them), enqueued on the plan's stream. What it stands
 // in for is cuDNN's SDPA contract (the forward's O and natural-log stats; the backward's dQ,
-// dK, dV from O, dO and the stats, dK/dV summed over a K/V head's query heads), so the code
+// dK, dV from O, dO and the stats, dK/dV summed over a K/V head's query heads; values of
+// their own head dim, and the soft-cap score modifier with its backward), so the code
 // around it (the GPU ring's per-step views, epilogues and gradient adds) runs in CI; cuDNN
 // itself runs on a GPU only. Without the variable every constructor throws, as where cuDNN
 // cannot be loaded. Test hooks: RINGATTN_EMU_CUDNN_REFUSE=band|one_token_backward (graphs
@@ -53,6 +54,26 @@ struct Geometry {
   }
   int64_t kv_at(int64_t b, int64_t h, int64_t j) const {  // h: the query head
     return b * v.kv_stride[0] + h / (v.heads / v.kv_heads) * v.kv_stride[1] + j * v.kv_stride[2];
+  }
+  // O and dO (o_stride), V and dV (v_stride): the values' rows.
+  int64_t o_at(int64_t b, int64_t h, int64_t i) const {
+    const auto s = v.o_stride();
+    return b * s[0] + h * s[1] + i * s[2];
+  }
+  int64_t v_at(int64_t b, int64_t h, int64_t j) const {
+    const auto s = v.v_stride();
+    return b * s[0] + h / (v.heads / v.kv_heads) * s[1] + j * s[2];
+  }
+  // The scaled score of a q·k dot product, soft-capped as the score modifier does, and the
+  // cap's slope d(score)/d(scaled).
+  double score(double dot) const {
+    const double x = dot * v.scale;
+    return v.softcap > 0 ? v.softcap * std::tanh(x / v.softcap) : x;
+  }
+  double slope(double dot) const {
+    if (v.softcap <= 0) return 1.0;
+    const double t = std::tanh(dot * v.scale / v.softcap);
+    return 1.0 - t * t;
   }
   bool sees(int64_t i, int64_t j) const {
     return (!v.right_bound || j <= i + *v.right_bound) && (!v.left_bound || i - *v.left_bound < j);
@@ -154,8 +175,8 @@ void CudnnGraphPlan::forward_view(std::size_t view, const void* q, const void* k
   auto at = [](const void* base, int64_t off) { return static_cast<const char*>(base) + off * 2; };
   const void* qb = at(q, g.v.q_offset);
   const void* kb = at(k, g.v.kv_offset);
-  const void* vb = at(v, g.v.kv_offset);
-  void* ob = static_cast<char*>(out) + g.v.q_offset * 2;
+  const void* vb = at(v, g.v.v_offset());
+  void* ob = static_cast<char*>(out) + g.v.o_offset() * 2;
   float* st = stats + m.stats_offsets[view];
   const EmptyRows empty = empty_rows();
   run_on(m.stream, [=] {
@@ -169,7 +190,7 @@ void CudnnGraphPlan::forward_view(std::size_t view, const void* q, const void* k
             double dot = 0;
             for (int64_t d = 0; d < w.head_dim; ++d)
               dot += io.get(qb, g.q_at(b, h, i) + d) * io.get(kb, g.kv_at(b, h, j) + d);
-            s[static_cast<std::size_t>(j)] = g.sees(i, j) ? dot * w.scale : -INFINITY;
+            s[static_cast<std::size_t>(j)] = g.sees(i, j) ? g.score(dot) : -INFINITY;
             mx = std::max(mx, s[static_cast<std::size_t>(j)]);
           }
           double sum = 0;
@@ -177,11 +198,11 @@ void CudnnGraphPlan::forward_view(std::size_t view, const void* q, const void* k
             x = mx == -INFINITY ? 0.0 : std::exp(x - mx);
             sum += x;
           }
-          for (int64_t d = 0; d < w.head_dim; ++d) {
+          for (int64_t d = 0; d < w.value_dim(); ++d) {
             double o = 0;
             for (int64_t j = 0; j < g.kv_rows(); ++j)
-              o += s[static_cast<std::size_t>(j)] * io.get(vb, g.kv_at(b, h, j) + d);
-            io.put(ob, g.q_at(b, h, i) + d, sum > 0 ? o / sum : empty_value(empty));
+              o += s[static_cast<std::size_t>(j)] * io.get(vb, g.v_at(b, h, j) + d);
+            io.put(ob, g.o_at(b, h, i) + d, sum > 0 ? o / sum : empty_value(empty));
           }
           st[(b * w.heads + h) * w.rows + i] =
               sum > 0 ? static_cast<float>(mx + std::log(sum)) : empty_stat(empty);
@@ -203,24 +224,27 @@ void CudnnGraphPlan::backward_view(std::size_t view, const void* q, const void* 
   const Geometry g{m.views.at(view)};
   const Io io = m.io;
   const int64_t qo = g.v.q_offset * 2, ko = g.v.kv_offset * 2;
+  const int64_t oo = g.v.o_offset() * 2, vo = g.v.v_offset() * 2;
   auto c = [](const void* p, int64_t off) { return static_cast<const char*>(p) + off; };
   auto w_ = [](void* p, int64_t off) { return static_cast<char*>(p) + off; };
-  const void *qb = c(q, qo), *kb = c(k, ko), *vb = c(v, ko), *ob = c(out, qo), *gb = c(dout, qo);
-  void *dqb = w_(dq, qo), *dkb = w_(dk, ko), *dvb = w_(dv, ko);
+  const void *qb = c(q, qo), *kb = c(k, ko), *vb = c(v, vo), *ob = c(out, oo), *gb = c(dout, oo);
+  void *dqb = w_(dq, qo), *dkb = w_(dk, ko), *dvb = w_(dv, vo);
   const float* st = stats + m.stats_offsets[view];
   const EmptyRows empty = empty_rows();
   run_on(m.stream, [=] {
     const SdpaView& w = g.v;
     const int64_t nk = g.kv_rows(), group = w.heads / w.kv_heads, D = w.head_dim;
+    const int64_t Dv = w.value_dim();
     for (int64_t b = 0; b < w.batch; ++b)
       for (int64_t hk = 0; hk < w.kv_heads; ++hk) {
-        std::vector<double> gk(static_cast<std::size_t>(nk * D)), gv(gk.size());
+        std::vector<double> gk(static_cast<std::size_t>(nk * D)),
+            gv(static_cast<std::size_t>(nk * Dv));
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
           for (int64_t i = 0; i < w.rows; ++i) {
             const double lse = st[(b * w.heads + h) * w.rows + i];
             double delta = 0;
-            for (int64_t d = 0; d < D; ++d)
-              delta += io.get(gb, g.q_at(b, h, i) + d) * io.get(ob, g.q_at(b, h, i) + d);
+            for (int64_t d = 0; d < Dv; ++d)
+              delta += io.get(gb, g.o_at(b, h, i) + d) * io.get(ob, g.o_at(b, h, i) + d);
             std::vector<double> gq(static_cast<std::size_t>(D));
             bool keyed = false;
             for (int64_t j = 0; j < nk; ++j) keyed = keyed || g.sees(i, j);
@@ -228,27 +252,29 @@ void CudnnGraphPlan::backward_view(std::size_t view, const void* q, const void* 
             for (int64_t j = 0; j < nk; ++j) {
               if (!g.sees(i, j) || lse == -INFINITY) continue;
               double dot = 0, dp = 0;
-              for (int64_t d = 0; d < D; ++d) {
+              for (int64_t d = 0; d < D; ++d)
                 dot += io.get(qb, g.q_at(b, h, i) + d) * io.get(kb, g.kv_at(b, h, j) + d);
-                dp += io.get(gb, g.q_at(b, h, i) + d) * io.get(vb, g.kv_at(b, h, j) + d);
-              }
-              const double p = std::exp(dot * w.scale - lse), ds = p * (dp - delta) * w.scale;
+              for (int64_t d = 0; d < Dv; ++d)
+                dp += io.get(gb, g.o_at(b, h, i) + d) * io.get(vb, g.v_at(b, h, j) + d);
+              const double p = std::exp(g.score(dot) - lse);
+              const double ds = p * (dp - delta) * g.slope(dot) * w.scale;
               for (int64_t d = 0; d < D; ++d) {
                 const auto jd = static_cast<std::size_t>(j * D + d);
                 gq[static_cast<std::size_t>(d)] += ds * io.get(kb, g.kv_at(b, h, j) + d);
                 gk[jd] += ds * io.get(qb, g.q_at(b, h, i) + d);
-                gv[jd] += p * io.get(gb, g.q_at(b, h, i) + d);
               }
+              for (int64_t d = 0; d < Dv; ++d)
+                gv[static_cast<std::size_t>(j * Dv + d)] += p * io.get(gb, g.o_at(b, h, i) + d);
             }
             for (int64_t d = 0; d < D; ++d)
               io.put(dqb, g.q_at(b, h, i) + d, gq[static_cast<std::size_t>(d)]);
           }
-        for (int64_t j = 0; j < nk; ++j)
-          for (int64_t d = 0; d < D; ++d) {
-            const auto jd = static_cast<std::size_t>(j * D + d);
-            io.put(dkb, g.kv_at(b, hk * group, j) + d, gk[jd]);
-            io.put(dvb, g.kv_at(b, hk * group, j) + d, gv[jd]);
-          }
+        for (int64_t j = 0; j < nk; ++j) {
+          for (int64_t d = 0; d < D; ++d)
+            io.put(dkb, g.kv_at(b, hk * group, j) + d, gk[static_cast<std::size_t>(j * D + d)]);
+          for (int64_t d = 0; d < Dv; ++d)
+            io.put(dvb, g.v_at(b, hk * group, j) + d, gv[static_cast<std::size_t>(j * Dv + d)]);
+        }
       }
   });
 }

@@ -108,14 +108,16 @@ std::unique_ptr<CudnnSdpa> CudnnSdpa::create(const AttentionConfig& cfg, Elem e,
   const auto eb = static_cast<std::size_t>(elem_bytes(e));
   const auto n_q = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
-  m->o_scratch = DeviceAllocation(n_q * eb, "cuDNN's output scratch", device, stream);
+  const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());
+  const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());
+  m->o_scratch = DeviceAllocation(n_o * eb, "cuDNN's output scratch", device, stream);
   m->stats = DeviceAllocation(
       static_cast<std::size_t>(std::max<int64_t>(m->plan->stats_floats(), 1)) * sizeof(float),
       "cuDNN's softmax stats", device, stream);
   if (backward) {
     m->dq_scratch = DeviceAllocation(n_q * eb, "cuDNN's dQ scratch", device, stream);
     m->dk_scratch = DeviceAllocation(n_kv * eb, "cuDNN's dK scratch", device, stream);
-    m->dv_scratch = DeviceAllocation(n_kv * eb, "cuDNN's dV scratch", device, stream);
+    m->dv_scratch = DeviceAllocation(n_v * eb, "cuDNN's dV scratch", device, stream);
   }
   return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(std::move(m)));
 }
@@ -144,12 +146,12 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
                          bool add, cudaStream_t stream) {
   Impl& m = *impl_;
   if (!has_backward()) throw std::logic_error("CudnnSdpa: built without the backward");
-  const Shape4& s = m.cfg.shape;
-  const int64_t n_q = s.numel(), n_kv = m.cfg.kv_shape().numel();
+  const int64_t n_q = m.cfg.shape.numel(), n_kv = m.cfg.kv_shape().numel();
+  const int64_t n_v = m.cfg.v_shape().numel(), n_o = m.cfg.out_shape().numel();
   // Each view's backward from the job's out and lse: a merged view's softmax is the merged
   // one restricted to its pairs, so its P = exp(s - lse) and D = rowsum(dO ∘ out) are the
   // merged softmax's, and its gradients are its pairs' part of the job's.
-  launch_floats_to_elem(m.elem, out, m.o_scratch.get(), n_q, stream, 1.0f / m.out_scale);
+  launch_floats_to_elem(m.elem, out, m.o_scratch.get(), n_o, stream, 1.0f / m.out_scale);
   const float* stats = lse;
   if (!m.stats_are_lse) {
     for (std::size_t i = 0; i < m.places.size(); ++i) {
@@ -163,7 +165,7 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
     if (!add) {
       RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq, 0, static_cast<std::size_t>(n_q) * 4, stream));
       RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<std::size_t>(n_kv) * 4, stream));
-      RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<std::size_t>(n_kv) * 4, stream));
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<std::size_t>(n_v) * 4, stream));
     }
     for (std::size_t i = 0; i < m.views.size(); ++i) {
       const SdpaView& w = m.views[i];
@@ -173,10 +175,12 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
       launch_add_view(m.elem, m.dq_scratch.get(), dq,
                       strided(w.q_offset, w.batch, w.heads, w.rows, w.head_dim, w.q_stride),
                       stream);
-      const StridedView kv =
-          strided(w.kv_offset, w.batch, w.kv_heads, kv_rows, w.head_dim, w.kv_stride);
-      launch_add_view(m.elem, m.dk_scratch.get(), dk, kv, stream);
-      launch_add_view(m.elem, m.dv_scratch.get(), dv, kv, stream);
+      launch_add_view(m.elem, m.dk_scratch.get(), dk,
+                      strided(w.kv_offset, w.batch, w.kv_heads, kv_rows, w.head_dim, w.kv_stride),
+                      stream);
+      launch_add_view(
+          m.elem, m.dv_scratch.get(), dv,
+          strided(w.v_offset(), w.batch, w.kv_heads, kv_rows, w.value_dim(), w.v_stride()), stream);
     }
     return;
   }
@@ -187,13 +191,13 @@ void CudnnSdpa::backward(const void* q, const void* k, const void* v, const floa
     RINGATTN_CUDA_CHECK(
         cudaMemsetAsync(m.dk_scratch.get(), 0, static_cast<std::size_t>(n_kv) * eb, stream));
     RINGATTN_CUDA_CHECK(
-        cudaMemsetAsync(m.dv_scratch.get(), 0, static_cast<std::size_t>(n_kv) * eb, stream));
+        cudaMemsetAsync(m.dv_scratch.get(), 0, static_cast<std::size_t>(n_v) * eb, stream));
   }
   m.plan->backward(q, k, v, m.o_scratch.get(), dout, stats, m.dq_scratch.get(), m.dk_scratch.get(),
                    m.dv_scratch.get());
   launch_elem_to_floats(m.elem, m.dq_scratch.get(), dq, n_q, add, stream, m.out_scale);
   launch_elem_to_floats(m.elem, m.dk_scratch.get(), dk, n_kv, add, stream, m.out_scale);
-  launch_elem_to_floats(m.elem, m.dv_scratch.get(), dv, n_kv, add, stream, m.out_scale);
+  launch_elem_to_floats(m.elem, m.dv_scratch.get(), dv, n_v, add, stream, m.out_scale);
 }
 
 std::size_t CudnnSdpa::workspace_bytes() const {

@@ -14,7 +14,8 @@ namespace ringattn::kernels::cuda {
 
 // One cuDNN SDPA result, laid out as the strided 4-D view [B·S, Hg, m, D] (S = N / segment
 // segments, Hg heads from first_head with head step head_step, m rows per segment at
-// positions offset + i·dilation), moved into out (fp32, [B, N, H, D]) and lse ([B, H, N]).
+// positions offset + i·dilation), moved into out (fp32, [B, N, H, D]) and lse ([B, H, N]); D
+// is out's width (the values' head dim).
 // o_view is the cuDNN output in the same view of a [B, N, H, D] scratch tensor of type `e`;
 // stats is contiguous [B·S, Hg, m] fp32. Only rows keyed_begin <= i < keyed_end of the view
 // see a key (the view's band, view_place): what cuDNN returns for the others (zero, NaN, a
@@ -34,11 +35,11 @@ struct ViewResultParams {
 };
 void launch_store_view_result(Elem e, const ViewResultParams& p, cudaStream_t stream);
 
-// Where view `v`'s rows go in out/lse of a [B, N, H, D] problem of shape `s` (the epilogues'
-// place; the pointers are the caller's to set).
+// Where view `v`'s rows go in out/lse of a [B, N, H, Dv] problem of shape `s` (the epilogues'
+// place, out's rows v.value_dim() wide; the pointers are the caller's to set).
 inline ViewResultParams view_place(const SdpaView& v, const Shape4& s) {
   ViewResultParams r;
-  r.batch = s.batch, r.seq_len = s.seq_len, r.heads = s.heads, r.head_dim = s.head_dim;
+  r.batch = s.batch, r.seq_len = s.seq_len, r.heads = s.heads, r.head_dim = v.value_dim();
   r.segment = v.segment, r.dilation = v.dilation, r.offset = v.row_offset, r.rows = v.rows;
   r.first_head = v.first_head, r.head_count = v.heads, r.head_step = v.head_step;
   r.accumulate = v.accumulate, r.out_scale = v.out_scale;

@@ -26,6 +26,8 @@ std::vector<SdpaView> sdpa_views(const AttentionConfig& cfg, std::string* why) {
   const AttentionConfig::WindowReach reach = cfg.window_reach();
   SdpaView base;
   base.head_dim = D;
+  base.head_dim_v = cfg.effective_head_dim_v();
+  base.softcap = static_cast<float>(cfg.softcap);
   base.scale = static_cast<float>(cfg.effective_scale());
   if (cfg.causal) base.right_bound = 0;
   if (cfg.windowed()) {
