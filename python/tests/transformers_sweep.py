@@ -213,6 +213,15 @@ FAMILY_CONFIG = {
     # scales (the feature sizes, fixed in the config for 1152 pixels).
     "sam3_tracker": dict(vision_config=dict(backbone_config=dict(window_size=2),
                                             backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]])),
+    # EdgeTAM at 256 pixels, as SAM 2: its timm RepViT backbone as its checkpoints name it (the
+    # default config's misspelt key leaves a ResNet-50) with every stage's features out (the
+    # default's model_args, which the shrunk config would revert to none), their sizes scaled.
+    "edgetam": dict(
+        vision_config=dict(backbone_config=dict(
+            architecture="repvit_m1",
+            model_args=dict(in_chans=3, features_only=True, out_indices=[0, 1, 2, 3])),
+            backbone_feature_sizes=[[64, 64], [32, 32], [16, 16]]),
+        prompt_encoder_config=dict(image_size=256, patch_size=16)),
     # Its speech encoders' values have as many heads as the queries (only the keys are grouped,
     # which eager's repeat_kv does not follow): no grouped keys there. Its Nemotron-H text
     # model's router takes the top 2 experts of a group (two, both chosen), and its 2 key/value
@@ -1069,7 +1078,7 @@ def _sam_inputs(size):
     return inputs
 
 
-FAMILY_INPUTS = {"sam2": _sam_inputs(256),
+FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
                  "nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
                  "kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
                  "granite_speech5": _granite_speech5_inputs,
