@@ -222,6 +222,17 @@ FAMILY_CONFIG = {
             model_args=dict(in_chans=3, features_only=True, out_indices=[0, 1, 2, 3])),
             backbone_feature_sizes=[[64, 64], [32, 32], [16, 16]]),
         prompt_encoder_config=dict(image_size=256, patch_size=16)),
+    # ESMFold 2's folding trunk (its forward; the diffusion sampler runs only in fold()): the
+    # single inputs' width from the atom encoder's (64) plus two residue one-hots and the
+    # profile (2 x 33 + 1); a 3D RoPE of 3 x 2 spatial and 2 UID pairs in a head of 16 (10 UID
+    # pairs by default, for 128 wide heads); one recycling loop over 2 pair layers (10 over 24);
+    # the atom features' width derived from their one-hots (not a width to shrink).
+    "esmfold2": dict(
+        single_inputs_size=64 + 2 * 33 + 1, num_loops=1, folding_trunk_num_hidden_layers=2,
+        atom_feature_dim=None,
+        pair_transition_intermediate_size=128,
+        atom_encoder=dict(num_uid_rope_pairs=2),
+        structure_head=dict(diffusion_module=dict(atom_encoder=dict(num_uid_rope_pairs=2)))),
     # Its speech encoders' values have as many heads as the queries (only the keys are grouped,
     # which eager's repeat_kv does not follow): no grouped keys there. Its Nemotron-H text
     # model's router takes the top 2 experts of a group (two, both chosen), and its 2 key/value
@@ -1069,6 +1080,38 @@ def _nemotron3_5_transcribe_inputs(make):
                 input_features_mask=torch.ones(make.batch, frames, dtype=torch.long))
 
 
+def _esmfold2_inputs(make):
+    """A protein of 12 residues per sample (two chains of 6), 4 atoms each (48 atoms: the
+    atom encoder's window of 16 slides over them), random coordinates, elements and atom
+    names; the second sample's last residue is padding (its atoms too)."""
+    import torch
+
+    from transformers.models.esmfold2.modeling_esmfold2 import EsmFold2AtomInputs
+    config, g, batch = make.config, make.g, make.batch
+    tokens, per_token = 12, 4
+    atoms = tokens * per_token
+    token_mask = torch.ones(batch, tokens, dtype=torch.long)
+    token_mask[-1, -1] = 0
+    atom_to_token = torch.arange(atoms).div(per_token, rounding_mode="floor").expand(batch, atoms)
+    atom_mask = token_mask.gather(1, atom_to_token).bool()
+    index = torch.arange(tokens).expand(batch, tokens)
+    chain = index.div(tokens // 2, rounding_mode="floor")
+    zeros = torch.zeros(batch, tokens, dtype=torch.long)
+    atom_inputs = EsmFold2AtomInputs(
+        ref_pos=torch.randn(batch, atoms, 3, generator=g) * 3,
+        ref_charge=torch.zeros(batch, atoms),
+        atom_attention_mask=atom_mask,
+        ref_element=torch.randint(1, config.max_atomic_number, (batch, atoms), generator=g),
+        ref_atom_name_chars=torch.randint(0, config.char_vocab_size, (batch, atoms, config.max_chars),
+                                          generator=g),
+        ref_space_uid=atom_to_token.contiguous(), atom_to_token=atom_to_token.contiguous())
+    return dict(token_index=index.contiguous(), residue_index=index.contiguous(), asym_id=chain,
+                sym_id=zeros, entity_id=zeros, mol_type=zeros,
+                res_type=torch.randint(0, 20, (batch, tokens), generator=g),
+                token_bonds=torch.zeros(batch, tokens, tokens, 1), attention_mask=token_mask,
+                atom_inputs=atom_inputs)
+
+
 def _sam_inputs(size):
     """Images of `size` pixels a side (SAM 2's feature sizes are fixed in its config, not
     derived from the image)."""
@@ -1079,6 +1122,7 @@ def _sam_inputs(size):
 
 
 FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
+                 "esmfold2": _esmfold2_inputs,
                  "nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
                  "kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
                  "granite_speech5": _granite_speech5_inputs,
