@@ -12,8 +12,10 @@ one expert, windows and chunks of 16 kept under the sequence, no dropout; multi-
 attention's queries and keys of 24 against values of 16; a logit soft-cap of 1 with weights of
 0.1, so that the cap changes the scores; FAMILY_CONFIG for defaults that do not build), makes
 its inputs by name (input_recipes; FAMILY_INPUTS for a family whose inputs are tied to each
-other or to its config), and compares eager against ringattn in float32, in eval
-mode, with the same weights: every floating-point output
+other or to its config; FAMILY_FORWARD for a model not run by one call, a video session's
+frames in turn), and compares eager (FAMILY_REFERENCE: another implementation transformers
+offers where eager is wrong, named in the row) against ringattn in float32, in eval mode, with
+the same weights: every floating-point output
 (logits, last_hidden_state, a VLM's nested outputs) and every parameter's gradient (of the
 outputs weighted by fixed random weights), relative Frobenius error < 1e-4 (a gradient
 relative to at least GRAD_FLOOR of the largest one). Where eager fails on the tiny config,
@@ -265,6 +267,16 @@ FAMILY_CONFIG = {
     "qwen4_exp": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16,
                       indexer_budget=32, indexer_compress_ratio=4),
 }
+
+# The video models as SAM 2 (EdgeTAM's video model too: its default backbone is SAM 2's
+# Hiera), with the memory attention's RoPE grid (fixed in the config for the full-size image)
+# at the image's stride 16 features. Their memory attention reads memories 64 wide whatever
+# the config says, and an object pointer (hidden size wide) is split into memory tokens only
+# where it is wider: the "default widths" variant builds them.
+FAMILY_CONFIG["sam2_video"] = FAMILY_CONFIG["edgetam_video"] = dict(
+    FAMILY_CONFIG["sam2"], image_size=256, memory_attention_rope_feat_sizes=[16, 16])
+# (SAM 3's tracker derives the feature sizes and the RoPE grid from its image size.)
+FAMILY_CONFIG["sam3_tracker_video"] = dict(FAMILY_CONFIG["sam3_tracker"], image_size=32)
 
 # The representative set, run in every mode: (family, class, config overrides).
 REPRESENTATIVE = [
@@ -1124,6 +1136,41 @@ def _nemotron_asr_streaming_inputs(make):
                 decoder_input_ids=make("input_ids")[:, :1])
 
 
+def _video_session_inputs(size, frames=3):
+    """A video inference session of SAM 2's video models (SAM 2, SAM 3's tracker, EdgeTAM):
+    `frames` random frames of `size` pixels and one object prompted by a point on the first
+    (what their processors' add_inputs_to_inference_session leaves in it)."""
+    def inputs(make):
+        import torch
+        module = sys.modules[type(make.config).__module__.replace(".configuration_",
+                                                                   ".modeling_")]
+        session_cls = next(getattr(module, n) for n in dir(module)
+                           if n.endswith("VideoInferenceSession"))
+        session = session_cls(video=torch.randn(frames, 3, size, size, generator=make.g),
+                              video_height=size, video_width=size, dtype=torch.float32)
+        obj = session.obj_id_to_idx(1)
+        session.add_point_inputs(obj, 0, dict(
+            point_coords=torch.tensor([[[[size * 0.4, size * 0.6]]]]),
+            point_labels=torch.tensor([[[1]]], dtype=torch.int32)))
+        session.obj_with_new_inputs = [1]
+        return dict(inference_session=session)
+    return inputs
+
+
+def _video_session_forward(model, inputs):
+    """Every frame of a copy of the session in turn (the first conditioned on its point, the
+    others tracked through the memory attention over the frames before): each frame's masks
+    and object scores. The models run under inference_mode: outputs only, no gradients."""
+    import copy
+    session = copy.deepcopy(inputs["inference_session"])
+    outputs = {}
+    for frame in range(session.num_frames):
+        out = model(inference_session=session, frame_idx=frame)
+        outputs[f"frame {frame} pred_masks"] = out.pred_masks
+        outputs[f"frame {frame} object_score_logits"] = out.object_score_logits
+    return outputs
+
+
 def _sam_inputs(size):
     """Images of `size` pixels a side (SAM 2's feature sizes are fixed in its config, not
     derived from the image)."""
@@ -1134,6 +1181,9 @@ def _sam_inputs(size):
 
 
 FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
+                 "sam2_video": _video_session_inputs(256),
+                 "edgetam_video": _video_session_inputs(256),
+                 "sam3_tracker_video": _video_session_inputs(32),
                  "esmfold2": _esmfold2_inputs,
                  "nemotron_asr_streaming": _nemotron_asr_streaming_inputs,
                  "nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
@@ -1143,6 +1193,12 @@ FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
                  "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs,
                  "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
+
+
+# How a family's model is run where model(**inputs) is not its forward pass: a function of
+# the model and the inputs to its outputs.
+FAMILY_FORWARD = {name: _video_session_forward
+                  for name in ("sam2_video", "edgetam_video", "sam3_tracker_video")}
 
 
 # ----- One case ----------------------------------------------------------------------------
@@ -1308,13 +1364,13 @@ def _all_outputs(out, prefix="", found=None, depth=0):
     return found
 
 
-def _forward_backward(model, inputs, valid=None, seed=3):
+def _forward_backward(model, inputs, valid=None, seed=3, forward=None):
     """({name: output}, {name: grad}) of one forward and the backward of the outputs weighted
     by fixed random weights: every floating-point output, or with `valid` (a padded batch)
     the main one (logits, else last_hidden_state) at its valid positions."""
     import torch
     _seed()
-    out = model(**inputs)
+    out = forward(model, inputs) if forward else model(**inputs)
     if valid is None:
         outputs = _all_outputs(out) or dict([_output_tensor(out)])
     else:
@@ -1451,7 +1507,7 @@ def _prepare(case, row, cls):
                     eager = _build(cls, config, reference)
                 inputs, valid, extra = _mode_inputs(case.mode, eager, config, recipe)
                 stage = "eager fails"
-                want = _run_mode(case.mode, eager, inputs, valid, extra)
+                want = _run_mode(case.mode, eager, inputs, valid, extra, case.family.name)
                 if _has_nan(want):
                     raise FloatingPointError("eager gives NaN or inf")
                 how = [f"against {reference}"] if reference != "eager" else []
@@ -1541,7 +1597,7 @@ def _run_class(case, row, cls):
                        f"'ringattn' up in a fixed table ({frame.line})")
         return row
     try:
-        got = _run_mode(mode, model, inputs, valid, extra)
+        got = _run_mode(mode, model, inputs, valid, extra, case.family.name)
     except Exception as e:  # noqa: BLE001
         if _is_refusal(e):
             row.result, row.message = "refused", str(e)
@@ -1628,7 +1684,7 @@ def _mode_inputs(mode, model, config, recipe=None):
     raise ValueError(f"unknown mode {mode}")
 
 
-def _run_mode(mode, model, inputs, valid, extra):
+def _run_mode(mode, model, inputs, valid, extra, family=None):
     import torch
     if mode in ("generate", "generate-left-padded"):
         model.eval()
@@ -1648,7 +1704,7 @@ def _run_mode(mode, model, inputs, valid, extra):
                 out = model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
                 steps.append(out.logits)
         return steps
-    return _forward_backward(model, inputs, valid)
+    return _forward_backward(model, inputs, valid, forward=FAMILY_FORWARD.get(family))
 
 
 def _compare_mode(mode, want, got, valid):
