@@ -1092,6 +1092,16 @@ def _nemotron3_5_transcribe_inputs(make):
                 input_features_mask=torch.ones(make.batch, frames, dtype=torch.long))
 
 
+def _pe_audio_video_inputs(make):
+    """Text ids, a video (batch x 2 frames x 3 x 32 x 32) and a waveform (batch x 1 x
+    samples): the model's audio-video encoder and every contrastive head run only when all
+    three are given."""
+    import torch
+    return dict(input_ids=make("input_ids"),
+                pixel_values_videos=torch.randn(make.batch, 2, 3, 32, 32, generator=make.g),
+                input_values=torch.randn(make.batch, 1, 4000, generator=make.g))
+
+
 def _esmfold2_inputs(make):
     """A protein of 12 residues per sample (two chains of 6), 4 atoms each (48 atoms: the
     atom encoder's window of 16 slides over them), random coordinates, elements and atom
@@ -1184,7 +1194,7 @@ FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
                  "sam2_video": _video_session_inputs(256),
                  "edgetam_video": _video_session_inputs(256),
                  "sam3_tracker_video": _video_session_inputs(32),
-                 "esmfold2": _esmfold2_inputs,
+                 "pe_audio_video": _pe_audio_video_inputs, "esmfold2": _esmfold2_inputs,
                  "nemotron_asr_streaming": _nemotron_asr_streaming_inputs,
                  "nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
                  "kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
@@ -1305,6 +1315,13 @@ def _build(cls, config, impl):
     torch.manual_seed(1)
     model = cls._from_config(copy.deepcopy(config), attn_implementation=impl,
                              dtype=torch.float32)
+    from transformers import PreTrainedModel
+    if any(isinstance(m, PreTrainedModel) and m.config._attn_implementation != impl and
+           m._can_set_attn_implementation() for m in model.modules()):
+        # A sub-model left on the default implementation (PE audio-video's sub-configs are
+        # rebuilt while the model is made, which resets their implementation to none): set
+        # through the whole model, as transformers offers, so that every attention runs.
+        model.set_attn_implementation(impl)
     languages = getattr(config, "languages", None)
     if languages and hasattr(model, "set_default_language"):  # X-MOD's adapters
         model.set_default_language(languages[0])
