@@ -235,6 +235,10 @@ FAMILY_CONFIG = {
         pair_transition_intermediate_size=128,
         atom_encoder=dict(num_uid_rope_pairs=2),
         structure_head=dict(diffusion_module=dict(atom_encoder=dict(num_uid_rope_pairs=2)))),
+    # Muse Glimmer's vision windows of 4 x 4 patches (its position table's side; 32 by default,
+    # which an 8 x 8 grid never reaches); its adapter takes 2 x 2 merged patches, 4 x 64 wide.
+    "muse_glimmer": dict(out_hidden_size=4 * 64,
+                         vision_config=dict(pos_emb_height=4, pos_emb_width=4)),
     # Its speech encoders' values have as many heads as the queries (only the keys are grouped,
     # which eager's repeat_kv does not follow): no grouped keys there. Its Nemotron-H text
     # model's router takes the top 2 experts of a group (two, both chosen), and its 2 key/value
@@ -1181,6 +1185,22 @@ def _video_session_forward(model, inputs):
     return outputs
 
 
+def _muse_glimmer_inputs(make):
+    """One image per sample of 8 x 8 patches (patch_temporal frames of patch_size squared
+    pixels in 3 channels each, flattened as its processor does; windows of 4 x 4 patches) and
+    text ids whose positions 1..16 take its 16 merged (2 x 2) image embeddings."""
+    import torch
+    config = make.config
+    vision = config.vision_config
+    grid = torch.tensor([[1, 8, 8]] * make.batch)
+    width = vision.patch_temporal * 3 * vision.patch_size ** 2
+    tokens = 64 // vision.merge_size ** 2
+    ids = make("input_ids")
+    ids[:, 1:1 + tokens] = config.image_token_id
+    return dict(input_ids=ids, image_grid_thw=grid,
+                pixel_values=torch.randn(make.batch * 64, width, generator=make.g))
+
+
 def _sam_inputs(size):
     """Images of `size` pixels a side (SAM 2's feature sizes are fixed in its config, not
     derived from the image)."""
@@ -1191,7 +1211,7 @@ def _sam_inputs(size):
 
 
 FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
-                 "sam2_video": _video_session_inputs(256),
+                 "sam2_video": _video_session_inputs(256), "muse_glimmer": _muse_glimmer_inputs,
                  "edgetam_video": _video_session_inputs(256),
                  "sam3_tracker_video": _video_session_inputs(32),
                  "pe_audio_video": _pe_audio_video_inputs, "esmfold2": _esmfold2_inputs,
