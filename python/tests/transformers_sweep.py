@@ -1201,6 +1201,23 @@ def _muse_glimmer_inputs(make):
                 pixel_values=torch.randn(make.batch * 64, width, generator=make.g))
 
 
+def _muse_glimmer_assistant_inputs(make):
+    """Muse Glimmer's drafter: a block of noise embeddings (block_size x hidden) that attends
+    itself and the context of 32 accepted tokens (the target model's hidden states at
+    target_layer_ids, concatenated); the mask spans both, 32 + block_size keys, the second
+    sample's first 4 context tokens padding."""
+    import torch
+    config = make.config
+    context = 32
+    width = len(config.target_layer_ids) * config.hidden_size
+    mask = torch.ones(make.batch, context + config.block_size, dtype=torch.long)
+    mask[-1, :4] = 0
+    return dict(noise_embeds=torch.randn(make.batch, config.block_size, config.hidden_size,
+                                         generator=make.g),
+                context_hidden_states=torch.randn(make.batch, context, width, generator=make.g),
+                attention_mask=mask)
+
+
 def _sam_inputs(size):
     """Images of `size` pixels a side (SAM 2's feature sizes are fixed in its config, not
     derived from the image)."""
@@ -1212,6 +1229,7 @@ def _sam_inputs(size):
 
 FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
                  "sam2_video": _video_session_inputs(256), "muse_glimmer": _muse_glimmer_inputs,
+                 "muse_glimmer_assistant": _muse_glimmer_assistant_inputs,
                  "edgetam_video": _video_session_inputs(256),
                  "sam3_tracker_video": _video_session_inputs(32),
                  "pe_audio_video": _pe_audio_video_inputs, "esmfold2": _esmfold2_inputs,
