@@ -1128,8 +1128,8 @@ def _esmfold2_inputs(make):
         ref_charge=torch.zeros(batch, atoms),
         atom_attention_mask=atom_mask,
         ref_element=torch.randint(1, config.max_atomic_number, (batch, atoms), generator=g),
-        ref_atom_name_chars=torch.randint(0, config.char_vocab_size, (batch, atoms, config.max_chars),
-                                          generator=g),
+        ref_atom_name_chars=torch.randint(0, config.char_vocab_size,
+                                          (batch, atoms, config.max_chars), generator=g),
         ref_space_uid=atom_to_token.contiguous(), atom_to_token=atom_to_token.contiguous())
     return dict(token_index=index.contiguous(), residue_index=index.contiguous(), asym_id=chain,
                 sym_id=zeros, entity_id=zeros, mol_type=zeros,
