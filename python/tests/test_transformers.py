@@ -13,7 +13,8 @@ and every gradient, and its tokens and decoding steps, on the same weights:
   VaultGemma (logit soft-capping, sliding and full layers), also padded, packed, generating
   and decoding past the window;
 - features ringattn does not carry refused by name (a dynamic mask, a soft-cap the layer holds
-  but does not pass); two processes over gloo (transformers_ranks_job.py).
+  but does not pass, a relative-position bias passed as the mask by a model that computes with
+  its mask); two processes over gloo (transformers_ranks_job.py).
 
 Skipped, with the reason, where transformers (which needs a recent torch) is not installed:
 CI runs it in the PyPI-torch venv (scripts/test.sh). The sweep over every model family is
@@ -321,6 +322,41 @@ def test_a_mask_that_is_not_documents_windows_or_padding_is_refused_naming_it():
     k = v = torch.randn(1, 2, 16, 16)
     with pytest.raises(ValueError, match="more than causality, a window, documents and padding"):
         ra_hf.ringattn_attention_forward(torch.nn.Module(), q, k, v, allowed[None, None])
+
+
+def test_model_code_that_computes_with_the_mask_gets_eager_tensors_answer():
+    """The composition the attention reads stands in for transformers' mask tensor: model code
+    that compares it or computes with it (Nemotron ASR streaming's `attention_mask == 0.0`) gets
+    what eager's tensor gives, not the object's own equality (one bool)."""
+    from transformers.masking_utils import causal_mask_function
+    padding = torch.ones(2, 8, dtype=torch.bool)  # as transformers passes it on
+    padding[1, :2] = False
+    spec = ra_hf._mask(2, 8, 8, mask_function=causal_mask_function, attention_mask=padding)
+    assert isinstance(spec, ra_hf._MaskSpec)
+    want = spec.tensor()
+    for got, expected in ((spec == 0.0, want == 0.0), (spec != 0.0, want != 0.0),
+                          (spec < 0, want < 0), (spec >= 0, want >= 0), (-spec, -want),
+                          (spec - 1, want - 1), (1 - spec, 1 - want), (spec / 2, want / 2)):
+        assert torch.equal(got, expected)
+    assert torch.equal(torch.all(spec == 0.0, dim=-1), torch.all(want == 0.0, dim=-1))
+    assert len({spec}) == 1  # still hashable
+
+
+def test_a_relative_position_bias_in_the_mask_is_refused_by_name_not_a_crash():
+    """Nemotron ASR streaming's encoder tests its mask (`== 0.0`) and passes the attention a
+    relative-position bias as the mask: refused, naming it."""
+    config = transformers.NemotronAsrStreamingEncoderConfig(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=128, subsampling_conv_channels=16, num_mel_bins=16, sliding_window=16,
+        default_num_lookahead_tokens=3, dropout=0.0, layerdrop=0.0, activation_dropout=0.0,
+        attention_dropout=0.0)
+    model = transformers.NemotronAsrStreamingEncoder._from_config(
+        config, attn_implementation="ringattn").eval()
+    features = torch.randn(1, 96, 16, generator=torch.Generator().manual_seed(4))
+    with pytest.raises(ValueError, match="learned attention bias in the mask tensor"):
+        model(features)
+    with torch.no_grad(), pytest.raises(ValueError, match="additive attention bias"):
+        model(features)
 
 
 def test_models_over_ranks_match_eager():

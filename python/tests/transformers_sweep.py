@@ -12,8 +12,10 @@ one expert, windows and chunks of 16 kept under the sequence, no dropout; multi-
 attention's queries and keys of 24 against values of 16; a logit soft-cap of 1 with weights of
 0.1, so that the cap changes the scores; FAMILY_CONFIG for defaults that do not build), makes
 its inputs by name (input_recipes; FAMILY_INPUTS for a family whose inputs are tied to each
-other or to its config), and compares eager against ringattn in float32, in eval
-mode, with the same weights: every floating-point output
+other or to its config; FAMILY_FORWARD for a model not run by one call, a video session's
+frames in turn), and compares eager (FAMILY_REFERENCE: another implementation transformers
+offers where eager is wrong, named in the row) against ringattn in float32, in eval mode, with
+the same weights: every floating-point output
 (logits, last_hidden_state, a VLM's nested outputs) and every parameter's gradient (of the
 outputs weighted by fixed random weights), relative Frobenius error < 1e-4 (a gradient
 relative to at least GRAD_FLOOR of the largest one). Where eager fails on the tiny config,
@@ -213,6 +215,30 @@ FAMILY_CONFIG = {
     # scales (the feature sizes, fixed in the config for 1152 pixels).
     "sam3_tracker": dict(vision_config=dict(backbone_config=dict(window_size=2),
                                             backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]])),
+    # EdgeTAM at 256 pixels, as SAM 2: its timm RepViT backbone as its checkpoints name it (the
+    # default config's misspelt key leaves a ResNet-50) with every stage's features out (the
+    # default's model_args, which the shrunk config would revert to none), their sizes scaled.
+    "edgetam": dict(
+        vision_config=dict(backbone_config=dict(
+            architecture="repvit_m1",
+            model_args=dict(in_chans=3, features_only=True, out_indices=[0, 1, 2, 3])),
+            backbone_feature_sizes=[[64, 64], [32, 32], [16, 16]]),
+        prompt_encoder_config=dict(image_size=256, patch_size=16)),
+    # ESMFold 2's folding trunk (its forward; the diffusion sampler runs only in fold()): the
+    # single inputs' width from the atom encoder's (64) plus two residue one-hots and the
+    # profile (2 x 33 + 1); a 3D RoPE of 3 x 2 spatial and 2 UID pairs in a head of 16 (10 UID
+    # pairs by default, for 128 wide heads); one recycling loop over 2 pair layers (10 over 24);
+    # the atom features' width derived from their one-hots (not a width to shrink).
+    "esmfold2": dict(
+        single_inputs_size=64 + 2 * 33 + 1, num_loops=1, folding_trunk_num_hidden_layers=2,
+        atom_feature_dim=None,
+        pair_transition_intermediate_size=128,
+        atom_encoder=dict(num_uid_rope_pairs=2),
+        structure_head=dict(diffusion_module=dict(atom_encoder=dict(num_uid_rope_pairs=2)))),
+    # Muse Glimmer's vision windows of 4 x 4 patches (its position table's side; 32 by default,
+    # which an 8 x 8 grid never reaches); its adapter takes 2 x 2 merged patches, 4 x 64 wide.
+    "muse_glimmer": dict(out_hidden_size=4 * 64,
+                         vision_config=dict(pos_emb_height=4, pos_emb_width=4)),
     # Its speech encoders' values have as many heads as the queries (only the keys are grouped,
     # which eager's repeat_kv does not follow): no grouped keys there. Its Nemotron-H text
     # model's router takes the top 2 experts of a group (two, both chosen), and its 2 key/value
@@ -245,6 +271,16 @@ FAMILY_CONFIG = {
     "qwen4_exp": dict(indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16,
                       indexer_budget=32, indexer_compress_ratio=4),
 }
+
+# The video models as SAM 2 (EdgeTAM's video model too: its default backbone is SAM 2's
+# Hiera), with the memory attention's RoPE grid (fixed in the config for the full-size image)
+# at the image's stride 16 features. Their memory attention reads memories 64 wide whatever
+# the config says, and an object pointer (hidden size wide) is split into memory tokens only
+# where it is wider: the "default widths" variant builds them.
+FAMILY_CONFIG["sam2_video"] = FAMILY_CONFIG["edgetam_video"] = dict(
+    FAMILY_CONFIG["sam2"], image_size=256, memory_attention_rope_feat_sizes=[16, 16])
+# (SAM 3's tracker derives the feature sizes and the RoPE grid from its image size.)
+FAMILY_CONFIG["sam3_tracker_video"] = dict(FAMILY_CONFIG["sam3_tracker"], image_size=32)
 
 # The representative set, run in every mode: (family, class, config overrides).
 REPRESENTATIVE = [
@@ -1060,6 +1096,128 @@ def _nemotron3_5_transcribe_inputs(make):
                 input_features_mask=torch.ones(make.batch, frames, dtype=torch.long))
 
 
+def _pe_audio_video_inputs(make):
+    """Text ids, a video (batch x 2 frames x 3 x 32 x 32) and a waveform (batch x 1 x
+    samples): the model's audio-video encoder and every contrastive head run only when all
+    three are given."""
+    import torch
+    return dict(input_ids=make("input_ids"),
+                pixel_values_videos=torch.randn(make.batch, 2, 3, 32, 32, generator=make.g),
+                input_values=torch.randn(make.batch, 1, 4000, generator=make.g))
+
+
+def _esmfold2_inputs(make):
+    """A protein of 12 residues per sample (two chains of 6), 4 atoms each (48 atoms: the
+    atom encoder's window of 16 slides over them), random coordinates, elements and atom
+    names; the second sample's last residue is padding (its atoms too)."""
+    import torch
+
+    from transformers.models.esmfold2.modeling_esmfold2 import EsmFold2AtomInputs
+    config, g, batch = make.config, make.g, make.batch
+    tokens, per_token = 12, 4
+    atoms = tokens * per_token
+    token_mask = torch.ones(batch, tokens, dtype=torch.long)
+    token_mask[-1, -1] = 0
+    atom_to_token = torch.arange(atoms).div(per_token, rounding_mode="floor").expand(batch, atoms)
+    atom_mask = token_mask.gather(1, atom_to_token).bool()
+    index = torch.arange(tokens).expand(batch, tokens)
+    chain = index.div(tokens // 2, rounding_mode="floor")
+    zeros = torch.zeros(batch, tokens, dtype=torch.long)
+    atom_inputs = EsmFold2AtomInputs(
+        ref_pos=torch.randn(batch, atoms, 3, generator=g) * 3,
+        ref_charge=torch.zeros(batch, atoms),
+        atom_attention_mask=atom_mask,
+        ref_element=torch.randint(1, config.max_atomic_number, (batch, atoms), generator=g),
+        ref_atom_name_chars=torch.randint(0, config.char_vocab_size,
+                                          (batch, atoms, config.max_chars), generator=g),
+        ref_space_uid=atom_to_token.contiguous(), atom_to_token=atom_to_token.contiguous())
+    return dict(token_index=index.contiguous(), residue_index=index.contiguous(), asym_id=chain,
+                sym_id=zeros, entity_id=zeros, mol_type=zeros,
+                res_type=torch.randint(0, 20, (batch, tokens), generator=g),
+                token_bonds=torch.zeros(batch, tokens, tokens, 1), attention_mask=token_mask,
+                atom_inputs=atom_inputs)
+
+
+def _nemotron_asr_streaming_inputs(make):
+    """Time-major mel features of 320 frames (40 encoder frames after the subsampling by 8:
+    three chunks of its chunked attention: 41 frames, the causal convolutions' edge one more) and
+    one decoder token per sample."""
+    import torch
+    encoder = make.config.encoder_config
+    frames = 40 * encoder.subsampling_factor
+    return dict(input_features=torch.randn(make.batch, frames, encoder.num_mel_bins,
+                                           generator=make.g),
+                decoder_input_ids=make("input_ids")[:, :1])
+
+
+def _video_session_inputs(size, frames=3):
+    """A video inference session of SAM 2's video models (SAM 2, SAM 3's tracker, EdgeTAM):
+    `frames` random frames of `size` pixels and one object prompted by a point on the first
+    (what their processors' add_inputs_to_inference_session leaves in it)."""
+    def inputs(make):
+        import torch
+        module = sys.modules[type(make.config).__module__.replace(".configuration_",
+                                                                   ".modeling_")]
+        session_cls = next(getattr(module, n) for n in dir(module)
+                           if n.endswith("VideoInferenceSession"))
+        session = session_cls(video=torch.randn(frames, 3, size, size, generator=make.g),
+                              video_height=size, video_width=size, dtype=torch.float32)
+        obj = session.obj_id_to_idx(1)
+        session.add_point_inputs(obj, 0, dict(
+            point_coords=torch.tensor([[[[size * 0.4, size * 0.6]]]]),
+            point_labels=torch.tensor([[[1]]], dtype=torch.int32)))
+        session.obj_with_new_inputs = [1]
+        return dict(inference_session=session)
+    return inputs
+
+
+def _video_session_forward(model, inputs):
+    """Every frame of a copy of the session in turn (the first conditioned on its point, the
+    others tracked through the memory attention over the frames before): each frame's masks
+    and object scores. The models run under inference_mode: outputs only, no gradients."""
+    import copy
+    session = copy.deepcopy(inputs["inference_session"])
+    outputs = {}
+    for frame in range(session.num_frames):
+        out = model(inference_session=session, frame_idx=frame)
+        outputs[f"frame {frame} pred_masks"] = out.pred_masks
+        outputs[f"frame {frame} object_score_logits"] = out.object_score_logits
+    return outputs
+
+
+def _muse_glimmer_inputs(make):
+    """One image per sample of 8 x 8 patches (patch_temporal frames of patch_size squared
+    pixels in 3 channels each, flattened as its processor does; windows of 4 x 4 patches) and
+    text ids whose positions 1..16 take its 16 merged (2 x 2) image embeddings."""
+    import torch
+    config = make.config
+    vision = config.vision_config
+    grid = torch.tensor([[1, 8, 8]] * make.batch)
+    width = vision.patch_temporal * 3 * vision.patch_size ** 2
+    tokens = 64 // vision.merge_size ** 2
+    ids = make("input_ids")
+    ids[:, 1:1 + tokens] = config.image_token_id
+    return dict(input_ids=ids, image_grid_thw=grid,
+                pixel_values=torch.randn(make.batch * 64, width, generator=make.g))
+
+
+def _muse_glimmer_assistant_inputs(make):
+    """Muse Glimmer's drafter: a block of noise embeddings (block_size x hidden) that attends
+    itself and the context of 32 accepted tokens (the target model's hidden states at
+    target_layer_ids, concatenated); the mask spans both, 32 + block_size keys, the second
+    sample's first 4 context tokens padding."""
+    import torch
+    config = make.config
+    context = 32
+    width = len(config.target_layer_ids) * config.hidden_size
+    mask = torch.ones(make.batch, context + config.block_size, dtype=torch.long)
+    mask[-1, :4] = 0
+    return dict(noise_embeds=torch.randn(make.batch, config.block_size, config.hidden_size,
+                                         generator=make.g),
+                context_hidden_states=torch.randn(make.batch, context, width, generator=make.g),
+                attention_mask=mask)
+
+
 def _sam_inputs(size):
     """Images of `size` pixels a side (SAM 2's feature sizes are fixed in its config, not
     derived from the image)."""
@@ -1069,7 +1227,13 @@ def _sam_inputs(size):
     return inputs
 
 
-FAMILY_INPUTS = {"sam2": _sam_inputs(256),
+FAMILY_INPUTS = {"sam2": _sam_inputs(256), "edgetam": _sam_inputs(256),
+                 "sam2_video": _video_session_inputs(256), "muse_glimmer": _muse_glimmer_inputs,
+                 "muse_glimmer_assistant": _muse_glimmer_assistant_inputs,
+                 "edgetam_video": _video_session_inputs(256),
+                 "sam3_tracker_video": _video_session_inputs(32),
+                 "pe_audio_video": _pe_audio_video_inputs, "esmfold2": _esmfold2_inputs,
+                 "nemotron_asr_streaming": _nemotron_asr_streaming_inputs,
                  "nemotron3_5_transcribe": _nemotron3_5_transcribe_inputs,
                  "kyutai_speech_to_text": _kyutai_speech_to_text_inputs,
                  "granite_speech5": _granite_speech5_inputs,
@@ -1077,6 +1241,12 @@ FAMILY_INPUTS = {"sam2": _sam_inputs(256),
                  "neucodec": _codec_inputs, "xcodec2": _codec_inputs, "dia": _dia_inputs,
                  "siglip2": _siglip2_inputs, "kosmos2": _kosmos2_inputs,
                  "idefics": _idefics_inputs}
+
+
+# How a family's model is run where model(**inputs) is not its forward pass: a function of
+# the model and the inputs to its outputs.
+FAMILY_FORWARD = {name: _video_session_forward
+                  for name in ("sam2_video", "edgetam_video", "sam3_tracker_video")}
 
 
 # ----- One case ----------------------------------------------------------------------------
@@ -1183,6 +1353,13 @@ def _build(cls, config, impl):
     torch.manual_seed(1)
     model = cls._from_config(copy.deepcopy(config), attn_implementation=impl,
                              dtype=torch.float32)
+    from transformers import PreTrainedModel
+    if any(isinstance(m, PreTrainedModel) and m.config._attn_implementation != impl and
+           m._can_set_attn_implementation() for m in model.modules()):
+        # A sub-model left on the default implementation (PE audio-video's sub-configs are
+        # rebuilt while the model is made, which resets their implementation to none): set
+        # through the whole model, as transformers offers, so that every attention runs.
+        model.set_attn_implementation(impl)
     languages = getattr(config, "languages", None)
     if languages and hasattr(model, "set_default_language"):  # X-MOD's adapters
         model.set_default_language(languages[0])
@@ -1242,13 +1419,13 @@ def _all_outputs(out, prefix="", found=None, depth=0):
     return found
 
 
-def _forward_backward(model, inputs, valid=None, seed=3):
+def _forward_backward(model, inputs, valid=None, seed=3, forward=None):
     """({name: output}, {name: grad}) of one forward and the backward of the outputs weighted
     by fixed random weights: every floating-point output, or with `valid` (a padded batch)
     the main one (logits, else last_hidden_state) at its valid positions."""
     import torch
     _seed()
-    out = model(**inputs)
+    out = forward(model, inputs) if forward else model(**inputs)
     if valid is None:
         outputs = _all_outputs(out) or dict([_output_tensor(out)])
     else:
@@ -1339,6 +1516,16 @@ def run_case(case: Case) -> Row:
         row.seconds = time.time() - start
 
 
+# The implementation a family's ringattn run is compared with where eager is not a correct
+# reference, and why (the row says which it was).
+FAMILY_REFERENCE = {
+    # Its layers invert the mask with logical_not(), which is right for sdpa's boolean mask
+    # but not for eager's additive one (0 where a key is attended): eager masks every attended
+    # key and attends the others.
+    "nemotron_asr_streaming": "sdpa",
+}
+
+
 def _prepare(case, row, cls):
     """(config, inputs, valid, extra, eager's result) of the first config variant and input
     recipe eager runs with; raises the last variant's failure with the plain inputs if none
@@ -1360,7 +1547,8 @@ def _prepare(case, row, cls):
                     _parameters(cls, config) > MAX_PARAMETERS:
                 tries.append(f"{VARIANTS[variant]}: over {MAX_PARAMETERS:,} parameters, not tried")
                 continue
-            eager = _build(cls, config, "eager")
+            reference = FAMILY_REFERENCE.get(case.family.name, "eager")
+            eager = _build(cls, config, reference)
             recipes = input_recipes(eager, config, case.family.name)
         except NotApplicable:
             raise
@@ -1371,13 +1559,14 @@ def _prepare(case, row, cls):
             stage = "inputs"
             try:
                 if number:  # a failed run may have left gradients: a fresh model
-                    eager = _build(cls, config, "eager")
+                    eager = _build(cls, config, reference)
                 inputs, valid, extra = _mode_inputs(case.mode, eager, config, recipe)
                 stage = "eager fails"
-                want = _run_mode(case.mode, eager, inputs, valid, extra)
+                want = _run_mode(case.mode, eager, inputs, valid, extra, case.family.name)
                 if _has_nan(want):
                     raise FloatingPointError("eager gives NaN or inf")
-                how = [VARIANTS[variant]] if variant else []
+                how = [f"against {reference}"] if reference != "eager" else []
+                how += [VARIANTS[variant]] if variant else []
                 how += [f"{k} {v}" for k, v in recipe.items()
                         if v and k not in ("extra", "no_cache", "family")]
                 how += ["the family's inputs"] if recipe.get("family") else []
@@ -1463,10 +1652,12 @@ def _run_class(case, row, cls):
                        f"'ringattn' up in a fixed table ({frame.line})")
         return row
     try:
-        got = _run_mode(mode, model, inputs, valid, extra)
+        got = _run_mode(mode, model, inputs, valid, extra, case.family.name)
     except Exception as e:  # noqa: BLE001
         if _is_refusal(e):
             row.result, row.message = "refused", str(e)
+            if how.startswith("against "):  # the reference is not eager (FAMILY_REFERENCE)
+                row.message += f" ({how.split('; ')[0]})"
         else:
             row.result, row.message = "crash", _message(e)
             row.detail = traceback.format_exc()
@@ -1548,7 +1739,7 @@ def _mode_inputs(mode, model, config, recipe=None):
     raise ValueError(f"unknown mode {mode}")
 
 
-def _run_mode(mode, model, inputs, valid, extra):
+def _run_mode(mode, model, inputs, valid, extra, family=None):
     import torch
     if mode in ("generate", "generate-left-padded"):
         model.eval()
@@ -1568,7 +1759,7 @@ def _run_mode(mode, model, inputs, valid, extra):
                 out = model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
                 steps.append(out.logits)
         return steps
-    return _forward_backward(model, inputs, valid)
+    return _forward_backward(model, inputs, valid, forward=FAMILY_FORWARD.get(family))
 
 
 def _compare_mode(mode, want, got, valid):

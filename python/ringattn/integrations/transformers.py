@@ -254,24 +254,24 @@ class _MaskSpec:
     def __getitem__(self, index):
         return self.tensor()[index]
 
-    def __invert__(self):
-        return ~self.tensor()
+    # Operators are looked up on the class, never through __getattr__: each is the tensor's
+    # (a comparison too: Nemotron ASR streaming tests `attention_mask == 0.0`, which the
+    # object's own equality would answer with one bool).
+    __hash__ = object.__hash__
 
-    def __and__(self, other):
-        return self.tensor() & other
 
-    def __or__(self, other):
-        return self.tensor() | other
+def _tensor_operator(name):
+    def operator(self, *args):
+        return getattr(self.tensor(), name)(*args)
+    operator.__name__ = name
+    return operator
 
-    def __add__(self, other):
-        return self.tensor() + other
 
-    __radd__ = __add__
-
-    def __mul__(self, other):
-        return self.tensor() * other
-
-    __rmul__ = __mul__
+for _name in ("__invert__", "__neg__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+              "__rxor__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__truediv__", "__rtruediv__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+              "__ge__"):
+    setattr(_MaskSpec, _name, _tensor_operator(_name))
 
 
 def _structure_of_tensor(mask, batch, length):
