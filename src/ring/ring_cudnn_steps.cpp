@@ -2,6 +2,7 @@
 #include "ring/ring_cudnn_steps.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <iomanip>
 #include <sstream>
@@ -69,8 +70,9 @@ int RingCudnnSteps::prepare(bool with_backward) {
       if (!why.empty()) break;
       // The views' pointers are the tensors' plus their offsets: cuDNN reads 16-byte
       // aligned tensors only.
-      if ((v.q_offset * static_cast<int64_t>(eb())) % 16 != 0 ||
-          (v.kv_offset * static_cast<int64_t>(eb())) % 16 != 0) {
+      const auto bytes = static_cast<int64_t>(eb());
+      if ((v.q_offset * bytes) % 16 != 0 || (v.kv_offset * bytes) % 16 != 0 ||
+          (v.o_offset() * bytes) % 16 != 0 || (v.v_offset() * bytes) % 16 != 0) {
         why = "a view's rows start off the 16-byte alignment cuDNN reads (head dim " +
               std::to_string(d) + ")";
         break;
@@ -79,7 +81,8 @@ int RingCudnnSteps::prepare(bool with_backward) {
       shape.q_offset = shape.kv_offset = shape.row_offset = 0;
       std::ostringstream key;
       key << shape.batch << ' ' << shape.heads << ' ' << shape.kv_heads << ' ' << shape.rows << ' '
-          << shape.kv_rows << ' ' << shape.head_dim << ' '
+          << shape.kv_rows << ' ' << shape.head_dim << ' ' << shape.value_dim() << ' '
+          << shape.softcap << ' '
           << (shape.right_bound ? std::to_string(*shape.right_bound) : "-") << ' '
           << (shape.left_bound ? std::to_string(*shape.left_bound) : "-");
       for (int i = 0; i < 4; ++i) key << ' ' << shape.q_stride[i] << ' ' << shape.kv_stride[i];
@@ -135,18 +138,22 @@ int RingCudnnSteps::prepare(bool with_backward) {
     return 0;
   }
   const Shape4& s = cfg_.shape;
+  const int64_t dv = cfg_.effective_head_dim_v();
   const auto q_elems = static_cast<std::size_t>(s.batch * layout_.local_len * s.heads * d);
-  const auto kv_elems = static_cast<std::size_t>(
-      std::max(s.batch * layout_.local_len * cfg_.effective_kv_heads(), sched_->max_recv_rows) * d);
+  const auto o_elems = static_cast<std::size_t>(s.batch * layout_.local_len * s.heads * dv);
+  const int64_t kv_rows =
+      std::max(s.batch * layout_.local_len * cfg_.effective_kv_heads(), sched_->max_recv_rows);
+  const auto kv_elems = static_cast<std::size_t>(kv_rows * d);
+  const auto v_elems = static_cast<std::size_t>(kv_rows * dv);
   try {
-    o_ = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN output scratch", device_, stream_);
+    o_ = kc::DeviceAllocation(o_elems * eb(), "the ring's cuDNN output scratch", device_, stream_);
     stats_ = kc::DeviceAllocation(
         static_cast<std::size_t>(s.batch * layout_.local_len * s.heads) * sizeof(float),
         "the ring's cuDNN stats", device_, stream_);
     if (with_backward) {
       dq_ = kc::DeviceAllocation(q_elems * eb(), "the ring's cuDNN dQ scratch", device_, stream_);
       dk_ = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dK scratch", device_, stream_);
-      dv_ = kc::DeviceAllocation(kv_elems * eb(), "the ring's cuDNN dV scratch", device_, stream_);
+      dv_ = kc::DeviceAllocation(v_elems * eb(), "the ring's cuDNN dV scratch", device_, stream_);
     }
   } catch (const kc::DeviceOutOfMemory& e) {
     // cuDNN's scratch comes on top of what ours need: a ring ours can run must not fail for it.
@@ -197,8 +204,8 @@ void RingCudnnSteps::forward(int t, const void* q, const void* k, const void* v,
   for (std::size_t i = 0; i < views.size(); ++i) {
     const kc::SdpaView& w = views[i];
     graphs_[graph_of_[static_cast<std::size_t>(t)][i]]->forward_view(
-        0, at(q, w.q_offset, eb()), at(k, w.kv_offset, eb()), at(v, w.kv_offset, eb()),
-        at(o_.get(), w.q_offset, eb()), stats_.as<float>());
+        0, at(q, w.q_offset, eb()), at(k, w.kv_offset, eb()), at(v, w.v_offset(), eb()),
+        at(o_.get(), w.o_offset(), eb()), stats_.as<float>());
     kc::launch_store_view_result(elem_, place_of(w, out, lse), stream_);
   }
 }
@@ -206,7 +213,8 @@ void RingCudnnSteps::forward(int t, const void* q, const void* k, const void* v,
 void RingCudnnSteps::load_out(const float* out) {
   const Shape4& s = cfg_.shape;
   kc::launch_floats_to_elem(elem_, out, o_.get(),
-                            s.batch * layout_.local_len * s.heads * s.head_dim, stream_);
+                            s.batch * layout_.local_len * s.heads * cfg_.effective_head_dim_v(),
+                            stream_);
 }
 
 void RingCudnnSteps::backward(int t, const void* q, const void* k, const void* v, const void* dout,
@@ -217,15 +225,19 @@ void RingCudnnSteps::backward(int t, const void* q, const void* k, const void* v
     kc::launch_gather_view_stats(place_of(w, nullptr, const_cast<float*>(lse)), stats_.as<float>(),
                                  stream_);
     graphs_[graph_of_[static_cast<std::size_t>(t)][i]]->backward_view(
-        0, at(q, w.q_offset, eb()), at(k, w.kv_offset, eb()), at(v, w.kv_offset, eb()),
-        at(o_.get(), w.q_offset, eb()), at(dout, w.q_offset, eb()), stats_.as<float>(),
+        0, at(q, w.q_offset, eb()), at(k, w.kv_offset, eb()), at(v, w.v_offset(), eb()),
+        at(o_.get(), w.o_offset(), eb()), at(dout, w.o_offset(), eb()), stats_.as<float>(),
         at(dq_.get(), w.q_offset, eb()), at(dk_.get(), w.kv_offset, eb()),
-        at(dv_.get(), w.kv_offset, eb()));
+        at(dv_.get(), w.v_offset(), eb()));
     kc::StridedView qv{w.q_offset, {w.batch, w.heads, w.rows, w.head_dim}, {}};
     kc::StridedView kv{w.kv_offset, {w.batch, w.kv_heads, w.kv_rows, w.head_dim}, {}};
+    kc::StridedView vv{w.v_offset(), {w.batch, w.kv_heads, w.kv_rows, w.value_dim()}, {}};
+    const std::array<int64_t, 4> v_stride = w.v_stride();
     for (int a = 0; a < 4; ++a) {
-      qv.strides[a] = w.q_stride[static_cast<std::size_t>(a)];
-      kv.strides[a] = w.kv_stride[static_cast<std::size_t>(a)];
+      const auto axis = static_cast<std::size_t>(a);
+      qv.strides[a] = w.q_stride[axis];
+      kv.strides[a] = w.kv_stride[axis];
+      vv.strides[a] = v_stride[axis];
     }
     // dQ of the rows that see a key only: cuDNN's values for the others are its own.
     const auto [keyed_begin, keyed_end] = kc::rows_with_keys(w);
@@ -233,7 +245,7 @@ void RingCudnnSteps::backward(int t, const void* q, const void* k, const void* v
     qv.dims[2] = keyed_end - keyed_begin;
     kc::launch_add_view(elem_, dq_.get(), dq, qv, stream_);
     kc::launch_add_view(elem_, dk_.get(), dk, kv, stream_);
-    kc::launch_add_view(elem_, dv_.get(), dv, kv, stream_);
+    kc::launch_add_view(elem_, dv_.get(), dv, vv, stream_);
   }
 }
 
@@ -303,19 +315,23 @@ RingCudnnChoice choose_ring_cudnn(const AttentionConfig& cfg, const ShardLayout&
                                   const std::string& flag, cudaStream_t stream,
                                   std::vector<std::string>& notes) {
   RingCudnnChoice c;
-  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty()) {
-    if (asked)
-      notes.push_back(flag + "cuDNN's ring steps here do not compute " + f +
-                      "; every step runs on ringattn's kernels");
-    return c;
-  }
-  const bool verified = kc::verified_on_gpu(kc::GpuForm::cudnn_ring_steps, kc::GpuPath::ring);
+  // Values of their own head dim and the soft-cap are a form of cuDNN's graphs of their own.
+  const bool mla_or_cap = !value_dim_and_cap_words(cfg).empty();
+  const kc::GpuForm form =
+      mla_or_cap ? kc::GpuForm::cudnn_value_dim_softcap : kc::GpuForm::cudnn_ring_steps;
+  const bool verified = kc::verified_on_gpu(kc::GpuForm::cudnn_ring_steps, kc::GpuPath::ring) &&
+                        (!mla_or_cap || kc::verified_on_gpu(form, kc::GpuPath::ring));
+  const std::string how = field_is("kernel", "cudnn");
   if (auto_tries && !verified)
-    notes.push_back(
-        kc::unverified_by_auto_note(kc::GpuForm::cudnn_ring_steps, field_is("kernel", "cudnn")));
-  if (asked && !verified)
-    notes.push_back(
-        kc::forced_unverified_note(kc::GpuForm::cudnn_ring_steps, field_is("kernel", "cudnn")));
+    notes.push_back(kc::unverified_by_auto_note(
+        kc::verified_on_gpu(kc::GpuForm::cudnn_ring_steps, kc::GpuPath::ring)
+            ? form
+            : kc::GpuForm::cudnn_ring_steps,
+        how));
+  if (asked && !verified) {
+    notes.push_back(kc::forced_unverified_note(kc::GpuForm::cudnn_ring_steps, how));
+    if (mla_or_cap) notes.push_back(kc::forced_unverified_note(form, how));
+  }
   if (!asked && !(auto_tries && verified)) return c;
   c.steps =
       std::make_unique<RingCudnnSteps>(cfg, layout, sched, elem, opts.dtype, opts.device, stream);

@@ -206,6 +206,9 @@ std::vector<kc::SdpaView> ring_step_views(const AttentionConfig& cfg, const Shar
     const int64_t kh_stride = HKV > 1 ? kh : n_k * k_stride;
     v.kv_stride = {B > 1 ? kb : HKV * kh_stride, kh_stride, k_stride, 1};
     v.kv_offset = k0;
+    // V (and O) rows of their own width sit at the same row positions (SdpaView::v_stride).
+    v.head_dim_v = cfg.effective_head_dim_v();
+    v.softcap = static_cast<float>(cfg.softcap);
     v.scale = static_cast<float>(cfg.effective_scale());
     // Key j is seen by query i when j <= i + causal_offset (causal), and
     // i + causal_offset - window_left <= j <= i + causal_offset + window_right (a window):

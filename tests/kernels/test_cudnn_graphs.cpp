@@ -200,7 +200,8 @@ TEST(CudnnViews, BandsFollowTheDenseRule) {
 
 // The GPU ring's --kernel cudnn: every step's views (ring_cudnn_views.hpp) of dense rings,
 // causal zigzag with GQA, non-causal with MQA and causal balanced (chunks of unequal
-// lengths), P = 2 and 4, every rank, validate forward and
+// lengths), values of their own head dim with a soft-cap, P = 2 and 4, every rank, validate
+// forward and
 // backward, bf16 and fp16, on Hopper and Ampere: rectangles whose key rows differ from their
 // query rows, bands offset from the diagonal, and K/V read from the packed receive buffer.
 TEST(CudnnViews, EveryRingStepsGraphsValidate) {
@@ -222,7 +223,16 @@ TEST(CudnnViews, EveryRingStepsGraphsValidate) {
   AttentionConfig packed = dense(256, 4, 64);  // a one-token document, one straddling shards
   packed.causal = true;
   packed.cu_seqlens = {0, 1, 100, 256};
-  for (const AttentionConfig& cfg : {causal_gqa, mqa, balanced, window, two_sided, packed})
+  // Values of their own head dim read in the shard and in the packed receive buffer, the cap
+  // as the score modifier with each step's band inside it.
+  AttentionConfig mla_cap = dense(256, 4, 128);
+  mla_cap.causal = true;
+  mla_cap.kv_heads = 2;
+  mla_cap.window_left = 20;
+  mla_cap.head_dim_v = 64;
+  mla_cap.softcap = 30;
+  for (const AttentionConfig& cfg :
+       {causal_gqa, mqa, balanced, window, two_sided, packed, mla_cap})
     for (const int world : {2, 4}) {
       const ring::ShardLayout layout = ring::make_layout(cfg, world);
       if (cfg.shape.seq_len == 252 && world == 4) {

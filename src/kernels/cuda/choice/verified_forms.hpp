@@ -37,7 +37,7 @@ enum class GpuForm {
   cudnn_backward,              // one GPU: its backward where one view writes each row
   cudnn_dilated_backward,      // one GPU: a dilated mixture's or grouped heads' backward
   cudnn_ring_steps,            // the GPU ring: each step's tasks as cuDNN views
-  cudnn_value_dim_softcap,     // one GPU: cuDNN's graphs with Dv != D or a soft-cap modifier
+  cudnn_value_dim_softcap,     // cuDNN's graphs with Dv != D or a soft-cap modifier (also ring)
 };
 
 namespace verified_detail {
