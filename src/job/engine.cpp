@@ -411,9 +411,15 @@ void Engine::backward(const TensorRef& q, const TensorRef& k, const TensorRef& v
                       static_cast<float*>(dk.data), static_cast<float*>(dv.data));
   if (sinks.data) {
     auto* ds = static_cast<float*>(dsinks.data);
-    kernels::cuda::sink_gradient(
-        sink_rows(m), t, static_cast<const float*>(sinks.data), static_cast<const float*>(out.data),
-        dout.data, static_cast<const float*>(lse.data), ds, m.backend->stream(), m.device_index);
+    const kernels::SinkRows rows = sink_rows(m);
+    if (!m.sink_workspace.data())
+      m.sink_workspace =
+          DeviceBuffer(std::max<std::size_t>(kernels::cuda::sink_gradient_workspace_bytes(rows), 1),
+                       "the sinks' gradient workspace", m.device_index);
+    kernels::cuda::sink_gradient(rows, t, static_cast<const float*>(sinks.data),
+                                 static_cast<const float*>(out.data), dout.data,
+                                 static_cast<const float*>(lse.data), ds,
+                                 m.sink_workspace.data(), m.backend->stream(), m.device_index);
   }
   kernels::cuda::order_after(m.backend->stream(), caller, m.device_index);
 }

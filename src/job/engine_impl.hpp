@@ -65,6 +65,8 @@ struct EngineState {
   };
   std::unique_ptr<Staging> staging;
   Staging& stage(bool backward_too);
+  // The device sinks' gradient's workspace (kernels::cuda::sink_gradient), on first use.
+  DeviceBuffer sink_workspace;
 
   explicit EngineState(Comm c) : comm(std::move(c)) {}
   ~EngineState();

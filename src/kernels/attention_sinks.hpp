@@ -38,11 +38,14 @@ namespace ringattn::kernels::cuda {
 
 // The device forms on a [B, N, H, D] shard (rows layout) in device memory on GPU `device`,
 // enqueued on `stream` (a cudaStream_t): the epilogue as apply_sinks above, and dsinks[h] =
-// minus this shard's terms (fp32), from dout of element type `dout_type`. Throws InputError
-// naming `device` in a build without CUDA kernels.
+// minus this shard's terms (fp32), from dout of element type `dout_type`, summed in parallel
+// in a fixed order through `workspace` (device memory of sink_gradient_workspace_bytes(s)).
+// Throws InputError naming `device` in a build without CUDA kernels.
 void apply_sinks(const SinkRows& s, const float* sinks, float* out, float* lse, void* stream,
                  int device);
+std::size_t sink_gradient_workspace_bytes(const SinkRows& s);
 void sink_gradient(const SinkRows& s, DeviceDType dout_type, const float* sinks, const float* out,
-                   const void* dout, const float* lse, float* dsinks, void* stream, int device);
+                   const void* dout, const float* lse, float* dsinks, void* workspace,
+                   void* stream, int device);
 
 }  // namespace ringattn::kernels::cuda

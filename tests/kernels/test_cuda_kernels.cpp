@@ -29,6 +29,7 @@
 #if RINGATTN_TEST_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/attention_sinks.hpp"
 #include "kernels/cuda/choice/form_chooser.hpp"
 #include "kernels/cuda/cudnn/sdpa.hpp"
 #include "kernels/cuda/cudnn/view_results.hpp"
@@ -640,6 +641,45 @@ TEST(CudaKernels, OutOfMemoryIsARuntimeFailureSayingHowMuchAndWhatToChange) {
 }
 
 #if RINGATTN_TEST_HAVE_CUDA
+// The sinks' gradient on the device: one warp per run of 32 rows of a head, then each head's
+// runs added in a fixed order (kernels/cuda/ops/sinks.cu). Over 2 x 300 rows (19 runs, the last
+// partial; three blocks of runs), three heads (one without a sink: gradient 0) and fp16 dout:
+// within 1e-6 of the host's float64 terms, and the same bits on a second run (on the emulated
+// GPU, whose warps and blocks run in varying orders, too).
+TEST(CudaKernels, SinkGradientIsParallelDeterministicAndMatchesTheHost) {
+  REQUIRE_GPU();
+  const kernels::SinkRows rows{2, 300, 3, 40, TensorLayout::bnhd};
+  const auto n = static_cast<std::size_t>(rows.batch * rows.rows * rows.heads * rows.head_dim);
+  const auto nl = static_cast<std::size_t>(rows.batch * rows.heads * rows.rows);
+  std::vector<float> out = testing::random_normal(n, 71), dout = testing::random_normal(n, 72);
+  std::vector<float> lse = testing::random_normal(nl, 73, 2.0f);
+  round_to_device_dtype(dout.data(), n, DeviceDType::fp16);
+  const std::vector<float> sinks = {0.5f, -std::numeric_limits<float>::infinity(), -1.25f};
+  std::vector<double> terms(3);
+  kernels::sink_gradient_terms(rows, sinks.data(), out.data(), dout.data(), lse.data(),
+                               terms.data(), 1);
+  DeviceBuffer d_out(n * 4, "out"), d_dout(n * 2, "dout"), d_lse(nl * 4, "lse"),
+      d_sinks(12, "sinks"), d_ds(12, "dsinks"),
+      work(kernels::cuda::sink_gradient_workspace_bytes(rows), "workspace");
+  d_out.upload(out.data(), n, DeviceDType::fp32);
+  d_dout.upload(dout.data(), n, DeviceDType::fp16);
+  d_lse.upload(lse.data(), nl, DeviceDType::fp32);
+  d_sinks.upload(sinks.data(), 3, DeviceDType::fp32);
+  std::vector<float> first(3), again(3);
+  for (std::vector<float>* got : {&first, &again}) {
+    kernels::cuda::sink_gradient(rows, DeviceDType::fp16, d_sinks.as<float>(), d_out.as<float>(),
+                                 d_dout.data(), d_lse.as<float>(), d_ds.as<float>(), work.data(),
+                                 nullptr, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    d_ds.download(got->data(), 3);
+  }
+  for (std::size_t h = 0; h < 3; ++h) {
+    EXPECT_NEAR(first[h], -terms[h], 1e-6 * std::max(1.0, std::abs(terms[h]))) << "head " << h;
+    EXPECT_EQ(std::memcmp(&first[h], &again[h], sizeof(float)), 0) << "head " << h;
+  }
+  EXPECT_EQ(first[1], 0.0f);
+}
+
 TEST(CudaKernels, DeviceLseMergeMatchesTheHostMerge) {
   REQUIRE_GPU();
   const int64_t rows = 300, d = 72;

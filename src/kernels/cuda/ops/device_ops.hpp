@@ -52,17 +52,25 @@ void add_floats_2d(float* dst, int64_t dpitch, const float* src, int64_t spitch,
 // Attention sinks on a [B, N, H, D] shard (the device form of kernels/attention_sinks.hpp):
 // the forward's epilogue lse' = logaddexp(lse, sinks[h]), out *= exp(lse - lse'), and the
 // sinks' gradient dsinks[h] = -sum over the shard's rows of exp(sinks[h] - lse) ·
-// rowsum(out ∘ dout) (out and lse the forward's, dout of element type `e`), each head's sum
-// taken in a fixed order (deterministic). All pointers are device pointers.
+// rowsum(out ∘ dout) (out and lse the forward's, dout of element type `e`). All pointers are
+// device pointers.
 struct SinkParams {
   float* out = nullptr;
   float* lse = nullptr;
   const void* dout = nullptr;
   const float* sinks = nullptr;
   float* dsinks = nullptr;
+  double* partials = nullptr;  // the gradient's workspace: sink_gradient_partials(p) doubles
   int64_t batch = 0, seq_len = 0, heads = 0, head_dim = 0;
 };
 void launch_apply_sinks(const SinkParams& p, cudaStream_t stream);
+// The gradient in parallel and deterministic: one warp per run of kSinkRunRows rows of one
+// head sums the run in order into `partials`, and one warp per head adds its runs in a fixed
+// order, so the order of every sum follows from the shape alone (not the device or launch).
+inline constexpr int64_t kSinkRunRows = 32;
+inline int64_t sink_gradient_partials(int64_t batch, int64_t seq_len, int64_t heads) {
+  return heads * ((batch * seq_len + kSinkRunRows - 1) / kSinkRunRows);
+}
 void launch_sink_gradient(Elem e, const SinkParams& p, cudaStream_t stream);
 
 // data[i] *= factor for i < n (the grouped combine's 1/G at the end of the ring).

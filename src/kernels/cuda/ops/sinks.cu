@@ -32,27 +32,45 @@ __global__ void apply_sinks_kernel(const SinkParams p) {
                        });
 }
 
-// One warp per head: its rows in order, each lane summing its columns' share weighted by the
-// row's exp(sink - lse), then the lanes' sums by a fixed butterfly.
+// One warp per (run of kSinkRunRows rows, head), eight warps a block: the run's rows in
+// order, each lane summing its columns' share of out ∘ dout weighted by the row's
+// exp(sink - lse), then the lanes' sums by a fixed butterfly, into partials[h][run].
+constexpr int kSinkWarps = 8;
+
 template <typename T>
-__global__ void sink_gradient_kernel(const SinkParams p) {
-  const int64_t h = blockIdx.x;
-  const int lane = static_cast<int>(threadIdx.x);
+__global__ void __launch_bounds__(kSinkWarps * 32) sink_runs_kernel(const SinkParams p,
+                                                                    int64_t runs) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t run = static_cast<int64_t>(blockIdx.x) * kSinkWarps + threadIdx.x / 32;
+  const int64_t h = blockIdx.y;
+  if (run >= runs) return;
   const float sink = p.sinks[h];
+  const int64_t rows = p.batch * p.seq_len;
   double acc = 0.0;
   if (sink != -INFINITY) {
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t n = 0; n < p.seq_len; ++n) {
-        const double w = exp(static_cast<double>(sink) -
-                             static_cast<double>(p.lse[(b * p.heads + h) * p.seq_len + n]));
-        const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
-        const T* g = static_cast<const T*>(p.dout) + at;
-        const float* o = p.out + at;
-        float s = 0.0f;
-        for (int64_t d = lane; d < p.head_dim; d += 32) s += o[d] * to_float(g[d]);
-        acc += w * static_cast<double>(s);
-      }
+    for (int64_t r = run * kSinkRunRows; r < (run + 1) * kSinkRunRows && r < rows; ++r) {
+      const int64_t b = r / p.seq_len, n = r % p.seq_len;
+      const double w = exp(static_cast<double>(sink) -
+                           static_cast<double>(p.lse[(b * p.heads + h) * p.seq_len + n]));
+      const int64_t at = ((b * p.seq_len + n) * p.heads + h) * p.head_dim;
+      const T* g = static_cast<const T*>(p.dout) + at;
+      const float* o = p.out + at;
+      float s = 0.0f;
+      for (int64_t d = lane; d < p.head_dim; d += 32) s += o[d] * to_float(g[d]);
+      acc += w * static_cast<double>(s);
+    }
   }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) p.partials[h * runs + run] = acc;
+}
+
+// One warp per head: lane l adds runs l, l + 32, ... in order, then a fixed butterfly.
+__global__ void sink_sum_kernel(const SinkParams p, int64_t runs) {
+  const int64_t h = blockIdx.x;
+  const int lane = static_cast<int>(threadIdx.x);
+  double acc = 0.0;
+  for (int64_t c = lane; c < runs; c += 32) acc += p.partials[h * runs + c];
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) p.dsinks[h] = static_cast<float>(-acc);
@@ -70,22 +88,31 @@ void launch_apply_sinks(const SinkParams& p, cudaStream_t stream) {
 
 void launch_sink_gradient(Elem e, const SinkParams& p, cudaStream_t stream) {
   if (p.heads == 0) return;
-  const dim3 grid(static_cast<unsigned>(p.heads)), block(32);
+  const int64_t runs = sink_gradient_partials(p.batch, p.seq_len, 1);
+  if (runs == 0) {  // no rows: every head's gradient is 0
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(p.dsinks, 0,
+                                        static_cast<std::size_t>(p.heads) * sizeof(float), stream));
+    return;
+  }
+  const dim3 grid(blocks_for(runs, kSinkWarps), static_cast<unsigned>(p.heads)),
+      block(kSinkWarps * 32);
   switch (e) {
     case Elem::bf16:
-      launch_kernel("sink_gradient_kernel", &sink_gradient_kernel<__nv_bfloat16>, grid, block, 0,
-                    stream, p);
+      launch_kernel("sink_runs_kernel", &sink_runs_kernel<__nv_bfloat16>, grid, block, 0, stream,
+                    p, runs);
       break;
     case Elem::fp16:
-      launch_kernel("sink_gradient_kernel", &sink_gradient_kernel<__half>, grid, block, 0, stream,
-                    p);
+      launch_kernel("sink_runs_kernel", &sink_runs_kernel<__half>, grid, block, 0, stream, p,
+                    runs);
       break;
     case Elem::fp32:
-      launch_kernel("sink_gradient_kernel", &sink_gradient_kernel<float>, grid, block, 0, stream,
-                    p);
+      launch_kernel("sink_runs_kernel", &sink_runs_kernel<float>, grid, block, 0, stream, p, runs);
       break;
   }
-  RINGATTN_CUDA_CHECK_LAUNCH("sink_gradient_kernel");
+  RINGATTN_CUDA_CHECK_LAUNCH("sink_runs_kernel");
+  launch_kernel("sink_sum_kernel", &sink_sum_kernel, dim3(static_cast<unsigned>(p.heads)),
+                dim3(32), 0, stream, p, runs);
+  RINGATTN_CUDA_CHECK_LAUNCH("sink_sum_kernel");
 }
 
 }  // namespace ringattn::kernels::cuda

@@ -17,8 +17,9 @@ void no_cuda() { throw InputError("device", kNoCudaReason); }
 
 void order_after(void*, void*, int) { no_cuda(); }
 void apply_sinks(const SinkRows&, const float*, float*, float*, void*, int) { no_cuda(); }
+std::size_t sink_gradient_workspace_bytes(const SinkRows&) { return 0; }
 void sink_gradient(const SinkRows&, DeviceDType, const float*, const float*, const void*,
-                   const float*, float*, void*, int) {
+                   const float*, float*, void*, void*, int) {
   no_cuda();
 }
 
