@@ -239,6 +239,10 @@ plan_verify() {
   gtest verify mla_softcap test_cuda_ring 'MlaSoftcap/CudaRingMlaSoftcap.*'
   gtest verify mla_softcap test_cuda_ring 'CudaSparseRingFeatures.ValueHeadDimAndSoftcap*'
   gtest verify cudnn_mla_softcap test_cuda_kernels 'CudaKernels.CudnnValueHeadDimAndSoftcap*'
+  # The sm_90a kernels' soft-cap: the forward and every backward form, and the plans' runs.
+  gtest verify hopper_softcap test_cuda_kernels 'CudaHopper.SoftcapOnThe*'
+  # The sinks' gradient in parallel (one warp per 32 rows, a fixed order).
+  gtest verify sinks test_cuda_kernels 'CudaKernels.SinkGradient*'
   gtest verify cudnn_mla_softcap test_cudnn_graphs 'CudnnViews.ValueHeadDimAndSoftcap*'
   # --kernel auto with cuDNN beside the sm_90a kernels, and timing the fused backward against
   # the two passes (the switches as ctest sets them); the view epilogue on cuDNN's rows.

@@ -426,8 +426,8 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
 void CudaRingPlan::Impl::choose_hopper(bool automatic, const std::string& flag,
                                        const std::vector<kernels::ForwardItem>& key_items) {
   const auto shape = [this](int t) { return hopper_shape(t); };
-  const std::string f = value_dim_and_cap_words(cfg);
-  const std::string why = !f.empty() ? "they do not compute " + f
+  const std::string f = kc::hopper_feature_refusal(cfg, kc::GpuPath::ring, automatic);
+  const std::string why = !f.empty() ? f
                                      : build_ring_hopper_forward(
                                            sched, cfg.shape.batch * layout.local_len, shape, elem,
                                            opts.device, task_lists, task_waves);
@@ -445,6 +445,9 @@ void CudaRingPlan::Impl::choose_hopper(bool automatic, const std::string& flag,
   hopper = kc::FormChooser(std::move(path), opts.deterministic,
                            opts.kernel == KernelChoice::automatic, static_cast<int>(d()));
   hopper.decide(why, why_backward, task_lists.wide_ok(d()), notes);
+  if (hopper.forward())
+    if (const std::string n = kc::soft_cap_forced_note(cfg, kc::GpuPath::ring); !n.empty())
+      notes.push_back(n);
   const std::string status =
       automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
 #if RINGATTN_RING_CUDNN

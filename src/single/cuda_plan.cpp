@@ -121,6 +121,7 @@ struct CudaPlan::Impl {
     p.heads = static_cast<int>(s.heads), p.kv_heads = static_cast<int>(cfg.effective_kv_heads());
     p.head_dim = static_cast<int>(s.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
+    p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
     if (cfg.windowed()) {
       const AttentionConfig::WindowReach w = cfg.window_reach();
@@ -225,8 +226,10 @@ struct CudaPlan::Impl {
     hopper =
         kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic, head_dim);
     std::string why, why_backward;
-    if (const std::string f = value_dim_and_cap_words(cfg); !f.empty()) {
-      why = why_backward = "they do not compute " + f;
+    if (const std::string f = kc::hopper_feature_refusal(
+            cfg, path.path, opts.kernel == KernelChoice::automatic);
+        !f.empty()) {
+      why = why_backward = f;
       hopper_tasks = false;
     } else if (hopper_tasks) {
       why = prepare_hopper_tasks();
@@ -246,6 +249,9 @@ struct CudaPlan::Impl {
     // The wide fused kernel: D = 128, dense, or tasks whose key items pair up into 128 keys.
     const bool wide_ok = head_dim == 128 && (!hopper_tasks || task_lists.wide_ok(head_dim));
     hopper.decide(why, why_backward, wide_ok, notes);
+    if (hopper.forward())
+      if (const std::string n = kc::soft_cap_forced_note(cfg, path.path); !n.empty())
+        notes.push_back(n);
     if (hopper.forward() && !hopper_tasks && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).
@@ -425,8 +431,20 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
     const std::string over = m.hopper_tasks
                                  ? " (TMA + wgmma, over the dilated pattern's strided views)"
                                  : " (TMA + wgmma)";
+    // A job feature the sm_90a kernels leave to the native ones, said where this device could
+    // otherwise run them (quiet on the others, as below).
+    const std::string feature =
+        kc::hopper_feature_refusal(cfg, m.hopper_tasks ? kc::GpuPath::tasks : kc::GpuPath::dense,
+                                   automatic);
     if (!automatic) {
       m.notes.push_back(m.hopper.asked_note(why, why_backward, "", over));
+    } else if (!feature.empty() && why == feature &&
+               kc::hopper_forward_unsupported(m.hopper_params(nullptr, nullptr, nullptr, nullptr,
+                                                              nullptr),
+                                              opts.device)
+                   .empty()) {
+      m.notes.push_back(field_is("kernel", "auto") +
+                        ": the native kernels stand in for the sm_90a ones (" + feature + ")");
     } else if (m.hopper.forward() && kCudnnBuilt) {
       // Quiet where the sm_90a kernels cannot run (every GPU but compute capability 9.0);
       // without cuDNN in the build, its own note says what runs.

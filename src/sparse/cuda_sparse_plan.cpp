@@ -262,8 +262,9 @@ struct CudaSparsePlan::Impl {
   // (measured: docs/PERFORMANCE.md).
   void choose_hopper(bool automatic) {
     std::string why, why_backward;
-    if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
-      why = "they do not compute " + f;
+    if (const std::string f = kc::hopper_feature_refusal(cfg, kc::GpuPath::sparse, automatic);
+        !f.empty())
+      why = f;
     else if (NL > std::numeric_limits<int>::max() / 2)
       why = "a shard of " + std::to_string(NL) + " rows (tensor map coordinates are int)";
     else if (recv_rows > std::numeric_limits<int>::max() / 2)
@@ -291,6 +292,9 @@ struct CudaSparsePlan::Impl {
     hopper = kc::FormChooser(std::move(path), opts.deterministic,
                              opts.kernel == KernelChoice::automatic, static_cast<int>(D));
     hopper.decide(why, why_backward, wide_ok(), notes);
+    if (hopper.forward())
+      if (const std::string n = kc::soft_cap_forced_note(cfg, kc::GpuPath::sparse); !n.empty())
+        notes.push_back(n);
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
     if (!automatic) {
       notes.push_back(

@@ -28,6 +28,11 @@ namespace ringattn {
 namespace {
 
 constexpr double kHalfTolerance = 1e-2;
+#if RINGATTN_CUDA_EMULATION
+constexpr bool kEmulatedGpu = true;
+#else
+constexpr bool kEmulatedGpu = false;
+#endif
 
 JobSpec causal_job() {
   JobSpec spec;
@@ -139,8 +144,8 @@ TEST(EngineCuda, VirtualRanksSharingAGpuMatchTheFloat64Reference) {
 // K/V heads split) and U = 4 (one group, the single-GPU plan inside; each K/V head goes to
 // two ranks and their dK/dV are summed), batch 2 so that the all-to-all's 2-D copies walk
 // batches: forward and gradients against float64, bytes against their minimum. Again with
-// values of their own head dim and soft-capped logits (Dv = 32 beside D = 64, c = 5), which
-// the native kernels compute under every --kernel.
+// values of their own head dim and soft-capped logits (Dv = 32 beside D = 64, c = 5), on
+// the native kernels and, asked for, on cuDNN's ring steps.
 TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
   REQUIRE_GPU();
 #if RINGATTN_CUDA_EMULATION
@@ -182,8 +187,7 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
     };
     // U = 4 is one group: each rank's slice is a single-GPU plan, which may take cuDNN; with
     // U = 2 each slice's ring of two takes cuDNN per step (on the emulated GPU, cuDNN's
-    // stand-in: cudnn/graphs_emulated.cpp). With MLA and the cap, the native kernels compute
-    // every slice (cuDNN's forms do not compute them: --kernel cudnn falls back, saying so).
+    // stand-in: cudnn/graphs_emulated.cpp), with MLA and the cap too.
     std::vector<std::pair<int, KernelChoice>> runs = {{2, KernelChoice::native},
                                                       {4, KernelChoice::native}};
 #if RINGATTN_TEST_HAVE_CUDNN
@@ -225,9 +229,15 @@ TEST(EngineCuda, UlyssesOnVirtualRanksMatchesTheFloat64Reference) {
                     relative_error(dv.data(), rows_of(want_dv, rows, inner_v).data(), dv.size())};
                 bool good = st.ulysses == u && st.bytes_sent == st.bytes_sent_min &&
                             st.bytes_sent_a2a == st.bytes_sent_a2a_min;
-                if (kernel == KernelChoice::cudnn && !mla_cap)
+                // With MLA and the cap, cuDNN's graphs run only where asked (auto leaves them
+                // out until a GPU has passed them; a GPU's cuDNN may refuse one, and the
+                // native kernels then run, saying why).
+                const bool cudnn_expected =
+                    kernel == KernelChoice::cudnn && (!mla_cap || kEmulatedGpu);
+                if (cudnn_expected)
                   good = good && st.kernel == "cudnn" && st.kernel_backward == "cudnn";
-                if (mla_cap) good = good && st.kernel == "native" && st.kernel_backward == "native";
+                if (mla_cap && kernel != KernelChoice::cudnn)
+                  good = good && st.kernel == "native" && st.kernel_backward == "native";
                 for (const double err : errs) good = good && err <= kHalfTolerance;
                 if (good) {
                   ++ok;
@@ -486,6 +496,8 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapOnOneGpuMatchFloat64) {
   std::vector<std::pair<const Case*, KernelChoice>> runs;
   for (const Case& c : cases) {
     runs.emplace_back(&c, KernelChoice::automatic);
+    // The cap alone: the sm_90a kernels compute it where --kernel hopper asks.
+    if (c.cap > 0 && c.dv == c.shape.head_dim) runs.emplace_back(&c, KernelChoice::hopper);
 #if RINGATTN_TEST_HAVE_CUDNN
     if (c.dtype != DeviceDType::fp32) runs.emplace_back(&c, KernelChoice::cudnn);
 #endif
@@ -524,7 +536,17 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapOnOneGpuMatchFloat64) {
                          [&](const std::string& n) { return n.find(text) != std::string::npos; });
     };
     const std::string all = ::testing::PrintToString(st.notes);
-    if (kernel == KernelChoice::cudnn) {
+    if (kernel == KernelChoice::hopper) {
+#if RINGATTN_CUDA_EMULATION  // an sm_90 (a GPU may not be one: native, saying why)
+      EXPECT_EQ(st.kernel, "hopper") << all;
+      EXPECT_EQ(st.kernel_backward, "hopper") << all;
+#endif
+      if (st.kernel == "hopper") {
+        EXPECT_TRUE(noted("kernel=hopper runs the sm_90a kernels' soft-cap, unverified on "
+                          "hardware"))
+            << all;
+      }
+    } else if (kernel == KernelChoice::cudnn) {
       if (st.kernel == "cudnn") {  // a real cuDNN may refuse a graph: native runs, saying why
         EXPECT_TRUE(noted("kernel=cudnn runs cuDNN's graphs with values of their own head dim or "
                           "a soft-cap score modifier, unverified on hardware"))
@@ -537,6 +559,15 @@ TEST(EngineCuda, ValueHeadDimAndSoftcapOnOneGpuMatchFloat64) {
       EXPECT_TRUE(noted("no GPU has run yet")) << "no note that these kernels are unverified on "
                                                   "hardware: "
                                                << all;
+#if RINGATTN_CUDA_EMULATION  // an sm_90: where the sm_90a kernels could run, they say why not
+      const int64_t d = c.shape.head_dim;
+      if (c.dtype != DeviceDType::fp32 && (d == 64 || d == 128 || d == 256)) {
+        EXPECT_TRUE(noted(c.dv != d ? "they do not compute values of their own"
+                                    : "kernel=auto: the native kernels stand in for the sm_90a "
+                                      "ones (kernel=auto leaves out the sm_90a kernels' soft-cap"))
+            << all;
+      }
+#endif
 #if RINGATTN_TEST_HAVE_CUDNN
       if (c.dtype != DeviceDType::fp32) {
         EXPECT_TRUE(noted("kernel=auto leaves out cuDNN's graphs with values of their own head "

@@ -909,6 +909,100 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
       }
 }
 
+// The soft-cap on the sm_90a kernels: c·tanh(S·scale/c) in the forward's online softmax and
+// in the backward's recomputed P, dS times the cap's slope (from S in the dQ pass, from the
+// logit log2(P) + lse in the fused kernels' Pᵀ); D = 64 and 128, causal with a window of 70
+// and GQA, bf16, a cap of 30 with the scores' spread about the cap; the forward and every
+// backward form (two passes, fused, and at D = 128 the wide fused kernel) against float64,
+// and the cap changing the answer by more than ten times the tolerance.
+TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
+  REQUIRE_GPU();
+  const DeviceDType t = DeviceDType::bf16;
+  for (const int d : {64, 128}) {
+    AttentionConfig cfg = hopper_config(d, 2);
+    cfg.shape.batch = 1;
+    cfg.softcap = 30;
+    cfg.scale = 30 / std::sqrt(static_cast<double>(d));
+    const Shape4& s = cfg.shape;
+    DeviceBuffer cu_dev(4, "cu_seqlens");
+    kernels::cuda::HopperForwardParams fp;
+    static_cast<kernels::cuda::HopperAttention&>(fp) = hopper_attention_of(cfg, t, cu_dev);
+    fp.scale = static_cast<float>(cfg.effective_scale());
+    fp.softcap = static_cast<float>(cfg.softcap);
+    if (const std::string why = kernels::cuda::hopper_forward_unsupported(fp, 0); !why.empty())
+      GTEST_SKIP() << "SKIPPED: the Hopper kernels cannot run here: " << why;
+    const auto n = static_cast<std::size_t>(s.numel());
+    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+    const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
+    Inputs in{testing::random_normal(n, 191), testing::random_normal(n_kv, 192),
+              testing::random_normal(n_kv, 193), testing::random_normal(n, 194)};
+    for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) round_to_device_dtype(x->data(), x->size(), t);
+    const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+    const ReferenceGradients g =
+        reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+    AttentionConfig uncapped = cfg;
+    uncapped.softcap = 0;
+    const ReferenceForward u = reference_forward(uncapped, in.q.data(), in.k.data(), in.v.data());
+    const std::vector<float> u32(u.out.begin(), u.out.end());
+    EXPECT_GT(relative_error(u32.data(), ref.out.data(), n), 10 * tolerance(t)) << "D=" << d;
+    DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_kv * 2, "v"), dout(n * 2, "dout"),
+        out(n * 4, "out"), lse(nl * 4, "lse"), delta(nl * 4, "delta"), dq(n * 4, "dq"),
+        dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
+    q.upload(in.q.data(), n, t);
+    k.upload(in.k.data(), n_kv, t);
+    v.upload(in.v.data(), n_kv, t);
+    dout.upload(in.dout.data(), n, t);
+    out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+    lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
+    fp.q = q.data(), fp.k = k.data(), fp.v = v.data();
+    fp.out = out.as<float>(), fp.lse = lse.as<float>();
+    kernels::cuda::hopper_forward(fp, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got_out(n), got_lse(nl);
+    out.download(got_out.data(), n);
+    lse.download(got_lse.data(), nl);
+    const double e_out = relative_error(got_out.data(), ref.out.data(), n);
+    const double e_lse = relative_error(got_lse.data(), ref.lse.data(), nl);
+    std::printf("  hopper softcap D=%d forward: out %.2e lse %.2e\n", d, e_out, e_lse);
+    EXPECT_LE(e_out, tolerance(t)) << "D=" << d;
+    EXPECT_LE(e_lse, tolerance(t)) << "D=" << d;
+    struct Form {
+      const char* name;
+      bool fused, wide;
+    };
+    for (const Form f : {Form{"two passes", false, false}, Form{"fused", true, false},
+                         Form{"wide fused", true, true}}) {
+      if (f.wide && d != 128) continue;
+      kernels::cuda::HopperBackwardParams bp;
+      static_cast<kernels::cuda::HopperAttention&>(bp) = fp;
+      kernels::cuda::start_backward(fp.elem,
+                                    {out.as<float>(), dout.data(), delta.as<float>(), s.batch,
+                                     s.seq_len, s.heads, s.head_dim},
+                                    cfg.effective_kv_heads(), dq.as<float>(), dk.as<float>(),
+                                    dv.as<float>(), nullptr);
+      bp.dout = dout.data();
+      bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
+      bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
+      bp.fused = f.fused;
+      bp.wide = f.wide;
+      kernels::cuda::hopper_backward(bp, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> gq(n), gk(n_kv), gv(n_kv);
+      dq.download(gq.data(), n);
+      dk.download(gk.data(), n_kv);
+      dv.download(gv.data(), n_kv);
+      std::printf("  hopper softcap D=%d backward (%s):", d, f.name);
+      for (auto [got, want, what] : {std::tuple{&gq, &g.dq, "dq"}, {&gk, &g.dk, "dk"},
+                                     {&gv, &g.dv, "dv"}}) {
+        const double e = relative_error(got->data(), want->data(), got->size());
+        std::printf(" %s %.2e", what, e);
+        EXPECT_LE(e, tolerance(t)) << "D=" << d << " " << f.name << " " << what;
+      }
+      std::printf("\n");
+    }
+  }
+}
+
 // The fused kernels add dQ with bulk reduce-adds (cp.reduce.async.bulk), whose global address
 // must be 16-byte aligned: a caller's dq view at a 4-byte offset runs the two passes, with a
 // note, and is exact, on the dense kernel and on the dilated plan's task kernels (D = 64 and

@@ -157,8 +157,11 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const int64_t d = cfg.shape.head_dim;
   const bool hopper_asked = kernel == KernelChoice::hopper ||
                             (kernel == KernelChoice::automatic && t != DeviceDType::fp32);
-  // (values of their own head dim and soft-capped logits: the native kernels only)
-  if (hopper_asked && (d == 64 || d == 128 || d == 256) && value_dim_and_cap_words(cfg).empty()) {
+  // (values of their own head dim: the native kernels only; a soft-cap: auto leaves the sm_90a
+  // kernels out until a GPU has passed them with one)
+  const bool hopper_takes = cfg.effective_head_dim_v() == d &&
+                            !(cfg.softcapped() && kernel == KernelChoice::automatic);
+  if (hopper_asked && (d == 64 || d == 128 || d == 256) && hopper_takes) {
     EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
     EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
     if (kernel == KernelChoice::hopper &&
@@ -499,8 +502,10 @@ INSTANTIATE_TEST_SUITE_P(Hopper, CudaRingHopper, ::testing::ValuesIn(hopper_ring
 // Values of their own head dim (MLA: K rows of D and V rows of Dv back to back in each packed
 // buffer, the dK/dV partials alike, bytes still the minimum) and soft-capped logits on the GPU
 // ring: P = 1..4 against float64 and the CPU engine, forward and every gradient, under
-// --kernel auto (the sm_90a and cuDNN forms do not compute them: the native kernels run, and
-// the notes say so), through per-step partials for two cases, in fp32 for one. A capped case
+// --kernel auto (the native kernels: the sm_90a ones do not compute Dv != D, and auto leaves
+// them out for a cap until a GPU has passed them with one; the notes say so), through
+// per-step partials for two cases, in fp32 for one; capped cases at D = 64 also under
+// --kernel hopper (the sm_90a task kernels compute the cap). A capped case
 // must differ from its uncapped reference by more than ten times the tolerance, so that the
 // cap is what is checked.
 class CudaRingMlaSoftcap : public ::testing::TestWithParam<RingCase> {};
@@ -530,9 +535,26 @@ TEST_P(CudaRingMlaSoftcap, EveryRankCountMatchesTheReference) {
     const std::string all = ::testing::PrintToString(got.notes);
     EXPECT_NE(all.find("which no GPU has run yet"), std::string::npos) << all;
 #if RINGATTN_CUDA_EMULATION  // the emulated GPUs are sm_90s: the sm_90a kernels say why not
-    EXPECT_NE(all.find("the sm_90a ones cannot run: they do not compute"), std::string::npos)
+    EXPECT_NE(all.find(cfg.effective_head_dim_v() != cfg.shape.head_dim
+                           ? "the sm_90a ones cannot run: they do not compute values of their own"
+                           : "the sm_90a ones cannot run: kernel=auto leaves out the sm_90a "
+                             "kernels' soft-cap"),
+              std::string::npos)
         << all;
 #endif
+    // --kernel hopper computes the cap on the sm_90a task kernels (D = 64 here), saying that
+    // no GPU has run them with one.
+    if (cfg.softcapped() && cfg.effective_head_dim_v() == cfg.shape.head_dim &&
+        cfg.shape.head_dim == 64) {
+      const Full h = expect_matches_reference(name_of(rc) + " (hopper)", cfg, in, p,
+                                              DeviceDType::bf16, {}, KernelChoice::hopper);
+      const std::string hn = ::testing::PrintToString(h.notes);
+#if RINGATTN_CUDA_EMULATION
+      EXPECT_NE(hn.find("kernel=hopper runs the sm_90a kernels' soft-cap, unverified on hardware"),
+                std::string::npos)
+          << hn;
+#endif
+    }
     if (partials_too && p >= 2) {
       ring::RingOptions opts;
       opts.step_results = ring::RingOptions::StepResults::partials;

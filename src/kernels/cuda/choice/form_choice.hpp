@@ -27,6 +27,7 @@
 #include "kernels/cuda/choice/verified_forms.hpp"
 #include "kernels/cuda/hopper/dense_forward.hpp"  // HopperForwardForm
 #include "kernels/cuda/runtime/median_time.hpp"
+#include "ringattn/config.hpp"
 #include "ringattn/errors.hpp"
 #include "ringattn/field_words.hpp"
 
@@ -117,6 +118,29 @@ inline void note_forced_unverified(GpuPath path, bool fused, bool wide, bool qre
   if (fused && wide) note(GpuForm::hopper_backward_fused_wide, "RINGATTN_HOPPER_BWD=fused_wide");
   if (fused && !wide) note(GpuForm::hopper_backward_fused, "RINGATTN_HOPPER_BWD=fused");
   if (qregs) note(GpuForm::hopper_forward_qregs, "RINGATTN_HOPPER_QREGS=1");
+}
+
+// Why the sm_90a kernels do not take `cfg` on `path` ("" where they may): values of their own
+// head dim, which they do not compute; or, under --kernel auto (`automatic`), a soft-cap until
+// a committed GPU log shows hopper_softcap passing there (they compute it: --kernel hopper
+// runs it, with soft_cap_forced_note's note).
+inline std::string hopper_feature_refusal(const AttentionConfig& cfg, GpuPath path,
+                                          bool automatic) {
+  if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
+    return "they do not compute values of their own head dim (" +
+           field_is("config.head_dim_v", std::to_string(cfg.effective_head_dim_v())) + ")";
+  if (cfg.softcapped() && automatic && !verified_on_gpu(GpuForm::hopper_softcap, path))
+    return field_is("kernel", "auto") + " leaves out " +
+           form_description(GpuForm::hopper_softcap) +
+           ": no committed GPU log shows it passing yet (" + field_is("kernel", "hopper") +
+           " runs it)";
+  return "";
+}
+// The note where --kernel hopper runs a soft-capped job on kernels no GPU has passed with a
+// cap on `path`, or "".
+inline std::string soft_cap_forced_note(const AttentionConfig& cfg, GpuPath path) {
+  if (!cfg.softcapped() || verified_on_gpu(GpuForm::hopper_softcap, path)) return "";
+  return forced_unverified_note(GpuForm::hopper_softcap, field_is("kernel", "hopper"));
 }
 
 // The note for a backward whose dq is not 16-byte aligned, where a fused form would have run.

@@ -19,7 +19,8 @@ namespace ringattn::kernels::cuda::hopper {
 template <class Work>
 struct BackwardArgs {
   TmaDesc q, k, v, dout;
-  float scale_log2, scale;
+  Logits logits;  // S → the log2-domain (soft-capped) logit
+  float scale;
   float dout_scale, delta_factor;
   const float* lse;
   const float* delta;
@@ -33,9 +34,9 @@ struct BackwardArgs {
 template <class Work, class Params>
 BackwardArgs<Work> backward_args(const TmaDesc (&maps)[4], const Params& p, float dout_scale,
                                  float delta_factor, const Work& work) {
-  return {maps[0], maps[1],    maps[2],      maps[3], p.scale * kLog2ef,
-          p.scale, dout_scale, delta_factor, p.lse,   p.delta,
-          p.dq,    p.dk,       p.dv,         work};
+  return {maps[0],    maps[1], maps[2],    maps[3],      logits_of(p.scale, p.softcap),
+          p.scale,    dout_scale, delta_factor, p.lse,  p.delta,
+          p.dq,       p.dk,       p.dv,         work};
 }
 
 // Whether column `col` of a tile lies in a row's visible columns.
@@ -72,13 +73,14 @@ struct StagedColumnStats {
 };
 
 // Pᵀ from Sᵀ, in place, in the dK/dV walk's accumulator (rows keys, columns queries): Pᵀ =
-// exp2(Sᵀ·scale·log2e − lse·log2e) per query column, 0 where the query does not see the key.
+// exp2(lg(Sᵀ) − lse·log2e) per query column (lg: the scaled, soft-capped logit), 0 where the
+// query does not see the key.
 // Register 4c + 2r + u is row r's column 8c + 2(lane % 4) + u. From global memory, lse is
 // loaded at its use: loaded ahead of Sᵀ's product (so that the loads would run under the
 // wgmma), the 16 guarded loads become branches and the whole backward slows down
 // (docs/PERFORMANCE.md).
 template <class Stats>
-__device__ __forceinline__ void probs_t(float (&pt)[32], float scale_log2, const Reach (&cols)[2],
+__device__ __forceinline__ void probs_t(float (&pt)[32], const Logits& lg, const Reach (&cols)[2],
                                         const Stats& stats, int lane) {
 #pragma unroll
   for (int c = 0; c < 8; ++c)
@@ -89,23 +91,34 @@ __device__ __forceinline__ void probs_t(float (&pt)[32], float scale_log2, const
       const float lse2 = stats.lse2(col, seen0 || seen1);
       float& p0 = pt[4 * c + u];
       float& p1 = pt[4 * c + 2 + u];
-      p0 = seen0 ? exp2f(p0 * scale_log2 - lse2) : 0.0f;
-      p1 = seen1 ? exp2f(p1 * scale_log2 - lse2) : 0.0f;
+      p0 = seen0 ? exp2f(lg(p0) - lse2) : 0.0f;
+      p1 = seen1 ? exp2f(lg(p1) - lse2) : 0.0f;
     }
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is).
+// dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is); with a
+// soft-cap, times the cap's slope at each logit, log2(Pᵀ) + lse·log2e (no register holds Sᵀ
+// any more; where Pᵀ is 0, so is dSᵀ).
 template <class Stats>
 __device__ __forceinline__ void grads_t(float (&pt)[32], const float (&dpt)[32], float dout_scale,
-                                        const Reach (&cols)[2], const Stats& stats, int lane) {
+                                        const Logits& lg, const Reach (&cols)[2],
+                                        const Stats& stats, int lane) {
 #pragma unroll
   for (int c = 0; c < 8; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int col = 8 * c + 2 * (lane % 4) + u;
-      const float dlt = stats.delta(col, seen(cols[0], col) || seen(cols[1], col));
-      pt[4 * c + u] *= dpt[4 * c + u] * dout_scale - dlt;
-      pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * dout_scale - dlt;
+      const bool any = seen(cols[0], col) || seen(cols[1], col);
+      const float dlt = stats.delta(col, any);
+      float& p0 = pt[4 * c + u];
+      float& p1 = pt[4 * c + 2 + u];
+      if (lg.capped()) {
+        const float lse2 = stats.lse2(col, any);
+        p0 *= p0 > 0.0f ? lg.slope_at_logit(log2f(p0) + lse2) : 0.0f;
+        p1 *= p1 > 0.0f ? lg.slope_at_logit(log2f(p1) + lse2) : 0.0f;
+      }
+      p0 *= dpt[4 * c + u] * dout_scale - dlt;
+      p1 *= dpt[4 * c + 2 + u] * dout_scale - dlt;
     }
 }
 

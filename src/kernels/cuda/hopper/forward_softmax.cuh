@@ -16,11 +16,12 @@ namespace ringattn::kernels::cuda::hopper {
 // masked whole) for a lane's two rows (index r = 0, 1, reaching `reach`): sc[u] holds
 // S = Q·Kᵀ of tile u on entry and P on return (scaled to the log2 domain, columns outside
 // the row's reach masked, exponentiated against the new running max); m and l, the running
-// max and sum, are updated and o is rescaled by exp2(m_old - m_new), once per step.
+// max and sum, are updated and o is rescaled by exp2(m_old - m_new), once per step. `lg`
+// turns S into the log2-domain logit (scaled, and soft-capped where the job caps).
 template <int kD, int kTiles>
 __device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Reach (&reach)[2],
                                               const KeyTile (&t)[kTiles], int n_tiles, int lane,
-                                              float scale_log2, float (&m)[2], float (&l)[2],
+                                              const Logits& lg, float (&m)[2], float (&l)[2],
                                               float (&o)[kD / 2]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -33,14 +34,14 @@ __device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Rea
     if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        sc[u][i] *= scale_log2;
+        sc[u][i] = lg(sc[u][i]);
         tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[u][i]);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int r = acc_row(i), col = acc_col(i, lane);
-        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : sc[u][i] * scale_log2;
+        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : lg(sc[u][i]);
         sc[u][i] = x;
         tile_max[r] = fmaxf(tile_max[r], x);
       }
@@ -73,11 +74,10 @@ __device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Rea
 // The one-tile step: softmax_tiles over `t` alone.
 template <int kD>
 __device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reach)[2],
-                                             const KeyTile& t, int lane, float scale_log2,
+                                             const KeyTile& t, int lane, const Logits& lg,
                                              float (&m)[2], float (&l)[2], float (&o)[kD / 2]) {
   const KeyTile one[1] = {t};
-  softmax_tiles<kD, 1>(reinterpret_cast<float(&)[1][32]>(sc), reach, one, 1, lane, scale_log2, m, l,
-                       o);
+  softmax_tiles<kD, 1>(reinterpret_cast<float(&)[1][32]>(sc), reach, one, 1, lane, lg, m, l, o);
 }
 
 }  // namespace ringattn::kernels::cuda::hopper

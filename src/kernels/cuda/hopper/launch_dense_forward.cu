@@ -25,7 +25,7 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t stream) {
       hopper::tensor_map(p.q, p.elem, p.batch, p.seq_len, p.heads, p.head_dim),
       hopper::tensor_map(p.k, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
       hopper::tensor_map(p.v, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
-      p.scale * hopper::kLog2ef,
+      hopper::logits_of(p.scale, p.softcap),
       false,
       hopper::dense_work(p, p.out, p.lse, false)};
   // The ping-pong kernel: 128-row blocks, two consumer warpgroups.

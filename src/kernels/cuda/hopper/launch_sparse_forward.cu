@@ -34,7 +34,7 @@ void hopper_sparse_forward(Elem e, const SparseForwardParams& p, const HopperSpa
       hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
       hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
       hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
-      p.scale * 1.4426950408889634f,
+      hopper::logits_of(p.scale, p.softcap),
       p.accumulate,
       {p.tiles, p.spans, p.items, p.out, p.lse, p.q_stride, p.lse_stride, s.seq_len, s.heads,
        kv.heads, p.head_dim, kv.seq_len, p.causal, p.window_left, p.window_right, reach.left,

@@ -108,7 +108,7 @@ void hopper_task_forward(Elem e, const FlashForwardParams& p, const HopperTaskSh
         hopper::tensor_map(p.q, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
         hopper::tensor_map(p.k, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
         hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
-        p.scale * 1.4426950408889634f,
+        hopper::logits_of(p.scale, p.softcap),
         p.accumulate,
         {p.tasks, p.items + g.item0, p.out, p.lse, rows, kv_rows, s.heads, s.kv_heads, s.head_dim,
          g.q_step, g.k_step, p.causal, p.out_scale}};

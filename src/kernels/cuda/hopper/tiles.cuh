@@ -52,6 +52,36 @@ inline constexpr unsigned kConsumerRegs = kBlocksPerSm<kD> == 2 ? 224u : 232u;
 constexpr float kLn2f = 0.6931471805599453f;
 constexpr float kLog2ef = 1.4426950408889634f;
 
+// The log2-domain logit of a raw score S = q·k: S·scale·log2e, or with a soft-cap c,
+// c·tanh(S·scale/c)·log2e (cap_in = scale/c, cap_log2 = c·log2e; 0 without a cap). The cap's
+// slope d(capped)/d(scaled) = 1 − tanh² scales dS in the backward: from the score itself
+// (slope_at_score), or from a logit the softmax already holds (slope_at_logit), tanh being
+// logit / cap_log2.
+struct Logits {
+  float scale_log2 = 0.0f, cap_in = 0.0f, cap_log2 = 0.0f;
+
+  __device__ __forceinline__ bool capped() const { return cap_log2 > 0.0f; }
+  __device__ __forceinline__ float operator()(float s) const {
+    return capped() ? cap_log2 * tanhf(s * cap_in) : s * scale_log2;
+  }
+  __device__ __forceinline__ float slope_at_score(float s) const {
+    if (!capped()) return 1.0f;
+    const float t = tanhf(s * cap_in);
+    return 1.0f - t * t;
+  }
+  __device__ __forceinline__ float slope_at_logit(float logit) const {
+    if (!capped()) return 1.0f;
+    const float t = logit / cap_log2;
+    return 1.0f - t * t;
+  }
+};
+inline Logits logits_of(float scale, float softcap) {
+  Logits lg;
+  lg.scale_log2 = scale * kLog2ef;
+  if (softcap > 0.0f) lg.cap_in = scale / softcap, lg.cap_log2 = softcap * kLog2ef;
+  return lg;
+}
+
 // A block's rows: the box's coordinates in the [B, N, H, D] tensor its rows come from, and
 // (the forward's) where row r of the box writes (out + r·out_stride, lse + r·lse_stride, for
 // r < rows only). `row0` is the first row's index in the work's own frame (Work::reach takes
