@@ -19,8 +19,9 @@
 #   verify    the kernel forms that have never run on a GPU, each under the hang guard: the
 #             fused and wide fused sm_90a backward, the forward's Q in registers, cuDNN's
 #             steps on the GPU ring, cuDNN's dilated backward, sinks on every GPU path,
-#             one GPU's --kernel auto beside the sm_90a kernels, the native kernels with
-#             MLA head dims and soft-capping, and the newest tests
+#             one GPU's --kernel auto beside the sm_90a kernels, MLA head dims and
+#             soft-capping on every GPU path (native, cuDNN's graphs, the sm_90a soft-cap),
+#             the parallel sinks' gradient, and the newest tests
 #   tests     the gpu-labelled tests, each binary in filter groups of at most TEST_TIMEOUT_S,
 #             then the ring and distributed block-sparse tests again (REPEAT times, default 1)
 #   sanitize  compute-sanitizer memcheck and racecheck: the new forms first (the fused and
