@@ -6,10 +6,19 @@
 
 namespace ringattn::kernels::cuda::hopper {
 
+// The same launch over capped work (Capped<Work>: the kernels' instantiation with the cap).
+template <class Work>
+BackwardArgs<Capped<Work>> with_cap(const BackwardArgs<Work>& a) {
+  return {a.q,     a.k,          a.v,            a.dout,  a.logits, a.scale, a.dout_scale,
+          a.delta_factor, a.lse, a.delta, a.dq, a.dk, a.dv, Capped<Work>{a.work}};
+}
+
 // The fused backward over work whose rows are keys (one launch; D <= 128).
 template <class Work>
 void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
                            cudaStream_t stream) {
+  if constexpr (!CapOf<Work>::value)
+    if (a.logits.capped()) return launch_fused_backward(head_dim, elem, with_cap(a), grid, stream);
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     if constexpr (kD <= 128)
       launch("hopper_bwd_fused_kernel", &hopper_bwd_fused_kernel<kD, kBf16, Work>, a, grid,
@@ -23,6 +32,9 @@ void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a,
 template <class Work>
 void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
                                 cudaStream_t stream) {
+  if constexpr (!CapOf<Work>::value)
+    if (a.logits.capped())
+      return launch_fused_wide_backward(head_dim, elem, with_cap(a), grid, stream);
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     if constexpr (kD == 128)
       launch("hopper_bwd_fused_wide_kernel", &hopper_bwd_fused_wide_kernel<kD, kBf16, Work>, a,
@@ -39,6 +51,9 @@ void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work
 template <bool kKeyRows, class Work>
 void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
                           cudaStream_t stream) {
+  if constexpr (!CapOf<Work>::value)
+    if (a.logits.capped())
+      return launch_backward_pass<kKeyRows>(head_dim, elem, with_cap(a), grid, stream);
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     const int smem = static_cast<int>(smem_bytes(kD, 2));
     if constexpr (kKeyRows && kD <= 128) {

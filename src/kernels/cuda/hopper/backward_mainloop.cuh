@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     float pt[32];  // Sᵀ, then Pᵀ (probs_t), then dSᵀ (grads_t)
     issue_a_bt<kD, kBf16, kRegA>(pt, ka, st.resident(0), st.ring(0, s));
     ptx::wgmma_wait_group<0>();
-    probs_t(pt, p.logits, cols, stats, lane);
+    probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
     // dV += Pᵀ·dO, then dPᵀ = V·dOᵀ, each waited for: under one wait, the packed Pᵀ would
     // be live beside dPᵀ's accumulator, and ptxas spills 72-80 bytes at D = 128.
     if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dO as stored
@@ -88,10 +88,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       ptx::mbarrier_arrive(at(st.empty(s)));
       continue;
     }
+    cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
     float dpt[32];
     issue_a_bt<kD, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
-    grads_t(pt, dpt, p.dout_scale, p.logits, cols, stats, lane);                // dSᵀ (0 where Pᵀ is)
+    grads_t(pt, dpt, p.dout_scale, cols, stats, lane);                // dSᵀ (0 where Pᵀ is)
     if constexpr (kDk) product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     ptx::mbarrier_arrive(at(st.empty(s)));
   }
@@ -163,8 +164,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     for (int i = 0; i < 32; ++i) {
       const int r = acc_row(i);
       sc[i] = seen(cols[r], acc_col(i, lane))
-                  ? exp2f(p.logits(sc[i]) - lse2[r]) * (dp[i] * p.dout_scale - dlt[r]) *
-                        p.logits.slope_at_score(sc[i])
+                  ? exp2f(p.logits.template logit<CapOf<Work>::value>(sc[i]) - lse2[r]) *
+                        (dp[i] * p.dout_scale - dlt[r]) *
+                        p.logits.template slope_at_score<CapOf<Work>::value>(sc[i])
                   : 0.0f;
     }
     product_rs<kD, kBf16>(dq, sc, st.ring(0, s));  // dQ += dS·K
@@ -246,12 +248,13 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
   [[maybe_unused]] uint32_t no_regs[1][4];
   issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
   ptx::wgmma_wait_group<0>();
-  probs_t(pt, p.logits, cols, stats, lane);
+  probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
   product_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
+  cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
   float dpt[32];
   issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
   ptx::wgmma_wait_group<0>();
-  grads_t(pt, dpt, p.dout_scale, p.logits, cols, stats, lane);
+  grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
   product_rs<kD, kBf16>(dk, pt, q_tile);  // dK += dSᵀ·Q
 }
 // The fused backward: one launch, a block per 64-key tile as hopper_bwd_dkdv_kernel's (K and V

@@ -79,7 +79,7 @@ struct StagedColumnStats {
 // loaded at its use: loaded ahead of Sᵀ's product (so that the loads would run under the
 // wgmma), the 16 guarded loads become branches and the whole backward slows down
 // (docs/PERFORMANCE.md).
-template <class Stats>
+template <bool kCap, class Stats>
 __device__ __forceinline__ void probs_t(float (&pt)[32], const Logits& lg, const Reach (&cols)[2],
                                         const Stats& stats, int lane) {
 #pragma unroll
@@ -91,34 +91,49 @@ __device__ __forceinline__ void probs_t(float (&pt)[32], const Logits& lg, const
       const float lse2 = stats.lse2(col, seen0 || seen1);
       float& p0 = pt[4 * c + u];
       float& p1 = pt[4 * c + 2 + u];
-      p0 = seen0 ? exp2f(lg(p0) - lse2) : 0.0f;
-      p1 = seen1 ? exp2f(lg(p1) - lse2) : 0.0f;
+      p0 = seen0 ? exp2f(lg.logit<kCap>(p0) - lse2) : 0.0f;
+      p1 = seen1 ? exp2f(lg.logit<kCap>(p1) - lse2) : 0.0f;
     }
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is); with a
-// soft-cap, times the cap's slope at each logit, log2(Pᵀ) + lse·log2e (no register holds Sᵀ
-// any more; where Pᵀ is 0, so is dSᵀ).
+// With a soft-cap, Pᵀ ∘ the cap's slope in place, once dV's product has read Pᵀ: the slope
+// at each logit log2(Pᵀ) + lse·log2e (no register holds Sᵀ any more; where Pᵀ is 0 it stays
+// 0). Called before dPᵀ's accumulator is live, so that the lse it reloads adds no pressure
+// where the backward's registers are fullest (grads_t). Nothing without a cap.
+template <bool kCap, class Stats>
+__device__ __forceinline__ void cap_slopes_t(float (&pt)[32], const Logits& lg,
+                                             const Reach (&cols)[2], const Stats& stats,
+                                             int lane) {
+  if constexpr (kCap) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int col = 8 * c + 2 * (lane % 4) + u;
+        const float lse2 = stats.lse2(col, seen(cols[0], col) || seen(cols[1], col));
+        float& p0 = pt[4 * c + u];
+        float& p1 = pt[4 * c + 2 + u];
+        p0 *= p0 > 0.0f ? lg.slope_at_logit(log2f(p0) + lse2) : 0.0f;
+        p1 *= p1 > 0.0f ? lg.slope_at_logit(log2f(p1) + lse2) : 0.0f;
+      }
+  } else {
+    (void)pt, (void)lg, (void)cols, (void)stats, (void)lane;
+  }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ·dout_scale − delta·delta_factor), in place of Pᵀ (0 where Pᵀ is; Pᵀ
+// already times the cap's slope where the job caps: cap_slopes_t).
 template <class Stats>
 __device__ __forceinline__ void grads_t(float (&pt)[32], const float (&dpt)[32], float dout_scale,
-                                        const Logits& lg, const Reach (&cols)[2],
-                                        const Stats& stats, int lane) {
+                                        const Reach (&cols)[2], const Stats& stats, int lane) {
 #pragma unroll
   for (int c = 0; c < 8; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int col = 8 * c + 2 * (lane % 4) + u;
-      const bool any = seen(cols[0], col) || seen(cols[1], col);
-      const float dlt = stats.delta(col, any);
-      float& p0 = pt[4 * c + u];
-      float& p1 = pt[4 * c + 2 + u];
-      if (lg.capped()) {
-        const float lse2 = stats.lse2(col, any);
-        p0 *= p0 > 0.0f ? lg.slope_at_logit(log2f(p0) + lse2) : 0.0f;
-        p1 *= p1 > 0.0f ? lg.slope_at_logit(log2f(p1) + lse2) : 0.0f;
-      }
-      p0 *= dpt[4 * c + u] * dout_scale - dlt;
-      p1 *= dpt[4 * c + 2 + u] * dout_scale - dlt;
+      const float dlt = stats.delta(col, seen(cols[0], col) || seen(cols[1], col));
+      pt[4 * c + u] *= dpt[4 * c + u] * dout_scale - dlt;
+      pt[4 * c + 2 + u] *= dpt[4 * c + 2 + u] * dout_scale - dlt;
     }
 }
 

@@ -20,9 +20,17 @@ inline bool overlap_chosen() {
 
 // The forward's (head dim, dtype, overlap, Q in registers) switch: as `form` names it (plain,
 // overlap or qregs), or by rule (the environment's choice).
+// The same launch over capped work (Capped<Work>: the kernels' instantiation with the cap).
+template <class Work>
+Args<Capped<Work>> with_cap(const Args<Work>& a) {
+  return {a.q, a.k, a.v, a.logits, a.accumulate, Capped<Work>{a.work}};
+}
+
 template <class Work>
 void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
                 cudaStream_t stream, HopperForwardForm form = HopperForwardForm::rule) {
+  if constexpr (!CapOf<Work>::value)
+    if (a.logits.capped()) return launch_for(head_dim, elem, name, with_cap(a), grid, stream, form);
   const bool by_rule = form == HopperForwardForm::rule;
   const bool overlap = by_rule ? overlap_chosen() : form == HopperForwardForm::overlap;
   const bool qregs = by_rule ? qregs_chosen() : form == HopperForwardForm::qregs;
@@ -60,6 +68,9 @@ inline int pingpong_chosen(int head_dim) {
 template <class Work>
 void launch_pingpong(int head_dim, Elem elem, int step, const char* name, const Args<Work>& a,
                      dim3 grid, cudaStream_t stream) {
+  if constexpr (!CapOf<Work>::value)
+    if (a.logits.capped())
+      return launch_pingpong(head_dim, elem, step, name, with_cap(a), grid, stream);
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     if constexpr (kD <= 128) {
       if (step == 2) {

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       issue_a_bt<kD, kBf16, kQRegs>(sc, qa, st.resident(0), st.ring(0, s));
       ptx::wgmma_wait_group<0>();
     }
-    softmax_step<kD>(sc, reach, t, lane, p.logits, m, l, o);
+    softmax_step<kD, CapOf<Work>::value>(sc, reach, t, lane, p.logits, m, l, o);
     issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
     ptx::wgmma_wait_group<0>();  // O += P·V, and the next S under kOverlap
     ptx::mbarrier_arrive(at(st.empty(s)));
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
       if (u < have) issue_ss<kD, kBf16>(sc[u], st.resident(c), st.ring(0, (g + u) % kStages));
     ptx::named_barrier_arrive(next_turn, kPingPongConsumers);
     ptx::wgmma_wait_group<0>();
-    softmax_tiles<kD, kStep>(sc, reach, t, have, lane, p.logits, m, l, o);
+    softmax_tiles<kD, kStep, CapOf<Work>::value>(sc, reach, t, have, lane, p.logits, m, l, o);
     ptx::named_barrier_sync(my_turn, kPingPongConsumers);
 #pragma unroll
     for (int u = 0; u < kStep; ++u)

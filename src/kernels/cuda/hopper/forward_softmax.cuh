@@ -18,7 +18,7 @@ namespace ringattn::kernels::cuda::hopper {
 // the row's reach masked, exponentiated against the new running max); m and l, the running
 // max and sum, are updated and o is rescaled by exp2(m_old - m_new), once per step. `lg`
 // turns S into the log2-domain logit (scaled, and soft-capped where the job caps).
-template <int kD, int kTiles>
+template <int kD, int kTiles, bool kCap>
 __device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Reach (&reach)[2],
                                               const KeyTile (&t)[kTiles], int n_tiles, int lane,
                                               const Logits& lg, float (&m)[2], float (&l)[2],
@@ -34,14 +34,15 @@ __device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Rea
     if (cols[0].lo <= 0 && cols[0].hi >= kRows && cols[1].lo <= 0 && cols[1].hi >= kRows) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        sc[u][i] = lg(sc[u][i]);
+        sc[u][i] = lg.logit<kCap>(sc[u][i]);
         tile_max[acc_row(i)] = fmaxf(tile_max[acc_row(i)], sc[u][i]);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int r = acc_row(i), col = acc_col(i, lane);
-        const float x = col < cols[r].lo || col >= cols[r].hi ? -INFINITY : lg(sc[u][i]);
+        const float x =
+            col < cols[r].lo || col >= cols[r].hi ? -INFINITY : lg.logit<kCap>(sc[u][i]);
         sc[u][i] = x;
         tile_max[r] = fmaxf(tile_max[r], x);
       }
@@ -72,12 +73,13 @@ __device__ __forceinline__ void softmax_tiles(float (&sc)[kTiles][32], const Rea
 }
 
 // The one-tile step: softmax_tiles over `t` alone.
-template <int kD>
+template <int kD, bool kCap>
 __device__ __forceinline__ void softmax_step(float (&sc)[32], const Reach (&reach)[2],
                                              const KeyTile& t, int lane, const Logits& lg,
                                              float (&m)[2], float (&l)[2], float (&o)[kD / 2]) {
   const KeyTile one[1] = {t};
-  softmax_tiles<kD, 1>(reinterpret_cast<float(&)[1][32]>(sc), reach, one, 1, lane, lg, m, l, o);
+  softmax_tiles<kD, 1, kCap>(reinterpret_cast<float(&)[1][32]>(sc), reach, one, 1, lane, lg, m,
+                             l, o);
 }
 
 }  // namespace ringattn::kernels::cuda::hopper

@@ -57,20 +57,29 @@ constexpr float kLog2ef = 1.4426950408889634f;
 // slope d(capped)/d(scaled) = 1 − tanh² scales dS in the backward: from the score itself
 // (slope_at_score), or from a logit the softmax already holds (slope_at_logit), tanh being
 // logit / cap_log2.
+// The kernels read the cap through the compile-time kCap (CapOf<Work>), so a kernel built for
+// uncapped work holds no cap code at all (its registers, and ptxas's spills, are as they were).
 struct Logits {
   float scale_log2 = 0.0f, cap_in = 0.0f, cap_log2 = 0.0f;
 
-  __device__ __forceinline__ bool capped() const { return cap_log2 > 0.0f; }
-  __device__ __forceinline__ float operator()(float s) const {
-    return capped() ? cap_log2 * tanhf(s * cap_in) : s * scale_log2;
+  __host__ __device__ bool capped() const { return cap_log2 > 0.0f; }
+  template <bool kCap>
+  __device__ __forceinline__ float logit(float s) const {
+    if constexpr (kCap)
+      return cap_log2 * tanhf(s * cap_in);
+    else
+      return s * scale_log2;
   }
+  template <bool kCap>
   __device__ __forceinline__ float slope_at_score(float s) const {
-    if (!capped()) return 1.0f;
-    const float t = tanhf(s * cap_in);
-    return 1.0f - t * t;
+    if constexpr (kCap) {
+      const float t = tanhf(s * cap_in);
+      return 1.0f - t * t;
+    } else {
+      return 1.0f;
+    }
   }
   __device__ __forceinline__ float slope_at_logit(float logit) const {
-    if (!capped()) return 1.0f;
     const float t = logit / cap_log2;
     return 1.0f - t * t;
   }
@@ -81,6 +90,22 @@ inline Logits logits_of(float scale, float softcap) {
   if (softcap > 0.0f) lg.cap_in = scale / softcap, lg.cap_log2 = softcap * kLog2ef;
   return lg;
 }
+
+// A Work whose job soft-caps its logits: the launches run the kernels' instantiation for it
+// (CapOf<Work>::value, the kernels' kCap) where Logits::capped(), and the uncapped one
+// otherwise.
+template <class Work>
+struct Capped : Work {
+  static constexpr bool kCapped = true;
+};
+template <class Work>
+struct CapOf {
+  static constexpr bool value = false;
+};
+template <class Work>
+struct CapOf<Capped<Work>> {
+  static constexpr bool value = true;
+};
 
 // A block's rows: the box's coordinates in the [B, N, H, D] tensor its rows come from, and
 // (the forward's) where row r of the box writes (out + r·out_stride, lse + r·lse_stride, for
