@@ -134,11 +134,6 @@ inline void fence_proxy_async_shared() { emu::fence_proxy_async_shared(); }
 inline void bulk_reduce_add_f32(float* dst, SmemAddr src, unsigned bytes) {
   emu::cp_reduce_async_bulk_add_f32(dst, src, bytes);
 }
-// Two fp32 at an 8-byte aligned shared address, as one st.shared.v2.f32 on a GPU.
-inline void st_shared_f32x2(SmemPtr<float> p, float a, float b) {
-  p[0] = a;
-  p[1] = b;
-}
 // cp.async.bulk.commit_group: this thread's bulk operations since the last one, as a group.
 inline void bulk_commit_group() { emu::cp_async_bulk_commit_group(); }
 // cp.async.bulk.wait_group N: all but the newest N groups complete (their writes visible).
@@ -283,9 +278,6 @@ __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned count
 }
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void st_shared_f32x2(float* p, float a, float b) {
-  *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, unsigned bytes) {
   asm volatile(

@@ -46,30 +46,31 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 // The fused kernel's shared memory: Stages<kD, 2>'s (two resident tiles, a two-stage ring of
 // two), then the dS tile (one 64 × 64 box), then each stage's column stats (64 lse, 64 delta).
 // `groups` consumer warpgroups of 64 keys each (1, or the wide kernel's 2): 2·groups resident
-// tiles (K's, then V's), the ring's four, a dS box per group.
+// tiles (K's, then V's), the ring's four, a dS box per group, in fused_ds_buffers(groups)
+// copies: the wide kernel (one block an SM) double-buffers dS by tile parity, so a tile's dS
+// store need not wait for every load of the previous tile's (FlashAttention-3's scheme); two
+// 64-key blocks share an SM, and 8 KiB more each would not fit.
+__host__ __device__ constexpr int fused_ds_buffers(int groups) { return groups == 2 ? 2 : 1; }
 __host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups = 1) {
   return 1024 + static_cast<uint32_t>(2 * groups + 4) * tile_bytes(head_dim);  // from base
 }
 constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
 __host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1) {
-  return smem_bytes(head_dim, 2 * groups) + static_cast<uint32_t>(groups) * kBoxBytes +
+  return smem_bytes(head_dim, 2 * groups) +
+         static_cast<uint32_t>(fused_ds_buffers(groups) * groups) * kBoxBytes +
          2 * kStatsStageBytes;
 }
 
 // Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
-// for rows 0-31, its second for 32-63. Each row is stored rotated by staged_rotation(row)
-// bytes within its slot (element c at byte (4c + rotation) mod 4kD): with a pitch of 4kD
-// bytes every row would start on the same bank, and the eight rows one store instruction
-// writes would conflict eight ways; rotated by 32 bytes a row over four rows, a warp's paired
-// stores (st_shared_f32x2) land on distinct banks (each half-warp on all 32), and scalar ones
-// at most two ways. The drain adds a row back in order as two bulk reduce-adds (drain_dq).
+// for rows 0-31, its second for 32-63. (Rows 4·kD bytes apart start on one bank, so a store
+// instruction's eight rows conflict eight ways. Rotating each row within its slot spread them,
+// but the wrapped addresses took ptxas from 0 to 16 bytes of spills in the wide kernel and
+// from 28 to 48 in the fused one at D = 128; a padded pitch needs its own sdQ, which the
+// 64-key kernel's two blocks an SM leave no room for. Left for a GPU to weigh.)
 template <int kD, int kResident>
 __device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, int s, int row) {
   return row < 32 ? st.ring(0, s) + static_cast<uint32_t>(row) * 4u * kD
                   : st.ring(1, s) + static_cast<uint32_t>(row - 32) * 4u * kD;
-}
-__host__ __device__ constexpr uint32_t staged_rotation(int row) {
-  return 32u * static_cast<uint32_t>(row % 4);
 }
 
 // dQ's part of a walked query tile, head-dim columns [64·chunk, 64·chunk + 64): dS (this
@@ -96,20 +97,17 @@ __device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, i
   ptx::wgmma_commit_group();
   ptx::wgmma_wait_group<0>();
   const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
-  constexpr uint32_t kRowBytes = 4u * kD;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
-    const uint32_t slot = staged_row(st, s, row), rotation = staged_rotation(row);
+    const uint32_t row_at = staged_row(st, s, row) + 256u * static_cast<uint32_t>(chunk);
+    const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
       if (acc_row(i) != r) continue;
-      // Columns col, col + 1 (col even): one 8-byte pair, never split by the rotation's wrap.
-      const uint32_t col =
-          64u * static_cast<uint32_t>(chunk) + static_cast<uint32_t>(acc_col(i, lane));
-      const uint32_t at = slot + (4u * col + rotation) % kRowBytes;
-      ptx::st_shared_f32x2(sbase + static_cast<std::ptrdiff_t>((at - sbase_addr) / 4),
-                           dq[i] * scale, dq[i + 1] * scale);
+      const int col = acc_col(i, lane);
+      dst[col] = dq[i] * scale;
+      dst[col + 1] = dq[i + 1] * scale;
     }
   }
 }
@@ -129,14 +127,9 @@ __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
     int count = 0;
     const Strided rows = p.work.column_grads(cursor, t, kD, count);
     ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1), consumers + kDrainThreads);
-    for (int r = lane; r < count; r += 32) {
-      // The row's columns from 0 start `rotation` bytes into its slot and wrap to its start.
-      float* row = p.dq + rows.at + r * rows.stride;
-      const uint32_t slot = staged_row(st, s, r), rotation = staged_rotation(r);
-      ptx::bulk_reduce_add_f32(row, at(slot + rotation), kRowBytes - rotation);
-      if (rotation > 0)
-        ptx::bulk_reduce_add_f32(row + (kRowBytes - rotation) / 4, at(slot), rotation);
-    }
+    for (int r = lane; r < count; r += 32)
+      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, s, r)),
+                               kRowBytes);
     ptx::bulk_commit_group();
     ptx::bulk_wait_group_read<0>();
     __syncwarp();

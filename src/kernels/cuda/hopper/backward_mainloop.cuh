@@ -299,8 +299,9 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   constexpr unsigned kConsumers = kConsumerThreads * kGroups;
   constexpr int kKeys = kRows * kGroups;
   const Stages<kD, 2 * kGroups> st = Stages<kD, 2 * kGroups>::of_block();
-  const uint32_t ds_tile = st.base + fused_stage_end(kD, kGroups);
-  const uint32_t stats_at = ds_tile + kGroups * kBoxBytes;
+  constexpr int kDsBuffers = fused_ds_buffers(kGroups);
+  const uint32_t ds_tiles = st.base + fused_stage_end(kD, kGroups);
+  const uint32_t stats_at = ds_tiles + static_cast<uint32_t>(kDsBuffers * kGroups) * kBoxBytes;
   const QueryRows kr = p.work.query_rows(kD);  // the block's up to kKeys keys
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   // A stage is freed by the drain warp, once its reductions read it, and filled by the
@@ -346,9 +347,13 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
     float pt[32];  // dSᵀ of this warpgroup's keys
     key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(kGroups + w), st.ring(0, s),
                               st.ring(1, s), p, cols, stats, lane);
-    // The previous tile's dS has been loaded by every consumer (kDsFree) before this one's
-    // overwrites it.
-    ptx::named_barrier_sync(kDsFree, kConsumers);
+    // With one dS buffer, the previous tile's dS has been loaded by every consumer (kDsFree)
+    // before this one's overwrites it. With two (by tile parity), tile j's buffer last held
+    // tile j - 2's dS, which every consumer loaded before arriving at tile j - 1's kDsReady,
+    // and this consumer has passed that barrier: no wait.
+    const uint32_t ds_tile =
+        ds_tiles + static_cast<uint32_t>((j % kDsBuffers) * kGroups) * kBoxBytes;
+    if constexpr (kDsBuffers == 1) ptx::named_barrier_sync(kDsFree, kConsumers);
     store_ds<kBf16>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
                     static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                     static_cast<int>(opaque(static_cast<uint32_t>(lane))));
@@ -398,8 +403,9 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 // row with one bulk reduce-add. D = 128 only: at D = 64 the single 64-column part would have
 // to be split over keys and summed.
 //
-// Shared memory: Stages<kD, 4> (K's and V's two 64-key tiles, the two-stage ring), the 64 ×
-// 128 dS tile (two boxes) and the stats: 147 KiB at D = 128, one block an SM. Registers
+// Shared memory: Stages<kD, 4> (K's and V's two 64-key tiles, the two-stage ring), two 64 ×
+// 128 dS tiles (by tile parity: no kDsFree barrier, one block-wide barrier a tile) and the
+// stats: 163 KiB at D = 128, one block an SM. Registers
 // (launch bounds 384 × 1): the producer warpgroup gives back down to 32 a thread and the
 // consumers take 232 (128·32 + 256·232 = 63,488 of 65,536), as the ping-pong forward. ptxas
 // spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
