@@ -104,10 +104,11 @@ po::options_description pattern_options() {
       "causal", po::bool_switch(), "causal masking (t <= p by original position)")(
       "window", po::value<std::string>(),
       "sliding window L or L,R: query p attends keys p-L..p+R (R defaults to L; with --causal "
-      "R must be 0 or omitted); dense attention")(
+      "R must be 0 or omitted); dense and block-sparse attention (not dilated)")(
       "seqlens", po::value<std::string>(),
       "packed sequences: document lengths L1,L2,... summing to the sequence length (every "
-      "batch row); a query attends only to its own document. Dense attention")(
+      "batch row); a query attends only to its own document. Dense and block-sparse attention "
+      "(not dilated)")(
       "cu-seqlens", po::value<std::string>(),
       "packed sequences from a file: .npy int32/int64 [n_docs + 1] document offsets, 0 first, "
       "strictly increasing, N last")("scale", po::value<double>(),
