@@ -722,6 +722,7 @@ kernels::cuda::HopperAttention hopper_attention_of(const AttentionConfig& cfg, D
   a.heads = static_cast<int>(s.heads), a.kv_heads = static_cast<int>(cfg.effective_kv_heads());
   a.head_dim = static_cast<int>(s.head_dim);
   a.scale = static_cast<float>(cfg.effective_scale());
+  a.softcap = static_cast<float>(cfg.softcap);
   a.causal = cfg.causal;
   if (cfg.windowed()) {
     a.window_left = cfg.window_reach().left;
@@ -755,6 +756,66 @@ AttentionConfig hopper_config(int d, int mode) {
   return cfg;
 }
 
+// The dense Hopper forward on `in` (its values in `t` already), then with `backward`
+// start_backward's zeroed gradients and row sums and hopper_backward (the fused kernel with
+// `fused`, its wide form with `wide`), as a plan runs them; out and lse start as NaN, so an
+// unwritten element fails. "" in `skipped` where the kernels run here, else why not.
+DeviceResult run_hopper_dense(const AttentionConfig& cfg, DeviceDType t, const Inputs& in,
+                              bool backward, std::string& skipped, bool fused = false,
+                              bool wide = false) {
+  const Shape4& s = cfg.shape;
+  DeviceBuffer cu_dev(std::max<std::size_t>(cfg.cu_seqlens.size(), 1) * 4, "cu_seqlens");
+  kernels::cuda::HopperForwardParams fp;
+  kernels::cuda::HopperBackwardParams bp;
+  static_cast<kernels::cuda::HopperAttention&>(fp) = hopper_attention_of(cfg, t, cu_dev);
+  static_cast<kernels::cuda::HopperAttention&>(bp) = fp;
+  skipped = backward ? kernels::cuda::hopper_backward_unsupported(bp, 0)
+                     : kernels::cuda::hopper_forward_unsupported(fp, 0);
+  DeviceResult r;
+  if (!skipped.empty()) return r;
+  const auto n = static_cast<std::size_t>(s.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
+  DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_kv * 2, "v"), dout(n * 2, "dout"),
+      out(n * 4, "out"), lse(nl * 4, "lse"), delta(nl * 4, "delta"), dq(n * 4, "dq"),
+      dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
+  q.upload(in.q.data(), n, t);
+  k.upload(in.k.data(), n_kv, t);
+  v.upload(in.v.data(), n_kv, t);
+  out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
+  fp.q = q.data(), fp.k = k.data(), fp.v = v.data();
+  fp.out = out.as<float>(), fp.lse = lse.as<float>();
+  kernels::cuda::hopper_forward(fp, nullptr);
+  if (backward) {
+    dout.upload(in.dout.data(), n, t);
+    for (DeviceBuffer* g : {&dq, &dk, &dv})
+      g->upload(nan_filled(n).data(), g == &dq ? n : n_kv, DeviceDType::fp32);
+    kernels::cuda::start_backward(fp.elem,
+                                  {out.as<float>(), dout.data(), delta.as<float>(), s.batch,
+                                   s.seq_len, s.heads, s.head_dim},
+                                  cfg.effective_kv_heads(), dq.as<float>(), dk.as<float>(),
+                                  dv.as<float>(), nullptr);
+    bp.q = q.data(), bp.k = k.data(), bp.v = v.data(), bp.dout = dout.data();
+    bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
+    bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
+    bp.fused = fused;
+    bp.wide = wide;
+    kernels::cuda::hopper_backward(bp, nullptr);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  r.out.resize(n), r.lse.resize(nl);
+  out.download(r.out.data(), n);
+  lse.download(r.lse.data(), nl);
+  if (backward) {
+    r.dq.resize(n), r.dk.resize(n_kv), r.dv.resize(n_kv);
+    dq.download(r.dq.data(), n);
+    dk.download(r.dk.data(), n_kv);
+    dv.download(r.dv.data(), n_kv);
+  }
+  return r;
+}
+
 // The Hopper forward kernel (TMA, mbarriers, wgmma) against float64, head dims 64, 128 and
 // 256. Runs under the emulated GPU (its sm_90 profile) in CI; on a real GPU only where the
 // device and the build have sm_90a, skipped with the reason elsewhere.
@@ -771,31 +832,18 @@ TEST(CudaHopper, ForwardMatchesTheFloat64Reference) {
         if (kEmulated && d == 256 && mode > 2) continue;
         const AttentionConfig cfg = hopper_config(d, mode);
         const Shape4& s = cfg.shape;
-        DeviceBuffer cu_dev(std::max<std::size_t>(cfg.cu_seqlens.size(), 1) * 4, "cu_seqlens");
-        kernels::cuda::HopperForwardParams p;
-        static_cast<kernels::cuda::HopperAttention&>(p) = hopper_attention_of(cfg, t, cu_dev);
-        if (const std::string why = kernels::cuda::hopper_forward_unsupported(p, 0); !why.empty())
-          GTEST_SKIP() << "SKIPPED: the Hopper forward cannot run here: " << why;
         const auto n = static_cast<std::size_t>(s.numel());
         const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
         const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
         std::vector<float> q = testing::random_normal(n, 61), k = testing::random_normal(n_kv, 62),
                            v = testing::random_normal(n_kv, 63);
         for (auto* x : {&q, &k, &v}) round_to_device_dtype(x->data(), x->size(), t);
-        DeviceBuffer dq(n * 2, "q"), dk(n_kv * 2, "k"), dv(n_kv * 2, "v"), out(n * 4, "out"),
-            lse(nl * 4, "lse");
-        dq.upload(q.data(), n, t);
-        dk.upload(k.data(), n_kv, t);
-        dv.upload(v.data(), n_kv, t);
-        out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
-        lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
-        p.q = dq.data(), p.k = dk.data(), p.v = dv.data();
-        p.out = out.as<float>(), p.lse = lse.as<float>();
-        kernels::cuda::hopper_forward(p, nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        std::vector<float> got_out(n), got_lse(nl);
-        out.download(got_out.data(), n);
-        lse.download(got_lse.data(), nl);
+        std::string skipped;
+        const DeviceResult got = run_hopper_dense(cfg, t, {q, k, v, {}}, false, skipped);
+        if (!skipped.empty())
+          GTEST_SKIP() << "SKIPPED: the Hopper forward cannot run here: " << skipped;
+        const std::vector<float>& got_out = got.out;
+        const std::vector<float>& got_lse = got.lse;
         const ReferenceForward ref = reference_forward(cfg, q.data(), k.data(), v.data());
         const double e_out = relative_error(got_out.data(), ref.out.data(), n);
         const double e_lse = relative_error(got_lse.data(), ref.lse.data(), nl);
@@ -838,49 +886,17 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
         if (mode == 6) cfg.shape.seq_len = 40, cfg.window_left = 0;
         if (kEmulated && mode > 0) cfg.shape.batch = 1;  // CI time: the dense case has two
         const Shape4& s = cfg.shape;
-        DeviceBuffer cu_dev(std::max<std::size_t>(cfg.cu_seqlens.size(), 1) * 4, "cu_seqlens");
-        kernels::cuda::HopperForwardParams fp;
-        kernels::cuda::HopperBackwardParams bp;
-        static_cast<kernels::cuda::HopperAttention&>(fp) = hopper_attention_of(cfg, t, cu_dev);
-        static_cast<kernels::cuda::HopperAttention&>(bp) = fp;
-        if (const std::string why = kernels::cuda::hopper_backward_unsupported(bp, 0); !why.empty())
-          GTEST_SKIP() << "SKIPPED: the Hopper backward cannot run here: " << why;
         const auto n = static_cast<std::size_t>(s.numel());
         const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
-        const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
         Inputs in{testing::random_normal(n, 91), testing::random_normal(n_kv, 92),
                   testing::random_normal(n_kv, 93), testing::random_normal(n, 94)};
         for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
           round_to_device_dtype(x->data(), x->size(), t);
-        DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_kv * 2, "v"), dout(n * 2, "dout"),
-            out(n * 4, "out"), lse(nl * 4, "lse"), delta(nl * 4, "delta"), dq(n * 4, "dq"),
-            dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
-        q.upload(in.q.data(), n, t);
-        k.upload(in.k.data(), n_kv, t);
-        v.upload(in.v.data(), n_kv, t);
-        dout.upload(in.dout.data(), n, t);
-        for (DeviceBuffer* g : {&dq, &dk, &dv})
-          g->upload(nan_filled(n).data(), g == &dq ? n : n_kv, DeviceDType::fp32);
-        fp.q = q.data(), fp.k = k.data(), fp.v = v.data();
-        fp.out = out.as<float>(), fp.lse = lse.as<float>();
-        kernels::cuda::hopper_forward(fp, nullptr);
-        kernels::cuda::start_backward(fp.elem,
-                                      {out.as<float>(), dout.data(), delta.as<float>(), s.batch,
-                                       s.seq_len, s.heads, s.head_dim},
-                                      cfg.effective_kv_heads(), dq.as<float>(), dk.as<float>(),
-                                      dv.as<float>(), nullptr);
-        bp.q = q.data(), bp.k = k.data(), bp.v = v.data(), bp.dout = dout.data();
-        bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
-        bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
-        bp.fused = kernels::cuda::hopper_fused_backward_chosen(false, d);
-        bp.wide = wide;
-        kernels::cuda::hopper_backward(bp, nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        DeviceResult got;
-        got.dq.resize(n), got.dk.resize(n_kv), got.dv.resize(n_kv);
-        dq.download(got.dq.data(), n);
-        dk.download(got.dk.data(), n_kv);
-        dv.download(got.dv.data(), n_kv);
+        std::string skipped;
+        const DeviceResult got = run_hopper_dense(
+            cfg, t, in, true, skipped, kernels::cuda::hopper_fused_backward_chosen(false, d), wide);
+        if (!skipped.empty())
+          GTEST_SKIP() << "SKIPPED: the Hopper backward cannot run here: " << skipped;
         const ReferenceGradients ref =
             reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
         // The native backward (its own forward first); under the emulator, bf16 dense, packed,
@@ -924,13 +940,6 @@ TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
     cfg.softcap = 30;
     cfg.scale = 30 / std::sqrt(static_cast<double>(d));
     const Shape4& s = cfg.shape;
-    DeviceBuffer cu_dev(4, "cu_seqlens");
-    kernels::cuda::HopperForwardParams fp;
-    static_cast<kernels::cuda::HopperAttention&>(fp) = hopper_attention_of(cfg, t, cu_dev);
-    fp.scale = static_cast<float>(cfg.effective_scale());
-    fp.softcap = static_cast<float>(cfg.softcap);
-    if (const std::string why = kernels::cuda::hopper_forward_unsupported(fp, 0); !why.empty())
-      GTEST_SKIP() << "SKIPPED: the Hopper kernels cannot run here: " << why;
     const auto n = static_cast<std::size_t>(s.numel());
     const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
     const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
@@ -945,24 +954,11 @@ TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
     const ReferenceForward u = reference_forward(uncapped, in.q.data(), in.k.data(), in.v.data());
     const std::vector<float> u32(u.out.begin(), u.out.end());
     EXPECT_GT(relative_error(u32.data(), ref.out.data(), n), 10 * tolerance(t)) << "D=" << d;
-    DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_kv * 2, "v"), dout(n * 2, "dout"),
-        out(n * 4, "out"), lse(nl * 4, "lse"), delta(nl * 4, "delta"), dq(n * 4, "dq"),
-        dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
-    q.upload(in.q.data(), n, t);
-    k.upload(in.k.data(), n_kv, t);
-    v.upload(in.v.data(), n_kv, t);
-    dout.upload(in.dout.data(), n, t);
-    out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
-    lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
-    fp.q = q.data(), fp.k = k.data(), fp.v = v.data();
-    fp.out = out.as<float>(), fp.lse = lse.as<float>();
-    kernels::cuda::hopper_forward(fp, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> got_out(n), got_lse(nl);
-    out.download(got_out.data(), n);
-    lse.download(got_lse.data(), nl);
-    const double e_out = relative_error(got_out.data(), ref.out.data(), n);
-    const double e_lse = relative_error(got_lse.data(), ref.lse.data(), nl);
+    std::string skipped;
+    const DeviceResult fwd = run_hopper_dense(cfg, t, in, false, skipped);
+    if (!skipped.empty()) GTEST_SKIP() << "SKIPPED: the Hopper kernels cannot run here: " << skipped;
+    const double e_out = relative_error(fwd.out.data(), ref.out.data(), n);
+    const double e_lse = relative_error(fwd.lse.data(), ref.lse.data(), nl);
     std::printf("  hopper softcap D=%d forward: out %.2e lse %.2e\n", d, e_out, e_lse);
     EXPECT_LE(e_out, tolerance(t)) << "D=" << d;
     EXPECT_LE(e_lse, tolerance(t)) << "D=" << d;
@@ -973,24 +969,8 @@ TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
     for (const Form f : {Form{"two passes", false, false}, Form{"fused", true, false},
                          Form{"wide fused", true, true}}) {
       if (f.wide && d != 128) continue;
-      kernels::cuda::HopperBackwardParams bp;
-      static_cast<kernels::cuda::HopperAttention&>(bp) = fp;
-      kernels::cuda::start_backward(fp.elem,
-                                    {out.as<float>(), dout.data(), delta.as<float>(), s.batch,
-                                     s.seq_len, s.heads, s.head_dim},
-                                    cfg.effective_kv_heads(), dq.as<float>(), dk.as<float>(),
-                                    dv.as<float>(), nullptr);
-      bp.dout = dout.data();
-      bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
-      bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
-      bp.fused = f.fused;
-      bp.wide = f.wide;
-      kernels::cuda::hopper_backward(bp, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<float> gq(n), gk(n_kv), gv(n_kv);
-      dq.download(gq.data(), n);
-      dk.download(gk.data(), n_kv);
-      dv.download(gv.data(), n_kv);
+      const DeviceResult bwd = run_hopper_dense(cfg, t, in, true, skipped, f.fused, f.wide);
+      const std::vector<float> &gq = bwd.dq, &gk = bwd.dk, &gv = bwd.dv;
       std::printf("  hopper softcap D=%d backward (%s):", d, f.name);
       for (auto [got, want, what] : {std::tuple{&gq, &g.dq, "dq"}, {&gk, &g.dk, "dk"},
                                      {&gv, &g.dv, "dv"}}) {
@@ -1641,6 +1621,44 @@ TEST(CudaKernels, CudnnBackwardHelpersGatherStatsAndConvert) {
 }
 
 #if RINGATTN_CUDA_EMULATION || RINGATTN_TEST_HAVE_CUDNN
+// CudnnSdpa's forward then backward on `in` (bf16 values), as a plan runs them: out and lse
+// cleared first (merged views add into them), the gradients NaN-filled (so an unwritten one
+// fails).
+DeviceResult run_cudnn_sdpa(kernels::cuda::CudnnSdpa& sdpa, const AttentionConfig& cfg,
+                            const Inputs& in) {
+  const auto n = static_cast<std::size_t>(cfg.shape.numel());
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());
+  const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());
+  const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
+  const DeviceDType t = DeviceDType::bf16;
+  DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_v * 2, "v"), dout(n_o * 2, "dout"),
+      out(n_o * 4, "out"), lse(nl * 4, "lse"), dq(n * 4, "dq"), dk(n_kv * 4, "dk"),
+      dv(n_v * 4, "dv");
+  q.upload(in.q.data(), n, t);
+  k.upload(in.k.data(), n_kv, t);
+  v.upload(in.v.data(), n_v, t);
+  dout.upload(in.dout.data(), n_o, t);
+  dq.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  dk.upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
+  dv.upload(nan_filled(n_v).data(), n_v, DeviceDType::fp32);
+  const std::vector<float> zeros(n_o, 0.0f), no_key(nl, -std::numeric_limits<float>::infinity());
+  out.upload(zeros.data(), n_o, DeviceDType::fp32);
+  lse.upload(no_key.data(), nl, DeviceDType::fp32);
+  sdpa.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), nullptr);
+  sdpa.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
+                dq.as<float>(), dk.as<float>(), dv.as<float>(), false, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DeviceResult r;
+  r.out.resize(n_o), r.lse.resize(nl), r.dq.resize(n), r.dk.resize(n_kv), r.dv.resize(n_v);
+  out.download(r.out.data(), n_o);
+  lse.download(r.lse.data(), nl);
+  dq.download(r.dq.data(), n);
+  dk.download(r.dk.data(), n_kv);
+  dv.download(r.dv.data(), n_v);
+  return r;
+}
+
 // cuDNN's dilated backward (CudnnSdpa): a mixture's views merged by lse, each view's backward
 // from the job's out and lse, its gradients added in turn; grouped head groups, whose outputs
 // carry 1/G. Forward and backward against float64, causal and not, on cuDNN (a GPU) or its
@@ -1661,7 +1679,6 @@ TEST(CudaKernels, CudnnDilatedBackwardMatchesTheFloat64Reference) {
           std::string(to_string(combine)) + (causal ? " causal" : "") + " (cuDNN's backward)";
       const Shape4& s = cfg.shape;
       const auto n = static_cast<std::size_t>(s.numel());
-      const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
       Inputs in{testing::random_normal(n, 151), testing::random_normal(n, 152),
                 testing::random_normal(n, 153), testing::random_normal(n, 154)};
       for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
@@ -1673,26 +1690,8 @@ TEST(CudaKernels, CudnnDilatedBackwardMatchesTheFloat64Reference) {
         GTEST_SKIP() << "SKIPPED: cuDNN cannot run " << name << ": " << e.what();
       }
       ASSERT_TRUE(sdpa->has_backward()) << name << ": " << sdpa->backward_refusal();
-      DeviceBuffer q(n * 2, "q"), k(n * 2, "k"), v(n * 2, "v"), dout(n * 2, "dout"),
-          out(n * 4, "out"), lse(nl * 4, "lse"), dq(n * 4, "dq"), dk(n * 4, "dk"), dv(n * 4, "dv");
-      q.upload(in.q.data(), n, DeviceDType::bf16);
-      k.upload(in.k.data(), n, DeviceDType::bf16);
-      v.upload(in.v.data(), n, DeviceDType::bf16);
-      dout.upload(in.dout.data(), n, DeviceDType::bf16);
-      for (DeviceBuffer* g : {&dq, &dk, &dv}) g->upload(nan_filled(n).data(), n, DeviceDType::fp32);
-      // Merged views add into out and lse (as a plan clears them): rows no view writes stay so.
-      const std::vector<float> zeros(n, 0.0f), no_key(nl, -std::numeric_limits<float>::infinity());
-      out.upload(zeros.data(), n, DeviceDType::fp32);
-      lse.upload(no_key.data(), nl, DeviceDType::fp32);
-      sdpa->forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), nullptr);
-      sdpa->backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
-                     dq.as<float>(), dk.as<float>(), dv.as<float>(), false, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<float> got_out(n), got_dq(n), got_dk(n), got_dv(n);
-      out.download(got_out.data(), n);
-      dq.download(got_dq.data(), n);
-      dk.download(got_dk.data(), n);
-      dv.download(got_dv.data(), n);
+      const DeviceResult r = run_cudnn_sdpa(*sdpa, cfg, in);
+      const std::vector<float> &got_out = r.out, &got_dq = r.dq, &got_dk = r.dk, &got_dv = r.dv;
       const ReferenceForward f = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
       const ReferenceGradients g =
           reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
@@ -1767,7 +1766,6 @@ TEST(CudaKernels, CudnnValueHeadDimAndSoftcapMatchTheFloat64Reference) {
     const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
     const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());
     const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());
-    const auto nl = static_cast<std::size_t>(cfg.shape.batch * cfg.shape.heads * cfg.shape.seq_len);
     Inputs in{testing::random_normal(n, 161), testing::random_normal(n_kv, 162),
               testing::random_normal(n_v, 163), testing::random_normal(n_o, 164)};
     for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
@@ -1783,31 +1781,9 @@ TEST(CudaKernels, CudnnValueHeadDimAndSoftcapMatchTheFloat64Reference) {
       continue;
     }
     ASSERT_TRUE(sdpa->has_backward()) << c.name << ": " << sdpa->backward_refusal();
-    DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_v * 2, "v"), dout(n_o * 2, "dout"),
-        out(n_o * 4, "out"), lse(nl * 4, "lse"), dq(n * 4, "dq"), dk(n_kv * 4, "dk"),
-        dv(n_v * 4, "dv");
-    q.upload(in.q.data(), n, DeviceDType::bf16);
-    k.upload(in.k.data(), n_kv, DeviceDType::bf16);
-    v.upload(in.v.data(), n_v, DeviceDType::bf16);
-    dout.upload(in.dout.data(), n_o, DeviceDType::bf16);
-    dq.upload(nan_filled(n).data(), n, DeviceDType::fp32);
-    dk.upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
-    dv.upload(nan_filled(n_v).data(), n_v, DeviceDType::fp32);
-    // Merged views add into out and lse (as a plan clears them).
-    const std::vector<float> zeros(n_o, 0.0f),
-        no_key(nl, -std::numeric_limits<float>::infinity());
-    out.upload(zeros.data(), n_o, DeviceDType::fp32);
-    lse.upload(no_key.data(), nl, DeviceDType::fp32);
-    sdpa->forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), nullptr);
-    sdpa->backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
-                   dq.as<float>(), dk.as<float>(), dv.as<float>(), false, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> got_out(n_o), got_lse(nl), got_dq(n), got_dk(n_kv), got_dv(n_v);
-    out.download(got_out.data(), n_o);
-    lse.download(got_lse.data(), nl);
-    dq.download(got_dq.data(), n);
-    dk.download(got_dk.data(), n_kv);
-    dv.download(got_dv.data(), n_v);
+    const DeviceResult r = run_cudnn_sdpa(*sdpa, cfg, in);
+    const std::vector<float> &got_out = r.out, &got_lse = r.lse, &got_dq = r.dq, &got_dk = r.dk,
+                             &got_dv = r.dv;
     const ReferenceForward f = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
     const ReferenceGradients g =
         reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
