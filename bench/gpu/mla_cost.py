@@ -15,7 +15,7 @@ import json
 import os
 import time
 
-from ring_bench import run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
+from ring_bench import finish_table, run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
 
 H = 16
 ROWS = (("D=128 (plain)", 128, 128, 0.0),
@@ -101,13 +101,7 @@ def main():
                      f"{bwd:>10.3f}{(r.get('bwd_gflops') or 0) / 1e3:>9.1f}{torch_cell:>20}")
         if r.get("torch_note") and r.get("torch_fwd_ms") is None:
             notes.append(r["torch_note"])
-    lines += [f"note: {x[:300]}" for x in notes]
-    if skipped:
-        lines.append(f"skipped for the time budget: {', '.join(skipped)}")
-    table = "\n".join(lines)
-    with open(os.path.join(a.out, "mla_cost_table.txt"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    finish_table(lines, a.out, "mla_cost_table.txt", notes, skipped)
     return 1 if notes and not rows else 0
 
 

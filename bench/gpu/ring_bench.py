@@ -77,6 +77,19 @@ def chosen_kernels(ap, a, known):
     return kernels
 
 
+def finish_table(lines, out_dir, name, notes=(), skipped=()):
+    """The table's tail (each note cut to 300 characters, what the time budget skipped),
+    written to out_dir/name and printed; returns the table."""
+    lines = list(lines) + [f"note: {x[:300]}" for x in notes]
+    if skipped:
+        lines.append(f"skipped for the time budget: {', '.join(skipped)}")
+    table = "\n".join(lines)
+    with open(os.path.join(out_dir, name), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", required=True)

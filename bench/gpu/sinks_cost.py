@@ -19,7 +19,7 @@ import struct
 import tempfile
 import time
 
-from ring_bench import add_kernels_option, chosen_kernels, run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
+from ring_bench import add_kernels_option, chosen_kernels, finish_table, run_cli  # noqa: E402  (the CLI's --json runs, as the ring rows take them)
 
 H, D = 16, 128
 KERNELS = ("hopper", "cudnn", "native")
@@ -96,13 +96,7 @@ def main():
             cells.append(f"{off:.3f} / {on:.3f} ({on / off:.2f}x)" if off and on else "-")
         kernel = r["kernel"] + (f"/{r['kernel_backward']}" if r.get("kernel_backward") else "")
         lines.append(f"{r['config']:<30}{kernel:>10}{cells[0]:>24}{cells[1]:>24}")
-    lines += [f"note: {x[:300]}" for x in notes]
-    if skipped:
-        lines.append(f"skipped for the time budget: {', '.join(skipped)}")
-    table = "\n".join(lines)
-    with open(os.path.join(a.out, "sinks_cost_table.txt"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    finish_table(lines, a.out, "sinks_cost_table.txt", notes, skipped)
     return 1 if notes and not rows else 0
 
 

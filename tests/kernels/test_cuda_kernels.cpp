@@ -187,6 +187,16 @@ Inputs random_inputs(const Shape4& s, uint64_t seed) {
   return {testing::random_normal(n, seed), testing::random_normal(n, seed + 1),
           testing::random_normal(n, seed + 2), testing::random_normal(n, seed + 3)};
 }
+// cfg's q, k, v and dout (K/V heads, the values' head dim), seeds seed.. seed + 3, rounded to
+// `t` as the device holds them.
+[[maybe_unused]] Inputs random_inputs(const AttentionConfig& cfg, uint64_t seed, DeviceDType t) {
+  Inputs in{testing::random_normal(static_cast<std::size_t>(cfg.shape.numel()), seed),
+            testing::random_normal(static_cast<std::size_t>(cfg.kv_shape().numel()), seed + 1),
+            testing::random_normal(static_cast<std::size_t>(cfg.v_shape().numel()), seed + 2),
+            testing::random_normal(static_cast<std::size_t>(cfg.out_shape().numel()), seed + 3)};
+  for (auto* x : {&in.q, &in.k, &in.v, &in.dout}) round_to_device_dtype(x->data(), x->size(), t);
+  return in;
+}
 
 // ---- golden cases -----------------------------------------------------------------------
 class CudaGolden : public ::testing::TestWithParam<std::string> {};
@@ -1677,12 +1687,7 @@ TEST(CudaKernels, CudnnDilatedBackwardMatchesTheFloat64Reference) {
       cfg.causal = causal;
       const std::string name =
           std::string(to_string(combine)) + (causal ? " causal" : "") + " (cuDNN's backward)";
-      const Shape4& s = cfg.shape;
-      const auto n = static_cast<std::size_t>(s.numel());
-      Inputs in{testing::random_normal(n, 151), testing::random_normal(n, 152),
-                testing::random_normal(n, 153), testing::random_normal(n, 154)};
-      for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
-        round_to_device_dtype(x->data(), x->size(), DeviceDType::bf16);
+      const Inputs in = random_inputs(cfg, 151, DeviceDType::bf16);
       std::unique_ptr<kernels::cuda::CudnnSdpa> sdpa;
       try {
         sdpa = kernels::cuda::CudnnSdpa::create(cfg, kernels::cuda::Elem::bf16, 0, nullptr, true);
@@ -1762,14 +1767,7 @@ TEST(CudaKernels, CudnnValueHeadDimAndSoftcapMatchTheFloat64Reference) {
     cfg.softcap = c.cap;
     if (c.cap > 0) cfg.scale = c.cap / std::sqrt(static_cast<double>(c.shape.head_dim));
     c.more(cfg);
-    const auto n = static_cast<std::size_t>(cfg.shape.numel());
-    const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
-    const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());
-    const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());
-    Inputs in{testing::random_normal(n, 161), testing::random_normal(n_kv, 162),
-              testing::random_normal(n_v, 163), testing::random_normal(n_o, 164)};
-    for (auto* x : {&in.q, &in.k, &in.v, &in.dout})
-      round_to_device_dtype(x->data(), x->size(), DeviceDType::bf16);
+    const Inputs in = random_inputs(cfg, 161, DeviceDType::bf16);
     std::unique_ptr<kernels::cuda::CudnnSdpa> sdpa;
     try {
       sdpa = kernels::cuda::CudnnSdpa::create(cfg, kernels::cuda::Elem::bf16, 0, nullptr, true);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "block_masks.hpp"
 #include "golden.hpp"
 #include "random.hpp"
 #include "ring/communicator.hpp"
@@ -39,25 +40,6 @@ Result run_plan(const AttentionConfig& cfg, std::shared_ptr<const BlockLists> li
   plan.backward(q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(), r.dq.data(),
                 r.dk.data(), r.dv.data());
   return r;
-}
-
-// The mask as the reference reads it: straight from the dense bool array.
-BlockReferenceProblem problem_of(const AttentionConfig& cfg, const std::vector<uint8_t>& mask,
-                                 int64_t mask_heads) {
-  const int64_t nb = cfg.shape.seq_len / cfg.block_size;
-  BlockReferenceProblem pb;
-  pb.shape = cfg.shape;
-  pb.block_size = cfg.block_size;
-  pb.causal = cfg.causal;
-  pb.scale = cfg.effective_scale();
-  pb.key_blocks = [&mask, nb, mask_heads](int64_t h, int64_t i) {
-    std::vector<int64_t> out;
-    const int64_t hh = mask_heads == 1 ? 0 : h;
-    for (int64_t j = 0; j < nb; ++j)
-      if (mask[static_cast<std::size_t>((hh * nb + i) * nb + j)]) out.push_back(j);
-    return out;
-  };
-  return pb;
 }
 
 void expect_close(const Result& r, const ReferenceForward& f, const ReferenceGradients& g,
@@ -94,7 +76,7 @@ TEST_P(BlockSparseGolden, MatchesGoldenAndReference) {
     EXPECT_LE(relative_error(r.dq.data(), c.dq.data(), n), kTol);
     EXPECT_LE(relative_error(r.dk.data(), c.dk.data(), n), kTol);
     EXPECT_LE(relative_error(r.dv.data(), c.dv.data(), n), kTol);
-    const auto pb = problem_of(cfg, c.block_mask, cfg.shape.heads);
+    const auto pb = mask_problem(cfg, c.block_mask, cfg.shape.heads);
     expect_close(r, reference_forward_blocks(pb, c.q.data(), c.k.data(), c.v.data()),
                  reference_backward_blocks(pb, c.q.data(), c.k.data(), c.v.data(), c.dout.data()),
                  c.name + " threads " + std::to_string(opts.threads));
@@ -136,7 +118,7 @@ TEST_P(BlockSparseRandom, MatchesReference) {
   const auto q = testing::random_normal(n, 11), k = testing::random_normal(n, 12),
              v = testing::random_normal(n, 13), dout = testing::random_normal(n, 14);
   const Result r = run_plan(cfg, lists, q, k, v, dout, PlanOptions{2, rc.q_tile, rc.k_tile});
-  const auto pb = problem_of(cfg, mask, mh);
+  const auto pb = mask_problem(cfg, mask, mh);
   expect_close(r, reference_forward_blocks(pb, q.data(), k.data(), v.data()),
                reference_backward_blocks(pb, q.data(), k.data(), v.data(), dout.data()),
                std::string(rc.name) + (causal ? " causal" : ""));
@@ -181,7 +163,7 @@ TEST(BlockSparsePatterns, GeneratedPatternsMatchReference) {
       const auto q = testing::random_normal(n, 21), k = testing::random_normal(n, 22),
                  v = testing::random_normal(n, 23), dout = testing::random_normal(n, 24);
       const Result r = run_plan(cfg, lists, q, k, v, dout, PlanOptions{2});
-      const auto pb = problem_of(cfg, mask, cfg.shape.heads);
+      const auto pb = mask_problem(cfg, mask, cfg.shape.heads);
       expect_close(r, reference_forward_blocks(pb, q.data(), k.data(), v.data()),
                    reference_backward_blocks(pb, q.data(), k.data(), v.data(), dout.data()),
                    std::string(text) + (causal ? " causal" : ""));
