@@ -186,6 +186,7 @@ struct CudaPlan::Impl {
     p.tasks = tasks.as<kernels::SubseqTask>();
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
     p.scale = static_cast<float>(cfg.effective_scale());
+    p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
     for (std::size_t i = 0; i < sched.passes.size(); ++i) {
       p.items = task_lists.items() + task_waves[i].item0;

@@ -940,7 +940,8 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
 // logit log2(P) + lse in the fused kernels' Pᵀ); D = 64 and 128, causal with a window of 70
 // and GQA, bf16, a cap of 30 with the scores' spread about the cap; the forward and every
 // backward form (two passes, fused, and at D = 128 the wide fused kernel) against float64,
-// and the cap changing the answer by more than ten times the tolerance.
+// and the cap changing the answer by more than ten times the tolerance; and a capped dilated
+// plan on the task kernels.
 TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
   REQUIRE_GPU();
   const DeviceDType t = DeviceDType::bf16;
@@ -990,6 +991,22 @@ TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
       }
       std::printf("\n");
     }
+  }
+  // The dilated plan's task kernels under --kernel hopper: the forward's params carry the cap
+  // as the backward's do (without it, out was 0.90 off and every gradient with it).
+  AttentionConfig dilated;
+  dilated.shape = {1, 256, 2, 64};
+  dilated.attention = AttentionKind::dilated;
+  dilated.segments = {128, 256};
+  dilated.dilations = {1, 2};
+  dilated.causal = true;
+  dilated.softcap = 30;
+  dilated.scale = 30 / std::sqrt(64.0);
+  const DeviceResult r =
+      expect_matches_reference("dilated cap 30 (hopper)", dilated, DeviceDType::bf16,
+                               KernelChoice::hopper, random_inputs(dilated, 240, t), true);
+  if (testing::kernel_family(r.kernel) == "hopper") {
+    EXPECT_EQ(testing::kernel_family(r.kernel_backward), "hopper");
   }
 }
 
