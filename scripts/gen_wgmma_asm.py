@@ -51,7 +51,7 @@ def main():
     for elem in ("bf16", "f16"):
         parts.append(gen("ss", 64, elem, False))
         parts.append(gen("rs", 64, elem, False))  # S = Q·Kᵀ with Q in registers
-        for n in (64, 128, 256):
+        for n in (64, 128, 192, 256):  # O, dK, dV, dQ tiles: D or Dv wide
             parts.append(gen("rs", n, elem, True))
     parts.append("}  // namespace ringattn::kernels::cuda::ptx\n")
     path = os.path.join("src", "kernels", "cuda", "hopper", "wgmma.cuh")

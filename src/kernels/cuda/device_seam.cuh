@@ -41,6 +41,13 @@
 
 namespace ringattn::kernels::cuda {
 
+namespace ptx {
+// The N of wgmma's register-A product with B read N-major (O += P·V, dK/dV += ·Q/dO, dQ +=
+// dS·K) that hopper/wgmma.cuh has wrappers for: the head dims, D or Dv.
+template <int kN>
+inline constexpr bool kRsTbWidth = kN == 64 || kN == 128 || kN == 192 || kN == 256;
+}  // namespace ptx
+
 #if RINGATTN_CUDA_EMULATION
 
 template <typename T>
@@ -102,6 +109,9 @@ inline void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, int s
 }
 template <int kN, bool kBf16>
 inline void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  // The GPU build's wrappers (hopper/wgmma.cuh) exist for these widths only: an emulated
+  // build that instantiated another would not compile for sm_90a.
+  static_assert(kRsTbWidth<kN>, "O, dK, dV and dQ tiles are a head dim wide");
   emu::wgmma_m64k16_rs(kBf16 ? emu::MmaInput::bf16 : emu::MmaInput::f16, kN, d, a, desc_b,
                        scale_d != 0, true);
 }
@@ -329,7 +339,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)
 template <int kN, bool kBf16>
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (&a)[4],
                                             uint64_t desc_b, int scale_d) {
-  static_assert(kN == 64 || kN == 128 || kN == 256, "O tiles are the head dim wide");
+  static_assert(kRsTbWidth<kN>, "O, dK, dV and dQ tiles are a head dim wide");
   if constexpr (kN == 64 && kBf16)
     wgmma_rs_m64n64k16_bf16_tb(d, a, desc_b, scale_d);
   else if constexpr (kN == 64)
@@ -338,6 +348,10 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[kN / 2], const uint32_t (
     wgmma_rs_m64n128k16_bf16_tb(d, a, desc_b, scale_d);
   else if constexpr (kN == 128)
     wgmma_rs_m64n128k16_f16_tb(d, a, desc_b, scale_d);
+  else if constexpr (kN == 192 && kBf16)
+    wgmma_rs_m64n192k16_bf16_tb(d, a, desc_b, scale_d);
+  else if constexpr (kN == 192)
+    wgmma_rs_m64n192k16_f16_tb(d, a, desc_b, scale_d);
   else if constexpr (kBf16)
     wgmma_rs_m64n256k16_bf16_tb(d, a, desc_b, scale_d);
   else
