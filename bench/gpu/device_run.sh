@@ -36,8 +36,8 @@
 #   dilated   the dilated rows against the replaced project's gather/SDPA/scatter
 #             (run_bench.py --attention dilated --quick)
 #   sinks     what attention sinks cost, forward and backward, on each GPU path (sinks_cost.py)
-#   mla       MLA head dims (192/128) and soft-capping on the native kernels, beside the plain
-#             problem and torch's SDPA (mla_cost.py)
+#   mla       MLA head dims (192/128) and soft-capping on the native, sm_90a and cuDNN
+#             kernels, beside the plain problem and torch's SDPA (mla_cost.py)
 #   python    the Python package on CUDA tensors (a carried wheel for the image's Python, or
 #             the carried kit linked here), or what it lacks
 #   bench     the card's ceilings, then the benchmark sweep (run_bench.py) and max N
@@ -242,6 +242,9 @@ plan_verify() {
   gtest verify cudnn_mla_softcap test_cuda_kernels 'CudaKernels.CudnnValueHeadDimAndSoftcap*'
   # The sm_90a kernels' soft-cap: the forward and every backward form, and the plans' runs.
   gtest verify hopper_softcap test_cuda_kernels 'CudaHopper.SoftcapOnThe*'
+  # The sm_90a kernels at D = 192, Dv = 128 (plain forward, two passes; dense, dilated tasks,
+  # capped; the ring's and block-sparse's --kernel hopper cases are in the mla_softcap items).
+  gtest verify hopper_value_dim test_cuda_kernels 'CudaHopper.ValueHeadDim*'
   # The sinks' gradient in parallel (one warp per 32 rows, a fixed order).
   gtest verify sinks test_cuda_kernels 'CudaKernels.SinkGradient*'
   gtest verify cudnn_mla_softcap test_cudnn_graphs 'CudnnViews.ValueHeadDimAndSoftcap*'

@@ -116,6 +116,7 @@ struct CudaRingPlan::Impl {
     kc::HopperTaskShape h{static_cast<int>(s.batch), static_cast<int>(layout.local_len),
                           static_cast<int>(s.heads), static_cast<int>(cfg.effective_kv_heads()),
                           static_cast<int>(s.head_dim)};
+    h.head_dim_v = static_cast<int>(dv());
     if (t > 0) {
       h.kv_heads = 1;
       h.kv_rows = static_cast<int>(sched.steps[static_cast<std::size_t>(t)].recv_rows);
@@ -445,9 +446,7 @@ void CudaRingPlan::Impl::choose_hopper(bool automatic, const std::string& flag,
   hopper = kc::FormChooser(std::move(path), opts.deterministic,
                            opts.kernel == KernelChoice::automatic, static_cast<int>(d()));
   hopper.decide(why, why_backward, task_lists.wide_ok(d()), notes);
-  if (hopper.forward())
-    if (const std::string n = kc::soft_cap_forced_note(cfg, kc::GpuPath::ring); !n.empty())
-      notes.push_back(n);
+  if (hopper.forward()) kc::hopper_feature_forced_notes(cfg, kc::GpuPath::ring, notes);
   const std::string status =
       automatic ? "the fastest ring kernels on this GPU" : kernels::cuda::kHopperStatus;
 #if RINGATTN_RING_CUDNN

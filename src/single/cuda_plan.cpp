@@ -120,6 +120,7 @@ struct CudaPlan::Impl {
     p.batch = static_cast<int>(s.batch), p.seq_len = static_cast<int>(s.seq_len);
     p.heads = static_cast<int>(s.heads), p.kv_heads = static_cast<int>(cfg.effective_kv_heads());
     p.head_dim = static_cast<int>(s.head_dim);
+    p.head_dim_v = static_cast<int>(cfg.effective_head_dim_v());
     p.scale = static_cast<float>(cfg.effective_scale());
     p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
@@ -140,6 +141,7 @@ struct CudaPlan::Impl {
     kc::HopperTaskShape h{static_cast<int>(s.batch), static_cast<int>(s.seq_len),
                           static_cast<int>(s.heads), static_cast<int>(cfg.effective_kv_heads()),
                           static_cast<int>(s.head_dim)};
+    h.head_dim_v = static_cast<int>(cfg.effective_head_dim_v());
     h.form = hopper.forward_form();
     return h;
   }
@@ -185,6 +187,7 @@ struct CudaPlan::Impl {
     p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
     p.tasks = tasks.as<kernels::SubseqTask>();
     p.head_dim = static_cast<int>(cfg.shape.head_dim);
+    p.head_dim_v = static_cast<int>(cfg.effective_head_dim_v());
     p.scale = static_cast<float>(cfg.effective_scale());
     p.softcap = static_cast<float>(cfg.softcap);
     p.causal = cfg.causal;
@@ -250,9 +253,7 @@ struct CudaPlan::Impl {
     // The wide fused kernel: D = 128, dense, or tasks whose key items pair up into 128 keys.
     const bool wide_ok = head_dim == 128 && (!hopper_tasks || task_lists.wide_ok(head_dim));
     hopper.decide(why, why_backward, wide_ok, notes);
-    if (hopper.forward())
-      if (const std::string n = kc::soft_cap_forced_note(cfg, path.path); !n.empty())
-        notes.push_back(n);
+    if (hopper.forward()) kc::hopper_feature_forced_notes(cfg, path.path, notes);
     if (hopper.forward() && !hopper_tasks && cfg.packed()) {
       // Kept with the plan: the emulated runtime reads an async copy's host source when the
       // copy runs, not at the call (a GPU stages pageable memory at the call).

@@ -292,9 +292,7 @@ struct CudaSparsePlan::Impl {
     hopper = kc::FormChooser(std::move(path), opts.deterministic,
                              opts.kernel == KernelChoice::automatic, static_cast<int>(D));
     hopper.decide(why, why_backward, wide_ok(), notes);
-    if (hopper.forward())
-      if (const std::string n = kc::soft_cap_forced_note(cfg, kc::GpuPath::sparse); !n.empty())
-        notes.push_back(n);
+    if (hopper.forward()) kc::hopper_feature_forced_notes(cfg, kc::GpuPath::sparse, notes);
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";
     if (!automatic) {
       notes.push_back(

@@ -33,14 +33,14 @@
 #include "kernels/cuda/choice/form_chooser.hpp"
 #include "kernels/cuda/cudnn/sdpa.hpp"
 #include "kernels/cuda/cudnn/view_results.hpp"
-#include "kernels/cuda/ops/device_ops.hpp"
-#include "kernels/cuda/runtime/device_memory.hpp"
-#include "kernels/cuda/runtime/device_wait.hpp"
-#include "kernels/cuda/native/flash.hpp"
 #include "kernels/cuda/hopper/dense_backward.hpp"
 #include "kernels/cuda/hopper/dense_forward.hpp"
 #include "kernels/cuda/hopper/sparse_forward.hpp"
+#include "kernels/cuda/native/flash.hpp"
 #include "kernels/cuda/native/sparse.hpp"
+#include "kernels/cuda/ops/device_ops.hpp"
+#include "kernels/cuda/runtime/device_memory.hpp"
+#include "kernels/cuda/runtime/device_wait.hpp"
 #include "kernels/merge_lse.hpp"
 #include "sparse/block_lists.hpp"
 #include "sparse/pattern.hpp"
@@ -108,29 +108,32 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
   CudaPlan plan(cfg, {t, kernel, 0, deterministic});
   const Shape4& s = cfg.shape;
   const auto n = static_cast<std::size_t>(s.numel());
-  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, v, dk, dv
+  const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());  // k, dk
+  const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());    // v, dv
+  const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());  // out, dout
   const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
   const std::size_t elem = bytes_per_element(t);
-  DeviceBuffer q(n * elem, "q"), k(n_kv * elem, "k"), v(n_kv * elem, "v");
+  DeviceBuffer q(n * elem, "q"), k(n_kv * elem, "k"), v(n_v * elem, "v");
   q.upload(in.q.data(), n, t);
   k.upload(in.k.data(), n_kv, t);
-  v.upload(in.v.data(), n_kv, t);
-  DeviceBuffer out(n * 4, "out"), lse(nl * 4, "lse");
-  out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  v.upload(in.v.data(), n_v, t);
+  DeviceBuffer out(n_o * 4, "out"), lse(nl * 4, "lse");
+  out.upload(nan_filled(n_o).data(), n_o, DeviceDType::fp32);
   lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
   plan.forward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>());
   plan.synchronize();
   DeviceResult r;
-  r.out.resize(n);
+  r.out.resize(n_o);
   r.lse.resize(nl);
-  out.download(r.out.data(), n);
+  out.download(r.out.data(), n_o);
   lse.download(r.lse.data(), nl);
   if (backward) {
-    DeviceBuffer dout(n * elem, "dout"), dq((n + dq_offset) * 4, "dq"), dk(n_kv * 4, "dk"),
-        dv(n_kv * 4, "dv");
-    dout.upload(in.dout.data(), n, t);
+    DeviceBuffer dout(n_o * elem, "dout"), dq((n + dq_offset) * 4, "dq"), dk(n_kv * 4, "dk"),
+        dv(n_v * 4, "dv");
+    dout.upload(in.dout.data(), n_o, t);
     dq.upload(nan_filled(n + dq_offset).data(), n + dq_offset, DeviceDType::fp32);
-    for (DeviceBuffer* g : {&dk, &dv}) g->upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
+    dk.upload(nan_filled(n_kv).data(), n_kv, DeviceDType::fp32);
+    dv.upload(nan_filled(n_v).data(), n_v, DeviceDType::fp32);
     plan.backward(q.data(), k.data(), v.data(), out.as<float>(), lse.as<float>(), dout.data(),
                   dq.as<float>() + dq_offset, dk.as<float>(), dv.as<float>());
     plan.synchronize();
@@ -138,9 +141,9 @@ DeviceResult run_on_device(const AttentionConfig& cfg, DeviceDType t, KernelChoi
     dq.download(all_dq.data(), n + dq_offset);
     r.dq.assign(all_dq.begin() + static_cast<std::ptrdiff_t>(dq_offset), all_dq.end());
     r.dk.resize(n_kv);
-    r.dv.resize(n_kv);
+    r.dv.resize(n_v);
     dk.download(r.dk.data(), n_kv);
-    dv.download(r.dv.data(), n_kv);
+    dv.download(r.dv.data(), n_v);
   }
   r.kernel = plan.kernel_name();
   r.kernel_backward = backward ? plan.backward_kernel_name() : "";
@@ -731,6 +734,7 @@ kernels::cuda::HopperAttention hopper_attention_of(const AttentionConfig& cfg, D
   a.batch = static_cast<int>(s.batch), a.seq_len = static_cast<int>(s.seq_len);
   a.heads = static_cast<int>(s.heads), a.kv_heads = static_cast<int>(cfg.effective_kv_heads());
   a.head_dim = static_cast<int>(s.head_dim);
+  a.head_dim_v = static_cast<int>(cfg.effective_head_dim_v());
   a.scale = static_cast<float>(cfg.effective_scale());
   a.softcap = static_cast<float>(cfg.softcap);
   a.causal = cfg.causal;
@@ -785,27 +789,29 @@ DeviceResult run_hopper_dense(const AttentionConfig& cfg, DeviceDType t, const I
   if (!skipped.empty()) return r;
   const auto n = static_cast<std::size_t>(s.numel());
   const auto n_kv = static_cast<std::size_t>(cfg.kv_shape().numel());
+  const auto n_v = static_cast<std::size_t>(cfg.v_shape().numel());
+  const auto n_o = static_cast<std::size_t>(cfg.out_shape().numel());
   const auto nl = static_cast<std::size_t>(s.batch * s.heads * s.seq_len);
-  DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_kv * 2, "v"), dout(n * 2, "dout"),
-      out(n * 4, "out"), lse(nl * 4, "lse"), delta(nl * 4, "delta"), dq(n * 4, "dq"),
-      dk(n_kv * 4, "dk"), dv(n_kv * 4, "dv");
+  DeviceBuffer q(n * 2, "q"), k(n_kv * 2, "k"), v(n_v * 2, "v"), dout(n_o * 2, "dout"),
+      out(n_o * 4, "out"), lse(nl * 4, "lse"), delta(nl * 4, "delta"), dq(n * 4, "dq"),
+      dk(n_kv * 4, "dk"), dv(n_v * 4, "dv");
   q.upload(in.q.data(), n, t);
   k.upload(in.k.data(), n_kv, t);
-  v.upload(in.v.data(), n_kv, t);
-  out.upload(nan_filled(n).data(), n, DeviceDType::fp32);
+  v.upload(in.v.data(), n_v, t);
+  out.upload(nan_filled(n_o).data(), n_o, DeviceDType::fp32);
   lse.upload(nan_filled(nl).data(), nl, DeviceDType::fp32);
   fp.q = q.data(), fp.k = k.data(), fp.v = v.data();
   fp.out = out.as<float>(), fp.lse = lse.as<float>();
   kernels::cuda::hopper_forward(fp, nullptr);
   if (backward) {
-    dout.upload(in.dout.data(), n, t);
+    dout.upload(in.dout.data(), n_o, t);
     for (DeviceBuffer* g : {&dq, &dk, &dv})
-      g->upload(nan_filled(n).data(), g == &dq ? n : n_kv, DeviceDType::fp32);
+      g->upload(nan_filled(n).data(), g == &dq ? n : g == &dk ? n_kv : n_v, DeviceDType::fp32);
     kernels::cuda::start_backward(fp.elem,
                                   {out.as<float>(), dout.data(), delta.as<float>(), s.batch,
-                                   s.seq_len, s.heads, s.head_dim},
+                                   s.seq_len, s.heads, cfg.effective_head_dim_v()},
                                   cfg.effective_kv_heads(), dq.as<float>(), dk.as<float>(),
-                                  dv.as<float>(), nullptr);
+                                  dv.as<float>(), nullptr, s.head_dim);
     bp.q = q.data(), bp.k = k.data(), bp.v = v.data(), bp.dout = dout.data();
     bp.lse = lse.as<float>(), bp.delta = delta.as<float>();
     bp.dq = dq.as<float>(), bp.dk = dk.as<float>(), bp.dv = dv.as<float>();
@@ -814,14 +820,14 @@ DeviceResult run_hopper_dense(const AttentionConfig& cfg, DeviceDType t, const I
     kernels::cuda::hopper_backward(bp, nullptr);
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  r.out.resize(n), r.lse.resize(nl);
-  out.download(r.out.data(), n);
+  r.out.resize(n_o), r.lse.resize(nl);
+  out.download(r.out.data(), n_o);
   lse.download(r.lse.data(), nl);
   if (backward) {
-    r.dq.resize(n), r.dk.resize(n_kv), r.dv.resize(n_kv);
+    r.dq.resize(n), r.dk.resize(n_kv), r.dv.resize(n_v);
     dq.download(r.dq.data(), n);
     dk.download(r.dk.data(), n_kv);
-    dv.download(r.dv.data(), n_kv);
+    dv.download(r.dv.data(), n_v);
   }
   return r;
 }
@@ -1007,6 +1013,86 @@ TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
                                KernelChoice::hopper, random_inputs(dilated, 240, t), true);
   if (testing::kernel_family(r.kernel) == "hopper") {
     EXPECT_EQ(testing::kernel_family(r.kernel_backward), "hopper");
+  }
+}
+
+// Values of their own head dim on the sm_90a kernels (DeepSeek's MLA: q and k of D = 192; v,
+// out, dout and dv of 128): V's tiles and O's accumulator at Dv, dP = dO·Vᵀ over Dv, dK and dV
+// a launch each. The plain forward and the two-pass backward (the forms built at 192/128)
+// against float64 on the dense kernel, every mask mode of hopper_config (causal, windows,
+// packed documents; GQA), bf16 and fp16, uncapped and with a cap of 30 (which must change the
+// answer); then through the plan under --kernel hopper on the dense and the dilated (task
+// kernels, capped) paths, whose notes say no GPU has run the form, and under --kernel auto,
+// which leaves it out with a note.
+TEST(CudaHopper, ValueHeadDim192By128MatchesFloat64) {
+  REQUIRE_GPU();
+  for (const int mode : {0, 1, 2, 3, 4})
+    for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16})
+      for (const double cap : {0.0, 30.0}) {
+        if (kEmulated && (t == DeviceDType::fp16 || cap > 0) && mode != 2) continue;  // CI time
+        AttentionConfig cfg = hopper_config(192, mode);
+        cfg.head_dim_v = 128;
+        if (cap > 0) cfg.softcap = cap, cfg.scale = cap / std::sqrt(192.0);
+        const Inputs in = random_inputs(cfg, 211 + static_cast<uint64_t>(mode), t);
+        const ReferenceForward ref = reference_forward(cfg, in.q.data(), in.k.data(), in.v.data());
+        const ReferenceGradients g =
+            reference_backward(cfg, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+        if (cap > 0) {
+          AttentionConfig uncapped = cfg;
+          uncapped.softcap = 0;
+          const ReferenceForward u =
+              reference_forward(uncapped, in.q.data(), in.k.data(), in.v.data());
+          const std::vector<float> u32(u.out.begin(), u.out.end());
+          EXPECT_GT(relative_error(u32.data(), ref.out.data(), u32.size()), 10 * tolerance(t))
+              << "the cap does not change mode " << mode << "'s answer";
+        }
+        std::string skipped;
+        const DeviceResult r = run_hopper_dense(cfg, t, in, true, skipped);
+        if (!skipped.empty())
+          GTEST_SKIP() << "SKIPPED: the Hopper kernels cannot run here: " << skipped;
+        std::printf("  hopper 192/128 mode %d %s cap %g:", mode, to_string(t), cap);
+        for (auto [got, want, what] : {std::tuple{&r.out, &ref.out, "out"},
+                                       {&r.lse, &ref.lse, "lse"},
+                                       {&r.dq, &g.dq, "dq"},
+                                       {&r.dk, &g.dk, "dk"},
+                                       {&r.dv, &g.dv, "dv"}}) {
+          ASSERT_EQ(got->size(), want->size()) << what;
+          const double e = relative_error(got->data(), want->data(), got->size());
+          std::printf(" %s %.2e", what, e);
+          EXPECT_LE(e, tolerance(t))
+              << "mode " << mode << " " << to_string(t) << " cap " << cap << " " << what;
+        }
+        std::printf("\n");
+      }
+  AttentionConfig dense = hopper_config(192, 2);
+  dense.head_dim_v = 128;
+  AttentionConfig dilated;
+  dilated.shape = {1, 256, 2, 192};
+  dilated.head_dim_v = 128;
+  dilated.attention = AttentionKind::dilated;
+  dilated.segments = {128, 256};
+  dilated.dilations = {1, 2};
+  dilated.causal = true;
+  dilated.softcap = 30;  // the task kernels' forward and backward both take the cap
+  dilated.scale = 30 / std::sqrt(192.0);
+  for (const AttentionConfig& cfg : {dense, dilated}) {
+    const std::string label = std::string(to_string(cfg.attention)) + " 192/128";
+    const DeviceResult h =
+        expect_matches_reference(label + " (hopper)", cfg, DeviceDType::bf16, KernelChoice::hopper,
+                                 random_inputs(cfg, 230, DeviceDType::bf16), true);
+    if (testing::kernel_family(h.kernel) != "hopper") continue;  // not an sm_90
+    EXPECT_EQ(testing::kernel_family(h.kernel_backward), "hopper") << label;
+    EXPECT_TRUE(has_note(h.notes,
+                         "kernel=hopper runs the sm_90a kernels with values of their "
+                         "own head dim (192/128), unverified on hardware"))
+        << label << ": " << ::testing::PrintToString(h.notes);
+    const DeviceResult a = run_on_device(cfg, DeviceDType::bf16, KernelChoice::automatic,
+                                         random_inputs(cfg, 230, DeviceDType::bf16), false);
+    EXPECT_NE(testing::kernel_family(a.kernel), "hopper") << label;
+    EXPECT_TRUE(has_note(a.notes,
+                         "kernel=auto leaves out the sm_90a kernels with values of "
+                         "their own head dim (192/128)"))
+        << label << ": " << ::testing::PrintToString(a.notes);
   }
 }
 

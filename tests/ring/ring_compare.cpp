@@ -283,6 +283,17 @@ std::vector<RandomRingCase> mla_softcap_ring_cases() {
                   -1, {100, 140}},
                  24),
              30),
+      capped(mla({"cap30_mla_192_128_window",
+                  {1, 240, 2, 192},
+                  A::dense,
+                  C::grouped,
+                  {},
+                  {},
+                  2,
+                  70,
+                  0},
+                 128),
+             30),
   };
 }
 

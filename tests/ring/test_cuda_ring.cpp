@@ -154,21 +154,23 @@ Full expect_matches_reference(const std::string& what, const AttentionConfig& cf
   const Full got = run_gpu_ring(cfg, in, p, t, ring_opts, shared, kernel, deterministic);
   if (kernels_by_rule) {
 #if RINGATTN_CUDA_EMULATION
-  const int64_t d = cfg.shape.head_dim;
-  const bool hopper_asked = kernel == KernelChoice::hopper ||
-                            (kernel == KernelChoice::automatic && t != DeviceDType::fp32);
-  // (values of their own head dim: the native kernels only; a soft-cap: auto leaves the sm_90a
-  // kernels out until a GPU has passed them with one)
-  const bool hopper_takes = cfg.effective_head_dim_v() == d &&
-                            !(cfg.softcapped() && kernel == KernelChoice::automatic);
-  if (hopper_asked && (d == 64 || d == 128 || d == 256) && hopper_takes) {
-    EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
-    EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
-    if (kernel == KernelChoice::hopper &&
-        kernels::cuda::hopper_wide_backward_chosen(deterministic, static_cast<int>(d))) {
-      EXPECT_EQ(got.kernel_backward, "hopper-fused-wide") << what << " P=" << p;
+    const int64_t d = cfg.shape.head_dim, dv = cfg.effective_head_dim_v();
+    const bool hopper_asked = kernel == KernelChoice::hopper ||
+                              (kernel == KernelChoice::automatic && t != DeviceDType::fp32);
+    // (values of their own head dim: the sm_90a kernels at 192/128 only; it and a soft-cap:
+    // auto leaves the sm_90a kernels out until a GPU has passed them with one)
+    const bool hopper_dims =
+        (dv == d && (d == 64 || d == 128 || d == 256)) || (d == 192 && dv == 128);
+    const bool hopper_takes =
+        hopper_dims && !((cfg.softcapped() || dv != d) && kernel == KernelChoice::automatic);
+    if (hopper_asked && hopper_takes) {
+      EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;  // the emulated GPUs are sm_90s
+      EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
+      if (kernel == KernelChoice::hopper &&
+          kernels::cuda::hopper_wide_backward_chosen(deterministic, static_cast<int>(d))) {
+        EXPECT_EQ(got.kernel_backward, "hopper-fused-wide") << what << " P=" << p;
+      }
     }
-  }
 #endif
   if (kernel == KernelChoice::cudnn) {  // every view is a cuDNN grid in these cases
     EXPECT_EQ(got.kernel, "cudnn") << what << " P=" << p;
@@ -502,10 +504,11 @@ INSTANTIATE_TEST_SUITE_P(Hopper, CudaRingHopper, ::testing::ValuesIn(hopper_ring
 // Values of their own head dim (MLA: K rows of D and V rows of Dv back to back in each packed
 // buffer, the dK/dV partials alike, bytes still the minimum) and soft-capped logits on the GPU
 // ring: P = 1..4 against float64 and the CPU engine, forward and every gradient, under
-// --kernel auto (the native kernels: the sm_90a ones do not compute Dv != D, and auto leaves
-// them out for a cap until a GPU has passed them with one; the notes say so), through
-// per-step partials for two cases, in fp32 for one; capped cases at D = 64 also under
-// --kernel hopper (the sm_90a task kernels compute the cap). A capped case
+// --kernel auto (the native kernels: the sm_90a ones compute Dv != D at 192/128 only, and auto
+// leaves them out for that and for a cap until a GPU has passed them with one; the notes say
+// so), through per-step partials for two cases, in fp32 for one; the 192/128 cases and the
+// capped ones at D = 64 also under --kernel hopper (the sm_90a task kernels compute both,
+// saying no GPU has run them so). A capped case
 // must differ from its uncapped reference by more than ten times the tolerance, so that the
 // cap is what is checked.
 class CudaRingMlaSoftcap : public ::testing::TestWithParam<RingCase> {};
@@ -534,25 +537,40 @@ TEST_P(CudaRingMlaSoftcap, EveryRankCountMatchesTheReference) {
     EXPECT_EQ(got.kernel_backward, "native") << name_of(rc) << " P=" << p;
     const std::string all = ::testing::PrintToString(got.notes);
     EXPECT_NE(all.find("which no GPU has run yet"), std::string::npos) << all;
+    const int64_t d = cfg.shape.head_dim, dv = cfg.effective_head_dim_v();
+    const bool mla_pair = d == 192 && dv == 128;
 #if RINGATTN_CUDA_EMULATION  // the emulated GPUs are sm_90s: the sm_90a kernels say why not
-    EXPECT_NE(all.find(cfg.effective_head_dim_v() != cfg.shape.head_dim
-                           ? "the sm_90a ones cannot run: they do not compute values of their own"
-                           : "the sm_90a ones cannot run: kernel=auto leaves out the sm_90a "
-                             "kernels' soft-cap"),
+    EXPECT_NE(all.find(dv != d && !mla_pair
+                           ? "the sm_90a ones cannot run: they compute values of their own head "
+                             "dim at 192/128 only"
+                       : dv != d ? "the sm_90a ones cannot run: kernel=auto leaves out the sm_90a "
+                                   "kernels with values of their own head dim (192/128)"
+                                 : "the sm_90a ones cannot run: kernel=auto leaves out the sm_90a "
+                                   "kernels' soft-cap"),
               std::string::npos)
         << all;
 #endif
-    // --kernel hopper computes the cap on the sm_90a task kernels (D = 64 here), saying that
-    // no GPU has run them with one.
-    if (cfg.softcapped() && cfg.effective_head_dim_v() == cfg.shape.head_dim &&
-        cfg.shape.head_dim == 64) {
+    // --kernel hopper computes 192/128 and the cap on the sm_90a task kernels (the cap at
+    // D = 64 here), saying that no GPU has run them so.
+    if ((cfg.softcapped() && dv == d && d == 64) || mla_pair) {
       const Full h = expect_matches_reference(name_of(rc) + " (hopper)", cfg, in, p,
                                               DeviceDType::bf16, {}, KernelChoice::hopper);
+      EXPECT_EQ(h.kernel, "hopper") << name_of(rc) << " P=" << p;
+      EXPECT_EQ(h.kernel_backward, "hopper") << name_of(rc) << " P=" << p;
       const std::string hn = ::testing::PrintToString(h.notes);
 #if RINGATTN_CUDA_EMULATION
-      EXPECT_NE(hn.find("kernel=hopper runs the sm_90a kernels' soft-cap, unverified on hardware"),
-                std::string::npos)
-          << hn;
+      if (cfg.softcapped()) {
+        EXPECT_NE(
+            hn.find("kernel=hopper runs the sm_90a kernels' soft-cap, unverified on hardware"),
+            std::string::npos)
+            << hn;
+      }
+      if (mla_pair) {
+        EXPECT_NE(hn.find("kernel=hopper runs the sm_90a kernels with values of their own head "
+                          "dim (192/128), unverified on hardware"),
+                  std::string::npos)
+            << hn;
+      }
 #endif
     }
     if (partials_too && p >= 2) {

@@ -178,17 +178,30 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
     if (!value_dim_and_cap_words(cfg).empty()) {  // which kernels, saying so
       const std::string all = ::testing::PrintToString(got.notes);
       EXPECT_NE(all.find("which no GPU has run yet"), std::string::npos) << all;
-#if RINGATTN_CUDA_EMULATION  // every emulated device here is an sm_90: the sm_90a kernels say why not
-      // A soft-cap alone runs on the sm_90a kernels where --kernel hopper asks (auto leaves
-      // them out until a GPU has passed them with one); values of their own head dim never.
+#if RINGATTN_CUDA_EMULATION  // every emulated device here is an sm_90: the sm_90a kernels say why
+                             // not
+      // A soft-cap and values of their own head dim at 192/128 run on the sm_90a kernels
+      // where --kernel hopper asks (auto leaves them out until a GPU has passed them so);
+      // other pairs of head dims never.
       const bool dv = cfg.effective_head_dim_v() != cfg.shape.head_dim;
-      const bool hopper = !dv && kernel == KernelChoice::hopper;
+      const bool pair = cfg.shape.head_dim == 192 && cfg.effective_head_dim_v() == 128;
+      const bool hopper = (!dv || pair) && kernel == KernelChoice::hopper;
       EXPECT_EQ(got.kernel, hopper ? "hopper" : "native") << what << " P=" << p;
       if (hopper) {
-        EXPECT_NE(all.find("kernel=hopper runs the sm_90a kernels' soft-cap"), std::string::npos)
-            << all;
+        if (cfg.softcapped()) {
+          EXPECT_NE(all.find("kernel=hopper runs the sm_90a kernels' soft-cap"), std::string::npos)
+              << all;
+        }
+        if (dv) {
+          EXPECT_NE(all.find("kernel=hopper runs the sm_90a kernels with values of their own "
+                             "head dim (192/128)"),
+                    std::string::npos)
+              << all;
+        }
       } else if (kernel != KernelChoice::native) {
-        EXPECT_NE(all.find(dv ? "they do not compute" : "kernel=auto leaves out"),
+        EXPECT_NE(all.find(dv && !pair ? "they compute values of their own head dim at 192/128 "
+                                         "only"
+                                       : "kernel=auto leaves out"),
                   std::string::npos)
             << all;
       }
@@ -196,7 +209,9 @@ void expect_every_p_matches_reference(const std::string& what, const AttentionCo
     }
     const auto n = got.out.size();
 #if RINGATTN_CUDA_EMULATION
-    if (kernel == KernelChoice::hopper && cfg.effective_head_dim_v() == cfg.shape.head_dim) {
+    if (kernel == KernelChoice::hopper &&
+        (cfg.effective_head_dim_v() == cfg.shape.head_dim ||
+         (cfg.shape.head_dim == 192 && cfg.effective_head_dim_v() == 128))) {
       EXPECT_EQ(got.kernel, "hopper") << what << " P=" << p;
       EXPECT_EQ(testing::kernel_family(got.kernel_backward), "hopper") << what << " P=" << p;
       // RINGATTN_HOPPER_BWD=fused_wide: the wide fused kernel where key tiles pair up.
@@ -357,11 +372,11 @@ TEST(CudaSparseRingFeatures, GqaWindowsAndPackedSequencesMatchTheReference) {
 }
 
 // Values of their own head dim (the slabs' V halves at Dv) and soft-capped logits on GPU
-// block-sparse, P = 1..4 against float64: MLA's 192/128 causal, 64/32 with GQA and a window,
-// a cap of 30 causal, and 40/24 with a cap of 1 over packed documents in fp32. The sm_90a
-// kernels do not compute values of their own head dim; the cap alone they do, under --kernel
-// hopper (the cap30 case; auto leaves them out until a GPU has passed them with one), each
-// saying so.
+// block-sparse, P = 1..4 against float64: MLA's 192/128 causal (under auto, and with a cap
+// of 20 and a window under --kernel hopper), 64/32 with GQA and a window, a cap of 30 causal,
+// and 40/24 with a cap of 1 over packed documents in fp32. The sm_90a kernels compute values
+// of their own head dim at 192/128 only, and the cap, under --kernel hopper (auto leaves them
+// out until a GPU has passed them so), each saying so.
 // Each capped case differs from its uncapped reference by more than ten times the tolerance.
 TEST(CudaSparseRingFeatures, ValueHeadDimAndSoftcapMatchTheReference) {
   struct Feature {
@@ -379,7 +394,27 @@ TEST(CudaSparseRingFeatures, ValueHeadDimAndSoftcapMatchTheReference) {
   for (const Feature& f :
        {Feature{"mla_192_128_causal", {1, 384, 2, 192}, 64, 0, 128, -1, 0, {}, true, T::bf16,
                 K::automatic},
-        Feature{"mla_64_32_gqa_window", {1, 768, 4, 64}, 64, 2, 32, 50, 0, {}, false, T::fp16,
+        Feature{"cap20_mla_192_128_window",
+                {1, 384, 2, 192},
+                64,
+                0,
+                128,
+                100,
+                20,
+                {},
+                true,
+                T::bf16,
+                K::hopper},
+        Feature{"mla_64_32_gqa_window",
+                {1, 768, 4, 64},
+                64,
+                2,
+                32,
+                50,
+                0,
+                {},
+                false,
+                T::fp16,
                 K::native},
         Feature{"cap30_causal", {1, 768, 2, 64}, 64, 0, 0, -1, 30, {}, true, T::bf16,
                 K::hopper},
@@ -402,10 +437,10 @@ TEST(CudaSparseRingFeatures, ValueHeadDimAndSoftcapMatchTheReference) {
     if (f.cap > 0) {
       AttentionConfig uncapped = cfg;
       uncapped.softcap = 0;
-      const ReferenceForward a = reference_forward_blocks(problem_of(cfg, lists), in.q.data(),
+      const ReferenceForward a =
+          reference_forward_blocks(problem_of(cfg, lists), in.q.data(), in.k.data(), in.v.data());
+      const ReferenceForward b = reference_forward_blocks(problem_of(uncapped, lists), in.q.data(),
                                                           in.k.data(), in.v.data());
-      const ReferenceForward b = reference_forward_blocks(problem_of(uncapped, lists),
-                                                          in.q.data(), in.k.data(), in.v.data());
       const std::vector<float> a32(a.out.begin(), a.out.end());
       EXPECT_GT(relative_error(a32.data(), b.out.data(), a32.size()), 10 * 1e-2)
           << "the cap does not change " << f.name << "'s answer";

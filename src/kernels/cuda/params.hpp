@@ -59,9 +59,9 @@ struct QkvParams {
   const void* k = nullptr;
   const void* v = nullptr;
   int head_dim = 0;    // q, k, dq, dk
-  int head_dim_v = 0;  // v, out, dout, dv (0: head_dim); the native kernels only
+  int head_dim_v = 0;  // v, out, dout, dv (0: head_dim); sm_90a: 192/128 only
   float scale = 1.0f;
-  float softcap = 0.0f;  // s <- softcap · tanh(s / softcap) on the scaled scores; native only
+  float softcap = 0.0f;  // s <- softcap · tanh(s / softcap) on the scaled scores
   bool causal = false;
   // Every row start and stride is a multiple of 8 elements (the pointers 16-byte aligned)
   // and head_dim equals the instantiated head dim, so rows can be read with 16-byte copies.

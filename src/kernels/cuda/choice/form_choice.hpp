@@ -120,27 +120,42 @@ inline void note_forced_unverified(GpuPath path, bool fused, bool wide, bool qre
   if (qregs) note(GpuForm::hopper_forward_qregs, "RINGATTN_HOPPER_QREGS=1");
 }
 
+// The job features the sm_90a kernels carry through forms of their own: values of their own
+// head dim (hopper_value_dim) and a soft-cap (hopper_softcap).
+inline std::vector<GpuForm> hopper_feature_forms(const AttentionConfig& cfg) {
+  std::vector<GpuForm> forms;
+  if (cfg.effective_head_dim_v() != cfg.shape.head_dim) forms.push_back(GpuForm::hopper_value_dim);
+  if (cfg.softcapped()) forms.push_back(GpuForm::hopper_softcap);
+  return forms;
+}
+
 // Why the sm_90a kernels do not take `cfg` on `path` ("" where they may): values of their own
-// head dim, which they do not compute; or, under --kernel auto (`automatic`), a soft-cap until
-// a committed GPU log shows hopper_softcap passing there (they compute it: --kernel hopper
-// runs it, with soft_cap_forced_note's note).
+// head dim at a pair they are not built for (192/128 only); or, under --kernel auto
+// (`automatic`), a feature form (values of their own head dim, a soft-cap) until a committed
+// GPU log shows it passing there (they compute it: --kernel hopper runs it, with
+// hopper_feature_forced_notes' note).
 inline std::string hopper_feature_refusal(const AttentionConfig& cfg, GpuPath path,
                                           bool automatic) {
-  if (cfg.effective_head_dim_v() != cfg.shape.head_dim)
-    return "they do not compute values of their own head dim (" +
-           field_is("config.head_dim_v", std::to_string(cfg.effective_head_dim_v())) + ")";
-  if (cfg.softcapped() && automatic && !verified_on_gpu(GpuForm::hopper_softcap, path))
-    return field_is("kernel", "auto") + " leaves out " +
-           form_description(GpuForm::hopper_softcap) +
-           ": no committed GPU log shows it passing yet (" + field_is("kernel", "hopper") +
-           " runs it)";
+  const int d = static_cast<int>(cfg.shape.head_dim);
+  const int dv = static_cast<int>(cfg.effective_head_dim_v());
+  if (dv != d && !(d == 192 && dv == 128))
+    return "they compute values of their own head dim at 192/128 only (" +
+           field_is("config.head_dim", std::to_string(d)) + ", " +
+           field_is("config.head_dim_v", std::to_string(dv)) + ")";
+  for (const GpuForm f : hopper_feature_forms(cfg))
+    if (automatic && !verified_on_gpu(f, path))
+      return field_is("kernel", "auto") + " leaves out " + form_description(f) +
+             ": no committed GPU log shows it passing yet (" + field_is("kernel", "hopper") +
+             " runs it)";
   return "";
 }
-// The note where --kernel hopper runs a soft-capped job on kernels no GPU has passed with a
-// cap on `path`, or "".
-inline std::string soft_cap_forced_note(const AttentionConfig& cfg, GpuPath path) {
-  if (!cfg.softcapped() || verified_on_gpu(GpuForm::hopper_softcap, path)) return "";
-  return forced_unverified_note(GpuForm::hopper_softcap, field_is("kernel", "hopper"));
+// The notes where --kernel hopper runs a job's feature forms (hopper_feature_forms) that no
+// GPU has passed on `path`.
+inline void hopper_feature_forced_notes(const AttentionConfig& cfg, GpuPath path,
+                                        std::vector<std::string>& notes) {
+  for (const GpuForm f : hopper_feature_forms(cfg))
+    if (!verified_on_gpu(f, path))
+      notes.push_back(forced_unverified_note(f, field_is("kernel", "hopper")));
 }
 
 // The note for a backward whose dq is not 16-byte aligned, where a fused form would have run.

@@ -34,6 +34,7 @@ enum class GpuForm {
   hopper_backward_fused,       // RINGATTN_HOPPER_BWD=fused: one launch, dQ by bulk adds
   hopper_backward_fused_wide,  // RINGATTN_HOPPER_BWD=fused_wide: 128-key blocks, D = 128
   hopper_softcap,              // the sm_90a kernels on a soft-capped job (every form)
+  hopper_value_dim,            // the sm_90a kernels at D = 192, Dv = 128 (plain, two passes)
   cudnn_forward,               // one GPU: cuDNN's SDPA forward over the plan's views
   cudnn_backward,              // one GPU: its backward where one view writes each row
   cudnn_dilated_backward,      // one GPU: a dilated mixture's or grouped heads' backward
@@ -82,8 +83,8 @@ constexpr Verified kVerified[] = {
     {F::cudnn_forward, P::tasks},
     {F::cudnn_backward, P::dense},
     // Not yet on any GPU (no entry): hopper_forward_qregs; hopper_backward_fused and
-    // hopper_backward_fused_wide; hopper_softcap; cudnn_dilated_backward; cudnn_ring_steps;
-    // cudnn_value_dim_softcap.
+    // hopper_backward_fused_wide; hopper_softcap; hopper_value_dim; cudnn_dilated_backward;
+    // cudnn_ring_steps; cudnn_value_dim_softcap.
 };
 
 }  // namespace verified_detail
@@ -100,6 +101,7 @@ inline std::string_view form_name(GpuForm form) {
     case GpuForm::hopper_backward_fused: return "fused";
     case GpuForm::hopper_backward_fused_wide: return "fused_wide";
     case GpuForm::hopper_softcap: return "hopper_softcap";
+    case GpuForm::hopper_value_dim: return "hopper_value_dim";
     case GpuForm::cudnn_forward: return "cudnn_forward";
     case GpuForm::cudnn_backward: return "cudnn_backward";
     case GpuForm::cudnn_dilated_backward: return "cudnn_dilated_backward";
@@ -139,6 +141,8 @@ inline std::string form_description(GpuForm form) {
     case GpuForm::hopper_backward_fused: return "the sm_90a backward's fused kernel";
     case GpuForm::hopper_backward_fused_wide: return "the sm_90a backward's wide fused kernel";
     case GpuForm::hopper_softcap: return "the sm_90a kernels' soft-cap";
+    case GpuForm::hopper_value_dim:
+      return "the sm_90a kernels with values of their own head dim (192/128)";
     case GpuForm::cudnn_forward: return "cuDNN's forward";
     case GpuForm::cudnn_backward: return "cuDNN's backward";
     case GpuForm::cudnn_dilated_backward: return "cuDNN's dilated backward";

@@ -47,13 +47,32 @@ void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work
 
 // One pass: hopper_bwd_dkdv_kernel where the work's rows are keys (kKeyRows; at D = 256 as
 // two launches, dV's then dK's), else hopper_bwd_dq_kernel (with Q and dO in registers under
-// RINGATTN_HOPPER_QREGS=1, D <= 128).
+// RINGATTN_HOPPER_QREGS=1, D <= 128). Values of their own head dim (head_dim_v != head_dim:
+// 192/128) take two dK/dV launches as D = 256 does (dK's 96 and dV's 64 accumulator registers
+// together would spill), and no registers' form.
 template <bool kKeyRows, class Work>
-void launch_backward_pass(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
-                          cudaStream_t stream) {
+void launch_backward_pass(int head_dim, int head_dim_v, Elem elem, const BackwardArgs<Work>& a,
+                          dim3 grid, cudaStream_t stream) {
   if constexpr (!CapOf<Work>::value)
     if (a.logits.capped())
-      return launch_backward_pass<kKeyRows>(head_dim, elem, with_cap(a), grid, stream);
+      return launch_backward_pass<kKeyRows>(head_dim, head_dim_v, elem, with_cap(a), grid, stream);
+  if (head_dim_v != head_dim) {
+    dispatch_value_dim(head_dim, head_dim_v, elem, [&]<int kD, int kDv, bool kBf16>() {
+      const int smem = static_cast<int>(smem_bytes(kD, 2, 2, kDv));
+      if constexpr (kKeyRows) {
+        launch("hopper_bwd_dv_kernel",
+               &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv, false, kDv>, a, grid, smem,
+               stream);
+        launch("hopper_bwd_dk_kernel",
+               &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDk, false, kDv>, a, grid, smem,
+               stream);
+      } else {
+        launch("hopper_bwd_dq_kernel", &hopper_bwd_dq_kernel<kD, kBf16, Work, false, kDv>, a, grid,
+               smem, stream);
+      }
+    });
+    return;
+  }
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     const int smem = static_cast<int>(smem_bytes(kD, 2));
     if constexpr (kKeyRows && kD <= 128) {

@@ -28,13 +28,14 @@ enum KeyGrads : int { kGradDv = 1, kGradDk = 2, kGradBoth = 3 };
 
 // dK and/or dV (kGrads) of a 64-key tile from every query tile the work walks for it. K and V
 // are resident; the ring carries (Q, dO). Accumulator columns are queries, so lse and delta
-// are per column.
-template <int kD, bool kBf16, class Work, int kGrads, bool kRegA = false>
+// are per column. kDv: the values' head dim (V and dO tiles, dV's accumulator; MLA's 128
+// beside D = 192, whose dK and dV then take a launch each).
+template <int kD, bool kBf16, class Work, int kGrads, bool kRegA = false, int kDv = kD>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_bwd_dkdv_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
-  const QueryRows kr = p.work.query_rows(kD);
+  const Stages<kD, 2, 2, kDv> st = Stages<kD, 2, 2, kDv>::of_block();
+  const QueryRows kr = p.work.query_rows(kD, kD);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   st.init_barriers();
   __syncthreads();
@@ -50,9 +51,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   Reach reach[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) reach[r] = p.work.reach(kr, local0 + 8 * r);
-  constexpr bool kDv = (kGrads & kGradDv) != 0, kDk = (kGrads & kGradDk) != 0;
+  constexpr bool kWantDv = (kGrads & kGradDv) != 0, kDk = (kGrads & kGradDk) != 0;
   // An unused accumulator is one register (the compiler drops it), not kD / 2.
-  float dk[kDk ? kD / 2 : 1], dv[kDv ? kD / 2 : 1];
+  float dk[kDk ? kD / 2 : 1], dv[kWantDv ? kDv / 2 : 1];
 #pragma unroll
   for (float& x : dk) x = 0.0f;
 #pragma unroll
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   // kRegA (D = 64): K and V read once into registers as wgmma's register A, so Sᵀ and dPᵀ
   // read only Q and dO from shared memory. At D = 128, K alone beside dK's and dV's
   // accumulators spilled 240-284 bytes (ptxas).
-  static_assert(!kRegA || kD == 64, "K and V in registers fit at D = 64 only");
+  static_assert(!kRegA || (kD == 64 && kDv == kD), "K and V in registers fit at D = 64 only");
   [[maybe_unused]] uint32_t ka[kRegA ? kD / 16 : 1][4], va[kRegA ? kD / 16 : 1][4];
   if constexpr (kRegA) {
     load_a_fragments<kD>(ka, st.resident(0), local0, lane);
@@ -83,22 +84,23 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
     // dV += Pᵀ·dO, then dPᵀ = V·dOᵀ, each waited for: under one wait, the packed Pᵀ would
     // be live beside dPᵀ's accumulator, and ptxas spills 72-80 bytes at D = 128.
-    if constexpr (kDv) product_rs<kD, kBf16>(dv, pt, st.ring(1, s));  // dO as stored
+    if constexpr (kWantDv) product_rs<kDv, kBf16>(dv, pt, st.ring(1, s));  // dO as stored
     if constexpr (!kDk) {
       ptx::mbarrier_arrive(at(st.empty(s)));
       continue;
     }
     cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
     float dpt[32];
-    issue_a_bt<kD, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
+    issue_a_bt<kDv, kBf16, kRegA>(dpt, va, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
     grads_t(pt, dpt, p.dout_scale, cols, stats, lane);                // dSᵀ (0 where Pᵀ is)
     if constexpr (kDk) product_rs<kD, kBf16>(dk, pt, st.ring(0, s));  // dK += dSᵀ·Q
     ptx::mbarrier_arrive(at(st.empty(s)));
   }
-  const Strided out = p.work.grad_rows(kr, kD);
-  if constexpr (kDk) add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, local0, lane);
-  if constexpr (kDv) add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, local0, lane);
+  if constexpr (kDk)
+    add_rows<kD>(p.dk, dk, p.scale, p.work.grad_rows(kr, kD, kD), kr.rows, local0, lane);
+  if constexpr (kWantDv)
+    add_rows<kDv>(p.dv, dv, p.dout_scale, p.work.grad_rows(kr, kD, kDv), kr.rows, local0, lane);
 #else
   (void)p;
 #endif
@@ -107,13 +109,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // dQ of a 64-query tile from the key tiles the work walks for it, as the forward walks
 // them. Q and dO are resident; the ring carries (K, V). kRegA (D <= 128): Q and dO are read
 // once into registers as wgmma's register A, so S and dP read only K and V from shared memory.
-template <int kD, bool kBf16, class Work, bool kRegA = false>
+// kDv: the values' head dim (dO and V tiles, the width dP = dO·Vᵀ sums over).
+template <int kD, bool kBf16, class Work, bool kRegA = false, int kDv = kD>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_bwd_dq_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
-  static_assert(!kRegA || kD <= 128, "Q and dO in registers take D/2 of them");
+  static_assert(!kRegA || (kD <= 128 && kDv == kD), "Q and dO in registers take D/2 of them");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  const Stages<kD, 2> st = Stages<kD, 2>::of_block();
-  const QueryRows qr = p.work.query_rows(kD);
+  const Stages<kD, 2, 2, kDv> st = Stages<kD, 2, 2, kDv>::of_block();
+  const QueryRows qr = p.work.query_rows(kD, kD);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   st.init_barriers();
   __syncthreads();
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     if (t.limit < kRows) zero_tail_rows(st, s, t.limit, static_cast<int>(threadIdx.x) - 128);
     float sc[32], dp[32];  // S = Q·Kᵀ and dP = dO·Vᵀ (dO as stored), under one wait
     issue_a_bt<kD, kBf16, kRegA>(sc, qa, st.resident(0), st.ring(0, s));
-    issue_a_bt<kD, kBf16, kRegA>(dp, da, st.resident(1), st.ring(1, s));
+    issue_a_bt<kDv, kBf16, kRegA>(dp, da, st.resident(1), st.ring(1, s));
     ptx::wgmma_wait_group<0>();
     Reach cols[2];
 #pragma unroll
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     product_rs<kD, kBf16>(dq, sc, st.ring(0, s));  // dQ += dS·K
     ptx::mbarrier_arrive(at(st.empty(s)));
   }
-  add_rows<kD>(p.dq, dq, p.scale, p.work.grad_rows(qr, kD), qr.rows, local0, lane);
+  add_rows<kD>(p.dq, dq, p.scale, p.work.grad_rows(qr, kD, kD), qr.rows, local0, lane);
 #else
   (void)p;
 #endif
@@ -302,7 +305,7 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   constexpr int kDsBuffers = fused_ds_buffers(kGroups);
   const uint32_t ds_tiles = st.base + fused_stage_end(kD, kGroups);
   const uint32_t stats_at = ds_tiles + static_cast<uint32_t>(kDsBuffers * kGroups) * kBoxBytes;
-  const QueryRows kr = p.work.query_rows(kD);  // the block's up to kKeys keys
+  const QueryRows kr = p.work.query_rows(kD, kD);  // the block's up to kKeys keys
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   // A stage is freed by the drain warp, once its reductions read it, and filled by the
   // producer's TMA and the stats warp's 32 lanes.
@@ -373,7 +376,7 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
     __syncwarp();
     ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1), kConsumers + kDrainThreads);
   }
-  const Strided out = p.work.grad_rows(kr, kD);
+  const Strided out = p.work.grad_rows(kr, kD, kD);
   add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, key0, lane);
   add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, key0, lane);
 }

@@ -26,11 +26,21 @@ Args<Capped<Work>> with_cap(const Args<Work>& a) {
   return {a.q, a.k, a.v, a.logits, a.accumulate, Capped<Work>{a.work}};
 }
 
+// Values of their own head dim (head_dim_v != head_dim) run the plain loop, the one form
+// built for them.
 template <class Work>
-void launch_for(int head_dim, Elem elem, const char* name, const Args<Work>& a, dim3 grid,
-                cudaStream_t stream, HopperForwardForm form = HopperForwardForm::rule) {
+void launch_for(int head_dim, int head_dim_v, Elem elem, const char* name, const Args<Work>& a,
+                dim3 grid, cudaStream_t stream, HopperForwardForm form = HopperForwardForm::rule) {
   if constexpr (!CapOf<Work>::value)
-    if (a.logits.capped()) return launch_for(head_dim, elem, name, with_cap(a), grid, stream, form);
+    if (a.logits.capped())
+      return launch_for(head_dim, head_dim_v, elem, name, with_cap(a), grid, stream, form);
+  if (head_dim_v != head_dim) {
+    dispatch_value_dim(head_dim, head_dim_v, elem, [&]<int kD, int kDv, bool kBf16>() {
+      launch(name, &hopper_fwd_kernel<kD, kBf16, Work, false, false, kDv>, a, grid,
+             static_cast<int>(smem_bytes(kD, 1, 2, kDv)), stream);
+    });
+    return;
+  }
   const bool by_rule = form == HopperForwardForm::rule;
   const bool overlap = by_rule ? overlap_chosen() : form == HopperForwardForm::overlap;
   const bool qregs = by_rule ? qregs_chosen() : form == HopperForwardForm::qregs;

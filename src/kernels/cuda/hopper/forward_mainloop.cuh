@@ -34,13 +34,15 @@ struct Args {
 // registers; without it each product is waited for before the softmax. kQRegs (D <= 128): the
 // Q tile is read once into registers as wgmma's register A, so S = Q·Kᵀ reads only K from
 // shared memory (issue_a_bt's register-A form), for D/4 more registers a thread.
-template <int kD, bool kBf16, class Work, bool kOverlap, bool kQRegs = false>
+// kDv: the values' head dim (V's tiles, O's accumulator and out; MLA's 128 beside D = 192).
+template <int kD, bool kBf16, class Work, bool kOverlap, bool kQRegs = false, int kDv = kD>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
     hopper_fwd_kernel(const RINGATTN_GRID_CONSTANT Args<Work> p) {
   static_assert(!kQRegs || kD <= 128, "Q in registers takes D/4 of them");
+  static_assert(kDv == kD || (!kOverlap && !kQRegs), "values of their own width: the plain loop");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  const Stages<kD, 1> st = Stages<kD, 1>::of_block();
-  const QueryRows qr = p.work.query_rows(kD);
+  const Stages<kD, 1, 2, kDv> st = Stages<kD, 1, 2, kDv>::of_block();
+  const QueryRows qr = p.work.query_rows(kD, kDv);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   st.init_barriers();
   __syncthreads();
@@ -58,9 +60,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
   Reach reach[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) reach[r] = p.work.reach(qr, local0 + 8 * r);
-  float o[kD / 2];
+  float o[kDv / 2];
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  for (int i = 0; i < kDv / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   ptx::mbarrier_wait(at(st.resident_full()), 0);
   [[maybe_unused]] uint32_t qa[kQRegs ? kD / 16 : 1][4];
@@ -93,8 +95,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       issue_a_bt<kD, kBf16, kQRegs>(sc, qa, st.resident(0), st.ring(0, s));
       ptx::wgmma_wait_group<0>();
     }
-    softmax_step<kD, CapOf<Work>::value>(sc, reach, t, lane, p.logits, m, l, o);
-    issue_rs<kD, kBf16>(o, sc, st.ring(1, s));
+    softmax_step<kDv, CapOf<Work>::value>(sc, reach, t, lane, p.logits, m, l, o);
+    issue_rs<kDv, kBf16>(o, sc, st.ring(1, s));
     ptx::wgmma_wait_group<0>();  // O += P·V, and the next S under kOverlap
     ptx::mbarrier_arrive(at(st.empty(s)));
     if constexpr (kOverlap) {
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
       have = p.work.next(cursor, t);
     }
   }
-  write_rows<kD>(p.accumulate, qr, local0, o, m, l, lane);
+  write_rows<kDv>(p.accumulate, qr, local0, o, m, l, lane);
 #else
   (void)p;
 #endif
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   constexpr int kStages = 2 * kStep;
   const Stages<kD, 2, kStages> st = Stages<kD, 2, kStages>::of_block();
-  const QueryRows qr = p.work.query_rows(kD);  // the block's 2 × 64 rows
+  const QueryRows qr = p.work.query_rows(kD, kD);  // the block's 2 × 64 rows
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   st.init_barriers(kPingPongConsumers);
   __syncthreads();

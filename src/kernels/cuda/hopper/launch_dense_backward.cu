@@ -71,8 +71,8 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
   const TmaDesc maps[4] = {
       hopper::tensor_map(p.q, p.elem, p.batch, p.seq_len, p.heads, p.head_dim),
       hopper::tensor_map(p.k, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
-      hopper::tensor_map(p.v, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
-      hopper::tensor_map(p.dout, p.elem, p.batch, p.seq_len, p.heads, p.head_dim)};
+      hopper::tensor_map(p.v, p.elem, p.batch, p.seq_len, p.kv_heads, p.value_dim()),
+      hopper::tensor_map(p.dout, p.elem, p.batch, p.seq_len, p.heads, p.value_dim())};
   auto a =
       hopper::backward_args(maps, p, 1.0f, 1.0f, hopper::dense_work(p, nullptr, nullptr, true));
   if (p.fused && p.head_dim <= 128) require_bulk_aligned_dq(p.dq, "the Hopper backward");
@@ -86,11 +86,11 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
     hopper::launch_fused_backward(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads), stream);
     return;
   }
-  hopper::launch_backward_pass<true>(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads),
-                                     stream);
+  hopper::launch_backward_pass<true>(p.head_dim, p.value_dim(), p.elem, a,
+                                     hopper::dense_grid(p, p.kv_heads), stream);
   a.work = hopper::dense_work(p, nullptr, nullptr, false);
-  hopper::launch_backward_pass<false>(p.head_dim, p.elem, a, hopper::dense_grid(p, p.heads),
-                                      stream);
+  hopper::launch_backward_pass<false>(p.head_dim, p.value_dim(), p.elem, a,
+                                      hopper::dense_grid(p, p.heads), stream);
 }
 
 }  // namespace ringattn::kernels::cuda

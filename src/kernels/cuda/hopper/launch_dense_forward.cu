@@ -24,24 +24,26 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t stream) {
   hopper::Args<hopper::DenseWork> a{
       hopper::tensor_map(p.q, p.elem, p.batch, p.seq_len, p.heads, p.head_dim),
       hopper::tensor_map(p.k, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
-      hopper::tensor_map(p.v, p.elem, p.batch, p.seq_len, p.kv_heads, p.head_dim),
+      hopper::tensor_map(p.v, p.elem, p.batch, p.seq_len, p.kv_heads, p.value_dim()),
       hopper::logits_of(p.scale, p.softcap),
       false,
       hopper::dense_work(p, p.out, p.lse, false)};
-  // The ping-pong kernel: 128-row blocks, two consumer warpgroups.
+  // The ping-pong kernel: 128-row blocks, two consumer warpgroups (not built for values of
+  // their own head dim).
   using F = HopperForwardForm;
-  const int step = p.form == F::rule          ? hopper::pingpong_chosen(p.head_dim)
-                   : p.form == F::pingpong64  ? 1
-                   : p.form == F::pingpong128 ? (p.head_dim <= 128 ? 2 : 1)
-                                              : 0;
+  const int step = p.value_dim() != p.head_dim ? 0
+                   : p.form == F::rule         ? hopper::pingpong_chosen(p.head_dim)
+                   : p.form == F::pingpong64   ? 1
+                   : p.form == F::pingpong128  ? (p.head_dim <= 128 ? 2 : 1)
+                                               : 0;
   if (step > 0) {
     a.work.block_rows = 2 * hopper::kRows;
     hopper::launch_pingpong(p.head_dim, p.elem, step, "hopper_fwd_pingpong_kernel", a,
                             hopper::dense_grid(p, p.heads, a.work.block_rows), stream);
     return;
   }
-  hopper::launch_for(p.head_dim, p.elem, "hopper_fwd_kernel", a, hopper::dense_grid(p, p.heads),
-                     stream, p.form);
+  hopper::launch_for(p.head_dim, p.value_dim(), p.elem, "hopper_fwd_kernel", a,
+                     hopper::dense_grid(p, p.heads), stream, p.form);
 }
 
 const char* to_string(HopperForwardForm f) {
@@ -64,6 +66,7 @@ const char* to_string(HopperForwardForm f) {
 
 std::vector<HopperForwardForm> hopper_forward_forms(int head_dim, bool dense) {
   using F = HopperForwardForm;
+  if (head_dim == 192) return {};  // MLA's 192/128: the plain loop only
   if (head_dim > 128) return dense ? std::vector<F>{F::plain, F::pingpong64} : std::vector<F>{};
   std::vector<F> forms{F::plain, F::overlap, F::qregs};
   if (dense) forms.insert(forms.end(), {F::pingpong64, F::pingpong128});

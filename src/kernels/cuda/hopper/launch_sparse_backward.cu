@@ -21,7 +21,7 @@ std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParam
   if (p.n_q_items > std::numeric_limits<int>::max() ||
       p.n_k_items > std::numeric_limits<int>::max())
     return "more work items than a grid holds";
-  return hopper::device_unsupported(p.head_dim, e, device);
+  return hopper::device_unsupported(p.head_dim, e, device, p.value_dim());
 }
 
 void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperSparseShape& s,
@@ -32,10 +32,11 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
     throw RuntimeFailure("the Hopper block-sparse backward cannot run: " + why);
   if (p.n_q_items == 0 && p.n_k_items == 0) return;
   const hopper::KeyGeometry kv = hopper::key_geometry(s);
-  const TmaDesc maps[4] = {hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
-                           hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
-                           hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
-                           hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.head_dim)};
+  const TmaDesc maps[4] = {
+      hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
+      hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
+      hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.value_dim()),
+      hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.value_dim())};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
   fused = fused && p.head_dim <= 128 && p.n_k_items > 0;
   wide = wide && fused && p.head_dim == 128;
@@ -46,8 +47,8 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
         hopper::SparseWork{p.q_tiles, p.key_spans, p.q_items, nullptr, nullptr, p.q_stride,
                            p.lse_stride, s.seq_len, s.heads, kv.heads, p.head_dim, kv.seq_len,
                            p.causal, p.window_left, p.window_right, reach.left, reach.right});
-    hopper::launch_backward_pass<false>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_q_items)),
-                                        stream);
+    hopper::launch_backward_pass<false>(p.head_dim, p.value_dim(), e, a,
+                                        dim3(static_cast<unsigned>(p.n_q_items)), stream);
   }
   if (p.n_k_items > 0) {
     const auto a = hopper::backward_args(
@@ -64,8 +65,8 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
       hopper::launch_fused_backward(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
                                     stream);
     else
-      hopper::launch_backward_pass<true>(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
-                                         stream);
+      hopper::launch_backward_pass<true>(p.head_dim, p.value_dim(), e, a,
+                                         dim3(static_cast<unsigned>(p.n_k_items)), stream);
   }
 }
 

@@ -18,7 +18,7 @@ std::string hopper_sparse_forward_unsupported(Elem e, const SparseForwardParams&
   if (p.q_stride != static_cast<int64_t>(s.heads) * p.head_dim)
     return "query rows not [B, N, H, D] (q_stride " + std::to_string(p.q_stride) + ")";
   if (p.n_items > std::numeric_limits<int>::max()) return "more work items than a grid holds";
-  return hopper::device_unsupported(p.head_dim, e, device);
+  return hopper::device_unsupported(p.head_dim, e, device, p.value_dim());
 }
 
 void hopper_sparse_forward(Elem e, const SparseForwardParams& p, const HopperSparseShape& s,
@@ -33,13 +33,13 @@ void hopper_sparse_forward(Elem e, const SparseForwardParams& p, const HopperSpa
   const hopper::Args<hopper::SparseWork> a{
       hopper::tensor_map(p.q, e, s.batch, s.seq_len, s.heads, p.head_dim),
       hopper::tensor_map(p.k, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
-      hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.head_dim),
+      hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.value_dim()),
       hopper::logits_of(p.scale, p.softcap),
       p.accumulate,
       {p.tiles, p.spans, p.items, p.out, p.lse, p.q_stride, p.lse_stride, s.seq_len, s.heads,
        kv.heads, p.head_dim, kv.seq_len, p.causal, p.window_left, p.window_right, reach.left,
        reach.right}};
-  hopper::launch_for(p.head_dim, e, "hopper_sparse_fwd_kernel", a,
+  hopper::launch_for(p.head_dim, p.value_dim(), e, "hopper_sparse_fwd_kernel", a,
                      dim3(static_cast<unsigned>(p.n_items)), stream, s.form);
 }
 

@@ -52,12 +52,13 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
   const int kv_rows = s.kv_rows > 0 ? s.kv_rows : rows;
   // The stored out and dout are the pass's scaled ones (see BackwardArgs).
   const float dout_scale = p.dout_scale, delta_factor = p.dout_scale / p.out_scale;
+  const int dv = hopper::task_value_dim(s, p);
   auto maps = [&](const HopperTaskGroup& g, auto work) {
     const TmaDesc m[4] = {
         hopper::tensor_map(p.q, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
         hopper::tensor_map(p.k, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
-        hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
-        hopper::tensor_map(p.dout, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step)};
+        hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, dv, g.k_phase, g.k_step),
+        hopper::tensor_map(p.dout, e, 1, rows, s.heads, dv, g.q_phase, g.q_step)};
     return hopper::backward_args(m, p, dout_scale, delta_factor, work);
   };
   fused = fused && s.head_dim <= 128 && !k_groups.empty();
@@ -69,7 +70,7 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
     const hopper::TaskWork work{
         p.tasks,    p.q_items + g.item0, nullptr,  nullptr,  rows,     kv_rows, s.heads,
         s.kv_heads, s.head_dim,          g.q_step, g.k_step, p.causal, 1.0f};
-    hopper::launch_backward_pass<false>(s.head_dim, e, maps(g, work),
+    hopper::launch_backward_pass<false>(s.head_dim, dv, e, maps(g, work),
                                         dim3(static_cast<unsigned>(g.n_items)), stream);
   }
   for (const HopperTaskGroup& g : k_groups) {
@@ -85,7 +86,7 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
       hopper::launch_fused_backward(s.head_dim, e, maps(g, work),
                                     dim3(static_cast<unsigned>(g.n_items)), stream);
     else
-      hopper::launch_backward_pass<true>(s.head_dim, e, maps(g, work),
+      hopper::launch_backward_pass<true>(s.head_dim, dv, e, maps(g, work),
                                          dim3(static_cast<unsigned>(g.n_items)), stream);
   }
 }

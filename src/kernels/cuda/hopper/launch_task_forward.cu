@@ -91,7 +91,7 @@ std::string hopper_task_forward_unsupported(Elem e, const HopperTaskShape& s, in
   if (static_cast<int64_t>(s.batch) * s.seq_len > std::numeric_limits<int>::max() / 2 ||
       s.kv_rows < 0 || s.kv_rows > std::numeric_limits<int>::max() / 2)
     return "B·N past int (tensor map coordinates)";
-  return hopper::device_unsupported(s.head_dim, e, device);
+  return hopper::device_unsupported(s.head_dim, e, device, s.head_dim_v);
 }
 
 void hopper_task_forward(Elem e, const FlashForwardParams& p, const HopperTaskShape& s,
@@ -102,17 +102,18 @@ void hopper_task_forward(Elem e, const FlashForwardParams& p, const HopperTaskSh
     throw RuntimeFailure("the Hopper task forward cannot run: " + why);
   const int rows = s.batch * s.seq_len;  // one "batch" of B·N positions: views never cross
   const int kv_rows = s.kv_rows > 0 ? s.kv_rows : rows;
+  const int dv = hopper::task_value_dim(s, p);
   for (const HopperTaskGroup& g : groups) {
     if (g.n_items == 0) continue;
     const hopper::Args<hopper::TaskWork> a{
         hopper::tensor_map(p.q, e, 1, rows, s.heads, s.head_dim, g.q_phase, g.q_step),
         hopper::tensor_map(p.k, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
-        hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, s.head_dim, g.k_phase, g.k_step),
+        hopper::tensor_map(p.v, e, 1, kv_rows, s.kv_heads, dv, g.k_phase, g.k_step),
         hopper::logits_of(p.scale, p.softcap),
         p.accumulate,
         {p.tasks, p.items + g.item0, p.out, p.lse, rows, kv_rows, s.heads, s.kv_heads, s.head_dim,
          g.q_step, g.k_step, p.causal, p.out_scale}};
-    hopper::launch_for(s.head_dim, e, "hopper_task_fwd_kernel", a,
+    hopper::launch_for(s.head_dim, dv, e, "hopper_task_fwd_kernel", a,
                        dim3(static_cast<unsigned>(g.n_items)), stream, s.form);
   }
 }

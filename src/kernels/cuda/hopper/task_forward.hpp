@@ -23,6 +23,7 @@ namespace ringattn::kernels::cuda {
 
 struct HopperTaskShape {
   int batch = 0, seq_len = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int head_dim_v = 0;  // v, out, dout and dv (0: head_dim); as the launch's params' value_dim()
   // K and V as kv_rows positions of kv_heads heads end to end, when they are not [B, N,
   // HKV, D] (a ring's packed receive buffer: [kv_rows, D], kv_heads 1); 0: B·N positions.
   int kv_rows = 0;
@@ -46,7 +47,8 @@ std::string hopper_task_groups(std::span<const SubseqTask> tasks,
                                std::vector<ForwardItem>& ordered,
                                std::vector<HopperTaskGroup>& groups);
 
-// "" when hopper_task_forward can run D = s.head_dim in `e` on `device`, else why not.
+// "" when hopper_task_forward can run D = s.head_dim (values of s.head_dim_v) in `e` on
+// `device`, else why not.
 std::string hopper_task_forward_unsupported(Elem e, const HopperTaskShape& s, int device);
 
 // One launch per group: p.items is the ordered list on the device (groups index into it),

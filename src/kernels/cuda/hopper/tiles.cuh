@@ -155,9 +155,26 @@ __device__ __forceinline__ int acc_col(int i, int lane) {
 __host__ __device__ constexpr uint32_t tile_bytes(int head_dim) {
   return static_cast<uint32_t>(head_dim / 64) * kBoxBytes;
 }
-__host__ __device__ constexpr uint32_t smem_bytes(int head_dim, int resident, int stages = 2) {
-  return 1024 + static_cast<uint32_t>(resident + 2 * stages) * tile_bytes(head_dim) +
-         1024;  // + slack
+// The shared memory of Stages<head_dim, resident, stages, head_dim_v> (0: head_dim) and slack.
+__host__ __device__ constexpr uint32_t smem_bytes(int head_dim, int resident, int stages = 2,
+                                                  int head_dim_v = 0) {
+  const uint32_t dv = tile_bytes(head_dim_v > 0 ? head_dim_v : head_dim);
+  return 1024 + (resident > 0 ? tile_bytes(head_dim) : 0u) +
+         static_cast<uint32_t>(resident > 1 ? resident - 1 : 0) * dv +
+         static_cast<uint32_t>(stages) * (tile_bytes(head_dim) + dv) + 1024;  // + slack
+}
+
+// The one (D, Dv) pair of different query/key and value head dims the kernels are built for:
+// DeepSeek's MLA, 192/128 (the plain forward and the two-pass backward only: no ping-pong,
+// overlap, Q in registers or fused form exists at D = 192).
+__host__ __device__ constexpr bool value_dim_pair(int head_dim, int head_dim_v) {
+  return head_dim == 192 && head_dim_v == 128;
+}
+
+// A row offset or stride `x` in elements of rows `from` wide, as one in rows `to` wide (x a
+// whole number of rows: the works' q/k offsets as out's or dV's).
+__host__ __device__ inline int64_t rows_as(int64_t x, int from, int to) {
+  return from == to ? x : x / from * to;
 }
 
 // A wgmma descriptor with the 128-byte swizzle (bits as in the PTX ISA).
@@ -176,11 +193,16 @@ __device__ __forceinline__ uint32_t at(uint32_t a) { return a; }
 #endif
 
 // The block's shared memory: kResident tiles loaded once (under one barrier) and the ring of
-// kStages stages (two but in the ping-pong forward's 128-key steps).
-template <int kD, int kResident, int kStages = 2>
+// kStages stages (two but in the ping-pong forward's 128-key steps). Tile 0 of the residents
+// and of each stage is kD wide, the others kDv (values of their own head dim: V, dO); with
+// kDv != kD one or two residents (Q; K and V; Q and dO) and the ring's (K, V) or (Q, dO).
+template <int kD, int kResident, int kStages = 2, int kDv = kD>
 struct Stages {
   static_assert(kStages >= 2 && 8 + 16 * kStages <= 1024, "the barriers fit the first 1 KiB");
-  static constexpr uint32_t kTile = tile_bytes(kD);
+  static_assert(kDv == kD || kResident <= 2, "a kD tile, then kDv ones");
+  static constexpr uint32_t kTile = tile_bytes(kD), kTileV = tile_bytes(kDv);
+  static constexpr uint32_t kResidentEnd =
+      1024 + kTile + static_cast<uint32_t>(kResident - 1) * kTileV;
   uint32_t base;
 
   __device__ __forceinline__ static Stages of_block() {
@@ -195,10 +217,13 @@ struct Stages {
     return base + 8 + 8 * static_cast<uint32_t>(kStages + s);
   }
   __device__ __forceinline__ uint32_t resident(int i) const {
-    return base + 1024 + kTile * static_cast<uint32_t>(i);
+    return base + 1024 + (i == 0 ? 0u : kTile + kTileV * static_cast<uint32_t>(i - 1));
   }
   __device__ __forceinline__ uint32_t ring(int tensor, int s) const {
-    return base + 1024 + kTile * static_cast<uint32_t>(kResident + kStages * tensor + s);
+    return base + kResidentEnd +
+           (tensor == 0
+                ? kTile * static_cast<uint32_t>(s)
+                : kTile * static_cast<uint32_t>(kStages) + kTileV * static_cast<uint32_t>(s));
   }
 
   // Thread 0 initialises the barriers; the caller then synchronises the block. Every one of
@@ -224,16 +249,16 @@ struct Stages {
 // backward's 256; `thread` 0..threads - 1) each store, fence the stores to the async proxy,
 // and meet at named barrier 1 before any wgmma reads the stage.
 // A row of a box is 128 contiguous bytes whatever the swizzle, so whole rows are zeroed.
-template <int kD, int kResident>
-__device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, int s, int from,
-                                               int thread, int threads = 128) {
+template <int kD, int kResident, int kDv>
+__device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident, 2, kDv>& st, int s,
+                                               int from, int thread, int threads = 128) {
   const auto base = dynamic_smem<uint32_t>();
   const uint32_t base_addr = u32(smem_addr(base));
   constexpr int kWordsPerRow = 128 / 4;
   const int words = (kRows - from) * kWordsPerRow;
   for (int tensor = 0; tensor < 2; ++tensor)
 #pragma unroll
-    for (int box = 0; box < kD / 64; ++box) {
+    for (int box = 0; box < (tensor == 0 ? kD : kDv) / 64; ++box) {
       const uint32_t row0 = st.ring(tensor, s) + static_cast<uint32_t>(box) * kBoxBytes +
                             static_cast<uint32_t>(from) * 128u;
       const auto dst = base + static_cast<std::ptrdiff_t>((row0 - base_addr) / 4);
@@ -249,22 +274,25 @@ __device__ __forceinline__ void zero_tail_rows(const Stages<kD, kResident>& st, 
 // half of a 128-row Q tile; with kResident == 4, rows and rows + 64 of each map, the wide
 // fused backward's 128 keys of K into resident 0 and 1, of V into 2 and 3), then for every
 // tile the work walks, that box of both ring maps into the next ring stage once the consumers
-// have freed it.
-template <int kD, int kResident, int kStages, class Work>
-__device__ __forceinline__ void produce(const Stages<kD, kResident, kStages>& st, const Work& work,
-                                        const QueryRows& rows, const TmaDesc& resident0,
-                                        const TmaDesc& resident1, const TmaDesc& ring0,
-                                        const TmaDesc& ring1, int resident1_rows = 0) {
-  constexpr int kHalves = kD / 64;
-  constexpr uint32_t kTile = tile_bytes(kD);
-  ptx::mbarrier_arrive_expect_tx(at(st.resident_full()), kResident * kTile);
+// have freed it. The second resident and ring map are kDv wide (the Stages' kDv).
+template <int kD, int kResident, int kStages, int kDv, class Work>
+__device__ __forceinline__ void produce(const Stages<kD, kResident, kStages, kDv>& st,
+                                        const Work& work, const QueryRows& rows,
+                                        const TmaDesc& resident0, const TmaDesc& resident1,
+                                        const TmaDesc& ring0, const TmaDesc& ring1,
+                                        int resident1_rows = 0) {
+  constexpr int kHalves = (kD > kDv ? kD : kDv) / 64;
+  constexpr uint32_t kTile = tile_bytes(kD), kTileV = tile_bytes(kDv);
+  ptx::mbarrier_arrive_expect_tx(at(st.resident_full()), kTile + (kResident - 1) * kTileV);
   for (int x = 0; x < kHalves; ++x) {
     const uint32_t box = static_cast<uint32_t>(x) * kBoxBytes;
-    ptx::tma_load_4d(at(st.resident(0) + box), resident0, at(st.resident_full()), 64 * x, rows.h,
-                     rows.n, rows.b);
+    if (x < kD / 64)
+      ptx::tma_load_4d(at(st.resident(0) + box), resident0, at(st.resident_full()), 64 * x, rows.h,
+                       rows.n, rows.b);
     if constexpr (kResident == 2)
-      ptx::tma_load_4d(at(st.resident(1) + box), resident1, at(st.resident_full()), 64 * x, rows.h,
-                       rows.n + resident1_rows, rows.b);
+      if (x < kDv / 64)
+        ptx::tma_load_4d(at(st.resident(1) + box), resident1, at(st.resident_full()), 64 * x,
+                         rows.h, rows.n + resident1_rows, rows.b);
     if constexpr (kResident == 4) {
       ptx::tma_load_4d(at(st.resident(1) + box), resident0, at(st.resident_full()), 64 * x, rows.h,
                        rows.n + kRows, rows.b);
@@ -279,11 +307,13 @@ __device__ __forceinline__ void produce(const Stages<kD, kResident, kStages>& st
   for (int j = 0; work.next(cursor, t); ++j) {
     const int s = j % kStages, use = j / kStages;
     ptx::mbarrier_wait(at(st.empty(s)), static_cast<unsigned>((use + 1) & 1));
-    ptx::mbarrier_arrive_expect_tx(at(st.full(s)), 2 * kTile);
+    ptx::mbarrier_arrive_expect_tx(at(st.full(s)), kTile + kTileV);
     for (int x = 0; x < kHalves; ++x) {
       const uint32_t box = static_cast<uint32_t>(x) * kBoxBytes;
-      ptx::tma_load_4d(at(st.ring(0, s) + box), ring0, at(st.full(s)), 64 * x, t.h, t.n, t.b);
-      ptx::tma_load_4d(at(st.ring(1, s) + box), ring1, at(st.full(s)), 64 * x, t.h, t.n, t.b);
+      if (x < kD / 64)
+        ptx::tma_load_4d(at(st.ring(0, s) + box), ring0, at(st.full(s)), 64 * x, t.h, t.n, t.b);
+      if (x < kDv / 64)
+        ptx::tma_load_4d(at(st.ring(1, s) + box), ring1, at(st.full(s)), 64 * x, t.h, t.n, t.b);
     }
   }
 }
@@ -444,10 +474,16 @@ inline TmaDesc tensor_map(const void* base, Elem elem, int batch, int seq_len, i
   return map;
 }
 
-// "" when the Hopper kernels can run D = head_dim in `elem` on `device`, else why not.
-inline std::string device_unsupported(int head_dim, Elem elem, int device) {
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+// "" when the Hopper kernels can run D = head_dim (values of head_dim_v; 0: head_dim) in
+// `elem` on `device`, else why not.
+inline std::string device_unsupported(int head_dim, Elem elem, int device, int head_dim_v = 0) {
+  if (head_dim_v > 0 && head_dim_v != head_dim) {
+    if (!value_dim_pair(head_dim, head_dim_v))
+      return "head dims " + std::to_string(head_dim) + "/" + std::to_string(head_dim_v) +
+             " for queries and keys/values (values of their own head dim: 192/128 only)";
+  } else if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
     return "head dim " + std::to_string(head_dim) + " (64, 128 or 256)";
+  }
   if (elem == Elem::fp32) return "fp32 inputs (bf16 or fp16)";
   int major = 0, minor = 0;
   RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -526,6 +562,17 @@ void dispatch(int head_dim, Elem elem, F&& f) {
   }
   throw RuntimeFailure("the Hopper kernels have no instantiation for head dim " +
                        std::to_string(head_dim));
+}
+
+// The (D, Dv, dtype) switch for values of their own head dim: f.template operator()<kD, kDv,
+// kBf16>() for the one pair value_dim_pair() admits.
+template <class F>
+void dispatch_value_dim(int head_dim, int head_dim_v, Elem elem, F&& f) {
+  if (!value_dim_pair(head_dim, head_dim_v))
+    throw RuntimeFailure("the Hopper kernels have no instantiation for head dims " +
+                         std::to_string(head_dim) + "/" + std::to_string(head_dim_v));
+  elem == Elem::bf16 ? f.template operator()<192, 128, true>()
+                     : f.template operator()<192, 128, false>();
 }
 
 }  // namespace ringattn::kernels::cuda::hopper

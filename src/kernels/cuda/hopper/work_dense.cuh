@@ -50,8 +50,9 @@ struct DenseWork {
     start = cu_seqlens[lo], end = cu_seqlens[lo + 1];
   }
 
-  // Block blockIdx.x's rows (block_rows of them) of head blockIdx.y, batch blockIdx.z.
-  __device__ __forceinline__ QueryRows query_rows(int head_dim) const {
+  // Block blockIdx.x's rows (block_rows of them) of head blockIdx.y, batch blockIdx.z; out's
+  // rows are `head_dim` wide (the values' head dim).
+  __device__ __forceinline__ QueryRows query_rows(int, int head_dim) const {
     const int row0 = block_rows * static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
               b = static_cast<int>(blockIdx.z);
     const int rows = seq_len - row0 < block_rows ? seq_len - row0 : block_rows;
@@ -100,7 +101,7 @@ struct DenseWork {
   __device__ __forceinline__ Strided row_stats(const QueryRows& q) const {
     return {(static_cast<int64_t>(q.b) * heads + q.h) * seq_len + q.n, 1};
   }
-  __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int head_dim) const {
+  __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int, int head_dim) const {
     const int64_t row_heads = rows_are_keys ? kv_heads : heads;
     return {((static_cast<int64_t>(q.b) * seq_len + q.n) * row_heads + q.h) * head_dim,
             row_heads * head_dim};
@@ -149,7 +150,7 @@ inline std::string attention_unsupported(const HopperAttention& a, int device) {
   if (a.elem == Elem::fp32) return "fp32 inputs (bf16 or fp16)";
   if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0)
     return "query heads not a multiple of K/V heads";
-  return device_unsupported(a.head_dim, a.elem, device);
+  return device_unsupported(a.head_dim, a.elem, device, a.value_dim());
 }
 
 // The grid of a block per (block_rows-row tile, head, batch) over `heads` heads.

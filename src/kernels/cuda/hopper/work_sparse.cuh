@@ -41,7 +41,9 @@ struct SparseWork {
     int off, n_k;   // the span's causal offset and keys
   };
 
-  __device__ __forceinline__ QueryRows query_rows(int head_dim) const {
+  // The block's rows; out's rows are `out_dim` wide (the values' head dim), the tiles' row
+  // offsets `row_dim` (the kernel's D: constants, so that equal widths fold).
+  __device__ __forceinline__ QueryRows query_rows(int row_dim, int out_dim) const {
     const ForwardItem item = items[blockIdx.x];
     const SparseQueryTile tile = tiles[item.task];
     const int i0 = static_cast<int>(item.q_begin);
@@ -52,9 +54,9 @@ struct SparseWork {
     return {n,
             h,
             b,
-            out ? out + at : nullptr,
+            out ? out + rows_as(at, row_dim, out_dim) : nullptr,
             lse ? lse + tile.lse0 + i0 * lse_stride : nullptr,
-            q_stride,
+            rows_as(q_stride, row_dim, out_dim),
             lse_stride,
             rows,
             i0};
@@ -99,9 +101,9 @@ struct SparseWork {
     const SparseQueryTile tile = tiles[items[blockIdx.x].task];
     return {tile.lse0 + q.row0 * lse_stride, lse_stride};
   }
-  __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int) const {
+  __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int row_dim, int d) const {
     const SparseQueryTile tile = tiles[items[blockIdx.x].task];
-    return {tile.q_row0 + q.row0 * q_stride, q_stride};
+    return {rows_as(tile.q_row0 + q.row0 * q_stride, row_dim, d), rows_as(q_stride, row_dim, d)};
   }
 };
 
@@ -129,7 +131,7 @@ struct SparseKeyWork {
     int64_t lse0;  // the span's query 0 in lse and delta
   };
 
-  __device__ __forceinline__ QueryRows query_rows(int) const {
+  __device__ __forceinline__ QueryRows query_rows(int, int) const {
     const ForwardItem item = items[blockIdx.x];
     const SparseKeyTile tile = tiles[item.task];
     const int j0 = static_cast<int>(item.q_begin);
@@ -174,11 +176,12 @@ struct SparseKeyWork {
     return {j - reach_right, j + reach_left + 1};
   }
 
-  // The dK/dV rows in dk and dv (laid out as k) and a walked query tile's columns in lse
-  // and delta.
-  __device__ __forceinline__ Strided grad_rows(const QueryRows& k, int) const {
+  // The dK/dV rows in dk or dv (laid out as k, rows `d` wide) and a walked query tile's
+  // columns in lse and delta.
+  __device__ __forceinline__ Strided grad_rows(const QueryRows& k, int row_dim, int d) const {
     const SparseKeyTile tile = tiles[items[blockIdx.x].task];
-    return {tile.k_row0 + k.row0 * tile.k_stride, tile.k_stride};
+    return {rows_as(tile.k_row0 + k.row0 * tile.k_stride, row_dim, d),
+            rows_as(tile.k_stride, row_dim, d)};
   }
   __device__ __forceinline__ Strided column_stats(const Cursor& c, const KeyTile& t) const {
     return {c.lse0 + static_cast<int64_t>(t.base - c.off) * lse_stride, lse_stride};

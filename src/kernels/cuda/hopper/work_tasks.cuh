@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cpu_flash.hpp"
 #include "kernels/cuda/hopper/tiles.cuh"
@@ -15,6 +16,17 @@
 namespace ringattn::kernels::cuda::hopper {
 
 constexpr int64_t kFar = int64_t{1} << 30;  // past any key: no limit
+
+// The values' head dim of a task launch: the shape's, which its params' must equal.
+template <class Shape, class Params>
+int task_value_dim(const Shape& s, const Params& p) {
+  const int dv = s.head_dim_v > 0 ? s.head_dim_v : s.head_dim;
+  if (p.head_dim != s.head_dim || p.value_dim() != dv)
+    throw RuntimeFailure("the Hopper task kernels' shape (head dims " + std::to_string(s.head_dim) +
+                         "/" + std::to_string(dv) + ") differs from their params' (" +
+                         std::to_string(p.head_dim) + "/" + std::to_string(p.value_dim()) + ")");
+  return dv;
+}
 
 struct TaskWork {
   const SubseqTask* tasks;
@@ -38,20 +50,22 @@ struct TaskWork {
     return tasks[items[blockIdx.x].task];
   }
 
-  __device__ __forceinline__ QueryRows query_rows(int d) const {
+  // The block's rows; out's rows are `out_dim` wide (the values' head dim), the tasks' row
+  // offsets `row_dim` (the kernel's D, which is head_dim: constants, so that equal widths fold).
+  __device__ __forceinline__ QueryRows query_rows(int row_dim, int out_dim) const {
     const ForwardItem item = items[blockIdx.x];
     const SubseqTask& t = tasks[item.task];
     const int i0 = static_cast<int>(item.q_begin);
     const int n_rows = t.n_q - i0 < kRows ? static_cast<int>(t.n_q - i0) : kRows;
     const int64_t at = t.q_row0 + i0 * t.q_stride;
     int n, h, b;
-    hopper::position_of(at, d, heads, rows, n, h, b);
+    hopper::position_of(at, head_dim, heads, rows, n, h, b);
     return {n / q_step,
             h,
             b,
-            out ? out + at : nullptr,
+            out ? out + rows_as(at, row_dim, out_dim) : nullptr,
             lse ? lse + t.lse0 + i0 * t.lse_stride : nullptr,
-            t.q_stride,
+            rows_as(t.q_stride, row_dim, out_dim),
             t.lse_stride,
             n_rows,
             i0,
@@ -88,14 +102,14 @@ struct TaskWork {
     return {i - left, i + right + 1};
   }
 
-  // The dQ pass's rows in lse/delta and in dq (laid out as q).
+  // The dQ pass's rows in lse/delta and in dq (laid out as q, rows `d` wide).
   __device__ __forceinline__ Strided row_stats(const QueryRows& q) const {
     const SubseqTask& t = task();
     return {t.lse0 + q.row0 * t.lse_stride, t.lse_stride};
   }
-  __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int) const {
+  __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int row_dim, int d) const {
     const SubseqTask& t = task();
-    return {t.q_row0 + q.row0 * t.q_stride, t.q_stride};
+    return {rows_as(t.q_row0 + q.row0 * t.q_stride, row_dim, d), rows_as(t.q_stride, row_dim, d)};
   }
 };
 
@@ -134,13 +148,13 @@ struct TaskKeyWork {
     return tasks[items[blockIdx.x].task];
   }
 
-  __device__ __forceinline__ QueryRows query_rows(int d) const {
+  __device__ __forceinline__ QueryRows query_rows(int, int) const {
     const ForwardItem item = items[blockIdx.x];
     const SubseqTask& t = tasks[item.task];
     const int j0 = static_cast<int>(item.q_begin);
     const int n_rows = t.n_k - j0 < block_rows ? static_cast<int>(t.n_k - j0) : block_rows;
     int n, h, b;
-    hopper::position_of(t.k_row0 + j0 * t.k_stride, d, kv_heads, kv_rows, n, h, b);
+    hopper::position_of(t.k_row0 + j0 * t.k_stride, head_dim, kv_heads, kv_rows, n, h, b);
     return {n / k_step, h, b, nullptr, nullptr, 0, 0, n_rows, j0};
   }
 
@@ -173,10 +187,11 @@ struct TaskKeyWork {
     return {j - right, j + left + 1};
   }
 
-  // The rows in dk and dv (laid out as k) and a walked query tile's columns in lse/delta.
-  __device__ __forceinline__ Strided grad_rows(const QueryRows& k, int) const {
+  // The rows in dk or dv (laid out as k, rows `d` wide) and a walked query tile's columns in
+  // lse/delta.
+  __device__ __forceinline__ Strided grad_rows(const QueryRows& k, int row_dim, int d) const {
     const SubseqTask& t = task();
-    return {t.k_row0 + k.row0 * t.k_stride, t.k_stride};
+    return {rows_as(t.k_row0 + k.row0 * t.k_stride, row_dim, d), rows_as(t.k_stride, row_dim, d)};
   }
   __device__ __forceinline__ Strided column_stats(const Cursor& c, const KeyTile& tile) const {
     return {c.lse0 + static_cast<int64_t>(tile.base - c.off) * c.lse_stride, c.lse_stride};
