@@ -1,7 +1,9 @@
 // ldmatrix x4 and x4.trans: four 8×8 b16 matrices loaded into a warp's registers and
 // written back by the PTX ISA's fragment layout (lane l, register j: matrix j, row l/4,
-// columns 2(l%4), 2(l%4)+1) come back unchanged, or transposed with .trans. Misaligned and
-// out-of-arena row addresses, and ldmatrix in a partial warp, fault naming the thread.
+// columns 2(l%4), 2(l%4)+1) come back unchanged, or transposed with .trans; stmatrix x4 and
+// x4.trans write registers in that layout back as the matrices, or their transposes.
+// Misaligned and out-of-arena row addresses, and ldmatrix in a partial warp, fault naming the
+// thread.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -63,6 +65,46 @@ void expect_matrices(const std::vector<std::uint16_t>& back, bool transposed) {
 
 TEST(Ldmatrix, X4RoundTripsUnchanged) { expect_matrices(round_trip(false), false); }
 TEST(Ldmatrix, X4TransRoundTripsTransposed) { expect_matrices(round_trip(true), true); }
+
+// Each lane's registers hold the four matrices by the PTX layout; stmatrix stores them at
+// the padded pitch; returns what is in shared memory, matrix by matrix.
+std::vector<std::uint16_t> stored(bool trans) {
+  std::vector<std::uint16_t> back(4 * 64, 0);
+  launch(LaunchConfig{"stmatrix_layout", Dim3{1}, Dim3{32}, kBytes}, [&] {
+    const SharedPtr<std::uint16_t> s = dynamic_shared_memory<std::uint16_t>();
+    const int lane = static_cast<int>(threadIdx.x);
+    std::uint32_t r[4];
+    for (int j = 0; j < 4; ++j)
+      r[j] = pack_halves(value(j, lane / 4, 2 * (lane % 4)),
+                         value(j, lane / 4, 2 * (lane % 4) + 1));
+    const SharedAddress at = (s + lane % 8 * kPitch + lane / 8 * 8).address();
+    if (trans)
+      stmatrix_x4_trans(r, at);
+    else
+      stmatrix_x4(r, at);
+    __syncwarp();
+    for (int i = lane; i < 4 * 64; i += 32) back[i] = s[i / 64 * 8 + i % 64 / 8 * kPitch + i % 8];
+  });
+  return back;
+}
+
+TEST(Stmatrix, X4StoresTheMatrices) { expect_matrices(stored(false), false); }
+TEST(Stmatrix, X4TransStoresTheTransposes) { expect_matrices(stored(true), true); }
+
+TEST(Stmatrix, MisalignedRowAddressFaultsNamingTheThread) {
+  EXPECT_TRUE(faults(
+      [] {
+        launch(LaunchConfig{"misaddressed_stmatrix", Dim3{1}, Dim3{32}, kBytes}, [] {
+          const unsigned lane = threadIdx.x % 32;
+          std::uint32_t offset = (lane % 8) * kPitch * 2 + lane / 8 * 16;
+          if (threadIdx.x == 9) offset += 4;
+          const std::uint32_t r[4] = {};
+          stmatrix_x4_trans(r, SharedAddress{offset});
+        });
+      },
+      "misaddressed_stmatrix", Dim3{0, 0, 0}, Dim3{9, 0, 0},
+      "lane 9's row address (offset 100) is not 16-byte aligned"));
+}
 
 TEST(Ldmatrix, MisalignedRowAddressFaultsNamingTheThread) {
   EXPECT_TRUE(faults(

@@ -81,7 +81,11 @@ inline void mma_m16n8k16_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
   emu::mma_m16n8k16(emu::MmaInput::f16, c, a, b0, b1);
 }
 
-// Hopper (sm_90a): mbarriers, TMA box loads, wgmma (see src/emu/*.hpp for the semantics).
+// Hopper (sm_90a): mbarriers, TMA box loads, wgmma, stmatrix (see src/emu/*.hpp for the
+// semantics).
+inline void stmatrix_x4_trans(SmemAddr row, const uint32_t (&r)[4]) {
+  emu::stmatrix_x4_trans(r, row);
+}
 inline void mbarrier_init(SmemAddr bar, unsigned count) { emu::mbarrier_init(bar, count); }
 inline void fence_barrier_init() {}
 inline void mbarrier_arrive(SmemAddr bar) { (void)emu::mbarrier_arrive(bar); }
@@ -241,6 +245,14 @@ using TmaDesc = CUtensorMap;
 #if defined(RINGATTN_SM90A_KERNELS)
 // Hopper (sm_90a) instructions, for sources compiled for 90a only (hopper/launch_dense_forward.cu).
 namespace ptx {
+// Four 8 × 8 b16 matrices from the warp's registers (ldmatrix's fragment layout), each
+// stored transposed: lanes 8j..8j+7 give the addresses of matrix j's eight 16-byte rows.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t row, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :
+               : "r"(row), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }

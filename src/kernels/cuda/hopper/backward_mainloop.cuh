@@ -184,19 +184,47 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // Stores this lane's part of dSᵀ (accumulator layout: rows keys local0, local0 + 8; columns
 // queries) as dS in `tile` (row = query, 64 keys of 2 bytes, K-major, 128-byte swizzle: the
 // 16-byte chunk index of a row XORed with row % 8), rounded to the element type.
-template <bool kBf16>
+//
+// kStmatrix: the warp stores its part with four stmatrix.x4.trans (FlashAttention-3's dS
+// store) instead of 32 scalar 16-bit stores. The accumulator's 8 × 8 blocks are ldmatrix
+// fragments: block (c, h), columns 8c..8c + 7 and the warp's rows 8h..8h + 7, is this lane's
+// registers 4c + 2h and 4c + 2h + 1, packed in one b16x2; stored transposed, its row q
+// (query 8c + q) is keys 8h..8h + 7 of the warp's 16, one 16-byte chunk. Instruction k stores
+// blocks (2k + j / 2, j % 2) for j = 0..3; lane l gives the address of row l % 8 of block l / 8.
+// ptxas (sm_90a, D = 128) decides where, until a GPU weighs the two: the 64-key fused kernel
+// over dense work (StmatrixDs) spills less with it; the wide kernel's spill stores rose from 0
+// to 44 bytes (capped: 0 to 16), so it keeps the scalar stores.
+template <bool kBf16, bool kStmatrix>
 __device__ __forceinline__ void store_ds(uint32_t tile, const float (&dst)[32], int local0,
                                          int lane) {
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  const auto base = dynamic_smem<uint16_t>();
-  const uint32_t base_addr = u32(smem_addr(base));
+  if constexpr (kStmatrix) {
+    const int chunk0 = (local0 - lane / 4) / 8;  // the warp's first 8 keys' 16-byte chunk
+    const int j = lane / 8, q = lane % 8;        // the block and its row this lane addresses
+    // Row q of block (2k + j / 2, j % 2): query 16k + 8(j / 2) + q, whose row % 8 is q.
+    const uint32_t row = tile + static_cast<uint32_t>(8 * (j / 2) + q) * 128u +
+                         static_cast<uint32_t>(((chunk0 + j % 2) ^ q) * 16);
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int key = local0 + 8 * acc_row(i), query = acc_col(i, lane);
-    const int byte = 2 * key;
-    const uint32_t at_byte = tile + static_cast<uint32_t>(query) * 128u +
-                             static_cast<uint32_t>(((byte / 16) ^ (query % 8)) * 16 + byte % 16);
-    base[(at_byte - base_addr) / 2] = static_cast<uint16_t>(pack2<T>(dst[i], 0.0f) & 0xffffu);
+    for (int k = 0; k < 4; ++k) {
+      uint32_t r[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int i = 4 * (2 * k + m / 2) + 2 * (m % 2);
+        r[m] = pack2<T>(dst[i], dst[i + 1]);
+      }
+      ptx::stmatrix_x4_trans(at(row + 2048u * static_cast<uint32_t>(k)), r);
+    }
+  } else {
+    const auto base = dynamic_smem<uint16_t>();
+    const uint32_t base_addr = u32(smem_addr(base));
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int key = local0 + 8 * acc_row(i), query = acc_col(i, lane);
+      const int byte = 2 * key;
+      const uint32_t at_byte = tile + static_cast<uint32_t>(query) * 128u +
+                               static_cast<uint32_t>(((byte / 16) ^ (query % 8)) * 16 + byte % 16);
+      base[(at_byte - base_addr) / 2] = static_cast<uint16_t>(pack2<T>(dst[i], 0.0f) & 0xffffu);
+    }
   }
 }
 
@@ -357,9 +385,10 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
     const uint32_t ds_tile =
         ds_tiles + static_cast<uint32_t>((j % kDsBuffers) * kGroups) * kBoxBytes;
     if constexpr (kDsBuffers == 1) ptx::named_barrier_sync(kDsFree, kConsumers);
-    store_ds<kBf16>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
-                    static_cast<int>(opaque(static_cast<uint32_t>(local0))),
-                    static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    constexpr bool kStmatrix = kGroups == 1 && StmatrixDs<Work>::value;
+    store_ds<kBf16, kStmatrix>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
+                               static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+                               static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     __syncwarp();
     ptx::named_barrier_sync(kDsReady, kConsumers);  // dS whole; Q and dO read
     uint32_t ds[kKeys / 16][4];                     // 64 queries × the block's keys

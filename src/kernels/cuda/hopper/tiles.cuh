@@ -107,6 +107,16 @@ struct CapOf<Capped<Work>> {
   static constexpr bool value = true;
 };
 
+// Whether the 64-key fused backward stores dS with stmatrix (backward_mainloop.cuh's
+// store_ds) over `Work`: where ptxas spills less with it (work_dense.cuh says true), until a
+// GPU weighs the two stores.
+template <class Work>
+struct StmatrixDs {
+  static constexpr bool value = false;
+};
+template <class Work>
+struct StmatrixDs<Capped<Work>> : StmatrixDs<Work> {};
+
 // A block's rows: the box's coordinates in the [B, N, H, D] tensor its rows come from, and
 // (the forward's) where row r of the box writes (out + r·out_stride, lse + r·lse_stride, for
 // r < rows only). `row0` is the first row's index in the work's own frame (Work::reach takes

@@ -127,6 +127,15 @@ struct DenseWork {
   }
 };
 
+// The 64-key fused backward's dS by stmatrix over dense work: ptxas (sm_90a, D = 128) spills
+// 4 bytes there instead of 28 (capped: 0 instead of 20). Over TaskKeyWork it was 52 instead
+// of 64 (capped: 52 instead of 48), over SparseKeyWork 188 instead of 144: those keep the
+// scalar stores.
+template <>
+struct StmatrixDs<DenseWork> {
+  static constexpr bool value = true;
+};
+
 // `a`'s work with queries as rows (the forward's, writing out and lse; the dQ pass's, with
 // both null) or keys as rows (the dK/dV pass's).
 inline DenseWork dense_work(const HopperAttention& a, float* out, float* lse, bool rows_are_keys) {
