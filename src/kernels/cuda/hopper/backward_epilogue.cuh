@@ -1,8 +1,9 @@
 // The Hopper (sm_90a) backward's epilogues: dK/dV (and the two-pass dQ) added from a block's
 // accumulator into the fp32 gradients (add_rows), and the fused kernels' dQ path: its part
-// staged in fp32 over the stage's tiles (stage_dq_part, staged_row) and added into dq by the
-// drain warp's bulk reduce-adds (drain_dq), with the fused kernels' barriers and shared-memory
-// layout they share with the main loop (hopper/backward_mainloop.cuh).
+// staged in fp32 over the stage's tiles or the wide kernel's sdQ (stage_dq_part, staged_row)
+// and added into dq by the drain warp's bulk reduce-adds (drain_dq), with the fused kernels'
+// barriers and shared-memory layout they share with the main loop
+// (hopper/backward_mainloop.cuh).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,12 @@ __device__ __forceinline__ void add_rows(float* g, const float (&acc)[kD / 2], f
   }
 }
 
-enum FusedBarrier : unsigned { kDsReady = 2, kDqFull = 3 /* and 4 */, kDsFree = 5 };
+enum FusedBarrier : unsigned {
+  kDsReady = 2,
+  kDqFull = 3 /* and 4 */,
+  kDsFree = 5,
+  kDqFree = 6  // the wide kernel: the drain has read sdQ (its own staging)
+};
 constexpr unsigned kConsumerThreads = 128, kDrainThreads = 32;
 
 template <int kD>
@@ -55,33 +61,50 @@ __host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups 
   return 1024 + static_cast<uint32_t>(2 * groups + 4) * tile_bytes(head_dim);  // from base
 }
 constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
+// The wide kernel stages dQ in an sdQ of its own after the stats (one block an SM leaves room
+// for it): 64 rows of head_dim fp32 at a pitch padded by 16 bytes. A store instruction writes
+// words 2(lane % 4) (+1) of eight rows: at 4·head_dim bytes (a multiple of 128) every row
+// started on bank 0, eight-way conflicts; rows 4 banks apart conflict two ways, the least for
+// rows that start 16-byte aligned (as the bulk reduce's source must) under this pattern.
+__host__ __device__ constexpr uint32_t sdq_pitch(int head_dim) {
+  return 4u * static_cast<uint32_t>(head_dim) + 16u;
+}
 __host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1) {
   return smem_bytes(head_dim, 2 * groups) +
          static_cast<uint32_t>(fused_ds_buffers(groups) * groups) * kBoxBytes +
-         2 * kStatsStageBytes;
+         2 * kStatsStageBytes + (groups == 2 ? kRows * sdq_pitch(head_dim) : 0u);
 }
 
-// Where staged row `row` (of 64, kD fp32 each) of stage s lies: over the stage's first tile
-// for rows 0-31, its second for 32-63. (Rows 4·kD bytes apart start on one bank, so a store
-// instruction's eight rows conflict eight ways. Rotating each row within its slot spread them,
-// but the wrapped addresses took ptxas from 0 to 16 bytes of spills in the wide kernel and
-// from 28 to 48 in the fused one at D = 128; a padded pitch needs its own sdQ, which the
-// 64-key kernel's two blocks an SM leave no room for. Left for a GPU to weigh.)
+// Where staged row `row` (of 64, kD fp32 each) of stage s lies. The 64-key kernel (two
+// resident tiles) stages over the stage's first tile for rows 0-31, its second for 32-63:
+// rows 4·kD bytes apart start on one bank, so a store instruction's eight rows conflict eight
+// ways (rotating each row within its slot spread them, but took ptxas from 28 to 48 bytes of
+// spills at D = 128; a padded pitch needs its own sdQ, which its two blocks an SM leave no
+// room for). The wide kernel (four resident tiles) stages in its own sdQ at `sdq`, rows
+// sdq_pitch apart, whatever the stage.
 template <int kD, int kResident>
-__device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, int s, int row) {
-  return row < 32 ? st.ring(0, s) + static_cast<uint32_t>(row) * 4u * kD
-                  : st.ring(1, s) + static_cast<uint32_t>(row - 32) * 4u * kD;
+__device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, uint32_t sdq,
+                                               int s, int row) {
+  if constexpr (kResident == 4) {
+    (void)st, (void)s;
+    return sdq + static_cast<uint32_t>(row) * sdq_pitch(kD);
+  } else {
+    (void)sdq;
+    return row < 32 ? st.ring(0, s) + static_cast<uint32_t>(row) * 4u * kD
+                    : st.ring(1, s) + static_cast<uint32_t>(row - 32) * 4u * kD;
+  }
 }
 
 // dQ's part of a walked query tile, head-dim columns [64·chunk, 64·chunk + 64): dS (this
 // lane's register A fragments `ds`, kKeys / 16 steps of 16 keys: the block's keys) times the
 // resident K (step kk's 16 keys are rows 16(kk % 4).. of resident tile kk / 4, read N-major),
-// waited for, times `scale`, stored in fp32 at stage s's staged rows (staged_row) for the
+// waited for, times `scale`, stored in fp32 at stage s's staged rows (staged_row; the wide
+// kernel's sdQ at `sdq`) for the
 // drain warp.
 template <int kKeys, int kD, bool kBf16, int kResident>
-__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, int s,
-                                              const uint32_t (&ds)[kKeys / 16][4], int chunk,
-                                              float scale, int local0, int lane) {
+__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, uint32_t sdq,
+                                              int s, const uint32_t (&ds)[kKeys / 16][4],
+                                              int chunk, float scale, int local0, int lane) {
   const auto sbase = dynamic_smem<float>();
   const uint32_t sbase_addr = u32(smem_addr(sbase));
   float dq[32];
@@ -100,7 +123,7 @@ __device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, i
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
-    const uint32_t row_at = staged_row(st, s, row) + 256u * static_cast<uint32_t>(chunk);
+    const uint32_t row_at = staged_row(st, sdq, s, row) + 256u * static_cast<uint32_t>(chunk);
     const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
@@ -114,11 +137,16 @@ __device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, i
 
 // The drain warp: for every query tile the block walks (the same walk as the producer's and
 // the consumers'), waits for its staged dQ part (the `consumers` threads' arrivals), adds
-// each row into dq with one bulk reduce-add, and frees the stage; see hopper_bwd_fused_kernel.
+// each row into dq with one bulk reduce-add, and, once the reductions have read the rows,
+// frees them: the 64-key kernel's stage (its `empty` barrier counts the drain's arrival
+// alone), or the wide kernel's sdQ (kDqFree, which the consumers wait on before staging the
+// next tile's part; arrived at before each later tile's wait, so none is left pending at
+// exit). See hopper_bwd_fused_kernel.
 template <int kD, int kResident, class Work>
 __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
-                                         const Stages<kD, kResident>& st, const QueryRows& kr,
-                                         int lane, unsigned consumers) {
+                                         const Stages<kD, kResident>& st, uint32_t sdq,
+                                         const QueryRows& kr, int lane, unsigned consumers) {
+  constexpr bool kOwnSdq = kResident == 4;
   constexpr uint32_t kRowBytes = 4u * kD;
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
@@ -126,14 +154,15 @@ __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
     const int s = j & 1;
     int count = 0;
     const Strided rows = p.work.column_grads(cursor, t, kD, count);
+    if (kOwnSdq && j > 0) ptx::named_barrier_arrive(kDqFree, consumers + kDrainThreads);
     ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1), consumers + kDrainThreads);
     for (int r = lane; r < count; r += 32)
-      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, s, r)),
+      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, sdq, s, r)),
                                kRowBytes);
     ptx::bulk_commit_group();
     ptx::bulk_wait_group_read<0>();
     __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(at(st.empty(s)));  // the producer may refill it
+    if (!kOwnSdq && lane == 0) ptx::mbarrier_arrive(at(st.empty(s)));  // the producer may refill
   }
   ptx::bulk_wait_group<0>();
 }

@@ -333,17 +333,22 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   constexpr int kDsBuffers = fused_ds_buffers(kGroups);
   const uint32_t ds_tiles = st.base + fused_stage_end(kD, kGroups);
   const uint32_t stats_at = ds_tiles + static_cast<uint32_t>(kDsBuffers * kGroups) * kBoxBytes;
+  // The wide kernel stages dQ in its own sdQ (after the stats), so its consumers free a stage
+  // once they have read its Q and dO (kDsReady), before its dQ part is even computed.
+  constexpr bool kOwnSdq = kGroups == 2;
+  const uint32_t sdq = stats_at + 2 * kStatsStageBytes;
   const QueryRows kr = p.work.query_rows(kD, kD);  // the block's up to kKeys keys
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  // A stage is freed by the drain warp, once its reductions read it, and filled by the
-  // producer's TMA and the stats warp's 32 lanes.
-  st.init_barriers(1, 1 + kStatsArrivals);
+  // A stage is freed by the drain warp once its reductions read it (the 64-key kernel) or by
+  // every consumer thread at kDsReady (the wide one), and filled by the producer's TMA and the
+  // stats warp's 32 lanes.
+  st.init_barriers(kOwnSdq ? kConsumers : 1, 1 + kStatsArrivals);
   __syncthreads();
 
   if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ, warp 2 stats
     ptx::setmaxnreg<false, kProducer>();
     if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
-    if (warp == 1) drain_dq(p, st, kr, lane, kConsumers);
+    if (warp == 1) drain_dq(p, st, sdq, kr, lane, kConsumers);
     if (warp == 2) stage_stats(p, st, stats_at, kr, lane);
     return;
   }
@@ -391,15 +396,18 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
                                static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     __syncwarp();
     ptx::named_barrier_sync(kDsReady, kConsumers);  // dS whole; Q and dO read
-    uint32_t ds[kKeys / 16][4];                     // 64 queries × the block's keys
+    if constexpr (kOwnSdq) ptx::mbarrier_arrive(at(st.empty(s)));  // the producer may refill
+    uint32_t ds[kKeys / 16][4];                                     // 64 queries × the keys
     load_a_fragments<kKeys>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                             static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     if constexpr (kGroups == 1) {
 #pragma unroll
       for (int chunk = 0; chunk < kD / 64; ++chunk)
-        stage_dq_part<kKeys, kD, kBf16>(st, s, ds, chunk, p.scale, local0, lane);
+        stage_dq_part<kKeys, kD, kBf16>(st, sdq, s, ds, chunk, p.scale, local0, lane);
     } else {
-      stage_dq_part<kKeys, kD, kBf16>(st, s, ds, w, p.scale, local0, lane);
+      // sdQ holds the previous tile's part until the drain's reductions have read it.
+      if (j > 0) ptx::named_barrier_sync(kDqFree, kConsumers + kDrainThreads);
+      stage_dq_part<kKeys, kD, kBf16>(st, sdq, s, ds, w, p.scale, local0, lane);
     }
     ptx::fence_proxy_async_shared();
     __syncwarp();
@@ -435,9 +443,14 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 // row with one bulk reduce-add. D = 128 only: at D = 64 the single 64-column part would have
 // to be split over keys and summed.
 //
+// As FlashAttention-3, dQ's part is staged in an sdQ of its own (padded rows: two-way store
+// conflicts instead of eight), not over the stage: the consumers free the stage for the
+// producer's next (Q, dO) as soon as they have read it (kDsReady), and wait only for the
+// drain to have read the previous tile's sdQ (kDqFree) before staging the next part.
+//
 // Shared memory: Stages<kD, 4> (K's and V's two 64-key tiles, the two-stage ring), two 64 ×
-// 128 dS tiles (by tile parity: no kDsFree barrier, one block-wide barrier a tile) and the
-// stats: 163 KiB at D = 128, one block an SM. Registers
+// 128 dS tiles (by tile parity: no kDsFree barrier, one block-wide barrier a tile), the stats
+// and sdQ: 196 KiB at D = 128, one block an SM. Registers
 // (launch bounds 384 × 1): the producer warpgroup gives back down to 32 a thread and the
 // consumers take 232 (128·32 + 256·232 = 63,488 of 65,536), as the ping-pong forward. ptxas
 // spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
