@@ -770,6 +770,17 @@ AttentionConfig hopper_config(int d, int mode) {
   return cfg;
 }
 
+// A dilated pattern the task kernels take, small enough for the emulator: [1, 256, 2, d],
+// segments 128 and 256 at dilations 1 and 2.
+AttentionConfig small_dilated(int64_t d) {
+  AttentionConfig cfg;
+  cfg.shape = {1, 256, 2, d};
+  cfg.attention = AttentionKind::dilated;
+  cfg.segments = {128, 256};
+  cfg.dilations = {1, 2};
+  return cfg;
+}
+
 // The dense Hopper forward on `in` (its values in `t` already), then with `backward`
 // start_backward's zeroed gradients and row sums and hopper_backward (the fused kernel with
 // `fused`, its wide form with `wide`), as a plan runs them; out and lse start as NaN, so an
@@ -1000,11 +1011,7 @@ TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
   }
   // The dilated plan's task kernels under --kernel hopper: the forward's params carry the cap
   // as the backward's do (without it, out was 0.90 off and every gradient with it).
-  AttentionConfig dilated;
-  dilated.shape = {1, 256, 2, 64};
-  dilated.attention = AttentionKind::dilated;
-  dilated.segments = {128, 256};
-  dilated.dilations = {1, 2};
+  AttentionConfig dilated = small_dilated(64);
   dilated.causal = true;
   dilated.softcap = 30;
   dilated.scale = 30 / std::sqrt(64.0);
@@ -1066,12 +1073,8 @@ TEST(CudaHopper, ValueHeadDim192By128MatchesFloat64) {
       }
   AttentionConfig dense = hopper_config(192, 2);
   dense.head_dim_v = 128;
-  AttentionConfig dilated;
-  dilated.shape = {1, 256, 2, 192};
+  AttentionConfig dilated = small_dilated(192);
   dilated.head_dim_v = 128;
-  dilated.attention = AttentionKind::dilated;
-  dilated.segments = {128, 256};
-  dilated.dilations = {1, 2};
   dilated.causal = true;
   dilated.softcap = 30;  // the task kernels' forward and backward both take the cap
   dilated.scale = 30 / std::sqrt(192.0);
@@ -1107,11 +1110,7 @@ TEST(CudaHopper, BackwardIntoAnOffsetDqRunsTheTwoPasses) {
   for (const int d : {64, 128}) {
     AttentionConfig dense = hopper_config(d, 1);
     dense.shape.batch = 1;
-    AttentionConfig dilated;
-    dilated.shape = {1, 256, 2, d};
-    dilated.attention = AttentionKind::dilated;
-    dilated.segments = {128, 256};
-    dilated.dilations = {1, 2};
+    const AttentionConfig dilated = small_dilated(d);
     for (const AttentionConfig& cfg : {dense, dilated}) {
       const std::string label = std::string(to_string(cfg.attention)) + " D=" +
                                 std::to_string(d) + ", dq at a 4-byte offset";
