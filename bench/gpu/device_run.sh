@@ -217,6 +217,14 @@ plan_fused_wide() {  # =fused_wide: 128-key blocks of two consumer warpgroups, D
   gtest "$s" fused_wide test_cuda_ring 'Hopper/CudaRingHopper.*' $e
   gtest "$s" fused_wide test_cuda_ring 'CudaSparseRingFeatures.KernelHopper*' $e
 }
+plan_fused_overlap() {  # both fused kernels in FlashAttention-3's order within a tile
+  local s=$1 o=RINGATTN_HOPPER_BWD_SCHEDULE=overlap
+  gtest "$s" fused test_cuda_kernels 'CudaHopper.Backward*:CudaHopper.SoftcapOnThe*' \
+    "RINGATTN_HOPPER_BWD=fused $o"
+  gtest "$s" fused_wide test_cuda_kernels 'CudaHopper.Backward*:CudaHopper.SoftcapOnThe*' \
+    "RINGATTN_HOPPER_BWD=fused_wide $o"
+  gtest "$s" fused_wide test_cuda_sparse '*KernelHopper*' "RINGATTN_HOPPER_BWD=fused_wide $o"
+}
 plan_qregs() {  # RINGATTN_HOPPER_QREGS=1: the resident tiles as wgmma's register operand
   local s=$1 e=RINGATTN_HOPPER_QREGS=1
   gtest "$s" qregs test_cuda_kernels 'CudaHopper.*' $e
@@ -226,6 +234,7 @@ plan_qregs() {  # RINGATTN_HOPPER_QREGS=1: the resident tiles as wgmma's registe
 plan_verify() {
   plan_fused verify
   plan_fused_wide verify
+  plan_fused_overlap verify
   plan_qregs verify
   # cuDNN's steps on the GPU ring (--kernel cudnn and auto's choice, set inside the tests).
   gtest verify cudnn_ring test_cuda_ring 'CudaRing.Cudnn*'
@@ -347,11 +356,11 @@ plan_hopper() {
     "sm90a" 60
 }
 
-AB_ALL=(native cudnn hopper hopper-fused hopper-fusedwide hopper-plain hopper-overlap hopper-1blk
-  hopper-pingpong hopper-pingpong128 hopper-qregs)
+AB_ALL=(native cudnn hopper hopper-fused hopper-fusedwide hopper-fusedov hopper-fusedwideov
+  hopper-plain hopper-overlap hopper-1blk hopper-pingpong hopper-pingpong128 hopper-qregs)
 plan_ab() {
   fn ab ab "hopper_ab.py" $((${AB_BUDGET_S:-120} + 40)) \
-    "run_ab ${AB_VARIANTS:-cudnn,hopper,hopper-fused,hopper-fusedwide} ${AB_HEAD_DIMS:-128} ${AB_BUDGET_S:-120} quick" \
+    "run_ab ${AB_VARIANTS:-cudnn,hopper,hopper-fused,hopper-fusedwide,hopper-fusedwideov} ${AB_HEAD_DIMS:-128} ${AB_BUDGET_S:-120} quick" \
     "" 60
 }
 plan_flex() {
@@ -452,6 +461,8 @@ run_ab() {  # VARIANTS HEAD_DIMS BUDGET [quick]
     case "$v" in
       hopper-fused) forms+=("$v=fused") ;;
       hopper-fusedwide) forms+=("$v=fused_wide") ;;
+      hopper-fusedov) forms+=("$v=fused") ;;
+      hopper-fusedwideov) forms+=("$v=fused_wide") ;;
       hopper-qregs) forms+=("$v=qregs") ;;
       hopper-pingpong) forms+=("$v=pingpong1") ;;
       hopper-pingpong128) forms+=("$v=pingpong2") ;;

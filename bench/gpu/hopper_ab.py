@@ -7,7 +7,8 @@ forward's intra-warpgroup overlap (RINGATTN_HOPPER_OVERLAP=1), with one block pe
 (RINGATTN_HOPPER_BLOCKS_PER_SM=1), with the dense forward's ping-pong kernel in 64- and
 128-key steps (RINGATTN_HOPPER_PINGPONG=1, 2) and with Q in registers for S = Q·Kᵀ
 (RINGATTN_HOPPER_QREGS=1), and the fused backward (RINGATTN_HOPPER_BWD=fused) and its wide
-form (=fused_wide, D = 128), run in turn and repeated so drift shows as the spread between
+form (=fused_wide, D = 128), each also in FlashAttention-3's order within a tile
+(RINGATTN_HOPPER_BWD_SCHEDULE=overlap), run in turn and repeated so drift shows as the spread between
 repeats.
 Rows: dense full and causal at D = 64/128/256, N = 16K (and 64K at D = 128), and dilated
 (segments 2048,4096,8192, dilations 1,2,4) at D = 128. Issue 31's goals read off this table:
@@ -32,11 +33,17 @@ import time
 # D = 64 the dK/dV pass's K and V; "fused": RINGATTN_HOPPER_BWD=fused, the backward as one
 # launch a key tile adding dQ by bulk reduce-add (D <= 128; its forward is the default's);
 # "fusedwide": RINGATTN_HOPPER_BWD=fused_wide, the fused backward in 128-key blocks of two
-# consumer warpgroups, FlashAttention-3's shape (D = 128; the fused one at D = 64).
+# consumer warpgroups, FlashAttention-3's shape (D = 128; the fused one at D = 64); "fusedov"
+# and "fusedwideov": those two with RINGATTN_HOPPER_BWD_SCHEDULE=overlap, FlashAttention-3's
+# order within a tile (Sᵀ and dPᵀ issued together, the softmax under dPᵀ, dS under dV).
 # The backward rows run as "hopper" under all the others.
 VARIANTS = [("native", {}), ("cudnn", {}), ("hopper", {}),
             ("hopper-fused", {"RINGATTN_HOPPER_BWD": "fused"}),
             ("hopper-fusedwide", {"RINGATTN_HOPPER_BWD": "fused_wide"}),
+            ("hopper-fusedov", {"RINGATTN_HOPPER_BWD": "fused",
+                                "RINGATTN_HOPPER_BWD_SCHEDULE": "overlap"}),
+            ("hopper-fusedwideov", {"RINGATTN_HOPPER_BWD": "fused_wide",
+                                    "RINGATTN_HOPPER_BWD_SCHEDULE": "overlap"}),
             ("hopper-plain", {"RINGATTN_HOPPER_PINGPONG": "0"}),
             ("hopper-overlap", {"RINGATTN_HOPPER_OVERLAP": "1"}),
             ("hopper-1blk", {"RINGATTN_HOPPER_BLOCKS_PER_SM": "1"}),

@@ -21,6 +21,7 @@ enum class Env {
   device_memory_limit,
   hopper_fwd,
   hopper_bwd,
+  hopper_bwd_schedule,
   hopper_overlap,
   hopper_qregs,
   hopper_pingpong,
@@ -97,6 +98,10 @@ inline constexpr EnvironmentVariable kEnvironment[] = {
      "forces the sm_90a backward's form where it applies (D ≤ 128, `fused_wide` D = 128; not "
      "under `--deterministic`); `auto` lets `--kernel auto` time them on the emulated GPU; "
      "read once"},
+    {Env::hopper_bwd_schedule, "GPU kernels", "RINGATTN_HOPPER_BWD_SCHEDULE",
+     "`serial` (unset), `overlap`",
+     "`overlap`: the sm_90a fused backwards issue Sᵀ and dPᵀ together, run the softmax under "
+     "dPᵀ and dS under dV's product (FlashAttention-3's order); read once"},
     {Env::hopper_overlap, "GPU kernels", "RINGATTN_HOPPER_OVERLAP", "`0` (unset), `1`",
      "`1`: the sm_90a forward overlaps the next tile's S = Q·Kᵀ with this tile's softmax "
      "(D ≤ 128); read once"},

@@ -13,6 +13,14 @@ BackwardArgs<Capped<Work>> with_cap(const BackwardArgs<Work>& a) {
           a.delta_factor, a.lse, a.delta, a.dq, a.dk, a.dv, Capped<Work>{a.work}};
 }
 
+// Whether the fused backwards take FlashAttention-3's order within a tile (key_tile_grads):
+// only with RINGATTN_HOPPER_BWD_SCHEDULE=overlap (read once), until a GPU has timed it.
+inline bool fused_overlap_chosen() {
+  static const bool on =
+      hopper_switch(Env::hopper_bwd_schedule, {"serial", "overlap"}) == "overlap";
+  return on;
+}
+
 // The fused backward over work whose rows are keys (one launch; D <= 128).
 template <class Work>
 void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
@@ -21,8 +29,10 @@ void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a,
     if (a.logits.capped()) return launch_fused_backward(head_dim, elem, with_cap(a), grid, stream);
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     if constexpr (kD <= 128)
-      launch("hopper_bwd_fused_kernel", &hopper_bwd_fused_kernel<kD, kBf16, Work>, a, grid,
-             static_cast<int>(fused_smem_bytes(kD)), stream);
+      launch("hopper_bwd_fused_kernel",
+             fused_overlap_chosen() ? &hopper_bwd_fused_kernel<kD, kBf16, Work, true>
+                                    : &hopper_bwd_fused_kernel<kD, kBf16, Work, false>,
+             a, grid, static_cast<int>(fused_smem_bytes(kD)), stream);
     else
       throw RuntimeFailure("the fused Hopper backward runs D <= 128, not " + std::to_string(kD));
   });
@@ -37,8 +47,10 @@ void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work
       return launch_fused_wide_backward(head_dim, elem, with_cap(a), grid, stream);
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     if constexpr (kD == 128)
-      launch("hopper_bwd_fused_wide_kernel", &hopper_bwd_fused_wide_kernel<kD, kBf16, Work>, a,
-             grid, static_cast<int>(fused_smem_bytes(kD, 2)), stream, kWideThreads);
+      launch("hopper_bwd_fused_wide_kernel",
+             fused_overlap_chosen() ? &hopper_bwd_fused_wide_kernel<kD, kBf16, Work, true>
+                                    : &hopper_bwd_fused_wide_kernel<kD, kBf16, Work, false>,
+             a, grid, static_cast<int>(fused_smem_bytes(kD, 2)), stream, kWideThreads);
     else
       throw RuntimeFailure("the wide fused Hopper backward runs D = 128, not " +
                            std::to_string(kD));

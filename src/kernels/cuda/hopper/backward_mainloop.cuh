@@ -269,24 +269,38 @@ __device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p,
 // One walked query tile of a fused kernel's consumer warpgroup, its keys' K and V in
 // `k_tile` and `v_tile`, the tile's Q and dO in `q_tile` and `do_tile`: Sᵀ = K·Qᵀ, Pᵀ
 // (probs_t), dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dSᵀ in `pt` (grads_t), dK += dSᵀ·Q, as
-// hopper_bwd_dkdv_kernel takes them.
-template <int kD, bool kBf16, class Work, class Stats>
+// hopper_bwd_dkdv_kernel takes them: each product waited for at once (kOverlap false), or in
+// FlashAttention-3's order (RINGATTN_HOPPER_BWD_SCHEDULE=overlap): Sᵀ and dPᵀ issued
+// together, the softmax under dPᵀ, dV's product issued and dS computed under it. ptxas
+// (sm_90a, D = 128, dense) spills 20 bytes instead of 4 in the 64-key kernel (capped: 40
+// instead of 0) and 16 instead of 0 in the wide one: which order wins is a GPU's to say.
+template <int kD, bool kBf16, bool kOverlap, class Work, class Stats>
 __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD / 2],
                                                float (&dv)[kD / 2], uint32_t k_tile,
                                                uint32_t v_tile, uint32_t q_tile, uint32_t do_tile,
                                                const BackwardArgs<Work>& p, const Reach (&cols)[2],
                                                const Stats& stats, int lane) {
   [[maybe_unused]] uint32_t no_regs[1][4];
-  issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
-  ptx::wgmma_wait_group<0>();
-  probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
-  product_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
-  cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
   float dpt[32];
-  issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
-  ptx::wgmma_wait_group<0>();
+  if constexpr (kOverlap) {
+    issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
+    issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
+    ptx::wgmma_wait_group<1>();  // Sᵀ; dPᵀ runs on under the softmax
+    probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
+    issue_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
+    ptx::wgmma_wait_group<1>();            // dPᵀ; dV's product runs on under dS
+    cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
+  } else {
+    issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
+    ptx::wgmma_wait_group<0>();
+    probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
+    product_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
+    cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
+    issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
+    ptx::wgmma_wait_group<0>();
+  }
   grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
-  product_rs<kD, kBf16>(dk, pt, q_tile);  // dK += dSᵀ·Q
+  product_rs<kD, kBf16>(dk, pt, q_tile);  // dK += dSᵀ·Q (and dV's product waited for)
 }
 // The fused backward: one launch, a block per 64-key tile as hopper_bwd_dkdv_kernel's (K and V
 // resident, the (Q, dO) tiles of every query tile that sees the keys streamed through the
@@ -324,7 +338,8 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
 // the consumers at kConsumer. Consumer warpgroup w owns keys 64w..64w + 63 of the block's
 // 64·kGroups (K and V resident as tiles w and kGroups + w) and box w of the dS tile; once
 // dS is whole each takes dQ's head-dim chunks w, w + kGroups, ... over all the block's keys.
-template <int kD, bool kBf16, class Work, int kGroups, unsigned kProducer, unsigned kConsumer>
+template <int kD, bool kBf16, class Work, int kGroups, unsigned kProducer, unsigned kConsumer,
+          bool kOverlap>
 __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p) {
   static_assert(kGroups == 1 || kD / 64 == kGroups, "one dQ chunk a warpgroup when wide");
   constexpr unsigned kConsumers = kConsumerThreads * kGroups;
@@ -381,8 +396,8 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
     float pt[32];  // dSᵀ of this warpgroup's keys
-    key_tile_grads<kD, kBf16>(pt, dk, dv, st.resident(w), st.resident(kGroups + w), st.ring(0, s),
-                              st.ring(1, s), p, cols, stats, lane);
+    key_tile_grads<kD, kBf16, kOverlap>(pt, dk, dv, st.resident(w), st.resident(kGroups + w),
+                                        st.ring(0, s), st.ring(1, s), p, cols, stats, lane);
     // With one dS buffer, the previous tile's dS has been loaded by every consumer (kDsFree)
     // before this one's overwrites it. With two (by tile parity), tile j's buffer last held
     // tile j - 2's dS, which every consumer loaded before arriving at tile j - 1's kDsReady,
@@ -418,14 +433,15 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, key0, lane);
 }
 
-template <int kD, bool kBf16, class Work>
+// kOverlap: key_tile_grads' order (RINGATTN_HOPPER_BWD_SCHEDULE=overlap).
+template <int kD, bool kBf16, class Work, bool kOverlap = false>
 __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
     hopper_bwd_fused_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
   static_assert(kD <= 128, "dK, dV and dQ's part fit the consumer's registers at D <= 128");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   // Two blocks an SM split its registers: the producer warpgroup 32 a thread (its drain warp
   // walks the work too), the consumer 224.
-  fused_backward_block<kD, kBf16, Work, 1, 32u, 224u>(p);
+  fused_backward_block<kD, kBf16, Work, 1, 32u, 224u, kOverlap>(p);
 #else
   (void)p;
 #endif
@@ -456,12 +472,12 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 // spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
 constexpr int kWideThreads = 384;
 
-template <int kD, bool kBf16, class Work>
+template <int kD, bool kBf16, class Work, bool kOverlap = false>
 __global__ void __launch_bounds__(kWideThreads, 1)
     hopper_bwd_fused_wide_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
   static_assert(kD == 128, "the two warpgroups split dQ's part by 64 head-dim columns");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-  fused_backward_block<kD, kBf16, Work, 2, 32u, 232u>(p);
+  fused_backward_block<kD, kBf16, Work, 2, 32u, 232u, kOverlap>(p);
 #else
   (void)p;
 #endif
