@@ -138,7 +138,7 @@ inline std::string hopper_feature_refusal(const AttentionConfig& cfg, GpuPath pa
                                           bool automatic) {
   const int d = static_cast<int>(cfg.shape.head_dim);
   const int dv = static_cast<int>(cfg.effective_head_dim_v());
-  if (dv != d && !(d == 192 && dv == 128))
+  if (dv != d && !hopper_value_dim_pair(d, dv))
     return "they compute values of their own head dim at 192/128 only (" +
            field_is("config.head_dim", std::to_string(d)) + ", " +
            field_is("config.head_dim_v", std::to_string(dv)) + ")";

@@ -27,6 +27,13 @@
 
 namespace ringattn::kernels::cuda {
 
+// The one (D, Dv) pair of different query/key and value head dims the sm_90a kernels are
+// built for: DeepSeek's MLA, 192/128 (the plain forward and the two-pass backward only: no
+// ping-pong, overlap, Q in registers or fused form exists at D = 192).
+constexpr bool hopper_value_dim_pair(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim == 192 && head_dim_v == 128;
+}
+
 // What every plan's note says of the Hopper family once it runs.
 inline constexpr const char* kHopperStatus =
     "opt-in: exact on an H100, an H200 and the emulated GPU, slower than cuDNN where cuDNN runs "

@@ -21,6 +21,7 @@
 
 #include "core/environment.hpp"
 #include "kernels/cuda/device_seam.cuh"
+#include "kernels/cuda/hopper/dense_forward.hpp"  // hopper_value_dim_pair
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/params.hpp"
 #include "kernels/cuda/runtime/cuda_check.hpp"
@@ -174,18 +175,7 @@ __host__ __device__ constexpr uint32_t smem_bytes(int head_dim, int resident, in
          static_cast<uint32_t>(stages) * (tile_bytes(head_dim) + dv) + 1024;  // + slack
 }
 
-// The one (D, Dv) pair of different query/key and value head dims the kernels are built for:
-// DeepSeek's MLA, 192/128 (the plain forward and the two-pass backward only: no ping-pong,
-// overlap, Q in registers or fused form exists at D = 192).
-__host__ __device__ constexpr bool value_dim_pair(int head_dim, int head_dim_v) {
-  return head_dim == 192 && head_dim_v == 128;
-}
 
-// A row offset or stride `x` in elements of rows `from` wide, as one in rows `to` wide (x a
-// whole number of rows: the works' q/k offsets as out's or dV's).
-__host__ __device__ inline int64_t rows_as(int64_t x, int from, int to) {
-  return from == to ? x : x / from * to;
-}
 
 // A wgmma descriptor with the 128-byte swizzle (bits as in the PTX ISA).
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t start, uint32_t lbo, uint32_t sbo) {
@@ -488,7 +478,7 @@ inline TmaDesc tensor_map(const void* base, Elem elem, int batch, int seq_len, i
 // `elem` on `device`, else why not.
 inline std::string device_unsupported(int head_dim, Elem elem, int device, int head_dim_v = 0) {
   if (head_dim_v > 0 && head_dim_v != head_dim) {
-    if (!value_dim_pair(head_dim, head_dim_v))
+    if (!hopper_value_dim_pair(head_dim, head_dim_v))
       return "head dims " + std::to_string(head_dim) + "/" + std::to_string(head_dim_v) +
              " for queries and keys/values (values of their own head dim: 192/128 only)";
   } else if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
@@ -575,10 +565,10 @@ void dispatch(int head_dim, Elem elem, F&& f) {
 }
 
 // The (D, Dv, dtype) switch for values of their own head dim: f.template operator()<kD, kDv,
-// kBf16>() for the one pair value_dim_pair() admits.
+// kBf16>() for the one pair hopper_value_dim_pair() admits.
 template <class F>
 void dispatch_value_dim(int head_dim, int head_dim_v, Elem elem, F&& f) {
-  if (!value_dim_pair(head_dim, head_dim_v))
+  if (!hopper_value_dim_pair(head_dim, head_dim_v))
     throw RuntimeFailure("the Hopper kernels have no instantiation for head dims " +
                          std::to_string(head_dim) + "/" + std::to_string(head_dim_v));
   elem == Elem::bf16 ? f.template operator()<192, 128, true>()

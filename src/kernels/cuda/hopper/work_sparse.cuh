@@ -54,9 +54,9 @@ struct SparseWork {
     return {n,
             h,
             b,
-            out ? out + rows_as(at, row_dim, out_dim) : nullptr,
+            out ? out + value_floats(at, row_dim, out_dim) : nullptr,
             lse ? lse + tile.lse0 + i0 * lse_stride : nullptr,
-            rows_as(q_stride, row_dim, out_dim),
+            value_floats(q_stride, row_dim, out_dim),
             lse_stride,
             rows,
             i0};
@@ -103,7 +103,8 @@ struct SparseWork {
   }
   __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int row_dim, int d) const {
     const SparseQueryTile tile = tiles[items[blockIdx.x].task];
-    return {rows_as(tile.q_row0 + q.row0 * q_stride, row_dim, d), rows_as(q_stride, row_dim, d)};
+    return {value_floats(tile.q_row0 + q.row0 * q_stride, row_dim, d),
+            value_floats(q_stride, row_dim, d)};
   }
 };
 
@@ -180,8 +181,8 @@ struct SparseKeyWork {
   // columns in lse and delta.
   __device__ __forceinline__ Strided grad_rows(const QueryRows& k, int row_dim, int d) const {
     const SparseKeyTile tile = tiles[items[blockIdx.x].task];
-    return {rows_as(tile.k_row0 + k.row0 * tile.k_stride, row_dim, d),
-            rows_as(tile.k_stride, row_dim, d)};
+    return {value_floats(tile.k_row0 + k.row0 * tile.k_stride, row_dim, d),
+            value_floats(tile.k_stride, row_dim, d)};
   }
   __device__ __forceinline__ Strided column_stats(const Cursor& c, const KeyTile& t) const {
     return {c.lse0 + static_cast<int64_t>(t.base - c.off) * lse_stride, lse_stride};

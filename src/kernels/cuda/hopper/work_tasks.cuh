@@ -63,9 +63,9 @@ struct TaskWork {
     return {n / q_step,
             h,
             b,
-            out ? out + rows_as(at, row_dim, out_dim) : nullptr,
+            out ? out + value_floats(at, row_dim, out_dim) : nullptr,
             lse ? lse + t.lse0 + i0 * t.lse_stride : nullptr,
-            rows_as(t.q_stride, row_dim, out_dim),
+            value_floats(t.q_stride, row_dim, out_dim),
             t.lse_stride,
             n_rows,
             i0,
@@ -109,7 +109,8 @@ struct TaskWork {
   }
   __device__ __forceinline__ Strided grad_rows(const QueryRows& q, int row_dim, int d) const {
     const SubseqTask& t = task();
-    return {rows_as(t.q_row0 + q.row0 * t.q_stride, row_dim, d), rows_as(t.q_stride, row_dim, d)};
+    return {value_floats(t.q_row0 + q.row0 * t.q_stride, row_dim, d),
+            value_floats(t.q_stride, row_dim, d)};
   }
 };
 
@@ -191,7 +192,8 @@ struct TaskKeyWork {
   // lse/delta.
   __device__ __forceinline__ Strided grad_rows(const QueryRows& k, int row_dim, int d) const {
     const SubseqTask& t = task();
-    return {rows_as(t.k_row0 + k.row0 * t.k_stride, row_dim, d), rows_as(t.k_stride, row_dim, d)};
+    return {value_floats(t.k_row0 + k.row0 * t.k_stride, row_dim, d),
+            value_floats(t.k_stride, row_dim, d)};
   }
   __device__ __forceinline__ Strided column_stats(const Cursor& c, const KeyTile& tile) const {
     return {c.lse0 + static_cast<int64_t>(tile.base - c.off) * c.lse_stride, c.lse_stride};
