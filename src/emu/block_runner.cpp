@@ -35,7 +35,7 @@ std::string whereabouts(const ThreadState& u, const WarpOp& op, std::uint32_t ma
     case ThreadAt::named_barrier:
       return "waits at named barrier " + std::to_string(u.named_id) + " at " + describe(u.where);
     case ThreadAt::yielded:
-      return "stepped aside after an mbarrier.arrive at " + describe(u.where);
+      return "stepped aside after an mbarrier.arrive or bar.arrive at " + describe(u.where);
     case ThreadAt::warp_op:
       if (!u.op->matches(op))
         return "waits at " + std::string(u.op->name()) + " at " + describe(u.where);
@@ -307,10 +307,13 @@ bool BlockRunner::perform_warp_ops(unsigned w) {
       }
     }
     // It comes once resumed: a lane that stepped aside, or one still parked at a named
-    // barrier whose generation a later lane of this warp has just completed.
+    // barrier whose generation a later lane of this warp has just completed, or at an
+    // mbarrier whose phase completed while this lane stepped aside.
     if (missing && (missing->at == ThreadAt::yielded ||
                     (missing->at == ThreadAt::named_barrier &&
-                     named_[missing->named_id].generation != missing->named_generation)))
+                     named_[missing->named_id].generation != missing->named_generation) ||
+                    (missing->at == ThreadAt::mbarrier &&
+                     mbarriers_.at(missing->wait_bar).complete(missing->wait_parity))))
       continue;
     if (missing) {
       fault_at(t, name + " (mask " + hex(mask) + ") reached by only " + std::to_string(arrived) +
@@ -392,6 +395,23 @@ void yield_after_arrive(std::uint32_t bar, unsigned completed, std::source_locat
     const ThreadState& u = block.thread_at(i);
     waited_for = waited_for || (u.at == ThreadAt::mbarrier && u.wait_bar == bar &&
                                 (u.wait_parity & 1u) == (completed & 1u));
+  }
+  if (!waited_for) return;
+  t.at = ThreadAt::yielded;
+  t.where = where;
+  suspend(t);
+}
+
+void yield_after_named_arrive(unsigned id, std::uint64_t ended, std::source_location where) {
+  BlockRunner& block = current_block();
+  if (!block.mode().arrive_yields) return;
+  ThreadState& t = current_thread();
+  bool waited_for = false;
+  for (unsigned i = 0; i < block.config().block.x * block.config().block.y * block.config().block.z;
+       ++i) {
+    const ThreadState& u = block.thread_at(i);
+    waited_for = waited_for || (u.at == ThreadAt::named_barrier && u.named_id == id &&
+                                u.named_generation == ended);
   }
   if (!waited_for) return;
   t.at = ThreadAt::yielded;

@@ -26,8 +26,9 @@
 
 namespace ringattn::emu {
 
-// `yielded`: stepped aside at a phase-completing mbarrier.arrive (ExecutionMode::arrive_yields);
-// it runs again once the threads that phase woke have had their turn.
+// `yielded`: stepped aside at a phase-completing mbarrier.arrive, or a bar.arrive that ends a
+// named barrier's generation (ExecutionMode::arrive_yields); it runs again once the threads
+// that woke have had their turn.
 enum class ThreadAt { ready, barrier, warp_op, mbarrier, named_barrier, yielded, exited };
 
 // An asynchronous warpgroup operation in flight (wgmma.mma_async under the at-wait landing):
@@ -190,6 +191,10 @@ void wait_at_mbarrier(std::uint32_t bar, unsigned parity, std::source_location w
 // of the mbarrier at `bar` whose parity `completed` is: if another thread waits for that
 // phase, suspend the running thread until the waiters have run.
 void yield_after_arrive(std::uint32_t bar, unsigned completed, std::source_location where);
+// The same after a bar.arrive that ended generation `ended` of named barrier `id`: the threads
+// waiting at it (bar.sync) run before the arriving thread goes on (a producer that signals
+// before it has written shows to the consumers it released).
+void yield_after_named_arrive(unsigned id, std::uint64_t ended, std::source_location where);
 // Lands the barrier's bulk copies still in flight and completes their bytes on it (a wait
 // on it, under CpAsyncLanding::at_wait); may complete its phase. Faults name `t`.
 void land_bulk_copies(Mbarrier& bar, std::uint32_t offset, const ThreadState& t);

@@ -69,7 +69,8 @@ void named_barrier_sync(unsigned id, unsigned count, std::source_location where)
 }
 
 void named_barrier_arrive(unsigned id, unsigned count, std::source_location where) {
-  (void)arrive(id, count, "bar.arrive", where);
+  const auto [generation, ended] = arrive(id, count, "bar.arrive", where);
+  if (ended) yield_after_named_arrive(id, generation, where);
 }
 
 void setmaxnreg(bool increase, unsigned count, std::source_location where) {

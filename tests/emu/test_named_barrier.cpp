@@ -73,6 +73,42 @@ TEST(NamedBarrier, AWarpCollectiveAfterItGathersTheReleasedLanesInEveryMode) {
       std::nullopt);
 }
 
+// A producer warpgroup hands a consumer warpgroup a row through shared memory, releasing it
+// with bar.arrive (the wide fused backward's kDqPart at D = 64): stored before the arrive,
+// the consumer reads it in every mode; stored after it (`signal_first`), on a GPU a race,
+// and here a mode dependence: under arrive=yield the arrive that ends the generation lets
+// the waiting consumers run before the producer's last lane stores.
+std::vector<int> hand_over(bool signal_first) {
+  std::vector<int> got(128, -1);
+  launch(LaunchConfig{"hand_over", Dim3{1}, Dim3{256}, 512}, [&] {
+    const SharedPtr<int> s = dynamic_shared_memory<int>();
+    const unsigned lane = threadIdx.x % 128;
+    if (threadIdx.x < 128) s[lane] = -1;
+    __syncthreads();
+    if (threadIdx.x >= 128) {  // the producer
+      if (signal_first) named_barrier_arrive(3, 256);
+      s[lane] = static_cast<int>(lane) * 3;
+      if (!signal_first) named_barrier_arrive(3, 256);
+    } else {
+      named_barrier_sync(3, 256);
+      got[lane] = s[lane];
+    }
+  });
+  return got;
+}
+
+TEST(NamedBarrier, AStoreAfterTheArriveShowsAsModeDependence) {
+  std::vector<int> want(128);
+  for (int i = 0; i < 128; ++i) want[static_cast<std::size_t>(i)] = 3 * i;
+  EXPECT_EQ(hand_over(false), want);
+  EXPECT_EQ(find_mode_dependence([] { return bytes_of(hand_over(false)); }, standard_modes()),
+            std::nullopt);
+  const auto difference =
+      find_mode_dependence([] { return bytes_of(hand_over(true)); }, standard_modes());
+  ASSERT_TRUE(difference.has_value());
+  EXPECT_NE(difference->find("arrive=yield"), std::string::npos) << *difference;
+}
+
 TEST(NamedBarrier, MisuseIsAFaultNamingTheThread) {
   EXPECT_TRUE(faults(
       [] {
