@@ -210,7 +210,7 @@ plan_fused() {  # RINGATTN_HOPPER_BWD=fused: dense, dilated, block-sparse and th
   # a 4-byte offset, which the fused kernels' bulk reduce-adds cannot take, runs the two
   # passes with a note.)
 }
-plan_fused_wide() {  # =fused_wide: 128-key blocks of two consumer warpgroups, D = 128
+plan_fused_wide() {  # =fused_wide: 128-key blocks of two consumer warpgroups, D = 64, 128
   local s=$1 e=RINGATTN_HOPPER_BWD=fused_wide
   gtest "$s" fused_wide test_cuda_kernels 'CudaHopper.Backward*:CudaHopper.PlanRunsDilated*' $e
   gtest "$s" fused_wide test_cuda_sparse '*KernelHopper*' $e

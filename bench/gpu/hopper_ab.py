@@ -7,7 +7,7 @@ forward's intra-warpgroup overlap (RINGATTN_HOPPER_OVERLAP=1), with one block pe
 (RINGATTN_HOPPER_BLOCKS_PER_SM=1), with the dense forward's ping-pong kernel in 64- and
 128-key steps (RINGATTN_HOPPER_PINGPONG=1, 2) and with Q in registers for S = Q·Kᵀ
 (RINGATTN_HOPPER_QREGS=1), and the fused backward (RINGATTN_HOPPER_BWD=fused) and its wide
-form (=fused_wide, D = 128), each also in FlashAttention-3's order within a tile
+form (=fused_wide, D = 64 and 128), each also in FlashAttention-3's order within a tile
 (RINGATTN_HOPPER_BWD_SCHEDULE=overlap), run in turn and repeated so drift shows as the spread between
 repeats.
 Rows: dense full and causal at D = 64/128/256, N = 16K (and 64K at D = 128), and dilated
@@ -33,7 +33,7 @@ import time
 # D = 64 the dK/dV pass's K and V; "fused": RINGATTN_HOPPER_BWD=fused, the backward as one
 # launch a key tile adding dQ by bulk reduce-add (D <= 128; its forward is the default's);
 # "fusedwide": RINGATTN_HOPPER_BWD=fused_wide, the fused backward in 128-key blocks of two
-# consumer warpgroups, FlashAttention-3's shape (D = 128; the fused one at D = 64); "fusedov"
+# consumer warpgroups, FlashAttention-3's shape (D = 64 and 128; dQ split by keys at 64); "fusedov"
 # and "fusedwideov": those two with RINGATTN_HOPPER_BWD_SCHEDULE=overlap, FlashAttention-3's
 # order within a tile (Sᵀ and dPᵀ issued together, the softmax under dPᵀ, dS under dV).
 # The backward rows run as "hopper" under all the others.

@@ -250,8 +250,10 @@ struct CudaPlan::Impl {
                                        opts.device)
                                  : why;
     }
-    // The wide fused kernel: D = 128, dense, or tasks whose key items pair up into 128 keys.
-    const bool wide_ok = head_dim == 128 && (!hopper_tasks || task_lists.wide_ok(head_dim));
+    // The wide fused kernel: D = 64 or 128, dense, or tasks whose key items pair up into 128
+    // keys.
+    const bool wide_ok = kc::hopper_wide_head_dim(head_dim) &&
+                         (!hopper_tasks || task_lists.wide_ok(head_dim));
     hopper.decide(why, why_backward, wide_ok, notes);
     if (hopper.forward()) kc::hopper_feature_forced_notes(cfg, path.path, notes);
     if (hopper.forward() && !hopper_tasks && cfg.packed()) {

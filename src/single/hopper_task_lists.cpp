@@ -35,7 +35,7 @@ std::string HopperTaskLists::add_backward(std::span<const kernels::SubseqTask> t
       return why;
     wave.k_item0.push_back(static_cast<int64_t>(k_items_host_.size()));
     k_items_host_.insert(k_items_host_.end(), ordered.begin(), ordered.end());
-    pairs_ = pairs_ && shape.head_dim == 128 &&
+    pairs_ = pairs_ && kc::hopper_wide_head_dim(shape.head_dim) &&
              kc::hopper_wide_key_items(ordered, groups, wide, wide_groups).empty();
     wave.wide_k_item0.push_back(static_cast<int64_t>(k_items_host_.size()));
     if (pairs_) k_items_host_.insert(k_items_host_.end(), wide.begin(), wide.end());

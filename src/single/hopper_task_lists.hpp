@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_head_dim
 #include "kernels/cuda/hopper/task_forward.hpp"
 #include "kernels/cuda/params.hpp"
 #include "kernels/cuda/runtime/device_memory.hpp"
@@ -46,8 +47,10 @@ class HopperTaskLists {
                            std::span<const kernels::ForwardItem> key_items,
                            std::span<const ItemRange> ranges,
                            const kernels::cuda::HopperTaskShape& shape, HopperTaskWave& wave);
-  // Whether the wide fused kernel has its items: D = 128 and every range added paired up.
-  bool wide_ok(int64_t head_dim) const { return head_dim == 128 && pairs_; }
+  // Whether the wide fused kernel has its items: D = 64 or 128 and every range paired up.
+  bool wide_ok(int64_t head_dim) const {
+    return kernels::cuda::hopper_wide_head_dim(head_dim) && pairs_;
+  }
 
   // Both lists on the device.
   void upload(int device, cudaStream_t stream);

@@ -14,6 +14,7 @@
 
 #include "core/patterns.hpp"
 #include "kernels/cuda/choice/form_chooser.hpp"
+#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_head_dim
 #include "kernels/cuda/hopper/sparse_backward.hpp"
 #include "kernels/cuda/hopper/sparse_forward.hpp"
 #include "kernels/cuda/native/sparse.hpp"
@@ -226,10 +227,10 @@ struct CudaSparsePlan::Impl {
     return p;
   }
 
-  // Whether this rank's backward has the wide fused kernel: D = 128, both lists' key items
-  // pair up, and some do (key tiles of 128 keys or more).
+  // Whether this rank's backward has the wide fused kernel: D = 64 or 128, both lists' key
+  // items pair up, and some do (key tiles of 128 keys or more).
   bool wide_ok() const {
-    return D == 128 && local.wide_pairs && remote.wide_pairs &&
+    return kc::hopper_wide_head_dim(D) && local.wide_pairs && remote.wide_pairs &&
            (local.n_wide_k_items < local.n_k_items || remote.n_wide_k_items < remote.n_k_items);
   }
 

@@ -127,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases
 // heads 2 on one K/V head), as bytes: out and lse of the forward, and with `backward` dq, dk
 // and dv of the backward after it (start_backward's zeroed gradients and row sums, as a plan
 // runs it). Modes: dense, causal, a window of 70 left and 10 right, causal packed documents.
-// With `fused_dq`, the backward is the fused kernel (the wide one with `wide`, D = 128): its
+// With `fused_dq`, the backward is the fused kernel (the wide one with `wide`, D = 64 or 128): its
 // dq (summed by bulk reductions in the order blocks run, which the modes change) goes there,
 // and the bytes are out, lse, dk, dv.
 std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp16 = false,
@@ -262,8 +262,9 @@ TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
 // writer each, the same bytes under every execution mode, and dQ, added by blocks in the order
 // they run, within fp32 summation order of the first mode's. A stage refilled before its last
 // read, or stats or staged dQ rows read before they were written, would show here. The wide
-// kernel (two consumer warpgroups over 128 keys, D = 128) too: one warpgroup's dS box read
-// before the other wrote it, or its dQ columns staged over a Q the other still reads.
+// kernel (two consumer warpgroups over 128 keys) too: at D = 128 one warpgroup's dS box read
+// before the other wrote it, or its dQ columns staged over a Q the other still reads; at
+// D = 64 (dQ's part split by keys) one warpgroup's part added before the other stored its own.
 TEST(EmulatedModes, HopperFusedBackwardIsIndependentOfWarpOrderAndLanding) {
   struct Case {
     HopperCase c;
@@ -271,7 +272,8 @@ TEST(EmulatedModes, HopperFusedBackwardIsIndependentOfWarpOrderAndLanding) {
   };
   for (const auto& [hc, wide] :
        {Case{{64, 1, false}, false}, Case{{128, 2, false}, false}, Case{{64, 3, true}, false},
-        Case{{128, 1, false}, true}, Case{{128, 3, true}, true}}) {
+        Case{{128, 1, false}, true}, Case{{128, 3, true}, true}, Case{{64, 1, false}, true},
+        Case{{64, 3, true}, true}}) {
     const auto [d, mode, fp16] = hc;
     std::vector<std::vector<float>> dqs;
     const auto differs = emu::find_mode_dependence(

@@ -403,7 +403,7 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
   dense.shape = {1, kEmulated ? 192 : 1024, 4, 64};
   dense.kv_heads = 2;
   dense.causal = true;
-  AttentionConfig dilated;  // D = 128: the wide fused backward is a third timed form
+  AttentionConfig dilated;  // the wide fused backward is a third timed form (and dense's)
   dilated.shape = {1, kEmulated ? 256 : 1024, 4, 128};
   dilated.attention = AttentionKind::dilated;
   dilated.segments = kEmulated ? std::vector<int64_t>{128, 256} : std::vector<int64_t>{256, 512};
@@ -443,12 +443,13 @@ TEST(CudaKernels, AutoRunsTheSm90aKernelsWhereCudnnDoesNot) {
                 backward_would && !verified(GpuForm::hopper_backward_fused))
           << label << ": " << all;
       EXPECT_EQ(has_note(r.notes, "leaves out the sm_90a backward's wide fused kernel:"),
-                backward_would && cfg.shape.head_dim == 128 &&
+                backward_would && kernels::cuda::hopper_wide_head_dim(cfg.shape.head_dim) &&
                     !verified(GpuForm::hopper_backward_fused_wide))
           << label << ": " << all;
       if (timed) {
         EXPECT_EQ(has_note(r.notes, " ms, fused wide "),
-                  cfg.shape.head_dim == 128 && verified(GpuForm::hopper_backward_fused_wide))
+                  kernels::cuda::hopper_wide_head_dim(cfg.shape.head_dim) &&
+                      verified(GpuForm::hopper_backward_fused_wide))
             << label;
         EXPECT_EQ(r.kernel_backward == "hopper-fused-wide",
                   has_note(r.notes, "using the wide fused kernel"))
@@ -896,16 +897,16 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
       for (const DeviceDType t : {DeviceDType::bf16, DeviceDType::fp16}) {
         if (mode >= 5 && (d >= 128 || t == DeviceDType::fp16)) continue;
         // CI time: under the emulator, D = 64 fp16 causal and packed only; D = 128 bf16 dense
-        // and causal (every mode for the wide fused kernel, D = 128's own); D = 256 bf16
-        // causal and fp16 window.
+        // and causal (every mode for the wide fused kernel); D = 256 bf16 causal and fp16
+        // window.
         const bool fp16 = t == DeviceDType::fp16;
-        // Under RINGATTN_HOPPER_BWD=fused_wide (ctest hopper_backward_fused_wide) the other
-        // head dims run what the discovered suite and hopper_backward_fused already do.
+        // Under RINGATTN_HOPPER_BWD=fused_wide (ctest hopper_backward_fused_wide) D = 256 runs
+        // what the discovered suite and hopper_backward_fused already do.
         const bool wide = kernels::cuda::hopper_wide_backward_chosen(false, d);
         const bool wide_run = kernels::cuda::hopper_wide_backward_chosen(false, 128);
         const bool in_ci = d == 256   ? (fp16 ? mode == 3 : mode == 1) && !wide_run
                            : d == 128 ? !fp16 && (mode <= 1 || (wide && mode <= 4))
-                                      : (!fp16 || mode == 1 || mode == 4) && !wide_run;
+                                      : !fp16 || mode == 1 || mode == 4;
         if (kEmulated && !in_ci) continue;
         if (d == 256 && kernels::cuda::hopper_qregs_forced()) continue;  // as the forward's
         AttentionConfig cfg = hopper_config(d, mode >= 5 ? 1 : mode);
@@ -956,7 +957,7 @@ TEST(CudaHopper, BackwardMatchesTheFloat64ReferenceAndTheNativeBackward) {
 // in the backward's recomputed P, dS times the cap's slope (from S in the dQ pass, from the
 // logit log2(P) + lse in the fused kernels' Pᵀ); D = 64 and 128, causal with a window of 70
 // and GQA, bf16, a cap of 30 with the scores' spread about the cap; the forward and every
-// backward form (two passes, fused, and at D = 128 the wide fused kernel) against float64,
+// backward form (two passes, fused, the wide fused kernel) against float64,
 // and the cap changing the answer by more than ten times the tolerance; and a capped dilated
 // plan on the task kernels.
 TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
@@ -996,7 +997,6 @@ TEST(CudaHopper, SoftcapOnTheForwardAndEveryBackwardFormMatchesFloat64) {
     };
     for (const Form f : {Form{"two passes", false, false}, Form{"fused", true, false},
                          Form{"wide fused", true, true}}) {
-      if (f.wide && d != 128) continue;
       const DeviceResult bwd = run_hopper_dense(cfg, t, in, true, skipped, f.fused, f.wide);
       const std::vector<float> &gq = bwd.dq, &gk = bwd.dk, &gv = bwd.dv;
       std::printf("  hopper softcap D=%d backward (%s):", d, f.name);

@@ -430,7 +430,10 @@ TEST(CudaSparseKernels, KernelHopperRunsTheSm90aForwardOrSaysWhyNot) {
         SparseCase{"hopper_d256", {1, 128, 1, 256}, 64, false, T::bf16, "local", 0},
         // 128-key tiles: the wide fused backward's whole blocks (RINGATTN_HOPPER_BWD=fused_wide)
         SparseCase{"hopper_bs128_causal", {1, 384, 2, 128}, 128, true, T::bf16,
-                   "local:window=256+global", 0}}) {
+                   "local:window=256+global", 0},
+        // and at D = 64 (dQ's part split by keys, the two warpgroups' parts summed in sdQ)
+        SparseCase{"hopper_bs128_d64", {1, 256, 2, 64}, 128, false, T::fp16,
+                   "local:window=128+global", 0}}) {
     const AttentionConfig cfg = config_of(c);
     const auto lists = lists_of(c);
     const Inputs in = random_inputs(c.shape, 120, c.kv_heads);

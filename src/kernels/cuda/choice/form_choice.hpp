@@ -1,7 +1,7 @@
 // How `--kernel auto` picks the sm_90a kernels' forms by timing them on the first call:
 // - the backward's, where hopper_fused_backward_rule says `timed`: one GPU (CudaPlan), the GPU
 //   ring's steps (CudaRingPlan) and block-sparse (CudaSparsePlan) all time the two passes
-//   against the fused kernel (and, at D = 128 where the path has it, the wide fused kernel)
+//   against the fused kernel (and, at D = 64 or 128 where the path has it, the wide fused kernel)
 //   on their first backward (fastest_backward_form);
 // - the forward's, where hopper_forward_forms_timed says so: each HopperForwardForm the path
 //   has (hopper_forward_forms) on the first forward (fastest_forward_form).
@@ -34,7 +34,7 @@
 namespace ringattn::kernels::cuda {
 
 // The sm_90a backward's forms: its two passes (deterministic), the fused kernel (64-key
-// blocks), the wide fused kernel (128-key blocks of two consumer warpgroups, D = 128).
+// blocks), the wide fused kernel (128-key blocks of two consumer warpgroups, D = 64 or 128).
 enum class BackwardForm { two_pass, fused, fused_wide };
 
 // "two passes", "fused", "fused wide".
@@ -63,7 +63,7 @@ inline GpuForm gpu_form(HopperForwardForm f) {
 }
 
 // The backward forms `--kernel auto` times on `path`: the two passes, then the fused kernel
-// and (where `wide`: D = 128 and the path's key items pair up) the wide one, each only where
+// and (where `wide`: D = 64 or 128 and the path's key items pair up) the wide one, each only where
 // a GPU has passed it there. A single form means nothing to time.
 inline std::vector<BackwardForm> auto_backward_forms(GpuPath path, bool wide) {
   std::vector<BackwardForm> forms{BackwardForm::two_pass};

@@ -32,7 +32,7 @@ enum class GpuForm {
   hopper_forward_pingpong128,  // RINGATTN_HOPPER_PINGPONG=2 (dense)
   hopper_backward_two_pass,    // the sm_90a backward's two passes (deterministic)
   hopper_backward_fused,       // RINGATTN_HOPPER_BWD=fused: one launch, dQ by bulk adds
-  hopper_backward_fused_wide,  // RINGATTN_HOPPER_BWD=fused_wide: 128-key blocks, D = 128
+  hopper_backward_fused_wide,  // RINGATTN_HOPPER_BWD=fused_wide: 128-key blocks, D = 64, 128
   hopper_softcap,              // the sm_90a kernels on a soft-capped job (every form)
   hopper_value_dim,            // the sm_90a kernels at D = 192, Dv = 128 (plain, two passes)
   cudnn_forward,               // one GPU: cuDNN's SDPA forward over the plan's views

@@ -32,7 +32,9 @@ enum FusedBarrier : unsigned {
   kDsReady = 2,
   kDqFull = 3 /* and 4 */,
   kDsFree = 5,
-  kDqFree = 6  // the wide kernel: the drain has read sdQ (its own staging)
+  kDqFree = 6,  // the wide kernel: the drain has read sdQ (its own staging)
+  kDsOwn = 7 /* and 8 */,  // the wide kernel at D = 64: warpgroup w's dS box is whole
+  kDqPart = 9              // the wide kernel at D = 64: one warpgroup's dQ part is in sdQ
 };
 constexpr unsigned kConsumerThreads = 128, kDrainThreads = 32;
 
@@ -95,30 +97,39 @@ __device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, 
   }
 }
 
-// dQ's part of a walked query tile, head-dim columns [64·chunk, 64·chunk + 64): dS (this
-// lane's register A fragments `ds`, kKeys / 16 steps of 16 keys: the block's keys) times the
-// resident K (step kk's 16 keys are rows 16(kk % 4).. of resident tile kk / 4, read N-major),
-// waited for, times `scale`, stored in fp32 at stage s's staged rows (staged_row; the wide
-// kernel's sdQ at `sdq`) for the
-// drain warp.
+// dQ's part of a walked query tile, head-dim columns [64·chunk, 64·chunk + 64), into `dq`:
+// dS (this lane's register A fragments `ds`, kKeys / 16 steps of 16 keys) times the resident
+// K (step kk's 16 keys are rows 16(kk % 4).. of resident tile first_tile + kk / 4, read
+// N-major), waited for. The block's keys (first_tile 0), or at D = 64 in the wide kernel one
+// warpgroup's own 64 (first_tile w).
 template <int kKeys, int kD, bool kBf16, int kResident>
-__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, uint32_t sdq,
-                                              int s, const uint32_t (&ds)[kKeys / 16][4],
-                                              int chunk, float scale, int local0, int lane) {
-  const auto sbase = dynamic_smem<float>();
-  const uint32_t sbase_addr = u32(smem_addr(sbase));
-  float dq[32];
+__device__ __forceinline__ void dq_part(float (&dq)[32], const Stages<kD, kResident>& st,
+                                        const uint32_t (&ds)[kKeys / 16][4], int first_tile,
+                                        int chunk) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk)
     ptx::wgmma_rs_tb<64, kBf16>(
         dq, ds[kk],
-        sw128_desc(opaque(st.resident(kk / 4)) + static_cast<uint32_t>(chunk) * kBoxBytes +
+        sw128_desc(opaque(st.resident(first_tile + kk / 4)) +
+                       static_cast<uint32_t>(chunk) * kBoxBytes +
                        2048u * static_cast<uint32_t>(kk % 4),
                    kBoxBytes, 1024),
         kk > 0 ? 1 : 0);
   ptx::wgmma_commit_group();
   ptx::wgmma_wait_group<0>();
+}
+
+// Stores dQ's part `dq` (dq_part's, columns [64·chunk, 64·chunk + 64)) times `scale` in fp32
+// at stage s's staged rows (staged_row; the wide kernel's sdQ at `sdq`) for the drain warp;
+// kAdd: adds it to what the same positions hold (the other warpgroup's part, at D = 64 in
+// the wide kernel), so that the drain reduces one sum.
+template <bool kAdd, int kD, int kResident>
+__device__ __forceinline__ void stage_dq_rows(const Stages<kD, kResident>& st, uint32_t sdq,
+                                              int s, const float (&dq)[32], int chunk,
+                                              float scale, int local0, int lane) {
+  const auto sbase = dynamic_smem<float>();
+  const uint32_t sbase_addr = u32(smem_addr(sbase));
   const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -129,10 +140,25 @@ __device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, u
     for (int i = 0; i < 32; i += 2) {
       if (acc_row(i) != r) continue;
       const int col = acc_col(i, lane);
-      dst[col] = dq[i] * scale;
-      dst[col + 1] = dq[i + 1] * scale;
+      if constexpr (kAdd) {
+        dst[col] = dst[col] + dq[i] * scale;
+        dst[col + 1] = dst[col + 1] + dq[i + 1] * scale;
+      } else {
+        dst[col] = dq[i] * scale;
+        dst[col + 1] = dq[i + 1] * scale;
+      }
     }
   }
+}
+
+// dq_part, then stage_dq_rows (no add).
+template <int kKeys, int kD, bool kBf16, int kResident>
+__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, uint32_t sdq,
+                                              int s, const uint32_t (&ds)[kKeys / 16][4],
+                                              int chunk, float scale, int local0, int lane) {
+  float dq[32];
+  dq_part<kKeys, kD, kBf16>(dq, st, ds, 0, chunk);
+  stage_dq_rows<false>(st, sdq, s, dq, chunk, scale, local0, lane);
 }
 
 // The drain warp: for every query tile the block walks (the same walk as the producer's and

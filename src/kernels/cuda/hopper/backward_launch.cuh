@@ -38,7 +38,7 @@ void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a,
   });
 }
 
-// The wide fused backward over work whose blocks are 128 keys (one launch; D = 128).
+// The wide fused backward over work whose blocks are 128 keys (one launch; D = 64 or 128).
 template <class Work>
 void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
                                 cudaStream_t stream) {
@@ -46,13 +46,13 @@ void launch_fused_wide_backward(int head_dim, Elem elem, const BackwardArgs<Work
     if (a.logits.capped())
       return launch_fused_wide_backward(head_dim, elem, with_cap(a), grid, stream);
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
-    if constexpr (kD == 128)
+    if constexpr (kD == 64 || kD == 128)
       launch("hopper_bwd_fused_wide_kernel",
              fused_overlap_chosen() ? &hopper_bwd_fused_wide_kernel<kD, kBf16, Work, true>
                                     : &hopper_bwd_fused_wide_kernel<kD, kBf16, Work, false>,
              a, grid, static_cast<int>(fused_smem_bytes(kD, 2)), stream, kWideThreads);
     else
-      throw RuntimeFailure("the wide fused Hopper backward runs D = 128, not " +
+      throw RuntimeFailure("the wide fused Hopper backward runs D = 64 or 128, not " +
                            std::to_string(kD));
   });
 }

@@ -341,9 +341,14 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
 template <int kD, bool kBf16, class Work, int kGroups, unsigned kProducer, unsigned kConsumer,
           bool kOverlap>
 __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p) {
-  static_assert(kGroups == 1 || kD / 64 == kGroups, "one dQ chunk a warpgroup when wide");
+  static_assert(kGroups == 1 || kD / 64 == kGroups || kD == 64,
+                "wide: one dQ chunk a warpgroup, or at D = 64 one key tile");
   constexpr unsigned kConsumers = kConsumerThreads * kGroups;
   constexpr int kKeys = kRows * kGroups;
+  // The wide kernel at D = 64 splits dQ's part by keys, not head-dim columns (a 32-column
+  // half of the resident K's 64 would be half a 128-byte swizzle row as wgmma's B).
+  constexpr bool kKeySplit = kGroups == 2 && kD == 64;
+  constexpr int kDqKeys = kKeySplit ? kRows : kKeys;  // the keys a dQ part sums over
   const Stages<kD, 2 * kGroups> st = Stages<kD, 2 * kGroups>::of_block();
   constexpr int kDsBuffers = fused_ds_buffers(kGroups);
   const uint32_t ds_tiles = st.base + fused_stage_end(kD, kGroups);
@@ -400,8 +405,9 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
                                         st.ring(0, s), st.ring(1, s), p, cols, stats, lane);
     // With one dS buffer, the previous tile's dS has been loaded by every consumer (kDsFree)
     // before this one's overwrites it. With two (by tile parity), tile j's buffer last held
-    // tile j - 2's dS, which every consumer loaded before arriving at tile j - 1's kDsReady,
-    // and this consumer has passed that barrier: no wait.
+    // tile j - 2's dS, which every consumer that reads it loaded before arriving at tile
+    // j - 1's kDsReady (kDsOwn + w when split by keys), and this consumer has passed that
+    // barrier: no wait.
     const uint32_t ds_tile =
         ds_tiles + static_cast<uint32_t>((j % kDsBuffers) * kGroups) * kBoxBytes;
     if constexpr (kDsBuffers == 1) ptx::named_barrier_sync(kDsFree, kConsumers);
@@ -410,22 +416,41 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
                                static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                                static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     __syncwarp();
-    ptx::named_barrier_sync(kDsReady, kConsumers);  // dS whole; Q and dO read
+    // dS whole (split by keys: this warpgroup's box); Q and dO read.
+    if constexpr (kKeySplit)
+      ptx::named_barrier_sync(kDsOwn + static_cast<unsigned>(w), kConsumerThreads);
+    else
+      ptx::named_barrier_sync(kDsReady, kConsumers);
     if constexpr (kOwnSdq) ptx::mbarrier_arrive(at(st.empty(s)));  // the producer may refill
-    uint32_t ds[kKeys / 16][4];                                     // 64 queries × the keys
-    load_a_fragments<kKeys>(ds, ds_tile, static_cast<int>(opaque(static_cast<uint32_t>(local0))),
-                            static_cast<int>(opaque(static_cast<uint32_t>(lane))));
+    uint32_t ds[kDqKeys / 16][4];  // 64 queries × the keys this warpgroup's dQ part sums over
+    load_a_fragments<kDqKeys>(
+        ds, ds_tile + (kKeySplit ? static_cast<uint32_t>(w) * kBoxBytes : 0u),
+        static_cast<int>(opaque(static_cast<uint32_t>(local0))),
+        static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     if constexpr (kGroups == 1) {
 #pragma unroll
       for (int chunk = 0; chunk < kD / 64; ++chunk)
         stage_dq_part<kKeys, kD, kBf16>(st, sdq, s, ds, chunk, p.scale, local0, lane);
+      ptx::fence_proxy_async_shared();
+      __syncwarp();
     } else {
+      float dq[32];  // split by columns: chunk w over the block's keys; by keys: this one's
+      dq_part<kDqKeys, kD, kBf16>(dq, st, ds, kKeySplit ? w : 0, kKeySplit ? 0 : w);
       // sdQ holds the previous tile's part until the drain's reductions have read it.
       if (j > 0) ptx::named_barrier_sync(kDqFree, kConsumers + kDrainThreads);
-      stage_dq_part<kKeys, kD, kBf16>(st, sdq, s, ds, w, p.scale, local0, lane);
+      // Split by keys, the warpgroups take turns (by tile parity) to store their part and to
+      // add theirs to it once stored (kDqPart), so that the drain reduces one sum a row.
+      const bool adds = kKeySplit && w == (j & 1);
+      if (adds) {
+        ptx::named_barrier_sync(kDqPart, kConsumers);
+        stage_dq_rows<true>(st, sdq, s, dq, 0, p.scale, local0, lane);
+      } else {
+        stage_dq_rows<false>(st, sdq, s, dq, kKeySplit ? 0 : w, p.scale, local0, lane);
+      }
+      ptx::fence_proxy_async_shared();
+      __syncwarp();
+      if (kKeySplit && !adds) ptx::named_barrier_arrive(kDqPart, kConsumers);
     }
-    ptx::fence_proxy_async_shared();
-    __syncwarp();
     ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1), kConsumers + kDrainThreads);
   }
   const Strided out = p.work.grad_rows(kr, kD, kD);
@@ -456,8 +481,13 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 // dS as register A (8 steps of 16 keys) and takes head-dim columns [64w, 64w + 64) of dQ's
 // part against the resident K: at D = 128 the two warpgroups share the dQ product with no
 // sum between them. The drain warp waits for both (kDqFull: 256 + 32) and adds each 512-byte
-// row with one bulk reduce-add. D = 128 only: at D = 64 the single 64-column part would have
-// to be split over keys and summed.
+// row with one bulk reduce-add.
+//
+// At D = 64 the single 64-column part is split by keys instead: each warpgroup loads only its
+// own dS box (after a barrier of its own, kDsOwn + w, not kDsReady) and takes dQ's part from
+// its 64 keys against its resident K; the two parts are summed in sdQ, one warpgroup storing
+// its part and the other (meeting it at kDqPart) adding its own, by turns (tile parity), so
+// the drain still reduces one 256-byte row per query instead of two.
 //
 // As FlashAttention-3, dQ's part is staged in an sdQ of its own (padded rows: two-way store
 // conflicts instead of eight), not over the stage: the consumers free the stage for the
@@ -466,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 //
 // Shared memory: Stages<kD, 4> (K's and V's two 64-key tiles, the two-stage ring), two 64 ×
 // 128 dS tiles (by tile parity: no kDsFree barrier, one block-wide barrier a tile), the stats
-// and sdQ: 196 KiB at D = 128, one block an SM. Registers
+// and sdQ: 196 KiB at D = 128 (115 KiB at D = 64), one block an SM. Registers
 // (launch bounds 384 × 1): the producer warpgroup gives back down to 32 a thread and the
 // consumers take 232 (128·32 + 256·232 = 63,488 of 65,536), as the ping-pong forward. ptxas
 // spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
@@ -475,7 +505,7 @@ constexpr int kWideThreads = 384;
 template <int kD, bool kBf16, class Work, bool kOverlap = false>
 __global__ void __launch_bounds__(kWideThreads, 1)
     hopper_bwd_fused_wide_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
-  static_assert(kD == 128, "the two warpgroups split dQ's part by 64 head-dim columns");
+  static_assert(kD == 64 || kD == 128, "dQ's part split by 64 head-dim columns, or by keys");
 #if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
   fused_backward_block<kD, kBf16, Work, 2, 32u, 232u, kOverlap>(p);
 #else

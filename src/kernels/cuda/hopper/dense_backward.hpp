@@ -3,7 +3,7 @@
 // forward's lse, with the same pipeline (TMA loads under mbarriers, a producer and a consumer
 // warpgroup, wgmma) in two passes, each element written by one block (deterministic), or
 // (`fused`, D <= 128) in one launch per key tile that also adds dQ's part by bulk reductions
-// (`wide`, D = 128: per 128 keys, two consumer warpgroups):
+// (`wide`, D = 64 or 128: per 128 keys, two consumer warpgroups):
 //   dK/dV, a block per (64-key tile, K/V head, batch): K and V loaded once, the (Q, dO) tiles
 //     of every query tile and query head that sees the keys streamed through the ring, the
 //     products taken transposed (Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dK += dSᵀ·Q);
@@ -38,7 +38,7 @@ struct HopperBackwardParams : HopperAttention {
   // One fused launch instead of the two passes (hopper_bwd_fused_kernel: dQ added by bulk
   // reductions in whatever order blocks finish, so not deterministic); D <= 128, else ignored.
   bool fused = false;
-  // With `fused` at D = 128: the wide fused kernel (hopper_bwd_fused_wide_kernel: 128-key
+  // With `fused` at D = 64 or 128: the wide fused kernel (hopper_bwd_fused_wide_kernel: 128-key
   // blocks of two consumer warpgroups, FlashAttention-3's shape) instead of 64-key blocks.
   bool wide = false;
 };
@@ -48,9 +48,14 @@ struct HopperBackwardParams : HopperAttention {
 // passes (hopper_ab.py's "fused" column); never at D = 256.
 bool hopper_fused_backward_chosen(bool deterministic, int head_dim);
 
+// The head dims the wide fused kernel has: 128 (its two warpgroups split dQ's part by
+// head-dim columns) and 64 (by keys, the two parts summed in shared memory).
+constexpr bool hopper_wide_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
 // Whether a fused backward runs the wide kernel (HopperBackwardParams::wide): only with
 // RINGATTN_HOPPER_BWD=fused_wide (which also makes hopper_fused_backward_chosen true), at
-// D = 128, not deterministic. `--kernel auto` times it as a third form where a path has it.
+// hopper_wide_head_dim, not deterministic. `--kernel auto` times it as a third form where a
+// path has it.
 bool hopper_wide_backward_chosen(bool deterministic, int head_dim);
 
 // How a plan picks between the two passes and the fused kernel: `two_pass`, `fused`, or

@@ -26,7 +26,7 @@ bool hopper_fused_backward_chosen(bool deterministic, int head_dim) {
 }
 
 bool hopper_wide_backward_chosen(bool deterministic, int head_dim) {
-  return hopper_bwd_env() == "fused_wide" && !deterministic && head_dim == 128;
+  return hopper_bwd_env() == "fused_wide" && !deterministic && hopper_wide_head_dim(head_dim);
 }
 
 FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, bool automatic) {
@@ -76,7 +76,7 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
   auto a =
       hopper::backward_args(maps, p, 1.0f, 1.0f, hopper::dense_work(p, nullptr, nullptr, true));
   if (p.fused && p.head_dim <= 128) require_bulk_aligned_dq(p.dq, "the Hopper backward");
-  if (p.fused && p.wide && p.head_dim == 128) {
+  if (p.fused && p.wide && hopper_wide_head_dim(p.head_dim)) {
     a.work.block_rows = 2 * hopper::kRows;
     hopper::launch_fused_wide_backward(
         p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads, 2 * hopper::kRows), stream);

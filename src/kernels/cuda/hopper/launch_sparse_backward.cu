@@ -39,7 +39,7 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
       hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.value_dim())};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
   fused = fused && p.head_dim <= 128 && p.n_k_items > 0;
-  wide = wide && fused && p.head_dim == 128;
+  wide = wide && fused && hopper_wide_head_dim(p.head_dim);
   if (fused) require_bulk_aligned_dq(p.dq, "the Hopper block-sparse backward");
   if (p.n_q_items > 0 && !fused) {
     const auto a = hopper::backward_args(

@@ -62,7 +62,7 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
     return hopper::backward_args(m, p, dout_scale, delta_factor, work);
   };
   fused = fused && s.head_dim <= 128 && !k_groups.empty();
-  wide = wide && fused && s.head_dim == 128;
+  wide = wide && fused && hopper_wide_head_dim(s.head_dim);
   if (fused) require_bulk_aligned_dq(p.dq, "the Hopper task backward");
   for (const HopperTaskGroup& g : q_groups) {
     if (fused) break;  // the k groups' launches add dQ

@@ -28,7 +28,7 @@ std::string hopper_sparse_backward_unsupported(Elem e, const SparseBackwardParam
 // Throws RuntimeFailure where hopper_sparse_backward_unsupported says why, or a tensor map is
 // refused. `fused` (D <= 128, else ignored): no dQ launch; the key tiles' launch is the fused
 // kernel, which adds dQ's part from its keys (not deterministic). `wide` (with `fused`,
-// D = 128): p.k_items are hopper_wide_key_items' (128 keys each) and the launch is the wide
+// D = 64 or 128): p.k_items are hopper_wide_key_items' (128 keys each) and the launch is the wide
 // fused kernel.
 void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperSparseShape& shape,
                             cudaStream_t stream, bool fused = false, bool wide = false);

@@ -29,7 +29,7 @@ std::string hopper_task_backward_unsupported(Elem e, const HopperTaskShape& s, i
 // are ignored. Each k group's items must write disjoint dK/dV rows (as a k_range's do).
 // `fused` (D <= 128 with k groups, else ignored): q_groups are not launched; each k group's
 // launch is the fused kernel, which adds dQ's part from its keys (not deterministic).
-// `wide` (with `fused`, D = 128): the k groups are hopper_wide_key_items' and each launch is
+// `wide` (with `fused`, D = 64 or 128): the k groups are hopper_wide_key_items' and each launch is
 // the wide fused kernel, a block per 128 keys.
 // Throws RuntimeFailure where hopper_task_backward_unsupported says why, or a tensor map is
 // refused.
