@@ -56,9 +56,12 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 // `groups` consumer warpgroups of 64 keys each (1, or the wide kernel's 2): 2·groups resident
 // tiles (K's, then V's), the ring's four, a dS box per group, in fused_ds_buffers(groups)
 // copies: the wide kernel (one block an SM) double-buffers dS by tile parity, so a tile's dS
-// store need not wait for every load of the previous tile's (FlashAttention-3's scheme); two
-// 64-key blocks share an SM, and 8 KiB more each would not fit.
-__host__ __device__ constexpr int fused_ds_buffers(int groups) { return groups == 2 ? 2 : 1; }
+// store need not wait for every load of the previous tile's (FlashAttention-3's scheme), and
+// so does the 64-key kernel at D = 64 (66 KiB a block); at D = 128 its two blocks an SM take
+// 214 KiB, and 8 KiB more each would not fit.
+__host__ __device__ constexpr int fused_ds_buffers(int head_dim, int groups) {
+  return groups == 2 || head_dim <= 64 ? 2 : 1;
+}
 __host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups = 1) {
   return 1024 + static_cast<uint32_t>(2 * groups + 4) * tile_bytes(head_dim);  // from base
 }
@@ -73,7 +76,7 @@ __host__ __device__ constexpr uint32_t sdq_pitch(int head_dim) {
 }
 __host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1) {
   return smem_bytes(head_dim, 2 * groups) +
-         static_cast<uint32_t>(fused_ds_buffers(groups) * groups) * kBoxBytes +
+         static_cast<uint32_t>(fused_ds_buffers(head_dim, groups) * groups) * kBoxBytes +
          2 * kStatsStageBytes + (groups == 2 ? kRows * sdq_pitch(head_dim) : 0u);
 }
 

@@ -191,9 +191,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>)
 // registers 4c + 2h and 4c + 2h + 1, packed in one b16x2; stored transposed, its row q
 // (query 8c + q) is keys 8h..8h + 7 of the warp's 16, one 16-byte chunk. Instruction k stores
 // blocks (2k + j / 2, j % 2) for j = 0..3; lane l gives the address of row l % 8 of block l / 8.
-// ptxas (sm_90a, D = 128) decides where, until a GPU weighs the two: the 64-key fused kernel
-// over dense work (StmatrixDs) spills less with it; the wide kernel's spill stores rose from 0
-// to 44 bytes (capped: 0 to 16), so it keeps the scalar stores.
+// ptxas (sm_90a) decides where, until a GPU weighs the two: at D = 128 the 64-key fused
+// kernel over dense work (StmatrixDs) spills less with it; the wide kernel's spill stores
+// rose from 0 to 44 bytes (capped: 0 to 16), so it keeps the scalar stores. At D = 64 every
+// fused form takes it (spill stores unchanged but for the wide kernel: tasks 40 to 32,
+// block-sparse 136 to 144, in the 32-register producer warps' walk).
 template <bool kBf16, bool kStmatrix>
 __device__ __forceinline__ void store_ds(uint32_t tile, const float (&dst)[32], int local0,
                                          int lane) {
@@ -333,6 +335,8 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
 //
 // Shared memory is Stages<kD, 2>'s, one dS box and 1 KiB of stats: 107 KiB at D = 128, so two
 // blocks share an SM (two consumer warpgroups, one block's softmax under the other's products).
+// At D = 64 (58 KiB) dS is double-buffered by tile parity as in the wide kernel (66 KiB), and
+// no kDsFree barrier waits for the previous tile's loads.
 // One block of a fused backward with kGroups consumer warpgroups (1: hopper_bwd_fused_kernel,
 // 2: hopper_bwd_fused_wide_kernel), the producer warpgroup at kProducer registers a thread and
 // the consumers at kConsumer. Consumer warpgroup w owns keys 64w..64w + 63 of the block's
@@ -350,7 +354,7 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   constexpr bool kKeySplit = kGroups == 2 && kD == 64;
   constexpr int kDqKeys = kKeySplit ? kRows : kKeys;  // the keys a dQ part sums over
   const Stages<kD, 2 * kGroups> st = Stages<kD, 2 * kGroups>::of_block();
-  constexpr int kDsBuffers = fused_ds_buffers(kGroups);
+  constexpr int kDsBuffers = fused_ds_buffers(kD, kGroups);
   const uint32_t ds_tiles = st.base + fused_stage_end(kD, kGroups);
   const uint32_t stats_at = ds_tiles + static_cast<uint32_t>(kDsBuffers * kGroups) * kBoxBytes;
   // The wide kernel stages dQ in its own sdQ (after the stats), so its consumers free a stage
@@ -411,7 +415,7 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
     const uint32_t ds_tile =
         ds_tiles + static_cast<uint32_t>((j % kDsBuffers) * kGroups) * kBoxBytes;
     if constexpr (kDsBuffers == 1) ptx::named_barrier_sync(kDsFree, kConsumers);
-    constexpr bool kStmatrix = kGroups == 1 && StmatrixDs<Work>::value;
+    constexpr bool kStmatrix = kD == 64 || (kGroups == 1 && StmatrixDs<Work>::value);
     store_ds<kBf16, kStmatrix>(ds_tile + static_cast<uint32_t>(w) * kBoxBytes, pt,
                                static_cast<int>(opaque(static_cast<uint32_t>(local0))),
                                static_cast<int>(opaque(static_cast<uint32_t>(lane))));

@@ -109,8 +109,8 @@ struct CapOf<Capped<Work>> {
 };
 
 // Whether the 64-key fused backward stores dS with stmatrix (backward_mainloop.cuh's
-// store_ds) over `Work`: where ptxas spills less with it (work_dense.cuh says true), until a
-// GPU weighs the two stores.
+// store_ds) over `Work` at D = 128: where ptxas spills less with it (work_dense.cuh says
+// true), until a GPU weighs the two stores. At D = 64 every fused form takes it.
 template <class Work>
 struct StmatrixDs {
   static constexpr bool value = false;
