@@ -324,10 +324,6 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim (v's too).
   m.vector_loads = m.elem != kc::Elem::fp32 && cfg.shape.head_dim == kc::padded_head_dim(m.d()) &&
                    m.dv() == m.d() && single::rows_aligned(all, 8);
-  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
-    m.notes.push_back("the native kernels compute " + f +
-                      ", which no GPU has run yet: they are checked against float64 on the "
-                      "emulated GPU only");
   m.tasks = kc::upload_vector(all.tasks, "the ring's task lists", opts.device, m.stream);
   m.q_items = kc::upload_vector(all.q_items, "the ring's query work items", opts.device, m.stream);
   m.k_items = kc::upload_vector(all.k_items, "the ring's key work items", opts.device, m.stream);
@@ -417,6 +413,14 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
         m.use_cudnn || m.decide_forward ? (cudnn_asked ? !opts.deterministic : true) : false,
         m.use_cudnn_backward || m.decide_backward, m.notes);
 #endif
+  // The native kernels' caveat where they may run the job's features: not where the sm_90a
+  // kernels or cuDNN (refusing no step) take both passes.
+  const bool cudnn_all = m.use_cudnn && m.use_cudnn_backward && !refusals;
+  if (const std::string f = value_dim_and_cap_words(cfg);
+      !f.empty() && !cudnn_all && !(m.hopper.forward() && m.hopper.backward()))
+    m.notes.push_back("the native kernels compute " + f +
+                      ", which no GPU has run yet: they are checked against float64 on the "
+                      "emulated GPU only");
   m.ex = std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s,
                                            ring_opts.skip_buffer_ordering_for_tests);
   kc::wait_for_stream(m.stream, "the ring plan's uploads");

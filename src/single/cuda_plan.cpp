@@ -422,10 +422,6 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   // 16-byte copies need 8-element aligned rows of exactly the instantiated head dim (v's too).
   m.vector_loads = m.elem != kc::Elem::fp32 && s.head_dim == kc::padded_head_dim(s.head_dim) &&
                    cfg.effective_head_dim_v() == s.head_dim && single::rows_aligned(m.sched, 8);
-  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty())
-    m.notes.push_back("the native kernels compute " + f +
-                      ", which no GPU has run yet: they are checked against float64 on the "
-                      "emulated GPU only");
 
   const bool automatic = opts.kernel == KernelChoice::automatic;
   std::string hopper_why_backward;
@@ -536,6 +532,14 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
                            : "; the native backward (" + hopper_why_backward + ")"));
 #endif
   }
+  // The native kernels' caveat where they may run the job's features: not where the sm_90a
+  // kernels or cuDNN take both passes (the choice above).
+  const bool native_may_run = (!m.use_cudnn && !m.hopper.forward()) ||
+                              (!m.use_cudnn_backward && !m.hopper.backward());
+  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty() && native_may_run)
+    m.notes.push_back("the native kernels compute " + f +
+                      ", which no GPU has run yet: they are checked against float64 on the "
+                      "emulated GPU only");
   kc::wait_for_stream(m.stream, "the plan's uploads");
 }
 

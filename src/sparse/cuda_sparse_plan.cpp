@@ -474,10 +474,6 @@ void CudaSparsePlan::finish_construction(double timeout_s) {
       m.elem = kc::Elem::fp32;
     }
   }
-  if (const std::string f = value_dim_and_cap_words(m.cfg); !f.empty())
-    m.notes.push_back("the native block-sparse kernels compute " + f +
-                      ", which no GPU has run yet: they are checked against float64 on the "
-                      "emulated GPU only");
   RINGATTN_CUDA_CHECK(cudaStreamCreate(&m.stream));
   kc::register_stream(m.stream, m.opts.timeout_s);
   // Device blocks own kQueryTile query rows (kKeyTile key rows); CPU tiles are one block of
@@ -491,6 +487,13 @@ void CudaSparsePlan::finish_construction(double timeout_s) {
         std::make_unique<ring::StreamExchanges>(*m.comm, m.stream, m.opts.device, timeout_s, false);
   if (m.opts.kernel == KernelChoice::automatic || m.opts.kernel == KernelChoice::hopper)
     m.choose_hopper(m.opts.kernel == KernelChoice::automatic);
+  // The native kernels' caveat where they may run the job's features: not where the sm_90a
+  // kernels take both passes.
+  if (const std::string f = value_dim_and_cap_words(m.cfg);
+      !f.empty() && !(m.hopper.forward() && m.hopper.backward()))
+    m.notes.push_back("the native block-sparse kernels compute " + f +
+                      ", which no GPU has run yet: they are checked against float64 on the "
+                      "emulated GPU only");
   // The host lists go out of scope: the copies must have landed.
   kc::wait_for_stream(m.stream, "the block-sparse plan's uploads");
 }
