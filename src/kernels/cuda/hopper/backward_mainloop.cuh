@@ -503,7 +503,8 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
 // and sdQ: 196 KiB at D = 128 (115 KiB at D = 64), one block an SM. Registers
 // (launch bounds 384 × 1): the producer warpgroup gives back down to 32 a thread and the
 // consumers take 232 (128·32 + 256·232 = 63,488 of 65,536), as the ping-pong forward. ptxas
-// spills nothing at D = 128; at 24 and 240 (FlashAttention-3's split) it spilled 48 bytes.
+// spills nothing at D = 128 over dense work (32 bytes over tasks, 124 block-sparse: the
+// 32-register producer warps' walk); at 24 and 240 (FlashAttention-3's split) dense spilled 48.
 constexpr int kWideThreads = 384;
 
 template <int kD, bool kBf16, class Work, bool kOverlap = false>
