@@ -251,9 +251,15 @@ plan_verify() {
   gtest verify cudnn_mla_softcap test_cuda_kernels 'CudaKernels.CudnnValueHeadDimAndSoftcap*'
   # The sm_90a kernels' soft-cap: the forward and every backward form, and the plans' runs.
   gtest verify hopper_softcap test_cuda_kernels 'CudaHopper.SoftcapOnThe*'
-  # The sm_90a kernels at D = 192, Dv = 128 (plain forward, two passes; dense, dilated tasks,
-  # capped; the ring's and block-sparse's --kernel hopper cases are in the mla_softcap items).
+  # The sm_90a kernels at D = 192, Dv = 128 (plain forward, two passes, and the fused form:
+  # dV's launch, then dK's with dQ's part; dense, dilated tasks, capped; the ring's and
+  # block-sparse's --kernel hopper cases are in the mla_softcap items, and under =fused here).
   gtest verify hopper_value_dim test_cuda_kernels 'CudaHopper.ValueHeadDim*'
+  gtest verify hopper_value_dim test_cuda_kernels 'CudaHopper.ValueHeadDim*' \
+    RINGATTN_HOPPER_BWD=fused
+  gtest verify hopper_value_dim test_cuda_ring \
+    'MlaSoftcap/CudaRingMlaSoftcap.*192_128*:CudaSparseRingFeatures.ValueHeadDimAndSoftcap*' \
+    RINGATTN_HOPPER_BWD=fused
   # The sinks' gradient in parallel (one warp per 32 rows, a fixed order).
   gtest verify sinks test_cuda_kernels 'CudaKernels.SinkGradient*'
   gtest verify cudnn_mla_softcap test_cudnn_graphs 'CudnnViews.ValueHeadDimAndSoftcap*'
@@ -319,6 +325,10 @@ plan_sanitize() {
     sanitize sanitize fused_wide $t test_cuda_kernels 'CudaHopper.Backward*' \
       RINGATTN_HOPPER_BWD=fused_wide
   done
+  # The fused form at 192/128 (its own sdQ and kDqFree, which the emulator's sweep does not
+  # catch missing there): racecheck.
+  sanitize sanitize hopper_value_dim racecheck test_cuda_kernels 'CudaHopper.ValueHeadDim*' \
+    RINGATTN_HOPPER_BWD=fused
   # NCCL's communicator init probes kernel images for other architectures and gets
   # cudaErrorNoKernelImageForDevice back, by design; API errors are not reported where a
   # ring runs (ours are checked by RINGATTN_CUDA_CHECK and fail the test), memory errors are.

@@ -448,7 +448,8 @@ void CudaRingPlan::Impl::choose_hopper(bool automatic, const std::string& flag,
   path.collective = true;
   path.slowest = [this](double ms) { return comm->max(ms); };
   hopper = kc::FormChooser(std::move(path), opts.deterministic,
-                           opts.kernel == KernelChoice::automatic, static_cast<int>(d()));
+                           opts.kernel == KernelChoice::automatic, static_cast<int>(d()),
+                           static_cast<int>(dv()));
   hopper.decide(why, why_backward, task_lists.wide_ok(d()), notes);
   if (hopper.forward()) kc::hopper_feature_forced_notes(cfg, kc::GpuPath::ring, notes);
   const std::string status =

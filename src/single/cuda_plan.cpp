@@ -227,8 +227,8 @@ struct CudaPlan::Impl {
     const int head_dim = static_cast<int>(cfg.shape.head_dim);
     kc::FormChooser::Path path;
     path.path = hopper_tasks ? kc::GpuPath::tasks : kc::GpuPath::dense;
-    hopper =
-        kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic, head_dim);
+    hopper = kc::FormChooser(path, opts.deterministic, opts.kernel == KernelChoice::automatic,
+                             head_dim, static_cast<int>(cfg.effective_head_dim_v()));
     std::string why, why_backward;
     if (const std::string f = kc::hopper_feature_refusal(
             cfg, path.path, opts.kernel == KernelChoice::automatic);

@@ -291,7 +291,8 @@ struct CudaSparsePlan::Impl {
       path.slowest = [this](double ms) { return comm->max(ms); };
     }
     hopper = kc::FormChooser(std::move(path), opts.deterministic,
-                             opts.kernel == KernelChoice::automatic, static_cast<int>(D));
+                             opts.kernel == KernelChoice::automatic, static_cast<int>(D),
+                             static_cast<int>(Dv));
     hopper.decide(why, why_backward, wide_ok(), notes);
     if (hopper.forward()) kc::hopper_feature_forced_notes(cfg, kc::GpuPath::sparse, notes);
     const std::string blocks = world > 1 ? "the local and received blocks" : "the blocks";

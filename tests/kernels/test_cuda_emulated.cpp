@@ -129,27 +129,31 @@ INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedModes, ::testing::ValuesIn(sweep_cases
 // runs it). Modes: dense, causal, a window of 70 left and 10 right, causal packed documents.
 // With `fused_dq`, the backward is the fused kernel (the wide one with `wide`, D = 64 or 128): its
 // dq (summed by bulk reductions in the order blocks run, which the modes change) goes there,
-// and the bytes are out, lse, dk, dv.
+// and the bytes are out, lse, dk, dv. `head_dim_v` (0: head_dim): v, out, dout and dv's.
 std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp16 = false,
-                                  std::vector<float>* fused_dq = nullptr, bool wide = false) {
+                                  std::vector<float>* fused_dq = nullptr, bool wide = false,
+                                  int head_dim_v = 0) {
   const DeviceDType t = fp16 ? DeviceDType::fp16 : DeviceDType::bf16;
   kernels::cuda::HopperAttention a;
   a.elem = fp16 ? kernels::cuda::Elem::fp16 : kernels::cuda::Elem::bf16;
   a.batch = 1, a.seq_len = 200, a.heads = 2, a.kv_heads = 1, a.head_dim = head_dim;
+  a.head_dim_v = head_dim_v;
   a.scale = 0.125f;
   a.causal = mode == 1 || mode == 3;
   if (mode == 2) a.window_left = 70, a.window_right = 10;
   const auto n = static_cast<std::size_t>(a.seq_len * a.heads * a.head_dim);
+  const auto n_o = static_cast<std::size_t>(a.seq_len * a.heads * a.value_dim());
   const auto n_kv = static_cast<std::size_t>(a.seq_len * a.kv_heads * a.head_dim);
+  const auto n_v = static_cast<std::size_t>(a.seq_len * a.kv_heads * a.value_dim());
   const auto nl = static_cast<std::size_t>(a.seq_len * a.heads);
   EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
-  DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_kv * 2, "v", 0), dout(n * 2, "dout", 0),
-      out(n * 4, "out", 0), lse(nl * 4, "lse", 0), delta(nl * 4, "delta", 0), dq(n * 4, "dq", 0),
-      dk(n_kv * 4, "dk", 0), dv(n_kv * 4, "dv", 0);
+  DeviceBuffer q(n * 2, "q", 0), k(n_kv * 2, "k", 0), v(n_v * 2, "v", 0),
+      dout(n_o * 2, "dout", 0), out(n_o * 4, "out", 0), lse(nl * 4, "lse", 0),
+      delta(nl * 4, "delta", 0), dq(n * 4, "dq", 0), dk(n_kv * 4, "dk", 0), dv(n_v * 4, "dv", 0);
   q.upload(testing::random_normal(n, 71).data(), n, t);
   k.upload(testing::random_normal(n_kv, 72).data(), n_kv, t);
-  v.upload(testing::random_normal(n_kv, 73).data(), n_kv, t);
-  dout.upload(testing::random_normal(n, 74).data(), n, t);
+  v.upload(testing::random_normal(n_v, 73).data(), n_v, t);
+  dout.upload(testing::random_normal(n_o, 74).data(), n_o, t);
   const int cu_host[] = {0, 1, 90, 200};
   DeviceBuffer cu(sizeof cu_host, "cu_seqlens", 0);
   EXPECT_EQ(cudaMemcpy(cu.data(), cu_host, sizeof cu_host, cudaMemcpyHostToDevice), cudaSuccess);
@@ -158,12 +162,13 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp
   static_cast<kernels::cuda::HopperAttention&>(f) = a;
   f.q = q.data(), f.k = k.data(), f.v = v.data(), f.out = out.as<float>(), f.lse = lse.as<float>();
   kernels::cuda::hopper_forward(f, nullptr);
-  std::vector<std::pair<DeviceBuffer*, std::size_t>> results{{&out, n}, {&lse, nl}};
+  std::vector<std::pair<DeviceBuffer*, std::size_t>> results{{&out, n_o}, {&lse, nl}};
   if (backward) {
-    kernels::cuda::start_backward(
-        a.elem,
-        {out.as<float>(), dout.data(), delta.as<float>(), a.batch, a.seq_len, a.heads, a.head_dim},
-        a.kv_heads, dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
+    kernels::cuda::start_backward(a.elem,
+                                  {out.as<float>(), dout.data(), delta.as<float>(), a.batch,
+                                   a.seq_len, a.heads, a.value_dim()},
+                                  a.kv_heads, dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                  nullptr, a.head_dim);
     kernels::cuda::HopperBackwardParams b;
     static_cast<kernels::cuda::HopperAttention&>(b) = a;
     b.q = q.data(), b.k = k.data(), b.v = v.data(), b.dout = dout.data();
@@ -173,7 +178,7 @@ std::vector<std::byte> hopper_run(int head_dim, int mode, bool backward, bool fp
     b.wide = wide;
     kernels::cuda::hopper_backward(b, nullptr);
     if (!b.fused) results.push_back({&dq, n});
-    results.insert(results.end(), {{&dk, n_kv}, {&dv, n_kv}});
+    results.insert(results.end(), {{&dk, n_kv}, {&dv, n_v}});
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (backward && fused_dq) {
@@ -265,21 +270,23 @@ TEST(EmulatedModes, HopperBackwardIsBitwiseIndependentOfWarpOrderAndLanding) {
 // kernel (two consumer warpgroups over 128 keys) too: at D = 128 one warpgroup's dS box read
 // before the other wrote it, or its dQ columns staged over a Q the other still reads; at
 // D = 64 (dQ's part split by keys) one warpgroup's part added before the other stored its own.
+// And at 192/128 (dV's launch, then dK's with dQ's part staged in an sdQ of its own).
 TEST(EmulatedModes, HopperFusedBackwardIsIndependentOfWarpOrderAndLanding) {
   struct Case {
     HopperCase c;
     bool wide;
+    int dv = 0;
   };
-  for (const auto& [hc, wide] :
+  for (const auto& [hc, wide, dv] :
        {Case{{64, 1, false}, false}, Case{{128, 2, false}, false}, Case{{64, 3, true}, false},
         Case{{128, 1, false}, true}, Case{{128, 3, true}, true}, Case{{64, 1, false}, true},
-        Case{{64, 3, true}, true}}) {
+        Case{{64, 3, true}, true}, Case{{192, 1, false}, false, 128}}) {
     const auto [d, mode, fp16] = hc;
     std::vector<std::vector<float>> dqs;
     const auto differs = emu::find_mode_dependence(
         [&] {
           dqs.emplace_back();
-          return hopper_run(d, mode, true, fp16, &dqs.back(), wide);
+          return hopper_run(d, mode, true, fp16, &dqs.back(), wide, dv);
         },
         emu::standard_modes());
     EXPECT_FALSE(differs.has_value())
@@ -291,11 +298,13 @@ TEST(EmulatedModes, HopperFusedBackwardIsIndependentOfWarpOrderAndLanding) {
         worst = std::max(worst, std::abs(static_cast<double>(dq[i]) - dqs.front()[i]) /
                                     (std::abs(static_cast<double>(dqs.front()[i])) + 1e-3));
     }
-    EXPECT_LE(worst, 1e-5) << "D " << d << " mode " << mode << ": dq across modes";
-    std::printf("  %s backward D%d mode %d%s: dk, dv the same bytes and dq within %.1e "
+    // fp32 sums in another order: 1e-5 at D <= 128, up to 2.5e-5 at 192/128 (mode 0); a race
+    // shows as 1e1-1e3.
+    EXPECT_LE(worst, 4e-5) << "D " << d << " mode " << mode << ": dq across modes";
+    std::printf("  %s backward D%d%s mode %d%s: dk, dv the same bytes and dq within %.1e "
                 "under %zu modes\n",
-                wide ? "wide fused" : "fused", d, mode, fp16 ? " fp16" : "", worst,
-                emu::standard_modes().size());
+                wide ? "wide fused" : "fused", d, dv ? "/128" : "", mode, fp16 ? " fp16" : "",
+                worst, emu::standard_modes().size());
   }
 }
 

@@ -18,7 +18,7 @@ void FormChooser::decide(const std::string& why_forward, const std::string& why_
   }
   if (backward_) {
     const FusedBackwardRule rule =
-        hopper_fused_backward_rule(deterministic_, head_dim_, automatic_);
+        hopper_fused_backward_rule(deterministic_, head_dim_, automatic_, head_dim_v_);
     fused_ = rule == FusedBackwardRule::fused;
     wide_ = fused_ && wide_ok_ && hopper_wide_backward_chosen(deterministic_, head_dim_);
     if (rule == FusedBackwardRule::timed) {

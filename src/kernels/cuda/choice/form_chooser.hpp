@@ -43,16 +43,18 @@ class FormChooser {
   };
 
   FormChooser() = default;
-  FormChooser(Path path, bool deterministic, bool automatic, int head_dim)
+  // head_dim_v: the values' head dim (0: head_dim), which says whether a fused form exists.
+  FormChooser(Path path, bool deterministic, bool automatic, int head_dim, int head_dim_v = 0)
       : path_(std::move(path)),
         deterministic_(deterministic),
         automatic_(automatic),
-        head_dim_(head_dim) {}
+        head_dim_(head_dim),
+        head_dim_v_(head_dim_v) {}
 
   // Once the plan has asked its kernels: `why_forward` is "" where the sm_90a forward runs
   // this configuration here, else why not; `why_backward` likewise for the backward (read
   // only where the forward runs); `wide_ok` where the plan's key items pair up into the wide
-  // fused kernel's 128 keys (D = 128). Applies the rules, and notes what auto leaves out and
+  // fused kernel's 128 keys (D = 64 or 128). Applies the rules, and notes what auto leaves out and
   // what an explicit switch runs unverified.
   void decide(const std::string& why_forward, const std::string& why_backward, bool wide_ok,
               std::vector<std::string>& notes);
@@ -127,7 +129,7 @@ class FormChooser {
 
   Path path_;
   bool deterministic_ = false, automatic_ = false;
-  int head_dim_ = 0;
+  int head_dim_ = 0, head_dim_v_ = 0;
   bool forward_ = false, backward_ = false;
   HopperForwardForm form_ = HopperForwardForm::rule;
   bool time_forward_ = false;

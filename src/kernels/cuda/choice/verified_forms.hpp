@@ -34,7 +34,7 @@ enum class GpuForm {
   hopper_backward_fused,       // RINGATTN_HOPPER_BWD=fused: one launch, dQ by bulk adds
   hopper_backward_fused_wide,  // RINGATTN_HOPPER_BWD=fused_wide: 128-key blocks, D = 64, 128
   hopper_softcap,              // the sm_90a kernels on a soft-capped job (every form)
-  hopper_value_dim,            // the sm_90a kernels at D = 192, Dv = 128 (plain, two passes)
+  hopper_value_dim,            // the sm_90a kernels at D = 192, Dv = 128 (plain, both backwards)
   cudnn_forward,               // one GPU: cuDNN's SDPA forward over the plan's views
   cudnn_backward,              // one GPU: its backward where one view writes each row
   cudnn_dilated_backward,      // one GPU: a dilated mixture's or grouped heads' backward

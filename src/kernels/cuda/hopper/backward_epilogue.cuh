@@ -62,8 +62,17 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 __host__ __device__ constexpr int fused_ds_buffers(int head_dim, int groups) {
   return groups == 2 || head_dim <= 64 ? 2 : 1;
 }
-__host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups = 1) {
-  return 1024 + static_cast<uint32_t>(2 * groups + 4) * tile_bytes(head_dim);  // from base
+// Where the fused kernel's stages end, from the aligned base: Stages<kD, 2·groups, 2, kDv>'s
+// tiles (smem_bytes less its alignment slack). head_dim_v 0: head_dim.
+__host__ __device__ constexpr uint32_t fused_stage_end(int head_dim, int groups = 1,
+                                                       int head_dim_v = 0) {
+  return smem_bytes(head_dim, 2 * groups, 2, head_dim_v) - 1024;
+}
+// Whether a fused kernel stages dQ in an sdQ of its own: the wide kernel, and the one at
+// values of their own head dim (192/128: 64 rows of 192 fp32 do not fit over the stage's Q
+// and dO tiles, 24 + 16 KiB). The 64-key kernel at D <= 128 stages over the stage.
+__host__ __device__ constexpr bool fused_own_sdq(int head_dim, int groups, int head_dim_v = 0) {
+  return groups == 2 || (head_dim_v > 0 && head_dim_v != head_dim);
 }
 constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
 // The wide kernel stages dQ in an sdQ of its own after the stats (one block an SM leaves room
@@ -74,10 +83,12 @@ constexpr uint32_t kStatsStageBytes = 2 * kRows * 4;
 __host__ __device__ constexpr uint32_t sdq_pitch(int head_dim) {
   return 4u * static_cast<uint32_t>(head_dim) + 16u;
 }
-__host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1) {
-  return smem_bytes(head_dim, 2 * groups) +
+__host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups = 1,
+                                                        int head_dim_v = 0) {
+  return smem_bytes(head_dim, 2 * groups, 2, head_dim_v) +
          static_cast<uint32_t>(fused_ds_buffers(head_dim, groups) * groups) * kBoxBytes +
-         2 * kStatsStageBytes + (groups == 2 ? kRows * sdq_pitch(head_dim) : 0u);
+         2 * kStatsStageBytes +
+         (fused_own_sdq(head_dim, groups, head_dim_v) ? kRows * sdq_pitch(head_dim) : 0u);
 }
 
 // Where staged row `row` (of 64, kD fp32 each) of stage s lies. The 64-key kernel (two
@@ -85,12 +96,12 @@ __host__ __device__ constexpr uint32_t fused_smem_bytes(int head_dim, int groups
 // rows 4·kD bytes apart start on one bank, so a store instruction's eight rows conflict eight
 // ways (rotating each row within its slot spread them, but took ptxas from 28 to 48 bytes of
 // spills at D = 128; a padded pitch needs its own sdQ, which its two blocks an SM leave no
-// room for). The wide kernel (four resident tiles) stages in its own sdQ at `sdq`, rows
-// sdq_pitch apart, whatever the stage.
-template <int kD, int kResident>
-__device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, uint32_t sdq,
-                                               int s, int row) {
-  if constexpr (kResident == 4) {
+// room for). With kOwnSdq (fused_own_sdq: the wide kernel, values of their own head dim) the
+// rows are in its own sdQ at `sdq`, sdq_pitch apart, whatever the stage.
+template <bool kOwnSdq, int kD, int kResident, int kDv>
+__device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident, 2, kDv>& st,
+                                               uint32_t sdq, int s, int row) {
+  if constexpr (kOwnSdq) {
     (void)st, (void)s;
     return sdq + static_cast<uint32_t>(row) * sdq_pitch(kD);
   } else {
@@ -105,8 +116,8 @@ __device__ __forceinline__ uint32_t staged_row(const Stages<kD, kResident>& st, 
 // K (step kk's 16 keys are rows 16(kk % 4).. of resident tile first_tile + kk / 4, read
 // N-major), waited for. The block's keys (first_tile 0), or at D = 64 in the wide kernel one
 // warpgroup's own 64 (first_tile w).
-template <int kKeys, int kD, bool kBf16, int kResident>
-__device__ __forceinline__ void dq_part(float (&dq)[32], const Stages<kD, kResident>& st,
+template <int kKeys, int kD, bool kBf16, int kResident, int kDv>
+__device__ __forceinline__ void dq_part(float (&dq)[32], const Stages<kD, kResident, 2, kDv>& st,
                                         const uint32_t (&ds)[kKeys / 16][4], int first_tile,
                                         int chunk) {
   ptx::wgmma_fence();
@@ -127,17 +138,18 @@ __device__ __forceinline__ void dq_part(float (&dq)[32], const Stages<kD, kResid
 // at stage s's staged rows (staged_row; the wide kernel's sdQ at `sdq`) for the drain warp;
 // kAdd: adds it to what the same positions hold (the other warpgroup's part, at D = 64 in
 // the wide kernel), so that the drain reduces one sum.
-template <bool kAdd, int kD, int kResident>
-__device__ __forceinline__ void stage_dq_rows(const Stages<kD, kResident>& st, uint32_t sdq,
-                                              int s, const float (&dq)[32], int chunk,
-                                              float scale, int local0, int lane) {
+template <bool kAdd, bool kOwnSdq, int kD, int kResident, int kDv>
+__device__ __forceinline__ void stage_dq_rows(const Stages<kD, kResident, 2, kDv>& st,
+                                              uint32_t sdq, int s, const float (&dq)[32],
+                                              int chunk, float scale, int local0, int lane) {
   const auto sbase = dynamic_smem<float>();
   const uint32_t sbase_addr = u32(smem_addr(sbase));
   const int row0 = static_cast<int>(opaque(static_cast<uint32_t>(local0)));
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
-    const uint32_t row_at = staged_row(st, sdq, s, row) + 256u * static_cast<uint32_t>(chunk);
+    const uint32_t row_at =
+        staged_row<kOwnSdq>(st, sdq, s, row) + 256u * static_cast<uint32_t>(chunk);
     const auto dst = sbase + static_cast<std::ptrdiff_t>((row_at - sbase_addr) / 4);
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
@@ -155,13 +167,14 @@ __device__ __forceinline__ void stage_dq_rows(const Stages<kD, kResident>& st, u
 }
 
 // dq_part, then stage_dq_rows (no add).
-template <int kKeys, int kD, bool kBf16, int kResident>
-__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, uint32_t sdq,
-                                              int s, const uint32_t (&ds)[kKeys / 16][4],
-                                              int chunk, float scale, int local0, int lane) {
+template <int kKeys, bool kOwnSdq, int kD, bool kBf16, int kResident, int kDv>
+__device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident, 2, kDv>& st,
+                                              uint32_t sdq, int s,
+                                              const uint32_t (&ds)[kKeys / 16][4], int chunk,
+                                              float scale, int local0, int lane) {
   float dq[32];
   dq_part<kKeys, kD, kBf16>(dq, st, ds, 0, chunk);
-  stage_dq_rows<false>(st, sdq, s, dq, chunk, scale, local0, lane);
+  stage_dq_rows<false, kOwnSdq>(st, sdq, s, dq, chunk, scale, local0, lane);
 }
 
 // The drain warp: for every query tile the block walks (the same walk as the producer's and
@@ -171,11 +184,10 @@ __device__ __forceinline__ void stage_dq_part(const Stages<kD, kResident>& st, u
 // alone), or the wide kernel's sdQ (kDqFree, which the consumers wait on before staging the
 // next tile's part; arrived at before each later tile's wait, so none is left pending at
 // exit). See hopper_bwd_fused_kernel.
-template <int kD, int kResident, class Work>
+template <bool kOwnSdq, int kD, int kResident, int kDv, class Work>
 __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
-                                         const Stages<kD, kResident>& st, uint32_t sdq,
+                                         const Stages<kD, kResident, 2, kDv>& st, uint32_t sdq,
                                          const QueryRows& kr, int lane, unsigned consumers) {
-  constexpr bool kOwnSdq = kResident == 4;
   constexpr uint32_t kRowBytes = 4u * kD;
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
@@ -186,8 +198,8 @@ __device__ __forceinline__ void drain_dq(const BackwardArgs<Work>& p,
     if (kOwnSdq && j > 0) ptx::named_barrier_arrive(kDqFree, consumers + kDrainThreads);
     ptx::named_barrier_sync(kDqFull + static_cast<unsigned>(j & 1), consumers + kDrainThreads);
     for (int r = lane; r < count; r += 32)
-      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride, at(staged_row(st, sdq, s, r)),
-                               kRowBytes);
+      ptx::bulk_reduce_add_f32(p.dq + rows.at + r * rows.stride,
+                               at(staged_row<kOwnSdq>(st, sdq, s, r)), kRowBytes);
     ptx::bulk_commit_group();
     ptx::bulk_wait_group_read<0>();
     __syncwarp();

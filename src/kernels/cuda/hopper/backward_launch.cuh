@@ -21,12 +21,25 @@ inline bool fused_overlap_chosen() {
   return on;
 }
 
-// The fused backward over work whose rows are keys (one launch; D <= 128).
+// The fused backward over work whose rows are keys: one launch at D <= 128; at values of
+// their own head dim (192/128) the two passes' dV kernel, then hopper_bwd_fused_dk_kernel.
 template <class Work>
-void launch_fused_backward(int head_dim, Elem elem, const BackwardArgs<Work>& a, dim3 grid,
-                           cudaStream_t stream) {
+void launch_fused_backward(int head_dim, int head_dim_v, Elem elem, const BackwardArgs<Work>& a,
+                           dim3 grid, cudaStream_t stream) {
   if constexpr (!CapOf<Work>::value)
-    if (a.logits.capped()) return launch_fused_backward(head_dim, elem, with_cap(a), grid, stream);
+    if (a.logits.capped())
+      return launch_fused_backward(head_dim, head_dim_v, elem, with_cap(a), grid, stream);
+  if (head_dim_v != head_dim) {
+    dispatch_value_dim(head_dim, head_dim_v, elem, [&]<int kD, int kDv, bool kBf16>() {
+      launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv, false, kDv>,
+             a, grid, static_cast<int>(smem_bytes(kD, 2, 2, kDv)), stream);
+      launch("hopper_bwd_fused_dk_kernel",
+             fused_overlap_chosen() ? &hopper_bwd_fused_dk_kernel<kD, kBf16, Work, true, kDv>
+                                    : &hopper_bwd_fused_dk_kernel<kD, kBf16, Work, false, kDv>,
+             a, grid, static_cast<int>(fused_smem_bytes(kD, 1, kDv)), stream);
+    });
+    return;
+  }
   dispatch(head_dim, elem, [&]<int kD, bool kBf16>() {
     if constexpr (kD <= 128)
       launch("hopper_bwd_fused_kernel",

@@ -246,9 +246,10 @@ __device__ __forceinline__ SmemPtr<float> stats_slot(uint32_t stats_at, int s) {
              (stats_at + kStatsStageBytes * static_cast<uint32_t>(s) - u32(smem_addr(sbase))) / 4);
 }
 
-template <int kD, int kResident, class Work>
+template <int kD, int kResident, int kDv, class Work>
 __device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p,
-                                            const Stages<kD, kResident>& st, uint32_t stats_at,
+                                            const Stages<kD, kResident, 2, kDv>& st,
+                                            uint32_t stats_at,
                                             const QueryRows& kr, int lane) {
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
@@ -276,9 +277,11 @@ __device__ __forceinline__ void stage_stats(const BackwardArgs<Work>& p,
 // together, the softmax under dPᵀ, dV's product issued and dS computed under it. ptxas
 // (sm_90a, D = 128, dense) spills 20 bytes instead of 4 in the 64-key kernel (capped: 40
 // instead of 0) and 16 instead of 0 in the wide one: which order wins is a GPU's to say.
-template <int kD, bool kBf16, bool kOverlap, class Work, class Stats>
+// kDv: the values' head dim (V and dO tiles; dPᵀ sums over it); kWantDv false (values of
+// their own head dim, whose dV is a launch of its own): no dV product.
+template <int kD, bool kBf16, bool kOverlap, int kDv, bool kWantDv, class Work, class Stats>
 __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD / 2],
-                                               float (&dv)[kD / 2], uint32_t k_tile,
+                                               float (&dv)[kWantDv ? kDv / 2 : 1], uint32_t k_tile,
                                                uint32_t v_tile, uint32_t q_tile, uint32_t do_tile,
                                                const BackwardArgs<Work>& p, const Reach (&cols)[2],
                                                const Stats& stats, int lane) {
@@ -286,19 +289,23 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
   float dpt[32];
   if constexpr (kOverlap) {
     issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
-    issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
+    issue_a_bt<kDv, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
     ptx::wgmma_wait_group<1>();  // Sᵀ; dPᵀ runs on under the softmax
     probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
-    issue_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
-    ptx::wgmma_wait_group<1>();            // dPᵀ; dV's product runs on under dS
+    if constexpr (kWantDv) {
+      issue_rs<kDv, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
+      ptx::wgmma_wait_group<1>();             // dPᵀ; dV's product runs on under dS
+    } else {
+      ptx::wgmma_wait_group<0>();
+    }
     cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
   } else {
     issue_a_bt<kD, kBf16, false>(pt, no_regs, opaque(k_tile), q_tile);
     ptx::wgmma_wait_group<0>();
     probs_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
-    product_rs<kD, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
+    if constexpr (kWantDv) product_rs<kDv, kBf16>(dv, pt, do_tile);  // dV += Pᵀ·dO
     cap_slopes_t<CapOf<Work>::value>(pt, p.logits, cols, stats, lane);
-    issue_a_bt<kD, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
+    issue_a_bt<kDv, kBf16, false>(dpt, no_regs, opaque(v_tile), do_tile);
     ptx::wgmma_wait_group<0>();
   }
   grads_t(pt, dpt, p.dout_scale, cols, stats, lane);
@@ -342,8 +349,13 @@ __device__ __forceinline__ void key_tile_grads(float (&pt)[32], float (&dk)[kD /
 // the consumers at kConsumer. Consumer warpgroup w owns keys 64w..64w + 63 of the block's
 // 64·kGroups (K and V resident as tiles w and kGroups + w) and box w of the dS tile; once
 // dS is whole each takes dQ's head-dim chunks w, w + kGroups, ... over all the block's keys.
+//
+// kDv != kD (values of their own head dim, 192/128): dV is a launch of its own (the two
+// passes' dV kernel), since dK's 96 and dV's 64 accumulator registers a thread would not fit
+// beside dS and dQ's part; this block takes dK and dQ's part, staging dQ (64 × 192 fp32, more
+// than the stage's Q and dO tiles) in an sdQ of its own as the wide kernel does.
 template <int kD, bool kBf16, class Work, int kGroups, unsigned kProducer, unsigned kConsumer,
-          bool kOverlap>
+          bool kOverlap, int kDv = kD>
 __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p) {
   static_assert(kGroups == 1 || kD / 64 == kGroups || kD == 64,
                 "wide: one dQ chunk a warpgroup, or at D = 64 one key tile");
@@ -353,13 +365,17 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   // half of the resident K's 64 would be half a 128-byte swizzle row as wgmma's B).
   constexpr bool kKeySplit = kGroups == 2 && kD == 64;
   constexpr int kDqKeys = kKeySplit ? kRows : kKeys;  // the keys a dQ part sums over
-  const Stages<kD, 2 * kGroups> st = Stages<kD, 2 * kGroups>::of_block();
+  static_assert(kDv == kD || kGroups == 1, "values of their own head dim: the 64-key kernel");
+  constexpr bool kWantDv = kDv == kD;  // else dV is a launch of its own
+  using St = Stages<kD, 2 * kGroups, 2, kDv>;
+  const St st = St::of_block();
   constexpr int kDsBuffers = fused_ds_buffers(kD, kGroups);
-  const uint32_t ds_tiles = st.base + fused_stage_end(kD, kGroups);
+  const uint32_t ds_tiles = st.base + fused_stage_end(kD, kGroups, kDv);
   const uint32_t stats_at = ds_tiles + static_cast<uint32_t>(kDsBuffers * kGroups) * kBoxBytes;
-  // The wide kernel stages dQ in its own sdQ (after the stats), so its consumers free a stage
-  // once they have read its Q and dO (kDsReady), before its dQ part is even computed.
-  constexpr bool kOwnSdq = kGroups == 2;
+  // With an sdQ of its own (after the stats: the wide kernel, values of their own head dim)
+  // the consumers free a stage once they have read its Q and dO (kDsReady), before its dQ
+  // part is even computed.
+  constexpr bool kOwnSdq = fused_own_sdq(kD, kGroups, kDv);
   const uint32_t sdq = stats_at + 2 * kStatsStageBytes;
   const QueryRows kr = p.work.query_rows(kD, kD);  // the block's up to kKeys keys
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -372,7 +388,7 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
   if (warp < 4) {  // the producer warpgroup: thread 0 loads, warp 1 drains dQ, warp 2 stats
     ptx::setmaxnreg<false, kProducer>();
     if (threadIdx.x == 0) produce(st, p.work, kr, p.k, p.v, p.q, p.dout);
-    if (warp == 1) drain_dq(p, st, sdq, kr, lane, kConsumers);
+    if (warp == 1) drain_dq<kOwnSdq>(p, st, sdq, kr, lane, kConsumers);
     if (warp == 2) stage_stats(p, st, stats_at, kr, lane);
     return;
   }
@@ -387,9 +403,11 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
 #pragma unroll
   for (int r = 0; r < 2; ++r)
     reach[r] = key0 + 8 * r < kr.rows ? p.work.reach(kr, key0 + 8 * r) : Reach{0, 0};
-  float dk[kD / 2], dv[kD / 2];
+  float dk[kD / 2], dv[kWantDv ? kDv / 2 : 1];
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  for (float& x : dk) x = 0.0f;
+#pragma unroll
+  for (float& x : dv) x = 0.0f;
   ptx::mbarrier_wait(at(st.resident_full()), 0);
   typename Work::Cursor cursor = p.work.begin(kr);
   KeyTile t;
@@ -405,8 +423,9 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
 #pragma unroll
     for (int r = 0; r < 2; ++r) cols[r] = columns_of(reach[r], t);
     float pt[32];  // dSᵀ of this warpgroup's keys
-    key_tile_grads<kD, kBf16, kOverlap>(pt, dk, dv, st.resident(w), st.resident(kGroups + w),
-                                        st.ring(0, s), st.ring(1, s), p, cols, stats, lane);
+    key_tile_grads<kD, kBf16, kOverlap, kDv, kWantDv>(pt, dk, dv, st.resident(w),
+                                                      st.resident(kGroups + w), st.ring(0, s),
+                                                      st.ring(1, s), p, cols, stats, lane);
     // With one dS buffer, the previous tile's dS has been loaded by every consumer (kDsFree)
     // before this one's overwrites it. With two (by tile parity), tile j's buffer last held
     // tile j - 2's dS, which every consumer that reads it loaded before arriving at tile
@@ -432,9 +451,12 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
         static_cast<int>(opaque(static_cast<uint32_t>(local0))),
         static_cast<int>(opaque(static_cast<uint32_t>(lane))));
     if constexpr (kGroups == 1) {
+      // An sdQ of its own holds the previous tile's part until the drain has read it.
+      if constexpr (kOwnSdq)
+        if (j > 0) ptx::named_barrier_sync(kDqFree, kConsumers + kDrainThreads);
 #pragma unroll
       for (int chunk = 0; chunk < kD / 64; ++chunk)
-        stage_dq_part<kKeys, kD, kBf16>(st, sdq, s, ds, chunk, p.scale, local0, lane);
+        stage_dq_part<kKeys, kOwnSdq, kD, kBf16>(st, sdq, s, ds, chunk, p.scale, local0, lane);
       ptx::fence_proxy_async_shared();
       __syncwarp();
     } else {
@@ -447,9 +469,9 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
       const bool adds = kKeySplit && w == (j & 1);
       if (adds) {
         ptx::named_barrier_sync(kDqPart, kConsumers);
-        stage_dq_rows<true>(st, sdq, s, dq, 0, p.scale, local0, lane);
+        stage_dq_rows<true, kOwnSdq>(st, sdq, s, dq, 0, p.scale, local0, lane);
       } else {
-        stage_dq_rows<false>(st, sdq, s, dq, kKeySplit ? 0 : w, p.scale, local0, lane);
+        stage_dq_rows<false, kOwnSdq>(st, sdq, s, dq, kKeySplit ? 0 : w, p.scale, local0, lane);
       }
       ptx::fence_proxy_async_shared();
       __syncwarp();
@@ -457,9 +479,9 @@ __device__ __forceinline__ void fused_backward_block(const BackwardArgs<Work>& p
     }
     ptx::named_barrier_arrive(kDqFull + static_cast<unsigned>(j & 1), kConsumers + kDrainThreads);
   }
-  const Strided out = p.work.grad_rows(kr, kD, kD);
-  add_rows<kD>(p.dk, dk, p.scale, out, kr.rows, key0, lane);
-  add_rows<kD>(p.dv, dv, p.dout_scale, out, kr.rows, key0, lane);
+  add_rows<kD>(p.dk, dk, p.scale, p.work.grad_rows(kr, kD, kD), kr.rows, key0, lane);
+  if constexpr (kWantDv)
+    add_rows<kDv>(p.dv, dv, p.dout_scale, p.work.grad_rows(kr, kD, kDv), kr.rows, key0, lane);
 }
 
 // kOverlap: key_tile_grads' order (RINGATTN_HOPPER_BWD_SCHEDULE=overlap).
@@ -471,6 +493,21 @@ __global__ void __launch_bounds__(kThreads, kFusedBlocksPerSm<kD>)
   // Two blocks an SM split its registers: the producer warpgroup 32 a thread (its drain warp
   // walks the work too), the consumer 224.
   fused_backward_block<kD, kBf16, Work, 1, 32u, 224u, kOverlap>(p);
+#else
+  (void)p;
+#endif
+}
+
+// The fused backward at values of their own head dim (MLA's 192/128): dK and dQ's part of a
+// 64-key tile in one launch beside the two passes' dV kernel (hopper_bwd_dkdv_kernel with
+// kGradDv), so six products a tile pair instead of eight. 180 KiB (its sdQ: 64 × 192 fp32),
+// one block an SM, the producer warpgroup at 40 registers and the consumer at 232.
+template <int kD, bool kBf16, class Work, bool kOverlap, int kDv>
+__global__ void __launch_bounds__(kThreads, 1)
+    hopper_bwd_fused_dk_kernel(const RINGATTN_GRID_CONSTANT BackwardArgs<Work> p) {
+  static_assert(kDv != kD, "values of their own head dim; else hopper_bwd_fused_kernel");
+#if RINGATTN_CUDA_EMULATION || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  fused_backward_block<kD, kBf16, Work, 1, 40u, 232u, kOverlap, kDv>(p);
 #else
   (void)p;
 #endif

@@ -20,17 +20,19 @@ const std::string& hopper_bwd_env() {
 }
 }  // namespace
 
-bool hopper_fused_backward_chosen(bool deterministic, int head_dim) {
-  return (hopper_bwd_env() == "fused" || hopper_wide_backward_chosen(deterministic, head_dim)) &&
-         !deterministic && head_dim <= 128;
+bool hopper_fused_backward_chosen(bool deterministic, int head_dim, int head_dim_v) {
+  return (hopper_bwd_env() == "fused" || hopper_bwd_env() == "fused_wide") && !deterministic &&
+         hopper_fused_head_dims(head_dim, head_dim_v);
 }
 
 bool hopper_wide_backward_chosen(bool deterministic, int head_dim) {
   return hopper_bwd_env() == "fused_wide" && !deterministic && hopper_wide_head_dim(head_dim);
 }
 
-FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, bool automatic) {
-  if (deterministic || head_dim > 128) return FusedBackwardRule::two_pass;
+FusedBackwardRule hopper_fused_backward_rule(bool deterministic, int head_dim, bool automatic,
+                                             int head_dim_v) {
+  if (deterministic || !hopper_fused_head_dims(head_dim, head_dim_v))
+    return FusedBackwardRule::two_pass;
   const std::string& env = hopper_bwd_env();
   if (env == "fused" || env == "fused_wide") return FusedBackwardRule::fused;
   if (env == "two_pass" || !automatic) return FusedBackwardRule::two_pass;
@@ -75,15 +77,17 @@ void hopper_backward(const HopperBackwardParams& p, cudaStream_t stream) {
       hopper::tensor_map(p.dout, p.elem, p.batch, p.seq_len, p.heads, p.value_dim())};
   auto a =
       hopper::backward_args(maps, p, 1.0f, 1.0f, hopper::dense_work(p, nullptr, nullptr, true));
-  if (p.fused && p.head_dim <= 128) require_bulk_aligned_dq(p.dq, "the Hopper backward");
-  if (p.fused && p.wide && hopper_wide_head_dim(p.head_dim)) {
+  const bool fused = p.fused && hopper_fused_head_dims(p.head_dim, p.value_dim());
+  if (fused) require_bulk_aligned_dq(p.dq, "the Hopper backward");
+  if (fused && p.wide && hopper_wide_head_dim(p.head_dim)) {
     a.work.block_rows = 2 * hopper::kRows;
     hopper::launch_fused_wide_backward(
         p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads, 2 * hopper::kRows), stream);
     return;
   }
-  if (p.fused && p.head_dim <= 128) {
-    hopper::launch_fused_backward(p.head_dim, p.elem, a, hopper::dense_grid(p, p.kv_heads), stream);
+  if (fused) {
+    hopper::launch_fused_backward(p.head_dim, p.value_dim(), p.elem, a,
+                                  hopper::dense_grid(p, p.kv_heads), stream);
     return;
   }
   hopper::launch_backward_pass<true>(p.head_dim, p.value_dim(), p.elem, a,

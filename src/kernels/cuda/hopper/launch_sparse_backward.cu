@@ -38,7 +38,7 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
       hopper::tensor_map(p.v, e, kv.batch, kv.seq_len, kv.heads, p.value_dim()),
       hopper::tensor_map(p.dout, e, s.batch, s.seq_len, s.heads, p.value_dim())};
   const hopper::SparseReach reach = hopper::sparse_reach(p.causal, p.window_left, p.window_right);
-  fused = fused && p.head_dim <= 128 && p.n_k_items > 0;
+  fused = fused && hopper_fused_head_dims(p.head_dim, p.value_dim()) && p.n_k_items > 0;
   wide = wide && fused && hopper_wide_head_dim(p.head_dim);
   if (fused) require_bulk_aligned_dq(p.dq, "the Hopper block-sparse backward");
   if (p.n_q_items > 0 && !fused) {
@@ -62,8 +62,8 @@ void hopper_sparse_backward(Elem e, const SparseBackwardParams& p, const HopperS
       hopper::launch_fused_wide_backward(p.head_dim, e, w, dim3(static_cast<unsigned>(p.n_k_items)),
                                          stream);
     } else if (fused)
-      hopper::launch_fused_backward(p.head_dim, e, a, dim3(static_cast<unsigned>(p.n_k_items)),
-                                    stream);
+      hopper::launch_fused_backward(p.head_dim, p.value_dim(), e, a,
+                                    dim3(static_cast<unsigned>(p.n_k_items)), stream);
     else
       hopper::launch_backward_pass<true>(p.head_dim, p.value_dim(), e, a,
                                          dim3(static_cast<unsigned>(p.n_k_items)), stream);

@@ -61,7 +61,7 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
         hopper::tensor_map(p.dout, e, 1, rows, s.heads, dv, g.q_phase, g.q_step)};
     return hopper::backward_args(m, p, dout_scale, delta_factor, work);
   };
-  fused = fused && s.head_dim <= 128 && !k_groups.empty();
+  fused = fused && hopper_fused_head_dims(s.head_dim, dv) && !k_groups.empty();
   wide = wide && fused && hopper_wide_head_dim(s.head_dim);
   if (fused) require_bulk_aligned_dq(p.dq, "the Hopper task backward");
   for (const HopperTaskGroup& g : q_groups) {
@@ -83,7 +83,7 @@ void hopper_task_backward(Elem e, const FlashBackwardParams& p, const HopperTask
       hopper::launch_fused_wide_backward(s.head_dim, e, maps(g, wide_work),
                                          dim3(static_cast<unsigned>(g.n_items)), stream);
     } else if (fused)
-      hopper::launch_fused_backward(s.head_dim, e, maps(g, work),
+      hopper::launch_fused_backward(s.head_dim, dv, e, maps(g, work),
                                     dim3(static_cast<unsigned>(g.n_items)), stream);
     else
       hopper::launch_backward_pass<true>(s.head_dim, dv, e, maps(g, work),

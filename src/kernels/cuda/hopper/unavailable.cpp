@@ -28,7 +28,7 @@ void hopper_forward(const HopperForwardParams& p, cudaStream_t) {
   throw RuntimeFailure("the Hopper forward kernel cannot run: " + hopper_forward_unsupported(p, 0));
 }
 
-bool hopper_fused_backward_chosen(bool, int) { return false; }
+bool hopper_fused_backward_chosen(bool, int, int) { return false; }
 
 bool hopper_wide_backward_chosen(bool, int) { return false; }
 
@@ -45,7 +45,7 @@ std::string hopper_wide_key_items(std::span<const ForwardItem>, std::span<const 
   return hopper_forward_unsupported(HopperForwardParams{}, 0);
 }
 
-FusedBackwardRule hopper_fused_backward_rule(bool, int, bool) {
+FusedBackwardRule hopper_fused_backward_rule(bool, int, bool, int) {
   return FusedBackwardRule::two_pass;
 }
 
