@@ -385,38 +385,40 @@ void wait_at_mbarrier(std::uint32_t bar, unsigned parity, std::source_location w
   suspend(t);
 }
 
-void yield_after_arrive(std::uint32_t bar, unsigned completed, std::source_location where) {
+namespace {
+// Under ExecutionMode::arrive_yields, suspends the running thread (it steps aside) when some
+// thread of the block is `released` (a waiter the running thread's arrive has just let go).
+template <class Released>
+void yield_to_released(Released&& released, std::source_location where) {
   BlockRunner& block = current_block();
   if (!block.mode().arrive_yields) return;
-  ThreadState& t = current_thread();
+  const unsigned threads = block.config().block.x * block.config().block.y * block.config().block.z;
   bool waited_for = false;
-  for (unsigned i = 0; i < block.config().block.x * block.config().block.y * block.config().block.z;
-       ++i) {
-    const ThreadState& u = block.thread_at(i);
-    waited_for = waited_for || (u.at == ThreadAt::mbarrier && u.wait_bar == bar &&
-                                (u.wait_parity & 1u) == (completed & 1u));
-  }
+  for (unsigned i = 0; i < threads && !waited_for; ++i) waited_for = released(block.thread_at(i));
   if (!waited_for) return;
+  ThreadState& t = current_thread();
   t.at = ThreadAt::yielded;
   t.where = where;
   suspend(t);
 }
+}  // namespace
+
+void yield_after_arrive(std::uint32_t bar, unsigned completed, std::source_location where) {
+  yield_to_released(
+      [&](const ThreadState& u) {
+        return u.at == ThreadAt::mbarrier && u.wait_bar == bar &&
+               (u.wait_parity & 1u) == (completed & 1u);
+      },
+      where);
+}
 
 void yield_after_named_arrive(unsigned id, std::uint64_t ended, std::source_location where) {
-  BlockRunner& block = current_block();
-  if (!block.mode().arrive_yields) return;
-  ThreadState& t = current_thread();
-  bool waited_for = false;
-  for (unsigned i = 0; i < block.config().block.x * block.config().block.y * block.config().block.z;
-       ++i) {
-    const ThreadState& u = block.thread_at(i);
-    waited_for = waited_for || (u.at == ThreadAt::named_barrier && u.named_id == id &&
-                                u.named_generation == ended);
-  }
-  if (!waited_for) return;
-  t.at = ThreadAt::yielded;
-  t.where = where;
-  suspend(t);
+  yield_to_released(
+      [&](const ThreadState& u) {
+        return u.at == ThreadAt::named_barrier && u.named_id == id &&
+               u.named_generation == ended;
+      },
+      where);
 }
 
 void arrive_at_warp_op(WarpOp& op, std::uint32_t mask, bool aligned, std::source_location where) {
