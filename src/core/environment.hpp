@@ -95,8 +95,8 @@ inline constexpr EnvironmentVariable kEnvironment[] = {
      "times them); other values are refused (exit 2)"},
     {Env::hopper_bwd, "GPU kernels", "RINGATTN_HOPPER_BWD",
      "`two_pass`, `fused`, `fused_wide`, `auto` (unset: by rule)",
-     "forces the sm_90a backward's form where it applies (D ≤ 128, `fused_wide` D = 64 or 128; "
-     "not under `--deterministic`); `auto` lets `--kernel auto` time them on the emulated GPU; "
+     "forces the sm_90a backward's form where it applies (D ≤ 128 and 192/128, `fused_wide` "
+     "D = 64 or 128; not under `--deterministic`); `auto` lets `--kernel auto` time them on the emulated GPU; "
      "read once"},
     {Env::hopper_bwd_schedule, "GPU kernels", "RINGATTN_HOPPER_BWD_SCHEDULE",
      "`serial` (unset), `overlap`",

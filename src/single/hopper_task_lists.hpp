@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_head_dim
+#include "kernels/cuda/hopper/head_dims.hpp"
 #include "kernels/cuda/hopper/task_forward.hpp"
 #include "kernels/cuda/params.hpp"
 #include "kernels/cuda/runtime/device_memory.hpp"

@@ -14,7 +14,7 @@
 
 #include "core/patterns.hpp"
 #include "kernels/cuda/choice/form_chooser.hpp"
-#include "kernels/cuda/hopper/dense_backward.hpp"  // hopper_wide_head_dim
+#include "kernels/cuda/hopper/head_dims.hpp"
 #include "kernels/cuda/hopper/sparse_backward.hpp"
 #include "kernels/cuda/hopper/sparse_forward.hpp"
 #include "kernels/cuda/native/sparse.hpp"

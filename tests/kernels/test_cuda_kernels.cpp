@@ -47,6 +47,7 @@
 #include "sparse/single_device_lists.hpp"
 #include "sparse/token_rule.hpp"
 #endif
+#include "kernels/cuda/hopper/head_dims.hpp"
 #include "kernels/cuda/tiles.hpp"
 
 namespace ringattn {

@@ -48,18 +48,6 @@ struct HopperBackwardParams : HopperAttention {
 // passes (hopper_ab.py's "fused" column); only at hopper_fused_head_dims (never at D = 256).
 bool hopper_fused_backward_chosen(bool deterministic, int head_dim, int head_dim_v = 0);
 
-// The head dims the fused backward has: D <= 128 (one launch a key tile), and values of their
-// own head dim at 192/128 (the two passes' dV launch, then hopper_bwd_fused_dk_kernel: dK and
-// dQ's part). head_dim_v 0: head_dim.
-constexpr bool hopper_fused_head_dims(int64_t head_dim, int64_t head_dim_v = 0) {
-  return head_dim_v == 0 || head_dim_v == head_dim ? head_dim <= 128
-                                                   : hopper_value_dim_pair(head_dim, head_dim_v);
-}
-
-// The head dims the wide fused kernel has: 128 (its two warpgroups split dQ's part by
-// head-dim columns) and 64 (by keys, the two parts summed in shared memory).
-constexpr bool hopper_wide_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
-
 // Whether a fused backward runs the wide kernel (HopperBackwardParams::wide): only with
 // RINGATTN_HOPPER_BWD=fused_wide (which also makes hopper_fused_backward_chosen true), at
 // hopper_wide_head_dim, not deterministic. `--kernel auto` times it as a third form where a
@@ -68,7 +56,8 @@ bool hopper_wide_backward_chosen(bool deterministic, int head_dim);
 
 // How a plan picks between the two passes and the fused kernel: `two_pass`, `fused`, or
 // `timed` (both timed on the first backward, the faster kept). Deterministic runs and head
-// dims without a fused form (hopper_fused_backward_rule: D = 256) take the two passes; RINGATTN_HOPPER_BWD=fused or two_pass forces one; otherwise
+// dims without a fused form (not hopper_fused_head_dims: D = 256) take the two passes;
+// RINGATTN_HOPPER_BWD=fused or two_pass forces one; otherwise
 // `--kernel auto` (`automatic`) times them on a GPU, and on the emulated GPU only with
 // RINGATTN_HOPPER_BWD=auto (its timings say nothing of a GPU's, and cost CI's time).
 enum class FusedBackwardRule { two_pass, fused, timed };

@@ -23,17 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/hopper/head_dims.hpp"
 #include "kernels/cuda/params.hpp"
 
 namespace ringattn::kernels::cuda {
 
-// The one (D, Dv) pair of different query/key and value head dims the sm_90a kernels are
-// built for: DeepSeek's MLA, 192/128 (the plain forward, the two-pass backward and the fused
-// one as dV's launch and dK's with dQ's part: no ping-pong, overlap, Q in registers or wide
-// form exists at D = 192).
-constexpr bool hopper_value_dim_pair(int64_t head_dim, int64_t head_dim_v) {
-  return head_dim == 192 && head_dim_v == 128;
-}
 
 // What every plan's note says of the Hopper family once it runs.
 inline constexpr const char* kHopperStatus =

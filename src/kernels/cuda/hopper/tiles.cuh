@@ -21,7 +21,7 @@
 
 #include "core/environment.hpp"
 #include "kernels/cuda/device_seam.cuh"
-#include "kernels/cuda/hopper/dense_forward.hpp"  // hopper_value_dim_pair
+#include "kernels/cuda/hopper/dense_forward.hpp"
 #include "kernels/cuda/mma_primitives.cuh"
 #include "kernels/cuda/params.hpp"
 #include "kernels/cuda/runtime/cuda_check.hpp"
