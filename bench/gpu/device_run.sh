@@ -325,10 +325,6 @@ plan_sanitize() {
     sanitize sanitize fused_wide $t test_cuda_kernels 'CudaHopper.Backward*' \
       RINGATTN_HOPPER_BWD=fused_wide
   done
-  # The fused form at 192/128 (its own sdQ and kDqFree, which the emulator's sweep does not
-  # catch missing there): racecheck.
-  sanitize sanitize hopper_value_dim racecheck test_cuda_kernels 'CudaHopper.ValueHeadDim*' \
-    RINGATTN_HOPPER_BWD=fused
   # NCCL's communicator init probes kernel images for other architectures and gets
   # cudaErrorNoKernelImageForDevice back, by design; API errors are not reported where a
   # ring runs (ours are checked by RINGATTN_CUDA_CHECK and fail the test), memory errors are.
@@ -336,6 +332,10 @@ plan_sanitize() {
   for t in memcheck racecheck; do
     sanitize sanitize sinks $t test_job_cuda 'EngineCuda.Sinks*' "" "$api"
   done
+  # The fused form at 192/128 (its own sdQ and kDqFree, which the emulator's sweep does not
+  # catch missing there): racecheck.
+  sanitize sanitize hopper_value_dim racecheck test_cuda_kernels 'CudaHopper.ValueHeadDim*' \
+    RINGATTN_HOPPER_BWD=fused
   # Then as before: memcheck over the golden cases and the properties; racecheck (slower)
   # over the golden forward/backward of the native kernels, which exercise every
   # shared-memory stage.
