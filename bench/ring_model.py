@@ -86,6 +86,7 @@ class Shape:
     head_dim: int
     causal: bool
     backward: bool
+    head_dim_v: int = 0  # v, out, dout, dv (MLA's 128 beside 192); 0: head_dim
 
 
 def ulysses_valid(heads, kv_heads, p, u):
@@ -111,21 +112,25 @@ def split_estimate(a, s, u):
     kvr = max(1, s.kv_heads // u)  # K/V heads per rank (one, held by U/H_kv ranks, when U > H_kv)
     wa, la = a2a_link(a, s.world, u)
     wr, lr = link(a, s.world)
-    flops = 4 * n * s.seq_len * s.heads * s.head_dim * (0.5 if s.causal else 1.0)
-    # Per phase: FLOP factor, kernel rate, heads the all-to-alls move in the input dtype
-    # (forward: q, k, v; backward: q, k, v, dout) and in fp32, as the engines keep results
-    # (forward: out; backward: out in, dq, dk, dv back), and the bytes per K/V element a ring
-    # step moves (backward: K/V in, fp32 dK/dV partials back).
-    phases = [(1.0, a.fwd_tflops, hr + 2 * kvr, hr, a.elem)]
+    d, dv = s.head_dim, s.head_dim_v or s.head_dim
+    # S = Q·Kᵀ sums over D, P·V over Dv: 2·n·N·H·(D + Dv), 4·n·N·H·D when they are equal.
+    flops = 2 * n * s.seq_len * s.heads * (d + dv) * (0.5 if s.causal else 1.0)
+    # Per phase: FLOP factor, kernel rate, the all-to-alls' bytes per position in the input
+    # dtype (forward: q, k at D, v at Dv; backward: those and dout at Dv) and in fp32, as the
+    # engines keep results (forward: out at Dv; backward: out in, dv back at Dv, dq, dk back
+    # at D), and the bytes per K/V element a ring step moves (backward: K/V in, fp32 dK/dV
+    # partials back).
+    phases = [(1.0, a.fwd_tflops, (hr + kvr) * d + kvr * dv, hr * dv, a.elem)]
     if s.backward:
-        phases.append((2.5, a.bwd_tflops, 2 * hr + 2 * kvr, 2 * hr + 2 * kvr, a.elem + a.grad_elem))
+        phases.append((2.5, a.bwd_tflops, (hr + kvr) * d + (hr + kvr) * dv,
+                       (hr + kvr) * d + (hr + kvr) * dv, a.elem + a.grad_elem))
     compute = a2a = ring = 0.0
-    for factor, tflops, in_heads, f32_heads, ring_elem in phases:
+    for factor, tflops, in_elems, f32_elems, ring_elem in phases:
         c = factor * flops / (tflops * 1e12)
         # Each rank keeps 1/U of every tensor and sends the rest, plus the fp32 lse; each
         # direction is U-1 shifted exchanges, one latency each.
-        sent = (u - 1) * n * ((in_heads * a.elem + f32_heads * 4) * s.head_dim + hr * 4)
-        step = 2 * (s.seq_len / r) * kvr * s.head_dim * ring_elem
+        sent = (u - 1) * n * (in_elems * a.elem + f32_elems * 4 + hr * 4)
+        step = (s.seq_len / r) * kvr * (d + dv) * ring_elem
         compute += c
         a2a += sent / wa + 2 * (u - 1) * la
         ring += (r - 1) * max(0.0, step / wr + lr - c / r)
@@ -148,7 +153,8 @@ def recommend(splits):
 
 
 def print_recommendation(a):
-    s = Shape(a.world, a.seq_len, a.heads, a.kv_heads or a.heads, a.head_dim, a.causal, a.backward)
+    s = Shape(a.world, a.seq_len, a.heads, a.kv_heads or a.heads, a.head_dim, a.causal,
+              a.backward, a.head_dim_v or a.head_dim)
     if min(s.world, s.seq_len, s.heads, s.kv_heads, s.head_dim) < 1 or s.heads % s.kv_heads:
         raise SystemExit("--recommend needs positive sizes and --kv-heads dividing --heads")
     splits = estimate_splits(a, s)
@@ -199,6 +205,8 @@ def main():
                     help="bandwidth fraction for traffic crossing the spine")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dim-v", type=int, default=0,
+                    help="v, out, dout, dv's head dim (--recommend; default --head-dim)")
     ap.add_argument("--elem", type=int, default=2, help="bytes per K/V element (bf16)")
     ap.add_argument("--grad-elem", type=int, default=4, help="bytes per dK/dV partial (fp32)")
     ap.add_argument("--eta-f", type=float, default=0.85)

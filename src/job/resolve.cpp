@@ -121,15 +121,16 @@ int auto_ulysses(const AttentionConfig& cfg, const Ranks& ranks, bool on_gpu, co
   const Shape4& s = cfg.shape;
   const int elem =
       on_gpu ? static_cast<int>(bytes_per_element(spec.dtype.value_or(DeviceDType::bf16))) : 4;
-  const ring::ModelShape m{ranks.world,
-                           std::max(1, ranks.per_node),
-                           s.seq_len,
-                           s.heads,
-                           cfg.effective_kv_heads(),
-                           s.head_dim,
-                           elem,
-                           cfg.causal,
-                           true};
+  ring::ModelShape m{ranks.world,
+                     std::max(1, ranks.per_node),
+                     s.seq_len,
+                     s.heads,
+                     cfg.effective_kv_heads(),
+                     s.head_dim,
+                     elem,
+                     cfg.causal,
+                     true};
+  m.head_dim_v = cfg.effective_head_dim_v();
   return ring::recommend_ulysses(m, on_gpu ? ring::h100_nodes() : ring::cpu_hosts());
 }
 

@@ -35,7 +35,7 @@ Link a2a_link(const ModelShape& s, const Links& l, int u) {
 
 void check_shape(const ModelShape& s) {
   if (s.world < 1 || s.ranks_per_node < 1 || s.seq_len < 1 || s.heads < 1 || s.kv_heads < 1 ||
-      s.head_dim < 1 || s.elem_bytes < 1 || s.partial_bytes < 1)
+      s.head_dim < 1 || s.head_dim_v < 0 || s.elem_bytes < 1 || s.partial_bytes < 1)
     throw InputError("ulysses", "the split model needs positive ranks and sizes");
   if (s.heads % s.kv_heads != 0)
     throw InputError("ulysses", "the split model needs K/V heads dividing the heads");
@@ -44,8 +44,8 @@ void check_shape(const ModelShape& s) {
 // One phase (forward or backward) of a call at split u.
 struct Phase {
   double flop_factor, tflops;
-  int64_t in_heads;   // heads the all-to-alls move in the input dtype
-  int64_t f32_heads;  // and in fp32, as the engines keep results (out, dq, dk, dv)
+  int64_t in_elems;   // elements a position's all-to-alls move in the input dtype
+  int64_t f32_elems;  // and in fp32, as the engines keep results (out, dq, dk, dv)
   int64_t ring_elem;  // bytes per K/V element a ring step moves
 };
 
@@ -55,20 +55,24 @@ SplitEstimate estimate(const ModelShape& s, const Links& l, int u) {
   const int64_t hr = s.heads / u;                        // query heads per rank after it
   const int64_t kvr = std::max<int64_t>(1, s.kv_heads / u);  // one, shared, when U > H_kv
   const Link wa = a2a_link(s, l, u), wr = ring_link(s, l);
+  const int64_t d = s.head_dim, dv = s.value_dim();
+  // S = Q·Kᵀ sums over D, P·V over Dv.
   const double flops =
-      4.0 * n * double(s.seq_len) * double(s.heads) * double(s.head_dim) * (s.causal ? 0.5 : 1.0);
-  // Forward: q, k, v in, out back. Backward: q, k, v, dout and (fp32) out in, dq, dk, dv back.
-  std::vector<Phase> phases = {{1.0, l.fwd_tflops, hr + 2 * kvr, hr, s.elem_bytes}};
+      2.0 * n * double(s.seq_len) * double(s.heads) * double(d + dv) * (s.causal ? 0.5 : 1.0);
+  // Forward: q, k (D), v (Dv) in, out (Dv) back. Backward: q, k, v, dout and (fp32) out in,
+  // dq, dk (D), dv (Dv) back.
+  std::vector<Phase> phases = {{1.0, l.fwd_tflops, (hr + kvr) * d + kvr * dv, hr * dv,
+                                s.elem_bytes}};
   if (s.backward)
-    phases.push_back(
-        {2.5, l.bwd_tflops, 2 * hr + 2 * kvr, 2 * hr + 2 * kvr, s.elem_bytes + s.partial_bytes});
+    phases.push_back({2.5, l.bwd_tflops, (hr + kvr) * d + (hr + kvr) * dv,
+                      (hr + kvr) * d + (hr + kvr) * dv, s.elem_bytes + s.partial_bytes});
 
   SplitEstimate e{u, r};
   for (const Phase& p : phases) {
     const double c = p.flop_factor * flops / (p.tflops * 1e12);
-    const double sent = double(u - 1) * n *
-                        double((p.in_heads * s.elem_bytes + p.f32_heads * 4) * s.head_dim + hr * 4);
-    const double step = 2.0 * (double(s.seq_len) / double(r)) * double(kvr) * double(s.head_dim) *
+    const double sent =
+        double(u - 1) * n * double(p.in_elems * s.elem_bytes + p.f32_elems * 4 + hr * 4);
+    const double step = (double(s.seq_len) / double(r)) * double(kvr) * double(d + dv) *
                         double(p.ring_elem);
     e.compute_s += c;
     e.a2a_s += sent / wa.bytes_per_s + double(2 * (u - 1)) * wa.latency_s;

@@ -5,16 +5,19 @@
 // ring runs over the groups, and a reverse all-to-all brings the outputs back.
 //
 // Per call, with n = N/P, h = H/U query heads and g = max(1, H_kv/U) K/V heads per rank after
-// the all-to-all, e bytes per element, D head dim (docs/COMMUNICATION.md, "Ulysses x ring"):
-//   compute   C = 4·n·N·H·D (×1/2 causal) / F_fwd, plus 2.5× that FLOP count / F_bwd backward;
-//             independent of the split.
-//   all-to-all (never overlapped) per phase: (U-1)·n·((T·e + F·4)·D + 4·h) bytes / W_a
-//             + 2·(U-1)·lat_a, with T heads in the input dtype and F in fp32: forward T = h + 2g
-//             (q, k, v in), F = h (out back); backward T = 2h + 2g (q, k, v, dout in),
-//             F = 2h + 2g (out in, dq, dk, dv back); 4·h for the fp32 lse; each direction is
-//             U-1 shifted exchanges, one latency each.
+// the all-to-all, e bytes per element, D the q/k head dim and Dv the v/out/dout/dv one
+// (docs/COMMUNICATION.md, "Ulysses x ring"):
+//   compute   C = 2·n·N·H·(D + Dv) (×1/2 causal) / F_fwd, plus 2.5× that FLOP count / F_bwd
+//             backward; independent of the split.
+//   all-to-all (never overlapped) per phase: (U-1)·n·(T·e + F·4 + 4·h) bytes / W_a
+//             + 2·(U-1)·lat_a, with T elements a position in the input dtype and F in fp32:
+//             forward T = (h + g)·D + g·Dv (q, k, v in), F = h·Dv (out back); backward
+//             T = (h + g)·(D + Dv) (q, k, v, dout in), F = (h + g)·(D + Dv) (out in, dq, dk,
+//             dv back); 4·h for the fp32 lse; each direction is U-1 shifted exchanges, one
+//             latency each.
 //   ring exposed per phase: ·max(0, s / W_r + lat_r - C_phase / R), a step moving
-//             s = 2·(N/R)·g·D·e bytes forward, 2·(N/R)·g·D·(e + partial_bytes) backward.
+//             s = (N/R)·g·(D + Dv)·e bytes forward, (N/R)·g·(D + Dv)·(e + partial_bytes)
+//             backward.
 //   total = compute + all-to-all + ring exposed.
 // Links: the all-to-all runs on the intra-node link when every group sits inside one node
 // (P <= ranks_per_node, or U divides ranks_per_node), else on the inter-node link; the ring
@@ -50,6 +53,8 @@ struct ModelShape {
   bool causal = false;
   bool backward = false;  // forward then backward
   int partial_bytes = 4;  // the ring's dK/dV partials (fp32 in every engine)
+  int64_t head_dim_v = 0;  // v, out, dout, dv (MLA's 128 beside 192); 0: head_dim
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 struct SplitEstimate {

@@ -136,6 +136,23 @@ TEST(UlyssesModel, MatchesPythonPastTheLeafWithFourNicsPerNode) {
                         0.19131184730339557, 0.20089151948117334, 0.2053645790367289});
 }
 
+// Values of their own head dim (MLA's 192/128): S = Q·Kᵀ sums over 192, P·V over 128, and v,
+// out, dout and dv move 128 wide. Counting 192 for the values too, the model picks U = 128.
+TEST(UlyssesModel, MatchesPythonWithValuesOfTheirOwnHeadDim) {
+  // --world 512 --ranks-per-node 8 --seq-len 65536 --heads 128 --kv-heads 128 --head-dim 192
+  // --head-dim-v 128 --causal --backward
+  ModelShape s = gpu_shape(512, 65536, 128, 128);
+  s.head_dim = 192;
+  s.head_dim_v = 128;
+  s.causal = s.backward = true;
+  expect_python_totals(s, h100_nodes(), 64,
+                       {0.6158054212380445, 0.30747358949831116, 0.15337857881884445,
+                        0.0764728838599111, 0.04051167847537778, 0.022687907350755557,
+                        0.015870504834844444, 0.016650769669688887});
+  s.head_dim_v = 0;  // 192 for the values too
+  EXPECT_EQ(recommend_ulysses(s, h100_nodes()), 128);
+}
+
 TEST(UlyssesModel, MatchesPythonMhaForwardAcrossNodes) {
   // --world 256 --ranks-per-node 8 --seq-len 262144 --heads 32 --kv-heads 32 --head-dim 128
   expect_python_totals(gpu_shape(256, 262144, 32, 32), h100_nodes(), 16,
