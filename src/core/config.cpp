@@ -229,6 +229,13 @@ std::string value_dim_and_cap_words(const AttentionConfig& cfg) {
   return f;
 }
 
+std::string native_unverified_note(const AttentionConfig& cfg, const std::string& kernels) {
+  const std::string f = value_dim_and_cap_words(cfg);
+  if (f.empty()) return "";
+  return kernels + " compute " + f +
+         ", which no GPU has run yet: they are checked against float64 on the emulated GPU only";
+}
+
 void require_bnhd(const AttentionConfig& cfg, const std::string& path) {
   if (cfg.layout == TensorLayout::bnhd && cfg.effective_kv_layout() == TensorLayout::bnhd) return;
   throw InputError(cfg.layout == TensorLayout::bnhd ? "config.kv_layout" : "config.layout",

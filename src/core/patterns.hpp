@@ -32,6 +32,10 @@ void require_no_window(const AttentionConfig& cfg, const std::string& path);
 // it has neither: what the GPU's native kernels compute and its sm_90a and cuDNN forms do not
 // yet.
 std::string value_dim_and_cap_words(const AttentionConfig& cfg);
+// The note a GPU plan adds where `kernels` ("the native kernels") may compute those features:
+// "<kernels> compute <value_dim_and_cap_words>, which no GPU has run yet: ...", or "" when cfg
+// has neither.
+std::string native_unverified_note(const AttentionConfig& cfg, const std::string& kernels);
 
 // For the paths that read only [B, N, H, D] tensors: throws InputError naming `config.layout`
 // (or `config.kv_layout`), saying bhnd is not supported on `path`, when either is bhnd.

@@ -416,11 +416,9 @@ CudaRingPlan::CudaRingPlan(const AttentionConfig& cfg, Communicator& comm, CudaP
   // The native kernels' caveat where they may run the job's features: not where the sm_90a
   // kernels or cuDNN (refusing no step) take both passes.
   const bool cudnn_all = m.use_cudnn && m.use_cudnn_backward && !refusals;
-  if (const std::string f = value_dim_and_cap_words(cfg);
-      !f.empty() && !cudnn_all && !(m.hopper.forward() && m.hopper.backward()))
-    m.notes.push_back("the native kernels compute " + f +
-                      ", which no GPU has run yet: they are checked against float64 on the "
-                      "emulated GPU only");
+  if (std::string n = native_unverified_note(cfg, "the native kernels");
+      !n.empty() && !cudnn_all && !(m.hopper.forward() && m.hopper.backward()))
+    m.notes.push_back(std::move(n));
   m.ex = std::make_unique<StreamExchanges>(comm, m.stream, opts.device, m.timeout_s,
                                            ring_opts.skip_buffer_ordering_for_tests);
   kc::wait_for_stream(m.stream, "the ring plan's uploads");

@@ -536,10 +536,9 @@ CudaPlan::CudaPlan(const AttentionConfig& cfg, CudaPlanOptions opts)
   // kernels or cuDNN take both passes (the choice above).
   const bool native_may_run = (!m.use_cudnn && !m.hopper.forward()) ||
                               (!m.use_cudnn_backward && !m.hopper.backward());
-  if (const std::string f = value_dim_and_cap_words(cfg); !f.empty() && native_may_run)
-    m.notes.push_back("the native kernels compute " + f +
-                      ", which no GPU has run yet: they are checked against float64 on the "
-                      "emulated GPU only");
+  if (std::string n = native_unverified_note(cfg, "the native kernels");
+      !n.empty() && native_may_run)
+    m.notes.push_back(std::move(n));
   kc::wait_for_stream(m.stream, "the plan's uploads");
 }
 

@@ -490,11 +490,9 @@ void CudaSparsePlan::finish_construction(double timeout_s) {
     m.choose_hopper(m.opts.kernel == KernelChoice::automatic);
   // The native kernels' caveat where they may run the job's features: not where the sm_90a
   // kernels take both passes.
-  if (const std::string f = value_dim_and_cap_words(m.cfg);
-      !f.empty() && !(m.hopper.forward() && m.hopper.backward()))
-    m.notes.push_back("the native block-sparse kernels compute " + f +
-                      ", which no GPU has run yet: they are checked against float64 on the "
-                      "emulated GPU only");
+  if (std::string n = native_unverified_note(m.cfg, "the native block-sparse kernels");
+      !n.empty() && !(m.hopper.forward() && m.hopper.backward()))
+    m.notes.push_back(std::move(n));
   // The host lists go out of scope: the copies must have landed.
   kc::wait_for_stream(m.stream, "the block-sparse plan's uploads");
 }

@@ -21,6 +21,14 @@ inline bool fused_overlap_chosen() {
   return on;
 }
 
+// The dK/dV pass's dV launch at values of their own head dim (kDv != kD), which both the two
+// passes and the fused form run before their dK launch.
+template <int kD, int kDv, bool kBf16, class Work>
+void launch_value_dim_dv(const BackwardArgs<Work>& a, dim3 grid, cudaStream_t stream) {
+  launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv, false, kDv>, a,
+         grid, static_cast<int>(smem_bytes(kD, 2, 2, kDv)), stream);
+}
+
 // The fused backward over work whose rows are keys: one launch at D <= 128; at values of
 // their own head dim (192/128) the two passes' dV kernel, then hopper_bwd_fused_dk_kernel.
 template <class Work>
@@ -31,8 +39,7 @@ void launch_fused_backward(int head_dim, int head_dim_v, Elem elem, const Backwa
       return launch_fused_backward(head_dim, head_dim_v, elem, with_cap(a), grid, stream);
   if (head_dim_v != head_dim) {
     dispatch_value_dim(head_dim, head_dim_v, elem, [&]<int kD, int kDv, bool kBf16>() {
-      launch("hopper_bwd_dv_kernel", &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv, false, kDv>,
-             a, grid, static_cast<int>(smem_bytes(kD, 2, 2, kDv)), stream);
+      launch_value_dim_dv<kD, kDv, kBf16>(a, grid, stream);
       launch("hopper_bwd_fused_dk_kernel",
              fused_overlap_chosen() ? &hopper_bwd_fused_dk_kernel<kD, kBf16, Work, true, kDv>
                                     : &hopper_bwd_fused_dk_kernel<kD, kBf16, Work, false, kDv>,
@@ -85,9 +92,7 @@ void launch_backward_pass(int head_dim, int head_dim_v, Elem elem, const Backwar
     dispatch_value_dim(head_dim, head_dim_v, elem, [&]<int kD, int kDv, bool kBf16>() {
       const int smem = static_cast<int>(smem_bytes(kD, 2, 2, kDv));
       if constexpr (kKeyRows) {
-        launch("hopper_bwd_dv_kernel",
-               &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDv, false, kDv>, a, grid, smem,
-               stream);
+        launch_value_dim_dv<kD, kDv, kBf16>(a, grid, stream);
         launch("hopper_bwd_dk_kernel",
                &hopper_bwd_dkdv_kernel<kD, kBf16, Work, kGradDk, false, kDv>, a, grid, smem,
                stream);
